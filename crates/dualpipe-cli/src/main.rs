@@ -1,0 +1,45 @@
+//! `dualpipe`: plan, simulate and run pipeline schedules; balance MoE experts.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+/// Pipeline-parallel training with DualPipe schedules and MoE expert load balancing.
+#[derive(Parser)]
+#[command(name = "dualpipe", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate, lower and validate a schedule; print it as a table, JSON or torch CSV.
+    Schedule(cmd::schedule::Args),
+    /// Simulate a schedule on a cost model and report bubbles, memory and step time.
+    Simulate(cmd::simulate::Args),
+    /// Simulate every schedule that accepts a configuration and compare them.
+    Compare(cmd::compare::Args),
+    /// Balance MoE experts over GPUs (DeepSeek EPLB policies and our migration-aware planner).
+    Eplb(cmd::eplb::Args),
+    /// Train a model with a pipeline schedule on local ranks (the main job).
+    Train(cmd::train::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Schedule(args) => cmd::schedule::run(args),
+        Command::Simulate(args) => cmd::simulate::run(args),
+        Command::Compare(args) => cmd::compare::run(args),
+        Command::Eplb(args) => cmd::eplb::run(args),
+        Command::Train(args) => cmd::train::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::from(cmd::exit_code(&err))
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Expert-parallel load balancing for Mixture-of-Experts models.

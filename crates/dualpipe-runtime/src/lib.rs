@@ -1,0 +1,1 @@
+//! Executes lowered pipeline schedules on real ranks.

@@ -1,0 +1,1 @@
+//! The compute-only action CSV that torch.distributed.pipelining loads.

@@ -1,0 +1,1 @@
+//! JSON in the golden schema.

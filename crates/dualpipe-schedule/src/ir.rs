@@ -1,0 +1,352 @@
+//! The schedule IR: chunks, ops, placements, programs and schedules.
+//!
+//! A [`Chunk`] is one micro-batch at one pipeline stage of one direction. A [`Placement`] says
+//! which rank runs which (direction, stage). A program is one rank's ordered list of [`Op`]s; a
+//! [`Schedule`] bundles the kind, the sizes, the placement and every rank's program.
+//!
+//! Stages are numbered along their own direction's pipeline (0 = first). Every direction runs
+//! the same model: stage `s` of direction 0 and stage `s` of direction 1 hold the same layers
+//! (DualPipe keeps two copies of every stage and sums their gradients after the step).
+
+use std::fmt;
+
+/// One micro-batch at one stage of one direction's pipeline.
+///
+/// `dir` is 0 for single-direction schedules; DualPipe uses 0 (enters at rank 0) and 1 (enters
+/// at the last rank). `mb` counts within the direction: `0 .. micro_batches / dirs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Chunk {
+    /// Direction of the pipeline this chunk flows along.
+    pub dir: usize,
+    /// Position along the direction's pipeline (0 = first stage).
+    pub stage: usize,
+    /// Micro-batch index within the direction.
+    pub mb: usize,
+}
+
+impl Chunk {
+    /// A chunk from its three coordinates.
+    pub const fn new(dir: usize, stage: usize, mb: usize) -> Self {
+        Chunk { dir, stage, mb }
+    }
+}
+
+impl fmt::Display for Chunk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "(dir {}, stage {}, mb {})", self.dir, self.stage, self.mb)
+    }
+}
+
+/// The kind of a compute or communication op, without its operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// Forward.
+    F,
+    /// Full backward (input and weight gradients).
+    B,
+    /// Backward for the input gradient only; the weight gradient is deferred to a later `W`.
+    I,
+    /// Deferred weight gradient of an earlier `I` of the same chunk.
+    W,
+    /// A forward overlapped with a full backward of another chunk.
+    FB,
+    /// Activations of a forward leave this rank.
+    SendF,
+    /// Activations of a forward arrive at this rank.
+    RecvF,
+    /// Gradients of a backward leave this rank.
+    SendB,
+    /// Gradients of a backward arrive at this rank.
+    RecvB,
+    /// Every communication posted so far completes here.
+    Wait,
+}
+
+impl OpKind {
+    /// The name used in the JSON format (`"F"`, `"SEND_F"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::F => "F",
+            OpKind::B => "B",
+            OpKind::I => "I",
+            OpKind::W => "W",
+            OpKind::FB => "FB",
+            OpKind::SendF => "SEND_F",
+            OpKind::RecvF => "RECV_F",
+            OpKind::SendB => "SEND_B",
+            OpKind::RecvB => "RECV_B",
+            OpKind::Wait => "WAIT",
+        }
+    }
+
+    /// Whether the op computes (F, B, I, W, FB) rather than communicates.
+    pub fn is_compute(self) -> bool {
+        matches!(self, OpKind::F | OpKind::B | OpKind::I | OpKind::W | OpKind::FB)
+    }
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One step of a rank's program.
+///
+/// Communication ops name the *local* chunk: for `SendF` the producer on this rank, for
+/// `RecvF` the consumer on this rank (likewise for the backward messages), and the `peer` rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Forward of a chunk.
+    F(Chunk),
+    /// Full backward of a chunk.
+    B(Chunk),
+    /// Input-gradient backward of a chunk (weight gradient deferred).
+    I(Chunk),
+    /// Deferred weight gradient of a chunk whose `I` ran earlier.
+    W(Chunk),
+    /// Forward of `f` overlapped with the full backward of `b`.
+    FB {
+        /// The chunk whose forward runs.
+        f: Chunk,
+        /// The chunk whose full backward runs.
+        b: Chunk,
+    },
+    /// Send forward activations of `chunk` (produced here) to `peer`.
+    SendF {
+        /// Local producer chunk.
+        chunk: Chunk,
+        /// Receiving rank.
+        peer: usize,
+    },
+    /// Receive forward activations for `chunk` (consumed here) from `peer`.
+    RecvF {
+        /// Local consumer chunk.
+        chunk: Chunk,
+        /// Sending rank.
+        peer: usize,
+    },
+    /// Send the input gradient computed by `chunk`'s backward to `peer`.
+    SendB {
+        /// Local producer chunk.
+        chunk: Chunk,
+        /// Receiving rank.
+        peer: usize,
+    },
+    /// Receive the output gradient for `chunk`'s backward from `peer`.
+    RecvB {
+        /// Local consumer chunk.
+        chunk: Chunk,
+        /// Sending rank.
+        peer: usize,
+    },
+    /// Every communication posted so far completes here.
+    Wait,
+}
+
+impl Op {
+    /// The op's kind.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Op::F(_) => OpKind::F,
+            Op::B(_) => OpKind::B,
+            Op::I(_) => OpKind::I,
+            Op::W(_) => OpKind::W,
+            Op::FB { .. } => OpKind::FB,
+            Op::SendF { .. } => OpKind::SendF,
+            Op::RecvF { .. } => OpKind::RecvF,
+            Op::SendB { .. } => OpKind::SendB,
+            Op::RecvB { .. } => OpKind::RecvB,
+            Op::Wait => OpKind::Wait,
+        }
+    }
+
+    /// Whether the op computes (F, B, I, W, FB).
+    pub fn is_compute(&self) -> bool {
+        self.kind().is_compute()
+    }
+
+    /// The chunk of a single-chunk op (`None` for `FB` and `Wait`).
+    pub fn chunk(&self) -> Option<Chunk> {
+        match *self {
+            Op::F(c) | Op::B(c) | Op::I(c) | Op::W(c) => Some(c),
+            Op::SendF { chunk, .. }
+            | Op::RecvF { chunk, .. }
+            | Op::SendB { chunk, .. }
+            | Op::RecvB { chunk, .. } => Some(chunk),
+            Op::FB { .. } | Op::Wait => None,
+        }
+    }
+
+    /// The peer rank of a communication op.
+    pub fn peer(&self) -> Option<usize> {
+        match *self {
+            Op::SendF { peer, .. }
+            | Op::RecvF { peer, .. }
+            | Op::SendB { peer, .. }
+            | Op::RecvB { peer, .. } => Some(peer),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Op::FB { f: fc, b } => write!(f, "FB(f {fc}, b {b})"),
+            Op::Wait => f.write_str("WAIT"),
+            _ => {
+                let c = self.chunk().expect("single-chunk op");
+                match self.peer() {
+                    Some(p) => write!(f, "{} {c} peer {p}", self.kind()),
+                    None => write!(f, "{} {c}", self.kind()),
+                }
+            }
+        }
+    }
+}
+
+/// The schedule families we generate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScheduleKind {
+    /// All forwards, then all backwards.
+    GPipe,
+    /// One forward, one backward, after a warm-up.
+    OneFOneB,
+    /// 1F1B over `virtual_stages` stages per rank (Megatron's interleaved schedule).
+    Interleaved,
+    /// Zero-bubble ZB-H1: 1F1B with the backward split into `I` and deferred `W`.
+    Zb1p,
+    /// DeepSeek's bidirectional DualPipe.
+    DualPipe,
+    /// DeepSeek's V-shaped DualPipeV (one pipeline of 2 x ranks stages folded over the ranks).
+    DualPipeV,
+}
+
+impl ScheduleKind {
+    /// Every kind, in the order tables list them.
+    pub const ALL: [ScheduleKind; 6] = [
+        ScheduleKind::GPipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Interleaved,
+        ScheduleKind::Zb1p,
+        ScheduleKind::DualPipe,
+        ScheduleKind::DualPipeV,
+    ];
+
+    /// The name used on the command line and in JSON (`"dualpipe"`, `"1f1b"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ScheduleKind::GPipe => "gpipe",
+            ScheduleKind::OneFOneB => "1f1b",
+            ScheduleKind::Interleaved => "interleaved",
+            ScheduleKind::Zb1p => "zb1p",
+            ScheduleKind::DualPipe => "dualpipe",
+            ScheduleKind::DualPipeV => "dualpipev",
+        }
+    }
+
+    /// Parses a name as printed by [`ScheduleKind::name`] (case-insensitive).
+    pub fn from_name(name: &str) -> Option<Self> {
+        let lower = name.to_ascii_lowercase();
+        Self::ALL.into_iter().find(|k| k.name() == lower)
+    }
+}
+
+impl fmt::Display for ScheduleKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which rank runs which (direction, stage).
+///
+/// All directions hold the same `stages` model stages; stage `s` of every direction shares
+/// weights, so a rank that holds `(0, s)` and another that holds `(1, s)` keep two copies of
+/// one stage whose gradients are summed after the step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Number of ranks.
+    pub ranks: usize,
+    /// `rank_of[dir][stage]`: the rank that runs that stage of that direction.
+    pub rank_of: Vec<Vec<usize>>,
+}
+
+impl Placement {
+    /// Number of directions (1, or 2 for DualPipe).
+    pub fn dirs(&self) -> usize {
+        self.rank_of.len()
+    }
+
+    /// Number of stages along each direction's pipeline.
+    pub fn stages(&self) -> usize {
+        self.rank_of.first().map_or(0, Vec::len)
+    }
+
+    /// The rank that runs stage `stage` of direction `dir`.
+    pub fn rank(&self, dir: usize, stage: usize) -> usize {
+        self.rank_of[dir][stage]
+    }
+
+    /// The (dir, stage) pairs a rank runs, in (dir, stage) order.
+    pub fn stages_of(&self, rank: usize) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        for (dir, row) in self.rank_of.iter().enumerate() {
+            for (stage, &r) in row.iter().enumerate() {
+                if r == rank {
+                    out.push((dir, stage));
+                }
+            }
+        }
+        out
+    }
+
+    /// How many stage copies (parameter copies) each rank holds.
+    pub fn parameter_copies(&self) -> Vec<usize> {
+        let mut counts = vec![0; self.ranks];
+        for row in &self.rank_of {
+            for &r in row {
+                counts[r] += 1;
+            }
+        }
+        counts
+    }
+}
+
+/// A complete schedule: kind, sizes, placement and one program per rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// Which family generated it.
+    pub kind: ScheduleKind,
+    /// Number of ranks.
+    pub ranks: usize,
+    /// Total micro-batches in the step, over all directions.
+    pub micro_batches: usize,
+    /// Stages per rank per direction (1 except for `interleaved`).
+    pub virtual_stages: usize,
+    /// Which rank runs which (dir, stage).
+    pub placement: Placement,
+    /// `programs[rank]`: that rank's ops in execution order.
+    pub programs: Vec<Vec<Op>>,
+}
+
+impl Schedule {
+    /// Micro-batches that flow along each direction.
+    pub fn micro_batches_per_dir(&self) -> usize {
+        self.micro_batches / self.placement.dirs().max(1)
+    }
+
+    /// The index of a chunk's micro-batch in the whole step (`dir * per_dir + mb`), so every
+    /// schedule can feed the same data to the same micro-batch.
+    pub fn global_mb(&self, chunk: Chunk) -> usize {
+        chunk.dir * self.micro_batches_per_dir() + chunk.mb
+    }
+
+    /// Whether any program holds communication ops (i.e. it was lowered).
+    pub fn is_lowered(&self) -> bool {
+        self.programs
+            .iter()
+            .flatten()
+            .any(|op| !op.is_compute() && *op != Op::Wait)
+    }
+}
