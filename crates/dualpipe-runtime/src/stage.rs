@@ -1,0 +1,78 @@
+//! The [`Stage`] trait: what one pipeline stage computes, with the backward split in two.
+
+use dualpipe_schedule::Chunk;
+
+/// An error raised by a stage's computation; the executor adds the rank and the op.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct StageError(pub String);
+
+/// What a forward consumes.
+#[derive(Debug)]
+pub enum ForwardInput<T> {
+    /// The first stage of a direction loads its own input: micro-batch `global_mb` of the step
+    /// (`dir * micro_batches_per_dir + mb`, the same index under every schedule).
+    MicroBatch {
+        /// The micro-batch's index in the whole step.
+        global_mb: usize,
+    },
+    /// Any other stage gets the previous stage's activations.
+    Activation(T),
+}
+
+/// What a forward produces.
+#[derive(Debug)]
+pub enum ForwardOutput<T> {
+    /// Activations for the next stage.
+    Activation(T),
+    /// The last stage of a direction computes the loss of its micro-batch.
+    Loss(f64),
+}
+
+/// One pipeline stage: a slice of the model that one rank runs for one (dir, stage).
+///
+/// The stage keeps whatever it needs between a chunk's forward and its backward (activations,
+/// saved inputs) keyed by the chunk. A full backward `B` is `backward_input` followed at once by
+/// `backward_weight`; zero-bubble schedules run `I` (`backward_input`) and later `W`
+/// (`backward_weight`) for the same chunk, weight gradients first-in first-out.
+pub trait Stage: Send {
+    /// What travels between stages (activations and gradients).
+    type Tensor: Send + 'static;
+
+    /// Forward of `chunk`. A stage that is last in its direction returns
+    /// [`ForwardOutput::Loss`].
+    fn forward(
+        &mut self,
+        chunk: Chunk,
+        input: ForwardInput<Self::Tensor>,
+    ) -> Result<ForwardOutput<Self::Tensor>, StageError>;
+
+    /// Backward for the input gradient of `chunk`. `grad_output` is `None` at the last stage
+    /// (the gradient starts from the loss). Returns the gradient for the previous stage, or
+    /// `None` at the first stage. Weight gradients are deferred to [`Stage::backward_weight`].
+    fn backward_input(
+        &mut self,
+        chunk: Chunk,
+        grad_output: Option<Self::Tensor>,
+    ) -> Result<Option<Self::Tensor>, StageError>;
+
+    /// The deferred weight gradient of `chunk`, whose `backward_input` ran earlier. Gradients
+    /// accumulate over the micro-batches of a step.
+    fn backward_weight(&mut self, chunk: Chunk) -> Result<(), StageError>;
+
+    /// Forward of `f` overlapped with the full backward of `b` (DualPipe's FB). The default
+    /// runs them one after the other; a stage may interleave them to hide communication.
+    #[allow(clippy::type_complexity)]
+    fn forward_backward(
+        &mut self,
+        f: Chunk,
+        input: ForwardInput<Self::Tensor>,
+        b: Chunk,
+        grad_output: Option<Self::Tensor>,
+    ) -> Result<(ForwardOutput<Self::Tensor>, Option<Self::Tensor>), StageError> {
+        let out = self.forward(f, input)?;
+        let grad = self.backward_input(b, grad_output)?;
+        self.backward_weight(b)?;
+        Ok((out, grad))
+    }
+}
