@@ -75,4 +75,20 @@ pub trait Stage: Send {
         self.backward_weight(b)?;
         Ok((out, grad))
     }
+
+    /// This stage's parameter gradients, accumulated over the step, in a fixed order. Used to
+    /// sum the two copies of a DualPipe stage (rank s and rank ranks-1-s) after the step. A
+    /// stage without parameters returns an empty list.
+    fn gradients(&self) -> Vec<Self::Tensor> {
+        Vec::new()
+    }
+
+    /// Adds another copy's gradients (same order as [`Stage::gradients`]) into this stage's.
+    fn add_gradients(&mut self, other: &[Self::Tensor]) -> Result<(), StageError> {
+        if other.is_empty() {
+            Ok(())
+        } else {
+            Err(StageError("this stage has no gradients to add to".into()))
+        }
+    }
 }
