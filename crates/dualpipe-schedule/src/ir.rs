@@ -33,7 +33,11 @@ impl Chunk {
 
 impl fmt::Display for Chunk {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "(dir {}, stage {}, mb {})", self.dir, self.stage, self.mb)
+        write!(
+            f,
+            "(dir {}, stage {}, mb {})",
+            self.dir, self.stage, self.mb
+        )
     }
 }
 
@@ -81,7 +85,10 @@ impl OpKind {
 
     /// Whether the op computes (F, B, I, W, FB) rather than communicates.
     pub fn is_compute(self) -> bool {
-        matches!(self, OpKind::F | OpKind::B | OpKind::I | OpKind::W | OpKind::FB)
+        matches!(
+            self,
+            OpKind::F | OpKind::B | OpKind::I | OpKind::W | OpKind::FB
+        )
     }
 }
 
@@ -340,6 +347,41 @@ impl Schedule {
     /// schedule can feed the same data to the same micro-batch.
     pub fn global_mb(&self, chunk: Chunk) -> usize {
         chunk.dir * self.micro_batches_per_dir() + chunk.mb
+    }
+
+    /// A copy of everything but the programs (which are left empty), for passes that rebuild
+    /// the programs without cloning them first.
+    pub fn clone_without_programs(&self) -> Schedule {
+        Schedule {
+            kind: self.kind,
+            ranks: self.ranks,
+            micro_batches: self.micro_batches,
+            virtual_stages: self.virtual_stages,
+            placement: self.placement.clone(),
+            programs: Vec::new(),
+        }
+    }
+
+    /// The schedule with only its compute ops (F, B, I, W, FB): communication and `WAIT`
+    /// removed, as generators emit it and the CSV format holds it.
+    pub fn compute_only(&self) -> Schedule {
+        Schedule {
+            programs: self
+                .programs
+                .iter()
+                .map(|p| p.iter().copied().filter(Op::is_compute).collect())
+                .collect(),
+            ..self.clone_without_programs()
+        }
+    }
+
+    /// Every compute op of every rank, counted.
+    pub fn compute_ops(&self) -> usize {
+        self.programs
+            .iter()
+            .flatten()
+            .filter(|op| op.is_compute())
+            .count()
     }
 
     /// Whether any program holds communication ops (i.e. it was lowered).

@@ -1,19 +1,868 @@
 //! The validator: proves a schedule complete, causal, matched and deadlock-free.
+//!
+//! [`validate`] checks, in this order:
+//!
+//! 1. **Shape**: one program per rank, a placement over the schedule's ranks, micro-batches that
+//!    split evenly over the directions.
+//! 2. **Per op** (rank by rank, op by op): every chunk lies inside the schedule
+//!    ([`Rule::ChunkRange`]) and on the rank the placement gives its stage
+//!    ([`Rule::Placement`]); no chunk's forward, backward or weight gradient runs twice
+//!    ([`Rule::Duplicate`]); every communication op names the right peer and a message some
+//!    dependency needs ([`Rule::Peer`]).
+//! 3. **Per chunk**: one forward and one full backward (`B`, the backward of an `FB`, or `I`
+//!    followed later by `W`) ([`Rule::Missing`], [`Rule::WeightGradient`]); on one rank, the forward
+//!    of stage `s` after that of stage `s - 1`, the backward of `s` after that of `s + 1` and after
+//!    its own forward ([`Rule::Dependency`]). In a lowered schedule every dependency between two
+//!    ranks has its `SEND` after the producing op and its `RECV` before the consuming op
+//!    ([`Rule::MissingMessage`], [`Rule::Unmatched`], [`Rule::CommOrder`]).
+//! 4. **Execution**: the programs run to completion when sends never block and a compute op waits
+//!    for its inputs from other ranks (for a lowered schedule: for the message; `WAIT` waits for
+//!    every receive posted before it). This is an event-driven run, O(total ops); when it sticks,
+//!    the error names a cycle of waiting ranks and their ops ([`Rule::Deadlock`]).
+//!
+//! A schedule is *lowered* when it holds any communication op; a compute-only schedule's
+//! dependencies between ranks are then waited for directly.
 
-use crate::Schedule;
+use std::collections::VecDeque;
+use std::fmt;
+
+use crate::{Chunk, Op, Schedule};
+
+/// The rule a schedule breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// The schedule's sizes, placement and programs disagree.
+    Shape,
+    /// A chunk lies outside the schedule's directions, stages or micro-batches.
+    ChunkRange,
+    /// An op runs on a rank the placement does not give its stage to.
+    Placement,
+    /// A chunk's forward, backward, weight gradient or message appears more than once.
+    Duplicate,
+    /// A chunk's forward or full backward never runs.
+    Missing,
+    /// A `W` without an earlier `I` of the same chunk, or an `I` without a later `W`.
+    WeightGradient,
+    /// An op runs before an op it depends on, on the same rank.
+    Dependency,
+    /// A communication op names the wrong peer, or a message that no dependency needs.
+    Peer,
+    /// A send placed before the op that produces its data, or a receive after the op that
+    /// consumes it.
+    CommOrder,
+    /// A send without its receive, or a receive without its send.
+    Unmatched,
+    /// A dependency between two ranks of a lowered schedule has no messages at all.
+    MissingMessage,
+    /// The programs cannot all run to completion.
+    Deadlock,
+}
+
+impl Rule {
+    /// A short name of the rule, as error messages print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rule::Shape => "shape",
+            Rule::ChunkRange => "chunk range",
+            Rule::Placement => "placement",
+            Rule::Duplicate => "exactly once",
+            Rule::Missing => "completeness",
+            Rule::WeightGradient => "W after its I",
+            Rule::Dependency => "dependency order",
+            Rule::Peer => "message peer",
+            Rule::CommOrder => "message order",
+            Rule::Unmatched => "send/receive matching",
+            Rule::MissingMessage => "messages for cross-rank dependencies",
+            Rule::Deadlock => "deadlock freedom",
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// A broken rule, naming the rank, the op and the rule.
+///
+/// Displays as `rank R: op I `OP` breaks rule 'RULE': what is wrong and how to fix it`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("rank {rank}: {message}")]
 pub struct ValidationError {
     /// The rank whose program breaks the rule.
     pub rank: usize,
+    /// The index of the offending op in that rank's program, when one op is to blame.
+    pub op_index: Option<usize>,
+    /// The rule that is broken.
+    pub rule: Rule,
     /// What is wrong, naming the op and the rule.
     pub message: String,
 }
 
-/// Checks every rule of a schedule.
+impl ValidationError {
+    /// An error at `rank`, optionally at op `at = (index, op)`, breaking `rule`.
+    pub fn new(rank: usize, at: Option<(usize, &Op)>, rule: Rule, detail: &str) -> Self {
+        let message = match at {
+            Some((i, op)) => format!("op {i} `{op}` breaks rule '{rule}': {detail}"),
+            None => format!("breaks rule '{rule}': {detail}"),
+        };
+        ValidationError {
+            rank,
+            op_index: at.map(|(i, _)| i),
+            rule,
+            message,
+        }
+    }
+}
+
+const NONE: u32 = u32::MAX;
+
+/// One step of a compute op: a forward, a backward producing the input gradient (`split` when
+/// it is an `I` that owes a `W`), or a deferred weight gradient.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Fwd,
+    Bwd { split: bool },
+    Wgt,
+}
+
+/// The compute parts of an op (an `FB` has two).
+fn parts(op: &Op) -> ([(Part, Chunk); 2], usize) {
+    let z = Chunk::new(0, 0, 0);
+    match *op {
+        Op::F(c) => ([(Part::Fwd, c), (Part::Fwd, z)], 1),
+        Op::B(c) => ([(Part::Bwd { split: false }, c), (Part::Fwd, z)], 1),
+        Op::I(c) => ([(Part::Bwd { split: true }, c), (Part::Fwd, z)], 1),
+        Op::W(c) => ([(Part::Wgt, c), (Part::Fwd, z)], 1),
+        Op::FB { f, b } => ([(Part::Fwd, f), (Part::Bwd { split: false }, b)], 2),
+        _ => ([(Part::Fwd, z), (Part::Fwd, z)], 0),
+    }
+}
+
+/// Sizes and lookups shared by the checks.
+struct Geometry<'a> {
+    schedule: &'a Schedule,
+    dirs: usize,
+    stages: usize,
+    per_dir: usize,
+}
+
+impl Geometry<'_> {
+    fn in_range(&self, c: Chunk) -> bool {
+        c.dir < self.dirs && c.stage < self.stages && c.mb < self.per_dir
+    }
+
+    fn id(&self, c: Chunk) -> usize {
+        (c.dir * self.stages + c.stage) * self.per_dir + c.mb
+    }
+
+    fn chunk(&self, id: usize) -> Chunk {
+        let ds = id / self.per_dir;
+        Chunk::new(ds / self.stages, ds % self.stages, id % self.per_dir)
+    }
+
+    fn rank(&self, dir: usize, stage: usize) -> usize {
+        self.schedule.placement.rank_of[dir][stage]
+    }
+
+    /// The rank of the next stage when it exists and runs on another rank than `c`'s.
+    fn remote_next(&self, c: Chunk) -> Option<usize> {
+        if c.stage + 1 >= self.stages {
+            return None;
+        }
+        let q = self.rank(c.dir, c.stage + 1);
+        (q != self.rank(c.dir, c.stage)).then_some(q)
+    }
+
+    /// The rank of the previous stage when it exists and runs on another rank than `c`'s.
+    fn remote_prev(&self, c: Chunk) -> Option<usize> {
+        if c.stage == 0 {
+            return None;
+        }
+        let q = self.rank(c.dir, c.stage - 1);
+        (q != self.rank(c.dir, c.stage)).then_some(q)
+    }
+
+    fn op(&self, rank: usize, index: u32) -> (usize, &Op) {
+        (
+            index as usize,
+            &self.schedule.programs[rank][index as usize],
+        )
+    }
+}
+
+/// Where each chunk's ops sit (index in the program of the rank the placement gives it).
+struct Positions {
+    f: Vec<u32>,
+    b: Vec<u32>,
+    split: Vec<bool>,
+    w: Vec<u32>,
+    send_f: Vec<u32>,
+    recv_f: Vec<u32>,
+    send_b: Vec<u32>,
+    recv_b: Vec<u32>,
+}
+
+/// Checks every rule of a schedule; see the [module documentation](self) for the rules.
 pub fn validate(schedule: &Schedule) -> Result<(), ValidationError> {
-    let _ = schedule;
+    let geo = check_shape(schedule)?;
+    let pos = check_ops(&geo)?;
+    let lowered = schedule.is_lowered();
+    check_chunks(&geo, &pos, lowered)?;
+    check_execution(&geo, lowered)
+}
+
+fn shape_err(rank: usize, detail: &str) -> ValidationError {
+    ValidationError::new(rank, None, Rule::Shape, detail)
+}
+
+fn check_shape(schedule: &Schedule) -> Result<Geometry<'_>, ValidationError> {
+    let ranks = schedule.ranks;
+    let placement = &schedule.placement;
+    if ranks == 0 {
+        return Err(shape_err(0, "the schedule has no ranks; use at least 1"));
+    }
+    if schedule.programs.len() != ranks {
+        return Err(shape_err(
+            0,
+            &format!(
+                "the schedule has {ranks} ranks but {} programs; give one program per rank",
+                schedule.programs.len()
+            ),
+        ));
+    }
+    if placement.ranks != ranks {
+        return Err(shape_err(
+            0,
+            &format!(
+                "the placement is for {} ranks but the schedule has {ranks}",
+                placement.ranks
+            ),
+        ));
+    }
+    let dirs = placement.dirs();
+    let stages = placement.stages();
+    if dirs == 0 || stages == 0 {
+        return Err(shape_err(0, "the placement holds no stages"));
+    }
+    for (dir, row) in placement.rank_of.iter().enumerate() {
+        if row.len() != stages {
+            return Err(shape_err(
+                0,
+                &format!(
+                    "direction {dir} has {} stages but direction 0 has {stages}; every direction \
+                     runs the same stages",
+                    row.len()
+                ),
+            ));
+        }
+        if let Some((stage, &r)) = row.iter().enumerate().find(|(_, &r)| r >= ranks) {
+            return Err(shape_err(
+                0,
+                &format!(
+                    "the placement puts stage {stage} of direction {dir} on rank {r}, but there \
+                     are only {ranks} ranks"
+                ),
+            ));
+        }
+    }
+    if schedule.micro_batches == 0 || !schedule.micro_batches.is_multiple_of(dirs) {
+        return Err(shape_err(
+            0,
+            &format!(
+                "{} micro-batches do not split evenly over {dirs} direction(s); use a positive \
+                 multiple of {dirs}",
+                schedule.micro_batches
+            ),
+        ));
+    }
+    let per_dir = schedule.micro_batches / dirs;
+    for (rank, program) in schedule.programs.iter().enumerate() {
+        if program.len() >= NONE as usize {
+            return Err(shape_err(rank, "the program holds more than 2^32 - 2 ops"));
+        }
+    }
+    // Every chunk needs a forward: when the programs hold fewer forwards than chunks, say so
+    // before allocating per-chunk tables (the sizes may come from an untrusted file).
+    let stages_of = placement.parameter_copies();
+    for (rank, program) in schedule.programs.iter().enumerate() {
+        let forwards = program
+            .iter()
+            .filter(|op| matches!(op, Op::F(_) | Op::FB { .. }))
+            .count();
+        let needed = stages_of[rank].checked_mul(per_dir);
+        if needed.is_none_or(|n| forwards < n) {
+            return Err(ValidationError::new(
+                rank,
+                None,
+                Rule::Missing,
+                &format!(
+                    "the rank runs {forwards} forwards, but its {} stage(s) x {per_dir} \
+                     micro-batches need one each; add the missing F ops",
+                    stages_of[rank]
+                ),
+            ));
+        }
+    }
+    Ok(Geometry {
+        schedule,
+        dirs,
+        stages,
+        per_dir,
+    })
+}
+
+/// Records a position, failing on a duplicate.
+fn record(
+    table: &mut [u32],
+    id: usize,
+    rank: usize,
+    index: usize,
+    op: &Op,
+    what: &str,
+) -> Result<(), ValidationError> {
+    if table[id] != NONE {
+        return Err(ValidationError::new(
+            rank,
+            Some((index, op)),
+            Rule::Duplicate,
+            &format!(
+                "{what} already ran at op {}; each must run exactly once",
+                table[id]
+            ),
+        ));
+    }
+    table[id] = index as u32;
     Ok(())
+}
+
+fn check_ops(geo: &Geometry<'_>) -> Result<Positions, ValidationError> {
+    let n = geo.dirs * geo.stages * geo.per_dir;
+    let mut pos = Positions {
+        f: vec![NONE; n],
+        b: vec![NONE; n],
+        split: vec![false; n],
+        w: vec![NONE; n],
+        send_f: vec![NONE; n],
+        recv_f: vec![NONE; n],
+        send_b: vec![NONE; n],
+        recv_b: vec![NONE; n],
+    };
+    let ranks = geo.schedule.ranks;
+    for (rank, program) in geo.schedule.programs.iter().enumerate() {
+        for (index, op) in program.iter().enumerate() {
+            let at = Some((index, op));
+            let check_chunk = |c: Chunk| -> Result<usize, ValidationError> {
+                if !geo.in_range(c) {
+                    return Err(ValidationError::new(
+                        rank,
+                        at,
+                        Rule::ChunkRange,
+                        &format!(
+                            "chunk {c} is outside the schedule ({} direction(s), {} stages, {} \
+                             micro-batches per direction)",
+                            geo.dirs, geo.stages, geo.per_dir
+                        ),
+                    ));
+                }
+                let owner = geo.rank(c.dir, c.stage);
+                if owner != rank {
+                    return Err(ValidationError::new(
+                        rank,
+                        at,
+                        Rule::Placement,
+                        &format!(
+                            "stage {} of direction {} runs on rank {owner}, not here",
+                            c.stage, c.dir
+                        ),
+                    ));
+                }
+                Ok(geo.id(c))
+            };
+            if op.is_compute() {
+                let (ps, count) = parts(op);
+                for &(part, c) in &ps[..count] {
+                    let id = check_chunk(c)?;
+                    match part {
+                        Part::Fwd => {
+                            record(&mut pos.f, id, rank, index, op, "the forward of this chunk")?
+                        }
+                        Part::Bwd { split } => {
+                            record(
+                                &mut pos.b,
+                                id,
+                                rank,
+                                index,
+                                op,
+                                "the backward of this chunk",
+                            )?;
+                            pos.split[id] = split;
+                        }
+                        Part::Wgt => record(
+                            &mut pos.w,
+                            id,
+                            rank,
+                            index,
+                            op,
+                            "the weight gradient of this chunk",
+                        )?,
+                    }
+                }
+                continue;
+            }
+            let (chunk, peer) = match *op {
+                Op::Wait => continue,
+                Op::SendF { chunk, peer }
+                | Op::RecvF { chunk, peer }
+                | Op::SendB { chunk, peer }
+                | Op::RecvB { chunk, peer } => (chunk, peer),
+                _ => unreachable!("compute ops handled above"),
+            };
+            let id = check_chunk(chunk)?;
+            let peer_err = |detail: String| ValidationError::new(rank, at, Rule::Peer, &detail);
+            if peer >= ranks {
+                return Err(peer_err(format!(
+                    "peer {peer} does not exist (the schedule has {ranks} ranks)"
+                )));
+            }
+            let (want, table, what) = match op {
+                Op::SendF { .. } => (
+                    geo.remote_next(chunk),
+                    &mut pos.send_f,
+                    "activations to the next stage",
+                ),
+                Op::RecvF { .. } => (
+                    geo.remote_prev(chunk),
+                    &mut pos.recv_f,
+                    "activations from the previous stage",
+                ),
+                Op::SendB { .. } => (
+                    geo.remote_prev(chunk),
+                    &mut pos.send_b,
+                    "the input gradient to the previous stage",
+                ),
+                _ => (
+                    geo.remote_next(chunk),
+                    &mut pos.recv_b,
+                    "the output gradient from the next stage",
+                ),
+            };
+            match want {
+                None => {
+                    return Err(peer_err(format!(
+                        "no message carries {what} of stage {} of direction {}: that stage \
+                         does not exist or runs on this same rank (a local exchange); remove \
+                         the op",
+                        chunk.stage, chunk.dir
+                    )))
+                }
+                Some(q) if q != peer => {
+                    return Err(peer_err(format!(
+                        "{what} go to or come from rank {q}, which runs the neighbouring stage, \
+                         not rank {peer}"
+                    )))
+                }
+                Some(_) => record(
+                    table,
+                    id,
+                    rank,
+                    index,
+                    op,
+                    &format!("{} of this chunk", op.kind()),
+                )?,
+            }
+        }
+    }
+    Ok(pos)
+}
+
+/// Checks one dependency between ranks of a lowered schedule: the producer `prod` on rank
+/// `p` sends after producing, the consumer `cons` on rank `r` receives before consuming.
+#[allow(clippy::too_many_arguments)]
+fn check_message(
+    geo: &Geometry<'_>,
+    (send, recv): (u32, u32),
+    (produced, consumed): (u32, u32),
+    (p, r): (usize, usize),
+    (send_name, recv_name): (&str, &str),
+    prod: Chunk,
+) -> Result<(), ValidationError> {
+    match (send == NONE, recv == NONE) {
+        (true, true) => Err(ValidationError::new(
+            r,
+            Some(geo.op(r, consumed)),
+            Rule::MissingMessage,
+            &format!(
+                "its input from {prod} on rank {p} never arrives: add {recv_name} before it and \
+                 {send_name} on rank {p} after the op that produces it"
+            ),
+        )),
+        (true, false) => Err(ValidationError::new(
+            r,
+            Some(geo.op(r, recv)),
+            Rule::Unmatched,
+            &format!("rank {p} has no matching {send_name} of {prod}; add one"),
+        )),
+        (false, true) => Err(ValidationError::new(
+            p,
+            Some(geo.op(p, send)),
+            Rule::Unmatched,
+            &format!(
+                "rank {r} has no matching {recv_name}; add one before the op that consumes it"
+            ),
+        )),
+        (false, false) => {
+            if send <= produced {
+                return Err(ValidationError::new(
+                    p,
+                    Some(geo.op(p, send)),
+                    Rule::CommOrder,
+                    &format!(
+                        "it sends before op {produced} produces the data; move it after that op"
+                    ),
+                ));
+            }
+            if recv >= consumed {
+                return Err(ValidationError::new(
+                    r,
+                    Some(geo.op(r, recv)),
+                    Rule::CommOrder,
+                    &format!(
+                        "it receives after op {consumed} already consumed the data; move it before \
+                         that op"
+                    ),
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn check_chunks(geo: &Geometry<'_>, pos: &Positions, lowered: bool) -> Result<(), ValidationError> {
+    let n = geo.dirs * geo.stages * geo.per_dir;
+    for id in 0..n {
+        let c = geo.chunk(id);
+        let r = geo.rank(c.dir, c.stage);
+        let (f, b, w) = (pos.f[id], pos.b[id], pos.w[id]);
+        if f == NONE {
+            return Err(ValidationError::new(
+                r,
+                None,
+                Rule::Missing,
+                &format!("the forward (F) of chunk {c} never runs; add it to rank {r}'s program"),
+            ));
+        }
+        if b == NONE {
+            return Err(ValidationError::new(
+                r,
+                None,
+                Rule::Missing,
+                &format!(
+                    "the backward of chunk {c} never runs; add B, I and W, or an FB to rank {r}'s \
+                     program"
+                ),
+            ));
+        }
+        if pos.split[id] {
+            if w == NONE {
+                return Err(ValidationError::new(
+                    r,
+                    Some(geo.op(r, b)),
+                    Rule::WeightGradient,
+                    "this I defers a weight gradient that no later W computes; add W of the \
+                     chunk after it",
+                ));
+            }
+            if w < b {
+                return Err(ValidationError::new(
+                    r,
+                    Some(geo.op(r, w)),
+                    Rule::WeightGradient,
+                    &format!("it runs before the chunk's I at op {b}; move it after"),
+                ));
+            }
+        } else if w != NONE {
+            return Err(ValidationError::new(
+                r,
+                Some(geo.op(r, w)),
+                Rule::WeightGradient,
+                &format!(
+                    "the chunk's backward at op {b} is full (it computes the weight gradient \
+                     itself), so there is no deferred weight gradient; remove the W or make the \
+                     backward an I"
+                ),
+            ));
+        }
+        if b <= f {
+            return Err(ValidationError::new(
+                r,
+                Some(geo.op(r, b)),
+                Rule::Dependency,
+                &format!(
+                    "the backward of chunk {c} runs before (or in the same op as) its own \
+                     forward at op {f}"
+                ),
+            ));
+        }
+        if c.stage > 0 {
+            let prev = Chunk::new(c.dir, c.stage - 1, c.mb);
+            let pid = geo.id(prev);
+            let p = geo.rank(c.dir, c.stage - 1);
+            if p == r {
+                if pos.f[pid] >= f {
+                    return Err(ValidationError::new(
+                        r,
+                        Some(geo.op(r, f)),
+                        Rule::Dependency,
+                        &format!(
+                            "the forward of {c} needs the forward of {prev} first, which runs \
+                             later at op {} on this rank",
+                            pos.f[pid]
+                        ),
+                    ));
+                }
+            } else if lowered {
+                check_message(
+                    geo,
+                    (pos.send_f[pid], pos.recv_f[id]),
+                    (pos.f[pid], f),
+                    (p, r),
+                    ("SEND_F", "RECV_F"),
+                    prev,
+                )?;
+            }
+        }
+        if c.stage + 1 < geo.stages {
+            let next = Chunk::new(c.dir, c.stage + 1, c.mb);
+            let nid = geo.id(next);
+            let q = geo.rank(c.dir, c.stage + 1);
+            if q == r {
+                if pos.b[nid] >= b {
+                    return Err(ValidationError::new(
+                        r,
+                        Some(geo.op(r, b)),
+                        Rule::Dependency,
+                        &format!(
+                            "the backward of {c} needs the backward of {next} first, which runs \
+                             later at op {} on this rank",
+                            pos.b[nid]
+                        ),
+                    ));
+                }
+            } else if lowered {
+                check_message(
+                    geo,
+                    (pos.send_b[nid], pos.recv_b[id]),
+                    (pos.b[nid], b),
+                    (q, r),
+                    ("SEND_B", "RECV_B"),
+                    next,
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An event a rank can wait for: the activations (`bwd == false`) or the input gradient
+/// (`bwd == true`) of a producer chunk becoming available on the consumer's rank.
+#[derive(Clone, Copy)]
+struct Event {
+    bwd: bool,
+    id: usize,
+}
+
+fn check_execution(geo: &Geometry<'_>, lowered: bool) -> Result<(), ValidationError> {
+    let schedule = geo.schedule;
+    let ranks = schedule.ranks;
+    let n = geo.dirs * geo.stages * geo.per_dir;
+    let mut ready = [vec![false; n], vec![false; n]];
+    let mut waiter = [vec![NONE; n], vec![NONE; n]];
+    let mut pc = vec![0usize; ranks];
+    let mut blocked: Vec<Option<Event>> = vec![None; ranks];
+    let mut posted: Vec<VecDeque<Event>> = vec![VecDeque::new(); ranks];
+    let mut work: Vec<usize> = (0..ranks).rev().collect();
+
+    while let Some(rank) = work.pop() {
+        let program = &schedule.programs[rank];
+        blocked[rank] = None;
+        'ops: while pc[rank] < program.len() {
+            let op = &program[pc[rank]];
+            // What this op waits for.
+            let mut need: [Option<Event>; 2] = [None, None];
+            match *op {
+                Op::RecvF { .. } | Op::RecvB { .. } | Op::SendF { .. } | Op::SendB { .. } => {}
+                Op::Wait => {
+                    while let Some(&e) = posted[rank].front() {
+                        if ready[usize::from(e.bwd)][e.id] {
+                            posted[rank].pop_front();
+                        } else {
+                            need[0] = Some(e);
+                            break;
+                        }
+                    }
+                }
+                _ => {
+                    let (ps, count) = parts(op);
+                    for (k, &(part, c)) in ps[..count].iter().enumerate() {
+                        need[k] = match part {
+                            Part::Fwd => geo.remote_prev(c).map(|_| Event {
+                                bwd: false,
+                                id: geo.id(Chunk::new(c.dir, c.stage - 1, c.mb)),
+                            }),
+                            Part::Bwd { .. } => geo.remote_next(c).map(|_| Event {
+                                bwd: true,
+                                id: geo.id(Chunk::new(c.dir, c.stage + 1, c.mb)),
+                            }),
+                            Part::Wgt => None,
+                        };
+                    }
+                }
+            }
+            for e in need.into_iter().flatten() {
+                if !ready[usize::from(e.bwd)][e.id] {
+                    waiter[usize::from(e.bwd)][e.id] = rank as u32;
+                    blocked[rank] = Some(e);
+                    break 'ops;
+                }
+            }
+            // Run the op; announce what it makes available to other ranks.
+            let mut fire = |e: Event, work: &mut Vec<usize>| {
+                let k = usize::from(e.bwd);
+                ready[k][e.id] = true;
+                let w = std::mem::replace(&mut waiter[k][e.id], NONE);
+                if w != NONE {
+                    work.push(w as usize);
+                }
+            };
+            match *op {
+                Op::SendF { chunk, .. } => fire(
+                    Event {
+                        bwd: false,
+                        id: geo.id(chunk),
+                    },
+                    &mut work,
+                ),
+                Op::SendB { chunk, .. } => fire(
+                    Event {
+                        bwd: true,
+                        id: geo.id(chunk),
+                    },
+                    &mut work,
+                ),
+                Op::RecvF { chunk, .. } => posted[rank].push_back(Event {
+                    bwd: false,
+                    id: geo.id(Chunk::new(chunk.dir, chunk.stage - 1, chunk.mb)),
+                }),
+                Op::RecvB { chunk, .. } => posted[rank].push_back(Event {
+                    bwd: true,
+                    id: geo.id(Chunk::new(chunk.dir, chunk.stage + 1, chunk.mb)),
+                }),
+                Op::Wait => {}
+                _ if !lowered => {
+                    let (ps, count) = parts(op);
+                    for &(part, c) in &ps[..count] {
+                        match part {
+                            Part::Fwd if geo.remote_next(c).is_some() => fire(
+                                Event {
+                                    bwd: false,
+                                    id: geo.id(c),
+                                },
+                                &mut work,
+                            ),
+                            Part::Bwd { .. } if geo.remote_prev(c).is_some() => fire(
+                                Event {
+                                    bwd: true,
+                                    id: geo.id(c),
+                                },
+                                &mut work,
+                            ),
+                            _ => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+            pc[rank] += 1;
+        }
+    }
+
+    let Some(first) = (0..ranks).find(|&r| pc[r] < schedule.programs[r].len()) else {
+        return Ok(());
+    };
+    Err(deadlock_error(geo, &pc, &blocked, first))
+}
+
+/// Describes the cycle of waiting ranks reached from the stuck rank `first`.
+fn deadlock_error(
+    geo: &Geometry<'_>,
+    pc: &[usize],
+    blocked: &[Option<Event>],
+    first: usize,
+) -> ValidationError {
+    let ranks = geo.schedule.ranks;
+    let stuck = (0..ranks)
+        .filter(|&r| pc[r] < geo.schedule.programs[r].len())
+        .count();
+    let producer = |e: Event| {
+        let c = geo.chunk(e.id);
+        geo.rank(c.dir, c.stage)
+    };
+    // Walk the wait-for graph until a rank repeats.
+    let mut seen = vec![usize::MAX; ranks];
+    let mut chain = Vec::new();
+    let is_stuck = |r: usize| pc[r] < geo.schedule.programs[r].len();
+    let mut r = first;
+    let cycle_start = loop {
+        if seen[r] != usize::MAX {
+            break Some(seen[r]);
+        }
+        seen[r] = chain.len();
+        chain.push(r);
+        match blocked[r] {
+            Some(e) if is_stuck(producer(e)) => r = producer(e),
+            _ => break None,
+        }
+    };
+    let cycle: Vec<usize> = match cycle_start {
+        Some(s) => chain[s..].to_vec(),
+        None => chain,
+    };
+    let describe = |r: usize| {
+        let op = &geo.schedule.programs[r][pc[r]];
+        match blocked[r] {
+            Some(e) => {
+                let what = if e.bwd {
+                    "the gradient"
+                } else {
+                    "the activations"
+                };
+                format!(
+                    "rank {r} at op {} `{op}` waits for {what} of {} from rank {}",
+                    pc[r],
+                    geo.chunk(e.id),
+                    producer(e)
+                )
+            }
+            None => format!("rank {r} at op {} `{op}` cannot run", pc[r]),
+        }
+    };
+    let head = *cycle.iter().min().unwrap_or(&first);
+    let start = cycle.iter().position(|&x| x == head).unwrap_or(0);
+    let ordered: Vec<String> = cycle[start..]
+        .iter()
+        .chain(&cycle[..start])
+        .map(|&r| describe(r))
+        .collect();
+    ValidationError::new(
+        head,
+        Some((pc[head], &geo.schedule.programs[head][pc[head]])),
+        Rule::Deadlock,
+        &format!(
+            "{stuck} of {ranks} ranks cannot finish; they wait in a cycle: {}; reorder the ops \
+             so that every rank produces what another waits for before it waits itself",
+            ordered.join("; ")
+        ),
+    )
 }

@@ -9,5 +9,7 @@ pub fn generate(
     virtual_stages: usize,
 ) -> Result<Schedule, ScheduleError> {
     let _ = (ranks, micro_batches, virtual_stages);
-    Err(ScheduleError::InvalidConfig("interleaved is not implemented yet".into()))
+    Err(ScheduleError::InvalidConfig(
+        "interleaved is not implemented yet".into(),
+    ))
 }

@@ -1,4 +1,8 @@
 //! Schedule generators: compute-only programs for every [`ScheduleKind`].
+//!
+//! Every generator returns a schedule without communication ops; [`crate::lower`] adds them.
+//! An unsupported configuration gives [`ScheduleError::InvalidConfig`] with one line naming the
+//! constraint and the nearest valid values.
 
 mod dualpipe;
 mod dualpipev;
@@ -7,16 +11,22 @@ mod interleaved;
 mod one_f_one_b;
 mod zb1p;
 
-use crate::{Schedule, ScheduleError, ScheduleKind};
+use crate::{Op, Placement, Schedule, ScheduleError, ScheduleKind};
 
 /// Generates the compute-only schedule of `kind` for `ranks` ranks and `micro_batches`
-/// micro-batches (`virtual_stages` is used by `interleaved` only).
+/// micro-batches (`virtual_stages` is used by `interleaved` only; other kinds need 1).
 pub fn generate(
     kind: ScheduleKind,
     ranks: usize,
     micro_batches: usize,
     virtual_stages: usize,
 ) -> Result<Schedule, ScheduleError> {
+    if kind != ScheduleKind::Interleaved && virtual_stages != 1 {
+        return Err(ScheduleError::InvalidConfig(format!(
+            "{kind} has one stage per rank per direction, got --virtual-stages {virtual_stages}: \
+             use --virtual-stages 1 (or --schedule interleaved)"
+        )));
+    }
     match kind {
         ScheduleKind::GPipe => gpipe::generate(ranks, micro_batches),
         ScheduleKind::OneFOneB => one_f_one_b::generate(ranks, micro_batches),
@@ -24,5 +34,63 @@ pub fn generate(
         ScheduleKind::Zb1p => zb1p::generate(ranks, micro_batches),
         ScheduleKind::DualPipe => dualpipe::generate(ranks, micro_batches),
         ScheduleKind::DualPipeV => dualpipev::generate(ranks, micro_batches),
+    }
+}
+
+/// The checks every single-direction generator shares: at least one rank and one micro-batch,
+/// and a size that fits in memory.
+fn check_common(
+    name: &str,
+    ranks: usize,
+    micro_batches: usize,
+    virtual_stages: usize,
+) -> Result<(), ScheduleError> {
+    if ranks == 0 {
+        return Err(ScheduleError::InvalidConfig(format!(
+            "{name} needs at least 1 rank, got 0: use --ranks 1"
+        )));
+    }
+    if micro_batches == 0 {
+        return Err(ScheduleError::InvalidConfig(format!(
+            "{name} needs at least 1 micro-batch, got 0: use --micro-batches 1"
+        )));
+    }
+    if virtual_stages == 0 {
+        return Err(ScheduleError::InvalidConfig(format!(
+            "{name} needs at least 1 virtual stage per rank, got 0: use --virtual-stages 1"
+        )));
+    }
+    let ops = ranks
+        .checked_mul(micro_batches)
+        .and_then(|x| x.checked_mul(virtual_stages))
+        .and_then(|x| x.checked_mul(3));
+    match ops {
+        Some(ops) if ops <= dualpipe::MAX_OPS => Ok(()),
+        _ => Err(ScheduleError::InvalidConfig(format!(
+            "{name} with {ranks} ranks, {micro_batches} micro-batches and {virtual_stages} \
+             virtual stage(s) would need more than {} ops: use fewer ranks or micro-batches",
+            dualpipe::MAX_OPS
+        ))),
+    }
+}
+
+/// A single-direction schedule whose stage `s` runs on rank `s % ranks`.
+fn single_direction(
+    kind: ScheduleKind,
+    ranks: usize,
+    micro_batches: usize,
+    virtual_stages: usize,
+    programs: Vec<Vec<Op>>,
+) -> Schedule {
+    Schedule {
+        kind,
+        ranks,
+        micro_batches,
+        virtual_stages,
+        placement: Placement {
+            ranks,
+            rank_of: vec![(0..ranks * virtual_stages).map(|s| s % ranks).collect()],
+        },
+        programs,
     }
 }
