@@ -76,6 +76,28 @@ pub trait Stage: Send {
         Ok((out, grad))
     }
 
+    /// An `FB` whose halves belong to two different stages of the rank: the forward of `f` on
+    /// this stage and the full backward of `b` on `other` (DualPipe overlaps a forward of one
+    /// direction with a backward of the other, which live in two stage objects). The default
+    /// runs them one after the other; a stage may overlap them.
+    #[allow(clippy::type_complexity)]
+    fn forward_backward_pair(
+        &mut self,
+        f: Chunk,
+        input: ForwardInput<Self::Tensor>,
+        other: &mut Self,
+        b: Chunk,
+        grad_output: Option<Self::Tensor>,
+    ) -> Result<(ForwardOutput<Self::Tensor>, Option<Self::Tensor>), StageError>
+    where
+        Self: Sized,
+    {
+        let out = self.forward(f, input)?;
+        let grad = other.backward_input(b, grad_output)?;
+        other.backward_weight(b)?;
+        Ok((out, grad))
+    }
+
     /// This stage's parameter gradients, accumulated over the step, in a fixed order. Used to
     /// sum the two copies of a DualPipe stage (rank s and rank ranks-1-s) after the step. A
     /// stage without parameters returns an empty list.

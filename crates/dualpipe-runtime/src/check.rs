@@ -1,0 +1,172 @@
+//! Checks, before any thread starts, that a schedule and the stages fit together.
+//!
+//! This is not the schedule validator (dependencies and deadlock freedom are its job); it
+//! catches what would otherwise surface as a confusing failure mid-step: a wrong number of
+//! ranks, a missing stage, a peer that contradicts the placement, a schedule that was never
+//! lowered.
+
+use std::collections::HashSet;
+
+use dualpipe_schedule::{Chunk, Op, Schedule};
+
+use crate::executor::{describe, shifted};
+use crate::{RankStages, RuntimeError};
+
+/// Every rule the executor relies on; the first broken one as a [`RuntimeError::Setup`].
+pub(crate) fn check_setup<S>(
+    schedule: &Schedule,
+    ranks: &[RankStages<S>],
+) -> Result<(), RuntimeError> {
+    let placement = &schedule.placement;
+    let setup = |msg: String| Err(RuntimeError::Setup(msg));
+    if schedule.ranks == 0 {
+        return setup("the schedule has no ranks".into());
+    }
+    if schedule.programs.len() != schedule.ranks || placement.ranks != schedule.ranks {
+        return setup(format!(
+            "the schedule is inconsistent: {} ranks, {} programs, a placement over {} ranks",
+            schedule.ranks,
+            schedule.programs.len(),
+            placement.ranks
+        ));
+    }
+    if ranks.len() != schedule.ranks {
+        return setup(format!(
+            "the schedule has {} ranks but stages were given for {}; build them with \
+             build_ranks(&schedule.placement, ..)",
+            schedule.ranks,
+            ranks.len()
+        ));
+    }
+    let dirs = placement.dirs();
+    let stages = placement.stages();
+    if dirs == 0 || stages == 0 || placement.rank_of.iter().any(|row| row.len() != stages) {
+        return setup("the placement has no stages or rows of different lengths".into());
+    }
+    if let Some(&bad) = placement
+        .rank_of
+        .iter()
+        .flatten()
+        .find(|&&r| r >= schedule.ranks)
+    {
+        return setup(format!(
+            "the placement names rank {bad}, but the schedule has {} ranks",
+            schedule.ranks
+        ));
+    }
+    let per_dir = schedule.micro_batches_per_dir();
+    for (rank, program) in schedule.programs.iter().enumerate() {
+        let at = |op: &Op, msg: String| {
+            Err(RuntimeError::Setup(format!(
+                "rank {rank}: {}: {msg}",
+                describe(op)
+            )))
+        };
+        let in_range = |c: Chunk| c.dir < dirs && c.stage < stages && c.mb < per_dir;
+        // Producer chunks whose output this program sends: (is_forward, chunk).
+        let mut sends: HashSet<(bool, Chunk)> = HashSet::new();
+        for op in program {
+            match *op {
+                Op::SendF { chunk, .. } => {
+                    sends.insert((true, chunk));
+                }
+                Op::SendB { chunk, .. } => {
+                    sends.insert((false, chunk));
+                }
+                _ => {}
+            }
+        }
+        for op in program {
+            let chunks: Vec<Chunk> = match *op {
+                Op::FB { f, b } => vec![f, b],
+                Op::Wait => vec![],
+                _ => op.chunk().into_iter().collect(),
+            };
+            for &c in &chunks {
+                if !in_range(c) {
+                    return at(
+                        op,
+                        format!(
+                            "chunk out of range ({dirs} directions, {stages} stages, \
+                             {per_dir} micro-batches per direction)"
+                        ),
+                    );
+                }
+                if placement.rank(c.dir, c.stage) != rank {
+                    return at(
+                        op,
+                        format!(
+                            "the placement puts (dir {}, stage {}) on rank {}, not here",
+                            c.dir,
+                            c.stage,
+                            placement.rank(c.dir, c.stage)
+                        ),
+                    );
+                }
+                if ranks[rank].get(c.dir, c.stage).is_none() {
+                    return at(
+                        op,
+                        format!(
+                            "no stage was given for (dir {}, stage {}) on this rank; build \
+                             the stages with build_ranks(&schedule.placement, ..)",
+                            c.dir, c.stage
+                        ),
+                    );
+                }
+            }
+            // Which neighbour a communication op talks to, if any: (neighbour chunk).
+            let neighbour = match *op {
+                Op::SendF { chunk, .. } | Op::RecvB { chunk, .. } => {
+                    (chunk.stage + 1 < stages).then(|| shifted(chunk, 1))
+                }
+                Op::RecvF { chunk, .. } | Op::SendB { chunk, .. } => {
+                    (chunk.stage > 0).then(|| shifted(chunk, -1))
+                }
+                _ => None,
+            };
+            if let Some(peer) = op.peer() {
+                let Some(n) = neighbour else {
+                    return at(op, "there is no neighbouring stage to talk to".into());
+                };
+                let expected = placement.rank(n.dir, n.stage);
+                if peer != expected {
+                    return at(
+                        op,
+                        format!(
+                            "the neighbouring stage (dir {}, stage {}) is on rank {expected}",
+                            n.dir, n.stage
+                        ),
+                    );
+                }
+            }
+            // Outputs that feed another rank must be sent by this program.
+            let mut outputs: Vec<(bool, Chunk)> = Vec::new();
+            match *op {
+                Op::F(c) => outputs.push((true, c)),
+                Op::B(c) | Op::I(c) => outputs.push((false, c)),
+                Op::FB { f, b } => outputs.extend([(true, f), (false, b)]),
+                _ => {}
+            }
+            for (forward, c) in outputs {
+                let next = if forward {
+                    (c.stage + 1 < stages).then(|| shifted(c, 1))
+                } else {
+                    (c.stage > 0).then(|| shifted(c, -1))
+                };
+                let Some(next) = next else { continue };
+                let dst = placement.rank(next.dir, next.stage);
+                if dst != rank && !sends.contains(&(forward, c)) {
+                    return at(
+                        op,
+                        format!(
+                            "its output feeds rank {dst}, but the program has no {} {c} for \
+                             it; lower the schedule first (dualpipe_schedule::build or lower)",
+                            if forward { "SEND_F" } else { "SEND_B" }
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}

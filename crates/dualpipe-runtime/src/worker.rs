@@ -1,0 +1,490 @@
+//! One rank's interpreter: runs its program op by op against its stages.
+
+use std::any::Any;
+use std::collections::{HashMap, HashSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::Receiver;
+use std::time::Instant;
+
+use dualpipe_schedule::{Chunk, Op, Schedule};
+use dualpipe_sim::{ComputeInterval, MessageInterval, MessageKind};
+
+use crate::executor::{describe, shifted};
+use crate::transport::{Inbox, Key, Message, Shared, WaitError};
+use crate::{
+    ExecOptions, ForwardInput, ForwardOutput, MicroBatchLoss, RankStages, RuntimeError, Stage,
+    StageError,
+};
+
+/// What one rank measured during a successful step.
+pub(crate) struct RankRecord {
+    /// Compute intervals in program (and start) order.
+    pub compute: Vec<ComputeInterval>,
+    /// Messages this rank sent.
+    pub messages: Vec<MessageInterval>,
+    /// Seconds the rank spent blocked on receives.
+    pub comm_wait: f64,
+    /// Losses of the micro-batches whose last stage ran here.
+    pub losses: Vec<MicroBatchLoss>,
+}
+
+/// Why a rank stopped early.
+enum Fail {
+    /// This rank failed; the error goes to every rank.
+    Error(RuntimeError),
+    /// Another rank failed first.
+    Aborted,
+}
+
+impl From<RuntimeError> for Fail {
+    fn from(err: RuntimeError) -> Self {
+        Fail::Error(err)
+    }
+}
+
+/// One rank's state during a step.
+pub(crate) struct Worker<'a, S: Stage> {
+    rank: usize,
+    schedule: &'a Schedule,
+    stages: &'a mut RankStages<S>,
+    inbox: Inbox<S::Tensor>,
+    shared: &'a Shared<S::Tensor>,
+    options: &'a ExecOptions,
+    start: Instant,
+    last_stage: usize,
+    /// Producer outputs this program sends with an explicit SEND op.
+    sends: HashSet<(MessageKind, Chunk)>,
+    /// Computed outputs waiting for their SEND op.
+    outbox: HashMap<(MessageKind, Chunk), S::Tensor>,
+    record: RankRecord,
+}
+
+impl<'a, S: Stage> Worker<'a, S> {
+    /// A worker for `rank`, timing everything from `start`.
+    pub fn new(
+        rank: usize,
+        schedule: &'a Schedule,
+        stages: &'a mut RankStages<S>,
+        receiver: Receiver<Message<S::Tensor>>,
+        shared: &'a Shared<S::Tensor>,
+        options: &'a ExecOptions,
+        start: Instant,
+    ) -> Self {
+        let sends = schedule.programs[rank]
+            .iter()
+            .filter_map(|op| match *op {
+                Op::SendF { chunk, .. } => Some((MessageKind::Forward, chunk)),
+                Op::SendB { chunk, .. } => Some((MessageKind::Backward, chunk)),
+                _ => None,
+            })
+            .collect();
+        Worker {
+            rank,
+            schedule,
+            stages,
+            inbox: Inbox::new(receiver),
+            shared,
+            options,
+            start,
+            last_stage: schedule.placement.stages() - 1,
+            sends,
+            outbox: HashMap::new(),
+            record: RankRecord {
+                compute: Vec::new(),
+                messages: Vec::new(),
+                comm_wait: 0.0,
+                losses: Vec::new(),
+            },
+        }
+    }
+
+    /// Runs the program; on failure wakes every rank and returns `None`.
+    pub fn run(mut self) -> Option<RankRecord> {
+        let rank = self.rank;
+        let shared = self.shared;
+        match catch_unwind(AssertUnwindSafe(|| self.run_program())) {
+            Ok(Ok(())) => Some(self.record),
+            Ok(Err(Fail::Error(err))) => {
+                shared.fail(err);
+                None
+            }
+            Ok(Err(Fail::Aborted)) => None,
+            Err(payload) => {
+                shared.fail(RuntimeError::StagePanicked {
+                    rank,
+                    op: "the executor".into(),
+                    message: panic_message(payload.as_ref()),
+                });
+                None
+            }
+        }
+    }
+
+    fn now(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    fn run_program(&mut self) -> Result<(), Fail> {
+        let schedule = self.schedule;
+        for op in &schedule.programs[self.rank] {
+            if self.shared.aborted() {
+                return Err(Fail::Aborted);
+            }
+            match *op {
+                Op::F(c) => {
+                    let input = self.forward_input(op, c)?;
+                    let t0 = self.now();
+                    let out = self.guarded(op, |st| stage_mut(st, c)?.forward(c, input))?;
+                    self.push_compute(op, t0);
+                    self.route_forward(op, c, out)?;
+                }
+                Op::B(c) | Op::I(c) => {
+                    let grad = self.grad_output(op, c)?;
+                    let full = matches!(op, Op::B(_));
+                    let t0 = self.now();
+                    let grad_in = self.guarded(op, |st| {
+                        let stage = stage_mut(st, c)?;
+                        let grad_in = stage.backward_input(c, grad)?;
+                        if full {
+                            stage.backward_weight(c)?;
+                        }
+                        Ok(grad_in)
+                    })?;
+                    self.push_compute(op, t0);
+                    self.route_backward(op, c, grad_in)?;
+                }
+                Op::W(c) => {
+                    let t0 = self.now();
+                    self.guarded(op, |st| stage_mut(st, c)?.backward_weight(c))?;
+                    self.push_compute(op, t0);
+                }
+                Op::FB { f, b } => {
+                    let input = self.forward_input(op, f)?;
+                    let grad = self.grad_output(op, b)?;
+                    let t0 = self.now();
+                    let (out, grad_in) = self.guarded(op, |st| {
+                        if (f.dir, f.stage) == (b.dir, b.stage) {
+                            stage_mut(st, f)?.forward_backward(f, input, b, grad)
+                        } else {
+                            let (sf, sb) = st
+                                .get_pair_mut((f.dir, f.stage), (b.dir, b.stage))
+                                .ok_or_else(|| StageError("a stage of the FB is missing".into()))?;
+                            sf.forward_backward_pair(f, input, sb, b, grad)
+                        }
+                    })?;
+                    self.push_compute(op, t0);
+                    self.route_forward(op, f, out)?;
+                    self.route_backward(op, b, grad_in)?;
+                }
+                Op::SendF { chunk, peer } => {
+                    self.send(op, MessageKind::Forward, chunk, shifted(chunk, 1), peer)?;
+                }
+                Op::SendB { chunk, peer } => {
+                    self.send(op, MessageKind::Backward, chunk, shifted(chunk, -1), peer)?;
+                }
+                // Receives are posted early (the inbox buffers every arrival) and a compute op
+                // waits for its own input only, so neither needs to do anything here.
+                Op::RecvF { .. } | Op::RecvB { .. } | Op::Wait => {}
+            }
+        }
+        if let Some(&(kind, chunk)) = self.outbox.keys().next() {
+            return Err(self.protocol(
+                &Op::Wait,
+                format!(
+                    "the program ended with the {} output of {chunk} computed but never sent",
+                    kind_name(kind)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs a stage call, turning its error or panic into this rank's failure.
+    fn guarded<R>(
+        &mut self,
+        op: &Op,
+        call: impl FnOnce(&mut RankStages<S>) -> Result<R, StageError>,
+    ) -> Result<R, Fail> {
+        let stages = &mut *self.stages;
+        match catch_unwind(AssertUnwindSafe(|| call(stages))) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(Fail::Error(RuntimeError::StageFailed {
+                rank: self.rank,
+                op: describe(op),
+                cause: err.0,
+            })),
+            Err(payload) => Err(Fail::Error(RuntimeError::StagePanicked {
+                rank: self.rank,
+                op: describe(op),
+                message: panic_message(payload.as_ref()),
+            })),
+        }
+    }
+
+    fn push_compute(&mut self, op: &Op, start: f64) {
+        let end = self.now();
+        self.record.compute.push(ComputeInterval {
+            op: *op,
+            start,
+            end,
+        });
+    }
+
+    fn protocol(&self, op: &Op, message: String) -> Fail {
+        Fail::Error(RuntimeError::Protocol {
+            rank: self.rank,
+            op: describe(op),
+            message,
+        })
+    }
+
+    /// The input of chunk `c`'s forward: its micro-batch at stage 0, else the activations.
+    fn forward_input(&mut self, op: &Op, c: Chunk) -> Result<ForwardInput<S::Tensor>, Fail> {
+        if c.stage == 0 {
+            return Ok(ForwardInput::MicroBatch {
+                global_mb: self.schedule.global_mb(c),
+            });
+        }
+        let key = Key {
+            kind: MessageKind::Forward,
+            chunk: c,
+        };
+        Ok(ForwardInput::Activation(self.receive(
+            op,
+            key,
+            shifted(c, -1),
+        )?))
+    }
+
+    /// The output gradient of chunk `c`'s backward: none at the last stage.
+    fn grad_output(&mut self, op: &Op, c: Chunk) -> Result<Option<S::Tensor>, Fail> {
+        if c.stage == self.last_stage {
+            return Ok(None);
+        }
+        let key = Key {
+            kind: MessageKind::Backward,
+            chunk: c,
+        };
+        Ok(Some(self.receive(op, key, shifted(c, 1))?))
+    }
+
+    /// Takes the tensor for `key` (produced by `producer`), waiting for it if it is remote.
+    fn receive(&mut self, op: &Op, key: Key, producer: Chunk) -> Result<S::Tensor, Fail> {
+        let src = self.schedule.placement.rank(producer.dir, producer.stage);
+        if let Some((from, tensor)) = self.inbox.try_take(key) {
+            return self.check_source(op, key, src, from).map(|()| tensor);
+        }
+        if src == self.rank && !self.sends.contains(&(key.kind, producer)) {
+            return Err(self.protocol(
+                op,
+                format!(
+                    "needs the {} output of {producer} on this rank, which has not run yet \
+                     (the program order breaks a dependency)",
+                    kind_name(key.kind)
+                ),
+            ));
+        }
+        let began = Instant::now();
+        let shared = self.shared;
+        let taken = self.inbox.take(
+            key,
+            began + self.options.recv_timeout,
+            self.options.poll_interval,
+            || shared.aborted(),
+        );
+        self.record.comm_wait += began.elapsed().as_secs_f64();
+        match taken {
+            Ok((from, tensor)) => self.check_source(op, key, src, from).map(|()| tensor),
+            Err(WaitError::Aborted) => Err(Fail::Aborted),
+            Err(WaitError::TimedOut) => Err(Fail::Error(RuntimeError::Timeout {
+                rank: self.rank,
+                what: format!("{} {}", recv_name(key.kind), key.chunk),
+                peer: src,
+                timeout: self.options.recv_timeout,
+            })),
+            Err(WaitError::Duplicate(dup, from)) => Err(self.protocol(
+                op,
+                format!(
+                    "a second {} message for {} arrived (from rank {from})",
+                    recv_name(dup.kind),
+                    dup.chunk
+                ),
+            )),
+        }
+    }
+
+    fn check_source(&self, op: &Op, key: Key, expected: usize, from: usize) -> Result<(), Fail> {
+        if from == expected {
+            Ok(())
+        } else {
+            Err(self.protocol(
+                op,
+                format!(
+                    "the {} message for {} came from rank {from}, expected rank {expected}",
+                    recv_name(key.kind),
+                    key.chunk
+                ),
+            ))
+        }
+    }
+
+    fn route_forward(
+        &mut self,
+        op: &Op,
+        c: Chunk,
+        out: ForwardOutput<S::Tensor>,
+    ) -> Result<(), Fail> {
+        let last = c.stage == self.last_stage;
+        match out {
+            ForwardOutput::Loss(loss) if last => {
+                self.record.losses.push(MicroBatchLoss {
+                    dir: c.dir,
+                    mb: c.mb,
+                    global_mb: self.schedule.global_mb(c),
+                    loss,
+                });
+                Ok(())
+            }
+            ForwardOutput::Loss(_) => Err(self.protocol(
+                op,
+                format!(
+                    "the stage returned a loss, but stage {} is not the last ({}); return \
+                     ForwardOutput::Activation",
+                    c.stage, self.last_stage
+                ),
+            )),
+            ForwardOutput::Activation(_) if last => Err(self.protocol(
+                op,
+                format!(
+                    "stage {} is the last stage and must return ForwardOutput::Loss",
+                    c.stage
+                ),
+            )),
+            ForwardOutput::Activation(t) => {
+                self.route(op, MessageKind::Forward, c, shifted(c, 1), t)
+            }
+        }
+    }
+
+    fn route_backward(
+        &mut self,
+        op: &Op,
+        c: Chunk,
+        grad_in: Option<S::Tensor>,
+    ) -> Result<(), Fail> {
+        if c.stage == 0 {
+            // Nothing precedes the first stage; a gradient it returns anyway is dropped.
+            return Ok(());
+        }
+        match grad_in {
+            Some(t) => self.route(op, MessageKind::Backward, c, shifted(c, -1), t),
+            None => Err(self.protocol(
+                op,
+                format!(
+                    "backward_input returned no gradient, but stage {} must pass one to \
+                     stage {}",
+                    c.stage,
+                    c.stage - 1
+                ),
+            )),
+        }
+    }
+
+    /// Keeps an output for its SEND op, or hands it to a consumer on this rank.
+    fn route(
+        &mut self,
+        op: &Op,
+        kind: MessageKind,
+        producer: Chunk,
+        consumer: Chunk,
+        tensor: S::Tensor,
+    ) -> Result<(), Fail> {
+        if self.sends.contains(&(kind, producer)) {
+            if self.outbox.insert((kind, producer), tensor).is_some() {
+                return Err(self.protocol(
+                    op,
+                    format!("the {} of {producer} ran twice", kind_name(kind)),
+                ));
+            }
+            return Ok(());
+        }
+        // check_setup proved the consumer is on this rank.
+        let key = Key {
+            kind,
+            chunk: consumer,
+        };
+        self.inbox.put_local(key, self.rank, tensor).map_err(|_| {
+            self.protocol(
+                op,
+                format!("the {} of {producer} ran twice", kind_name(kind)),
+            )
+        })
+    }
+
+    fn send(
+        &mut self,
+        op: &Op,
+        kind: MessageKind,
+        producer: Chunk,
+        consumer: Chunk,
+        peer: usize,
+    ) -> Result<(), Fail> {
+        let Some(tensor) = self.outbox.remove(&(kind, producer)) else {
+            return Err(self.protocol(
+                op,
+                format!(
+                    "nothing to send: the {} of {producer} has not run on this rank yet",
+                    kind_name(kind)
+                ),
+            ));
+        };
+        let start = self.now();
+        let key = Key {
+            kind,
+            chunk: consumer,
+        };
+        self.shared.send(peer, self.rank, key, tensor);
+        let end = self.now();
+        self.record.messages.push(MessageInterval {
+            src: self.rank,
+            dst: peer,
+            kind,
+            src_chunk: producer,
+            dst_chunk: consumer,
+            start,
+            end,
+        });
+        Ok(())
+    }
+}
+
+fn stage_mut<S>(stages: &mut RankStages<S>, c: Chunk) -> Result<&mut S, StageError> {
+    stages
+        .get_mut(c.dir, c.stage)
+        .ok_or_else(|| StageError(format!("no stage for (dir {}, stage {})", c.dir, c.stage)))
+}
+
+fn kind_name(kind: MessageKind) -> &'static str {
+    match kind {
+        MessageKind::Forward => "forward",
+        MessageKind::Backward => "backward",
+    }
+}
+
+fn recv_name(kind: MessageKind) -> &'static str {
+    match kind {
+        MessageKind::Forward => "RECV_F",
+        MessageKind::Backward => "RECV_B",
+    }
+}
+
+/// The text of a panic payload.
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".into()
+    }
+}
