@@ -182,17 +182,14 @@ pub(super) fn eight_phase_program(
         w.backward(1, false);
         w.forward_backward(1, 0);
     }
-    // 6. Drain both backwards alternately; from the middle of the loop on they defer W.
-    let mut split = false;
+    // 6. Drain both backwards alternately, far then near. From the middle iteration on they
+    //    defer W; with an odd k (an even number of iterations) the split starts at the far
+    //    backward, otherwise at the near one, so exactly k + 1 of the 2(k + 1) are split.
+    let odd = k % 2 == 1;
+    let mid = near_middle / 2;
     for i in 0..near_middle {
-        if i == near_middle / 2 && k % 2 == 1 {
-            split = true;
-        }
-        w.backward(1, split);
-        if i == near_middle / 2 && k % 2 == 0 {
-            split = true;
-        }
-        w.backward(0, split);
+        w.backward(1, i > mid || (i == mid && odd));
+        w.backward(0, i >= mid);
     }
     // 7. Near backwards (split), each after one deferred weight gradient.
     for _ in 0..far_from_middle {
