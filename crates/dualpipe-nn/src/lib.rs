@@ -1,1 +1,30 @@
 //! Layers and reference models with split backward (F / I / W) on candle-core.
+//!
+//! - [`layers`]: `Linear`, exact-erf `Gelu`, MSE and the residual `MlpBlock`, each with
+//!   `forward`, `backward_input` (input gradient only) and `backward_weight` (the deferred
+//!   weight-gradient GEMMs);
+//! - [`stage::MlpStage`]: a slice of the MLP model implementing the runtime's
+//!   [`dualpipe_runtime::Stage`];
+//! - [`data`]: seeded teacher-student regression data;
+//! - [`optim`]: SGD with momentum and AdamW;
+//! - [`reference`]: the sequential single-thread oracle;
+//! - [`trainer`]: the training loop behind `dualpipe train`.
+//!
+//! The model and the data depend only on the seed, the number of model stages and the shapes,
+//! so every schedule trains the same model on the same batches.
+
+pub mod data;
+pub mod error;
+mod exec;
+pub mod layers;
+pub mod optim;
+pub mod reference;
+pub mod rng;
+pub mod stage;
+pub mod trainer;
+
+pub use error::NnError;
+pub use optim::{Optimizer, OptimizerKind};
+pub use reference::{Reference, ReferenceStep};
+pub use stage::{MlpStage, ModelConfig, StagePosition};
+pub use trainer::{DType, StepReport, TrainConfig, Trainer};

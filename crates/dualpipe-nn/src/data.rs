@@ -1,0 +1,109 @@
+//! Teacher-student regression data.
+//!
+//! Inputs are uniform in `[-√3, √3)` (zero mean, unit variance) and drawn from the stream
+//! (seed, step, global micro-batch); targets are a fixed random *teacher* — one residual MLP
+//! block of the same width with unit-gain weights, drawn from its own seed stream — applied to
+//! the inputs. The student can represent the teacher exactly, so the loss can fall towards zero.
+//! Everything is computed in f64 and then cast, so an f32 run sees the same data rounded.
+
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::{NnError, TensorContext};
+use crate::layers::MlpBlock;
+use crate::rng::{self, Purpose};
+
+/// Gain of the teacher's weights (uniform in `±gain/√fan_in`; √3 gives unit variance gain).
+const TEACHER_GAIN: f64 = 1.732_050_807_568_877_2;
+
+/// The inputs and targets of one micro-batch, `[micro_batch_size, hidden]` each.
+#[derive(Clone, Debug)]
+pub struct MicroBatch {
+    /// Inputs of the first stage.
+    pub inputs: Tensor,
+    /// Targets the last stage's output is compared to.
+    pub targets: Tensor,
+}
+
+/// Every micro-batch of one training step, indexed by global micro-batch.
+pub type Batch = Arc<Vec<MicroBatch>>;
+
+/// The data source: a seeded teacher and seeded inputs.
+#[derive(Debug)]
+pub struct DataSet {
+    seed: u64,
+    hidden: usize,
+    micro_batch_size: usize,
+    dtype: DType,
+    teacher: MlpBlock,
+}
+
+impl DataSet {
+    /// The data set of `seed` for width `hidden` and `micro_batch_size` rows per micro-batch,
+    /// delivered in `dtype` (F32 or F64).
+    pub fn new(
+        seed: u64,
+        hidden: usize,
+        micro_batch_size: usize,
+        dtype: DType,
+    ) -> Result<Self, NnError> {
+        if hidden == 0 || micro_batch_size == 0 {
+            return Err(NnError::Config(format!(
+                "hidden ({hidden}) and micro_batch_size ({micro_batch_size}) must be at least 1"
+            )));
+        }
+        let mut rng = rng::stream(seed, Purpose::Teacher, 0, 0);
+        let teacher = MlpBlock::random(&mut rng, hidden, TEACHER_GAIN, DType::F64)?;
+        Ok(DataSet {
+            seed,
+            hidden,
+            micro_batch_size,
+            dtype,
+            teacher,
+        })
+    }
+
+    /// Micro-batch `global_mb` of step `step`.
+    pub fn micro_batch(&self, step: usize, global_mb: usize) -> Result<MicroBatch, NnError> {
+        let mut rng = rng::stream(self.seed, Purpose::Inputs, step as u64, global_mb as u64);
+        let count = self.micro_batch_size * self.hidden;
+        let x = Tensor::from_vec(
+            rng::uniform(&mut rng, count, 3f64.sqrt()),
+            (self.micro_batch_size, self.hidden),
+            &Device::Cpu,
+        )
+        .ctx("DataSet inputs")?;
+        let t = self.teacher.apply(&x)?;
+        Ok(MicroBatch {
+            inputs: x.to_dtype(self.dtype).ctx("DataSet inputs dtype")?,
+            targets: t.to_dtype(self.dtype).ctx("DataSet targets dtype")?,
+        })
+    }
+
+    /// All `micro_batches` micro-batches of step `step`.
+    pub fn batch(&self, step: usize, micro_batches: usize) -> Result<Batch, NnError> {
+        let mbs = (0..micro_batches)
+            .map(|mb| self.micro_batch(step, mb))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Arc::new(mbs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_same_data_other_step_other_data() {
+        let d = DataSet::new(3, 4, 2, DType::F64).unwrap();
+        let a = d.micro_batch(1, 2).unwrap();
+        let b = d.micro_batch(1, 2).unwrap();
+        let c = d.micro_batch(2, 2).unwrap();
+        let v = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        assert_eq!(v(&a.inputs), v(&b.inputs));
+        assert_eq!(v(&a.targets), v(&b.targets));
+        assert_ne!(v(&a.inputs), v(&c.inputs));
+        assert_eq!(a.inputs.dims(), &[2, 4]);
+    }
+}

@@ -1,0 +1,50 @@
+//! Layers with the backward split in two: `backward_input` computes only the gradient for the
+//! layer's input and saves what the weight gradient needs; `backward_weight` later runs the
+//! weight-gradient GEMMs (the zero-bubble split). State between the calls is keyed by the
+//! [`Chunk`](dualpipe_schedule::Chunk) being computed, so many micro-batches can be in flight.
+//!
+//! A full backward (`B`) is `backward_input` followed at once by `backward_weight`.
+
+mod block;
+mod gelu;
+mod linear;
+mod loss;
+
+pub use block::MlpBlock;
+pub use gelu::Gelu;
+pub use linear::Linear;
+pub use loss::{mse_grad, mse_loss};
+
+use candle_core::Tensor;
+
+use crate::error::{NnError, TensorContext};
+
+/// A trainable tensor and the gradient accumulated for it since the last
+/// [`Param::zero_grad`].
+#[derive(Clone, Debug)]
+pub struct Param {
+    /// The current value.
+    pub value: Tensor,
+    /// The accumulated gradient (same shape and dtype as `value`).
+    pub grad: Tensor,
+}
+
+impl Param {
+    /// A parameter with value `value` and a zero gradient.
+    pub fn new(value: Tensor) -> Result<Self, NnError> {
+        let grad = value.zeros_like().ctx("Param::new")?;
+        Ok(Param { value, grad })
+    }
+
+    /// Adds `g` to the accumulated gradient.
+    pub fn accumulate(&mut self, g: &Tensor) -> Result<(), NnError> {
+        self.grad = (&self.grad + g).ctx("accumulating a gradient")?;
+        Ok(())
+    }
+
+    /// Resets the accumulated gradient to zero.
+    pub fn zero_grad(&mut self) -> Result<(), NnError> {
+        self.grad = self.value.zeros_like().ctx("zero_grad")?;
+        Ok(())
+    }
+}

@@ -1,0 +1,254 @@
+//! Optimizers, applied to each stage copy after the copies' gradients are summed, so the two
+//! copies of a DualPipe stage take bit-identical steps.
+
+use std::fmt;
+
+use candle_core::Tensor;
+
+use crate::error::{NnError, TensorContext};
+use crate::layers::Param;
+
+/// Which optimizer, with its hyper-parameters (the learning rate is separate).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OptimizerKind {
+    /// SGD with (PyTorch-style) momentum: `buf ← μ buf + g` (`buf = g` on the first step),
+    /// `p ← p − lr buf`.
+    Sgd {
+        /// Momentum `μ` (0 for plain SGD).
+        momentum: f64,
+    },
+    /// AdamW (Loshchilov & Hutter, PyTorch's formulation): with step count `t`,
+    /// `p ← p (1 − lr λ)`, `m ← β₁ m + (1 − β₁) g`, `v ← β₂ v + (1 − β₂) g²`,
+    /// `p ← p − lr (m / (1 − β₁ᵗ)) / (√(v / (1 − β₂ᵗ)) + ε)`.
+    AdamW {
+        /// β₁, the decay of the first moment.
+        beta1: f64,
+        /// β₂, the decay of the second moment.
+        beta2: f64,
+        /// ε, added to the denominator.
+        eps: f64,
+        /// λ, the decoupled weight decay.
+        weight_decay: f64,
+    },
+}
+
+impl OptimizerKind {
+    /// Names accepted by [`OptimizerKind::from_name`].
+    pub const NAMES: [&'static str; 2] = ["sgd", "adamw"];
+
+    /// SGD with momentum 0.9.
+    pub const fn sgd() -> Self {
+        OptimizerKind::Sgd { momentum: 0.9 }
+    }
+
+    /// AdamW with β = (0.9, 0.999), ε = 1e-8, weight decay 0.01 (PyTorch's defaults).
+    pub const fn adamw() -> Self {
+        OptimizerKind::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+
+    /// `"sgd"` or `"adamw"`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd { .. } => "sgd",
+            OptimizerKind::AdamW { .. } => "adamw",
+        }
+    }
+
+    /// The optimizer with default hyper-parameters for a name (case-insensitive).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "sgd" => Some(Self::sgd()),
+            "adamw" => Some(Self::adamw()),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for OptimizerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Per-parameter optimizer state.
+#[derive(Clone, Debug)]
+enum State {
+    Sgd { buf: Tensor },
+    AdamW { m: Tensor, v: Tensor },
+}
+
+/// An optimizer for one stage copy's parameters (always passed in the same order).
+#[derive(Clone, Debug)]
+pub struct Optimizer {
+    kind: OptimizerKind,
+    lr: f64,
+    steps: u64,
+    state: Vec<State>,
+}
+
+impl Optimizer {
+    /// An optimizer of `kind` with learning rate `lr`.
+    pub fn new(kind: OptimizerKind, lr: f64) -> Self {
+        Optimizer {
+            kind,
+            lr,
+            steps: 0,
+            state: Vec::new(),
+        }
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Updates every parameter from its accumulated gradient (gradients are left as they are).
+    pub fn step(&mut self, params: &mut [&mut Param]) -> Result<(), NnError> {
+        if self.steps > 0 && self.state.len() != params.len() {
+            return Err(NnError::Stage(format!(
+                "optimizer was set up for {} parameters and got {}",
+                self.state.len(),
+                params.len()
+            )));
+        }
+        self.steps += 1;
+        let first = self.state.is_empty();
+        let lr = self.lr;
+        for (i, p) in params.iter_mut().enumerate() {
+            let g = &p.grad;
+            match self.kind {
+                OptimizerKind::Sgd { momentum } => {
+                    let buf = if first {
+                        g.clone()
+                    } else {
+                        let State::Sgd { buf } = &self.state[i] else {
+                            unreachable!("state kind follows the optimizer kind")
+                        };
+                        (buf.affine(momentum, 0.0).ctx("SGD momentum")? + g).ctx("SGD momentum")?
+                    };
+                    p.value = (&p.value - buf.affine(lr, 0.0).ctx("SGD")?).ctx("SGD update")?;
+                    if first {
+                        self.state.push(State::Sgd { buf });
+                    } else {
+                        self.state[i] = State::Sgd { buf };
+                    }
+                }
+                OptimizerKind::AdamW {
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay,
+                } => {
+                    let (m0, v0) = if first {
+                        (g.zeros_like().ctx("AdamW")?, g.zeros_like().ctx("AdamW")?)
+                    } else {
+                        let State::AdamW { m, v } = &self.state[i] else {
+                            unreachable!("state kind follows the optimizer kind")
+                        };
+                        (m.clone(), v.clone())
+                    };
+                    let m = (m0.affine(beta1, 0.0).ctx("AdamW m")?
+                        + g.affine(1.0 - beta1, 0.0).ctx("AdamW m")?)
+                    .ctx("AdamW m")?;
+                    let v = (v0.affine(beta2, 0.0).ctx("AdamW v")?
+                        + g.sqr()
+                            .and_then(|g2| g2.affine(1.0 - beta2, 0.0))
+                            .ctx("AdamW v")?)
+                    .ctx("AdamW v")?;
+                    let t = self.steps as i32;
+                    let bc1 = 1.0 - beta1.powi(t);
+                    let bc2 = 1.0 - beta2.powi(t);
+                    let denom = v
+                        .affine(1.0 / bc2, 0.0)
+                        .and_then(|x| x.sqrt())
+                        .and_then(|x| x.affine(1.0, eps))
+                        .ctx("AdamW denominator")?;
+                    let update = m
+                        .affine(lr / bc1, 0.0)
+                        .and_then(|x| x / denom)
+                        .ctx("AdamW update")?;
+                    let decayed = p
+                        .value
+                        .affine(1.0 - lr * weight_decay, 0.0)
+                        .ctx("AdamW decay")?;
+                    p.value = (decayed - update).ctx("AdamW update")?;
+                    if first {
+                        self.state.push(State::AdamW { m, v });
+                    } else {
+                        self.state[i] = State::AdamW { m, v };
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn param(v: f64, g: f64) -> Param {
+        let mut p = Param::new(Tensor::new(&[v], &Device::Cpu).unwrap()).unwrap();
+        p.grad = Tensor::new(&[g], &Device::Cpu).unwrap();
+        p
+    }
+
+    fn value(p: &Param) -> f64 {
+        p.value.to_vec1::<f64>().unwrap()[0]
+    }
+
+    #[test]
+    fn sgd_momentum_matches_hand_computation() {
+        let mut p = param(1.0, 0.5);
+        let mut opt = Optimizer::new(OptimizerKind::Sgd { momentum: 0.9 }, 0.1);
+        opt.step(&mut [&mut p]).unwrap();
+        assert!((value(&p) - (1.0 - 0.1 * 0.5)).abs() < 1e-15);
+        opt.step(&mut [&mut p]).unwrap();
+        // buf = 0.9 * 0.5 + 0.5 = 0.95
+        assert!((value(&p) - (0.95 - 0.1 * 0.95)).abs() < 1e-15);
+    }
+
+    #[test]
+    fn adamw_matches_hand_computation() {
+        let (b1, b2, eps, wd, lr) = (0.9, 0.999, 1e-8, 0.01, 0.1);
+        let mut p = param(1.0, 0.5);
+        let kind = OptimizerKind::AdamW {
+            beta1: b1,
+            beta2: b2,
+            eps,
+            weight_decay: wd,
+        };
+        let mut opt = Optimizer::new(kind, lr);
+        let (mut x, mut m, mut v) = (1.0f64, 0.0f64, 0.0f64);
+        for t in 1..=3 {
+            let g = 0.5;
+            opt.step(&mut [&mut p]).unwrap();
+            x *= 1.0 - lr * wd;
+            m = b1 * m + (1.0 - b1) * g;
+            v = b2 * v + (1.0 - b2) * g * g;
+            let mhat = m / (1.0 - b1.powi(t));
+            let vhat = v / (1.0 - b2.powi(t));
+            x -= lr * mhat / (vhat.sqrt() + eps);
+            assert!(
+                (value(&p) - x).abs() < 1e-14,
+                "step {t}: {} vs {x}",
+                value(&p)
+            );
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for name in OptimizerKind::NAMES {
+            assert_eq!(OptimizerKind::from_name(name).unwrap().name(), name);
+        }
+        assert!(OptimizerKind::from_name("lion").is_none());
+    }
+}

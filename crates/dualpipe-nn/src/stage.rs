@@ -1,0 +1,332 @@
+//! [`MlpStage`]: a slice of the MLP model that implements the runtime's [`Stage`].
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Tensor};
+use dualpipe_runtime::{ForwardInput, ForwardOutput, Stage, StageError};
+use dualpipe_schedule::Chunk;
+
+use crate::data::Batch;
+use crate::error::{NnError, TensorContext};
+use crate::layers::{mse_grad, mse_loss, MlpBlock, Param};
+use crate::rng::{self, Purpose};
+
+/// The shape of the whole model and the seed its parameters are drawn from. The parameters of
+/// model stage `s` depend only on (`seed`, `s`, `hidden`, `layers_per_stage`, `dtype`): never on
+/// the schedule, the rank count or which direction runs the copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelConfig {
+    /// Seed of every random stream.
+    pub seed: u64,
+    /// Width of the activations between blocks (each block is `h → 4h → h`).
+    pub hidden: usize,
+    /// Residual MLP blocks per model stage.
+    pub layers_per_stage: usize,
+    /// Model stages along one direction's pipeline.
+    pub stages: usize,
+    /// Element type of parameters and activations (F32 or F64).
+    pub dtype: DType,
+}
+
+/// Where a stage copy sits and how the step's loss is split over micro-batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StagePosition {
+    /// The direction whose pipeline this copy serves (0 for single-direction schedules).
+    pub dir: usize,
+    /// Model stage index (= `chunk.stage` of every chunk this copy computes).
+    pub model_stage: usize,
+    /// Micro-batches in the whole step, over all directions; each micro-batch's loss is
+    /// scaled by `1 / micro_batches` so the step's loss is their mean.
+    pub micro_batches: usize,
+    /// Micro-batches per direction (`global_mb = dir * micro_batches_per_dir + mb`).
+    pub micro_batches_per_dir: usize,
+}
+
+/// One copy of a model stage: `layers_per_stage` residual [`MlpBlock`]s.
+///
+/// The first stage of a direction loads its micro-batch from the step's [`Batch`] (see
+/// [`MlpStage::set_batch`]); the last computes the MSE against the targets and returns
+/// [`ForwardOutput::Loss`]. Activations and saved tensors are kept per [`Chunk`]; weight
+/// gradients are computed in [`Stage::backward_weight`] only, and accumulate over the step.
+#[derive(Debug)]
+pub struct MlpStage {
+    model: ModelConfig,
+    position: StagePosition,
+    blocks: Vec<MlpBlock>,
+    batch: Option<Batch>,
+    /// Last stage only: output and target of each chunk whose forward ran.
+    loss_inputs: HashMap<Chunk, (Tensor, Tensor)>,
+}
+
+impl MlpStage {
+    /// The copy of model stage `position.model_stage` serving direction `position.dir`, with
+    /// parameters drawn from the stream (seed, stage).
+    pub fn new(model: &ModelConfig, position: StagePosition) -> Result<Self, NnError> {
+        if position.model_stage >= model.stages {
+            return Err(NnError::Config(format!(
+                "model stage {} does not exist: the model has {} stages",
+                position.model_stage, model.stages
+            )));
+        }
+        if position.micro_batches == 0 || position.micro_batches_per_dir == 0 {
+            return Err(NnError::Config(
+                "a step needs at least one micro-batch".into(),
+            ));
+        }
+        let mut rng = rng::stream(
+            model.seed,
+            Purpose::StageParams,
+            position.model_stage as u64,
+            0,
+        );
+        let blocks = (0..model.layers_per_stage)
+            .map(|_| MlpBlock::random(&mut rng, model.hidden, 1.0, model.dtype))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(MlpStage {
+            model: *model,
+            position,
+            blocks,
+            batch: None,
+            loss_inputs: HashMap::new(),
+        })
+    }
+
+    /// Where this copy sits.
+    pub fn position(&self) -> StagePosition {
+        self.position
+    }
+
+    /// The model stage index.
+    pub fn model_stage(&self) -> usize {
+        self.position.model_stage
+    }
+
+    /// The direction this copy serves.
+    pub fn dir(&self) -> usize {
+        self.position.dir
+    }
+
+    /// Whether this is the first stage of its direction (it loads inputs).
+    pub fn is_first(&self) -> bool {
+        self.position.model_stage == 0
+    }
+
+    /// Whether this is the last stage of its direction (it computes the loss).
+    pub fn is_last(&self) -> bool {
+        self.position.model_stage + 1 == self.model.stages
+    }
+
+    /// Gives the stage the step's data (first and last stages read it).
+    pub fn set_batch(&mut self, batch: Batch) {
+        self.batch = Some(batch);
+    }
+
+    /// Resets every accumulated gradient to zero (call before each step).
+    pub fn zero_grad(&mut self) -> Result<(), NnError> {
+        self.params_mut().into_iter().try_for_each(Param::zero_grad)
+    }
+
+    /// Parameters in a fixed order: block by block, each up weight, up bias, down weight,
+    /// down bias.
+    pub fn params(&self) -> Vec<&Param> {
+        self.blocks.iter().flat_map(MlpBlock::params).collect()
+    }
+
+    /// Parameters mutably, in the order of [`MlpStage::params`].
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        self.blocks
+            .iter_mut()
+            .flat_map(MlpBlock::params_mut)
+            .collect()
+    }
+
+    /// Parameter values, in the order of [`MlpStage::params`].
+    pub fn parameter_values(&self) -> Vec<Tensor> {
+        self.params().into_iter().map(|p| p.value.clone()).collect()
+    }
+
+    /// Replaces every accumulated gradient (same order and shapes as [`MlpStage::params`]).
+    pub fn set_gradients(&mut self, grads: &[Tensor]) -> Result<(), NnError> {
+        let mut params = self.params_mut();
+        check_grads(&params.iter().map(|p| &**p).collect::<Vec<_>>(), grads)?;
+        for (p, g) in params.iter_mut().zip(grads) {
+            p.grad = g.clone();
+        }
+        Ok(())
+    }
+
+    /// Saved tensors of chunks whose backward (input or weight) has not run yet; 0 after a
+    /// complete step.
+    pub fn pending(&self) -> usize {
+        self.loss_inputs.len() + self.blocks.iter().map(MlpBlock::pending).sum::<usize>()
+    }
+
+    fn check_chunk(&self, chunk: Chunk, what: &str) -> Result<(), NnError> {
+        if chunk.stage != self.position.model_stage || chunk.dir != self.position.dir {
+            return Err(NnError::Stage(format!(
+                "{what} of {chunk} sent to the copy of stage {} for direction {}",
+                self.position.model_stage, self.position.dir
+            )));
+        }
+        Ok(())
+    }
+
+    fn micro_batch(&self, chunk: Chunk) -> Result<&crate::data::MicroBatch, NnError> {
+        let global_mb = chunk.dir * self.position.micro_batches_per_dir + chunk.mb;
+        self.batch
+            .as_ref()
+            .ok_or_else(|| NnError::Stage("no batch: call set_batch before the step".into()))?
+            .get(global_mb)
+            .ok_or_else(|| {
+                NnError::Stage(format!(
+                    "micro-batch {global_mb} of {chunk} is not in the batch"
+                ))
+            })
+    }
+
+    fn forward_impl(
+        &mut self,
+        chunk: Chunk,
+        input: ForwardInput<Tensor>,
+    ) -> Result<ForwardOutput<Tensor>, NnError> {
+        self.check_chunk(chunk, "forward")?;
+        let mut x = match (input, self.is_first()) {
+            (ForwardInput::MicroBatch { global_mb }, true) => {
+                let expected = chunk.dir * self.position.micro_batches_per_dir + chunk.mb;
+                if global_mb != expected {
+                    return Err(NnError::Stage(format!(
+                        "forward of {chunk} asked for micro-batch {global_mb}, expected {expected}"
+                    )));
+                }
+                self.micro_batch(chunk)?.inputs.clone()
+            }
+            (ForwardInput::Activation(x), false) => x,
+            (ForwardInput::MicroBatch { .. }, false) => {
+                return Err(NnError::Stage(format!(
+                    "forward of {chunk}: only the first stage loads a micro-batch"
+                )))
+            }
+            (ForwardInput::Activation(_), true) => {
+                return Err(NnError::Stage(format!(
+                    "forward of {chunk}: the first stage loads its input, it takes no activation"
+                )))
+            }
+        };
+        for block in &mut self.blocks {
+            x = block.forward(chunk, &x)?;
+        }
+        if self.is_last() {
+            let target = self.micro_batch(chunk)?.targets.clone();
+            let loss = mse_loss(&x, &target)?;
+            self.loss_inputs.insert(chunk, (x, target));
+            Ok(ForwardOutput::Loss(loss))
+        } else {
+            Ok(ForwardOutput::Activation(x))
+        }
+    }
+
+    fn backward_input_impl(
+        &mut self,
+        chunk: Chunk,
+        grad_output: Option<Tensor>,
+    ) -> Result<Option<Tensor>, NnError> {
+        self.check_chunk(chunk, "backward_input")?;
+        let mut g = match (grad_output, self.is_last()) {
+            (None, true) => {
+                let (y, t) = self.loss_inputs.remove(&chunk).ok_or_else(|| {
+                    NnError::Stage(format!("backward_input of {chunk} before its forward"))
+                })?;
+                mse_grad(&y, &t, 1.0 / self.position.micro_batches as f64)?
+            }
+            (Some(g), false) => g,
+            (Some(_), true) => {
+                return Err(NnError::Stage(format!(
+                    "backward_input of {chunk}: the last stage starts from the loss and takes no gradient"
+                )))
+            }
+            (None, false) => {
+                return Err(NnError::Stage(format!(
+                    "backward_input of {chunk}: a stage before the last needs the output gradient"
+                )))
+            }
+        };
+        for block in self.blocks.iter_mut().rev() {
+            g = block.backward_input(chunk, &g)?;
+        }
+        Ok(if self.is_first() { None } else { Some(g) })
+    }
+
+    fn backward_weight_impl(&mut self, chunk: Chunk) -> Result<(), NnError> {
+        self.check_chunk(chunk, "backward_weight")?;
+        self.blocks
+            .iter_mut()
+            .try_for_each(|block| block.backward_weight(chunk))
+    }
+}
+
+fn check_grads(params: &[&Param], grads: &[Tensor]) -> Result<(), NnError> {
+    if params.len() != grads.len() {
+        return Err(NnError::Stage(format!(
+            "got {} gradients for a stage with {} parameters",
+            grads.len(),
+            params.len()
+        )));
+    }
+    for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+        if p.value.dims() != g.dims() || p.value.dtype() != g.dtype() {
+            return Err(NnError::Stage(format!(
+                "gradient {i} is {:?} {:?}, the parameter is {:?} {:?}",
+                g.dtype(),
+                g.dims(),
+                p.value.dtype(),
+                p.value.dims()
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Stage for MlpStage {
+    type Tensor = Tensor;
+
+    fn forward(
+        &mut self,
+        chunk: Chunk,
+        input: ForwardInput<Tensor>,
+    ) -> Result<ForwardOutput<Tensor>, StageError> {
+        Ok(self.forward_impl(chunk, input)?)
+    }
+
+    fn backward_input(
+        &mut self,
+        chunk: Chunk,
+        grad_output: Option<Tensor>,
+    ) -> Result<Option<Tensor>, StageError> {
+        Ok(self.backward_input_impl(chunk, grad_output)?)
+    }
+
+    fn backward_weight(&mut self, chunk: Chunk) -> Result<(), StageError> {
+        Ok(self.backward_weight_impl(chunk)?)
+    }
+
+    fn gradients(&self) -> Vec<Tensor> {
+        self.params().into_iter().map(|p| p.grad.clone()).collect()
+    }
+
+    fn add_gradients(&mut self, other: &[Tensor]) -> Result<(), StageError> {
+        let mut params = self.params_mut();
+        check_grads(&params.iter().map(|p| &**p).collect::<Vec<_>>(), other)?;
+        for (p, g) in params.iter_mut().zip(other) {
+            p.accumulate(g)?;
+        }
+        Ok(())
+    }
+}
+
+/// Converts a tensor to a flat f64 vector (for comparisons and reports).
+pub fn to_f64_vec(t: &Tensor) -> Result<Vec<f64>, NnError> {
+    t.flatten_all()
+        .and_then(|t| t.to_dtype(DType::F64))
+        .and_then(|t| t.to_vec1::<f64>())
+        .ctx("to_f64_vec")
+}

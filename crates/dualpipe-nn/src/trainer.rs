@@ -1,0 +1,396 @@
+//! The training loop behind `dualpipe train`: a [`TrainConfig`], a [`Trainer`] that runs one
+//! step at a time through a pipeline schedule, and the [`StepReport`] of each step.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+use dualpipe_schedule::{Schedule, ScheduleKind};
+use dualpipe_sim::Timeline;
+
+use crate::data::DataSet;
+use crate::error::NnError;
+use crate::exec;
+use crate::optim::{Optimizer, OptimizerKind};
+use crate::stage::{MlpStage, ModelConfig, StagePosition};
+
+/// Element type of parameters and activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum DType {
+    /// 32-bit floats (fast; the default for training).
+    #[default]
+    F32,
+    /// 64-bit floats (for exact comparisons in tests).
+    F64,
+}
+
+impl DType {
+    /// Names accepted by [`DType::from_name`].
+    pub const NAMES: [&'static str; 2] = ["f32", "f64"];
+
+    /// `"f32"` or `"f64"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+        }
+    }
+
+    /// Parses `"f32"` or `"f64"` (case-insensitive).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "f32" => Some(DType::F32),
+            "f64" => Some(DType::F64),
+            _ => None,
+        }
+    }
+
+    /// The candle element type.
+    pub fn candle(self) -> candle_core::DType {
+        match self {
+            DType::F32 => candle_core::DType::F32,
+            DType::F64 => candle_core::DType::F64,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Everything a training run depends on. The model and the data depend only on `seed`,
+/// [`TrainConfig::model_stages`], `hidden`, `layers_per_stage`, `micro_batches`,
+/// `micro_batch_size` and `dtype` — never on the schedule or the rank count — so e.g. DualPipe
+/// on 4 ranks, 1F1B on 4 ranks and DualPipeV on 2 ranks (4 stages each) train the same model
+/// on the same batches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainConfig {
+    /// The pipeline schedule.
+    pub schedule: ScheduleKind,
+    /// Pipeline ranks (one thread each).
+    pub ranks: usize,
+    /// Micro-batches per step, over all directions.
+    pub micro_batches: usize,
+    /// Rows per micro-batch.
+    pub micro_batch_size: usize,
+    /// Stages per rank for `interleaved` (ignored by the other schedules).
+    pub virtual_stages: usize,
+    /// Width of the model (each block is `hidden → 4 hidden → hidden`).
+    pub hidden: usize,
+    /// Residual MLP blocks per model stage.
+    pub layers_per_stage: usize,
+    /// Training steps of a run (used by callers that loop; [`Trainer::step`] runs one).
+    pub steps: usize,
+    /// Learning rate.
+    pub lr: f64,
+    /// The optimizer and its hyper-parameters.
+    pub optimizer: OptimizerKind,
+    /// Element type of parameters and activations.
+    pub dtype: DType,
+    /// Seed of the model, the teacher and the data.
+    pub seed: u64,
+}
+
+impl Default for TrainConfig {
+    /// DualPipe on 4 ranks: 4 stages of 2 blocks of width 128, 16 micro-batches of 64 rows,
+    /// AdamW at lr 1e-3, f32, 200 steps.
+    fn default() -> Self {
+        TrainConfig {
+            schedule: ScheduleKind::DualPipe,
+            ranks: 4,
+            micro_batches: 16,
+            micro_batch_size: 64,
+            virtual_stages: 1,
+            hidden: 128,
+            layers_per_stage: 2,
+            steps: 200,
+            lr: 1e-3,
+            optimizer: OptimizerKind::adamw(),
+            dtype: DType::F32,
+            seed: 0,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Model stages along one pipeline: `2 × ranks` for DualPipeV, `ranks × virtual_stages`
+    /// for interleaved, `ranks` otherwise.
+    pub fn model_stages(&self) -> usize {
+        match self.schedule {
+            ScheduleKind::DualPipeV => 2 * self.ranks,
+            ScheduleKind::Interleaved => self.ranks * self.virtual_stages,
+            _ => self.ranks,
+        }
+    }
+
+    /// The model's shape and seed.
+    pub fn model(&self) -> ModelConfig {
+        ModelConfig {
+            seed: self.seed,
+            hidden: self.hidden,
+            layers_per_stage: self.layers_per_stage,
+            stages: self.model_stages(),
+            dtype: self.dtype.candle(),
+        }
+    }
+
+    /// Checks the sizes that do not depend on the schedule (the schedule checks its own).
+    pub fn validate(&self) -> Result<(), NnError> {
+        let positive = [
+            ("ranks", self.ranks),
+            ("micro_batches", self.micro_batches),
+            ("micro_batch_size", self.micro_batch_size),
+            ("virtual_stages", self.virtual_stages),
+            ("hidden", self.hidden),
+            ("layers_per_stage", self.layers_per_stage),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(NnError::Config(format!(
+                    "{name} is 0; it must be at least 1"
+                )));
+            }
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(NnError::Config(format!(
+                "lr is {}; it must be a positive finite number such as 0.001",
+                self.lr
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What one training step did.
+#[derive(Clone, Debug)]
+pub struct StepReport {
+    /// The step's index (0 for the first).
+    pub step: usize,
+    /// Mean-squared error of every micro-batch, indexed by global micro-batch.
+    pub losses: Vec<f64>,
+    /// The step's loss: the mean of `losses`.
+    pub loss: f64,
+    /// The measured timeline of the pipeline, when the executor records one.
+    pub timeline: Option<Timeline>,
+    /// Wall-clock time of the whole step (data, pipeline, gradient sum, optimizer).
+    pub wall: Duration,
+}
+
+/// Trains the MLP model with a pipeline schedule, one step at a time.
+#[derive(Debug)]
+pub struct Trainer {
+    config: TrainConfig,
+    schedule: Schedule,
+    data: DataSet,
+    /// `stages[rank]`: the stage copies that rank runs, in placement order.
+    stages: Vec<Vec<MlpStage>>,
+    /// `optimizers[rank][i]` updates `stages[rank][i]`.
+    optimizers: Vec<Vec<Optimizer>>,
+    steps_done: usize,
+}
+
+impl Trainer {
+    /// Builds the schedule (`dualpipe_schedule::build`), every rank's stage copies from the
+    /// placement, the data set and the optimizers.
+    pub fn new(config: TrainConfig) -> Result<Self, NnError> {
+        config.validate()?;
+        let schedule = dualpipe_schedule::build(
+            config.schedule,
+            config.ranks,
+            config.micro_batches,
+            config.virtual_stages,
+        )?;
+        let stages_expected = config.model_stages();
+        if schedule.placement.stages() != stages_expected {
+            return Err(NnError::Config(format!(
+                "the {} schedule has {} stages per pipeline, expected {stages_expected}",
+                config.schedule,
+                schedule.placement.stages()
+            )));
+        }
+        let model = config.model();
+        let data = DataSet::new(
+            config.seed,
+            config.hidden,
+            config.micro_batch_size,
+            model.dtype,
+        )?;
+        let per_dir = schedule.micro_batches_per_dir();
+        let mut stages = Vec::with_capacity(config.ranks);
+        let mut optimizers = Vec::with_capacity(config.ranks);
+        for rank in 0..schedule.ranks {
+            let mut rank_stages = Vec::new();
+            let mut rank_opts = Vec::new();
+            for (dir, stage) in schedule.placement.stages_of(rank) {
+                let position = StagePosition {
+                    dir,
+                    model_stage: stage,
+                    micro_batches: config.micro_batches,
+                    micro_batches_per_dir: per_dir,
+                };
+                rank_stages.push(MlpStage::new(&model, position)?);
+                rank_opts.push(Optimizer::new(config.optimizer, config.lr));
+            }
+            stages.push(rank_stages);
+            optimizers.push(rank_opts);
+        }
+        Ok(Trainer {
+            config,
+            schedule,
+            data,
+            stages,
+            optimizers,
+            steps_done: 0,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// The lowered, validated schedule every step runs.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Steps run so far.
+    pub fn steps_done(&self) -> usize {
+        self.steps_done
+    }
+
+    /// Runs one step: loads the step's micro-batches, runs the schedule, sums the gradients
+    /// of each stage's copies, and applies the optimizer to every copy.
+    pub fn step(&mut self) -> Result<StepReport, NnError> {
+        let start = Instant::now();
+        let step = self.steps_done;
+        let batch = self.data.batch(step, self.config.micro_batches)?;
+        for stage in self.stages.iter_mut().flatten() {
+            stage.set_batch(batch.clone());
+            stage.zero_grad()?;
+        }
+        let outcome = exec::run(&self.schedule, &mut self.stages)?;
+        for stage in self.stages.iter().flatten() {
+            if stage.pending() != 0 {
+                return Err(NnError::Execution(format!(
+                    "stage {} of direction {} still holds {} saved tensors after the step: the schedule missed a backward",
+                    stage.model_stage(),
+                    stage.dir(),
+                    stage.pending()
+                )));
+            }
+        }
+        self.sum_copies()?;
+        for (rank_stages, rank_opts) in self.stages.iter_mut().zip(&mut self.optimizers) {
+            for (stage, opt) in rank_stages.iter_mut().zip(rank_opts) {
+                opt.step(&mut stage.params_mut())?;
+            }
+        }
+        self.steps_done += 1;
+        let losses = outcome.losses;
+        let loss = losses.iter().sum::<f64>() / losses.len() as f64;
+        Ok(StepReport {
+            step,
+            losses,
+            loss,
+            timeline: outcome.timeline,
+            wall: start.elapsed(),
+        })
+    }
+
+    /// Sums the gradients of every model stage's copies (in direction order) and gives every
+    /// copy the sum.
+    fn sum_copies(&mut self) -> Result<(), NnError> {
+        for model_stage in 0..self.config.model_stages() {
+            let mut copies: Vec<(usize, usize, usize)> = Vec::new();
+            for (rank, rank_stages) in self.stages.iter().enumerate() {
+                for (i, s) in rank_stages.iter().enumerate() {
+                    if s.model_stage() == model_stage {
+                        copies.push((s.dir(), rank, i));
+                    }
+                }
+            }
+            if copies.len() < 2 {
+                continue;
+            }
+            copies.sort_unstable();
+            let grads_of = |(_, r, i): (usize, usize, usize)| {
+                self.stages[r][i]
+                    .params()
+                    .into_iter()
+                    .map(|p| p.grad.clone())
+                    .collect::<Vec<_>>()
+            };
+            let mut total = grads_of(copies[0]);
+            for &copy in &copies[1..] {
+                for (t, g) in total.iter_mut().zip(grads_of(copy)) {
+                    *t = (&*t + &g).map_err(|e| NnError::tensor("summing stage copies", e))?;
+                }
+            }
+            for &(_, r, i) in &copies {
+                self.stages[r][i].set_gradients(&total)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn canonical_copy(&self, model_stage: usize) -> Option<&MlpStage> {
+        self.stages
+            .iter()
+            .flatten()
+            .filter(|s| s.model_stage() == model_stage)
+            .min_by_key(|s| s.dir())
+    }
+
+    /// Parameter values of every model stage (`[stage][param]`, in [`MlpStage::params`]
+    /// order), read from the copy of the lowest direction.
+    pub fn parameters(&self) -> Vec<Vec<Tensor>> {
+        (0..self.config.model_stages())
+            .filter_map(|s| self.canonical_copy(s))
+            .map(MlpStage::parameter_values)
+            .collect()
+    }
+
+    /// Gradients of the last step for every model stage (summed over copies; `[stage][param]`).
+    pub fn gradients(&self) -> Vec<Vec<Tensor>> {
+        (0..self.config.model_stages())
+            .filter_map(|s| self.canonical_copy(s))
+            .map(|s| s.params().into_iter().map(|p| p.grad.clone()).collect())
+            .collect()
+    }
+
+    /// Whether every copy of every model stage holds bit-identical parameters.
+    pub fn copies_identical(&self) -> Result<bool, NnError> {
+        for s in 0..self.config.model_stages() {
+            let Some(canon) = self.canonical_copy(s) else {
+                continue;
+            };
+            let reference = canon
+                .parameter_values()
+                .iter()
+                .map(crate::stage::to_f64_vec)
+                .collect::<Result<Vec<_>, _>>()?;
+            for copy in self
+                .stages
+                .iter()
+                .flatten()
+                .filter(|c| c.model_stage() == s)
+            {
+                let values = copy
+                    .parameter_values()
+                    .iter()
+                    .map(crate::stage::to_f64_vec)
+                    .collect::<Result<Vec<_>, _>>()?;
+                let same = values.iter().zip(&reference).all(|(a, b)| {
+                    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+                });
+                if !same {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+}
