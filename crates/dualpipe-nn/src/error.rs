@@ -24,9 +24,13 @@ pub enum NnError {
     /// A stage was driven in an order that breaks its contract (e.g. a backward before its forward).
     #[error("{0}")]
     Stage(String),
-    /// The executor failed to run the step (a rank failed or the schedule deadlocked).
-    #[error("pipeline execution failed: {0}")]
+    /// The step's results are not usable (a stage left state behind, a loss is missing, an
+    /// earlier step failed).
+    #[error("pipeline step failed: {0}")]
     Execution(String),
+    /// The runtime's executor failed (a rank's stage failed, a message never arrived).
+    #[error("pipeline execution failed: {0}")]
+    Runtime(#[from] dualpipe_runtime::RuntimeError),
 }
 
 impl NnError {

@@ -15,7 +15,6 @@
 
 pub mod data;
 pub mod error;
-mod exec;
 pub mod layers;
 pub mod optim;
 pub mod reference;

@@ -5,12 +5,12 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
+use dualpipe_runtime::{run_step, sum_stage_copies, try_build_ranks, ExecOptions, RankStages};
 use dualpipe_schedule::{Schedule, ScheduleKind};
 use dualpipe_sim::Timeline;
 
 use crate::data::DataSet;
 use crate::error::NnError;
-use crate::exec;
 use crate::optim::{Optimizer, OptimizerKind};
 use crate::stage::{MlpStage, ModelConfig, StagePosition};
 
@@ -178,17 +178,21 @@ pub struct StepReport {
     pub wall: Duration,
 }
 
-/// Trains the MLP model with a pipeline schedule, one step at a time.
+/// Trains the MLP model with a pipeline schedule, one step at a time, on the runtime's
+/// executor (one thread per rank, in-process transport).
 #[derive(Debug)]
 pub struct Trainer {
     config: TrainConfig,
     schedule: Schedule,
     data: DataSet,
-    /// `stages[rank]`: the stage copies that rank runs, in placement order.
-    stages: Vec<Vec<MlpStage>>,
-    /// `optimizers[rank][i]` updates `stages[rank][i]`.
+    /// `stages[rank]`: the stage copies that rank runs, keyed by (dir, stage).
+    stages: Vec<RankStages<MlpStage>>,
+    /// `optimizers[rank][i]` updates the `i`-th stage of `stages[rank]` in (dir, stage) order.
     optimizers: Vec<Vec<Optimizer>>,
+    exec_options: ExecOptions,
     steps_done: usize,
+    /// Set when a step failed part-way: the stages may hold partial state.
+    failed: bool,
 }
 
 impl Trainer {
@@ -218,31 +222,34 @@ impl Trainer {
             model.dtype,
         )?;
         let per_dir = schedule.micro_batches_per_dir();
-        let mut stages = Vec::with_capacity(config.ranks);
-        let mut optimizers = Vec::with_capacity(config.ranks);
-        for rank in 0..schedule.ranks {
-            let mut rank_stages = Vec::new();
-            let mut rank_opts = Vec::new();
-            for (dir, stage) in schedule.placement.stages_of(rank) {
-                let position = StagePosition {
+        let stages = try_build_ranks(&schedule.placement, |_rank, dir, stage| {
+            MlpStage::new(
+                &model,
+                StagePosition {
                     dir,
                     model_stage: stage,
                     micro_batches: config.micro_batches,
                     micro_batches_per_dir: per_dir,
-                };
-                rank_stages.push(MlpStage::new(&model, position)?);
-                rank_opts.push(Optimizer::new(config.optimizer, config.lr));
-            }
-            stages.push(rank_stages);
-            optimizers.push(rank_opts);
-        }
+                },
+            )
+        })?;
+        let optimizers = stages
+            .iter()
+            .map(|rank| {
+                (0..rank.len())
+                    .map(|_| Optimizer::new(config.optimizer, config.lr))
+                    .collect()
+            })
+            .collect();
         Ok(Trainer {
             config,
             schedule,
             data,
             stages,
             optimizers,
+            exec_options: ExecOptions::default(),
             steps_done: 0,
+            failed: false,
         })
     }
 
@@ -261,18 +268,33 @@ impl Trainer {
         self.steps_done
     }
 
-    /// Runs one step: loads the step's micro-batches, runs the schedule, sums the gradients
-    /// of each stage's copies, and applies the optimizer to every copy.
+    /// Replaces the executor's options (receive timeout, polling interval).
+    pub fn set_exec_options(&mut self, options: ExecOptions) {
+        self.exec_options = options;
+    }
+
+    /// Runs one step: loads the step's micro-batches, runs the schedule on the runtime's
+    /// executor, sums the gradients of each stage's copies
+    /// ([`dualpipe_runtime::sum_stage_copies`]) and applies the optimizer to every copy.
+    ///
+    /// After an error the stages may hold partial state of the failed step; every later call
+    /// fails too (build a new trainer).
     pub fn step(&mut self) -> Result<StepReport, NnError> {
+        if self.failed {
+            return Err(NnError::Execution(
+                "an earlier step failed part-way; build a new Trainer to continue".into(),
+            ));
+        }
+        self.failed = true;
         let start = Instant::now();
         let step = self.steps_done;
         let batch = self.data.batch(step, self.config.micro_batches)?;
-        for stage in self.stages.iter_mut().flatten() {
+        for (_, stage) in self.stages.iter_mut().flat_map(RankStages::iter_mut) {
             stage.set_batch(batch.clone());
             stage.zero_grad()?;
         }
-        let outcome = exec::run(&self.schedule, &mut self.stages)?;
-        for stage in self.stages.iter().flatten() {
+        let outcome = run_step(&self.schedule, &mut self.stages, &self.exec_options)?;
+        for (_, stage) in self.stages.iter().flat_map(RankStages::iter) {
             if stage.pending() != 0 {
                 return Err(NnError::Execution(format!(
                     "stage {} of direction {} still holds {} saved tensors after the step: the schedule missed a backward",
@@ -282,66 +304,42 @@ impl Trainer {
                 )));
             }
         }
-        self.sum_copies()?;
+        if outcome.losses.len() != self.config.micro_batches {
+            return Err(NnError::Execution(format!(
+                "the step reported {} losses for {} micro-batches",
+                outcome.losses.len(),
+                self.config.micro_batches
+            )));
+        }
+        sum_stage_copies(&self.schedule.placement, &mut self.stages)?;
         for (rank_stages, rank_opts) in self.stages.iter_mut().zip(&mut self.optimizers) {
-            for (stage, opt) in rank_stages.iter_mut().zip(rank_opts) {
+            for ((_, stage), opt) in rank_stages.iter_mut().zip(rank_opts) {
                 opt.step(&mut stage.params_mut())?;
             }
         }
         self.steps_done += 1;
-        let losses = outcome.losses;
+        self.failed = false;
+        let losses: Vec<f64> = outcome.losses.iter().map(|l| l.loss).collect();
         let loss = losses.iter().sum::<f64>() / losses.len() as f64;
         Ok(StepReport {
             step,
             losses,
             loss,
-            timeline: outcome.timeline,
+            timeline: Some(outcome.timeline),
             wall: start.elapsed(),
         })
     }
 
-    /// Sums the gradients of every model stage's copies (in direction order) and gives every
-    /// copy the sum.
-    fn sum_copies(&mut self) -> Result<(), NnError> {
-        for model_stage in 0..self.config.model_stages() {
-            let mut copies: Vec<(usize, usize, usize)> = Vec::new();
-            for (rank, rank_stages) in self.stages.iter().enumerate() {
-                for (i, s) in rank_stages.iter().enumerate() {
-                    if s.model_stage() == model_stage {
-                        copies.push((s.dir(), rank, i));
-                    }
-                }
-            }
-            if copies.len() < 2 {
-                continue;
-            }
-            copies.sort_unstable();
-            let grads_of = |(_, r, i): (usize, usize, usize)| {
-                self.stages[r][i]
-                    .params()
-                    .into_iter()
-                    .map(|p| p.grad.clone())
-                    .collect::<Vec<_>>()
-            };
-            let mut total = grads_of(copies[0]);
-            for &copy in &copies[1..] {
-                for (t, g) in total.iter_mut().zip(grads_of(copy)) {
-                    *t = (&*t + &g).map_err(|e| NnError::tensor("summing stage copies", e))?;
-                }
-            }
-            for &(_, r, i) in &copies {
-                self.stages[r][i].set_gradients(&total)?;
-            }
-        }
-        Ok(())
+    fn copies(&self, model_stage: usize) -> impl Iterator<Item = &MlpStage> {
+        self.stages
+            .iter()
+            .flat_map(RankStages::iter)
+            .map(|(_, s)| s)
+            .filter(move |s| s.model_stage() == model_stage)
     }
 
     fn canonical_copy(&self, model_stage: usize) -> Option<&MlpStage> {
-        self.stages
-            .iter()
-            .flatten()
-            .filter(|s| s.model_stage() == model_stage)
-            .min_by_key(|s| s.dir())
+        self.copies(model_stage).min_by_key(|s| s.dir())
     }
 
     /// Parameter values of every model stage (`[stage][param]`, in [`MlpStage::params`]
@@ -372,12 +370,7 @@ impl Trainer {
                 .iter()
                 .map(crate::stage::to_f64_vec)
                 .collect::<Result<Vec<_>, _>>()?;
-            for copy in self
-                .stages
-                .iter()
-                .flatten()
-                .filter(|c| c.model_stage() == s)
-            {
+            for copy in self.copies(s) {
                 let values = copy
                     .parameter_values()
                     .iter()
