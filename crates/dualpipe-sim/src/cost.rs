@@ -1,0 +1,267 @@
+//! The cost model: how long each op and each message takes.
+//!
+//! Compute: `F` (forward), `B` (full backward), `W` (deferred weight gradient), `I = B - W`
+//! (input gradient only) and `F&B` (a forward overlapped with a full backward of another
+//! chunk), uniform or per stage. Communication: every message costs `latency + bytes /
+//! bandwidth` on its sender's communication stream, which overlaps the compute stream unless
+//! [`CommCost::blocking`] is set (then the compute stream waits for its own sends).
+
+use dualpipe_schedule::Op;
+use serde::{Deserialize, Serialize};
+
+use crate::error::SimError;
+
+/// Durations of the compute ops of one stage, in seconds (or any unit, used consistently).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageCost {
+    /// Forward of one chunk.
+    pub f: f64,
+    /// Full backward (input and weight gradients) of one chunk.
+    pub b: f64,
+    /// Deferred weight gradient of one chunk (`W`); the input-gradient part is `B - W`.
+    pub w: f64,
+    /// A forward overlapped with a full backward (`F&B`).
+    pub fb: f64,
+}
+
+impl StageCost {
+    /// A stage cost from its four durations.
+    pub const fn new(f: f64, b: f64, w: f64, fb: f64) -> Self {
+        StageCost { f, b, w, fb }
+    }
+
+    /// Duration of `I`, the input-gradient-only backward: `B - W`.
+    pub fn i(&self) -> f64 {
+        self.b - self.w
+    }
+
+    /// Checks the durations: finite, non-negative, `W <= B`, and `F&B` at least as long as the
+    /// longer of its two halves. `what` names the cost in error messages.
+    pub fn check(&self, what: &str) -> Result<(), SimError> {
+        for (name, value) in [
+            ("F", self.f),
+            ("B", self.b),
+            ("W", self.w),
+            ("F&B", self.fb),
+        ] {
+            if !value.is_finite() || value < 0.0 {
+                return Err(SimError::Cost(format!(
+                    "{what}: duration {name} = {value} is invalid; durations must be finite numbers >= 0"
+                )));
+            }
+        }
+        if self.w > self.b {
+            return Err(SimError::Cost(format!(
+                "{what}: W = {} is longer than B = {}; W is the weight-gradient part of the full backward B, so W <= B",
+                self.w, self.b
+            )));
+        }
+        let longer = self.f.max(self.b);
+        if self.fb < longer {
+            return Err(SimError::Cost(format!(
+                "{what}: F&B = {} is shorter than max(F, B) = {longer}; an overlapped forward and backward pair cannot finish before its longer half (set F&B between max(F, B) and F + B = {})",
+                self.fb,
+                self.f + self.b
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Default for StageCost {
+    /// `F = 1, B = 2, W = 1, F&B = F + B = 3`.
+    fn default() -> Self {
+        StageCost::new(1.0, 2.0, 1.0, 3.0)
+    }
+}
+
+/// Cost of point-to-point messages.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommCost {
+    /// Fixed cost of every message, in seconds.
+    pub latency: f64,
+    /// Link bandwidth in bytes per second; `None` means infinite (the bytes cost nothing).
+    pub bandwidth: Option<f64>,
+    /// Size of every message in bytes (activations of one micro-batch at a stage boundary;
+    /// gradients have the same shape).
+    pub message_bytes: u64,
+    /// When set, the compute stream waits for each of its own sends to complete (no
+    /// overlap of computation and communication on the sending side).
+    pub blocking: bool,
+}
+
+impl CommCost {
+    /// Free, non-blocking communication (the setting of the DualPipe README's formulas).
+    pub const FREE: CommCost = CommCost {
+        latency: 0.0,
+        bandwidth: None,
+        message_bytes: 0,
+        blocking: false,
+    };
+
+    /// Time one message occupies its sender's communication stream:
+    /// `latency + message_bytes / bandwidth`.
+    pub fn message_time(&self) -> f64 {
+        let transfer = match self.bandwidth {
+            Some(bw) => self.message_bytes as f64 / bw,
+            None => 0.0,
+        };
+        self.latency + transfer
+    }
+
+    /// Checks latency (finite, `>= 0`) and bandwidth (finite, `> 0`).
+    pub fn check(&self) -> Result<(), SimError> {
+        if !self.latency.is_finite() || self.latency < 0.0 {
+            return Err(SimError::Cost(format!(
+                "communication latency = {} is invalid; it must be a finite number of seconds >= 0",
+                self.latency
+            )));
+        }
+        if let Some(bw) = self.bandwidth {
+            if !bw.is_finite() || bw <= 0.0 {
+                return Err(SimError::Cost(format!(
+                    "bandwidth = {bw} bytes/s is invalid; it must be a finite number > 0 (leave it unset for infinite bandwidth)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for CommCost {
+    fn default() -> Self {
+        CommCost::FREE
+    }
+}
+
+/// Durations of every op and message of a simulated step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    /// Compute durations used by every stage without its own entry in `per_stage`.
+    pub compute: StageCost,
+    /// Optional per-stage durations, indexed by stage along a direction's pipeline (stage
+    /// `s` of every direction holds the same layers). Empty means uniform.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_stage: Vec<StageCost>,
+    /// Message costs.
+    pub comm: CommCost,
+}
+
+impl CostModel {
+    /// A uniform cost model with free communication.
+    pub fn uniform(f: f64, b: f64, w: f64, fb: f64) -> Self {
+        CostModel {
+            compute: StageCost::new(f, b, w, fb),
+            per_stage: Vec::new(),
+            comm: CommCost::FREE,
+        }
+    }
+
+    /// The same model with communication costs `comm`.
+    pub fn with_comm(mut self, comm: CommCost) -> Self {
+        self.comm = comm;
+        self
+    }
+
+    /// The same model with per-stage compute durations.
+    pub fn with_per_stage(mut self, per_stage: Vec<StageCost>) -> Self {
+        self.per_stage = per_stage;
+        self
+    }
+
+    /// Checks every duration (see [`StageCost::check`] and [`CommCost::check`]).
+    pub fn check(&self) -> Result<(), SimError> {
+        self.compute.check("cost model")?;
+        for (stage, cost) in self.per_stage.iter().enumerate() {
+            cost.check(&format!("cost of stage {stage}"))?;
+        }
+        self.comm.check()
+    }
+
+    /// The compute durations of `stage` (its `per_stage` entry, or the uniform ones).
+    pub fn stage(&self, stage: usize) -> &StageCost {
+        self.per_stage.get(stage).unwrap_or(&self.compute)
+    }
+
+    /// How long a compute op takes (0 for communication ops, which the comm stream carries).
+    /// An `FB` pair of two different stages costs the mean of their two `F&B` values.
+    pub fn duration(&self, op: &Op) -> f64 {
+        match *op {
+            Op::F(c) => self.stage(c.stage).f,
+            Op::B(c) => self.stage(c.stage).b,
+            Op::I(c) => self.stage(c.stage).i(),
+            Op::W(c) => self.stage(c.stage).w,
+            Op::FB { f, b } => {
+                if f.stage == b.stage {
+                    self.stage(f.stage).fb
+                } else {
+                    0.5 * (self.stage(f.stage).fb + self.stage(b.stage).fb)
+                }
+            }
+            _ => 0.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dualpipe_schedule::Chunk;
+
+    #[test]
+    fn durations_follow_the_model() {
+        let cost = CostModel::uniform(1.0, 2.0, 0.5, 2.5);
+        let c = Chunk::new(0, 0, 0);
+        assert_eq!(cost.duration(&Op::F(c)), 1.0);
+        assert_eq!(cost.duration(&Op::B(c)), 2.0);
+        assert_eq!(cost.duration(&Op::I(c)), 1.5);
+        assert_eq!(cost.duration(&Op::W(c)), 0.5);
+        assert_eq!(cost.duration(&Op::FB { f: c, b: c }), 2.5);
+        assert_eq!(cost.duration(&Op::Wait), 0.0);
+    }
+
+    #[test]
+    fn per_stage_costs_override_the_uniform_ones() {
+        let cost = CostModel::uniform(1.0, 2.0, 1.0, 3.0).with_per_stage(vec![
+            StageCost::new(1.0, 2.0, 1.0, 3.0),
+            StageCost::new(2.0, 4.0, 2.0, 5.0),
+        ]);
+        let f = Chunk::new(0, 0, 0);
+        let b = Chunk::new(1, 1, 0);
+        assert_eq!(cost.duration(&Op::F(b)), 2.0);
+        assert_eq!(cost.duration(&Op::FB { f, b }), 4.0);
+        assert_eq!(cost.duration(&Op::F(Chunk::new(0, 7, 0))), 1.0);
+    }
+
+    #[test]
+    fn bad_durations_are_rejected_with_a_reason() {
+        let err = CostModel::uniform(-1.0, 2.0, 1.0, 3.0).check().unwrap_err();
+        assert!(err.to_string().contains("F = -1"), "{err}");
+        let err = CostModel::uniform(1.0, 2.0, 3.0, 3.0).check().unwrap_err();
+        assert!(err.to_string().contains("W <= B"), "{err}");
+        let err = CostModel::uniform(1.0, 2.0, 1.0, 1.5).check().unwrap_err();
+        assert!(err.to_string().contains("max(F, B)"), "{err}");
+        let err = CostModel::uniform(1.0, f64::NAN, 1.0, 3.0)
+            .check()
+            .unwrap_err();
+        assert!(err.to_string().contains("B = NaN"), "{err}");
+        let comm = CommCost {
+            bandwidth: Some(0.0),
+            ..CommCost::FREE
+        };
+        assert!(CostModel::default().with_comm(comm).check().is_err());
+        assert!(CostModel::default().check().is_ok());
+    }
+
+    #[test]
+    fn message_time_is_latency_plus_transfer() {
+        let comm = CommCost {
+            latency: 0.5,
+            bandwidth: Some(100.0),
+            message_bytes: 50,
+            blocking: false,
+        };
+        assert_eq!(comm.message_time(), 1.0);
+        assert_eq!(CommCost::FREE.message_time(), 0.0);
+    }
+}

@@ -1,0 +1,476 @@
+//! Event simulation of a lowered schedule on a cost model.
+//!
+//! Every rank has a compute stream that runs its program's compute ops in order, and a
+//! communication stream that carries its outgoing messages in order. The rules:
+//!
+//! - A `SEND` is posted when the rank's program reaches it (after every earlier op of the
+//!   program); the message occupies the sender's communication stream for
+//!   [`CommCost::message_time`](crate::CommCost::message_time) and arrives at its end. Sends
+//!   never hold up the compute stream, unless communication is blocking, in which case the
+//!   compute stream waits for each of its own sends.
+//! - A `RECV` posts a receive; a message that arrives before it is posted is buffered.
+//! - A compute op starts when the previous compute op of its rank has ended and its inputs
+//!   are ready: the messages of its receives have arrived, and its producers on the same
+//!   rank (a forward for its backward, an `I` for its `W`, the neighbour stage when both
+//!   stages live on this rank) have ended.
+//! - `WAIT` blocks the program until every receive posted since the previous `WAIT` has
+//!   arrived (sends complete in the background unless communication is blocking).
+//!
+//! Each op is visited once: ranks advance with their own cursor until they need a message
+//! that has not been sent yet, then park on it until its sender posts it. The work is
+//! O(total ops) and the result does not depend on the order ranks are visited in.
+
+use std::collections::{HashMap, VecDeque};
+
+use dualpipe_schedule::{Chunk, Op, Schedule};
+
+use crate::cost::CostModel;
+use crate::error::SimError;
+use crate::timeline::{ComputeInterval, MessageInterval, MessageKind, Timeline};
+
+/// Simulates a lowered schedule on `cost` and returns its timeline.
+///
+/// The schedule should be validated; the simulator still reports (rather than panics on)
+/// anything it cannot run: an op on a rank the placement does not give its stage, a consumer
+/// whose remote input has no `RECV` before it, a `SEND` before its producer, a deadlock.
+pub fn simulate(schedule: &Schedule, cost: &CostModel) -> Result<Timeline, SimError> {
+    cost.check()?;
+    Simulator::new(schedule, cost)?.run()
+}
+
+/// Dense index of every chunk of a schedule.
+struct ChunkIndex {
+    dirs: usize,
+    stages: usize,
+    mbs: usize,
+}
+
+impl ChunkIndex {
+    fn len(&self) -> usize {
+        self.dirs * self.stages * self.mbs
+    }
+
+    fn of(&self, c: Chunk) -> usize {
+        (c.dir * self.stages + c.stage) * self.mbs + c.mb
+    }
+}
+
+/// Which message slot: activations for a forward, or gradients for a backward.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Slot {
+    Fwd(usize),
+    Bwd(usize),
+}
+
+/// What a compute op needs before it may start.
+enum Need {
+    /// A local op that must already have ended (its end time, NaN if it has not run).
+    Local(f64, &'static str, Chunk),
+    /// A message to be received on this rank.
+    Message(Slot, MessageKind, Chunk),
+}
+
+struct RankState {
+    pc: usize,
+    /// When the program may run its next op (end of the last compute op or wait).
+    time: f64,
+    /// When the communication stream is free again.
+    comm_free: f64,
+    /// Receives posted since the last `WAIT`.
+    pending: Vec<(Slot, Chunk)>,
+}
+
+struct Simulator<'a> {
+    schedule: &'a Schedule,
+    cost: &'a CostModel,
+    index: ChunkIndex,
+    message_time: f64,
+    fwd_done: Vec<f64>,
+    bwd_done: Vec<f64>,
+    input_only: Vec<bool>,
+    w_done: Vec<bool>,
+    fwd_arrival: Vec<f64>,
+    bwd_arrival: Vec<f64>,
+    fwd_posted: Vec<bool>,
+    bwd_posted: Vec<bool>,
+    ranks: Vec<RankState>,
+    waiters: HashMap<Slot, Vec<usize>>,
+    queue: VecDeque<usize>,
+    timeline: Timeline,
+}
+
+impl<'a> Simulator<'a> {
+    fn new(schedule: &'a Schedule, cost: &'a CostModel) -> Result<Self, SimError> {
+        let placement = &schedule.placement;
+        if schedule.programs.len() != schedule.ranks || placement.ranks != schedule.ranks {
+            return Err(SimError::Schedule(format!(
+                "the schedule has {} ranks but {} programs and a placement over {} ranks; they must agree",
+                schedule.ranks,
+                schedule.programs.len(),
+                placement.ranks
+            )));
+        }
+        if let Some((dir, row)) = placement.rank_of.iter().enumerate().find(|(_, row)| {
+            row.len() != placement.stages() || row.iter().any(|&r| r >= schedule.ranks)
+        }) {
+            return Err(SimError::Schedule(format!(
+                "placement row of direction {dir} ({row:?}) must name one rank below {} for each of the {} stages",
+                schedule.ranks,
+                placement.stages()
+            )));
+        }
+        let mbs = schedule
+            .programs
+            .iter()
+            .flatten()
+            .flat_map(|op| match *op {
+                Op::FB { f, b } => [Some(f), Some(b)],
+                _ => [op.chunk(), None],
+            })
+            .flatten()
+            .map(|c| c.mb + 1)
+            .max()
+            .unwrap_or(0);
+        let index = ChunkIndex {
+            dirs: placement.dirs(),
+            stages: placement.stages(),
+            mbs,
+        };
+        let n = index.len();
+        Ok(Simulator {
+            schedule,
+            cost,
+            index,
+            message_time: cost.comm.message_time(),
+            fwd_done: vec![f64::NAN; n],
+            bwd_done: vec![f64::NAN; n],
+            input_only: vec![false; n],
+            w_done: vec![false; n],
+            fwd_arrival: vec![f64::NAN; n],
+            bwd_arrival: vec![f64::NAN; n],
+            fwd_posted: vec![false; n],
+            bwd_posted: vec![false; n],
+            ranks: (0..schedule.ranks)
+                .map(|_| RankState {
+                    pc: 0,
+                    time: 0.0,
+                    comm_free: 0.0,
+                    pending: Vec::new(),
+                })
+                .collect(),
+            waiters: HashMap::new(),
+            queue: (0..schedule.ranks).collect(),
+            timeline: Timeline::new(schedule.ranks),
+        })
+    }
+
+    fn run(mut self) -> Result<Timeline, SimError> {
+        while let Some(rank) = self.queue.pop_front() {
+            self.advance(rank)?;
+        }
+        if let Some(rank) =
+            (0..self.ranks.len()).find(|&r| self.ranks[r].pc < self.schedule.programs[r].len())
+        {
+            let pc = self.ranks[rank].pc;
+            let op = self.schedule.programs[rank][pc];
+            return Err(SimError::Schedule(format!(
+                "deadlock: rank {rank} waits forever at op #{pc} ({op}) for a message no rank sends before it blocks too; check the order of SENDs and RECVs (validate the schedule)"
+            )));
+        }
+        Ok(self.timeline)
+    }
+
+    fn err(&self, rank: usize, msg: String) -> SimError {
+        let pc = self.ranks[rank].pc;
+        let op = self.schedule.programs[rank][pc];
+        SimError::Schedule(format!("rank {rank}, op #{pc} ({op}): {msg}"))
+    }
+
+    /// Checks a chunk lies inside the placement and runs on `rank`.
+    fn check_local(&self, rank: usize, c: Chunk) -> Result<usize, SimError> {
+        let placement = &self.schedule.placement;
+        if c.dir >= self.index.dirs || c.stage >= self.index.stages {
+            return Err(self.err(
+                rank,
+                format!(
+                    "chunk {c} lies outside the placement ({} directions x {} stages)",
+                    self.index.dirs, self.index.stages
+                ),
+            ));
+        }
+        let owner = placement.rank(c.dir, c.stage);
+        if owner != rank {
+            return Err(self.err(
+                rank,
+                format!(
+                    "the placement puts stage {} of direction {} on rank {owner}, not here",
+                    c.stage, c.dir
+                ),
+            ));
+        }
+        Ok(self.index.of(c))
+    }
+
+    /// Checks a communication op's peer runs the neighbour chunk `other`.
+    fn check_peer(
+        &self,
+        rank: usize,
+        other: Option<Chunk>,
+        peer: usize,
+        what: &str,
+    ) -> Result<Chunk, SimError> {
+        let Some(other) = other else {
+            return Err(self.err(rank, format!("there is no {what} stage to exchange with")));
+        };
+        let owner = self.schedule.placement.rank(other.dir, other.stage);
+        if owner != peer {
+            return Err(self.err(
+                rank,
+                format!(
+                    "the {what} chunk {other} runs on rank {owner}, but the op names peer {peer}"
+                ),
+            ));
+        }
+        Ok(other)
+    }
+
+    fn next_chunk(&self, c: Chunk) -> Option<Chunk> {
+        (c.stage + 1 < self.index.stages).then(|| Chunk::new(c.dir, c.stage + 1, c.mb))
+    }
+
+    fn prev_chunk(c: Chunk) -> Option<Chunk> {
+        (c.stage > 0).then(|| Chunk::new(c.dir, c.stage - 1, c.mb))
+    }
+
+    fn arrival(&self, slot: Slot) -> f64 {
+        match slot {
+            Slot::Fwd(i) => self.fwd_arrival[i],
+            Slot::Bwd(i) => self.bwd_arrival[i],
+        }
+    }
+
+    /// Parks `rank` until the message of `slot` is sent.
+    fn park(&mut self, rank: usize, slot: Slot) {
+        self.waiters.entry(slot).or_default().push(rank);
+    }
+
+    /// What the forward of `c` on `rank` needs.
+    fn forward_needs(&self, rank: usize, c: Chunk, needs: &mut Vec<Need>) {
+        if let Some(p) = Self::prev_chunk(c) {
+            if self.schedule.placement.rank(p.dir, p.stage) == rank {
+                needs.push(Need::Local(self.fwd_done[self.index.of(p)], "forward", p));
+            } else {
+                needs.push(Need::Message(
+                    Slot::Fwd(self.index.of(c)),
+                    MessageKind::Forward,
+                    c,
+                ));
+            }
+        }
+    }
+
+    /// What the backward (B, I or FB's backward) of `c` on `rank` needs.
+    fn backward_needs(&self, rank: usize, c: Chunk, needs: &mut Vec<Need>) {
+        let i = self.index.of(c);
+        needs.push(Need::Local(self.fwd_done[i], "forward", c));
+        if let Some(n) = self.next_chunk(c) {
+            if self.schedule.placement.rank(n.dir, n.stage) == rank {
+                needs.push(Need::Local(self.bwd_done[self.index.of(n)], "backward", n));
+            } else {
+                needs.push(Need::Message(Slot::Bwd(i), MessageKind::Backward, c));
+            }
+        }
+    }
+
+    /// Runs `rank`'s program until it ends or needs a message that has not been sent.
+    fn advance(&mut self, rank: usize) -> Result<(), SimError> {
+        let program = &self.schedule.programs[rank];
+        let mut needs = Vec::with_capacity(4);
+        while self.ranks[rank].pc < program.len() {
+            let op = program[self.ranks[rank].pc];
+            match op {
+                Op::SendF { chunk, peer } | Op::SendB { chunk, peer } => {
+                    let i = self.check_local(rank, chunk)?;
+                    let forward = matches!(op, Op::SendF { .. });
+                    let (done, dst, kind) = if forward {
+                        let dst = self.check_peer(rank, self.next_chunk(chunk), peer, "next")?;
+                        (self.fwd_done[i], dst, MessageKind::Forward)
+                    } else {
+                        let dst =
+                            self.check_peer(rank, Self::prev_chunk(chunk), peer, "previous")?;
+                        (self.bwd_done[i], dst, MessageKind::Backward)
+                    };
+                    if done.is_nan() {
+                        let what = if forward { "forward" } else { "backward" };
+                        return Err(self.err(
+                            rank,
+                            format!(
+                                "the {what} of {chunk} has not run on this rank before its send"
+                            ),
+                        ));
+                    }
+                    let j = self.index.of(dst);
+                    let slot = if forward { Slot::Fwd(j) } else { Slot::Bwd(j) };
+                    if !self.arrival(slot).is_nan() {
+                        return Err(
+                            self.err(rank, format!("the message for {dst} was already sent"))
+                        );
+                    }
+                    let state = &mut self.ranks[rank];
+                    let start = state.time.max(state.comm_free);
+                    let end = start + self.message_time;
+                    state.comm_free = end;
+                    if self.cost.comm.blocking {
+                        self.timeline.comm_wait[rank] += end - state.time;
+                        state.time = end;
+                    }
+                    match slot {
+                        Slot::Fwd(j) => self.fwd_arrival[j] = end,
+                        Slot::Bwd(j) => self.bwd_arrival[j] = end,
+                    }
+                    self.timeline.messages.push(MessageInterval {
+                        src: rank,
+                        dst: peer,
+                        kind,
+                        src_chunk: chunk,
+                        dst_chunk: dst,
+                        start,
+                        end,
+                    });
+                    if let Some(waiting) = self.waiters.remove(&slot) {
+                        self.queue.extend(waiting);
+                    }
+                }
+                Op::RecvF { chunk, peer } | Op::RecvB { chunk, peer } => {
+                    let i = self.check_local(rank, chunk)?;
+                    let slot = if matches!(op, Op::RecvF { .. }) {
+                        self.check_peer(rank, Self::prev_chunk(chunk), peer, "previous")?;
+                        self.fwd_posted[i] = true;
+                        Slot::Fwd(i)
+                    } else {
+                        self.check_peer(rank, self.next_chunk(chunk), peer, "next")?;
+                        self.bwd_posted[i] = true;
+                        Slot::Bwd(i)
+                    };
+                    self.ranks[rank].pending.push((slot, chunk));
+                }
+                Op::Wait => {
+                    let mut ready = self.ranks[rank].time;
+                    for k in 0..self.ranks[rank].pending.len() {
+                        let slot = self.ranks[rank].pending[k].0;
+                        let arrival = self.arrival(slot);
+                        if arrival.is_nan() {
+                            self.park(rank, slot);
+                            return Ok(());
+                        }
+                        ready = ready.max(arrival);
+                    }
+                    let state = &mut self.ranks[rank];
+                    self.timeline.comm_wait[rank] += ready - state.time;
+                    state.time = ready;
+                    state.pending.clear();
+                }
+                Op::F(_) | Op::B(_) | Op::I(_) | Op::W(_) | Op::FB { .. } => {
+                    needs.clear();
+                    let mut indices = [usize::MAX; 2];
+                    match op {
+                        Op::F(c) => {
+                            indices[0] = self.check_local(rank, c)?;
+                            self.forward_needs(rank, c, &mut needs);
+                        }
+                        Op::B(c) | Op::I(c) => {
+                            indices[1] = self.check_local(rank, c)?;
+                            self.backward_needs(rank, c, &mut needs);
+                        }
+                        Op::W(c) => {
+                            let i = self.check_local(rank, c)?;
+                            if !self.input_only[i] || self.w_done[i] {
+                                return Err(self.err(
+                                    rank,
+                                    format!("W needs exactly one earlier I of {c} on this rank"),
+                                ));
+                            }
+                            indices[1] = i;
+                        }
+                        Op::FB { f, b } => {
+                            indices[0] = self.check_local(rank, f)?;
+                            indices[1] = self.check_local(rank, b)?;
+                            self.forward_needs(rank, f, &mut needs);
+                            self.backward_needs(rank, b, &mut needs);
+                        }
+                        _ => unreachable!("compute ops only"),
+                    }
+                    let mut ready = self.ranks[rank].time;
+                    for need in &needs {
+                        match *need {
+                            Need::Local(t, what, c) => {
+                                if t.is_nan() {
+                                    return Err(self.err(
+                                        rank,
+                                        format!("needs the {what} of {c} on this rank, which has not run before it"),
+                                    ));
+                                }
+                                ready = ready.max(t);
+                            }
+                            Need::Message(slot, kind, c) => {
+                                let posted = match slot {
+                                    Slot::Fwd(i) => self.fwd_posted[i],
+                                    Slot::Bwd(i) => self.bwd_posted[i],
+                                };
+                                if !posted {
+                                    let recv = match kind {
+                                        MessageKind::Forward => "RECV_F",
+                                        MessageKind::Backward => "RECV_B",
+                                    };
+                                    return Err(self.err(
+                                        rank,
+                                        format!("its input for {c} comes from another rank, but no {recv} for it was posted before it; lower the schedule (dualpipe_schedule::lower) before simulating"),
+                                    ));
+                                }
+                                let arrival = self.arrival(slot);
+                                if arrival.is_nan() {
+                                    self.park(rank, slot);
+                                    return Ok(());
+                                }
+                                ready = ready.max(arrival);
+                            }
+                        }
+                    }
+                    let duration = self.cost.duration(&op);
+                    let state = &mut self.ranks[rank];
+                    self.timeline.comm_wait[rank] += ready - state.time;
+                    let end = ready + duration;
+                    state.time = end;
+                    let [fi, bi] = indices;
+                    if fi != usize::MAX {
+                        if !self.fwd_done[fi].is_nan() {
+                            return Err(self.err(rank, "this chunk's forward already ran".into()));
+                        }
+                        self.fwd_done[fi] = end;
+                    }
+                    if bi != usize::MAX {
+                        match op {
+                            Op::W(_) => self.w_done[bi] = true,
+                            _ => {
+                                if !self.bwd_done[bi].is_nan() {
+                                    return Err(
+                                        self.err(rank, "this chunk's backward already ran".into())
+                                    );
+                                }
+                                self.bwd_done[bi] = end;
+                                self.input_only[bi] = matches!(op, Op::I(_));
+                            }
+                        }
+                    }
+                    self.timeline.compute[rank].push(ComputeInterval {
+                        op,
+                        start: ready,
+                        end,
+                    });
+                }
+            }
+            self.ranks[rank].pc += 1;
+        }
+        Ok(())
+    }
+}
