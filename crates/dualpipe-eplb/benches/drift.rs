@@ -1,0 +1,54 @@
+//! The drift benchmark (see docs/eplb-planner.md): reference policy from scratch at every
+//! interval against the improved, migration-aware planner, on loads drifting from a seed.
+//!
+//! `cargo bench -p dualpipe-eplb --bench drift` runs the full configuration (58 layers, 100
+//! intervals); `-- --quick` runs 8 layers and 20 intervals. `--seed N`, `--layers N`,
+//! `--intervals N`, `--zipf S` and `--sigma S` override the configuration.
+
+use std::time::Instant;
+
+use dualpipe_eplb::drift::{run_drift, table, Arm, DriftConfig};
+use dualpipe_eplb::improved::PlannerOptions;
+
+fn main() {
+    let mut config = DriftConfig::default();
+    let mut tolerance = 0.0;
+    let mut min_imbalance = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = |name: &str| -> f64 {
+            args.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{name} needs a number"))
+        };
+        match a.as_str() {
+            "--quick" => {
+                config.layers = 8;
+                config.intervals = 20;
+            }
+            "--seed" => config.seed = value("--seed") as u64,
+            "--layers" => config.layers = value("--layers") as usize,
+            "--intervals" => config.intervals = value("--intervals") as usize,
+            "--zipf" => config.zipf_exponent = value("--zipf"),
+            "--sigma" => config.drift_sigma = value("--sigma"),
+            "--tolerance" => tolerance = value("--tolerance"),
+            "--min-imbalance" => min_imbalance = Some(value("--min-imbalance")),
+            _ => {} // cargo bench passes --bench
+        }
+    }
+    let base = PlannerOptions::default();
+    let arms = [
+        Arm::Reference,
+        Arm::ImprovedFresh(base),
+        Arm::Improved(PlannerOptions {
+            tolerance,
+            min_imbalance,
+            ..base
+        }),
+    ];
+    println!("drift benchmark: {config:?}");
+    let start = Instant::now();
+    let reports = run_drift(&config, &arms).expect("valid configuration");
+    println!("{}", table(&reports));
+    println!("({:.1} s for all arms)", start.elapsed().as_secs_f64());
+}

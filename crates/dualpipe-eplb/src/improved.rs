@@ -1,0 +1,624 @@
+//! The improved, migration-aware placement policy.
+//!
+//! It keeps the structure of DeepSeek's hierarchical policy (expert groups packed onto nodes,
+//! replicas chosen and packed inside each node; one domain of all GPUs when the groups do not
+//! divide over the nodes) and changes three things:
+//!
+//! - **duplicate-free packing**: a GPU never holds two replicas of one expert unless that expert
+//!   has more replicas than its domain has GPUs (then at most `ceil(replicas / gpus)`);
+//! - **an improvement pass**: a deterministic local search (exchanging replicas between GPUs and
+//!   giving surplus replicas to other experts) that lowers the hottest GPU's load, bounded in
+//!   steps and, when a previous placement exists, in moved replicas;
+//! - **migration awareness**: given the previous placement, a layer is left as it is when it is
+//!   balanced enough, and otherwise re-planned from the previous placement with as few moved
+//!   replicas as reach the balance of a fresh plan (within a tolerance).
+//!
+//! A replica *moves* when its logical expert was not on that GPU before.
+
+use crate::migrate::{assign_max, preserve_slots, relabel};
+use crate::packing::{Domain, SearchLimits};
+
+/// Errors of the planner.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[non_exhaustive]
+pub enum PlannerError {
+    /// The cluster shape is unusable.
+    #[error("invalid layout: {0}")]
+    Layout(String),
+    /// The load matrix does not fit the layout.
+    #[error("invalid loads: {0}")]
+    Loads(String),
+    /// The previous placement does not fit the layout or is not a placement.
+    #[error("invalid previous placement: {0}; pass a phy2log matrix produced for the same experts, replicas and GPUs")]
+    Previous(String),
+    /// An option is out of range.
+    #[error("invalid option: {0}")]
+    Option(String),
+}
+
+/// The shape of the cluster and the model, per layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Logical experts per layer.
+    pub experts: usize,
+    /// Physical experts (replicas) per layer; a multiple of `gpus`.
+    pub replicas: usize,
+    /// Expert groups; divides `experts`.
+    pub groups: usize,
+    /// Nodes; divides `gpus`.
+    pub nodes: usize,
+    /// GPUs.
+    pub gpus: usize,
+}
+
+impl Layout {
+    /// Checks the divisibility rules of the reference policy.
+    pub fn check(&self) -> Result<(), PlannerError> {
+        let bad = |m: String| Err(PlannerError::Layout(m));
+        for (name, v) in [
+            ("experts", self.experts),
+            ("replicas", self.replicas),
+            ("groups", self.groups),
+            ("nodes", self.nodes),
+            ("gpus", self.gpus),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} is 0; it must be at least 1"));
+            }
+        }
+        if self.replicas % self.gpus != 0 {
+            return bad(format!(
+                "{} replicas do not divide over {} GPUs; use a multiple of the GPU count",
+                self.replicas, self.gpus
+            ));
+        }
+        if self.gpus % self.nodes != 0 {
+            return bad(format!(
+                "{} GPUs do not divide over {} nodes",
+                self.gpus, self.nodes
+            ));
+        }
+        if self.experts % self.groups != 0 {
+            return bad(format!(
+                "{} experts do not divide into {} groups",
+                self.experts, self.groups
+            ));
+        }
+        if self.replicas < self.experts {
+            return bad(format!(
+                "{} replicas cannot hold {} experts; give at least one replica per expert",
+                self.replicas, self.experts
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the hierarchical policy applies (groups divide over nodes).
+    pub fn hierarchical(&self) -> bool {
+        self.groups % self.nodes == 0
+    }
+
+    /// Slots on one GPU.
+    pub fn slots_per_gpu(&self) -> usize {
+        self.replicas / self.gpus
+    }
+
+    /// GPUs on one node.
+    pub fn gpus_per_node(&self) -> usize {
+        self.gpus / self.nodes
+    }
+
+    /// The placement domains: `(nodes of the policy, GPUs per domain)`.
+    fn domains(&self) -> (usize, usize) {
+        if self.hierarchical() {
+            (self.nodes, self.gpus_per_node())
+        } else {
+            (1, self.gpus)
+        }
+    }
+
+    /// Groups of the policy (1 for the global policy).
+    fn policy_groups(&self) -> usize {
+        if self.hierarchical() {
+            self.groups
+        } else {
+            1
+        }
+    }
+}
+
+/// Knobs of the improved policy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PlannerOptions {
+    /// With a previous placement: how much hotter than a fresh plan the hottest GPU of a layer
+    /// may be, as a fraction (0.0 = no worse than a fresh plan of this policy).
+    pub tolerance: f64,
+    /// With a previous placement: leave a layer untouched while its hottest GPU carries at most
+    /// this multiple of the mean GPU load (hysteresis). `None` re-plans every layer.
+    pub min_imbalance: Option<f64>,
+    /// Steps of the improvement pass per domain.
+    pub search_steps: usize,
+    /// With a previous placement: the most replicas of a domain that the re-plan from the
+    /// previous placement may move, as a fraction of the domain's slots; past it the fresh plan
+    /// (relabelled) is used.
+    pub max_move_fraction: f64,
+    /// Packing ties: a GPU that held the expert before wins when its load is within this
+    /// fraction of the mean GPU load of the least-loaded candidate.
+    pub near_equal: f64,
+}
+
+impl Default for PlannerOptions {
+    fn default() -> Self {
+        PlannerOptions {
+            tolerance: 0.0,
+            min_imbalance: None,
+            search_steps: 256,
+            max_move_fraction: 0.5,
+            near_equal: 0.02,
+        }
+    }
+}
+
+impl PlannerOptions {
+    fn check(&self) -> Result<(), PlannerError> {
+        let bad = |m: String| Err(PlannerError::Option(m));
+        if !(self.tolerance.is_finite() && self.tolerance >= 0.0) {
+            return bad(format!(
+                "tolerance {} must be a finite number >= 0",
+                self.tolerance
+            ));
+        }
+        if let Some(x) = self.min_imbalance {
+            if !(x.is_finite() && x >= 1.0) {
+                return bad(format!(
+                    "min-imbalance {x} must be a finite number >= 1 (max / mean)"
+                ));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.max_move_fraction) {
+            return bad(format!(
+                "max-move-fraction {} must be in [0, 1]",
+                self.max_move_fraction
+            ));
+        }
+        if !(self.near_equal.is_finite() && self.near_equal >= 0.0) {
+            return bad(format!(
+                "near-equal {} must be a finite number >= 0",
+                self.near_equal
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How a layer's placement was obtained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    /// No previous placement: planned from scratch.
+    Fresh,
+    /// Left untouched by hysteresis (`min_imbalance`).
+    Hysteresis,
+    /// The previous placement was already within the tolerance.
+    Kept,
+    /// Re-planned from the previous placement, groups staying on their nodes.
+    Repaired,
+    /// Re-planned from the previous placement with groups re-packed onto nodes.
+    Regrouped,
+    /// The fresh plan, relabelled to keep as many replicas in place as possible.
+    Relabelled,
+}
+
+/// One layer's result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerPlan {
+    /// Logical expert of every physical slot (`gpu * slots_per_gpu + slot`).
+    pub phy2log: Vec<usize>,
+    /// How it was obtained.
+    pub decision: Decision,
+    /// Replicas moved relative to the previous placement (0 without one).
+    pub moved: usize,
+    /// The hottest GPU's load under this layer's loads.
+    pub max_load: f64,
+    /// The hottest GPU's load of a fresh plan of this policy.
+    pub fresh_max_load: f64,
+}
+
+/// Load of every GPU of one layer's placement (`phy2log` row), each replica carrying
+/// `load[e] / replicas of e`.
+pub fn gpu_loads(phy2log: &[usize], load: &[f64], gpus: usize) -> Vec<f64> {
+    let slots = phy2log.len() / gpus.max(1);
+    let mut count = vec![0usize; load.len()];
+    for &e in phy2log {
+        count[e] += 1;
+    }
+    let mut out = vec![0.0; gpus];
+    for (s, &e) in phy2log.iter().enumerate() {
+        out[s / slots] += load[e] / count[e] as f64;
+    }
+    out
+}
+
+/// Balancedness of one layer: mean GPU load / hottest GPU load (1.0 = perfect; 1.0 when idle).
+pub fn balancedness(phy2log: &[usize], load: &[f64], gpus: usize) -> f64 {
+    let loads = gpu_loads(phy2log, load, gpus);
+    let max = loads.iter().copied().fold(0.0, f64::max);
+    if max <= 0.0 {
+        return 1.0;
+    }
+    loads.iter().sum::<f64>() / loads.len() as f64 / max
+}
+
+/// Replicas of `new` whose logical expert was not on the same GPU in `old` (one layer each).
+pub fn moved_replicas(old: &[usize], new: &[usize], gpus: usize) -> usize {
+    let slots = new.len() / gpus.max(1);
+    (0..gpus)
+        .map(|g| {
+            let before = &old[g * slots..(g + 1) * slots];
+            new[g * slots..(g + 1) * slots]
+                .iter()
+                .filter(|e| !before.contains(e))
+                .count()
+        })
+        .sum()
+}
+
+/// Packs expert groups onto nodes, heaviest first onto the lightest node with room. Returns the
+/// node of every group.
+fn pack_groups(load: &[f64], layout: &Layout) -> Vec<usize> {
+    let (domains, _) = layout.domains();
+    let groups = layout.policy_groups();
+    let size = layout.experts / groups;
+    let per_node = groups / domains;
+    let group_load: Vec<f64> = (0..groups)
+        .map(|g| load[g * size..(g + 1) * size].iter().sum())
+        .collect();
+    let mut order: Vec<usize> = (0..groups).collect();
+    order.sort_by(|&a, &b| group_load[b].total_cmp(&group_load[a]).then(a.cmp(&b)));
+    let mut node_load = vec![0.0f64; domains];
+    let mut node_items = vec![0; domains];
+    let mut node_of = vec![0; groups];
+    for g in order {
+        let n = (0..domains)
+            .filter(|&n| node_items[n] < per_node)
+            .min_by(|&a, &b| node_load[a].total_cmp(&node_load[b]).then(a.cmp(&b)))
+            .expect("enough room for every group");
+        node_of[g] = n;
+        node_load[n] += group_load[g];
+        node_items[n] += 1;
+    }
+    node_of
+}
+
+/// Node of every group that keeps the most of `prev`'s replicas on their node.
+fn groups_from_previous(prev: &[usize], layout: &Layout) -> Vec<usize> {
+    let (domains, gpd) = layout.domains();
+    let groups = layout.policy_groups();
+    let size = layout.experts / groups;
+    let per_node = groups / domains;
+    let slots_per_domain = gpd * layout.slots_per_gpu();
+    let mut held = vec![vec![0i64; domains]; groups];
+    for (s, &e) in prev.iter().enumerate() {
+        held[e / size][s / slots_per_domain] += 1;
+    }
+    let profit: Vec<Vec<i64>> = held
+        .iter()
+        .map(|row| (0..groups).map(|c| row[c / per_node]).collect())
+        .collect();
+    assign_max(&profit)
+        .into_iter()
+        .map(|c| c / per_node)
+        .collect()
+}
+
+/// Relabels the nodes of a group packing so it keeps the most of `prev`'s replicas in place.
+fn relabel_groups(node_of: &[usize], prev: &[usize], layout: &Layout) -> Vec<usize> {
+    let (domains, gpd) = layout.domains();
+    let size = layout.experts / node_of.len();
+    let slots_per_domain = gpd * layout.slots_per_gpu();
+    let mut profit = vec![vec![0i64; domains]; domains];
+    for (s, &e) in prev.iter().enumerate() {
+        profit[node_of[e / size]][s / slots_per_domain] += 1;
+    }
+    let to = assign_max(&profit);
+    node_of.iter().map(|&n| to[n]).collect()
+}
+
+/// Builds and packs every domain for the given group placement. With `prev`, each domain
+/// starts from the previous replicas of its experts (at most one per GPU) and the search is
+/// charged for moves; without it, it starts empty and moves are free. Returns the layer's
+/// placement and whether every domain reached `target`.
+fn pack_layer(
+    load: &[f64],
+    layout: &Layout,
+    node_of: &[usize],
+    prev: Option<&[usize]>,
+    target: f64,
+    opts: &PlannerOptions,
+) -> (Vec<usize>, bool) {
+    let (domains, gpd) = layout.domains();
+    let slots = layout.slots_per_gpu();
+    let size = layout.experts / node_of.len();
+    let mut out = vec![0; layout.replicas];
+    let mut reached = true;
+    for d in 0..domains {
+        let experts: Vec<usize> = (0..layout.experts)
+            .filter(|&e| node_of[e / size] == d)
+            .collect();
+        let mut local = vec![usize::MAX; layout.experts];
+        for (i, &e) in experts.iter().enumerate() {
+            local[e] = i;
+        }
+        let n = experts.len();
+        let base = d * gpd * slots;
+        let mut orig = vec![false; gpd * n];
+        if let Some(prev) = prev {
+            for s in 0..gpd * slots {
+                let e = prev[base + s];
+                if local[e] != usize::MAX {
+                    orig[(s / slots) * n + local[e]] = true;
+                }
+            }
+        }
+        let loads: Vec<f64> = experts.iter().map(|&e| load[e]).collect();
+        let mut dom = Domain::new(gpd, slots, loads, orig, opts.near_equal);
+        if let Some(prev) = prev {
+            for s in 0..gpd * slots {
+                let e = local[prev[base + s]];
+                if e != usize::MAX && dom.on(s / slots, e) == 0 {
+                    dom.put(s, e);
+                }
+            }
+        }
+        dom.fill();
+        if dom.max_load() > target {
+            let limits = SearchLimits {
+                target,
+                max_moves: if prev.is_some() {
+                    (opts.max_move_fraction * (gpd * slots) as f64).floor() as usize
+                } else {
+                    usize::MAX
+                },
+                max_steps: opts.search_steps,
+                free_moves: prev.is_none(),
+            };
+            reached &= dom.improve(&limits);
+        }
+        for (s, &e) in dom.slot.iter().enumerate() {
+            out[base + s] = experts[e];
+        }
+    }
+    (out, reached)
+}
+
+/// A fresh plan of the improved policy for one layer.
+fn fresh_layer(load: &[f64], layout: &Layout, opts: &PlannerOptions) -> Vec<usize> {
+    let node_of = pack_groups(load, layout);
+    let (domains, gpd) = layout.domains();
+    let size = layout.experts / node_of.len();
+    // No domain can go below its mean, so the hottest domain's mean bounds the layer.
+    let mut domain_load = vec![0.0; domains];
+    for (e, &l) in load.iter().enumerate() {
+        domain_load[node_of[e / size]] += l;
+    }
+    let bound = domain_load.iter().copied().fold(0.0, f64::max) / gpd as f64;
+    pack_layer(load, layout, &node_of, None, bound, opts).0
+}
+
+/// Whether a placement obeys the improved policy's rules: duplicate-free and, for the
+/// hierarchical policy, every group on one node.
+pub fn follows_policy(phy2log: &[usize], layout: &Layout) -> bool {
+    let (domains, gpd) = layout.domains();
+    let slots = layout.slots_per_gpu();
+    let mut count = vec![0usize; layout.experts];
+    for &e in phy2log {
+        count[e] += 1;
+    }
+    for g in 0..layout.gpus {
+        let mut here = vec![0usize; 0];
+        here.extend_from_slice(&phy2log[g * slots..(g + 1) * slots]);
+        here.sort_unstable();
+        for run in here.chunk_by(|a, b| a == b) {
+            if run.len() > count[run[0]].div_ceil(gpd).max(1) {
+                return false;
+            }
+        }
+    }
+    if domains > 1 {
+        let size = layout.experts / layout.groups;
+        let mut node_of = vec![usize::MAX; layout.groups];
+        for (s, &e) in phy2log.iter().enumerate() {
+            let node = s / (gpd * slots);
+            let g = e / size;
+            if node_of[g] == usize::MAX {
+                node_of[g] = node;
+            } else if node_of[g] != node {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// Plans one layer with the improved policy. `prev` is the layer's previous placement (already
+/// checked to be a placement for `layout`).
+pub fn plan_layer(
+    load: &[f64],
+    layout: &Layout,
+    prev: Option<&[usize]>,
+    opts: &PlannerOptions,
+) -> LayerPlan {
+    let fresh = fresh_layer(load, layout, opts);
+    let fresh_max = max_of(&fresh, load, layout);
+    let Some(prev) = prev else {
+        return LayerPlan {
+            phy2log: fresh,
+            decision: Decision::Fresh,
+            moved: 0,
+            max_load: fresh_max,
+            fresh_max_load: fresh_max,
+        };
+    };
+    let plan = |phy2log: Vec<usize>, decision| {
+        let max_load = max_of(&phy2log, load, layout);
+        let moved = moved_replicas(prev, &phy2log, layout.gpus);
+        LayerPlan {
+            phy2log,
+            decision,
+            moved,
+            max_load,
+            fresh_max_load: fresh_max,
+        }
+    };
+    let prev_loads = gpu_loads(prev, load, layout.gpus);
+    let prev_max = prev_loads.iter().copied().fold(0.0, f64::max);
+    let mean = prev_loads.iter().sum::<f64>() / layout.gpus as f64;
+    if let Some(x) = opts.min_imbalance {
+        if prev_max <= x * mean {
+            return plan(prev.to_vec(), Decision::Hysteresis);
+        }
+    }
+    let budget = fresh_max * (1.0 + opts.tolerance) * (1.0 + 1e-12);
+    if prev_max <= budget && follows_policy(prev, layout) {
+        return plan(prev.to_vec(), Decision::Kept);
+    }
+    let mut candidates = Vec::new();
+    let kept_groups = groups_from_previous(prev, layout);
+    let (repaired, ok) = pack_layer(load, layout, &kept_groups, Some(prev), budget, opts);
+    if ok {
+        candidates.push(plan(
+            preserve_slots(&repaired, prev, layout.gpus),
+            Decision::Repaired,
+        ));
+    }
+    if layout.hierarchical() && layout.nodes > 1 {
+        let packed = relabel_groups(&pack_groups(load, layout), prev, layout);
+        if packed != kept_groups {
+            let (regrouped, ok) = pack_layer(load, layout, &packed, Some(prev), budget, opts);
+            if ok {
+                candidates.push(plan(
+                    preserve_slots(&regrouped, prev, layout.gpus),
+                    Decision::Regrouped,
+                ));
+            }
+        }
+    }
+    let nodes = if layout.hierarchical() {
+        layout.nodes
+    } else {
+        1
+    };
+    candidates.push(plan(
+        relabel(&fresh, prev, layout.gpus, nodes),
+        Decision::Relabelled,
+    ));
+    candidates
+        .into_iter()
+        .filter(|c| c.max_load <= budget)
+        .min_by(|a, b| {
+            a.moved
+                .cmp(&b.moved)
+                .then(a.max_load.total_cmp(&b.max_load))
+        })
+        .expect("the relabelled fresh plan is always within budget")
+}
+
+fn max_of(phy2log: &[usize], load: &[f64], layout: &Layout) -> f64 {
+    gpu_loads(phy2log, load, layout.gpus)
+        .into_iter()
+        .fold(0.0, f64::max)
+}
+
+/// The improved policy over every layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImprovedPlan {
+    /// One [`LayerPlan`] per layer.
+    pub layers: Vec<LayerPlan>,
+}
+
+impl ImprovedPlan {
+    /// The `phy2log` matrix, `[layers][replicas]`.
+    pub fn phy2log(&self) -> Vec<Vec<usize>> {
+        self.layers.iter().map(|l| l.phy2log.clone()).collect()
+    }
+
+    /// Replicas moved over all layers.
+    pub fn moved(&self) -> usize {
+        self.layers.iter().map(|l| l.moved).sum()
+    }
+}
+
+/// Checks that `prev` is a placement for `layout` with `layers` layers.
+pub fn check_previous(
+    prev: &[Vec<usize>],
+    layers: usize,
+    layout: &Layout,
+) -> Result<(), PlannerError> {
+    if prev.len() != layers {
+        return Err(PlannerError::Previous(format!(
+            "it has {} layers but the loads have {layers}",
+            prev.len()
+        )));
+    }
+    for (l, row) in prev.iter().enumerate() {
+        if row.len() != layout.replicas {
+            return Err(PlannerError::Previous(format!(
+                "layer {l} has {} replicas, expected {}",
+                row.len(),
+                layout.replicas
+            )));
+        }
+        let mut seen = vec![false; layout.experts];
+        for (s, &e) in row.iter().enumerate() {
+            if e >= layout.experts {
+                return Err(PlannerError::Previous(format!(
+                    "layer {l}, replica {s} names expert {e} but there are {} experts",
+                    layout.experts
+                )));
+            }
+            seen[e] = true;
+        }
+        if let Some(e) = seen.iter().position(|&x| !x) {
+            return Err(PlannerError::Previous(format!(
+                "layer {l} has no replica of expert {e}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Plans every layer with the improved policy. `load` is `[layers][experts]`; `prev` is the
+/// previous `phy2log` (`[layers][replicas]`) when there is one.
+pub fn rebalance_improved(
+    load: &[Vec<f64>],
+    layout: &Layout,
+    prev: Option<&[Vec<usize>]>,
+    opts: &PlannerOptions,
+) -> Result<ImprovedPlan, PlannerError> {
+    layout.check()?;
+    opts.check()?;
+    for (l, row) in load.iter().enumerate() {
+        if row.len() != layout.experts {
+            return Err(PlannerError::Loads(format!(
+                "layer {l} has {} experts, expected {}",
+                row.len(),
+                layout.experts
+            )));
+        }
+        if let Some(e) = row.iter().position(|v| !(v.is_finite() && *v >= 0.0)) {
+            return Err(PlannerError::Loads(format!(
+                "layer {l}, expert {e} has load {}; loads must be finite and >= 0",
+                row[e]
+            )));
+        }
+    }
+    if let Some(prev) = prev {
+        check_previous(prev, load.len(), layout)?;
+    }
+    let layers = load
+        .iter()
+        .enumerate()
+        .map(|(l, row)| plan_layer(row, layout, prev.map(|p| p[l].as_slice()), opts))
+        .collect();
+    Ok(ImprovedPlan { layers })
+}

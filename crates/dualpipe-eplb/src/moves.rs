@@ -1,0 +1,281 @@
+//! The move plan that turns one placement into another: which replica travels from which GPU to
+//! which slot, scheduled in rounds where each GPU sends at most one and receives at most one
+//! expert, and the bytes each round puts on intra- and inter-node links.
+//!
+//! A replica needs a transfer when its logical expert was not on its GPU in the old placement.
+//! The source is a GPU that held the expert in the old placement, taken from the destination's
+//! node whenever a copy exists there, and otherwise the holder that sends least so far.
+
+use serde::Serialize;
+
+/// One expert transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Move {
+    /// MoE layer.
+    pub layer: usize,
+    /// Logical expert whose weights travel.
+    pub expert: usize,
+    /// GPU that sends (it held the expert in the old placement).
+    pub src_gpu: usize,
+    /// Slot on the sending GPU that held the expert.
+    pub src_slot: usize,
+    /// GPU that receives.
+    pub dst_gpu: usize,
+    /// Slot on the receiving GPU (physical expert `dst_gpu * slots_per_gpu + dst_slot`).
+    pub dst_slot: usize,
+    /// Whether the transfer crosses nodes.
+    pub inter_node: bool,
+}
+
+/// One round of transfers: every GPU sends at most one and receives at most one expert.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Round {
+    /// Indices into [`MovePlan::moves`].
+    pub moves: Vec<usize>,
+    /// Transfers inside a node.
+    pub intra_node: usize,
+    /// Transfers between nodes.
+    pub inter_node: usize,
+    /// Bytes over intra-node links (`intra_node * expert_bytes`).
+    pub intra_node_bytes: u64,
+    /// Bytes over inter-node links (`inter_node * expert_bytes`).
+    pub inter_node_bytes: u64,
+}
+
+/// Every transfer and its schedule.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MovePlan {
+    /// The transfers, by layer, destination GPU and destination slot.
+    pub moves: Vec<Move>,
+    /// The rounds; their number is the largest number of transfers any one GPU sends or
+    /// receives, the least possible for the chosen sources.
+    pub rounds: Vec<Round>,
+    /// Bytes of one expert's weights (0 when not given).
+    pub expert_bytes: u64,
+}
+
+impl MovePlan {
+    /// Transfers inside a node.
+    pub fn intra_node(&self) -> usize {
+        self.moves.iter().filter(|m| !m.inter_node).count()
+    }
+
+    /// Transfers between nodes.
+    pub fn inter_node(&self) -> usize {
+        self.moves.iter().filter(|m| m.inter_node).count()
+    }
+
+    /// Bytes moved in all.
+    pub fn total_bytes(&self) -> u64 {
+        self.moves.len() as u64 * self.expert_bytes
+    }
+}
+
+/// The transfers that turn `old` into `new` (both `[layers][replicas]`, same shape, `gpus` GPUs
+/// on `nodes` nodes).
+pub fn plan_moves(old: &[Vec<usize>], new: &[Vec<usize>], gpus: usize, nodes: usize) -> Vec<Move> {
+    let gpn = (gpus / nodes.max(1)).max(1);
+    let mut sent = vec![0usize; gpus];
+    let mut moves = Vec::new();
+    for (layer, (before, after)) in old.iter().zip(new).enumerate() {
+        let slots = after.len() / gpus;
+        for dst in 0..gpus {
+            let held = &before[dst * slots..(dst + 1) * slots];
+            for dst_slot in 0..slots {
+                let expert = after[dst * slots + dst_slot];
+                if held.contains(&expert) {
+                    continue;
+                }
+                let holders: Vec<usize> = (0..gpus)
+                    .filter(|&g| before[g * slots..(g + 1) * slots].contains(&expert))
+                    .collect();
+                let near: Vec<usize> = holders
+                    .iter()
+                    .copied()
+                    .filter(|&g| g / gpn == dst / gpn)
+                    .collect();
+                let pool = if near.is_empty() { &holders } else { &near };
+                let Some(&src) = pool.iter().min_by_key(|&&g| (sent[g], g)) else {
+                    // The old placement had no replica of this expert; nothing can send it.
+                    continue;
+                };
+                sent[src] += 1;
+                let src_slot = before[src * slots..(src + 1) * slots]
+                    .iter()
+                    .position(|&e| e == expert)
+                    .expect("holder holds the expert");
+                moves.push(Move {
+                    layer,
+                    expert,
+                    src_gpu: src,
+                    src_slot,
+                    dst_gpu: dst,
+                    dst_slot,
+                    inter_node: src / gpn != dst / gpn,
+                });
+            }
+        }
+    }
+    moves
+}
+
+/// Round of every transfer such that no GPU sends twice or receives twice in a round, using as
+/// many rounds as the busiest GPU has transfers (bipartite edge colouring by alternating paths).
+pub fn schedule_rounds(moves: &[Move], gpus: usize) -> Vec<usize> {
+    const NONE: usize = usize::MAX;
+    let mut deg_send = vec![0usize; gpus];
+    let mut deg_recv = vec![0usize; gpus];
+    for m in moves {
+        deg_send[m.src_gpu] += 1;
+        deg_recv[m.dst_gpu] += 1;
+    }
+    let colours = deg_send.iter().chain(&deg_recv).copied().max().unwrap_or(0);
+    let mut send = vec![NONE; gpus * colours];
+    let mut recv = vec![NONE; gpus * colours];
+    let mut colour = vec![NONE; moves.len()];
+    for (i, m) in moves.iter().enumerate() {
+        let (u, v) = (m.src_gpu, m.dst_gpu);
+        let a = (0..colours)
+            .find(|&c| send[u * colours + c] == NONE)
+            .expect("degree bound");
+        let b = (0..colours)
+            .find(|&c| recv[v * colours + c] == NONE)
+            .expect("degree bound");
+        let c = if recv[v * colours + a] == NONE {
+            a
+        } else if send[u * colours + b] == NONE {
+            b
+        } else {
+            // Swap colours a and b along the path that leaves v by colour a; afterwards a is
+            // free at v, and the path cannot reach u, which has no edge of colour a.
+            let mut path = Vec::new();
+            let mut at_recv = v;
+            loop {
+                let e = recv[at_recv * colours + a];
+                if e == NONE {
+                    break;
+                }
+                path.push(e);
+                let s = moves[e].src_gpu;
+                let f = send[s * colours + b];
+                if f == NONE {
+                    break;
+                }
+                path.push(f);
+                at_recv = moves[f].dst_gpu;
+            }
+            for &e in &path {
+                send[moves[e].src_gpu * colours + colour[e]] = NONE;
+                recv[moves[e].dst_gpu * colours + colour[e]] = NONE;
+            }
+            for &e in &path {
+                colour[e] = if colour[e] == a { b } else { a };
+                send[moves[e].src_gpu * colours + colour[e]] = e;
+                recv[moves[e].dst_gpu * colours + colour[e]] = e;
+            }
+            a
+        };
+        colour[i] = c;
+        send[u * colours + c] = i;
+        recv[v * colours + c] = i;
+    }
+    colour
+}
+
+/// The full move plan from `old` to `new`, rounds included. `expert_bytes` (0 if unknown)
+/// turns transfer counts into bytes.
+pub fn move_plan(
+    old: &[Vec<usize>],
+    new: &[Vec<usize>],
+    gpus: usize,
+    nodes: usize,
+    expert_bytes: u64,
+) -> MovePlan {
+    let moves = plan_moves(old, new, gpus, nodes);
+    let colour = schedule_rounds(&moves, gpus);
+    let count = colour.iter().map(|&c| c + 1).max().unwrap_or(0);
+    let mut rounds = vec![
+        Round {
+            moves: Vec::new(),
+            intra_node: 0,
+            inter_node: 0,
+            intra_node_bytes: 0,
+            inter_node_bytes: 0,
+        };
+        count
+    ];
+    for (i, (&c, m)) in colour.iter().zip(&moves).enumerate() {
+        let r = &mut rounds[c];
+        r.moves.push(i);
+        if m.inter_node {
+            r.inter_node += 1;
+            r.inter_node_bytes += expert_bytes;
+        } else {
+            r.intra_node += 1;
+            r.intra_node_bytes += expert_bytes;
+        }
+    }
+    MovePlan {
+        moves,
+        rounds,
+        expert_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_prefer_the_destination_node() {
+        // 4 GPUs on 2 nodes, 1 slot each; expert 0 on GPUs 0 and 2.
+        let old = vec![vec![0, 1, 0, 2]];
+        let new = vec![vec![0, 0, 0, 0]];
+        let moves = plan_moves(&old, &new, 4, 2);
+        assert_eq!(moves.len(), 2);
+        assert_eq!(
+            (moves[0].src_gpu, moves[0].dst_gpu, moves[0].inter_node),
+            (0, 1, false)
+        );
+        assert_eq!(
+            (moves[1].src_gpu, moves[1].dst_gpu, moves[1].inter_node),
+            (2, 3, false)
+        );
+    }
+
+    #[test]
+    fn rounds_reach_the_degree_bound() {
+        // A 3-regular bipartite multigraph on 3 GPUs needs exactly 3 rounds.
+        let mut moves = Vec::new();
+        for s in 0..3 {
+            for k in 0..3 {
+                let d = (s + k) % 3;
+                moves.push(Move {
+                    layer: k,
+                    expert: 0,
+                    src_gpu: s,
+                    src_slot: 0,
+                    dst_gpu: d,
+                    dst_slot: 0,
+                    inter_node: false,
+                });
+            }
+        }
+        let colour = schedule_rounds(&moves, 3);
+        assert_eq!(colour.iter().max(), Some(&2));
+        for c in 0..3 {
+            for g in 0..3 {
+                let sends = moves
+                    .iter()
+                    .zip(&colour)
+                    .filter(|(m, &k)| k == c && m.src_gpu == g);
+                let recvs = moves
+                    .iter()
+                    .zip(&colour)
+                    .filter(|(m, &k)| k == c && m.dst_gpu == g);
+                assert!(sends.count() <= 1);
+                assert!(recvs.count() <= 1);
+            }
+        }
+    }
+}

@@ -1,0 +1,543 @@
+//! Placement inside one domain (a node, or every GPU for the global policy): duplicate-free
+//! packing of replicas onto GPUs and the bounded local search that improves it.
+//!
+//! A domain owns `gpus` consecutive GPUs with `slots` slots each and a fixed set of logical
+//! experts; every one of those experts gets at least one replica in the domain and no replica of
+//! another expert lands there. Each replica of expert `e` serves `load[e] / count[e]` tokens, and a
+//! GPU's load is the sum over its slots.
+//!
+//! Duplicate-free means: a GPU holds at most `ceil(count[e] / gpus)` replicas of `e`, which is one
+//! unless the expert has more replicas than the domain has GPUs.
+
+/// Whether a value is exactly "no expert" in a slot being filled.
+const EMPTY: usize = usize::MAX;
+
+/// Tuning of the local search; see [`crate::improved::PlannerOptions`] for the public knobs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SearchLimits {
+    /// Stop once the domain's hottest GPU is at or below this load.
+    pub target: f64,
+    /// Give up before the number of moved replicas (slots whose expert was not on that GPU
+    /// before) would exceed this.
+    pub max_moves: usize,
+    /// At most this many accepted steps.
+    pub max_steps: usize,
+    /// When true, moving a replica costs nothing (planning from scratch).
+    pub free_moves: bool,
+}
+
+/// The state of one domain while it is being packed.
+#[derive(Clone, Debug)]
+pub(crate) struct Domain {
+    /// Number of GPUs in the domain.
+    pub gpus: usize,
+    /// Slots per GPU.
+    pub slots: usize,
+    /// Load of each local expert.
+    pub load: Vec<f64>,
+    /// Local expert in each slot, `gpu * slots + slot`; `EMPTY` while unfilled.
+    pub slot: Vec<usize>,
+    /// Replicas of each local expert.
+    pub count: Vec<usize>,
+    /// Replicas of expert `e` on GPU `g`, at `g * experts + e`.
+    on: Vec<u32>,
+    /// Whether expert `e` was on GPU `g` before this rebalance, at `g * experts + e`.
+    orig: Vec<bool>,
+    /// Slack (absolute load) within which a GPU that held the expert before wins a packing tie.
+    prefer_slack: f64,
+}
+
+impl Domain {
+    /// An empty domain. `orig[g * experts + e]` says whether expert `e` was on GPU `g` before
+    /// (pass all `false` when there is no previous placement).
+    pub fn new(
+        gpus: usize,
+        slots: usize,
+        load: Vec<f64>,
+        orig: Vec<bool>,
+        near_equal: f64,
+    ) -> Self {
+        let experts = load.len();
+        debug_assert_eq!(orig.len(), gpus * experts);
+        let total: f64 = load.iter().sum();
+        Domain {
+            gpus,
+            slots,
+            count: vec![0; experts],
+            on: vec![0; gpus * experts],
+            slot: vec![EMPTY; gpus * slots],
+            orig,
+            prefer_slack: near_equal * total / gpus as f64,
+            load,
+        }
+    }
+
+    fn experts(&self) -> usize {
+        self.load.len()
+    }
+
+    /// Puts expert `e` into slot `s` (which must be empty).
+    pub fn put(&mut self, s: usize, e: usize) {
+        debug_assert_eq!(self.slot[s], EMPTY);
+        let g = s / self.slots;
+        let n = self.experts();
+        self.slot[s] = e;
+        self.count[e] += 1;
+        self.on[g * n + e] += 1;
+    }
+
+    /// Empties slot `s`.
+    fn take(&mut self, s: usize) -> usize {
+        let e = self.slot[s];
+        debug_assert_ne!(e, EMPTY);
+        let g = s / self.slots;
+        let n = self.experts();
+        self.slot[s] = EMPTY;
+        self.count[e] -= 1;
+        self.on[g * n + e] -= 1;
+        e
+    }
+
+    /// Replicas of `e` on GPU `g`.
+    pub fn on(&self, g: usize, e: usize) -> u32 {
+        self.on[g * self.experts() + e]
+    }
+
+    /// How many replicas of `e` one GPU may hold when `e` has `count` replicas.
+    fn cap(&self, count: usize) -> u32 {
+        count.div_ceil(self.gpus).max(1) as u32
+    }
+
+    /// Per-replica load of `e` at `count` replicas.
+    fn share(&self, e: usize, count: usize) -> f64 {
+        if count == 0 {
+            0.0
+        } else {
+            self.load[e] / count as f64
+        }
+    }
+
+    /// Load of every GPU.
+    pub fn gpu_loads(&self) -> Vec<f64> {
+        let mut loads = vec![0.0; self.gpus];
+        for (s, &e) in self.slot.iter().enumerate() {
+            if e != EMPTY {
+                loads[s / self.slots] += self.share(e, self.count[e]);
+            }
+        }
+        loads
+    }
+
+    /// The hottest GPU's load.
+    pub fn max_load(&self) -> f64 {
+        self.gpu_loads().into_iter().fold(0.0, f64::max)
+    }
+
+    /// Slots whose expert was not on that GPU before.
+    pub fn moves(&self) -> usize {
+        let n = self.experts();
+        self.slot
+            .iter()
+            .enumerate()
+            .filter(|&(s, &e)| e != EMPTY && !self.orig[(s / self.slots) * n + e])
+            .count()
+    }
+
+    /// Move cost of having `e` on GPU `g`.
+    fn cost(&self, g: usize, e: usize, free: bool) -> i64 {
+        i64::from(!free && !self.orig[g * self.experts() + e])
+    }
+
+    /// Frees slots until every expert without a replica can get one: evicts the surplus replica
+    /// whose removal raises its expert's per-replica load the least.
+    fn make_room_for_missing(&mut self) {
+        let missing = self.count.iter().filter(|&&c| c == 0).count();
+        let mut free = self.slot.iter().filter(|&&e| e == EMPTY).count();
+        while free < missing {
+            let victim = (0..self.slot.len())
+                .filter(|&s| self.slot[s] != EMPTY && self.count[self.slot[s]] >= 2)
+                .min_by(|&a, &b| {
+                    let ea = self.slot[a];
+                    let eb = self.slot[b];
+                    let ka = self.share(ea, self.count[ea] - 1);
+                    let kb = self.share(eb, self.count[eb] - 1);
+                    ka.total_cmp(&kb).then(a.cmp(&b))
+                });
+            match victim {
+                Some(s) => {
+                    self.take(s);
+                    free += 1;
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Fills every empty slot: first one replica for each expert without one, then extra replicas
+    /// for the experts with the highest per-replica load (D'Hondt), each placed on the
+    /// least-loaded GPU with room that does not already hold its cap of that expert. Among GPUs
+    /// within `near_equal` of the least-loaded one, a GPU that held the expert before wins.
+    pub fn fill(&mut self) {
+        self.make_room_for_missing();
+        let free = self.slot.iter().filter(|&&e| e == EMPTY).count();
+        if free == 0 {
+            return;
+        }
+        // Decide the replica counts.
+        let mut final_count = self.count.clone();
+        let mut extra = Vec::with_capacity(free);
+        for _ in 0..free {
+            let e = (0..self.experts())
+                .max_by(|&a, &b| {
+                    let key = |e: usize| {
+                        if final_count[e] == 0 {
+                            (1u8, self.load[e])
+                        } else {
+                            (0u8, self.load[e] / final_count[e] as f64)
+                        }
+                    };
+                    let (ka, kb) = (key(a), key(b));
+                    ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(b.cmp(&a))
+                })
+                .expect("a domain has at least one expert");
+            final_count[e] += 1;
+            extra.push(e);
+        }
+        // Heaviest replicas first (longest-processing-time order).
+        extra.sort_by(|&a, &b| {
+            let la = self.share(a, final_count[a]);
+            let lb = self.share(b, final_count[b]);
+            lb.total_cmp(&la).then(a.cmp(&b))
+        });
+        // Loads as they will be once every replica is in: kept replicas already count at their
+        // final share.
+        let mut loads = vec![0.0; self.gpus];
+        for (s, &e) in self.slot.iter().enumerate() {
+            if e != EMPTY {
+                loads[s / self.slots] += self.share(e, final_count[e]);
+            }
+        }
+        for e in extra {
+            let cap = self.cap(final_count[e]);
+            let share = self.share(e, final_count[e]);
+            let g = self.pick_gpu(e, cap, &loads);
+            let s = match g {
+                Some(g) => self.first_free(g).expect("picked GPU has room"),
+                None => self.swap_in(e, cap, &final_count, &mut loads),
+            };
+            self.put(s, e);
+            loads[s / self.slots] += share;
+        }
+    }
+
+    fn first_free(&self, g: usize) -> Option<usize> {
+        (g * self.slots..(g + 1) * self.slots).find(|&s| self.slot[s] == EMPTY)
+    }
+
+    fn has_room(&self, g: usize) -> bool {
+        self.first_free(g).is_some()
+    }
+
+    /// The GPU for a new replica of `e`, if one has room and is under the cap.
+    fn pick_gpu(&self, e: usize, cap: u32, loads: &[f64]) -> Option<usize> {
+        let ok = |g: usize| self.has_room(g) && self.on(g, e) < cap;
+        let best = (0..self.gpus)
+            .filter(|&g| ok(g))
+            .min_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b)))?;
+        let n = self.experts();
+        let preferred = (0..self.gpus)
+            .filter(|&g| {
+                ok(g) && self.orig[g * n + e] && loads[g] <= loads[best] + self.prefer_slack
+            })
+            .min_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b)));
+        Some(preferred.unwrap_or(best))
+    }
+
+    /// No GPU with room may take `e`: move some replica `x` from a full GPU `h` that may take `e`
+    /// into a free slot elsewhere, and return `x`'s old slot for `e`. Falls back to any free slot
+    /// (breaking the cap) only if no such exchange exists.
+    fn swap_in(&mut self, e: usize, cap: u32, final_count: &[usize], loads: &mut [f64]) -> usize {
+        let mut with_room: Vec<usize> = (0..self.gpus).filter(|&g| self.has_room(g)).collect();
+        with_room.sort_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b)));
+        let mut takers: Vec<usize> = (0..self.gpus).filter(|&h| self.on(h, e) < cap).collect();
+        takers.sort_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b)));
+        for &g in &with_room {
+            for &h in &takers {
+                for s in h * self.slots..(h + 1) * self.slots {
+                    let x = self.slot[s];
+                    if x == EMPTY || x == e || self.on(g, x) >= self.cap(final_count[x]) {
+                        continue;
+                    }
+                    let dst = self.first_free(g).expect("GPU has room");
+                    self.take(s);
+                    self.put(dst, x);
+                    let share = self.share(x, final_count[x]);
+                    loads[h] -= share;
+                    loads[g] += share;
+                    return s;
+                }
+            }
+        }
+        self.first_free(with_room[0]).expect("GPU has room")
+    }
+
+    /// Improves the placement by exchanging replicas between GPUs and re-assigning surplus
+    /// replicas to other experts, always lowering (hottest load, sum of squared loads). Picks the
+    /// step with the most gain per moved replica. Returns whether the target was reached.
+    pub fn improve(&mut self, limits: &SearchLimits) -> bool {
+        let eps = 1e-12 * self.load.iter().sum::<f64>().max(1e-300);
+        let mut moves = if limits.free_moves {
+            0
+        } else {
+            self.moves() as i64
+        };
+        for _ in 0..limits.max_steps {
+            let loads = self.gpu_loads();
+            let mut order: Vec<usize> = (0..self.gpus).collect();
+            order.sort_by(|&a, &b| loads[b].total_cmp(&loads[a]).then(a.cmp(&b)));
+            let hot = order[0];
+            let cur_max = loads[hot];
+            if cur_max <= limits.target + eps {
+                return true;
+            }
+            let cur_ssq: f64 = loads.iter().map(|l| l * l).sum();
+            let budget = limits.max_moves as i64 - moves;
+            let mut best: Option<(bool, f64, Step)> = None;
+            let mut consider = |new_max: f64, ssq_gain: f64, dmoves: i64, step: Step| {
+                if dmoves > budget {
+                    return;
+                }
+                let primary = new_max < cur_max - eps;
+                if !primary && !(new_max <= cur_max && ssq_gain > eps) {
+                    return;
+                }
+                let gain = if primary { cur_max - new_max } else { ssq_gain };
+                let score = gain / (dmoves.max(0) as f64 + 0.25);
+                let better = match &best {
+                    None => true,
+                    Some((p, s, _)) => (primary, score) > (*p, *s),
+                };
+                if better {
+                    best = Some((primary, score, step));
+                }
+            };
+            let max_excluding = |a: usize, b: usize| -> f64 {
+                order
+                    .iter()
+                    .find(|&&g| g != a && g != b)
+                    .map_or(0.0, |&g| loads[g])
+            };
+            let n = self.experts();
+            // Exchanges between the hottest GPU and any other.
+            for sa in hot * self.slots..(hot + 1) * self.slots {
+                let x = self.slot[sa];
+                let rx = self.share(x, self.count[x]);
+                for b in (0..self.gpus).filter(|&b| b != hot) {
+                    let rest = max_excluding(hot, b);
+                    for sb in b * self.slots..(b + 1) * self.slots {
+                        let y = self.slot[sb];
+                        if y == x
+                            || self.on(hot, y) >= self.cap(self.count[y])
+                            || self.on(b, x) >= self.cap(self.count[x])
+                        {
+                            continue;
+                        }
+                        let ry = self.share(y, self.count[y]);
+                        let la = loads[hot] - rx + ry;
+                        let lb = loads[b] - ry + rx;
+                        let new_max = la.max(lb).max(rest);
+                        let ssq_gain =
+                            loads[hot] * loads[hot] + loads[b] * loads[b] - la * la - lb * lb;
+                        let free = limits.free_moves;
+                        let dm = self.cost(hot, y, free) + self.cost(b, x, free)
+                            - self.cost(hot, x, free)
+                            - self.cost(b, y, free);
+                        consider(new_max, ssq_gain, dm, Step::Swap(sa, sb));
+                    }
+                }
+            }
+            // Re-assign a surplus replica: one on the hottest GPU to a heavy expert, or one
+            // anywhere to an expert on the hottest GPU.
+            let mut heavy: Vec<usize> = (0..n).collect();
+            heavy.sort_by(|&a, &b| {
+                let ra = self.share(a, self.count[a]);
+                let rb = self.share(b, self.count[b]);
+                rb.total_cmp(&ra).then(a.cmp(&b))
+            });
+            heavy.truncate(16);
+            let on_hot: Vec<usize> = (hot * self.slots..(hot + 1) * self.slots)
+                .map(|s| self.slot[s])
+                .collect();
+            for s in 0..self.slot.len() {
+                let x = self.slot[s];
+                if self.count[x] < 2 {
+                    continue;
+                }
+                let targets: &[usize] = if s / self.slots == hot {
+                    &heavy
+                } else {
+                    &on_hot
+                };
+                for &y in targets {
+                    if y == x {
+                        continue;
+                    }
+                    if let Some((new_max, ssq)) = self.eval_reassign(s, y, &loads) {
+                        let g = s / self.slots;
+                        let free = limits.free_moves;
+                        let dm = self.cost(g, y, free) - self.cost(g, x, free);
+                        consider(new_max, cur_ssq - ssq, dm, Step::Reassign(s, y));
+                    }
+                }
+            }
+            let Some((_, _, step)) = best else {
+                return false;
+            };
+            let free = limits.free_moves;
+            match step {
+                Step::Swap(sa, sb) => {
+                    let (ga, gb) = (sa / self.slots, sb / self.slots);
+                    let (x, y) = (self.slot[sa], self.slot[sb]);
+                    moves += self.cost(ga, y, free) + self.cost(gb, x, free)
+                        - self.cost(ga, x, free)
+                        - self.cost(gb, y, free);
+                    self.take(sa);
+                    self.take(sb);
+                    self.put(sa, y);
+                    self.put(sb, x);
+                }
+                Step::Reassign(s, y) => {
+                    let g = s / self.slots;
+                    let x = self.take(s);
+                    moves += self.cost(g, y, free) - self.cost(g, x, free);
+                    self.put(s, y);
+                }
+            }
+        }
+        self.max_load() <= limits.target + eps
+    }
+
+    /// Loads after slot `s` switches to expert `y`: (hottest load, sum of squares), or `None`
+    /// when a cap would be broken.
+    fn eval_reassign(&self, s: usize, y: usize, loads: &[f64]) -> Option<(f64, f64)> {
+        let g0 = s / self.slots;
+        let x = self.slot[s];
+        let (cx, cy) = (self.count[x], self.count[y]);
+        let cap_x = self.cap(cx - 1);
+        let cap_y = self.cap(cy + 1);
+        if self.on(g0, y) + 1 > cap_y {
+            return None;
+        }
+        let (rx_old, rx_new) = (self.share(x, cx), self.share(x, cx - 1));
+        let (ry_old, ry_new) = (self.share(y, cy), self.share(y, cy + 1));
+        let mut max = 0.0f64;
+        let mut ssq = 0.0;
+        for (g, &l) in loads.iter().enumerate() {
+            let mut nx = self.on(g, x);
+            let mut ny = self.on(g, y);
+            let mut l = l - f64::from(nx) * rx_old - f64::from(ny) * ry_old;
+            if g == g0 {
+                nx -= 1;
+                ny += 1;
+            }
+            if nx > cap_x {
+                return None;
+            }
+            l += f64::from(nx) * rx_new + f64::from(ny) * ry_new;
+            max = max.max(l);
+            ssq += l * l;
+        }
+        Some((max, ssq))
+    }
+}
+
+/// One local-search step.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// Exchange the experts of two slots on different GPUs.
+    Swap(usize, usize),
+    /// Give a slot (holding a surplus replica) to another expert.
+    Reassign(usize, usize),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn domain(loads: &[f64], gpus: usize, slots: usize) -> Domain {
+        Domain::new(
+            gpus,
+            slots,
+            loads.to_vec(),
+            vec![false; gpus * loads.len()],
+            0.0,
+        )
+    }
+
+    fn assert_capped(d: &Domain) {
+        for g in 0..d.gpus {
+            for e in 0..d.experts() {
+                assert!(d.on(g, e) <= d.cap(d.count[e]), "gpu {g} expert {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn fill_gives_every_expert_a_replica_and_no_duplicates() {
+        let loads = [100.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+        let mut d = domain(&loads, 4, 2);
+        d.fill();
+        assert!(d.slot.iter().all(|&e| e != EMPTY));
+        assert!(d.count.iter().all(|&c| c >= 1));
+        assert_eq!(d.count[0], 3);
+        assert_capped(&d);
+    }
+
+    #[test]
+    fn more_replicas_than_gpus_spread_evenly() {
+        let loads = [100.0, 1.0];
+        let mut d = domain(&loads, 2, 3);
+        d.fill();
+        assert_eq!(d.count[0], 5);
+        assert_capped(&d);
+    }
+
+    #[test]
+    fn search_never_worsens_and_keeps_caps() {
+        let loads: Vec<f64> = (0..24).map(|i| 1.0 + ((i * 7919) % 13) as f64).collect();
+        let mut d = domain(&loads, 4, 7);
+        d.fill();
+        let before = d.max_load();
+        d.improve(&SearchLimits {
+            target: 0.0,
+            max_moves: usize::MAX,
+            max_steps: 200,
+            free_moves: true,
+        });
+        assert!(d.max_load() <= before + 1e-9);
+        assert_capped(&d);
+        assert!(d.count.iter().all(|&c| c >= 1));
+    }
+
+    #[test]
+    fn search_respects_the_move_budget() {
+        let loads: Vec<f64> = (0..16).map(|i| 1.0 + (i * i) as f64).collect();
+        let mut orig = vec![false; 4 * 16];
+        // Previous placement: expert e on GPU e % 4 (4 slots per GPU).
+        for e in 0..16 {
+            orig[(e % 4) * 16 + e] = true;
+        }
+        let mut d = Domain::new(4, 4, loads, orig, 0.0);
+        for e in 0..16 {
+            d.put((e % 4) * 4 + e / 4, e);
+        }
+        assert_eq!(d.moves(), 0);
+        d.improve(&SearchLimits {
+            target: 0.0,
+            max_moves: 2,
+            max_steps: 100,
+            free_moves: false,
+        });
+        assert!(d.moves() <= 2);
+    }
+}
