@@ -253,6 +253,17 @@ impl ScheduleKind {
         }
     }
 
+    /// The `virtual_stages` (stages per rank per direction) every schedule of this kind has:
+    /// 2 for `dualpipev` (the two arms of the V), 1 for the other fixed kinds, and `None` for
+    /// `interleaved`, where the caller chooses it.
+    pub fn fixed_virtual_stages(self) -> Option<usize> {
+        match self {
+            ScheduleKind::Interleaved => None,
+            ScheduleKind::DualPipeV => Some(2),
+            _ => Some(1),
+        }
+    }
+
     /// Parses a name as printed by [`ScheduleKind::name`] (case-insensitive).
     pub fn from_name(name: &str) -> Option<Self> {
         let lower = name.to_ascii_lowercase();
@@ -280,6 +291,27 @@ pub struct Placement {
 }
 
 impl Placement {
+    /// The placement every generator of `kind` uses.
+    ///
+    /// * `dualpipe`: two directions; rank `r` runs stage `r` of direction 0 and stage
+    ///   `ranks - 1 - r` of direction 1;
+    /// * `dualpipev`: one direction of `2 x ranks` stages folded into a V: stage `s` runs on
+    ///   rank `s` for `s < ranks`, else on rank `2 x ranks - 1 - s`;
+    /// * the others: one direction of `ranks x virtual_stages` stages, stage `s` on rank
+    ///   `s % ranks` (`virtual_stages` is 1 except for `interleaved`).
+    pub fn for_kind(kind: ScheduleKind, ranks: usize, virtual_stages: usize) -> Placement {
+        let rank_of = match kind {
+            ScheduleKind::DualPipe => vec![(0..ranks).collect(), (0..ranks).rev().collect()],
+            ScheduleKind::DualPipeV => vec![(0..2 * ranks)
+                .map(|s| if s < ranks { s } else { 2 * ranks - 1 - s })
+                .collect()],
+            _ => vec![(0..ranks * virtual_stages)
+                .map(|s| s % ranks.max(1))
+                .collect()],
+        };
+        Placement { ranks, rank_of }
+    }
+
     /// Number of directions (1, or 2 for DualPipe).
     pub fn dirs(&self) -> usize {
         self.rank_of.len()
@@ -329,7 +361,8 @@ pub struct Schedule {
     pub ranks: usize,
     /// Total micro-batches in the step, over all directions.
     pub micro_batches: usize,
-    /// Stages per rank per direction (1 except for `interleaved`).
+    /// Stages per rank per direction: the caller's choice for `interleaved`, 2 for `dualpipev`
+    /// (the two arms of the V), 1 otherwise (see [`ScheduleKind::fixed_virtual_stages`]).
     pub virtual_stages: usize,
     /// Which rank runs which (dir, stage).
     pub placement: Placement,

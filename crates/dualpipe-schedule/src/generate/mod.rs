@@ -14,18 +14,22 @@ mod zb1p;
 use crate::{Op, Placement, Schedule, ScheduleError, ScheduleKind};
 
 /// Generates the compute-only schedule of `kind` for `ranks` ranks and `micro_batches`
-/// micro-batches (`virtual_stages` is used by `interleaved` only; other kinds need 1).
+/// micro-batches (`virtual_stages` is chosen for `interleaved` only; other kinds take 1, or the
+/// value they fix, see [`ScheduleKind::fixed_virtual_stages`]).
 pub fn generate(
     kind: ScheduleKind,
     ranks: usize,
     micro_batches: usize,
     virtual_stages: usize,
 ) -> Result<Schedule, ScheduleError> {
-    if kind != ScheduleKind::Interleaved && virtual_stages != 1 {
-        return Err(ScheduleError::InvalidConfig(format!(
-            "{kind} has one stage per rank per direction, got --virtual-stages {virtual_stages}: \
-             use --virtual-stages 1 (or --schedule interleaved)"
-        )));
+    if let Some(fixed) = kind.fixed_virtual_stages() {
+        if virtual_stages != 1 && virtual_stages != fixed {
+            return Err(ScheduleError::InvalidConfig(format!(
+                "{kind} has {fixed} stage(s) per rank, fixed by the schedule, got \
+                 --virtual-stages {virtual_stages}: use --virtual-stages 1 (or --schedule \
+                 interleaved to choose it)"
+            )));
+        }
     }
     match kind {
         ScheduleKind::GPipe => gpipe::generate(ranks, micro_batches),
