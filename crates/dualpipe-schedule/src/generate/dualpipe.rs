@@ -74,15 +74,10 @@ fn check_config(ranks: usize, micro_batches: usize) -> Result<(), ScheduleError>
         return bad("dualpipe needs at least 2 ranks, got 0: use --ranks 2".into());
     }
     if ranks % 2 == 1 {
-        let lower = if ranks == 1 {
-            String::new()
-        } else {
-            format!("--ranks {} or ", ranks - 1)
-        };
         return bad(format!(
             "dualpipe needs an even number of ranks (one pipeline per direction folds over them), \
-             got {ranks}: use {lower}--ranks {} (or dualpipev, which takes any number)",
-            ranks + 1
+             got {ranks}: use {} (or dualpipev, which takes any number)",
+            even_neighbours("--ranks", ranks)
         ));
     }
     if micro_batches == 0 {
@@ -92,39 +87,43 @@ fn check_config(ranks: usize, micro_batches: usize) -> Result<(), ScheduleError>
         );
     }
     if micro_batches % 2 == 1 {
-        let lower = if micro_batches == 1 {
-            String::new()
-        } else {
-            format!("--micro-batches {} or ", micro_batches - 1)
-        };
         return bad(format!(
             "dualpipe needs an even number of micro-batches (half flow in each direction), \
-             got {micro_batches}: use {lower}--micro-batches {}",
-            micro_batches + 1
+             got {micro_batches}: use {}",
+            even_neighbours("--micro-batches", micro_batches)
         ));
     }
-    check_size(
-        "dualpipe",
-        ranks,
-        micro_batches.max(ranks.saturating_mul(2)),
-    )
+    check_size("dualpipe", ranks, micro_batches)
 }
 
-/// Fails when `ranks` programs over `micro_batches` micro-batches would hold more than
-/// [`MAX_OPS`] ops (a rank runs at most six ops per micro-batch: two stages, each F, I and W).
+/// The even values next to an odd `value` as flags: "--flag 2 or --flag 4" (no 0, no overflow).
+fn even_neighbours(flag: &str, value: usize) -> String {
+    [
+        value.checked_sub(1).filter(|&v| v > 0),
+        value.checked_add(1),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|v| format!("{flag} {v}"))
+    .collect::<Vec<_>>()
+    .join(" or ")
+}
+
+/// Fails when generating would walk more than [`MAX_OPS`] ops. The walk covers at least
+/// `2 x ranks` micro-batches (see the module documentation), and a rank runs at most six ops
+/// per micro-batch (two stages, each `F`, `I` and `W`).
 pub(super) fn check_size(
     name: &str,
     ranks: usize,
     micro_batches: usize,
 ) -> Result<(), ScheduleError> {
-    let ops = ranks
-        .checked_mul(micro_batches)
-        .and_then(|x| x.checked_mul(6));
+    let walked = micro_batches.max(ranks.saturating_mul(2));
+    let ops = ranks.checked_mul(walked).and_then(|x| x.checked_mul(6));
     match ops {
         Some(ops) if ops <= MAX_OPS => Ok(()),
         _ => Err(ScheduleError::InvalidConfig(format!(
-            "{name} with {ranks} ranks and {micro_batches} micro-batches would need more than \
-             {MAX_OPS} ops: use fewer ranks or micro-batches"
+            "{name} with {ranks} ranks and {micro_batches} micro-batches is too large to \
+             generate (over {MAX_OPS} ops): use fewer ranks or micro-batches"
         ))),
     }
 }
@@ -325,6 +324,13 @@ mod tests {
         );
         let m = message(generate(usize::MAX - 1, 2));
         assert!(m.contains("use fewer ranks"), "{m}");
+        let m = message(generate(usize::MAX, 2));
+        assert!(m.contains(&format!("--ranks {}", usize::MAX - 1)), "{m}");
+        let m = message(generate(2, usize::MAX));
+        assert!(
+            m.contains(&format!("--micro-batches {}", usize::MAX - 1)),
+            "{m}"
+        );
         for m in [message(generate(3, 8)), message(generate(4, 7))] {
             assert!(!m.contains('\n'), "{m}");
         }

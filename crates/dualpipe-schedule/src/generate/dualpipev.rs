@@ -29,14 +29,10 @@ pub fn generate(ranks: usize, micro_batches: usize) -> Result<Schedule, Schedule
         return Err(ScheduleError::InvalidConfig(format!(
             "dualpipev needs at least 1 micro-batch, got 0: use --micro-batches 1 \
              (or {} to fill the pipeline)",
-            2 * ranks
+            ranks.saturating_mul(2)
         )));
     }
-    check_size(
-        "dualpipev",
-        ranks,
-        micro_batches.max(ranks.saturating_mul(2)),
-    )?;
+    check_size("dualpipev", ranks, micro_batches)?;
     let stages = 2 * ranks;
     let programs = (0..ranks)
         .map(|rank| {
@@ -91,6 +87,7 @@ mod tests {
             "{m}"
         );
         assert!(message(generate(usize::MAX, 1)).contains("use fewer ranks"));
+        assert!(message(generate(usize::MAX, 0)).contains("at least 1 micro-batch"));
     }
 
     #[test]
