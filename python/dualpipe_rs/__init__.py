@@ -5,9 +5,9 @@
 >>> from dualpipe_rs.eplb import rebalance_experts
 """
 
-from . import _native
+from . import _native, eplb
 from ._native import Schedule, schedule
 
 __version__ = _native.__version__
 
-__all__ = ["Schedule", "schedule", "__version__"]
+__all__ = ["Schedule", "eplb", "schedule", "__version__"]

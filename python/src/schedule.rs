@@ -1,6 +1,7 @@
 //! Schedules: `dualpipe_rs.schedule(kind, ranks, micro_batches, virtual_stages=1)`.
 
-use dualpipe_schedule::{Chunk, Op, Schedule, ScheduleKind};
+use dualpipe_schedule::format::{csv, json};
+use dualpipe_schedule::{Chunk, Op, Schedule, ScheduleError, ScheduleKind};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -25,6 +26,11 @@ pub(crate) fn parse_kind(kind: &str) -> PyResult<ScheduleKind> {
     })
 }
 
+/// A schedule error as a `ValueError` carrying the crate's message.
+fn value_error(e: ScheduleError) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
 /// Builds (generates, lowers, validates) a schedule with the GIL released.
 #[pyfunction]
 #[pyo3(signature = (kind, ranks, micro_batches, virtual_stages = 1))]
@@ -38,35 +44,38 @@ fn schedule(
     let kind = parse_kind(kind)?;
     let inner = py
         .detach(|| dualpipe_schedule::build(kind, ranks, micro_batches, virtual_stages))
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        .map_err(value_error)?;
     Ok(PySchedule { inner })
 }
 
-fn put_chunk(d: &Bound<'_, PyDict>, c: Chunk) -> PyResult<()> {
-    d.set_item("dir", c.dir)?;
+/// Writes a chunk's fields; `"dir"` only for two-direction schedules, as the JSON form does.
+fn put_chunk(d: &Bound<'_, PyDict>, c: Chunk, with_dir: bool) -> PyResult<()> {
+    if with_dir {
+        d.set_item("dir", c.dir)?;
+    }
     d.set_item("stage", c.stage)?;
     d.set_item("mb", c.mb)
 }
 
-fn chunk_dict<'py>(py: Python<'py>, c: Chunk) -> PyResult<Bound<'py, PyDict>> {
+fn chunk_dict<'py>(py: Python<'py>, c: Chunk, with_dir: bool) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    put_chunk(&d, c)?;
+    put_chunk(&d, c, with_dir)?;
     Ok(d)
 }
 
 /// One op as a dict in the golden JSON schema.
-fn op_dict<'py>(py: Python<'py>, op: &Op) -> PyResult<Bound<'py, PyDict>> {
+fn op_dict<'py>(py: Python<'py>, op: &Op, with_dir: bool) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("op", op.kind().name())?;
     match *op {
         Op::FB { f, b } => {
-            d.set_item("f", chunk_dict(py, f)?)?;
-            d.set_item("b", chunk_dict(py, b)?)?;
+            d.set_item("f", chunk_dict(py, f, with_dir)?)?;
+            d.set_item("b", chunk_dict(py, b, with_dir)?)?;
         }
         Op::Wait => {}
         _ => {
             if let Some(c) = op.chunk() {
-                put_chunk(&d, c)?;
+                put_chunk(&d, c, with_dir)?;
             }
             if let Some(p) = op.peer() {
                 d.set_item("peer", p)?;
@@ -74,6 +83,26 @@ fn op_dict<'py>(py: Python<'py>, op: &Op) -> PyResult<Bound<'py, PyDict>> {
         }
     }
     Ok(d)
+}
+
+impl PySchedule {
+    /// Every rank's ops (those passing `keep`) as lists of dicts.
+    fn program_dicts<'py>(
+        &self,
+        py: Python<'py>,
+        keep: impl Fn(&Op) -> bool,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let with_dir = self.inner.placement.dirs() > 1;
+        let out = PyList::empty(py);
+        for program in &self.inner.programs {
+            let row = PyList::empty(py);
+            for op in program.iter().filter(|op| keep(op)) {
+                row.append(op_dict(py, op, with_dir)?)?;
+            }
+            out.append(row)?;
+        }
+        Ok(out)
+    }
 }
 
 #[pymethods]
@@ -114,31 +143,77 @@ impl PySchedule {
         self.inner.placement.parameter_copies()
     }
 
-    /// Every rank's ops in execution order (compute and communication), as dicts.
+    /// Every rank's ops in execution order (compute and communication), as dicts in the
+    /// golden JSON schema: the `"programs"` of `to_json()`.
     #[getter]
     fn programs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let out = PyList::empty(py);
-        for program in &self.inner.programs {
-            let row = PyList::empty(py);
-            for op in program {
-                row.append(op_dict(py, op)?)?;
-            }
-            out.append(row)?;
-        }
-        Ok(out)
+        self.program_dicts(py, |_| true)
     }
 
     /// Every rank's compute ops only (`F`, `B`, `I`, `W`, `FB`), as dicts.
     fn compute_programs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let out = PyList::empty(py);
-        for program in &self.inner.programs {
-            let row = PyList::empty(py);
-            for op in program.iter().filter(|op| op.is_compute()) {
-                row.append(op_dict(py, op)?)?;
-            }
-            out.append(row)?;
-        }
-        Ok(out)
+        self.program_dicts(py, Op::is_compute)
+    }
+
+    /// Every rank's compute actions as torch.distributed.pipelining writes them (`"0F3"`,
+    /// `"7I2"`, `"(0F7;7B3)OVERLAP_F_B"`): the cells of `to_torch_csv()`.
+    #[getter]
+    fn actions(&self) -> Vec<Vec<String>> {
+        csv::to_string(&self.inner)
+            .lines()
+            .map(|line| {
+                if line.is_empty() {
+                    Vec::new()
+                } else {
+                    line.split(',').map(str::to_owned).collect()
+                }
+            })
+            .collect()
+    }
+
+    /// The schedule as one line of JSON in the golden schema (lossless; `from_json` reads it).
+    fn to_json(&self) -> String {
+        json::to_string(&self.inner)
+    }
+
+    /// The compute-only CSV that torch.distributed.pipelining loads: one line per rank, one
+    /// action per cell.
+    fn to_torch_csv(&self) -> String {
+        csv::to_string(&self.inner)
+    }
+
+    /// Reads a schedule from JSON in the golden schema and validates it.
+    #[staticmethod]
+    fn from_json(py: Python<'_>, text: &str) -> PyResult<PySchedule> {
+        let text = text.to_owned();
+        let inner = py
+            .detach(move || json::from_str(&text))
+            .map_err(value_error)?;
+        Ok(PySchedule { inner })
+    }
+
+    /// Reads a compute-only torch CSV and validates it; `kind` names the schedule family
+    /// (inferred from the actions when omitted). Communication is added as `schedule()` does.
+    #[staticmethod]
+    #[pyo3(signature = (text, kind = None))]
+    fn from_torch_csv(py: Python<'_>, text: &str, kind: Option<&str>) -> PyResult<PySchedule> {
+        let kind = kind.map(parse_kind).transpose()?;
+        let text = text.to_owned();
+        let inner = py
+            .detach(move || {
+                let compute_only = csv::from_str(&text, kind)?;
+                let lowered = dualpipe_schedule::lower(&compute_only);
+                dualpipe_schedule::validate(&lowered)?;
+                Ok::<_, ScheduleError>(lowered)
+            })
+            .map_err(value_error)?;
+        Ok(PySchedule { inner })
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<PySchedule>()
+            .is_ok_and(|o| o.get().inner == self.inner)
     }
 
     fn __len__(&self) -> usize {
