@@ -23,8 +23,11 @@
 //! A schedule is *lowered* when it holds any communication op; a compute-only schedule's
 //! dependencies between ranks are then waited for directly.
 
-use std::collections::VecDeque;
 use std::fmt;
+
+mod execution;
+
+pub(crate) use execution::stuck_ranks;
 
 use crate::{Chunk, Op, Schedule};
 
@@ -116,19 +119,19 @@ impl ValidationError {
     }
 }
 
-const NONE: u32 = u32::MAX;
+pub(super) const NONE: u32 = u32::MAX;
 
 /// One step of a compute op: a forward, a backward producing the input gradient (`split` when
 /// it is an `I` that owes a `W`), or a deferred weight gradient.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Part {
+pub(super) enum Part {
     Fwd,
     Bwd { split: bool },
     Wgt,
 }
 
 /// The compute parts of an op (an `FB` has two).
-fn parts(op: &Op) -> ([(Part, Chunk); 2], usize) {
+pub(super) fn parts(op: &Op) -> ([(Part, Chunk); 2], usize) {
     let z = Chunk::new(0, 0, 0);
     match *op {
         Op::F(c) => ([(Part::Fwd, c), (Part::Fwd, z)], 1),
@@ -141,33 +144,33 @@ fn parts(op: &Op) -> ([(Part, Chunk); 2], usize) {
 }
 
 /// Sizes and lookups shared by the checks.
-struct Geometry<'a> {
-    schedule: &'a Schedule,
-    dirs: usize,
-    stages: usize,
-    per_dir: usize,
+pub(super) struct Geometry<'a> {
+    pub(super) schedule: &'a Schedule,
+    pub(super) dirs: usize,
+    pub(super) stages: usize,
+    pub(super) per_dir: usize,
 }
 
 impl Geometry<'_> {
-    fn in_range(&self, c: Chunk) -> bool {
+    pub(super) fn in_range(&self, c: Chunk) -> bool {
         c.dir < self.dirs && c.stage < self.stages && c.mb < self.per_dir
     }
 
-    fn id(&self, c: Chunk) -> usize {
+    pub(super) fn id(&self, c: Chunk) -> usize {
         (c.dir * self.stages + c.stage) * self.per_dir + c.mb
     }
 
-    fn chunk(&self, id: usize) -> Chunk {
+    pub(super) fn chunk(&self, id: usize) -> Chunk {
         let ds = id / self.per_dir;
         Chunk::new(ds / self.stages, ds % self.stages, id % self.per_dir)
     }
 
-    fn rank(&self, dir: usize, stage: usize) -> usize {
+    pub(super) fn rank(&self, dir: usize, stage: usize) -> usize {
         self.schedule.placement.rank_of[dir][stage]
     }
 
     /// The rank of the next stage when it exists and runs on another rank than `c`'s.
-    fn remote_next(&self, c: Chunk) -> Option<usize> {
+    pub(super) fn remote_next(&self, c: Chunk) -> Option<usize> {
         if c.stage + 1 >= self.stages {
             return None;
         }
@@ -176,7 +179,7 @@ impl Geometry<'_> {
     }
 
     /// The rank of the previous stage when it exists and runs on another rank than `c`'s.
-    fn remote_prev(&self, c: Chunk) -> Option<usize> {
+    pub(super) fn remote_prev(&self, c: Chunk) -> Option<usize> {
         if c.stage == 0 {
             return None;
         }
@@ -184,7 +187,7 @@ impl Geometry<'_> {
         (q != self.rank(c.dir, c.stage)).then_some(q)
     }
 
-    fn op(&self, rank: usize, index: u32) -> (usize, &Op) {
+    pub(super) fn op(&self, rank: usize, index: u32) -> (usize, &Op) {
         (
             index as usize,
             &self.schedule.programs[rank][index as usize],
@@ -210,14 +213,14 @@ pub fn validate(schedule: &Schedule) -> Result<(), ValidationError> {
     let pos = check_ops(&geo)?;
     let lowered = schedule.is_lowered();
     check_chunks(&geo, &pos, lowered)?;
-    check_execution(&geo, lowered)
+    execution::check_execution(&geo, lowered)
 }
 
 fn shape_err(rank: usize, detail: &str) -> ValidationError {
     ValidationError::new(rank, None, Rule::Shape, detail)
 }
 
-fn check_shape(schedule: &Schedule) -> Result<Geometry<'_>, ValidationError> {
+pub(super) fn check_shape(schedule: &Schedule) -> Result<Geometry<'_>, ValidationError> {
     let ranks = schedule.ranks;
     let placement = &schedule.placement;
     if ranks == 0 {
@@ -663,206 +666,4 @@ fn check_chunks(geo: &Geometry<'_>, pos: &Positions, lowered: bool) -> Result<()
         }
     }
     Ok(())
-}
-
-/// An event a rank can wait for: the activations (`bwd == false`) or the input gradient
-/// (`bwd == true`) of a producer chunk becoming available on the consumer's rank.
-#[derive(Clone, Copy)]
-struct Event {
-    bwd: bool,
-    id: usize,
-}
-
-fn check_execution(geo: &Geometry<'_>, lowered: bool) -> Result<(), ValidationError> {
-    let schedule = geo.schedule;
-    let ranks = schedule.ranks;
-    let n = geo.dirs * geo.stages * geo.per_dir;
-    let mut ready = [vec![false; n], vec![false; n]];
-    let mut waiter = [vec![NONE; n], vec![NONE; n]];
-    let mut pc = vec![0usize; ranks];
-    let mut blocked: Vec<Option<Event>> = vec![None; ranks];
-    let mut posted: Vec<VecDeque<Event>> = vec![VecDeque::new(); ranks];
-    let mut work: Vec<usize> = (0..ranks).rev().collect();
-
-    while let Some(rank) = work.pop() {
-        let program = &schedule.programs[rank];
-        blocked[rank] = None;
-        'ops: while pc[rank] < program.len() {
-            let op = &program[pc[rank]];
-            // What this op waits for.
-            let mut need: [Option<Event>; 2] = [None, None];
-            match *op {
-                Op::RecvF { .. } | Op::RecvB { .. } | Op::SendF { .. } | Op::SendB { .. } => {}
-                Op::Wait => {
-                    while let Some(&e) = posted[rank].front() {
-                        if ready[usize::from(e.bwd)][e.id] {
-                            posted[rank].pop_front();
-                        } else {
-                            need[0] = Some(e);
-                            break;
-                        }
-                    }
-                }
-                _ => {
-                    let (ps, count) = parts(op);
-                    for (k, &(part, c)) in ps[..count].iter().enumerate() {
-                        need[k] = match part {
-                            Part::Fwd => geo.remote_prev(c).map(|_| Event {
-                                bwd: false,
-                                id: geo.id(Chunk::new(c.dir, c.stage - 1, c.mb)),
-                            }),
-                            Part::Bwd { .. } => geo.remote_next(c).map(|_| Event {
-                                bwd: true,
-                                id: geo.id(Chunk::new(c.dir, c.stage + 1, c.mb)),
-                            }),
-                            Part::Wgt => None,
-                        };
-                    }
-                }
-            }
-            for e in need.into_iter().flatten() {
-                if !ready[usize::from(e.bwd)][e.id] {
-                    waiter[usize::from(e.bwd)][e.id] = rank as u32;
-                    blocked[rank] = Some(e);
-                    break 'ops;
-                }
-            }
-            // Run the op; announce what it makes available to other ranks.
-            let mut fire = |e: Event, work: &mut Vec<usize>| {
-                let k = usize::from(e.bwd);
-                ready[k][e.id] = true;
-                let w = std::mem::replace(&mut waiter[k][e.id], NONE);
-                if w != NONE {
-                    work.push(w as usize);
-                }
-            };
-            match *op {
-                Op::SendF { chunk, .. } => fire(
-                    Event {
-                        bwd: false,
-                        id: geo.id(chunk),
-                    },
-                    &mut work,
-                ),
-                Op::SendB { chunk, .. } => fire(
-                    Event {
-                        bwd: true,
-                        id: geo.id(chunk),
-                    },
-                    &mut work,
-                ),
-                Op::RecvF { chunk, .. } => posted[rank].push_back(Event {
-                    bwd: false,
-                    id: geo.id(Chunk::new(chunk.dir, chunk.stage - 1, chunk.mb)),
-                }),
-                Op::RecvB { chunk, .. } => posted[rank].push_back(Event {
-                    bwd: true,
-                    id: geo.id(Chunk::new(chunk.dir, chunk.stage + 1, chunk.mb)),
-                }),
-                Op::Wait => {}
-                _ if !lowered => {
-                    let (ps, count) = parts(op);
-                    for &(part, c) in &ps[..count] {
-                        match part {
-                            Part::Fwd if geo.remote_next(c).is_some() => fire(
-                                Event {
-                                    bwd: false,
-                                    id: geo.id(c),
-                                },
-                                &mut work,
-                            ),
-                            Part::Bwd { .. } if geo.remote_prev(c).is_some() => fire(
-                                Event {
-                                    bwd: true,
-                                    id: geo.id(c),
-                                },
-                                &mut work,
-                            ),
-                            _ => {}
-                        }
-                    }
-                }
-                _ => {}
-            }
-            pc[rank] += 1;
-        }
-    }
-
-    let Some(first) = (0..ranks).find(|&r| pc[r] < schedule.programs[r].len()) else {
-        return Ok(());
-    };
-    Err(deadlock_error(geo, &pc, &blocked, first))
-}
-
-/// Describes the cycle of waiting ranks reached from the stuck rank `first`.
-fn deadlock_error(
-    geo: &Geometry<'_>,
-    pc: &[usize],
-    blocked: &[Option<Event>],
-    first: usize,
-) -> ValidationError {
-    let ranks = geo.schedule.ranks;
-    let stuck = (0..ranks)
-        .filter(|&r| pc[r] < geo.schedule.programs[r].len())
-        .count();
-    let producer = |e: Event| {
-        let c = geo.chunk(e.id);
-        geo.rank(c.dir, c.stage)
-    };
-    // Walk the wait-for graph until a rank repeats.
-    let mut seen = vec![usize::MAX; ranks];
-    let mut chain = Vec::new();
-    let is_stuck = |r: usize| pc[r] < geo.schedule.programs[r].len();
-    let mut r = first;
-    let cycle_start = loop {
-        if seen[r] != usize::MAX {
-            break Some(seen[r]);
-        }
-        seen[r] = chain.len();
-        chain.push(r);
-        match blocked[r] {
-            Some(e) if is_stuck(producer(e)) => r = producer(e),
-            _ => break None,
-        }
-    };
-    let cycle: Vec<usize> = match cycle_start {
-        Some(s) => chain[s..].to_vec(),
-        None => chain,
-    };
-    let describe = |r: usize| {
-        let op = &geo.schedule.programs[r][pc[r]];
-        match blocked[r] {
-            Some(e) => {
-                let what = if e.bwd {
-                    "the gradient"
-                } else {
-                    "the activations"
-                };
-                format!(
-                    "rank {r} at op {} `{op}` waits for {what} of {} from rank {}",
-                    pc[r],
-                    geo.chunk(e.id),
-                    producer(e)
-                )
-            }
-            None => format!("rank {r} at op {} `{op}` cannot run", pc[r]),
-        }
-    };
-    let head = *cycle.iter().min().unwrap_or(&first);
-    let start = cycle.iter().position(|&x| x == head).unwrap_or(0);
-    let ordered: Vec<String> = cycle[start..]
-        .iter()
-        .chain(&cycle[..start])
-        .map(|&r| describe(r))
-        .collect();
-    ValidationError::new(
-        head,
-        Some((pc[head], &geo.schedule.programs[head][pc[head]])),
-        Rule::Deadlock,
-        &format!(
-            "{stuck} of {ranks} ranks cannot finish; they wait in a cycle: {}; reorder the ops \
-             so that every rank produces what another waits for before it waits itself",
-            ordered.join("; ")
-        ),
-    )
 }
