@@ -229,7 +229,13 @@ pub fn compare(
     let mut schedules = Vec::new();
     let mut rejected = Vec::new();
     for kind in ScheduleKind::ALL {
-        match run(kind, ranks, micro_batches, virtual_stages, cost) {
+        // Only the interleaved schedule lets the user choose its stages per rank.
+        let v = if kind == ScheduleKind::Interleaved {
+            virtual_stages
+        } else {
+            1
+        };
+        match run(kind, ranks, micro_batches, v, cost) {
             Ok(run) => {
                 let m = &run.report.metrics;
                 schedules.push(CompareRow {

@@ -1,10 +1,48 @@
-//! `dualpipe compare`.
+//! `dualpipe compare`: simulate every schedule kind that accepts a configuration.
+
+use std::path::PathBuf;
+
+use dualpipe_sim::report;
+
+use super::output::write_output;
+use super::simulate::{CostArgs, Format};
+use super::UsageError;
 
 /// Flags of `dualpipe compare`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Number of ranks (devices).
+    #[arg(long)]
+    pub ranks: usize,
+    /// Micro-batches per step.
+    #[arg(long)]
+    pub micro_batches: usize,
+    /// Stages per rank of the interleaved schedule.
+    #[arg(long, default_value_t = 2)]
+    pub virtual_stages: usize,
+    /// Durations and communication costs.
+    #[command(flatten)]
+    pub cost: CostArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Write the table or JSON to FILE instead of stdout.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+}
 
 /// Runs `dualpipe compare`.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`dualpipe compare` is not implemented yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let cost = args.cost.cost_model()?;
+    let comparison = report::compare(args.ranks, args.micro_batches, args.virtual_stages, &cost)
+        .map_err(|e| UsageError(e.to_string()))?;
+    let text = match args.format {
+        Format::Json => {
+            let mut s = serde_json::to_string_pretty(&comparison)?;
+            s.push('\n');
+            s
+        }
+        Format::Table => report::comparison_table(&comparison),
+    };
+    write_output(args.output.as_deref(), &text)
 }

@@ -1,10 +1,181 @@
-//! `dualpipe simulate`.
+//! `dualpipe simulate`: simulate one schedule on a cost model; print metrics, a timeline,
+//! and optionally an SVG picture and a Chrome/Perfetto trace.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use dualpipe_schedule::{ScheduleError, ScheduleKind};
+use dualpipe_sim::report::{self, RunError};
+use dualpipe_sim::svg::{self, SvgOptions};
+use dualpipe_sim::{ascii, trace, CommCost, CostModel, SimError};
+
+use super::output::{write_atomic, write_output};
+use super::UsageError;
+
+/// Output format of `simulate` and `compare`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Human-readable table (with a coloured timeline on a terminal).
+    Table,
+    /// One JSON object.
+    Json,
+}
+
+/// Cost-model flags shared by `simulate` and `compare`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CostArgs {
+    /// Duration of a forward chunk (F).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub f: f64,
+    /// Duration of a full backward chunk (B).
+    #[arg(long, default_value_t = 2.0, allow_negative_numbers = true)]
+    pub b: f64,
+    /// Duration of a weight-gradient chunk (W); the input-gradient part I is B - W.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub w: f64,
+    /// Duration of an overlapped forward & backward pair (F&B) [default: F + B].
+    #[arg(long, allow_negative_numbers = true)]
+    pub fb: Option<f64>,
+    /// Latency of every message, in seconds.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub latency: f64,
+    /// Link bandwidth in bytes per second [default: infinite].
+    #[arg(long, allow_negative_numbers = true)]
+    pub bandwidth: Option<f64>,
+    /// Bytes per message (activations or gradients of one micro-batch).
+    #[arg(long, default_value_t = 0)]
+    pub message_bytes: u64,
+    /// Make communication blocking: a rank's compute waits for its own sends.
+    #[arg(long)]
+    pub blocking_comm: bool,
+}
+
+impl CostArgs {
+    /// The checked cost model, or a usage error naming the bad flag.
+    pub fn cost_model(&self) -> Result<CostModel, UsageError> {
+        let fb = self.fb.unwrap_or(self.f + self.b);
+        let cost = CostModel::uniform(self.f, self.b, self.w, fb).with_comm(CommCost {
+            latency: self.latency,
+            bandwidth: self.bandwidth,
+            message_bytes: self.message_bytes,
+            blocking: self.blocking_comm,
+        });
+        cost.check().map_err(|e| {
+            UsageError(format!(
+                "{e} (flags --f --b --w --fb --latency --bandwidth)"
+            ))
+        })?;
+        Ok(cost)
+    }
+}
 
 /// Flags of `dualpipe simulate`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Schedule kind: gpipe, 1f1b, interleaved, zb1p, dualpipe, dualpipev.
+    #[arg(long)]
+    pub schedule: String,
+    /// Number of ranks (devices).
+    #[arg(long)]
+    pub ranks: usize,
+    /// Micro-batches per step (over both directions for dualpipe).
+    #[arg(long)]
+    pub micro_batches: usize,
+    /// Stages per rank (interleaved only) [default: 2 for interleaved, 1 otherwise].
+    #[arg(long)]
+    pub virtual_stages: Option<usize>,
+    /// Durations and communication costs.
+    #[command(flatten)]
+    pub cost: CostArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Write the table or JSON to FILE instead of stdout.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Also draw the timeline as an SVG picture into FILE.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Also write a Chrome/Perfetto trace (JSON, microseconds) into FILE.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Plain text timeline even on a terminal.
+    #[arg(long)]
+    pub no_color: bool,
+}
+
+/// Parses a schedule kind name, or a usage error listing the valid ones.
+pub fn parse_kind(name: &str) -> Result<ScheduleKind, UsageError> {
+    ScheduleKind::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
+        UsageError(format!(
+            "unknown schedule '{name}' (--schedule): use one of {}",
+            names.join(", ")
+        ))
+    })
+}
+
+/// Maps a library error to a usage error (bad configuration) or a plain error.
+pub fn run_error(err: RunError) -> anyhow::Error {
+    match err {
+        RunError::Schedule(ScheduleError::InvalidConfig(msg)) => UsageError(msg).into(),
+        RunError::Sim(SimError::Cost(msg)) => UsageError(msg).into(),
+        other => anyhow::Error::new(other),
+    }
+}
 
 /// Runs `dualpipe simulate`.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`dualpipe simulate` is not implemented yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let kind = parse_kind(&args.schedule)?;
+    let cost = args.cost.cost_model()?;
+    let virtual_stages = args
+        .virtual_stages
+        .unwrap_or(if kind == ScheduleKind::Interleaved {
+            2
+        } else {
+            1
+        });
+    let run = report::run(kind, args.ranks, args.micro_batches, virtual_stages, &cost)
+        .map_err(run_error)?;
+    let r = &run.report;
+    if let Some(path) = &args.svg {
+        let c = &cost.compute;
+        let title = format!(
+            "{} · {} ranks · {} micro-batches · F {} B {} W {} F&B {}",
+            kind.name(),
+            r.ranks,
+            r.micro_batches,
+            c.f,
+            c.b,
+            c.w,
+            c.fb
+        );
+        let picture = svg::render_svg(
+            &run.timeline,
+            &SvgOptions {
+                title: Some(title),
+                caption: vec![svg::caption(&r.metrics)],
+            },
+        );
+        write_atomic(path, picture.as_bytes())?;
+    }
+    if let Some(path) = &args.trace {
+        write_atomic(path, trace::render_trace(&run.timeline).as_bytes())?;
+    }
+    let text = match args.format {
+        Format::Json => {
+            let mut s = serde_json::to_string_pretty(r)?;
+            s.push('\n');
+            s
+        }
+        Format::Table => {
+            let color = !args.no_color && args.output.is_none() && std::io::stdout().is_terminal();
+            format!(
+                "{}\n{}",
+                report::report_table(r),
+                ascii::render_ascii(&run.timeline, 120, color)
+            )
+        }
+    };
+    write_output(args.output.as_deref(), &text)
 }
