@@ -15,15 +15,24 @@ pub struct PySchedule {
     pub(crate) inner: Schedule,
 }
 
-/// Parses a schedule kind name, with the same message as the CLI on a bad one.
+/// Parses a schedule kind name, with the CLI's message on a bad one.
 pub(crate) fn parse_kind(kind: &str) -> PyResult<ScheduleKind> {
     ScheduleKind::from_name(kind).ok_or_else(|| {
         let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
         PyValueError::new_err(format!(
-            "unknown schedule kind '{kind}': expected one of {}",
+            "unknown schedule '{kind}': use one of {}",
             names.join(", ")
         ))
     })
+}
+
+/// Virtual stages when none are given: 2 for interleaved, 1 otherwise (as the CLI).
+pub(crate) fn default_virtual_stages(kind: ScheduleKind) -> usize {
+    if kind == ScheduleKind::Interleaved {
+        2
+    } else {
+        1
+    }
 }
 
 /// A schedule error as a `ValueError` carrying the crate's message.
@@ -33,15 +42,16 @@ fn value_error(e: ScheduleError) -> PyErr {
 
 /// Builds (generates, lowers, validates) a schedule with the GIL released.
 #[pyfunction]
-#[pyo3(signature = (kind, ranks, micro_batches, virtual_stages = 1))]
+#[pyo3(signature = (kind, ranks, micro_batches, virtual_stages = None))]
 fn schedule(
     py: Python<'_>,
     kind: &str,
     ranks: usize,
     micro_batches: usize,
-    virtual_stages: usize,
+    virtual_stages: Option<usize>,
 ) -> PyResult<PySchedule> {
     let kind = parse_kind(kind)?;
+    let virtual_stages = virtual_stages.unwrap_or_else(|| default_virtual_stages(kind));
     let inner = py
         .detach(|| dualpipe_schedule::build(kind, ranks, micro_batches, virtual_stages))
         .map_err(value_error)?;
@@ -208,6 +218,18 @@ impl PySchedule {
             })
             .map_err(value_error)?;
         Ok(PySchedule { inner })
+    }
+
+    /// Simulates this schedule; the keywords and the result are those of `dualpipe_rs.simulate`.
+    #[pyo3(signature = (**cost))]
+    fn simulate<'py>(
+        slf: &Bound<'py, Self>,
+        cost: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        py.import("dualpipe_rs._native")?
+            .getattr("simulate")?
+            .call((slf,), cost)
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {

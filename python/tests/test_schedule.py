@@ -53,10 +53,18 @@ def test_every_chunk_runs_forward_once(kind):
 
 
 def test_interleaved_uses_virtual_stages():
-    s = dualpipe_rs.schedule("interleaved", 4, 8, virtual_stages=2)
-    assert s.virtual_stages == 2
-    assert len(s.placement[0]) == 8
-    assert s.parameter_copies == [2, 2, 2, 2]
+    s = dualpipe_rs.schedule("interleaved", 4, 8, virtual_stages=3)
+    assert s.virtual_stages == 3
+    assert len(s.placement[0]) == 12
+    assert s.parameter_copies == [3, 3, 3, 3]
+    # Without virtual_stages, each kind's default: 2 for interleaved (as `dualpipe simulate`).
+    assert dualpipe_rs.schedule("interleaved", 4, 8).virtual_stages == 2
+    assert dualpipe_rs.schedule("1f1b", 4, 8).virtual_stages == 1
+
+
+def test_kinds_that_fix_their_virtual_stages_reject_others():
+    with pytest.raises(ValueError, match="fixed by the schedule"):
+        dualpipe_rs.schedule("dualpipev", 2, 4, virtual_stages=3)
 
 
 def test_compute_programs_drop_communication():
@@ -94,8 +102,17 @@ def test_bad_arguments_raise_value_error(args):
 
 
 def test_unknown_kind_lists_the_known_ones():
-    with pytest.raises(ValueError, match="dualpipev"):
+    with pytest.raises(ValueError) as info:
         dualpipe_rs.schedule("dualpip", 4, 8)
+    assert str(info.value) == (
+        "unknown schedule 'dualpip': use one of gpipe, 1f1b, interleaved, zb1p, dualpipe, dualpipev"
+    )
+
+
+def test_configuration_errors_carry_the_cli_message():
+    with pytest.raises(ValueError) as info:
+        dualpipe_rs.schedule("dualpipe", 3, 8)
+    assert str(info.value).startswith("dualpipe needs an even number of ranks")
 
 
 def test_negative_sizes_are_rejected():
@@ -173,5 +190,5 @@ def test_torch_csv_round_trips():
 def test_from_torch_csv_errors_are_value_errors():
     with pytest.raises(ValueError, match="CSV schedule"):
         dualpipe_rs.Schedule.from_torch_csv("0X1\n")
-    with pytest.raises(ValueError, match="unknown schedule kind"):
+    with pytest.raises(ValueError, match="unknown schedule"):
         dualpipe_rs.Schedule.from_torch_csv("0F0,0B0\n", kind="nope")
