@@ -4,6 +4,7 @@
 //! array and passes its bytes; the results come back as `bytearray`s of native-endian `i64`
 //! that numpy wraps without copying.
 
+use dualpipe_eplb::improved::{rebalance_improved, Layout, PlannerOptions};
 use dualpipe_eplb::{rebalance_experts_with_policy, LoadMatrix, Policy};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -87,8 +88,125 @@ fn eplb_rebalance<'py>(
     ))
 }
 
+/// Reads native-endian `i64`s from a byte buffer as expert indices.
+fn indices_from_bytes(bytes: &[u8], what: &str) -> PyResult<Vec<usize>> {
+    if !bytes.len().is_multiple_of(8) {
+        return Err(PyValueError::new_err(format!(
+            "{what}: a buffer of {} bytes is not a whole number of int64 values",
+            bytes.len()
+        )));
+    }
+    bytes
+        .chunks_exact(8)
+        .map(|c| {
+            let v = i64::from_ne_bytes(c.try_into().expect("8-byte chunk"));
+            usize::try_from(v).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "{what} holds expert index {v}; expert indices are >= 0"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// The reference's `logcnt` and `log2phy` of a placement: each expert's replica count, and its
+/// slots in increasing order padded with -1 to the largest count of any layer.
+fn maps_of(phy2log: &[Vec<usize>], experts: usize) -> (Vec<i64>, Vec<i64>, usize) {
+    let mut logcnt = vec![0i64; phy2log.len() * experts];
+    for (l, row) in phy2log.iter().enumerate() {
+        for &e in row {
+            logcnt[l * experts + e] += 1;
+        }
+    }
+    let width = logcnt.iter().copied().max().unwrap_or(0).max(0) as usize;
+    let mut log2phy = vec![-1i64; phy2log.len() * experts * width];
+    let mut filled = vec![0usize; experts];
+    for (l, row) in phy2log.iter().enumerate() {
+        filled.iter_mut().for_each(|f| *f = 0);
+        for (slot, &e) in row.iter().enumerate() {
+            log2phy[(l * experts + e) * width + filled[e]] = slot as i64;
+            filled[e] += 1;
+        }
+    }
+    (logcnt, log2phy, width)
+}
+
+/// Runs the migration-aware planner (`dualpipe_eplb::improved`) with the GIL released;
+/// `previous` is the last `phy2log` (`layers x replicas` int64 buffer) or `None`.
+/// Returns `(phy2log, log2phy, logcnt, max_replicas, moved_replicas)`.
+#[pyfunction]
+#[pyo3(signature = (weight, layers, experts, num_replicas, num_groups, num_nodes, num_gpus, previous = None))]
+#[allow(clippy::too_many_arguments)]
+fn eplb_rebalance_improved<'py>(
+    py: Python<'py>,
+    weight: &[u8],
+    layers: usize,
+    experts: usize,
+    num_replicas: usize,
+    num_groups: usize,
+    num_nodes: usize,
+    num_gpus: usize,
+    previous: Option<&[u8]>,
+) -> PyResult<(
+    Bound<'py, PyByteArray>,
+    Bound<'py, PyByteArray>,
+    Bound<'py, PyByteArray>,
+    usize,
+    usize,
+)> {
+    let data = f64s_from_bytes(weight, "weight")?;
+    // The same shape checks (and messages) as the reference policy.
+    let loads = LoadMatrix::from_flat(layers, experts, data)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let prev = previous
+        .map(|bytes| indices_from_bytes(bytes, "previous"))
+        .transpose()?;
+    if let Some(p) = &prev {
+        if p.len() != layers * num_replicas {
+            return Err(PyValueError::new_err(format!(
+                "previous must be the phy2log of the last plan, [layers, num_replicas] = [{layers}, {num_replicas}]; it holds {} values",
+                p.len()
+            )));
+        }
+    }
+    let layout = Layout {
+        experts,
+        replicas: num_replicas,
+        groups: num_groups,
+        nodes: num_nodes,
+        gpus: num_gpus,
+    };
+    let (phy2log, moved) = py
+        .detach(move || {
+            let rows = loads.to_rows();
+            let prev_rows: Option<Vec<Vec<usize>>> = prev.map(|p| {
+                p.chunks(num_replicas.max(1))
+                    .map(<[usize]>::to_vec)
+                    .collect()
+            });
+            let plan = rebalance_improved(
+                &rows,
+                &layout,
+                prev_rows.as_deref(),
+                &PlannerOptions::default(),
+            )?;
+            Ok::<_, dualpipe_eplb::improved::PlannerError>((plan.phy2log(), plan.moved()))
+        })
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let (logcnt, log2phy, width) = maps_of(&phy2log, experts);
+    let flat: Vec<i64> = phy2log.iter().flatten().map(|&e| e as i64).collect();
+    Ok((
+        i64_bytearray(py, &flat)?,
+        i64_bytearray(py, &log2phy)?,
+        i64_bytearray(py, &logcnt)?,
+        width,
+        moved,
+    ))
+}
+
 /// Adds the EPLB functions to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(eplb_rebalance, m)?)?;
+    m.add_function(wrap_pyfunction!(eplb_rebalance_improved, m)?)?;
     Ok(())
 }

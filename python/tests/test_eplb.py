@@ -224,3 +224,82 @@ def test_torch_counts_and_errors():
     assert got[0].shape == (3, 24)
     with pytest.raises(ValueError, match="2-D"):
         rebalance_experts(torch.ones(16), 24, 4, 2, 8)
+
+
+# --- the migration-aware planner (previous=) ----------------------------------------------
+
+
+def _check_consistent(phy2log, log2phy, logcnt, experts, replicas):
+    layers = phy2log.shape[0]
+    assert phy2log.shape == (layers, replicas)
+    assert logcnt.shape == (layers, experts)
+    assert log2phy.shape == (layers, experts, logcnt.max())
+    assert (logcnt >= 1).all()
+    assert (logcnt.sum(axis=1) == replicas).all()
+    for layer in range(layers):
+        for expert in range(experts):
+            n = logcnt[layer, expert]
+            slots = log2phy[layer, expert]
+            assert (slots[n:] == -1).all()
+            assert list(slots[:n]) == sorted(np.flatnonzero(phy2log[layer] == expert))
+
+
+def _moved(old, new, gpus):
+    slots = old.shape[1] // gpus
+    return sum(
+        len(set(new[l, g * slots:(g + 1) * slots]) - set(old[l, g * slots:(g + 1) * slots]))
+        for l in range(old.shape[0])
+        for g in range(gpus)
+    )
+
+
+def test_improved_policy_gives_a_consistent_plan():
+    weight = np.random.default_rng(11).lognormal(size=(4, 64)) * 100
+    out = rebalance_experts(weight, 80, 8, 2, 16, policy="improved")
+    _check_consistent(*out, experts=64, replicas=80)
+
+
+def test_previous_is_kept_when_the_loads_did_not_change():
+    weight = np.random.default_rng(12).lognormal(size=(4, 64)) * 100
+    first = rebalance_experts(weight, 80, 8, 2, 16, policy="improved")
+    again = rebalance_experts(weight, 80, 8, 2, 16, previous=first[0])
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_previous_moves_fewer_replicas_than_a_fresh_plan():
+    rng = np.random.default_rng(13)
+    weight = rng.lognormal(size=(6, 64)) * 100
+    old = rebalance_experts(weight, 80, 8, 2, 16, policy="improved")[0]
+    drifted = weight * rng.lognormal(0.0, 0.3, size=weight.shape)
+    kept = rebalance_experts(drifted, 80, 8, 2, 16, previous=old)
+    fresh = rebalance_experts(drifted, 80, 8, 2, 16, policy="improved")
+    _check_consistent(*kept, experts=64, replicas=80)
+    assert _moved(old, kept[0], 16) <= _moved(old, fresh[0], 16)
+
+
+def test_previous_accepts_lists_and_torch_like_inputs():
+    weight = np.random.default_rng(14).lognormal(size=(2, 16)) * 10
+    old = rebalance_experts(weight, 24, 4, 2, 8, policy="improved")[0]
+    a = rebalance_experts(weight, 24, 4, 2, 8, previous=old)
+    b = rebalance_experts(weight.tolist(), 24, 4, 2, 8, previous=old.tolist())
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize(
+    "previous, policy, message",
+    [
+        (lambda p: p[:, :10], "auto", "[layers, num_replicas]"),
+        (lambda p: p - 100, "auto", "expert indices are >= 0"),
+        (lambda p: p + 100, "auto", "invalid previous placement"),
+        (lambda p: p.astype(float) + 0.5, "auto", "integer expert indices"),
+        (lambda p: p, "global", "migration-aware planner"),
+    ],
+)
+def test_bad_previous_raises_value_error(previous, policy, message):
+    weight = np.random.default_rng(15).lognormal(size=(2, 16))
+    old = rebalance_experts(weight, 24, 4, 2, 8, policy="improved")[0]
+    with pytest.raises(ValueError) as info:
+        rebalance_experts(weight, 24, 4, 2, 8, previous=previous(old), policy=policy)
+    assert message in str(info.value)
