@@ -86,7 +86,7 @@ def rebalance_experts(
                 "leave policy at 'auto' (or 'improved') or drop previous="
             )
         prev = None if previous is None else _previous_bytes(previous, layers, replicas)
-        phy2log, log2phy, logcnt, width, _moved = _native.eplb_rebalance_improved(
+        (phy2log, log2phy, logcnt, width), _moved = _native.eplb_rebalance_improved(
             w.tobytes(), layers, experts, *counts, previous=prev
         )
     else:

@@ -133,7 +133,7 @@ fn maps_of(phy2log: &[Vec<usize>], experts: usize) -> (Vec<i64>, Vec<i64>, usize
 
 /// Runs the migration-aware planner (`dualpipe_eplb::improved`) with the GIL released;
 /// `previous` is the last `phy2log` (`layers x replicas` int64 buffer) or `None`.
-/// Returns `(phy2log, log2phy, logcnt, max_replicas, moved_replicas)`.
+/// Returns `((phy2log, log2phy, logcnt, max_replicas), moved_replicas)`.
 #[pyfunction]
 #[pyo3(signature = (weight, layers, experts, num_replicas, num_groups, num_nodes, num_gpus, previous = None))]
 #[allow(clippy::too_many_arguments)]
@@ -147,13 +147,7 @@ fn eplb_rebalance_improved<'py>(
     num_nodes: usize,
     num_gpus: usize,
     previous: Option<&[u8]>,
-) -> PyResult<(
-    Bound<'py, PyByteArray>,
-    Bound<'py, PyByteArray>,
-    Bound<'py, PyByteArray>,
-    usize,
-    usize,
-)> {
+) -> PyResult<(FlatPlan<'py>, usize)> {
     let data = f64s_from_bytes(weight, "weight")?;
     // The same shape checks (and messages) as the reference policy.
     let loads = LoadMatrix::from_flat(layers, experts, data)
@@ -195,13 +189,13 @@ fn eplb_rebalance_improved<'py>(
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let (logcnt, log2phy, width) = maps_of(&phy2log, experts);
     let flat: Vec<i64> = phy2log.iter().flatten().map(|&e| e as i64).collect();
-    Ok((
+    let plan = (
         i64_bytearray(py, &flat)?,
         i64_bytearray(py, &log2phy)?,
         i64_bytearray(py, &logcnt)?,
         width,
-        moved,
-    ))
+    );
+    Ok((plan, moved))
 }
 
 /// Adds the EPLB functions to the module.
