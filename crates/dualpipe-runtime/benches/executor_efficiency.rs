@@ -10,33 +10,9 @@
 
 use std::time::Duration;
 
-use dualpipe_runtime::{run_step, ExecOptions, SleepCosts, SleepStage};
-use dualpipe_schedule::{build, Op, ScheduleKind};
-use dualpipe_sim::{metrics, simulate, CostModel, Timeline};
-
-/// Mean measured duration of each op kind: (F, B, W, FB), in seconds; NaN if none ran.
-fn measured_costs(timeline: &Timeline) -> [f64; 4] {
-    let mut sums = [0.0; 4];
-    let mut counts = [0usize; 4];
-    for i in timeline.compute.iter().flatten() {
-        let slot = match i.op {
-            Op::F(_) => 0,
-            Op::B(_) => 1,
-            Op::W(_) => 2,
-            Op::FB { .. } => 3,
-            _ => continue,
-        };
-        sums[slot] += i.end - i.start;
-        counts[slot] += 1;
-    }
-    let mut out = [f64::NAN; 4];
-    for k in 0..4 {
-        if counts[k] > 0 {
-            out[k] = sums[k] / counts[k] as f64;
-        }
-    }
-    out
-}
+use dualpipe_runtime::{run_step, ExecOptions, OpTimes, SleepCosts, SleepStage};
+use dualpipe_schedule::{build, ScheduleKind};
+use dualpipe_sim::{metrics, simulate, CostModel};
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -70,22 +46,27 @@ fn main() {
     for &(f, b, w, fb) in configs {
         let costs = SleepCosts::from_millis(f, b, w, fb);
         let mut makespans = Vec::new();
-        let mut last = None;
+        let mut timelines = Vec::new();
         for _ in 0..steps {
             let mut ranks = SleepStage::ranks_for(&schedule, costs);
             let outcome = run_step(&schedule, &mut ranks, &ExecOptions::default())
                 .expect("sleeping stages cannot fail");
             makespans.push(outcome.timeline.makespan());
-            last = Some(outcome.timeline);
+            timelines.push(outcome.timeline);
         }
-        let measured = median(makespans);
-        let timeline = last.expect("at least one step");
+        let measured = median(makespans.clone());
+        let median_step = makespans
+            .iter()
+            .position(|&m| m == measured)
+            .expect("the median is one of the steps");
+        let timeline = &timelines[median_step];
         let nominal = CostModel::uniform(f / 1e3, b / 1e3, w / 1e3, fb / 1e3);
         let predicted = simulate(&schedule, &nominal).expect("simulates");
-        let [mf, mb, mw, mfb] = measured_costs(&timeline);
-        let fb_cost = if mfb.is_nan() { fb / 1e3 } else { mfb };
-        let b_cost = if mb.is_nan() { mf.max(0.0) * b / f } else { mb };
-        let actual = CostModel::uniform(mf, b_cost, mw, fb_cost);
+        // The same simulation with the op durations the sleeps really took (OS overshoot).
+        let mut actual = nominal.clone();
+        actual.compute = OpTimes::from_timelines(&timelines)
+            .stage_cost()
+            .expect("forwards and backwards ran");
         let predicted_actual = simulate(&schedule, &actual).expect("simulates");
         let diff = |a: f64, p: f64| format!("{:+.2}%", 100.0 * (a - p) / p);
         println!(
@@ -96,7 +77,7 @@ fn main() {
             diff(measured, predicted.makespan()),
             predicted_actual.makespan(),
             diff(measured, predicted_actual.makespan()),
-            metrics(&timeline, &schedule.placement).bubble_ratio,
+            metrics(timeline, &schedule.placement).bubble_ratio,
             metrics(&predicted, &schedule.placement).bubble_ratio,
         );
         std::thread::sleep(Duration::from_millis(50));

@@ -29,6 +29,7 @@ mod check;
 pub mod error;
 mod executor;
 pub mod grads;
+pub mod measure;
 pub mod sleep;
 pub mod stage;
 mod transport;
@@ -39,6 +40,7 @@ pub use executor::{
     build_ranks, run_step, try_build_ranks, ExecOptions, MicroBatchLoss, RankStages, StepOutcome,
 };
 pub use grads::sum_stage_copies;
+pub use measure::OpTimes;
 pub use sleep::{SleepCosts, SleepStage};
 pub use stage::{ForwardInput, ForwardOutput, Stage, StageError};
 
