@@ -3,17 +3,19 @@
 //!
 //! `cargo bench -p dualpipe-eplb --bench drift` runs the full configuration (58 layers, 100
 //! intervals); `-- --quick` runs 8 layers and 20 intervals. `--seed N`, `--layers N`,
-//! `--intervals N`, `--zipf S` and `--sigma S` override the configuration.
+//! `--intervals N`, `--zipf S`, `--pareto ALPHA`, `--nodes N`, `--groups N` and
+//! `--sigma S` override the configuration.
 
 use std::time::Instant;
 
-use dualpipe_eplb::drift::{run_drift, table, Arm, DriftConfig};
+use dualpipe_eplb::drift::{run_drift, table, Arm, Distribution, DriftConfig};
 use dualpipe_eplb::improved::PlannerOptions;
 
 fn main() {
     let mut config = DriftConfig::default();
     let mut tolerance = 0.0;
     let mut min_imbalance = None;
+    let mut steps = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |name: &str| -> f64 {
@@ -29,14 +31,21 @@ fn main() {
             "--seed" => config.seed = value("--seed") as u64,
             "--layers" => config.layers = value("--layers") as usize,
             "--intervals" => config.intervals = value("--intervals") as usize,
-            "--zipf" => config.zipf_exponent = value("--zipf"),
+            "--zipf" => config.distribution = Distribution::Zipf(value("--zipf")),
+            "--pareto" => config.distribution = Distribution::Pareto(value("--pareto")),
+            "--nodes" => config.nodes = value("--nodes") as usize,
+            "--groups" => config.groups = value("--groups") as usize,
             "--sigma" => config.drift_sigma = value("--sigma"),
             "--tolerance" => tolerance = value("--tolerance"),
+            "--steps" => steps = Some(value("--steps") as usize),
             "--min-imbalance" => min_imbalance = Some(value("--min-imbalance")),
             _ => {} // cargo bench passes --bench
         }
     }
-    let base = PlannerOptions::default();
+    let mut base = PlannerOptions::default();
+    if let Some(steps) = steps {
+        base.search_steps = steps;
+    }
     let arms = [
         Arm::Reference,
         Arm::ImprovedFresh(base),

@@ -36,9 +36,8 @@ pub struct DriftConfig {
     pub gpus: usize,
     /// Rebalance intervals after the initial placement.
     pub intervals: usize,
-    /// Zipf exponent of the initial loads: the expert of rank `k` (random per layer) gets
-    /// weight `1 / k^s`.
-    pub zipf_exponent: f64,
+    /// How the initial loads are drawn.
+    pub distribution: Distribution,
     /// Standard deviation of the log-load step per interval (each expert's weight is multiplied
     /// by `exp(sigma * N(0, 1))`).
     pub drift_sigma: f64,
@@ -62,7 +61,7 @@ impl Default for DriftConfig {
             nodes: 4,
             gpus: 32,
             intervals: 100,
-            zipf_exponent: 0.8,
+            distribution: Distribution::Zipf(0.8),
             drift_sigma: 0.1,
             tokens_per_layer: 1.0e6,
             expert_bytes: 3 * 7168 * 2048,
@@ -84,6 +83,18 @@ impl DriftConfig {
     }
 }
 
+/// How the initial loads are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Distribution {
+    /// Zipf with this exponent: the expert of rank `k` (a random order per layer) gets weight
+    /// `1 / k^s`.
+    Zipf(f64),
+    /// Independent Pareto draws with this shape `alpha` (scale 1): heavier tails for smaller
+    /// `alpha`.
+    Pareto(f64),
+}
+
 /// The load generator: call [`DriftLoads::next_interval`] for each interval's loads.
 #[derive(Clone, Debug)]
 pub struct DriftLoads {
@@ -97,15 +108,20 @@ impl DriftLoads {
     pub fn new(config: &DriftConfig) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
         let weight = (0..config.layers)
-            .map(|_| {
-                let mut rank: Vec<usize> = (0..config.experts).collect();
-                for i in (1..rank.len()).rev() {
-                    let j = rng.random_range(0..=i);
-                    rank.swap(i, j);
+            .map(|_| match config.distribution {
+                Distribution::Zipf(s) => {
+                    let mut rank: Vec<usize> = (0..config.experts).collect();
+                    for i in (1..rank.len()).rev() {
+                        let j = rng.random_range(0..=i);
+                        rank.swap(i, j);
+                    }
+                    rank.iter()
+                        .map(|&k| 1.0 / ((k + 1) as f64).powf(s))
+                        .collect()
                 }
-                rank.iter()
-                    .map(|&k| 1.0 / ((k + 1) as f64).powf(config.zipf_exponent))
-                    .collect()
+                Distribution::Pareto(alpha) => (0..config.experts)
+                    .map(|_| (1.0 - rng.random::<f64>()).powf(-1.0 / alpha))
+                    .collect(),
             })
             .collect();
         DriftLoads {
@@ -236,7 +252,7 @@ pub fn run_drift(config: &DriftConfig, arms: &[Arm]) -> Result<Vec<ArmReport>, P
                     let b = balancedness(row, l, layout.gpus);
                     r.mean_balancedness += b;
                     r.worst_balancedness = r.worst_balancedness.min(b);
-                    let d = duplicates(row, layout.gpus);
+                    let d = duplicates(row, &layout);
                     r.duplicate_layers += usize::from(d > 0);
                     r.duplicate_replicas += d;
                     r.samples += 1;
@@ -280,14 +296,31 @@ fn plan_arm(
     }
 }
 
-/// Replicas beyond the first of an expert on a GPU, in one layer.
-pub fn duplicates(phy2log: &[usize], gpus: usize) -> usize {
+/// Avoidable duplicates in one layer: replicas of an expert on one GPU beyond
+/// `ceil(replicas of the expert / GPUs of its domain)` (the domain is a node under the
+/// hierarchical policy, all GPUs under the global one). Zero means duplicate-free.
+pub fn duplicates(phy2log: &[usize], layout: &Layout) -> usize {
+    let gpus = layout.gpus;
     let slots = phy2log.len() / gpus.max(1);
+    let domain = if layout.hierarchical() {
+        layout.gpus_per_node()
+    } else {
+        gpus
+    };
+    let mut count = vec![0usize; layout.experts];
+    for &e in phy2log {
+        count[e] += 1;
+    }
     (0..gpus)
         .map(|g| {
             let mut here = phy2log[g * slots..(g + 1) * slots].to_vec();
             here.sort_unstable();
-            here.windows(2).filter(|w| w[0] == w[1]).count()
+            here.chunk_by(|a, b| a == b)
+                .map(|run| {
+                    run.len()
+                        .saturating_sub(count[run[0]].div_ceil(domain).max(1))
+                })
+                .sum::<usize>()
         })
         .sum()
 }
@@ -355,7 +388,23 @@ mod tests {
 
     #[test]
     fn duplicates_are_counted_per_gpu() {
-        assert_eq!(duplicates(&[0, 0, 1, 2], 2), 1);
-        assert_eq!(duplicates(&[0, 1, 0, 1], 2), 0);
+        let layout = Layout {
+            experts: 3,
+            replicas: 4,
+            groups: 1,
+            nodes: 1,
+            gpus: 2,
+        };
+        assert_eq!(duplicates(&[0, 0, 1, 2], &layout), 1);
+        assert_eq!(duplicates(&[0, 1, 0, 2], &layout), 0);
+        // Three replicas on two GPUs: two on one GPU is unavoidable.
+        let layout = Layout {
+            experts: 2,
+            replicas: 4,
+            groups: 1,
+            nodes: 1,
+            gpus: 2,
+        };
+        assert_eq!(duplicates(&[0, 0, 0, 1], &layout), 0);
     }
 }

@@ -66,19 +66,19 @@ impl Layout {
                 return bad(format!("{name} is 0; it must be at least 1"));
             }
         }
-        if self.replicas % self.gpus != 0 {
+        if !self.replicas.is_multiple_of(self.gpus) {
             return bad(format!(
                 "{} replicas do not divide over {} GPUs; use a multiple of the GPU count",
                 self.replicas, self.gpus
             ));
         }
-        if self.gpus % self.nodes != 0 {
+        if !self.gpus.is_multiple_of(self.nodes) {
             return bad(format!(
                 "{} GPUs do not divide over {} nodes",
                 self.gpus, self.nodes
             ));
         }
-        if self.experts % self.groups != 0 {
+        if !self.experts.is_multiple_of(self.groups) {
             return bad(format!(
                 "{} experts do not divide into {} groups",
                 self.experts, self.groups
@@ -95,7 +95,7 @@ impl Layout {
 
     /// Whether the hierarchical policy applies (groups divide over nodes).
     pub fn hierarchical(&self) -> bool {
-        self.groups % self.nodes == 0
+        self.groups.is_multiple_of(self.nodes)
     }
 
     /// Slots on one GPU.
@@ -286,6 +286,31 @@ fn pack_groups(load: &[f64], layout: &Layout) -> Vec<usize> {
         node_of[g] = n;
         node_load[n] += group_load[g];
         node_items[n] += 1;
+    }
+    // Then exchange groups between the hottest node and another while that cools it.
+    for _ in 0..4 * groups {
+        let hot = (0..domains)
+            .max_by(|&a, &b| node_load[a].total_cmp(&node_load[b]).then(b.cmp(&a)))
+            .expect("at least one node");
+        let mut best: Option<(f64, usize, usize)> = None;
+        for a in (0..groups).filter(|&a| node_of[a] == hot) {
+            for b in (0..groups).filter(|&b| node_of[b] != hot) {
+                let n = node_of[b];
+                let delta = group_load[a] - group_load[b];
+                let worst = (node_load[hot] - delta).max(node_load[n] + delta);
+                if worst < node_load[hot] * (1.0 - 1e-12) && best.is_none_or(|(w, _, _)| worst < w)
+                {
+                    best = Some((worst, a, b));
+                }
+            }
+        }
+        let Some((_, a, b)) = best else { break };
+        let n = node_of[b];
+        let delta = group_load[a] - group_load[b];
+        node_load[hot] -= delta;
+        node_load[n] += delta;
+        node_of[a] = n;
+        node_of[b] = hot;
     }
     node_of
 }

@@ -72,9 +72,9 @@ pub fn relabel(new: &[usize], old: &[usize], num_gpus: usize, num_nodes: usize) 
     let mut out = vec![0; new.len()];
     for a in 0..num_nodes {
         let b = node_of[a];
-        for i in 0..gpn {
+        for (i, &j) in inner[a][b].iter().enumerate() {
             let from = a * gpn + i;
-            let to = b * gpn + inner[a][b][i];
+            let to = b * gpn + j;
             out[to * slots..(to + 1) * slots]
                 .copy_from_slice(&new[from * slots..(from + 1) * slots]);
         }

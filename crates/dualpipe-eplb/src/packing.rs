@@ -301,14 +301,14 @@ impl Domain {
                 return true;
             }
             let cur_ssq: f64 = loads.iter().map(|l| l * l).sum();
-            let budget = limits.max_moves as i64 - moves;
+            let budget = i64::try_from(limits.max_moves).unwrap_or(i64::MAX) - moves;
             let mut best: Option<(bool, f64, Step)> = None;
             let mut consider = |new_max: f64, ssq_gain: f64, dmoves: i64, step: Step| {
                 if dmoves > budget {
                     return;
                 }
                 let primary = new_max < cur_max - eps;
-                if !primary && !(new_max <= cur_max && ssq_gain > eps) {
+                if !(primary || new_max <= cur_max && ssq_gain > eps) {
                     return;
                 }
                 let gain = if primary { cur_max - new_max } else { ssq_gain };
