@@ -351,3 +351,42 @@ fn reference_matches_autograd_of_the_whole_model() {
         }
     }
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// For any shape, the split backward of a linear layer equals candle's autograd.
+        #[test]
+        fn linear_split_backward_matches_autograd(
+            rows in 1usize..6,
+            input in 1usize..7,
+            output in 1usize..7,
+            bias in any::<bool>(),
+            seed in 0u64..1000,
+        ) {
+            let mut rng = stream(seed, Purpose::StageParams, 1, 0);
+            let mut lin = Linear::random(&mut rng, input, output, bias, 1.0, DType::F64).unwrap();
+            let x = rand_tensor(seed, &[rows, input]);
+            let r = rand_tensor(seed + 1, &[rows, output]);
+            let w = lin.params()[0].value.clone();
+            let b = bias.then(|| lin.params()[1].value.clone());
+            lin.forward(KEY, &x).unwrap();
+            let dx = lin.backward_input(KEY, &r).unwrap();
+            lin.backward_weight(KEY).unwrap();
+            let xv = Var::from_tensor(&x).unwrap();
+            let wv = Var::from_tensor(&w).unwrap();
+            let bv = b.as_ref().map(|b| Var::from_tensor(b).unwrap());
+            let y = linear_oracle(xv.as_tensor(), wv.as_tensor(), bv.as_ref().map(Var::as_tensor));
+            let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            prop_assert!(rel_err(&values(&dx), &values(grads.get(&xv).unwrap())) <= AD_TOL);
+            prop_assert!(rel_err(&values(&lin.params()[0].grad), &values(grads.get(&wv).unwrap())) <= AD_TOL);
+            if let Some(bv) = &bv {
+                prop_assert!(rel_err(&values(&lin.params()[1].grad), &values(grads.get(bv).unwrap())) <= AD_TOL);
+            }
+        }
+    }
+}

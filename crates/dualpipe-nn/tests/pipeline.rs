@@ -158,3 +158,52 @@ fn four_stage_schedules_train_the_same_model() {
     }
     assert!(runs[0][3] < runs[0][0], "the loss falls: {:?}", runs[0]);
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn kind() -> impl Strategy<Value = ScheduleKind> {
+        prop::sample::select(ScheduleKind::ALL.to_vec())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(12))]
+
+        /// Any schedule that builds, on any small shape, gives the reference's losses and
+        /// gradients (one step).
+        #[test]
+        fn any_schedule_matches_reference(
+            kind in kind(),
+            ranks in 1usize..5,
+            micro_batches in 1usize..11,
+            layers in 1usize..3,
+            rows in 1usize..4,
+            seed in 0u64..1000,
+        ) {
+            let config = TrainConfig {
+                micro_batches,
+                micro_batch_size: rows,
+                layers_per_stage: layers,
+                seed,
+                ..config(kind, ranks, if kind == ScheduleKind::Interleaved { 2 } else { 1 }, OptimizerKind::sgd())
+            };
+            // Configurations the schedule rejects are skipped (proptest draws others, so 12
+            // cases really run); the rest must match.
+            let mut trainer = match Trainer::new(config.clone()) {
+                Ok(trainer) => trainer,
+                Err(dualpipe_nn::NnError::Schedule(e)) => {
+                    return Err(TestCaseError::reject(e.to_string()))
+                }
+                Err(e) => panic!("{config:?}: {e}"),
+            };
+            let report = trainer.step().unwrap();
+            let expected = Reference::new(&config).unwrap().step().unwrap();
+            for (a, b) in report.losses.iter().zip(&expected.losses) {
+                prop_assert!(scalar_rel(*a, *b) <= TOL);
+            }
+            assert_all_close(&trainer.gradients(), &expected.gradients, &format!("{config:?}"));
+            prop_assert!(trainer.copies_identical().unwrap());
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! Time of one training step of the MLP model, per schedule, and of one residual block's
+//! split backward (forward, input gradient, weight gradient).
+//!
+//! `cargo bench -p dualpipe-nn --bench train_step`. Goal: on 2 cores, the default
+//! `dualpipe train` run (200 steps, see `TrainConfig::default`) stays near a minute, i.e. a
+//! default step near 0.25 s; the small configuration here should keep DualPipe's step time
+//! within 1.5x of 1F1B's on the same 4 ranks (DualPipe holds two copies of every stage but
+//! overlaps both directions).
+
+use candle_core::{DType, Device, Tensor};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use dualpipe_nn::layers::MlpBlock;
+use dualpipe_nn::rng::{stream, Purpose};
+use dualpipe_nn::{TrainConfig, Trainer};
+use dualpipe_schedule::{Chunk, ScheduleKind};
+
+fn small(schedule: ScheduleKind, ranks: usize) -> TrainConfig {
+    TrainConfig {
+        schedule,
+        ranks,
+        micro_batches: 8,
+        micro_batch_size: 32,
+        hidden: 64,
+        layers_per_stage: 1,
+        ..TrainConfig::default()
+    }
+}
+
+fn train_step(c: &mut Criterion) {
+    let mut group = c.benchmark_group("train_step");
+    group.sample_size(10);
+    for (kind, ranks) in [
+        (ScheduleKind::OneFOneB, 4),
+        (ScheduleKind::DualPipe, 4),
+        (ScheduleKind::DualPipeV, 2),
+    ] {
+        let mut trainer = Trainer::new(small(kind, ranks)).expect("the bench configuration builds");
+        group.bench_function(BenchmarkId::new(kind.name(), ranks), |b| {
+            b.iter(|| trainer.step().expect("a training step"))
+        });
+    }
+    group.finish();
+}
+
+fn block_split_backward(c: &mut Criterion) {
+    let (rows, hidden) = (64, 128);
+    let mut rng = stream(0, Purpose::StageParams, 0, 0);
+    let mut block = MlpBlock::random(&mut rng, hidden, 1.0, DType::F32).expect("block");
+    let x = Tensor::ones((rows, hidden), DType::F32, &Device::Cpu).expect("input");
+    let key = Chunk::new(0, 0, 0);
+    c.bench_function("mlp_block_f_i_w_64x128", |b| {
+        b.iter(|| {
+            let y = block.forward(key, &x).expect("forward");
+            block.backward_input(key, &y).expect("input gradient");
+            block.backward_weight(key).expect("weight gradient");
+        })
+    });
+}
+
+criterion_group!(benches, train_step, block_split_backward);
+criterion_main!(benches);
