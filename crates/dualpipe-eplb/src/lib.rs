@@ -36,6 +36,7 @@ pub mod migrate;
 pub mod moves;
 mod packing;
 pub mod plan_check;
+pub mod planner_io;
 
 pub use error::EplbError;
 pub use matrix::{LoadMatrix, Matrix, Tensor3};

@@ -308,6 +308,11 @@ pub fn parse_npy(bytes: &[u8]) -> Result<LoadData, String> {
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
     let order = npy.order();
     let dtype = npy.dtype();
+    if !(shape.len() == 2 || shape.len() == 3) {
+        return Err(format!(
+            "the array has shape {shape:?}; expected [layers, experts] or [steps, layers, experts]"
+        ));
+    }
     let npyz::DType::Plain(ts) = &dtype else {
         return Err(format!(
             "unsupported dtype {}; save the loads as float32, float64, int32 or int64",
@@ -354,11 +359,11 @@ pub fn parse_npy(bytes: &[u8]) -> Result<LoadData, String> {
     if let Some(pos) = data.iter().position(|v| !(v.is_finite() && *v >= 0.0)) {
         check_value(data[pos], || index_name(pos))?;
     }
-    match shape.as_slice() {
-        &[layers, experts] => LoadMatrix::from_flat(layers, experts, data)
+    match *shape.as_slice() {
+        [layers, experts] => LoadMatrix::from_flat(layers, experts, data)
             .map(LoadData::Matrix)
             .map_err(|e| e.to_string()),
-        &[steps, layers, experts] => {
+        [steps, layers, experts] => {
             let per = layers * experts;
             let mats = (0..steps)
                 .map(|s| {
@@ -370,9 +375,7 @@ pub fn parse_npy(bytes: &[u8]) -> Result<LoadData, String> {
                 .map(LoadData::History)
                 .map_err(|e| e.to_string())
         }
-        other => Err(format!(
-            "the array has shape {other:?}; expected [layers, experts] or [steps, layers, experts]"
-        )),
+        _ => unreachable!("the number of dimensions was checked above"),
     }
 }
 

@@ -60,7 +60,7 @@ impl<T> Matrix<T> {
                 experts: cols,
             });
         }
-        let expected = rows.checked_mul(cols).unwrap_or(usize::MAX);
+        let expected = rows.saturating_mul(cols);
         if data.len() != expected {
             return Err(EplbError::ShapeMismatch {
                 layers: rows,

@@ -28,7 +28,9 @@ impl Policy {
     /// The policy `Auto` resolves to for this topology; other policies return themselves.
     pub fn resolve(self, num_groups: usize, num_nodes: usize) -> Policy {
         match self {
-            Policy::Auto if num_nodes != 0 && num_groups % num_nodes == 0 => Policy::Hierarchical,
+            Policy::Auto if num_nodes != 0 && num_groups.is_multiple_of(num_nodes) => {
+                Policy::Hierarchical
+            }
             Policy::Auto => Policy::Global,
             other => other,
         }
@@ -230,22 +232,22 @@ fn check_inputs(
             value: loads.as_slice()[pos],
         });
     }
-    if experts % groups != 0 {
+    if !experts.is_multiple_of(groups) {
         return Err(EplbError::ExpertsNotMultipleOfGroups { experts, groups });
     }
     if replicas < experts {
         return Err(EplbError::FewerReplicasThanExperts { replicas, experts });
     }
-    if replicas % gpus != 0 {
+    if !replicas.is_multiple_of(gpus) {
         return Err(EplbError::ReplicasNotMultipleOfGpus { replicas, gpus });
     }
-    if gpus % nodes != 0 {
+    if !gpus.is_multiple_of(nodes) {
         return Err(EplbError::GpusNotMultipleOfNodes { gpus, nodes });
     }
     let policy = policy.resolve(groups, nodes);
     let (alg_groups, alg_nodes) = match policy {
         Policy::Hierarchical => {
-            if groups % nodes != 0 {
+            if !groups.is_multiple_of(nodes) {
                 return Err(EplbError::GroupsNotMultipleOfNodes { groups, nodes });
             }
             (groups, nodes)

@@ -10,7 +10,6 @@
 //!
 //! Every step works in preallocated buffers of a [`Workspace`]; no allocation per layer.
 
-use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use rayon::prelude::*;
@@ -21,9 +20,6 @@ use crate::plan::{Plan, Shape};
 
 /// Above this many physical slots in total (layers x replicas), layers run in parallel.
 const PARALLEL_MIN_SLOTS: usize = 40_000;
-
-/// Above this many packs, [`balanced_packing`] keeps its packs in a heap instead of scanning.
-const HEAP_MIN_PACKS: usize = 12;
 
 /// Plans every layer and assembles the reference's three outputs.
 pub(crate) fn plan(loads: &LoadMatrix, shape: &Shape) -> Plan {
@@ -100,10 +96,10 @@ struct Workspace {
     /// f32 loads of the layer (the reference's `weight.float()`).
     w: Vec<f32>,
     group_load: Vec<f32>,
-    sort_buf: Vec<(f32, u32)>,
+    sort_buf: SortBuffers,
     pack_load: Vec<f32>,
     pack_items: Vec<u32>,
-    pack_heap: BinaryHeap<Reverse<(u32, u32)>>,
+    pack_tree: Vec<u64>,
     item_pack: Vec<u32>,
     item_rank: Vec<u32>,
     /// Logical expert -> position in node-major order, and back.
@@ -116,7 +112,7 @@ struct Workspace {
     phy_rank: Vec<u32>,
     phy_load: Vec<f32>,
     slot2phy: Vec<u32>,
-    replica_heap: BinaryHeap<(u32, Reverse<u32>)>,
+    replica_heap: BinaryHeap<u64>,
 }
 
 impl Workspace {
@@ -135,10 +131,10 @@ impl Workspace {
             gpus_per_node,
             w: vec![0.0; e],
             group_load: vec![0.0; shape.groups],
-            sort_buf: Vec::with_capacity(most_items),
+            sort_buf: SortBuffers::with_capacity(most_items),
             pack_load: Vec::with_capacity(gpus_per_node.max(shape.nodes)),
             pack_items: Vec::with_capacity(gpus_per_node.max(shape.nodes)),
-            pack_heap: BinaryHeap::with_capacity(gpus_per_node.max(shape.nodes)),
+            pack_tree: Vec::with_capacity(2 * gpus_per_node.max(shape.nodes).next_power_of_two()),
             item_pack: vec![0; most_items],
             item_rank: vec![0; most_items],
             log2mlog: vec![0; e],
@@ -184,7 +180,7 @@ impl Workspace {
                 &mut self.sort_buf,
                 &mut self.pack_load,
                 &mut self.pack_items,
-                &mut self.pack_heap,
+                &mut self.pack_tree,
                 &mut self.item_pack[..self.groups],
                 &mut self.item_rank[..self.groups],
             );
@@ -227,7 +223,7 @@ impl Workspace {
                 &mut self.sort_buf,
                 &mut self.pack_load,
                 &mut self.pack_items,
-                &mut self.pack_heap,
+                &mut self.pack_tree,
                 &mut self.item_pack[..ppn],
                 &mut self.item_rank[..ppn],
             );
@@ -255,6 +251,13 @@ fn group_sum(loads: &[f32]) -> f32 {
     total as f32
 }
 
+/// Heap key of expert `i` with load per replica `w`: larger loads first, then lower indices.
+/// (Non-negative `f32` values order like their bit patterns.)
+#[inline]
+fn replica_key(w: f32, i: u32) -> u64 {
+    (u64::from(w.to_bits()) << 32) | u64::from(u32::MAX - i)
+}
+
 /// Hands `phy2mlog.len() - weights.len()` extra replicas, one at a time, to the expert with
 /// the highest load per replica (the first such expert on ties), like the reference's
 /// `replicate_experts`. Fills `cnt` with replica counts, `phy2mlog` with the expert of each
@@ -264,7 +267,7 @@ fn replicate(
     cnt: &mut [u32],
     phy2mlog: &mut [u32],
     rank: &mut [u32],
-    heap: &mut BinaryHeap<(u32, Reverse<u32>)>,
+    heap: &mut BinaryHeap<u64>,
 ) {
     let n = weights.len();
     for i in 0..n {
@@ -275,21 +278,52 @@ fn replicate(
     if phy2mlog.len() == n {
         return;
     }
-    // Non-negative f32 values order like their bit patterns; ties pop the lowest index.
-    heap.clear();
-    heap.extend(
+    // Rebuild in place (O(n) heapify), keeping the allocation.
+    let mut keys = std::mem::take(heap).into_vec();
+    keys.clear();
+    keys.extend(
         weights
             .iter()
             .enumerate()
-            .map(|(i, w)| (w.to_bits(), Reverse(i as u32))),
+            .map(|(i, &w)| replica_key(w, i as u32)),
     );
+    *heap = BinaryHeap::from(keys);
     for slot in n..phy2mlog.len() {
-        let (_, Reverse(best)) = heap.pop().expect("heap holds every expert");
+        let mut top = heap.peek_mut().expect("heap holds every expert");
+        let best = u32::MAX - (*top as u32);
         let b = best as usize;
         phy2mlog[slot] = best;
         rank[slot] = cnt[b];
         cnt[b] += 1;
-        heap.push(((weights[b] / cnt[b] as f32).to_bits(), Reverse(best)));
+        *top = replica_key(weights[b] / cnt[b] as f32, best);
+        // Dropping `top` sifts the lowered key down.
+    }
+}
+
+/// Scratch space for sorting items by descending weight.
+struct SortBuffers {
+    pairs: Vec<(f32, u32)>,
+    order: Vec<u32>,
+}
+
+impl SortBuffers {
+    fn with_capacity(n: usize) -> Self {
+        Self {
+            pairs: Vec::with_capacity(n),
+            order: Vec::with_capacity(n),
+        }
+    }
+
+    /// Fills `order` with item indices by descending weight, in the order the reference's
+    /// `torch.sort(descending=True)` gives: libstdc++'s `std::sort` replayed. (Replicas of one
+    /// expert carry equal loads, so ties are the rule here, not the exception.)
+    fn sort_descending(&mut self, weights: &[f32]) {
+        self.pairs.clear();
+        self.pairs
+            .extend(weights.iter().enumerate().map(|(i, &w)| (w, i as u32)));
+        sort_unstable_like_libstdcxx(&mut self.pairs, |a, b| a.0 > b.0);
+        self.order.clear();
+        self.order.extend(self.pairs.iter().map(|p| p.1));
     }
 }
 
@@ -301,10 +335,10 @@ fn replicate(
 fn balanced_packing(
     weights: &[f32],
     num_packs: usize,
-    sort_buf: &mut Vec<(f32, u32)>,
+    sort: &mut SortBuffers,
     pack_load: &mut Vec<f32>,
     pack_items: &mut Vec<u32>,
-    heap: &mut BinaryHeap<Reverse<(u32, u32)>>,
+    tree: &mut Vec<u64>,
     item_pack: &mut [u32],
     item_rank: &mut [u32],
 ) {
@@ -317,43 +351,85 @@ fn balanced_packing(
         }
         return;
     }
-    sort_buf.clear();
-    sort_buf.extend(weights.iter().enumerate().map(|(i, &w)| (w, i as u32)));
-    sort_unstable_like_libstdcxx(sort_buf, |a, b| a.0 > b.0);
+    sort.sort_descending(weights);
 
+    // Each pack is a key `load bits << 32 | pack`: non-negative f32 loads order like their
+    // bits, so the smallest key is the first lightest pack, as the reference's `min` picks.
+    // A full pack's key becomes u64::MAX and is never picked again. Comparing integer keys
+    // lets the compiler pick minima without (unpredictable) branches.
     pack_load.clear();
     pack_load.resize(num_packs, 0.0);
     pack_items.clear();
     pack_items.resize(num_packs, 0);
     let full = per_pack as u32;
-    if num_packs < HEAP_MIN_PACKS {
-        for &(w, item) in sort_buf.iter() {
-            let mut best = usize::MAX;
-            for p in 0..num_packs {
-                if pack_items[p] < full && (best == usize::MAX || pack_load[p] < pack_load[best]) {
-                    best = p;
-                }
-            }
-            item_pack[item as usize] = best as u32;
-            item_rank[item as usize] = pack_items[best];
-            pack_load[best] += w;
-            pack_items[best] += 1;
+    let leaves = if num_packs < TREE_MIN_PACKS {
+        num_packs
+    } else {
+        num_packs.next_power_of_two()
+    };
+    tree.clear();
+    tree.resize(2 * leaves, u64::MAX);
+    for p in 0..num_packs {
+        tree[leaves + p] = pack_key(0.0, p);
+    }
+    if num_packs < TREE_MIN_PACKS {
+        for &item in &sort.order {
+            let best_key = tree[leaves..].iter().copied().min().unwrap_or(u64::MAX);
+            let best = (best_key & 0xFFFF_FFFF) as usize;
+            tree[leaves + best] = assign(
+                item, best, weights, pack_load, pack_items, full, item_pack, item_rank,
+            );
         }
     } else {
-        // Lightest pack first, lowest index on ties; a full pack leaves the heap.
-        heap.clear();
-        heap.extend((0..num_packs as u32).map(|p| Reverse((0f32.to_bits(), p))));
-        for &(w, item) in sort_buf.iter() {
-            let Reverse((_, p)) = heap.pop().expect("a pack has room while items remain");
-            let best = p as usize;
-            item_pack[item as usize] = p;
-            item_rank[item as usize] = pack_items[best];
-            pack_load[best] += w;
-            pack_items[best] += 1;
-            if pack_items[best] < full {
-                heap.push(Reverse((pack_load[best].to_bits(), p)));
+        // A tournament tree: each inner node holds the smaller key of its two children.
+        for node in (1..leaves).rev() {
+            tree[node] = tree[2 * node].min(tree[2 * node + 1]);
+        }
+        for &item in &sort.order {
+            let best = (tree[1] & 0xFFFF_FFFF) as usize;
+            let mut node = leaves + best;
+            tree[node] = assign(
+                item, best, weights, pack_load, pack_items, full, item_pack, item_rank,
+            );
+            while node > 1 {
+                node /= 2;
+                tree[node] = tree[2 * node].min(tree[2 * node + 1]);
             }
         }
+    }
+}
+
+/// From this many packs on, [`balanced_packing`] finds the lightest pack with a tournament
+/// tree instead of a scan.
+const TREE_MIN_PACKS: usize = 16;
+
+#[inline]
+fn pack_key(load: f32, pack: usize) -> u64 {
+    (u64::from(load.to_bits()) << 32) | pack as u64
+}
+
+/// Puts `item` into `pack` and returns the pack's new key.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn assign(
+    item: u32,
+    pack: usize,
+    weights: &[f32],
+    pack_load: &mut [f32],
+    pack_items: &mut [u32],
+    full: u32,
+    item_pack: &mut [u32],
+    item_rank: &mut [u32],
+) -> u64 {
+    let i = item as usize;
+    item_pack[i] = pack as u32;
+    item_rank[i] = pack_items[pack];
+    pack_items[pack] += 1;
+    pack_load[pack] += weights[i];
+    if pack_items[pack] == full {
+        u64::MAX
+    } else {
+        pack_key(pack_load[pack], pack)
     }
 }
 
@@ -367,10 +443,10 @@ mod tests {
         balanced_packing(
             weights,
             packs,
+            &mut SortBuffers::with_capacity(n),
             &mut Vec::new(),
             &mut Vec::new(),
             &mut Vec::new(),
-            &mut BinaryHeap::new(),
             &mut p,
             &mut r,
         );
@@ -386,8 +462,8 @@ mod tests {
     }
 
     #[test]
-    fn heap_and_scan_packing_agree() {
-        // 24 packs take the heap path; compare with the scan on the same items.
+    fn tree_and_scan_packing_agree() {
+        // 24 packs take the tree path; compare with the scan on the same items.
         let weights: Vec<f32> = (0..96).map(|i| ((i * 37) % 11) as f32).collect();
         let (hp, hr) = pack(&weights, 24);
         let mut counts = [0usize; 24];

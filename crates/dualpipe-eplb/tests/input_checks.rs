@@ -1,0 +1,158 @@
+//! Every invalid input gets its own error with a message that says what to fix.
+
+use dualpipe_eplb::{
+    rebalance_experts, rebalance_experts_with_policy, EplbError, LoadMatrix, Policy,
+};
+
+fn loads(layers: usize, experts: usize) -> LoadMatrix {
+    LoadMatrix::from_flat(
+        layers,
+        experts,
+        (0..layers * experts)
+            .map(|i| (i % 7) as f64 + 1.0)
+            .collect(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn replicas_not_a_multiple_of_gpus() {
+    let e = rebalance_experts(&loads(1, 8), 10, 1, 1, 4).unwrap_err();
+    assert!(matches!(
+        e,
+        EplbError::ReplicasNotMultipleOfGpus {
+            replicas: 10,
+            gpus: 4
+        }
+    ));
+    assert!(
+        e.to_string().contains("multiple of the number of GPUs"),
+        "{e}"
+    );
+}
+
+#[test]
+fn gpus_not_a_multiple_of_nodes() {
+    let e = rebalance_experts(&loads(1, 8), 12, 2, 4, 6).unwrap_err();
+    assert!(matches!(
+        e,
+        EplbError::GpusNotMultipleOfNodes { gpus: 6, nodes: 4 }
+    ));
+    assert!(e.to_string().contains("same number of GPUs"), "{e}");
+}
+
+#[test]
+fn experts_not_a_multiple_of_groups() {
+    let e = rebalance_experts(&loads(1, 8), 8, 3, 1, 4).unwrap_err();
+    assert!(matches!(
+        e,
+        EplbError::ExpertsNotMultipleOfGroups {
+            experts: 8,
+            groups: 3
+        }
+    ));
+    assert!(
+        e.to_string()
+            .contains("8 experts do not divide evenly into 3 groups"),
+        "{e}"
+    );
+}
+
+#[test]
+fn fewer_replicas_than_experts() {
+    let e = rebalance_experts(&loads(1, 8), 4, 1, 1, 4).unwrap_err();
+    assert!(matches!(
+        e,
+        EplbError::FewerReplicasThanExperts {
+            replicas: 4,
+            experts: 8
+        }
+    ));
+    assert!(
+        e.to_string().contains("at least one replica per expert"),
+        "{e}"
+    );
+}
+
+#[test]
+fn hierarchical_needs_groups_over_nodes() {
+    let e = rebalance_experts_with_policy(&loads(1, 12), 12, 3, 2, 4, Policy::Hierarchical)
+        .unwrap_err();
+    assert!(matches!(
+        e,
+        EplbError::GroupsNotMultipleOfNodes {
+            groups: 3,
+            nodes: 2
+        }
+    ));
+    // Auto falls back to global, as the reference does.
+    let plan = rebalance_experts(&loads(1, 12), 12, 3, 2, 4).unwrap();
+    assert_eq!(plan.policy, Policy::Global);
+}
+
+#[test]
+fn zero_counts() {
+    for (args, name) in [
+        ((0, 1, 1, 1), "num_replicas"),
+        ((8, 0, 1, 1), "num_groups"),
+        ((8, 1, 0, 1), "num_nodes"),
+        ((8, 1, 1, 0), "num_gpus"),
+    ] {
+        let e = rebalance_experts(&loads(1, 8), args.0, args.1, args.2, args.3).unwrap_err();
+        assert!(
+            matches!(e, EplbError::ZeroCount { name: n } if n == name),
+            "{name}: {e}"
+        );
+    }
+}
+
+#[test]
+fn bad_load_values() {
+    for bad in [-1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        let mut m = loads(2, 4);
+        m.as_mut_slice()[6] = bad;
+        let e = rebalance_experts(&m, 4, 1, 1, 1).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                EplbError::InvalidLoad {
+                    layer: 1,
+                    expert: 2,
+                    ..
+                }
+            ),
+            "{bad}: {e}"
+        );
+        assert!(e.to_string().contains("finite and non-negative"), "{e}");
+    }
+    // -0.0 is a valid zero.
+    let mut m = loads(1, 4);
+    m.as_mut_slice()[0] = -0.0;
+    assert!(rebalance_experts(&m, 4, 1, 1, 1).is_ok());
+}
+
+#[test]
+fn ragged_and_empty_matrices() {
+    let e = LoadMatrix::from_rows(vec![vec![1.0, 2.0], vec![3.0]]).unwrap_err();
+    assert!(matches!(
+        e,
+        EplbError::RaggedLoads {
+            layer: 1,
+            len: 1,
+            expected: 2
+        }
+    ));
+    assert!(e
+        .to_string()
+        .contains("every layer must list the same experts"));
+    let e = LoadMatrix::from_rows(vec![]).unwrap_err();
+    assert!(matches!(e, EplbError::EmptyLoads { layers: 0, .. }));
+    let e = LoadMatrix::from_rows(vec![vec![], vec![]]).unwrap_err();
+    assert!(matches!(
+        e,
+        EplbError::EmptyLoads {
+            layers: 2,
+            experts: 0
+        }
+    ));
+}
