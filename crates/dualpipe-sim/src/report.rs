@@ -30,7 +30,8 @@ pub enum RunError {
 pub struct SimulationReport {
     /// Schedule kind name (`"dualpipe"`, ...).
     pub schedule: String,
-    /// Ranks (devices).
+    /// Ranks (devices); serialised once, by the flattened metrics.
+    #[serde(skip)]
     pub ranks: usize,
     /// Micro-batches in the step.
     pub micro_batches: usize,
@@ -359,7 +360,7 @@ mod tests {
             &["a", "bb"],
             &[["xyz".into(), "1".into()], ["q".into(), "22".into()]],
         );
-        assert_eq!(t, "a     bb\nxyz    1\nq     22\n");
+        assert_eq!(t, "a    bb\nxyz   1\nq    22\n");
     }
 
     #[test]

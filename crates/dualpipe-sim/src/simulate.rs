@@ -20,7 +20,7 @@
 //! that has not been sent yet, then park on it until its sender posts it. The work is
 //! O(total ops) and the result does not depend on the order ranks are visited in.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use dualpipe_schedule::{Chunk, Op, Schedule};
 
@@ -56,7 +56,7 @@ impl ChunkIndex {
 }
 
 /// Which message slot: activations for a forward, or gradients for a backward.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Slot {
     Fwd(usize),
     Bwd(usize),
@@ -94,7 +94,9 @@ struct Simulator<'a> {
     fwd_posted: Vec<bool>,
     bwd_posted: Vec<bool>,
     ranks: Vec<RankState>,
-    waiters: HashMap<Slot, Vec<usize>>,
+    /// The rank parked on each message slot (forward slots, then backward ones), if any;
+    /// a message has one receiver, so one waiter at most.
+    waiters: Vec<Option<usize>>,
     queue: VecDeque<usize>,
     timeline: Timeline,
 }
@@ -158,7 +160,7 @@ impl<'a> Simulator<'a> {
                     pending: Vec::new(),
                 })
                 .collect(),
-            waiters: HashMap::new(),
+            waiters: vec![None; 2 * n],
             queue: (0..schedule.ranks).collect(),
             timeline: Timeline::new(schedule.ranks),
         })
@@ -249,9 +251,17 @@ impl<'a> Simulator<'a> {
         }
     }
 
+    fn slot_index(&self, slot: Slot) -> usize {
+        match slot {
+            Slot::Fwd(i) => i,
+            Slot::Bwd(i) => self.index.len() + i,
+        }
+    }
+
     /// Parks `rank` until the message of `slot` is sent.
     fn park(&mut self, rank: usize, slot: Slot) {
-        self.waiters.entry(slot).or_default().push(rank);
+        let k = self.slot_index(slot);
+        self.waiters[k] = Some(rank);
     }
 
     /// What the forward of `c` on `rank` needs.
@@ -337,8 +347,9 @@ impl<'a> Simulator<'a> {
                         start,
                         end,
                     });
-                    if let Some(waiting) = self.waiters.remove(&slot) {
-                        self.queue.extend(waiting);
+                    let k = self.slot_index(slot);
+                    if let Some(waiting) = self.waiters[k].take() {
+                        self.queue.push_back(waiting);
                     }
                 }
                 Op::RecvF { chunk, peer } | Op::RecvB { chunk, peer } => {
