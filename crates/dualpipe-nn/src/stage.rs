@@ -28,6 +28,19 @@ pub struct ModelConfig {
     pub dtype: DType,
 }
 
+impl ModelConfig {
+    /// Scalars in one copy of one model stage: per block `h·4h + 4h + 4h·h + h`.
+    pub fn parameters_per_stage(&self) -> usize {
+        let h = self.hidden;
+        self.layers_per_stage * (8 * h * h + 5 * h)
+    }
+
+    /// Scalars in the whole model (one copy of every stage).
+    pub fn parameter_count(&self) -> usize {
+        self.stages * self.parameters_per_stage()
+    }
+}
+
 /// Where a stage copy sits and how the step's loss is split over micro-batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StagePosition {

@@ -155,3 +155,21 @@ fn misuse_is_an_error_not_a_panic() {
     )
     .is_err());
 }
+
+#[test]
+fn parameter_count_matches_the_stage() {
+    let m = model(2);
+    let stage = MlpStage::new(
+        &m,
+        StagePosition {
+            dir: 0,
+            model_stage: 1,
+            micro_batches: 1,
+            micro_batches_per_dir: 1,
+        },
+    )
+    .unwrap();
+    let counted: usize = stage.params().iter().map(|p| p.value.elem_count()).sum();
+    assert_eq!(counted, m.parameters_per_stage());
+    assert_eq!(m.parameter_count(), 2 * counted);
+}

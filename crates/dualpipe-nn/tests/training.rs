@@ -1,0 +1,95 @@
+//! Training behaviour: determinism, f32, the default configuration, errors.
+
+use dualpipe_nn::{DType, NnError, OptimizerKind, TrainConfig, Trainer};
+use dualpipe_schedule::ScheduleKind;
+
+fn f32_config() -> TrainConfig {
+    TrainConfig {
+        schedule: ScheduleKind::DualPipe,
+        ranks: 4,
+        micro_batches: 8,
+        micro_batch_size: 64,
+        hidden: 32,
+        layers_per_stage: 1,
+        lr: 3e-3,
+        optimizer: OptimizerKind::adamw(),
+        dtype: DType::F32,
+        seed: 1,
+        ..TrainConfig::default()
+    }
+}
+
+/// The same configuration and seed give bit-identical losses, run after run, although the
+/// ranks run on their own threads.
+#[test]
+fn runs_are_bit_identical_and_f32_loss_falls() {
+    let run = || {
+        let mut trainer = Trainer::new(f32_config()).unwrap();
+        let losses: Vec<u64> = (0..6)
+            .map(|_| trainer.step().unwrap().loss.to_bits())
+            .collect();
+        assert!(trainer.copies_identical().unwrap());
+        losses
+    };
+    let a = run();
+    let b = run();
+    assert_eq!(a, b);
+    let (first, last) = (f64::from_bits(a[0]), f64::from_bits(a[5]));
+    assert!(last < 0.9 * first, "loss {first} -> {last}");
+}
+
+#[test]
+fn another_seed_gives_another_model() {
+    let loss = |seed| {
+        Trainer::new(TrainConfig {
+            seed,
+            ..f32_config()
+        })
+        .unwrap()
+        .step()
+        .unwrap()
+        .loss
+    };
+    assert_ne!(loss(1), loss(2));
+}
+
+#[test]
+fn bad_configurations_are_errors() {
+    let zero = TrainConfig {
+        hidden: 0,
+        ..TrainConfig::default()
+    };
+    let err = Trainer::new(zero).unwrap_err();
+    assert!(matches!(err, NnError::Config(_)), "{err}");
+    assert!(err.to_string().contains("hidden"), "{err}");
+    let lr = TrainConfig {
+        lr: f64::NAN,
+        ..TrainConfig::default()
+    };
+    assert!(matches!(Trainer::new(lr).unwrap_err(), NnError::Config(_)));
+    let odd = TrainConfig {
+        micro_batches: 7,
+        ..TrainConfig::default()
+    };
+    let err = Trainer::new(odd).unwrap_err();
+    assert!(matches!(err, NnError::Schedule(_)), "{err}");
+}
+
+#[test]
+fn default_configuration_builds() {
+    let config = TrainConfig::default();
+    assert_eq!(config.schedule, ScheduleKind::DualPipe);
+    assert_eq!(config.ranks, 4);
+    assert_eq!(config.model_stages(), 4);
+    let trainer = Trainer::new(config).unwrap();
+    assert_eq!(trainer.schedule().ranks, 4);
+    assert_eq!(trainer.parameters().len(), 4);
+}
+
+#[test]
+fn names_round_trip() {
+    for name in DType::NAMES {
+        assert_eq!(DType::from_name(name).unwrap().name(), name);
+    }
+    assert!(DType::from_name("bf16").is_none());
+}
