@@ -125,7 +125,7 @@ fn csv_round_trip_every_kind() {
             // Lowered schedules write the same CSV: comm ops are left out.
             assert_eq!(csv::to_string(&lower(&s)), text);
             // Unambiguous generated schedules are recognised without the kind.
-            if ranks >= 2 && mbs >= 2 * ranks {
+            if ranks >= 2 && mbs >= 2 * ranks && !(kind == ScheduleKind::Interleaved && v == 1) {
                 assert_eq!(csv::from_str(&text, None).unwrap().kind, kind, "{text}");
             }
         }

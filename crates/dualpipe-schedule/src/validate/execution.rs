@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use super::{check_shape, parts, Geometry, Part, Rule, ValidationError, NONE};
+use super::{check_shape, fail, parts, Geometry, Part, Res, Rule, ValidationError, NONE};
 use crate::{Chunk, Op, Schedule};
 
 /// An event a rank can wait for: the activations (`bwd == false`) or the input gradient
@@ -93,14 +93,30 @@ fn run(geo: &Geometry<'_>, lowered: bool) -> (Vec<usize>, Vec<Option<Event>>) {
                     },
                     &mut work,
                 ),
-                Op::RecvF { chunk, .. } => posted[rank].push_back(Event {
-                    bwd: false,
-                    id: geo.id(Chunk::new(chunk.dir, chunk.stage - 1, chunk.mb)),
-                }),
-                Op::RecvB { chunk, .. } => posted[rank].push_back(Event {
-                    bwd: true,
-                    id: geo.id(Chunk::new(chunk.dir, chunk.stage + 1, chunk.mb)),
-                }),
+                Op::RecvF { chunk, .. } | Op::RecvB { chunk, .. } => {
+                    let bwd = matches!(op, Op::RecvB { .. });
+                    let stage = if bwd {
+                        chunk.stage + 1
+                    } else {
+                        chunk.stage - 1
+                    };
+                    let e = Event {
+                        bwd,
+                        id: geo.id(Chunk::new(chunk.dir, stage, chunk.mb)),
+                    };
+                    // Only a later WAIT looks at posted receives; drop the ones already
+                    // arrived so the queue stays short in programs without WAIT.
+                    let queue = &mut posted[rank];
+                    while queue
+                        .front()
+                        .is_some_and(|f| ready[usize::from(f.bwd)][f.id])
+                    {
+                        queue.pop_front();
+                    }
+                    if !ready[usize::from(bwd)][e.id] {
+                        queue.push_back(e);
+                    }
+                }
                 Op::Wait => {}
                 _ if !lowered => {
                     let (ps, count) = parts(op);
@@ -134,7 +150,7 @@ fn run(geo: &Geometry<'_>, lowered: bool) -> (Vec<usize>, Vec<Option<Event>>) {
 }
 
 /// Checks that the programs run to completion; names a cycle of waiting ranks when not.
-pub(super) fn check_execution(geo: &Geometry<'_>, lowered: bool) -> Result<(), ValidationError> {
+pub(super) fn check_execution(geo: &Geometry<'_>, lowered: bool) -> Res<()> {
     let (pc, blocked) = run(geo, lowered);
     let programs = &geo.schedule.programs;
     let Some(first) = (0..geo.schedule.ranks).find(|&r| pc[r] < programs[r].len()) else {
@@ -163,7 +179,7 @@ fn deadlock_error(
     pc: &[usize],
     blocked: &[Option<Event>],
     first: usize,
-) -> ValidationError {
+) -> Box<ValidationError> {
     let ranks = geo.schedule.ranks;
     let stuck = (0..ranks)
         .filter(|&r| pc[r] < geo.schedule.programs[r].len())
@@ -218,7 +234,7 @@ fn deadlock_error(
         .chain(&cycle[..start])
         .map(|&r| describe(r))
         .collect();
-    ValidationError::new(
+    fail(
         head,
         Some((pc[head], &geo.schedule.programs[head][pc[head]])),
         Rule::Deadlock,

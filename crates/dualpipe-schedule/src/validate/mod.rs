@@ -149,6 +149,8 @@ pub(super) struct Geometry<'a> {
     pub(super) dirs: usize,
     pub(super) stages: usize,
     pub(super) per_dir: usize,
+    /// `rank_of[dir * stages + stage]`.
+    rank_of: Vec<usize>,
 }
 
 impl Geometry<'_> {
@@ -166,7 +168,7 @@ impl Geometry<'_> {
     }
 
     pub(super) fn rank(&self, dir: usize, stage: usize) -> usize {
-        self.schedule.placement.rank_of[dir][stage]
+        self.rank_of[dir * self.stages + stage]
     }
 
     /// The rank of the next stage when it exists and runs on another rank than `c`'s.
@@ -209,18 +211,36 @@ struct Positions {
 
 /// Checks every rule of a schedule; see the [module documentation](self) for the rules.
 pub fn validate(schedule: &Schedule) -> Result<(), ValidationError> {
-    let geo = check_shape(schedule)?;
-    let pos = check_ops(&geo)?;
-    let lowered = schedule.is_lowered();
-    check_chunks(&geo, &pos, lowered)?;
-    execution::check_execution(&geo, lowered)
+    let check = || -> Res<()> {
+        let geo = check_shape(schedule)?;
+        let pos = check_ops(&geo)?;
+        let lowered = schedule.is_lowered();
+        check_chunks(&geo, &pos, lowered)?;
+        execution::check_execution(&geo, lowered)
+    };
+    check().map_err(|e| *e)
 }
 
-fn shape_err(rank: usize, detail: &str) -> ValidationError {
-    ValidationError::new(rank, None, Rule::Shape, detail)
+/// Internal results carry the (large, rare) error boxed, so the hot paths pass a pointer.
+pub(super) type Res<T> = Result<T, Box<ValidationError>>;
+
+/// A boxed [`ValidationError`] (see [`ValidationError::new`]).
+#[cold]
+#[inline(never)]
+pub(super) fn fail(
+    rank: usize,
+    at: Option<(usize, &Op)>,
+    rule: Rule,
+    detail: &str,
+) -> Box<ValidationError> {
+    Box::new(ValidationError::new(rank, at, rule, detail))
 }
 
-pub(super) fn check_shape(schedule: &Schedule) -> Result<Geometry<'_>, ValidationError> {
+fn shape_err(rank: usize, detail: &str) -> Box<ValidationError> {
+    fail(rank, None, Rule::Shape, detail)
+}
+
+pub(super) fn check_shape(schedule: &Schedule) -> Res<Geometry<'_>> {
     let ranks = schedule.ranks;
     let placement = &schedule.placement;
     if ranks == 0 {
@@ -286,26 +306,33 @@ pub(super) fn check_shape(schedule: &Schedule) -> Result<Geometry<'_>, Validatio
             return Err(shape_err(rank, "the program holds more than 2^32 - 2 ops"));
         }
     }
-    // Every chunk needs a forward: when the programs hold fewer forwards than chunks, say so
-    // before allocating per-chunk tables (the sizes may come from an untrusted file).
-    let stages_of = placement.parameter_copies();
-    for (rank, program) in schedule.programs.iter().enumerate() {
-        let forwards = program
-            .iter()
-            .filter(|op| matches!(op, Op::F(_) | Op::FB { .. }))
-            .count();
-        let needed = stages_of[rank].checked_mul(per_dir);
-        if needed.is_none_or(|n| forwards < n) {
-            return Err(ValidationError::new(
-                rank,
-                None,
-                Rule::Missing,
-                &format!(
-                    "the rank runs {forwards} forwards, but its {} stage(s) x {per_dir} \
-                     micro-batches need one each; add the missing F ops",
-                    stages_of[rank]
-                ),
-            ));
+    // Every chunk needs a forward: when the programs hold fewer ops than chunks, find a rank
+    // short of forwards before allocating per-chunk tables (the sizes may come from an
+    // untrusted file). Otherwise the tables are no bigger than the programs.
+    let total_ops: usize = schedule.programs.iter().map(Vec::len).sum();
+    let chunks = dirs
+        .checked_mul(stages)
+        .and_then(|x| x.checked_mul(per_dir));
+    if chunks.is_none_or(|n| n > total_ops) {
+        let stages_of = placement.parameter_copies();
+        for (rank, program) in schedule.programs.iter().enumerate() {
+            let forwards = program
+                .iter()
+                .filter(|op| matches!(op, Op::F(_) | Op::FB { .. }))
+                .count();
+            let needed = stages_of[rank].checked_mul(per_dir);
+            if needed.is_none_or(|n| forwards < n) {
+                return Err(fail(
+                    rank,
+                    None,
+                    Rule::Missing,
+                    &format!(
+                        "the rank runs {forwards} forwards, but its {} stage(s) x {per_dir} \
+                         micro-batches need one each; add the missing F ops",
+                        stages_of[rank]
+                    ),
+                ));
+            }
         }
     }
     Ok(Geometry {
@@ -313,34 +340,33 @@ pub(super) fn check_shape(schedule: &Schedule) -> Result<Geometry<'_>, Validatio
         dirs,
         stages,
         per_dir,
+        rank_of: placement.rank_of.iter().flatten().copied().collect(),
     })
 }
 
 /// Records a position, failing on a duplicate.
-fn record(
-    table: &mut [u32],
-    id: usize,
-    rank: usize,
-    index: usize,
-    op: &Op,
-    what: &str,
-) -> Result<(), ValidationError> {
+#[inline]
+fn record(table: &mut [u32], id: usize, rank: usize, index: usize, op: &Op, what: &str) -> Res<()> {
     if table[id] != NONE {
-        return Err(ValidationError::new(
-            rank,
-            Some((index, op)),
-            Rule::Duplicate,
-            &format!(
-                "{what} already ran at op {}; each must run exactly once",
-                table[id]
-            ),
-        ));
+        return Err(duplicate(table[id], rank, index, op, what));
     }
     table[id] = index as u32;
     Ok(())
 }
 
-fn check_ops(geo: &Geometry<'_>) -> Result<Positions, ValidationError> {
+#[cold]
+fn duplicate(earlier: u32, rank: usize, index: usize, op: &Op, what: &str) -> Box<ValidationError> {
+    {
+        fail(
+            rank,
+            Some((index, op)),
+            Rule::Duplicate,
+            &format!("{what} already ran at op {earlier}; each must run exactly once"),
+        )
+    }
+}
+
+fn check_ops(geo: &Geometry<'_>) -> Res<Positions> {
     let n = geo.dirs * geo.stages * geo.per_dir;
     let mut pos = Positions {
         f: vec![NONE; n],
@@ -356,9 +382,9 @@ fn check_ops(geo: &Geometry<'_>) -> Result<Positions, ValidationError> {
     for (rank, program) in geo.schedule.programs.iter().enumerate() {
         for (index, op) in program.iter().enumerate() {
             let at = Some((index, op));
-            let check_chunk = |c: Chunk| -> Result<usize, ValidationError> {
+            let check_chunk = |c: Chunk| -> Res<usize> {
                 if !geo.in_range(c) {
-                    return Err(ValidationError::new(
+                    return Err(fail(
                         rank,
                         at,
                         Rule::ChunkRange,
@@ -371,7 +397,7 @@ fn check_ops(geo: &Geometry<'_>) -> Result<Positions, ValidationError> {
                 }
                 let owner = geo.rank(c.dir, c.stage);
                 if owner != rank {
-                    return Err(ValidationError::new(
+                    return Err(fail(
                         rank,
                         at,
                         Rule::Placement,
@@ -423,7 +449,7 @@ fn check_ops(geo: &Geometry<'_>) -> Result<Positions, ValidationError> {
                 _ => unreachable!("compute ops handled above"),
             };
             let id = check_chunk(chunk)?;
-            let peer_err = |detail: String| ValidationError::new(rank, at, Rule::Peer, &detail);
+            let peer_err = |detail: String| fail(rank, at, Rule::Peer, &detail);
             if peer >= ranks {
                 return Err(peer_err(format!(
                     "peer {peer} does not exist (the schedule has {ranks} ranks)"
@@ -466,14 +492,7 @@ fn check_ops(geo: &Geometry<'_>) -> Result<Positions, ValidationError> {
                          not rank {peer}"
                     )))
                 }
-                Some(_) => record(
-                    table,
-                    id,
-                    rank,
-                    index,
-                    op,
-                    &format!("{} of this chunk", op.kind()),
-                )?,
+                Some(_) => record(table, id, rank, index, op, "the same message")?,
             }
         }
     }
@@ -490,9 +509,9 @@ fn check_message(
     (p, r): (usize, usize),
     (send_name, recv_name): (&str, &str),
     prod: Chunk,
-) -> Result<(), ValidationError> {
+) -> Res<()> {
     match (send == NONE, recv == NONE) {
-        (true, true) => Err(ValidationError::new(
+        (true, true) => Err(fail(
             r,
             Some(geo.op(r, consumed)),
             Rule::MissingMessage,
@@ -501,13 +520,13 @@ fn check_message(
                  {send_name} on rank {p} after the op that produces it"
             ),
         )),
-        (true, false) => Err(ValidationError::new(
+        (true, false) => Err(fail(
             r,
             Some(geo.op(r, recv)),
             Rule::Unmatched,
             &format!("rank {p} has no matching {send_name} of {prod}; add one"),
         )),
-        (false, true) => Err(ValidationError::new(
+        (false, true) => Err(fail(
             p,
             Some(geo.op(p, send)),
             Rule::Unmatched,
@@ -517,7 +536,7 @@ fn check_message(
         )),
         (false, false) => {
             if send <= produced {
-                return Err(ValidationError::new(
+                return Err(fail(
                     p,
                     Some(geo.op(p, send)),
                     Rule::CommOrder,
@@ -527,7 +546,7 @@ fn check_message(
                 ));
             }
             if recv >= consumed {
-                return Err(ValidationError::new(
+                return Err(fail(
                     r,
                     Some(geo.op(r, recv)),
                     Rule::CommOrder,
@@ -542,14 +561,14 @@ fn check_message(
     }
 }
 
-fn check_chunks(geo: &Geometry<'_>, pos: &Positions, lowered: bool) -> Result<(), ValidationError> {
+fn check_chunks(geo: &Geometry<'_>, pos: &Positions, lowered: bool) -> Res<()> {
     let n = geo.dirs * geo.stages * geo.per_dir;
     for id in 0..n {
         let c = geo.chunk(id);
         let r = geo.rank(c.dir, c.stage);
         let (f, b, w) = (pos.f[id], pos.b[id], pos.w[id]);
         if f == NONE {
-            return Err(ValidationError::new(
+            return Err(fail(
                 r,
                 None,
                 Rule::Missing,
@@ -557,7 +576,7 @@ fn check_chunks(geo: &Geometry<'_>, pos: &Positions, lowered: bool) -> Result<()
             ));
         }
         if b == NONE {
-            return Err(ValidationError::new(
+            return Err(fail(
                 r,
                 None,
                 Rule::Missing,
@@ -569,7 +588,7 @@ fn check_chunks(geo: &Geometry<'_>, pos: &Positions, lowered: bool) -> Result<()
         }
         if pos.split[id] {
             if w == NONE {
-                return Err(ValidationError::new(
+                return Err(fail(
                     r,
                     Some(geo.op(r, b)),
                     Rule::WeightGradient,
@@ -578,7 +597,7 @@ fn check_chunks(geo: &Geometry<'_>, pos: &Positions, lowered: bool) -> Result<()
                 ));
             }
             if w < b {
-                return Err(ValidationError::new(
+                return Err(fail(
                     r,
                     Some(geo.op(r, w)),
                     Rule::WeightGradient,
@@ -586,7 +605,7 @@ fn check_chunks(geo: &Geometry<'_>, pos: &Positions, lowered: bool) -> Result<()
                 ));
             }
         } else if w != NONE {
-            return Err(ValidationError::new(
+            return Err(fail(
                 r,
                 Some(geo.op(r, w)),
                 Rule::WeightGradient,
@@ -598,7 +617,7 @@ fn check_chunks(geo: &Geometry<'_>, pos: &Positions, lowered: bool) -> Result<()
             ));
         }
         if b <= f {
-            return Err(ValidationError::new(
+            return Err(fail(
                 r,
                 Some(geo.op(r, b)),
                 Rule::Dependency,
@@ -614,7 +633,7 @@ fn check_chunks(geo: &Geometry<'_>, pos: &Positions, lowered: bool) -> Result<()
             let p = geo.rank(c.dir, c.stage - 1);
             if p == r {
                 if pos.f[pid] >= f {
-                    return Err(ValidationError::new(
+                    return Err(fail(
                         r,
                         Some(geo.op(r, f)),
                         Rule::Dependency,
@@ -642,7 +661,7 @@ fn check_chunks(geo: &Geometry<'_>, pos: &Positions, lowered: bool) -> Result<()
             let q = geo.rank(c.dir, c.stage + 1);
             if q == r {
                 if pos.b[nid] >= b {
-                    return Err(ValidationError::new(
+                    return Err(fail(
                         r,
                         Some(geo.op(r, b)),
                         Rule::Dependency,
