@@ -7,11 +7,13 @@
 //!   [`dualpipe_runtime::Stage`];
 //! - [`data`]: seeded teacher-student regression data;
 //! - [`optim`]: SGD with momentum and AdamW;
-//! - [`reference`]: the sequential single-thread oracle;
+//! - [`reference`](mod@reference): the sequential single-thread oracle;
 //! - [`trainer`]: the training loop behind `dualpipe train`.
 //!
 //! The model and the data depend only on the seed, the number of model stages and the shapes,
 //! so every schedule trains the same model on the same batches.
+
+#![warn(missing_docs)]
 
 pub mod data;
 pub mod error;
