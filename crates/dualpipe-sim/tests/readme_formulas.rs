@@ -129,3 +129,38 @@ fn dualpipe_reaches_the_readme_bound_on_its_middle_ranks() {
         );
     }
 }
+
+/// The README's DualPipe bound assumes `F + 3W <= 2B` (true for the zero-bubble papers'
+/// convention `F = W = B/2`, where it is tight). Whatever the durations, the middle rank
+/// waits `(PP/2-1) F` for its first input and `(PP/2-1)(F&B - B)` in the cool-down, so the
+/// most idle rank always idles at least `(PP/2-1)(F + F&B - B)`, which exceeds the README's
+/// value exactly when `F + 3W > 2B` (e.g. F = B, or W > B/2).
+#[test]
+fn dualpipe_bubble_lower_bound_explains_where_the_readme_bound_stops() {
+    for (kind, ranks, mbs) in [
+        (ScheduleKind::DualPipe, 8, 20),
+        (ScheduleKind::DualPipe, 6, 24),
+        (ScheduleKind::DualPipeV, 4, 10),
+    ] {
+        for (f, b, w, fb) in [
+            (2.0, 2.0, 1.0, 3.0),
+            (1.0, 2.0, 1.5, 2.5),
+            (1.0, 2.0, 1.0, 2.5),
+            (0.5, 2.0, 1.0, 2.5),
+            (1.0, 3.0, 1.0, 3.5),
+        ] {
+            let cost = CostModel::uniform(f, b, w, fb);
+            let m = simulate_kind(kind, ranks, mbs, &cost);
+            let formula = readme_formula(kind, ranks, &cost.compute).unwrap();
+            let k = (formula.pp / 2 - 1) as f64;
+            let lower = k * (f + fb - b);
+            let tag = format!("{kind} pp{} mb{mbs} {:?}", formula.pp, (f, b, w, fb));
+            assert!(m.bubble_max >= lower - 1e-9, "{tag}: {} < {lower}", m.bubble_max);
+            if f + 3.0 * w > 2.0 * b {
+                assert!(m.bubble_max > formula.bubble + 1e-9, "{tag}: {} <= {}", m.bubble_max, formula.bubble);
+            } else {
+                assert!(m.bubble_max <= formula.bubble + 1e-9, "{tag}: {} > {}", m.bubble_max, formula.bubble);
+            }
+        }
+    }
+}
