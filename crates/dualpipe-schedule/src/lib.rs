@@ -1,7 +1,18 @@
 //! Pipeline-parallel schedules as data.
 //!
-//! A schedule is *generated* ([`generate`]), *lowered* ([`lower`]: send/receive ops added) and
-//! *validated* ([`validate`]); [`build`] does all three. Text forms live in [`format`].
+//! A schedule is *generated* ([`generate`]: compute-only programs for gpipe, 1f1b,
+//! interleaved, zb1p, dualpipe and dualpipev), *lowered* ([`lower`]: send/receive ops added) and
+//! *validated* ([`validate`]: complete, causal, matched, deadlock-free); [`build`] does all
+//! three. Text forms live in [`format`]: JSON in the golden schema (lossless) and torch's
+//! compute-only action CSV.
+//!
+//! ```
+//! use dualpipe_schedule::{build, format, ScheduleKind};
+//!
+//! let schedule = build(ScheduleKind::OneFOneB, 4, 8, 1).unwrap();
+//! let text = format::json::to_string(&schedule);
+//! assert_eq!(format::json::from_str(&text).unwrap(), schedule);
+//! ```
 
 pub mod error;
 pub mod format;
@@ -17,6 +28,9 @@ pub use lower::lower;
 pub use validate::{validate, ValidationError};
 
 /// Generates, lowers and validates a schedule in one call.
+///
+/// Fails with [`ScheduleError::InvalidConfig`] when `kind` does not support the sizes (the
+/// message names the constraint and the nearest valid values).
 pub fn build(
     kind: ScheduleKind,
     ranks: usize,

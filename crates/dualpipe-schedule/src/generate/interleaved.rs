@@ -140,6 +140,28 @@ mod tests {
     }
 
     #[test]
+    fn multiples_of_ranks_keep_megatrons_warm_up() {
+        for ranks in 1..=6 {
+            for v in 2..=3 {
+                for groups in 1..=3 {
+                    let mbs = groups * ranks;
+                    let s = generate(ranks, mbs, v).unwrap();
+                    for (r, p) in s.programs.iter().enumerate() {
+                        let warmup = p.iter().position(|op| matches!(op, Op::B(_))).unwrap();
+                        let megatron = (2 * (ranks - r - 1) + (v - 1) * ranks).min(mbs * v);
+                        // The first backward follows the warm-up and one more forward.
+                        assert_eq!(
+                            warmup,
+                            (megatron + 1).min(mbs * v),
+                            "{ranks} {mbs} {v} rank {r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn any_count_from_ranks_up_validates() {
         for ranks in 1..=6 {
             for v in 1..=4 {
