@@ -133,7 +133,7 @@ fn dualpipe_reaches_the_readme_bound_on_its_middle_ranks() {
 /// The README's DualPipe bound assumes `F + 3W <= 2B` (true for the zero-bubble papers'
 /// convention `F = W = B/2`, where it is tight). Whatever the durations, the middle rank
 /// waits `(PP/2-1) F` for its first input and `(PP/2-1)(F&B - B)` in the cool-down, so the
-/// most idle rank always idles at least `(PP/2-1)(F + F&B - B)`, which exceeds the README's
+/// most idle rank idles at least (for every duration tried here) `(PP/2-1)(F + F&B - B)`, which exceeds the README's
 /// value exactly when `F + 3W > 2B` (e.g. F = B, or W > B/2).
 #[test]
 fn dualpipe_bubble_lower_bound_explains_where_the_readme_bound_stops() {
@@ -155,11 +155,25 @@ fn dualpipe_bubble_lower_bound_explains_where_the_readme_bound_stops() {
             let k = (formula.pp / 2 - 1) as f64;
             let lower = k * (f + fb - b);
             let tag = format!("{kind} pp{} mb{mbs} {:?}", formula.pp, (f, b, w, fb));
-            assert!(m.bubble_max >= lower - 1e-9, "{tag}: {} < {lower}", m.bubble_max);
+            assert!(
+                m.bubble_max >= lower - 1e-9,
+                "{tag}: {} < {lower}",
+                m.bubble_max
+            );
             if f + 3.0 * w > 2.0 * b {
-                assert!(m.bubble_max > formula.bubble + 1e-9, "{tag}: {} <= {}", m.bubble_max, formula.bubble);
+                assert!(
+                    m.bubble_max > formula.bubble + 1e-9,
+                    "{tag}: {} <= {}",
+                    m.bubble_max,
+                    formula.bubble
+                );
             } else {
-                assert!(m.bubble_max <= formula.bubble + 1e-9, "{tag}: {} > {}", m.bubble_max, formula.bubble);
+                assert!(
+                    m.bubble_max <= formula.bubble + 1e-9,
+                    "{tag}: {} > {}",
+                    m.bubble_max,
+                    formula.bubble
+                );
             }
         }
     }

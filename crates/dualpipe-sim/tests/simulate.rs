@@ -308,3 +308,26 @@ proptest! {
         }
     }
 }
+
+/// A ZB-H1 order written in the tests (unit-time list scheduling, W deferred into the gaps)
+/// meets the README's ZB1P row: bubble (PP-1)(F+B-2W) when F = I = W, peak activations PP.
+#[test]
+fn hand_built_zb_h1_meets_the_readme_bound() {
+    for (ranks, mbs) in [(2, 4), (4, 8), (4, 12), (8, 16), (8, 24)] {
+        let s = common::zb_h1(ranks, mbs);
+        for (f, b, w) in [(1.0, 2.0, 1.0), (2.0, 4.0, 2.0)] {
+            let cost = CostModel::uniform(f, b, w, f + b);
+            let t = simulate(&s, &cost).unwrap();
+            let m = metrics(&t, &s.placement);
+            let readme = (ranks - 1) as f64 * (f + b - 2.0 * w);
+            // F = I = W: the bound is reached on every rank.
+            for bubble in &m.bubble_per_rank {
+                assert!(
+                    close(*bubble, readme),
+                    "zb-h1 pp{ranks} mb{mbs}: {bubble} vs {readme}"
+                );
+            }
+            assert_eq!(m.peak_activations, ranks, "zb-h1 pp{ranks} mb{mbs}");
+        }
+    }
+}

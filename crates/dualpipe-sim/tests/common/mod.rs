@@ -199,3 +199,45 @@ pub fn golden(kind: ScheduleKind, ranks: usize, micro_batches: usize) -> Option<
         programs,
     })
 }
+
+/// Compute-only ZB-H1 programs, written by hand: rank `i` runs `ranks - i` warm-up forwards,
+/// then for every micro-batch its `I`, a `W` only when `ranks` activations are alive (1F1B's
+/// memory) or no forward is left, then the next forward; the deferred `W`s run at the end.
+/// Independent of the generators, to check the simulator against the README's ZB1P row.
+pub fn zb_h1_compute(ranks: usize, micro_batches: usize) -> Vec<Vec<Op>> {
+    (0..ranks)
+        .map(|r| {
+            let c = |mb| Chunk::new(0, r, mb);
+            let warmup = (ranks - r).min(micro_batches);
+            let mut ops: Vec<Op> = (0..warmup).map(|mb| Op::F(c(mb))).collect();
+            let (mut next_f, mut next_w) = (warmup, 0);
+            for j in 0..micro_batches {
+                ops.push(Op::I(c(j)));
+                if next_f - next_w == ranks || next_f == micro_batches {
+                    ops.push(Op::W(c(next_w)));
+                    next_w += 1;
+                }
+                if next_f < micro_batches {
+                    ops.push(Op::F(c(next_f)));
+                    next_f += 1;
+                }
+            }
+            ops.extend((next_w..micro_batches).map(|mb| Op::W(c(mb))));
+            ops
+        })
+        .collect()
+}
+
+/// A lowered hand-built ZB-H1 schedule.
+pub fn zb_h1(ranks: usize, micro_batches: usize) -> Schedule {
+    let placement = linear_placement(ranks);
+    let programs = lower_naively(&placement, &zb_h1_compute(ranks, micro_batches));
+    Schedule {
+        kind: ScheduleKind::Zb1p,
+        ranks,
+        micro_batches,
+        virtual_stages: 1,
+        placement,
+        programs,
+    }
+}
