@@ -59,6 +59,18 @@ pub struct Run {
     pub report: SimulationReport,
 }
 
+/// The name a schedule kind goes by in papers and figure titles ("DualPipeV", "1F1B", ...).
+pub fn display_name(kind: ScheduleKind) -> &'static str {
+    match kind {
+        ScheduleKind::GPipe => "GPipe",
+        ScheduleKind::OneFOneB => "1F1B",
+        ScheduleKind::Interleaved => "Interleaved 1F1B",
+        ScheduleKind::Zb1p => "ZB1P (ZB-H1)",
+        ScheduleKind::DualPipe => "DualPipe",
+        ScheduleKind::DualPipeV => "DualPipeV",
+    }
+}
+
 /// The report of an already simulated schedule.
 pub fn report(schedule: &Schedule, timeline: &Timeline, cost: &CostModel) -> SimulationReport {
     SimulationReport {

@@ -286,7 +286,7 @@ pub fn render_svg(timeline: &Timeline, options: &SvgOptions) -> String {
     );
     let _ = writeln!(
         out,
-        r#"<text x="{:.2}" y="{:.2}" font-size="13" dominant-baseline="central">darker: reverse direction / second leg of the V</text>"#,
+        r#"<text x="{:.2}" y="{:.2}" font-size="13" dominant-baseline="central">darker: reverse direction, second leg of the V, odd virtual stage</text>"#,
         x + 24.0,
         ly + 9.0
     );

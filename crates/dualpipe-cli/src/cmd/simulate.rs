@@ -142,7 +142,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let c = &cost.compute;
         let title = format!(
             "{} · {} ranks · {} micro-batches · F {} B {} W {} F&B {}",
-            kind.name(),
+            report::display_name(kind),
             r.ranks,
             r.micro_batches,
             c.f,
