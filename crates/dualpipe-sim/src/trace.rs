@@ -3,7 +3,7 @@
 //! Each rank is a process with two threads: `compute` (tid 0) and `comm` (tid 1). Compute ops
 //! are complete events (`"ph": "X"`); every message appears as a `SEND_*` slice on the sender's
 //! comm track and a `RECV_*` slice on the receiver's comm track, both spanning the message's
-//! flight, joined by a flow arrow (`"ph": "s"` / `"ph": "f"`). Times are microseconds
+//! flight, joined by a flow arrow (`"ph": "s"` / `"ph": "f"`, bound to the enclosing slices). Times are microseconds
 //! (timeline seconds x 1e6). Open the file in <https://ui.perfetto.dev> or `chrome://tracing`.
 
 use dualpipe_schedule::{Chunk, Op};
@@ -69,8 +69,11 @@ pub fn render_trace(timeline: &Timeline) -> String {
             "name": format!("{recv} {} from rank {}", m.dst_chunk.mb, m.src), "cat": "comm", "ph": "X",
             "pid": m.dst, "tid": COMM_TID, "ts": ts, "dur": dur, "args": args,
         }));
-        events.push(json!({"name": "message", "cat": "comm", "ph": "s", "id": id, "pid": m.src, "tid": COMM_TID, "ts": ts, "bp": "e"}));
-        events.push(json!({"name": "message", "cat": "comm", "ph": "f", "id": id, "pid": m.dst, "tid": COMM_TID, "ts": ts, "bp": "e"}));
+        // Flow ends sit strictly inside their slices (at the midpoint) so that viewers bind
+        // them to the enclosing slice whatever order they sort equal timestamps in.
+        let mid = ts + dur / 2.0;
+        events.push(json!({"name": "message", "cat": "comm", "ph": "s", "id": id, "pid": m.src, "tid": COMM_TID, "ts": mid, "bp": "e"}));
+        events.push(json!({"name": "message", "cat": "comm", "ph": "f", "id": id, "pid": m.dst, "tid": COMM_TID, "ts": mid, "bp": "e"}));
     }
     let doc = json!({"traceEvents": events, "displayTimeUnit": "ms"});
     let mut text = serde_json::to_string(&doc).unwrap_or_default();
