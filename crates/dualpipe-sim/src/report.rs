@@ -180,6 +180,12 @@ pub fn report_table(r: &SimulationReport) -> String {
             m.peak_activations,
             f.parameter_copies
         );
+        let dualpipe = matches!(r.schedule.as_str(), "dualpipe" | "dualpipev");
+        if dualpipe && c.f + 3.0 * c.w > 2.0 * c.b {
+            out.push_str(
+                "note: the README's DualPipe bound assumes F + 3W <= 2B; here the most idle rank idles at least (PP/2-1)(F + F&B - B)\n",
+            );
+        }
     }
     out
 }
