@@ -59,6 +59,34 @@ pub struct Run {
     pub report: SimulationReport,
 }
 
+/// What the compute durations of a comparison are measured on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CostBasis {
+    /// Per stage chunk, as in the DualPipe README: every kind runs chunks of the given
+    /// durations (kinds with more stages per rank then model a bigger network).
+    #[default]
+    PerStage,
+    /// Per rank's share of one fixed model: a kind with `PP` stages on `ranks` ranks runs
+    /// chunks of `ranks / PP` of the given durations (half for DualPipeV and for interleaved
+    /// with 2 virtual stages).
+    PerRank,
+}
+
+impl CostModel {
+    /// The model with every compute duration multiplied by `factor` (communication kept).
+    pub fn scaled(&self, factor: f64) -> CostModel {
+        let scale = |c: &crate::cost::StageCost| {
+            crate::cost::StageCost::new(c.f * factor, c.b * factor, c.w * factor, c.fb * factor)
+        };
+        CostModel {
+            compute: scale(&self.compute),
+            per_stage: self.per_stage.iter().map(scale).collect(),
+            comm: self.comm,
+        }
+    }
+}
+
 /// The name a schedule kind goes by in papers and figure titles ("DualPipeV", "1F1B", ...).
 pub fn display_name(kind: ScheduleKind) -> &'static str {
     match kind {
@@ -199,6 +227,8 @@ pub struct CompareRow {
     pub pp: usize,
     /// Devices (ranks) it runs on.
     pub devices: usize,
+    /// Compute durations of one chunk relative to the given ones (1 on a per-stage basis).
+    pub chunk_scale: f64,
     /// Simulated step time.
     pub makespan: f64,
     /// Idle time of the most idle rank.
@@ -229,8 +259,10 @@ pub struct Comparison {
     pub micro_batches: usize,
     /// Virtual stages per rank used by the interleaved schedule.
     pub virtual_stages: usize,
-    /// The cost model.
+    /// The cost model, as given.
     pub cost: CostModel,
+    /// What the compute durations are measured on.
+    pub basis: CostBasis,
     /// Kinds that accept the configuration, in [`ScheduleKind::ALL`] order.
     pub schedules: Vec<CompareRow>,
     /// Kinds that do not, with the reason.
@@ -243,6 +275,7 @@ pub fn compare(
     micro_batches: usize,
     virtual_stages: usize,
     cost: &CostModel,
+    basis: CostBasis,
 ) -> Result<Comparison, SimError> {
     cost.check()?;
     let mut schedules = Vec::new();
@@ -254,13 +287,33 @@ pub fn compare(
         } else {
             1
         };
-        match run(kind, ranks, micro_batches, v, cost) {
+        let outcome = dualpipe_schedule::build(kind, ranks, micro_batches, v)
+            .map_err(RunError::from)
+            .and_then(|schedule| {
+                let stages = schedule.placement.stages().max(1);
+                let kind_cost = match basis {
+                    CostBasis::PerStage => cost.clone(),
+                    CostBasis::PerRank => cost.scaled(ranks as f64 / stages as f64),
+                };
+                let timeline = simulate(&schedule, &kind_cost)?;
+                let report = report(&schedule, &timeline, &kind_cost);
+                Ok(Run {
+                    schedule,
+                    timeline,
+                    report,
+                })
+            });
+        match outcome {
             Ok(run) => {
                 let m = &run.report.metrics;
                 schedules.push(CompareRow {
                     schedule: kind.name().to_string(),
                     pp: run.report.pp,
                     devices: run.schedule.ranks,
+                    chunk_scale: match basis {
+                        CostBasis::PerStage => 1.0,
+                        CostBasis::PerRank => ranks as f64 / run.report.pp.max(1) as f64,
+                    },
                     makespan: m.makespan,
                     bubble: m.bubble_max,
                     bubble_ratio: m.bubble_ratio,
@@ -284,6 +337,7 @@ pub fn compare(
         micro_batches,
         virtual_stages,
         cost: cost.clone(),
+        basis,
         schedules,
         rejected,
     })
@@ -331,9 +385,14 @@ pub fn comparison_table(c: &Comparison) -> String {
         })
         .collect();
     out.push_str(&table(&headers, &rows));
-    out.push_str(
-        "bubble = idle time of the most idle rank; peak act in micro-batch x stage units\n",
-    );
+    out.push_str(match c.basis {
+        CostBasis::PerStage => {
+            "durations per stage chunk (the README's basis); bubble = idle time of the most idle rank; peak act in micro-batch x stage units\n"
+        }
+        CostBasis::PerRank => {
+            "durations per rank's share of one model (chunks of ranks/PP of them); bubble = idle time of the most idle rank; peak act in chunk units\n"
+        }
+    });
     for r in &c.rejected {
         let _ = writeln!(out, "not applicable: {}: {}", r.schedule, r.reason);
     }
@@ -384,7 +443,10 @@ mod tests {
     #[test]
     fn bad_costs_are_reported_before_any_schedule_is_built() {
         let cost = CostModel::uniform(1.0, 1.0, 2.0, 2.0);
-        assert!(matches!(compare(4, 8, 1, &cost), Err(SimError::Cost(_))));
+        assert!(matches!(
+            compare(4, 8, 1, &cost, CostBasis::PerStage),
+            Err(SimError::Cost(_))
+        ));
         assert!(matches!(
             run(ScheduleKind::OneFOneB, 4, 8, 1, &cost),
             Err(RunError::Sim(_))

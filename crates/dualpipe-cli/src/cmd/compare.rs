@@ -23,6 +23,11 @@ pub struct Args {
     /// Durations and communication costs.
     #[command(flatten)]
     pub cost: CostArgs,
+    /// Read --f/--b/--w/--fb as one rank's share of a fixed model: kinds with more stages
+    /// than ranks (dualpipev, interleaved) run chunks of ranks/PP of them. Default: per stage
+    /// chunk, the DualPipe README's basis.
+    #[arg(long)]
+    pub per_rank_costs: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -34,8 +39,19 @@ pub struct Args {
 /// Runs `dualpipe compare`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let cost = args.cost.cost_model()?;
-    let comparison = report::compare(args.ranks, args.micro_batches, args.virtual_stages, &cost)
-        .map_err(|e| UsageError(e.to_string()))?;
+    let basis = if args.per_rank_costs {
+        report::CostBasis::PerRank
+    } else {
+        report::CostBasis::PerStage
+    };
+    let comparison = report::compare(
+        args.ranks,
+        args.micro_batches,
+        args.virtual_stages,
+        &cost,
+        basis,
+    )
+    .map_err(|e| UsageError(e.to_string()))?;
     let text = match args.format {
         Format::Json => {
             let mut s = serde_json::to_string_pretty(&comparison)?;
