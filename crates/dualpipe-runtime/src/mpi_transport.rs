@@ -1,0 +1,398 @@
+//! The MPI link: messages between processes over MPI point-to-point (feature `mpi`).
+//!
+//! [`MpiWorld::init`] initialises MPI once per process and checks the launcher's variables
+//! against MPI's own rank and size; [`MpiWorld::link`] gives the [`MpiLink`] an
+//! [`Endpoint`](crate::net::Endpoint) runs on.
+//!
+//! A message is a *head* (tag [`TAG_HEAD`]): a flag, the body length and the endpoint's
+//! header; a body of at most [`INLINE_BYTES`] rides inside the head (one MPI message, one small
+//! copy), a larger one follows as its own message (tag [`TAG_BODY`]) sent straight from the
+//! tensor's buffer, so a megabyte activation crosses with no copy of ours. Sends are
+//! `MPI_Isend`s completed in the background of later calls. Arrivals are found with
+//! `MPI_Improbe` on every poll, so they are picked up as soon as they are announced, and a
+//! large body gets its `MPI_Imrecv` posted the moment its head is read, into a buffer of
+//! exactly its size; MPI's non-overtaking order between two ranks pairs each head with its
+//! body.
+
+use std::collections::{HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use mpi::environment::Universe;
+use mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
+use mpi::request::{Request, StaticScope};
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::Threading;
+
+use crate::launch::{LaunchError, LaunchInfo};
+use crate::net::{Link, LinkError};
+
+/// MPI tag of message heads.
+pub const TAG_HEAD: i32 = 0x4450;
+/// MPI tag of separate message bodies.
+pub const TAG_BODY: i32 = 0x4451;
+/// Bodies up to this size travel inside their head.
+pub const INLINE_BYTES: usize = 16 * 1024;
+
+const FLAG_INLINE: u8 = 0;
+const FLAG_SEPARATE: u8 = 1;
+
+/// Why MPI could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum MpiError {
+    /// MPI was initialised before (only one [`MpiWorld`] per process).
+    #[error("MPI is already initialised in this process (create one MpiWorld and keep it)")]
+    AlreadyInitialised,
+    /// The launcher's variables are unusable or disagree with MPI.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+}
+
+/// MPI for this process: initialised on creation, finalised when dropped.
+pub struct MpiWorld {
+    universe: Universe,
+    info: LaunchInfo,
+}
+
+impl std::fmt::Debug for MpiWorld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiWorld")
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+impl MpiWorld {
+    /// Initialises MPI (all MPI calls then come from this thread) and reads the launcher's
+    /// variables; MPI's own rank and size win, and must agree with the variables if any.
+    pub fn init() -> Result<Self, MpiError> {
+        let env = LaunchInfo::from_env()?;
+        let (universe, _) = mpi::initialize_with_threading(Threading::Funneled)
+            .ok_or(MpiError::AlreadyInitialised)?;
+        let world = universe.world();
+        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        env.check_agrees(rank, size)?;
+        let info = LaunchInfo {
+            rank,
+            world_size: size,
+            ..env
+        };
+        Ok(MpiWorld { universe, info })
+    }
+
+    /// Rank, world size and launcher.
+    pub fn info(&self) -> &LaunchInfo {
+        &self.info
+    }
+
+    /// A link on a private duplicate of `MPI_COMM_WORLD` (so other MPI users of the process
+    /// cannot see our messages).
+    pub fn link(&self) -> MpiLink {
+        let comm = self.universe.world().duplicate();
+        MpiLink::new(comm)
+    }
+
+    /// Stops every process of the job at once with `code` (`MPI_Abort`): the last resort
+    /// when a rank cannot tell its peers in an orderly way.
+    pub fn abort(&self, code: i32) -> ! {
+        self.universe.world().abort(code)
+    }
+}
+
+/// A send in flight: the request and the buffer it reads.
+struct PendingSend {
+    request: Option<Request<'static, [u8]>>,
+    buffer: Vec<u8>,
+}
+
+/// A message whose head arrived; its body may still be on its way.
+struct Incoming {
+    src: usize,
+    header: Vec<u8>,
+    body: Body,
+}
+
+enum Body {
+    /// The body's head is known but its MPI message has not been matched yet.
+    Unmatched(usize),
+    /// `MPI_Imrecv` is posted into `buffer`.
+    Receiving {
+        request: Option<Request<'static, [u8]>>,
+        buffer: Vec<u8>,
+    },
+    /// Complete.
+    Done(Vec<u8>),
+}
+
+/// A [`Link`] over an MPI communicator.
+pub struct MpiLink {
+    comm: SimpleCommunicator,
+    rank: usize,
+    ranks: usize,
+    sends: Vec<PendingSend>,
+    incoming: VecDeque<Incoming>,
+}
+
+impl std::fmt::Debug for MpiLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiLink")
+            .field("rank", &self.rank)
+            .field("ranks", &self.ranks)
+            .field("sends_in_flight", &self.sends.len())
+            .field("incoming", &self.incoming.len())
+            .finish()
+    }
+}
+
+/// A `'static` view of a buffer that the link keeps alive (and does not touch) until the MPI
+/// request using it completes.
+///
+/// # Safety
+/// The caller keeps `buffer` (its heap allocation) alive and unmoved-from until the request
+/// completes: a `Vec`'s heap block stays put when the `Vec` itself moves.
+unsafe fn extend(buffer: &[u8]) -> &'static [u8] {
+    std::slice::from_raw_parts(buffer.as_ptr(), buffer.len())
+}
+
+/// Like [`extend`], mutably.
+///
+/// # Safety
+/// As for [`extend`].
+unsafe fn extend_mut(buffer: &mut [u8]) -> &'static mut [u8] {
+    std::slice::from_raw_parts_mut(buffer.as_mut_ptr(), buffer.len())
+}
+
+impl MpiLink {
+    /// A link on `comm`.
+    pub fn new(comm: SimpleCommunicator) -> Self {
+        MpiLink {
+            rank: comm.rank() as usize,
+            ranks: comm.size() as usize,
+            comm,
+            sends: Vec::new(),
+            incoming: VecDeque::new(),
+        }
+    }
+
+    fn isend(&mut self, dst: usize, buffer: Vec<u8>, tag: i32) {
+        // SAFETY: `buffer` moves into `self.sends` next to its request and is dropped only
+        // after the request completed (see `reap_sends` and `Drop`).
+        let view = unsafe { extend(&buffer) };
+        let request = self
+            .comm
+            .process_at_rank(dst as i32)
+            .immediate_send_with_tag(StaticScope, view, tag);
+        self.sends.push(PendingSend {
+            request: Some(request),
+            buffer,
+        });
+    }
+
+    /// Drops the sends that have completed.
+    fn reap_sends(&mut self) {
+        self.sends.retain_mut(|send| {
+            if let Some(request) = send.request.take() {
+                match request.test() {
+                    Ok(_) => {}
+                    Err(request) => send.request = Some(request),
+                }
+            }
+            send.request.is_some()
+        });
+    }
+
+    /// Reads every announced head and starts receiving the bodies.
+    fn probe_heads(&mut self) -> Result<(), LinkError> {
+        while let Some((message, status)) = self
+            .comm
+            .any_process()
+            .immediate_matched_probe_with_tag(TAG_HEAD)
+        {
+            let src = status.source_rank() as usize;
+            let (head, _) = (message, status).matched_receive_vec::<u8>();
+            if head.len() < 9 {
+                return Err(LinkError(format!(
+                    "a truncated message head ({} bytes) from rank {src}",
+                    head.len()
+                )));
+            }
+            let mut len = [0u8; 8];
+            len.copy_from_slice(&head[1..9]);
+            let body_len = usize::try_from(u64::from_le_bytes(len)).unwrap_or(usize::MAX);
+            let rest = &head[9..];
+            let incoming = match head[0] {
+                FLAG_INLINE if body_len <= rest.len() => {
+                    let split = rest.len() - body_len;
+                    Incoming {
+                        src,
+                        header: rest[..split].to_vec(),
+                        body: Body::Done(rest[split..].to_vec()),
+                    }
+                }
+                FLAG_SEPARATE => Incoming {
+                    src,
+                    header: rest.to_vec(),
+                    body: Body::Unmatched(body_len),
+                },
+                flag => {
+                    return Err(LinkError(format!(
+                        "a malformed message head from rank {src} (flag {flag}, body {body_len} \
+                         bytes)"
+                    )))
+                }
+            };
+            self.incoming.push_back(incoming);
+        }
+        Ok(())
+    }
+
+    /// Matches bodies to their heads (in order per source) and completes their receives.
+    fn progress_bodies(&mut self) -> Result<(), LinkError> {
+        let mut blocked: HashSet<usize> = HashSet::new();
+        for incoming in self.incoming.iter_mut() {
+            let src = incoming.src;
+            if let Body::Unmatched(len) = incoming.body {
+                if blocked.contains(&src) {
+                    continue;
+                }
+                match self
+                    .comm
+                    .process_at_rank(src as i32)
+                    .immediate_matched_probe_with_tag(TAG_BODY)
+                {
+                    Some((message, status)) => {
+                        let count = status.count(u8::equivalent_datatype()) as usize;
+                        if count != len {
+                            // Receive it anyway so MPI's queue stays consistent, then fail.
+                            let _ = (message, status).matched_receive_vec::<u8>();
+                            return Err(LinkError(format!(
+                                "rank {src} announced a {len}-byte body but sent {count} bytes"
+                            )));
+                        }
+                        let mut buffer = vec![0u8; len];
+                        // SAFETY: `buffer` moves into `incoming.body` next to its request and
+                        // is read only after the request completed.
+                        let view = unsafe { extend_mut(&mut buffer) };
+                        let request = message.immediate_matched_receive_into(StaticScope, view);
+                        incoming.body = Body::Receiving {
+                            request: Some(request),
+                            buffer,
+                        };
+                    }
+                    None => {
+                        blocked.insert(src);
+                        continue;
+                    }
+                }
+            }
+            if let Body::Receiving { request, buffer } = &mut incoming.body {
+                if let Some(r) = request.take() {
+                    match r.test() {
+                        Ok(_) => incoming.body = Body::Done(std::mem::take(buffer)),
+                        Err(r) => *request = Some(r),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+use mpi::datatype::Equivalence;
+
+impl Link for MpiLink {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    fn post(&mut self, dst: usize, header: Vec<u8>, body: Vec<u8>) -> Result<(), LinkError> {
+        if dst >= self.ranks {
+            return Err(LinkError(format!(
+                "no rank {dst}: the MPI world has {} ranks",
+                self.ranks
+            )));
+        }
+        if body.len() > i32::MAX as usize {
+            return Err(LinkError(format!(
+                "a message of {} bytes is over MPI's limit of {} bytes per message",
+                body.len(),
+                i32::MAX
+            )));
+        }
+        let inline = body.len() <= INLINE_BYTES;
+        let mut head = Vec::with_capacity(9 + header.len() + if inline { body.len() } else { 0 });
+        head.push(if inline { FLAG_INLINE } else { FLAG_SEPARATE });
+        head.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        head.extend_from_slice(&header);
+        if inline {
+            head.extend_from_slice(&body);
+            self.isend(dst, head, TAG_HEAD);
+        } else {
+            self.isend(dst, head, TAG_HEAD);
+            self.isend(dst, body, TAG_BODY);
+        }
+        self.reap_sends();
+        Ok(())
+    }
+
+    fn poll(&mut self) -> Result<Option<(usize, Vec<u8>, Vec<u8>)>, LinkError> {
+        self.reap_sends();
+        self.probe_heads()?;
+        self.progress_bodies()?;
+        // Deliver in arrival order per source: the first complete message whose source has
+        // no earlier incomplete one.
+        let mut waiting: HashSet<usize> = HashSet::new();
+        let mut ready = None;
+        for (i, incoming) in self.incoming.iter().enumerate() {
+            if matches!(incoming.body, Body::Done(_)) && !waiting.contains(&incoming.src) {
+                ready = Some(i);
+                break;
+            }
+            waiting.insert(incoming.src);
+        }
+        Ok(ready
+            .and_then(|i| self.incoming.remove(i))
+            .map(|incoming| match incoming.body {
+                Body::Done(body) => (incoming.src, incoming.header, body),
+                // `ready` only points at complete messages.
+                _ => (incoming.src, incoming.header, Vec::new()),
+            }))
+    }
+
+    fn flush(&mut self, deadline: Instant) -> Result<bool, LinkError> {
+        loop {
+            self.reap_sends();
+            if self.sends.is_empty() {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            // Receiving keeps the peers' sends to us moving, which may be what they wait on.
+            self.probe_heads()?;
+            self.progress_bodies()?;
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+impl Drop for MpiLink {
+    fn drop(&mut self) {
+        let _ = self.flush(Instant::now() + Duration::from_secs(2));
+        // Requests that never completed (a peer is gone) cannot be freed safely: leak them and
+        // their buffers rather than let MPI write into freed memory.
+        for send in self.sends.drain(..) {
+            std::mem::forget(send.request);
+            std::mem::forget(send.buffer);
+        }
+        for incoming in self.incoming.drain(..) {
+            if let Body::Receiving { request, buffer } = incoming.body {
+                std::mem::forget(request);
+                std::mem::forget(buffer);
+            }
+        }
+    }
+}
