@@ -192,3 +192,31 @@ def test_from_torch_csv_errors_are_value_errors():
         dualpipe_rs.Schedule.from_torch_csv("0X1\n")
     with pytest.raises(ValueError, match="unknown schedule"):
         dualpipe_rs.Schedule.from_torch_csv("0F0,0B0\n", kind="nope")
+
+
+# --- torch.distributed.pipelining accepts our CSV (optional: needs torch) ----------------------
+
+
+@pytest.mark.parametrize(
+    "kind, ranks, mbs",
+    [("1f1b", 4, 8), ("gpipe", 2, 4), ("zb1p", 4, 8), ("interleaved", 4, 8), ("dualpipev", 4, 8)],
+)
+def test_torch_reads_and_validates_the_csv(kind, ranks, mbs):
+    pytest.importorskip("torch")
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    needed = ("_Action", "_validate_schedule", "_add_send_recv")
+    if not all(hasattr(schedules, name) for name in needed):
+        pytest.skip("this torch has no compute-only CSV helpers")
+    s = dualpipe_rs.schedule(kind, ranks, mbs)
+    actions = {
+        rank: [schedules._Action.from_str(cell) for cell in row]
+        for rank, row in enumerate(s.actions)
+    }
+    assert [[str(a) for a in actions[r]] for r in range(ranks)] == s.actions
+    num_stages = sum(len(row) for row in s.placement)
+    stage_to_rank = {
+        d * len(row) + stage: rank for d, row in enumerate(s.placement) for stage, rank in enumerate(row)
+    }
+    schedules._validate_schedule(actions, ranks, num_stages, mbs)
+    with_comms = schedules._add_send_recv(actions, stage_to_rank.__getitem__, num_stages)
+    assert len(with_comms) == ranks
