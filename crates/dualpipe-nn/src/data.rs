@@ -83,9 +83,31 @@ impl DataSet {
 
     /// All `micro_batches` micro-batches of step `step`.
     pub fn batch(&self, step: usize, micro_batches: usize) -> Result<Batch, NnError> {
-        let mbs = (0..micro_batches)
-            .map(|mb| self.micro_batch(step, mb))
-            .collect::<Result<Vec<_>, _>>()?;
+        // Micro-batches are independent: draw them on a few threads (same result in any order).
+        let threads = std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .clamp(1, micro_batches.max(1));
+        let per_thread = micro_batches.div_ceil(threads);
+        let parts: Vec<Result<Vec<MicroBatch>, NnError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let range = t * per_thread..((t + 1) * per_thread).min(micro_batches);
+                    scope.spawn(move || range.map(|mb| self.micro_batch(step, mb)).collect())
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(NnError::Stage("drawing a micro-batch panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        let mut mbs = Vec::with_capacity(micro_batches);
+        for part in parts {
+            mbs.extend(part?);
+        }
         Ok(Arc::new(mbs))
     }
 }

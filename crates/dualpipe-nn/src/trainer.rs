@@ -312,11 +312,31 @@ impl Trainer {
             )));
         }
         sum_stage_copies(&self.schedule.placement, &mut self.stages)?;
-        for (rank_stages, rank_opts) in self.stages.iter_mut().zip(&mut self.optimizers) {
-            for ((_, stage), opt) in rank_stages.iter_mut().zip(rank_opts) {
-                opt.step(&mut stage.params_mut())?;
-            }
-        }
+        // Every rank updates its own copies, on its own thread, as ranks of a real run would.
+        let results: Vec<Result<(), NnError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .stages
+                .iter_mut()
+                .zip(&mut self.optimizers)
+                .map(|(rank_stages, rank_opts)| {
+                    scope.spawn(move || {
+                        for ((_, stage), opt) in rank_stages.iter_mut().zip(rank_opts) {
+                            opt.step(&mut stage.params_mut())?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(NnError::Execution("the optimizer step panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        results.into_iter().collect::<Result<(), NnError>>()?;
         self.steps_done += 1;
         self.failed = false;
         let losses: Vec<f64> = outcome.losses.iter().map(|l| l.loss).collect();
