@@ -26,6 +26,15 @@ pub(crate) fn parse_kind(kind: &str) -> PyResult<ScheduleKind> {
     })
 }
 
+/// A size argument as `usize`: a negative one is a `ValueError` naming the argument.
+pub(crate) fn size(name: &str, value: i64) -> PyResult<usize> {
+    usize::try_from(value).map_err(|_| {
+        PyValueError::new_err(format!(
+            "{name} must be a non-negative integer, got {value}"
+        ))
+    })
+}
+
 /// Virtual stages when none are given: 2 for interleaved, 1 otherwise (as the CLI).
 pub(crate) fn default_virtual_stages(kind: ScheduleKind) -> usize {
     if kind == ScheduleKind::Interleaved {
@@ -46,12 +55,17 @@ fn value_error(e: ScheduleError) -> PyErr {
 fn schedule(
     py: Python<'_>,
     kind: &str,
-    ranks: usize,
-    micro_batches: usize,
-    virtual_stages: Option<usize>,
+    ranks: i64,
+    micro_batches: i64,
+    virtual_stages: Option<i64>,
 ) -> PyResult<PySchedule> {
     let kind = parse_kind(kind)?;
-    let virtual_stages = virtual_stages.unwrap_or_else(|| default_virtual_stages(kind));
+    let ranks = size("ranks", ranks)?;
+    let micro_batches = size("micro_batches", micro_batches)?;
+    let virtual_stages = match virtual_stages {
+        Some(v) => size("virtual_stages", v)?,
+        None => default_virtual_stages(kind),
+    };
     let inner = py
         .detach(|| dualpipe_schedule::build(kind, ranks, micro_batches, virtual_stages))
         .map_err(value_error)?;

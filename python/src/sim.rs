@@ -7,7 +7,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::schedule::{default_virtual_stages, parse_kind, PySchedule};
+use crate::schedule::{default_virtual_stages, parse_kind, size, PySchedule};
 
 /// Simulates a schedule on a uniform cost model and returns the report as a dict.
 ///
@@ -22,9 +22,9 @@ use crate::schedule::{default_virtual_stages, parse_kind, PySchedule};
 fn simulate<'py>(
     py: Python<'py>,
     schedule: &Bound<'py, PyAny>,
-    ranks: Option<usize>,
-    micro_batches: Option<usize>,
-    virtual_stages: Option<usize>,
+    ranks: Option<i64>,
+    micro_batches: Option<i64>,
+    virtual_stages: Option<i64>,
     f: f64,
     b: f64,
     w: f64,
@@ -72,9 +72,9 @@ enum ScheduleSource {
 impl ScheduleSource {
     fn from_py(
         schedule: &Bound<'_, PyAny>,
-        ranks: Option<usize>,
-        micro_batches: Option<usize>,
-        virtual_stages: Option<usize>,
+        ranks: Option<i64>,
+        micro_batches: Option<i64>,
+        virtual_stages: Option<i64>,
     ) -> PyResult<Self> {
         if let Ok(s) = schedule.cast::<PySchedule>() {
             if ranks.is_some() || micro_batches.is_some() || virtual_stages.is_some() {
@@ -102,8 +102,16 @@ impl ScheduleSource {
                 "simulating '{name}' needs ranks and micro_batches, e.g. simulate('{name}', ranks=4, micro_batches=8)"
             )));
         };
-        let vs = virtual_stages.unwrap_or_else(|| default_virtual_stages(kind));
-        Ok(ScheduleSource::Kind(kind, ranks, micro_batches, vs))
+        let vs = match virtual_stages {
+            Some(v) => size("virtual_stages", v)?,
+            None => default_virtual_stages(kind),
+        };
+        Ok(ScheduleSource::Kind(
+            kind,
+            size("ranks", ranks)?,
+            size("micro_batches", micro_batches)?,
+            vs,
+        ))
     }
 }
 

@@ -115,9 +115,17 @@ def test_configuration_errors_carry_the_cli_message():
     assert str(info.value).startswith("dualpipe needs an even number of ranks")
 
 
-def test_negative_sizes_are_rejected():
-    with pytest.raises((ValueError, OverflowError)):
+def test_negative_sizes_are_value_errors():
+    with pytest.raises(ValueError, match="ranks must be a non-negative integer, got -4"):
         dualpipe_rs.schedule("1f1b", -4, 8)
+    with pytest.raises(ValueError, match="micro_batches"):
+        dualpipe_rs.schedule("1f1b", 4, -8)
+    with pytest.raises(ValueError, match="virtual_stages"):
+        dualpipe_rs.schedule("interleaved", 4, 8, -2)
+    with pytest.raises(ValueError, match="ranks"):
+        dualpipe_rs.simulate("1f1b", -4, 8)
+    with pytest.raises(TypeError):
+        dualpipe_rs.schedule("1f1b", 4.0, 8)
 
 
 def test_to_json_is_the_golden_schema_and_round_trips():
