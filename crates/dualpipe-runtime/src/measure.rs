@@ -50,7 +50,9 @@ impl OpTimes {
 
     /// A uniform cost for the simulator, filling kinds that did not run from those that did:
     /// `B = I + W` when no full backward ran, `W = B - I` (or half of `B`) when no `W` ran,
-    /// `F&B = F + B` when no pair ran. `None` without forwards or backwards.
+    /// `F&B = F + B` when no pair ran. Means measured on a noisy machine can break the cost
+    /// model's rules, so `W` is capped at `B` and `F&B` raised to at least `max(F, B)`.
+    /// `None` without forwards or backwards.
     pub fn stage_cost(&self) -> Option<StageCost> {
         let f = self.f?;
         let b = match (self.b, self.i, self.w) {
@@ -63,7 +65,7 @@ impl OpTimes {
             (None, Some(i)) => (b - i).max(0.0),
             (None, None) => 0.5 * b,
         };
-        let fb = self.fb.unwrap_or(f + b);
+        let fb = self.fb.unwrap_or(f + b).max(f.max(b));
         Some(StageCost::new(f, b, w, fb))
     }
 }
@@ -98,5 +100,16 @@ mod tests {
         let cost = times.stage_cost().unwrap();
         assert_eq!((cost.f, cost.b, cost.w, cost.fb), (2.0, 3.0, 2.0, 5.0));
         assert_eq!(OpTimes::default().stage_cost(), None);
+        // Noisy means are brought back within the cost model's rules.
+        let noisy = OpTimes {
+            f: Some(1.0),
+            b: Some(3.0),
+            w: Some(4.0),
+            fb: Some(2.0),
+            ..OpTimes::default()
+        };
+        let cost = noisy.stage_cost().unwrap();
+        assert_eq!((cost.w, cost.fb), (3.0, 3.0));
+        assert!(cost.check("measured").is_ok());
     }
 }

@@ -24,21 +24,19 @@ pub enum Class {
     /// A stage copy's parameter gradients, for summing the copies (`stage` = model stage,
     /// `dir` = the sender's copy).
     Gradients,
-    /// A rank's micro-batch losses, for the loss reduction (`stage` = the sending rank).
+    /// A rank's micro-batch losses and measured timeline, for the loss reduction (`stage` =
+    /// the sending rank).
     Losses,
-    /// A rank's timeline of the step, for reporting (`stage` = the sending rank).
-    Timeline,
     /// An empty message that only says "the sender got here" (`stage` = the sending rank).
     Barrier,
 }
 
 impl Class {
-    const ALL: [Class; 6] = [
+    const ALL: [Class; 5] = [
         Class::Forward,
         Class::Backward,
         Class::Gradients,
         Class::Losses,
-        Class::Timeline,
         Class::Barrier,
     ];
 
@@ -50,14 +48,13 @@ impl Class {
         Class::ALL.get(code as usize).copied()
     }
 
-    /// `F`, `B`, `GRAD`, `LOSS`, `TIMELINE`, `BARRIER`.
+    /// `F`, `B`, `GRAD`, `LOSS`, `BARRIER`.
     pub fn name(self) -> &'static str {
         match self {
             Class::Forward => "F",
             Class::Backward => "B",
             Class::Gradients => "GRAD",
             Class::Losses => "LOSS",
-            Class::Timeline => "TIMELINE",
             Class::Barrier => "BARRIER",
         }
     }

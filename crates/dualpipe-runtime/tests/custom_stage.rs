@@ -13,7 +13,7 @@ struct Scale {
     w: f64,
     grad_w: f64,
     last: bool,
-    saved: HashMap<Chunk, Vec<f64>>,  // inputs, kept from F until W
+    saved: HashMap<Chunk, Vec<f64>>,   // inputs, kept from F until W
     pending: HashMap<Chunk, Vec<f64>>, // output gradients, kept from I until W
 }
 
@@ -43,7 +43,10 @@ impl Stage for Scale {
         chunk: Chunk,
         grad_output: Option<Vec<f64>>,
     ) -> Result<Option<Vec<f64>>, StageError> {
-        let x = self.saved.get(&chunk).ok_or(StageError("backward before forward".into()))?;
+        let x = self
+            .saved
+            .get(&chunk)
+            .ok_or(StageError("backward before forward".into()))?;
         // At the last stage dL/dy = y = w x.
         let dy = grad_output.unwrap_or_else(|| x.iter().map(|v| self.w * v).collect());
         let dx = dy.iter().map(|g| self.w * g).collect();
@@ -52,8 +55,14 @@ impl Stage for Scale {
     }
 
     fn backward_weight(&mut self, chunk: Chunk) -> Result<(), StageError> {
-        let dy = self.pending.remove(&chunk).ok_or(StageError("W before I".into()))?;
-        let x = self.saved.remove(&chunk).ok_or(StageError("W before F".into()))?;
+        let dy = self
+            .pending
+            .remove(&chunk)
+            .ok_or(StageError("W before I".into()))?;
+        let x = self
+            .saved
+            .remove(&chunk)
+            .ok_or(StageError("W before F".into()))?;
         self.grad_w += dy.iter().zip(&x).map(|(g, v)| g * v).sum::<f64>();
         Ok(())
     }
@@ -90,6 +99,10 @@ fn custom_stage_trains_under_dualpipe() {
     // dL/dw is the same for every stage (each contributes one factor w): 2 loss / w per mb.
     let total: f64 = outcome.losses.iter().map(|l| 2.0 * l.loss / 0.5).sum();
     for (_, stage) in ranks.iter().flat_map(|r| r.iter()) {
-        assert!((stage.grad_w - total).abs() < 1e-9, "{} vs {total}", stage.grad_w);
+        assert!(
+            (stage.grad_w - total).abs() < 1e-9,
+            "{} vs {total}",
+            stage.grad_w
+        );
     }
 }
