@@ -30,51 +30,66 @@ use crate::{Chunk, Op, Schedule};
 pub fn lower(schedule: &Schedule) -> Schedule {
     let rank_of = &schedule.placement.rank_of;
     let stages = schedule.placement.stages();
-    let rank_at = |dir: usize, stage: usize| rank_of.get(dir).and_then(|row| row.get(stage));
-    // The rank of the neighbouring stage when it exists and lives elsewhere.
-    let remote = |c: Chunk, next: bool| -> Option<usize> {
-        let here = *rank_at(c.dir, c.stage)?;
-        let stage = if next {
-            if c.stage + 1 >= stages {
-                return None;
+    // For every (dir, stage): the rank of the previous and of the next stage when it exists
+    // and lives on another rank (NONE otherwise).
+    const NONE: usize = usize::MAX;
+    let mut prev = vec![NONE; rank_of.len() * stages];
+    let mut next = vec![NONE; rank_of.len() * stages];
+    for (dir, row) in rank_of.iter().enumerate() {
+        for (stage, &here) in row.iter().enumerate() {
+            let i = dir * stages + stage;
+            if let Some(&q) = stage.checked_sub(1).and_then(|s| row.get(s)) {
+                if q != here {
+                    prev[i] = q;
+                }
             }
-            c.stage + 1
-        } else {
-            c.stage.checked_sub(1)?
-        };
-        rank_at(c.dir, stage).copied().filter(|&q| q != here)
+            if let Some(&q) = row.get(stage + 1) {
+                if q != here {
+                    next[i] = q;
+                }
+            }
+        }
+    }
+    // The peer of a chunk's neighbour (`table` is `prev` or `next`); chunks outside the
+    // placement (only in invalid input) get no messages, and the validator reports them.
+    let peer = |table: &[usize], c: Chunk| -> Option<usize> {
+        if c.stage >= stages {
+            return None;
+        }
+        let q = *table.get(c.dir.checked_mul(stages)?.checked_add(c.stage)?)?;
+        (q != NONE).then_some(q)
     };
     let programs = schedule
         .programs
         .iter()
         .map(|program| {
-            let compute = program.iter().filter(|op| op.is_compute()).count();
-            let mut out = Vec::with_capacity(compute * 3);
-            for op in program.iter().filter(|op| op.is_compute()) {
+            let mut out = Vec::with_capacity(program.len() * 3);
+            for op in program {
                 let (fwd, bwd) = match *op {
                     Op::F(c) => (Some(c), None),
                     Op::B(c) | Op::I(c) => (None, Some(c)),
                     Op::FB { f, b } => (Some(f), Some(b)),
-                    _ => (None, None),
+                    Op::W(_) => (None, None),
+                    _ => continue,
                 };
                 if let Some(c) = fwd {
-                    if let Some(peer) = remote(c, false) {
+                    if let Some(peer) = peer(&prev, c) {
                         out.push(Op::RecvF { chunk: c, peer });
                     }
                 }
                 if let Some(c) = bwd {
-                    if let Some(peer) = remote(c, true) {
+                    if let Some(peer) = peer(&next, c) {
                         out.push(Op::RecvB { chunk: c, peer });
                     }
                 }
                 out.push(*op);
                 if let Some(c) = fwd {
-                    if let Some(peer) = remote(c, true) {
+                    if let Some(peer) = peer(&next, c) {
                         out.push(Op::SendF { chunk: c, peer });
                     }
                 }
                 if let Some(c) = bwd {
-                    if let Some(peer) = remote(c, false) {
+                    if let Some(peer) = peer(&prev, c) {
                         out.push(Op::SendB { chunk: c, peer });
                     }
                 }

@@ -13,6 +13,24 @@ struct Event {
     id: usize,
 }
 
+/// The event a forward of `c` waits for: the activations of the previous stage.
+#[inline]
+fn fwd_input(geo: &Geometry<'_>, c: Chunk) -> Event {
+    Event {
+        bwd: false,
+        id: geo.id(c) - geo.per_dir,
+    }
+}
+
+/// The event a backward of `c` waits for: the gradient of the next stage.
+#[inline]
+fn bwd_input(geo: &Geometry<'_>, c: Chunk) -> Event {
+    Event {
+        bwd: true,
+        id: geo.id(c) + geo.per_dir,
+    }
+}
+
 /// Runs the programs event by event; returns each rank's final op index and what a stuck rank
 /// waits for.
 fn run(geo: &Geometry<'_>, lowered: bool) -> (Vec<usize>, Vec<Option<Event>>) {
@@ -45,22 +63,13 @@ fn run(geo: &Geometry<'_>, lowered: bool) -> (Vec<usize>, Vec<Option<Event>>) {
                         }
                     }
                 }
-                _ => {
-                    let (ps, count) = parts(op);
-                    for (k, &(part, c)) in ps[..count].iter().enumerate() {
-                        need[k] = match part {
-                            Part::Fwd => geo.remote_prev(c).map(|_| Event {
-                                bwd: false,
-                                id: geo.id(Chunk::new(c.dir, c.stage - 1, c.mb)),
-                            }),
-                            Part::Bwd { .. } => geo.remote_next(c).map(|_| Event {
-                                bwd: true,
-                                id: geo.id(Chunk::new(c.dir, c.stage + 1, c.mb)),
-                            }),
-                            Part::Wgt => None,
-                        };
-                    }
+                Op::F(c) => need[0] = geo.remote_prev(c).map(|_| fwd_input(geo, c)),
+                Op::B(c) | Op::I(c) => need[0] = geo.remote_next(c).map(|_| bwd_input(geo, c)),
+                Op::FB { f, b } => {
+                    need[0] = geo.remote_prev(f).map(|_| fwd_input(geo, f));
+                    need[1] = geo.remote_next(b).map(|_| bwd_input(geo, b));
                 }
+                Op::W(_) => {}
             }
             for e in need.into_iter().flatten() {
                 if !ready[usize::from(e.bwd)][e.id] {

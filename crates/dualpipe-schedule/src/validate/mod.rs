@@ -151,6 +151,9 @@ pub(super) struct Geometry<'a> {
     pub(super) per_dir: usize,
     /// `rank_of[dir * stages + stage]`.
     rank_of: Vec<usize>,
+    /// Per `dir * stages + stage`: bit 0 when the previous stage exists on another rank, bit 1
+    /// when the next one does.
+    remote: Vec<u8>,
 }
 
 impl Geometry<'_> {
@@ -171,22 +174,61 @@ impl Geometry<'_> {
         self.rank_of[dir * self.stages + stage]
     }
 
-    /// The rank of the next stage when it exists and runs on another rank than `c`'s.
+    /// The rank of the next stage when it exists and runs on another rank than `c`'s
+    /// (`c` must be in range).
+    #[inline]
     pub(super) fn remote_next(&self, c: Chunk) -> Option<usize> {
-        if c.stage + 1 >= self.stages {
-            return None;
-        }
-        let q = self.rank(c.dir, c.stage + 1);
-        (q != self.rank(c.dir, c.stage)).then_some(q)
+        let ds = c.dir * self.stages + c.stage;
+        (self.remote[ds] & 2 != 0).then(|| self.rank_of[ds + 1])
     }
 
-    /// The rank of the previous stage when it exists and runs on another rank than `c`'s.
+    /// The rank of the previous stage when it exists and runs on another rank than `c`'s
+    /// (`c` must be in range).
+    #[inline]
     pub(super) fn remote_prev(&self, c: Chunk) -> Option<usize> {
-        if c.stage == 0 {
-            return None;
+        let ds = c.dir * self.stages + c.stage;
+        (self.remote[ds] & 1 != 0).then(|| self.rank_of[ds - 1])
+    }
+
+    /// The id of a chunk in range on `rank`, or the error of the rule it breaks.
+    #[inline(always)]
+    fn own(&self, c: Chunk, rank: usize, index: usize, op: &Op) -> Res<usize> {
+        if c.dir < self.dirs && c.stage < self.stages && c.mb < self.per_dir {
+            let ds = c.dir * self.stages + c.stage;
+            if self.rank_of[ds] == rank {
+                return Ok(ds * self.per_dir + c.mb);
+            }
         }
-        let q = self.rank(c.dir, c.stage - 1);
-        (q != self.rank(c.dir, c.stage)).then_some(q)
+        Err(self.not_own(c, rank, index, op))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn not_own(&self, c: Chunk, rank: usize, index: usize, op: &Op) -> Box<ValidationError> {
+        let at = Some((index, op));
+        if !self.in_range(c) {
+            return fail(
+                rank,
+                at,
+                Rule::ChunkRange,
+                &format!(
+                    "chunk {c} is outside the schedule ({} direction(s), {} stages, {} \
+                     micro-batches per direction)",
+                    self.dirs, self.stages, self.per_dir
+                ),
+            );
+        }
+        fail(
+            rank,
+            at,
+            Rule::Placement,
+            &format!(
+                "stage {} of direction {} runs on rank {}, not here",
+                c.stage,
+                c.dir,
+                self.rank(c.dir, c.stage)
+            ),
+        )
     }
 
     pub(super) fn op(&self, rank: usize, index: u32) -> (usize, &Op) {
@@ -341,6 +383,17 @@ pub(super) fn check_shape(schedule: &Schedule) -> Res<Geometry<'_>> {
         stages,
         per_dir,
         rank_of: placement.rank_of.iter().flatten().copied().collect(),
+        remote: placement
+            .rank_of
+            .iter()
+            .flat_map(|row| {
+                (0..row.len()).map(move |s| {
+                    let prev = s > 0 && row[s - 1] != row[s];
+                    let next = s + 1 < row.len() && row[s + 1] != row[s];
+                    u8::from(prev) | (u8::from(next) << 1)
+                })
+            })
+            .collect(),
     })
 }
 
@@ -378,125 +431,107 @@ fn check_ops(geo: &Geometry<'_>) -> Res<Positions> {
         send_b: vec![NONE; n],
         recv_b: vec![NONE; n],
     };
-    let ranks = geo.schedule.ranks;
     for (rank, program) in geo.schedule.programs.iter().enumerate() {
         for (index, op) in program.iter().enumerate() {
-            let at = Some((index, op));
-            let check_chunk = |c: Chunk| -> Res<usize> {
-                if !geo.in_range(c) {
-                    return Err(fail(
-                        rank,
-                        at,
-                        Rule::ChunkRange,
-                        &format!(
-                            "chunk {c} is outside the schedule ({} direction(s), {} stages, {} \
-                             micro-batches per direction)",
-                            geo.dirs, geo.stages, geo.per_dir
-                        ),
-                    ));
+            match *op {
+                Op::F(c) => {
+                    let id = geo.own(c, rank, index, op)?;
+                    record(&mut pos.f, id, rank, index, op, FORWARD)?;
                 }
-                let owner = geo.rank(c.dir, c.stage);
-                if owner != rank {
-                    return Err(fail(
-                        rank,
-                        at,
-                        Rule::Placement,
-                        &format!(
-                            "stage {} of direction {} runs on rank {owner}, not here",
-                            c.stage, c.dir
-                        ),
-                    ));
+                Op::B(c) | Op::I(c) => {
+                    let id = geo.own(c, rank, index, op)?;
+                    record(&mut pos.b, id, rank, index, op, BACKWARD)?;
+                    pos.split[id] = matches!(op, Op::I(_));
                 }
-                Ok(geo.id(c))
-            };
-            if op.is_compute() {
-                let (ps, count) = parts(op);
-                for &(part, c) in &ps[..count] {
-                    let id = check_chunk(c)?;
-                    match part {
-                        Part::Fwd => {
-                            record(&mut pos.f, id, rank, index, op, "the forward of this chunk")?
-                        }
-                        Part::Bwd { split } => {
-                            record(
-                                &mut pos.b,
-                                id,
-                                rank,
-                                index,
-                                op,
-                                "the backward of this chunk",
-                            )?;
-                            pos.split[id] = split;
-                        }
-                        Part::Wgt => record(
-                            &mut pos.w,
-                            id,
-                            rank,
-                            index,
-                            op,
-                            "the weight gradient of this chunk",
-                        )?,
-                    }
+                Op::W(c) => {
+                    let id = geo.own(c, rank, index, op)?;
+                    record(&mut pos.w, id, rank, index, op, WEIGHT)?;
                 }
-                continue;
-            }
-            let (chunk, peer) = match *op {
-                Op::Wait => continue,
+                Op::FB { f, b } => {
+                    let fid = geo.own(f, rank, index, op)?;
+                    let bid = geo.own(b, rank, index, op)?;
+                    record(&mut pos.f, fid, rank, index, op, FORWARD)?;
+                    record(&mut pos.b, bid, rank, index, op, BACKWARD)?;
+                }
+                Op::Wait => {}
                 Op::SendF { chunk, peer }
                 | Op::RecvF { chunk, peer }
                 | Op::SendB { chunk, peer }
-                | Op::RecvB { chunk, peer } => (chunk, peer),
-                _ => unreachable!("compute ops handled above"),
-            };
-            let id = check_chunk(chunk)?;
-            let peer_err = |detail: String| fail(rank, at, Rule::Peer, &detail);
-            if peer >= ranks {
-                return Err(peer_err(format!(
-                    "peer {peer} does not exist (the schedule has {ranks} ranks)"
-                )));
-            }
-            let (want, table, what) = match op {
-                Op::SendF { .. } => (
-                    geo.remote_next(chunk),
-                    &mut pos.send_f,
-                    "activations to the next stage",
-                ),
-                Op::RecvF { .. } => (
-                    geo.remote_prev(chunk),
-                    &mut pos.recv_f,
-                    "activations from the previous stage",
-                ),
-                Op::SendB { .. } => (
-                    geo.remote_prev(chunk),
-                    &mut pos.send_b,
-                    "the input gradient to the previous stage",
-                ),
-                _ => (
-                    geo.remote_next(chunk),
-                    &mut pos.recv_b,
-                    "the output gradient from the next stage",
-                ),
-            };
-            match want {
-                None => {
-                    return Err(peer_err(format!(
-                        "no message carries {what} of stage {} of direction {}: that stage \
-                         does not exist or runs on this same rank (a local exchange); remove \
-                         the op",
-                        chunk.stage, chunk.dir
-                    )))
+                | Op::RecvB { chunk, peer } => {
+                    let id = geo.own(chunk, rank, index, op)?;
+                    let (want, table) = match op {
+                        Op::SendF { .. } => (geo.remote_next(chunk), &mut pos.send_f),
+                        Op::RecvF { .. } => (geo.remote_prev(chunk), &mut pos.recv_f),
+                        Op::SendB { .. } => (geo.remote_prev(chunk), &mut pos.send_b),
+                        _ => (geo.remote_next(chunk), &mut pos.recv_b),
+                    };
+                    if want != Some(peer) {
+                        return Err(peer_error(geo, rank, index, op, want));
+                    }
+                    record(table, id, rank, index, op, "the same message")?;
                 }
-                Some(q) if q != peer => {
-                    return Err(peer_err(format!(
-                        "{what} go to or come from rank {q}, which runs the neighbouring stage, \
-                         not rank {peer}"
-                    )))
-                }
-                Some(_) => record(table, id, rank, index, op, "the same message")?,
             }
         }
     }
     Ok(pos)
+}
+
+const FORWARD: &str = "the forward of this chunk";
+const BACKWARD: &str = "the backward of this chunk";
+const WEIGHT: &str = "the weight gradient of this chunk";
+
+/// The error of a comm op whose peer is not `want` (the rank of the neighbouring stage when a
+/// message is needed at all).
+#[cold]
+#[inline(never)]
+fn peer_error(
+    geo: &Geometry<'_>,
+    rank: usize,
+    index: usize,
+    op: &Op,
+    want: Option<usize>,
+) -> Box<ValidationError> {
+    let at = Some((index, op));
+    let (chunk, peer) = (
+        op.chunk().unwrap_or(Chunk::new(0, 0, 0)),
+        op.peer().unwrap_or(0),
+    );
+    let what = match op {
+        Op::SendF { .. } => "activations to the next stage",
+        Op::RecvF { .. } => "activations from the previous stage",
+        Op::SendB { .. } => "the input gradient to the previous stage",
+        _ => "the output gradient from the next stage",
+    };
+    let ranks = geo.schedule.ranks;
+    if peer >= ranks {
+        return fail(
+            rank,
+            at,
+            Rule::Peer,
+            &format!("peer {peer} does not exist (the schedule has {ranks} ranks)"),
+        );
+    }
+    match want {
+        None => fail(
+            rank,
+            at,
+            Rule::Peer,
+            &format!(
+                "no message carries {what} of stage {} of direction {}: that stage does not \
+                 exist or runs on this same rank (a local exchange); remove the op",
+                chunk.stage, chunk.dir
+            ),
+        ),
+        Some(q) => fail(
+            rank,
+            at,
+            Rule::Peer,
+            &format!(
+                "{what} go to or come from rank {q}, which runs the neighbouring stage, not \
+                 rank {peer}"
+            ),
+        ),
+    }
 }
 
 /// Checks one dependency between ranks of a lowered schedule: the producer `prod` on rank
