@@ -3,6 +3,7 @@
 //!
 //! `cargo bench -p dualpipe-eplb --bench drift` runs the full configuration (58 layers, 100
 //! intervals); `-- --quick` runs 8 layers and 20 intervals. `--seed N`, `--layers N`,
+//! `--tolerance T` (default: both 0 and 0.01), `--min-imbalance X`, `--steps N`,
 //! `--intervals N`, `--zipf S`, `--pareto ALPHA`, `--nodes N`, `--groups N` and
 //! `--sigma S` override the configuration.
 
@@ -13,7 +14,7 @@ use dualpipe_eplb::improved::PlannerOptions;
 
 fn main() {
     let mut config = DriftConfig::default();
-    let mut tolerance = 0.0;
+    let mut tolerance = None;
     let mut min_imbalance = None;
     let mut steps = None;
     let mut args = std::env::args().skip(1);
@@ -36,7 +37,7 @@ fn main() {
             "--nodes" => config.nodes = value("--nodes") as usize,
             "--groups" => config.groups = value("--groups") as usize,
             "--sigma" => config.drift_sigma = value("--sigma"),
-            "--tolerance" => tolerance = value("--tolerance"),
+            "--tolerance" => tolerance = Some(value("--tolerance")),
             "--steps" => steps = Some(value("--steps") as usize),
             "--min-imbalance" => min_imbalance = Some(value("--min-imbalance")),
             _ => {} // cargo bench passes --bench
@@ -46,15 +47,15 @@ fn main() {
     if let Some(steps) = steps {
         base.search_steps = steps;
     }
-    let arms = [
-        Arm::Reference,
-        Arm::ImprovedFresh(base),
-        Arm::Improved(PlannerOptions {
+    let mut arms = vec![Arm::Reference, Arm::ImprovedFresh(base)];
+    // Without --tolerance: the CLI default (0.0) and 0.01.
+    for tolerance in tolerance.map_or(vec![0.0, 0.01], |t| vec![t]) {
+        arms.push(Arm::Improved(PlannerOptions {
             tolerance,
             min_imbalance,
             ..base
-        }),
-    ];
+        }));
+    }
     println!("drift benchmark: {config:?}");
     let start = Instant::now();
     let reports = run_drift(&config, &arms).expect("valid configuration");
