@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VENV="python/.venv"
+VENV="python/target/ci-venv"  # ignored by git, apart from the developer venv python/.venv
 
 echo "== python: cargo fmt --check, clippy (python/ is its own cargo workspace)"
 cargo fmt --manifest-path python/Cargo.toml -- --check
