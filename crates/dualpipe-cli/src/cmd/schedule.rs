@@ -33,9 +33,9 @@ pub struct Args {
     /// Micro-batches per step, over all directions.
     #[arg(long)]
     pub micro_batches: usize,
-    /// Stages per rank for `interleaved` (other kinds fix it).
-    #[arg(long, default_value_t = 1)]
-    pub virtual_stages: usize,
+    /// Stages per rank (interleaved only) [default: 2 for interleaved, 1 otherwise].
+    #[arg(long)]
+    pub virtual_stages: Option<usize>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -54,7 +54,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             names.join(", ")
         ))
     })?;
-    let schedule = match build(kind, args.ranks, args.micro_batches, args.virtual_stages) {
+    let virtual_stages = args
+        .virtual_stages
+        .unwrap_or(if kind == ScheduleKind::Interleaved {
+            2
+        } else {
+            1
+        });
+    let schedule = match build(kind, args.ranks, args.micro_batches, virtual_stages) {
         Ok(s) => s,
         Err(ScheduleError::InvalidConfig(msg)) => return Err(UsageError(msg).into()),
         Err(e) => return Err(anyhow::Error::new(e).context(format!("{kind} schedule is invalid"))),
