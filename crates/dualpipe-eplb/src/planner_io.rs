@@ -1,7 +1,10 @@
 //! Bridges between the planner's `phy2log` rows and the crate's [`Plan`] type, and the reader of
 //! a previous placement (`--previous FILE`).
 
-use crate::improved::{ImprovedPlan, Layout, PlannerError};
+use crate::improved::{
+    rebalance_improved, Decision, ImprovedPlan, Layout, PlannerError, PlannerOptions,
+};
+use crate::moves::{move_plan, MovePlan};
 use crate::plan_check::{check_maps, check_placement, PlanViolation};
 use crate::{Matrix, Plan, Policy, Tensor3};
 
@@ -133,6 +136,113 @@ pub fn parse_previous(text: &str) -> Result<Vec<Vec<usize>>, PlannerError> {
         .collect()
 }
 
+/// Everything the CLI prints for the improved policy.
+#[derive(Clone, Debug)]
+pub struct PlannerRun {
+    /// The per-layer results.
+    pub improved: ImprovedPlan,
+    /// The plan in the crate's [`Plan`] form.
+    pub plan: Plan,
+    /// The transfers from the previous placement, when one was given.
+    pub moves: Option<MovePlan>,
+}
+
+/// Runs the improved policy on `load` (`[layers][experts]`), with the previous placement when
+/// given, and builds the move plan (`expert_bytes` per transfer, 0 if unknown).
+pub fn run_planner(
+    load: &[Vec<f64>],
+    layout: &Layout,
+    previous: Option<&[Vec<usize>]>,
+    opts: &PlannerOptions,
+    expert_bytes: u64,
+) -> Result<PlannerRun, PlannerError> {
+    let improved = rebalance_improved(load, layout, previous, opts)?;
+    let plan = improved.to_plan(layout);
+    let moves = previous.map(|prev| {
+        move_plan(
+            prev,
+            &improved.phy2log(),
+            layout.gpus,
+            layout.nodes,
+            expert_bytes,
+        )
+    });
+    Ok(PlannerRun {
+        improved,
+        plan,
+        moves,
+    })
+}
+
+impl PlannerRun {
+    /// `moves` and `rounds` (plus per-layer decisions) as JSON members to merge into the CLI's
+    /// JSON output.
+    pub fn json_members(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut map = serde_json::Map::new();
+        let decisions: Vec<Decision> = self.improved.layers.iter().map(|l| l.decision).collect();
+        map.insert("decisions".into(), serde_json::json!(decisions));
+        if let Some(m) = &self.moves {
+            map.insert("moves".into(), serde_json::json!(m.moves));
+            map.insert("rounds".into(), serde_json::json!(m.rounds));
+            map.insert("expert_bytes".into(), serde_json::json!(m.expert_bytes));
+        }
+        map
+    }
+
+    /// A few lines for the table output: what each layer did, and the transfers.
+    pub fn summary(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let mut counts: Vec<(Decision, usize)> = Vec::new();
+        for l in &self.improved.layers {
+            match counts.iter_mut().find(|(d, _)| *d == l.decision) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((l.decision, 1)),
+            }
+        }
+        let parts: Vec<String> = counts
+            .iter()
+            .map(|(d, n)| {
+                format!(
+                    "{n} {}",
+                    serde_json::to_value(d)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default()
+                )
+            })
+            .collect();
+        let _ = writeln!(s, "layers: {}", parts.join(", "));
+        if let Some(m) = &self.moves {
+            let replicas: usize = self.improved.layers.iter().map(|l| l.phy2log.len()).sum();
+            let _ = writeln!(
+                s,
+                "moves: {} of {} replicas ({} intra-node, {} inter-node) in {} rounds",
+                m.moves.len(),
+                replicas,
+                m.intra_node(),
+                m.inter_node(),
+                m.rounds.len()
+            );
+            if m.expert_bytes > 0 {
+                let busiest = m
+                    .rounds
+                    .iter()
+                    .map(|r| r.intra_node_bytes + r.inter_node_bytes)
+                    .max()
+                    .unwrap_or(0);
+                let intra: u64 = m.rounds.iter().map(|r| r.intra_node_bytes).sum();
+                let inter: u64 = m.rounds.iter().map(|r| r.inter_node_bytes).sum();
+                let _ = writeln!(
+                    s,
+                    "bytes: {intra} intra-node, {inter} inter-node; busiest round {busiest}"
+                );
+            }
+        }
+        s
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +265,34 @@ mod tests {
         let mut broken = plan.clone();
         broken.logcnt.row_mut(0)[2] = 2;
         assert!(check_plan(&broken).is_err());
+    }
+
+    #[test]
+    fn run_with_previous_reports_moves() {
+        let layout = Layout {
+            experts: 4,
+            replicas: 6,
+            groups: 2,
+            nodes: 2,
+            gpus: 2,
+        };
+        let opts = PlannerOptions::default();
+        let first = run_planner(&[vec![40.0, 10.0, 30.0, 20.0]], &layout, None, &opts, 8).unwrap();
+        assert!(first.moves.is_none());
+        let prev = first.improved.phy2log();
+        let second = run_planner(
+            &[vec![10.0, 40.0, 20.0, 30.0]],
+            &layout,
+            Some(&prev),
+            &opts,
+            8,
+        )
+        .unwrap();
+        let moves = second.moves.as_ref().unwrap();
+        assert_eq!(moves.moves.len(), second.improved.moved());
+        let json = second.json_members();
+        assert!(json.contains_key("moves") && json.contains_key("rounds"));
+        assert!(second.summary().contains("moves:"));
     }
 
     #[test]
