@@ -319,3 +319,40 @@ fn shape_errors() {
     let err = validate(&s).unwrap_err();
     assert_eq!(err.rule, Rule::Missing, "{err}");
 }
+
+#[test]
+fn dualpipe_dropped_overlapped_pair_is_missing() {
+    let Ok(mut s) = generate(ScheduleKind::DualPipe, 4, 8, 1) else {
+        return; // the DualPipe generator is not there yet
+    };
+    let i = s.programs[2]
+        .iter()
+        .position(|op| matches!(op, Op::FB { .. }))
+        .expect("an FB");
+    s.programs[2].remove(i);
+    let err = validate(&s).unwrap_err();
+    assert_eq!((err.rank, err.rule), (2, Rule::Missing), "{err}");
+}
+
+#[test]
+fn dualpipe_send_moved_to_the_end_deadlocks() {
+    let Ok(s) = generate(ScheduleKind::DualPipe, 4, 8, 1) else {
+        return;
+    };
+    let mut s = lower(&s);
+    let send = Op::SendF {
+        chunk: Chunk::new(0, 0, 0),
+        peer: 1,
+    };
+    let i = position(&s.programs[0], send);
+    let op = s.programs[0].remove(i);
+    s.programs[0].push(op);
+    let err = validate(&s).unwrap_err();
+    assert_eq!(err.rule, Rule::Deadlock, "{err}");
+    let text = err.to_string();
+    assert_eq!(err.rank, 0, "{text}");
+    assert!(
+        text.contains("rank 1 at op 1 `F (dir 0, stage 1, mb 0)` waits for the activations of (dir 0, stage 0, mb 0) from rank 0"),
+        "{text}"
+    );
+}
