@@ -98,6 +98,7 @@ struct Simulator<'a> {
     /// a message has one receiver, so one waiter at most.
     waiters: Vec<Option<usize>>,
     queue: VecDeque<usize>,
+    needs: Vec<Need>,
     timeline: Timeline,
 }
 
@@ -162,8 +163,24 @@ impl<'a> Simulator<'a> {
                 .collect(),
             waiters: vec![None; 2 * n],
             queue: (0..schedule.ranks).collect(),
-            timeline: Timeline::new(schedule.ranks),
+            needs: Vec::with_capacity(4),
+            timeline: Self::empty_timeline(schedule),
         })
+    }
+
+    /// A timeline with room for every compute op and message of the schedule.
+    fn empty_timeline(schedule: &Schedule) -> Timeline {
+        let mut timeline = Timeline::new(schedule.ranks);
+        let mut sends = 0;
+        for (intervals, program) in timeline.compute.iter_mut().zip(&schedule.programs) {
+            intervals.reserve_exact(program.iter().filter(|op| op.is_compute()).count());
+            sends += program
+                .iter()
+                .filter(|op| matches!(op, Op::SendF { .. } | Op::SendB { .. }))
+                .count();
+        }
+        timeline.messages.reserve_exact(sends);
+        timeline
     }
 
     fn run(mut self) -> Result<Timeline, SimError> {
@@ -294,8 +311,15 @@ impl<'a> Simulator<'a> {
 
     /// Runs `rank`'s program until it ends or needs a message that has not been sent.
     fn advance(&mut self, rank: usize) -> Result<(), SimError> {
+        // One scratch list for every call (a rank is advanced once per wake-up).
+        let mut needs = std::mem::take(&mut self.needs);
+        let result = self.advance_with(rank, &mut needs);
+        self.needs = needs;
+        result
+    }
+
+    fn advance_with(&mut self, rank: usize, needs: &mut Vec<Need>) -> Result<(), SimError> {
         let program = &self.schedule.programs[rank];
-        let mut needs = Vec::with_capacity(4);
         while self.ranks[rank].pc < program.len() {
             let op = program[self.ranks[rank].pc];
             match op {
@@ -387,11 +411,11 @@ impl<'a> Simulator<'a> {
                     match op {
                         Op::F(c) => {
                             indices[0] = self.check_local(rank, c)?;
-                            self.forward_needs(rank, c, &mut needs);
+                            self.forward_needs(rank, c, needs);
                         }
                         Op::B(c) | Op::I(c) => {
                             indices[1] = self.check_local(rank, c)?;
-                            self.backward_needs(rank, c, &mut needs);
+                            self.backward_needs(rank, c, needs);
                         }
                         Op::W(c) => {
                             let i = self.check_local(rank, c)?;
@@ -406,13 +430,13 @@ impl<'a> Simulator<'a> {
                         Op::FB { f, b } => {
                             indices[0] = self.check_local(rank, f)?;
                             indices[1] = self.check_local(rank, b)?;
-                            self.forward_needs(rank, f, &mut needs);
-                            self.backward_needs(rank, b, &mut needs);
+                            self.forward_needs(rank, f, needs);
+                            self.backward_needs(rank, b, needs);
                         }
                         _ => unreachable!("compute ops only"),
                     }
                     let mut ready = self.ranks[rank].time;
-                    for need in &needs {
+                    for need in needs.iter() {
                         match *need {
                             Need::Local(t, what, c) => {
                                 if t.is_nan() {
