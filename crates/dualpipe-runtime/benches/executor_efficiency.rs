@@ -62,9 +62,10 @@ fn main() {
         let timeline = &timelines[median_step];
         let nominal = CostModel::uniform(f / 1e3, b / 1e3, w / 1e3, fb / 1e3);
         let predicted = simulate(&schedule, &nominal).expect("simulates");
-        // The same simulation with the op durations the sleeps really took (OS overshoot).
+        // The same simulation with the op durations the sleeps of the median step really
+        // took (they overshoot by the OS's wake-up latency).
         let mut actual = nominal.clone();
-        actual.compute = OpTimes::from_timelines(&timelines)
+        actual.compute = OpTimes::from_timelines([timeline])
             .stage_cost()
             .expect("forwards and backwards ran");
         let predicted_actual = simulate(&schedule, &actual).expect("simulates");

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Our DualPipe runtime against DeepSeek's reference DualPipe on CPU, same shapes, same moment.
+
+Runs `dualpipe train` (release build) and scripts/dualpipe_reference_bench.py one after the
+other for every hidden size, so both see the same machine load, and prints a Markdown table.
+
+    cargo build --release -p dualpipe-cli
+    pip install torch
+    python3 scripts/runtime_reference_compare.py --dualpipe /path/to/DualPipe
+
+Shapes: 4 ranks, 8 micro-batches of 128 rows, one block (h -> 4h -> h) per stage. "ours step"
+is the whole training step (data, pipeline, gradient sum of the copies, AdamW); "ours pipeline"
+is the pipeline part alone, which is what the reference's timed `step()` covers.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def ours(binary, hidden, args, schedule="dualpipe"):
+    cmd = [binary, "train", "--schedule", schedule, "--ranks", str(args.ranks),
+           "--micro-batches", str(args.micro_batches), "--micro-batch-size", str(args.micro_batch_size),
+           "--hidden", str(hidden), "--layers-per-stage", "1", "--steps", str(args.steps),
+           "--format", "json", "--quiet"]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+
+
+def reference(hidden, args):
+    cmd = [sys.executable, os.path.join(HERE, "dualpipe_reference_bench.py"), "--dualpipe", args.dualpipe,
+           "--ranks", str(args.ranks), "--micro-batches", str(args.micro_batches),
+           "--micro-batch-size", str(args.micro_batch_size), "--hidden", str(hidden),
+           "--steps", str(args.steps), "--json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["results"][0]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dualpipe", required=True, help="path to a checkout of deepseek-ai/DualPipe")
+    parser.add_argument("--binary", default=os.path.join(HERE, "..", "target", "release", "dualpipe"))
+    parser.add_argument("--hidden", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--micro-batches", type=int, default=8)
+    parser.add_argument("--micro-batch-size", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+
+    print("| hidden | reference ms/step | ours ms/step (pipeline) | ours ms/step (whole step) | speed-up (pipeline) | speed-up (whole step) | ours 1F1B pipeline ms | DualPipe / 1F1B measured | simulated from measured op times |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for hidden in args.hidden:
+        ref = reference(hidden, args)["ms_per_step_median"]
+        dp = ours(args.binary, hidden, args)
+        ob = ours(args.binary, hidden, args, schedule="1f1b")
+        pipe = 1e3 * dp["pipeline_seconds_median"]
+        step = 1e3 * dp["step_seconds_median"]
+        pipe_1f1b = 1e3 * ob["pipeline_seconds_median"]
+        sim = dp["simulated_pipeline_seconds"] / ob["simulated_pipeline_seconds"]
+        print(f"| {hidden} | {ref:.1f} | {pipe:.1f} | {step:.1f} | {ref / pipe:.2f}x | {ref / step:.2f}x "
+              f"| {pipe_1f1b:.1f} | {pipe / pipe_1f1b:.2f} | {sim:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
