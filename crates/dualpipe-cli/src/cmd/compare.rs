@@ -52,6 +52,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         basis,
     )
     .map_err(|e| UsageError(e.to_string()))?;
+    if args.cost.fb.is_none() {
+        eprintln!("{}", super::simulate::FB_DEFAULT_NOTE);
+    }
     let text = match args.format {
         Format::Json => {
             let mut s = serde_json::to_string_pretty(&comparison)?;

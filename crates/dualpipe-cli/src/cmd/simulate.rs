@@ -104,6 +104,10 @@ pub struct Args {
     pub no_color: bool,
 }
 
+/// Printed (on stderr) when a schedule with overlapped pairs runs without `--fb`.
+pub const FB_DEFAULT_NOTE: &str =
+    "note: --fb not given, so an overlapped F&B pair costs F + B (no overlap gain); pass --fb to model the overlap";
+
 /// Parses a schedule kind name, or a usage error listing the valid ones.
 pub fn parse_kind(name: &str) -> Result<ScheduleKind, UsageError> {
     ScheduleKind::from_name(name).ok_or_else(|| {
@@ -138,6 +142,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let run = report::run(kind, args.ranks, args.micro_batches, virtual_stages, &cost)
         .map_err(run_error)?;
     let r = &run.report;
+    let uses_fb = run
+        .schedule
+        .programs
+        .iter()
+        .flatten()
+        .any(|op| matches!(op, dualpipe_schedule::Op::FB { .. }));
+    if args.cost.fb.is_none() && uses_fb {
+        eprintln!("{}", FB_DEFAULT_NOTE);
+    }
     if let Some(path) = &args.svg {
         let c = &cost.compute;
         let title = format!(
