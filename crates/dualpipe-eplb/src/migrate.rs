@@ -24,21 +24,10 @@ fn gpu_experts(layer: &[usize], gpu: usize, slots: usize) -> Vec<usize> {
     v
 }
 
-/// Size of the multiset intersection of two sorted lists.
-fn common(a: &[usize], b: &[usize]) -> i64 {
-    let (mut i, mut j, mut n) = (0, 0, 0);
-    while i < a.len() && j < b.len() {
-        match a[i].cmp(&b[j]) {
-            std::cmp::Ordering::Less => i += 1,
-            std::cmp::Ordering::Greater => j += 1,
-            std::cmp::Ordering::Equal => {
-                n += 1;
-                i += 1;
-                j += 1;
-            }
-        }
-    }
-    n
+/// Replicas of `new` (one GPU's experts) whose expert is among `old` (sorted): the replicas
+/// that do not move if `new` takes `old`'s place.
+fn common(new: &[usize], old: &[usize]) -> i64 {
+    new.iter().filter(|e| old.binary_search(e).is_ok()).count() as i64
 }
 
 /// Renames the GPUs of `new` (one layer) so that it keeps as many of `old`'s replicas in place as

@@ -4,6 +4,7 @@
 use dualpipe_eplb::improved::{
     gpu_loads, moved_replicas, rebalance_improved, Decision, Layout, PlannerOptions,
 };
+use dualpipe_eplb::migrate::relabel;
 use dualpipe_eplb::moves::move_plan;
 use dualpipe_eplb::plan_check::{check_moves, check_placement, check_policy, check_rounds};
 use dualpipe_eplb::planner_io::check_plan;
@@ -110,6 +111,20 @@ proptest! {
             let max = gpu_loads(&l.phy2log, &now[i], layout.gpus).into_iter().fold(0.0, f64::max);
             prop_assert!((max - l.max_load).abs() <= 1e-9 * max.max(1.0));
         }
+        // Slot preservation: an expert that stays on its GPU keeps its slot.
+        let slots = layout.slots_per_gpu();
+        for (old_row, new_row) in prev.iter().zip(&new) {
+            for g in 0..layout.gpus {
+                let range = g * slots..(g + 1) * slots;
+                let count = |row: &[usize], x: usize| row[range.clone()].iter().filter(|&&e| e == x).count();
+                for s in range.clone() {
+                    let x = old_row[s];
+                    if count(new_row, x) >= count(old_row, x) {
+                        prop_assert_eq!(new_row[s], x, "GPU {} slot {}", g, s);
+                    }
+                }
+            }
+        }
         let moves = move_plan(&prev, &new, layout.gpus, layout.nodes, 1000);
         prop_assert_eq!(check_moves(&prev, &new, &moves.moves, layout.gpus), Ok(()));
         prop_assert_eq!(check_rounds(&moves), Ok(()));
@@ -140,6 +155,42 @@ proptest! {
         let plan = rebalance_improved(&now, &layout, Some(&prev), &opts).unwrap();
         prop_assert_eq!(plan.phy2log(), prev);
         prop_assert_eq!(plan.moved(), 0);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Relabelling never keeps fewer replicas in place than the plan as it came, keeps each
+    /// GPU's multiset of experts, and moves whole nodes.
+    #[test]
+    fn relabelling_keeps_more_in_place(
+        nodes in 1usize..=3,
+        gpn in 1usize..=3,
+        slots in 1usize..=3,
+        seed in any::<u64>(),
+    ) {
+        let gpus = nodes * gpn;
+        let n = gpus * slots;
+        let mut x = seed | 1;
+        let mut next = |m: usize| { x ^= x << 13; x ^= x >> 7; x ^= x << 17; (x % m as u64) as usize };
+        let experts = n.div_ceil(2);
+        let old: Vec<usize> = (0..n).map(|_| next(experts)).collect();
+        let new: Vec<usize> = (0..n).map(|_| next(experts)).collect();
+        let out = relabel(&new, &old, gpus, nodes);
+        prop_assert!(moved_replicas(&old, &out, gpus) <= moved_replicas(&old, &new, gpus));
+        let sorted = |row: &[usize], g: usize| { let mut v = row[g * slots..(g + 1) * slots].to_vec(); v.sort_unstable(); v };
+        let mut a: Vec<Vec<usize>> = (0..gpus).map(|g| sorted(&new, g)).collect();
+        let mut b: Vec<Vec<usize>> = (0..gpus).map(|g| sorted(&out, g)).collect();
+        // GPUs of a new node land together on one old node.
+        for node in 0..nodes {
+            let group: Vec<Vec<usize>> = (0..gpn).map(|i| sorted(&new, node * gpn + i)).collect();
+            let target = (0..gpus).find(|&g| b[g] == group[0]).map(|g| g / gpn);
+            prop_assert!(target.is_some());
+        }
+        a.sort();
+        b.sort();
+        prop_assert_eq!(a, b);
     }
 }
 
