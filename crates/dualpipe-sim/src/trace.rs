@@ -69,11 +69,12 @@ pub fn render_trace(timeline: &Timeline) -> String {
             "name": format!("{recv} {} from rank {}", m.dst_chunk.mb, m.src), "cat": "comm", "ph": "X",
             "pid": m.dst, "tid": COMM_TID, "ts": ts, "dur": dur, "args": args,
         }));
-        // Flow ends sit strictly inside their slices (at the midpoint) so that viewers bind
-        // them to the enclosing slice whatever order they sort equal timestamps in.
-        let mid = ts + dur / 2.0;
-        events.push(json!({"name": "message", "cat": "comm", "ph": "s", "id": id, "pid": m.src, "tid": COMM_TID, "ts": mid, "bp": "e"}));
-        events.push(json!({"name": "message", "cat": "comm", "ph": "f", "id": id, "pid": m.dst, "tid": COMM_TID, "ts": mid, "bp": "e"}));
+        // Flow ends sit strictly inside their slices (near the send's start and the receive's
+        // end) so that viewers bind them to the enclosing slice whatever order they sort equal
+        // timestamps in, and the arrow slants with the flight time.
+        let (out_ts, in_ts) = (ts + 0.1 * dur, ts + 0.9 * dur);
+        events.push(json!({"name": "message", "cat": "comm", "ph": "s", "id": id, "pid": m.src, "tid": COMM_TID, "ts": out_ts, "bp": "e"}));
+        events.push(json!({"name": "message", "cat": "comm", "ph": "f", "id": id, "pid": m.dst, "tid": COMM_TID, "ts": in_ts, "bp": "e"}));
     }
     let doc = json!({"traceEvents": events, "displayTimeUnit": "ms"});
     let mut text = serde_json::to_string(&doc).unwrap_or_default();
@@ -128,5 +129,11 @@ mod tests {
             .find(|e| e["ph"] == "X" && e["tid"] == 1 && e["pid"] == 0)
             .unwrap();
         assert!((send["dur"].as_f64().unwrap() - 500.0).abs() < 1e-9);
+        let flow = |ph: &str| {
+            events.iter().find(|e| e["ph"] == ph).unwrap()["ts"]
+                .as_f64()
+                .unwrap()
+        };
+        assert!((flow("s") - 1050.0).abs() < 1e-6 && (flow("f") - 1450.0).abs() < 1e-6);
     }
 }
