@@ -219,9 +219,15 @@ pub struct OpSeconds {
 
 /// Runs `dualpipe train`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let config = config(&args)?;
+    let text = execute(&args)?;
+    write_output(None, &text)
+}
+
+/// Trains, writes the trace and SVG files, and returns the summary text (table or JSON).
+fn execute(args: &Args) -> anyhow::Result<String> {
+    let config = config(args)?;
     let mut trainer = Trainer::new(config.clone()).map_err(setup_error)?;
-    let progress = progress_bar(&args, config.steps);
+    let progress = progress_bar(args, config.steps);
     let samples_per_step = (config.micro_batches * config.micro_batch_size) as f64;
     let mut reports: Vec<StepReport> = Vec::with_capacity(config.steps);
     let began = Instant::now();
@@ -310,11 +316,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 
-    let text = match args.format {
+    Ok(match args.format {
         Format::Json => format!("{}\n", serde_json::to_string_pretty(&summary)?),
         Format::Table => table(&summary, args.quiet),
-    };
-    write_output(None, &text)
+    })
 }
 
 /// A progress bar on stderr, hidden with `--quiet` or when stderr is not a terminal.
@@ -398,9 +403,10 @@ fn table(s: &Summary, quiet: bool) -> String {
         (
             "pipeline time (median)",
             format!(
-                "{:.2} ms measured, {} ms simulated from measured op times",
+                "{:.2} ms measured, {} simulated from measured op times",
                 1e3 * s.pipeline_seconds_median,
-                ms(s.simulated_pipeline_seconds)
+                s.simulated_pipeline_seconds
+                    .map_or("-".into(), |x| format!("{:.2} ms", 1e3 * x))
             ),
         ),
         (
@@ -518,6 +524,57 @@ mod tests {
             let err = config(&parse(flags)).unwrap_err();
             assert!(err.0.contains(flag), "{flags:?}: {}", err.0);
         }
+    }
+
+    #[test]
+    fn a_tiny_run_prints_json_and_writes_its_files() {
+        let dir = std::env::temp_dir().join(format!("dualpipe-train-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (trace_path, svg_path) = (dir.join("t.json"), dir.join("t.svg"));
+        let mut args = parse(&[
+            "--ranks",
+            "2",
+            "--micro-batches",
+            "4",
+            "--micro-batch-size",
+            "4",
+            "--hidden",
+            "8",
+            "--layers-per-stage",
+            "1",
+            "--steps",
+            "3",
+            "--format",
+            "json",
+            "--quiet",
+        ]);
+        args.trace = Some(trace_path.clone());
+        args.svg = Some(svg_path.clone());
+        let text = execute(&args).unwrap();
+        let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(summary["losses"].as_array().unwrap().len(), 3);
+        assert_eq!(summary["final_loss"], summary["losses"][2]);
+        for key in [
+            "samples_per_second",
+            "step_seconds_median",
+            "bubble_ratio",
+            "comm_wait_seconds",
+        ] {
+            assert!(summary[key].as_f64().unwrap() >= 0.0, "{key}");
+        }
+        let trace: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
+        assert!(trace.is_object() || trace.is_array());
+        assert!(std::fs::read_to_string(&svg_path)
+            .unwrap()
+            .starts_with("<svg"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_configuration_the_schedule_rejects_is_a_usage_error() {
+        let err = execute(&parse(&["--ranks", "3", "--quiet"])).unwrap_err();
+        assert!(err.downcast_ref::<UsageError>().is_some(), "{err:#}");
     }
 
     #[test]
