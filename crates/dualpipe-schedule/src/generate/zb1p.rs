@@ -64,7 +64,6 @@ fn program(rank: usize, ranks: usize, micro_batches: usize) -> Vec<Op> {
     for mb in micro_batches - warmup..micro_batches {
         backward(&mut ops, mb);
     }
-    drop(backward);
     ops.extend(pending.into_iter().map(|mb| Op::W(chunk(mb))));
     ops
 }
