@@ -25,6 +25,7 @@ mod error;
 mod introsort;
 pub mod loads;
 mod matrix;
+mod npy;
 mod plan;
 mod reference;
 pub mod stats;

@@ -7,7 +7,7 @@
 //! - **CSV** (`.csv`, `.txt`): one layer per line, experts separated by commas; blank lines and
 //!   lines starting with `#` are skipped, and so is a first line with no numbers (a header).
 //! - **NumPy** (`.npy`): a 2-D or 3-D array of `f32`, `f64`, `i32`, `i64` (other integer
-//!   widths and `u*` work too), either byte order, C or Fortran order.
+//!   widths and `u*` work too), either byte order, C or Fortran order, format versions 1 to 3.
 //!
 //! A 3-D input is a history of per-step loads; [`LoadData::predict`] turns it into one
 //! `[layers][experts]` matrix with a [`Predictor`].
@@ -302,47 +302,14 @@ pub fn parse_csv(text: &str) -> Result<LoadMatrix, String> {
     LoadMatrix::from_rows(rows).map_err(|e| e.to_string())
 }
 
-/// Parses the bytes of a `.npy` file.
+/// Parses the bytes of a `.npy` file (2-D matrix or 3-D history).
 pub fn parse_npy(bytes: &[u8]) -> Result<LoadData, String> {
-    let npy = npyz::NpyFile::new(bytes).map_err(|e| format!("not a valid .npy file ({e})"))?;
-    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
-    let order = npy.order();
-    let dtype = npy.dtype();
+    let crate::npy::NpyArray { shape, data } = crate::npy::decode(bytes)?;
     if !(shape.len() == 2 || shape.len() == 3) {
         return Err(format!(
             "the array has shape {shape:?}; expected [layers, experts] or [steps, layers, experts]"
         ));
     }
-    let npyz::DType::Plain(ts) = &dtype else {
-        return Err(format!(
-            "unsupported dtype {}; save the loads as float32, float64, int32 or int64",
-            dtype.descr()
-        ));
-    };
-    let size = ts.size_field();
-    let data: Vec<f64> = match (ts.type_char(), size) {
-        (npyz::TypeChar::Float, 8) => npy.into_vec::<f64>().map_err(|e| e.to_string())?,
-        (npyz::TypeChar::Float, 4) => to_f64(npy.into_vec::<f32>(), f64::from)?,
-        (npyz::TypeChar::Int, 8) => to_f64(npy.into_vec::<i64>(), |v| v as f64)?,
-        (npyz::TypeChar::Int, 4) => to_f64(npy.into_vec::<i32>(), f64::from)?,
-        (npyz::TypeChar::Int, 2) => to_f64(npy.into_vec::<i16>(), f64::from)?,
-        (npyz::TypeChar::Int, 1) => to_f64(npy.into_vec::<i8>(), f64::from)?,
-        (npyz::TypeChar::Uint, 8) => to_f64(npy.into_vec::<u64>(), |v| v as f64)?,
-        (npyz::TypeChar::Uint, 4) => to_f64(npy.into_vec::<u32>(), f64::from)?,
-        (npyz::TypeChar::Uint, 2) => to_f64(npy.into_vec::<u16>(), f64::from)?,
-        (npyz::TypeChar::Uint, 1) => to_f64(npy.into_vec::<u8>(), f64::from)?,
-        _ => {
-            return Err(format!(
-                "unsupported dtype {}; save the loads as float32, float64, int32 or int64",
-                dtype.descr()
-            ))
-        }
-    };
-    let data = if order == npyz::Order::Fortran && shape.len() > 1 {
-        fortran_to_c(&data, &shape)
-    } else {
-        data
-    };
     let index_name = |flat: usize| -> String {
         let mut rest = flat;
         let mut idx = vec![0; shape.len()];
@@ -377,31 +344,6 @@ pub fn parse_npy(bytes: &[u8]) -> Result<LoadData, String> {
         }
         _ => unreachable!("the number of dimensions was checked above"),
     }
-}
-
-fn to_f64<T>(v: std::io::Result<Vec<T>>, f: impl Fn(T) -> f64) -> Result<Vec<f64>, String> {
-    v.map(|v| v.into_iter().map(f).collect())
-        .map_err(|e| format!("cannot read the array data ({e})"))
-}
-
-/// Reorders a column-major (Fortran) buffer of `shape` into row-major order.
-fn fortran_to_c(data: &[f64], shape: &[usize]) -> Vec<f64> {
-    let n = data.len();
-    let mut out = vec![0.0; n];
-    let mut idx = vec![0usize; shape.len()];
-    for (c_pos, slot) in out.iter_mut().enumerate() {
-        let mut rest = c_pos;
-        for d in (0..shape.len()).rev() {
-            idx[d] = rest % shape[d];
-            rest /= shape[d];
-        }
-        let mut f_pos = 0;
-        for d in (0..shape.len()).rev() {
-            f_pos = f_pos * shape[d] + idx[d];
-        }
-        *slot = data[f_pos];
-    }
-    out
 }
 
 #[cfg(test)]

@@ -150,43 +150,84 @@ pub fn plan(request: &Request) -> anyhow::Result<Plan> {
     .map_err(|e| UsageError(e.to_string()).into())
 }
 
-fn balance_json(b: &LayerBalance) -> serde_json::Value {
-    serde_json::json!({
-        "max_load": b.max_load,
-        "mean_load": b.mean_load,
-        "imbalance": b.imbalance(),
-        "balancedness": b.balancedness(),
-    })
+/// One layer's (or the total's) balance in the JSON output.
+#[derive(serde::Serialize)]
+struct BalanceOut {
+    max_load: f64,
+    mean_load: f64,
+    imbalance: f64,
+    balancedness: f64,
 }
 
-fn stats_json(s: &BalanceStats) -> serde_json::Value {
-    serde_json::json!({
-        "total": balance_json(&s.total),
-        "layers": s.layers.iter().map(balance_json).collect::<Vec<_>>(),
-    })
+impl From<&LayerBalance> for BalanceOut {
+    fn from(b: &LayerBalance) -> Self {
+        Self {
+            max_load: b.max_load,
+            mean_load: b.mean_load,
+            imbalance: b.imbalance(),
+            balancedness: b.balancedness(),
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
+struct StatsOut {
+    total: BalanceOut,
+    layers: Vec<BalanceOut>,
+}
+
+impl From<&BalanceStats> for StatsOut {
+    fn from(s: &BalanceStats) -> Self {
+        Self {
+            total: (&s.total).into(),
+            layers: s.layers.iter().map(Into::into).collect(),
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
+struct BeforeAfter {
+    before: StatsOut,
+    after: StatsOut,
+}
+
+/// The JSON document; serialised straight from the plan, without an intermediate tree.
+#[derive(serde::Serialize)]
+struct PlanOut<'a> {
+    policy: Policy,
+    num_layers: usize,
+    num_experts: usize,
+    num_replicas: usize,
+    num_groups: usize,
+    num_nodes: usize,
+    num_gpus: usize,
+    phy2log: &'a dualpipe_eplb::Matrix<i64>,
+    log2phy: &'a dualpipe_eplb::Tensor3<i64>,
+    logcnt: &'a dualpipe_eplb::Matrix<i64>,
+    stats: BeforeAfter,
 }
 
 /// The plan as JSON: sizes, `phy2log`, `log2phy`, `logcnt` and `stats` (`before`: experts in
 /// order over GPUs without replicas; `after`: with the plan). `imbalance` is the hottest GPU
 /// over the mean, `balancedness` its inverse.
 pub fn render_json(plan: &Plan, stats: &PlanStats) -> anyhow::Result<String> {
-    let value = serde_json::json!({
-        "policy": plan.policy,
-        "num_layers": plan.num_layers(),
-        "num_experts": plan.num_experts(),
-        "num_replicas": plan.num_replicas(),
-        "num_groups": plan.num_groups,
-        "num_nodes": plan.num_nodes,
-        "num_gpus": plan.num_gpus,
-        "phy2log": plan.phy2log,
-        "log2phy": plan.log2phy,
-        "logcnt": plan.logcnt,
-        "stats": {
-            "before": stats_json(&stats.before),
-            "after": stats_json(&stats.after),
+    let out = PlanOut {
+        policy: plan.policy,
+        num_layers: plan.num_layers(),
+        num_experts: plan.num_experts(),
+        num_replicas: plan.num_replicas(),
+        num_groups: plan.num_groups,
+        num_nodes: plan.num_nodes,
+        num_gpus: plan.num_gpus,
+        phy2log: &plan.phy2log,
+        log2phy: &plan.log2phy,
+        logcnt: &plan.logcnt,
+        stats: BeforeAfter {
+            before: (&stats.before).into(),
+            after: (&stats.after).into(),
         },
-    });
-    let mut text = serde_json::to_string(&value)?;
+    };
+    let mut text = serde_json::to_string(&out)?;
     text.push('\n');
     Ok(text)
 }
@@ -254,7 +295,7 @@ pub fn render_table(request: &Request, plan: &Plan, stats: &PlanStats) -> String
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "load per GPU, all layers added up (full bar = {scale:.4})"
+        "load per GPU, all layers added up (full bar = {scale:.1})"
     );
     if plan.num_gpus <= 32 {
         for (g, (b, a)) in before.iter().zip(&after).enumerate() {
@@ -318,6 +359,81 @@ fn sparkline(values: &[f64], scale: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn args(loads: PathBuf, replicas: usize, groups: usize) -> Args {
+        Args {
+            loads,
+            replicas,
+            groups,
+            nodes: 2,
+            gpus: 8,
+            policy: PolicyArg::Auto,
+            ema: None,
+            window: None,
+            format: Format::Json,
+            output: None,
+        }
+    }
+
+    fn readme_file(dir: &std::path::Path) -> PathBuf {
+        let path = dir.join("loads.csv");
+        std::fs::write(
+            &path,
+            "90,132,40,61,104,165,39,4,73,56,183,86\n20,107,104,64,19,197,187,157,172,86,16,27\n",
+        )
+        .unwrap();
+        path
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("dualpipe-eplb-cli-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn json_has_the_plan_and_stats() {
+        let dir = temp_dir("json");
+        let request = parse(args(readme_file(&dir), 16, 4)).unwrap();
+        let plan = plan(&request).unwrap();
+        let stats = plan.stats(&request.loads).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&render_json(&plan, &stats).unwrap()).unwrap();
+        assert_eq!(v["policy"], "hierarchical");
+        assert_eq!(v["phy2log"][0][0], 5);
+        assert_eq!(v["log2phy"][0].as_array().unwrap().len(), 12);
+        assert_eq!(v["logcnt"][1].as_array().unwrap().len(), 12);
+        let after = v["stats"]["after"]["total"]["imbalance"].as_f64().unwrap();
+        let before = v["stats"]["before"]["total"]["imbalance"].as_f64().unwrap();
+        assert!(after < before);
+        let table = render_table(&request, &plan, &stats);
+        assert!(
+            table.contains("total") && table.contains("GPU   7"),
+            "{table}"
+        );
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn bad_input_is_a_usage_error() {
+        let dir = temp_dir("bad");
+        let file = readme_file(&dir);
+        let err = plan(&parse(args(file.clone(), 15, 4)).unwrap()).unwrap_err();
+        assert_eq!(crate::cmd::exit_code(&err), 2);
+        assert!(
+            err.to_string().contains("multiple of the number of GPUs"),
+            "{err}"
+        );
+        let err = parse(args(dir.join("missing.json"), 16, 4)).unwrap_err();
+        assert_eq!(crate::cmd::exit_code(&err), 2);
+        let mut a = args(file, 16, 4);
+        a.ema = Some(2.0);
+        let err = parse(a).unwrap_err();
+        assert_eq!(crate::cmd::exit_code(&err), 2);
+        assert!(err.to_string().contains("alpha"), "{err}");
+        std::fs::remove_dir_all(dir).ok();
+    }
 
     #[test]
     fn bars_scale() {
