@@ -322,9 +322,18 @@ mod tests {
         assert!(err.to_string().contains("mpirun -n 4"), "{err}");
     }
 
+    /// (variables, launcher, rank, world size, local rank)
+    type Case<'a> = (
+        &'a [(&'a str, &'a str)],
+        Launcher,
+        usize,
+        usize,
+        Option<usize>,
+    );
+
     #[test]
     fn each_launcher_is_read() {
-        let cases: [(&[(&str, &str)], Launcher, usize, usize, Option<usize>); 5] = [
+        let cases: [Case; 5] = [
             (
                 &[
                     ("OMPI_COMM_WORLD_RANK", "2"),

@@ -24,7 +24,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::Threading;
 
 use crate::launch::{LaunchError, LaunchInfo};
-use crate::net::{Link, LinkError};
+use crate::net::{Link, LinkError, Packet};
 
 /// MPI tag of message heads.
 pub const TAG_HEAD: i32 = 0x4450;
@@ -338,7 +338,7 @@ impl Link for MpiLink {
         Ok(())
     }
 
-    fn poll(&mut self) -> Result<Option<(usize, Vec<u8>, Vec<u8>)>, LinkError> {
+    fn poll(&mut self) -> Result<Option<Packet>, LinkError> {
         self.reap_sends();
         self.probe_heads()?;
         self.progress_bodies()?;

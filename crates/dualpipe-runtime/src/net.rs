@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 
 use crate::wire::{pack, unpack, Header, Stamp, WireData, WireError};
 
+/// A message on a [`Link`]: (source rank, header, body).
+pub type Packet = (usize, Vec<u8>, Vec<u8>);
+
 /// Moves messages between ranks: sends never block, arrivals are picked up by polling.
 pub trait Link {
     /// This rank.
@@ -27,7 +30,7 @@ pub trait Link {
     fn post(&mut self, dst: usize, header: Vec<u8>, body: Vec<u8>) -> Result<(), LinkError>;
 
     /// A message that has fully arrived, as (source rank, header, body), or `None`.
-    fn poll(&mut self) -> Result<Option<(usize, Vec<u8>, Vec<u8>)>, LinkError>;
+    fn poll(&mut self) -> Result<Option<Packet>, LinkError>;
 
     /// Waits until every posted send has completed or `deadline` passes; returns whether all
     /// completed.
@@ -367,9 +370,6 @@ impl<L: Link> Endpoint<L> {
     }
 }
 
-/// One message of a [`ChannelLink`]: (source, header, body).
-type Packet = (usize, Vec<u8>, Vec<u8>);
-
 /// An in-memory [`Link`] between threads: each rank has an inbox channel. For tests and for
 /// measuring the endpoint's own overhead.
 #[derive(Debug)]
@@ -416,7 +416,7 @@ impl Link for ChannelLink {
             .map_err(|_| LinkError(format!("rank {dst} has gone")))
     }
 
-    fn poll(&mut self) -> Result<Option<(usize, Vec<u8>, Vec<u8>)>, LinkError> {
+    fn poll(&mut self) -> Result<Option<Packet>, LinkError> {
         match self.inbox.try_recv() {
             Ok(packet) => Ok(Some(packet)),
             Err(TryRecvError::Empty) => Ok(None),
