@@ -56,6 +56,8 @@ pub(crate) struct Worker<'a, S: Stage> {
     sends: HashSet<(MessageKind, Chunk)>,
     /// Computed outputs waiting for their SEND op.
     outbox: HashMap<(MessageKind, Chunk), S::Tensor>,
+    /// When the compute op being run started (after its inputs arrived).
+    op_start: f64,
     record: RankRecord,
 }
 
@@ -89,6 +91,7 @@ impl<'a, S: Stage> Worker<'a, S> {
             last_stage: schedule.placement.stages() - 1,
             sends,
             outbox: HashMap::new(),
+            op_start: 0.0,
             record: RankRecord {
                 compute: Vec::new(),
                 messages: Vec::new(),
@@ -133,15 +136,13 @@ impl<'a, S: Stage> Worker<'a, S> {
             match *op {
                 Op::F(c) => {
                     let input = self.forward_input(op, c)?;
-                    let t0 = self.now();
                     let out = self.guarded(op, |st| stage_mut(st, c)?.forward(c, input))?;
-                    self.push_compute(op, t0);
+                    self.push_compute(op);
                     self.route_forward(op, c, out)?;
                 }
                 Op::B(c) | Op::I(c) => {
                     let grad = self.grad_output(op, c)?;
                     let full = matches!(op, Op::B(_));
-                    let t0 = self.now();
                     let grad_in = self.guarded(op, |st| {
                         let stage = stage_mut(st, c)?;
                         let grad_in = stage.backward_input(c, grad)?;
@@ -150,18 +151,16 @@ impl<'a, S: Stage> Worker<'a, S> {
                         }
                         Ok(grad_in)
                     })?;
-                    self.push_compute(op, t0);
+                    self.push_compute(op);
                     self.route_backward(op, c, grad_in)?;
                 }
                 Op::W(c) => {
-                    let t0 = self.now();
                     self.guarded(op, |st| stage_mut(st, c)?.backward_weight(c))?;
-                    self.push_compute(op, t0);
+                    self.push_compute(op);
                 }
                 Op::FB { f, b } => {
                     let input = self.forward_input(op, f)?;
                     let grad = self.grad_output(op, b)?;
-                    let t0 = self.now();
                     let (out, grad_in) = self.guarded(op, |st| {
                         if (f.dir, f.stage) == (b.dir, b.stage) {
                             stage_mut(st, f)?.forward_backward(f, input, b, grad)
@@ -172,7 +171,7 @@ impl<'a, S: Stage> Worker<'a, S> {
                             sf.forward_backward_pair(f, input, sb, b, grad)
                         }
                     })?;
-                    self.push_compute(op, t0);
+                    self.push_compute(op);
                     self.route_forward(op, f, out)?;
                     self.route_backward(op, b, grad_in)?;
                 }
@@ -199,12 +198,14 @@ impl<'a, S: Stage> Worker<'a, S> {
         Ok(())
     }
 
-    /// Runs a stage call, turning its error or panic into this rank's failure.
+    /// Runs a stage call, noting its start and turning its error or panic into this rank's
+    /// failure.
     fn guarded<R>(
         &mut self,
         op: &Op,
         call: impl FnOnce(&mut RankStages<S>) -> Result<R, StageError>,
     ) -> Result<R, Fail> {
+        self.op_start = self.now();
         let stages = &mut *self.stages;
         match catch_unwind(AssertUnwindSafe(|| call(stages))) {
             Ok(Ok(value)) => Ok(value),
@@ -221,11 +222,12 @@ impl<'a, S: Stage> Worker<'a, S> {
         }
     }
 
-    fn push_compute(&mut self, op: &Op, start: f64) {
+    /// Records the op that just ended, from the start [`Worker::guarded`] noted.
+    fn push_compute(&mut self, op: &Op) {
         let end = self.now();
         self.record.compute.push(ComputeInterval {
             op: *op,
-            start,
+            start: self.op_start,
             end,
         });
     }
