@@ -56,7 +56,9 @@ pub enum EplbError {
         name: &'static str,
     },
     /// A count is too large for the balancer's 32-bit indices.
-    #[error("{name} = {value} is too large; it must be below 2^31")]
+    #[error(
+        "{name} = {value} is too large; it must be below 2^31 (split the layers into several runs)"
+    )]
     TooLarge {
         /// Name of the parameter.
         name: &'static str,

@@ -179,6 +179,10 @@ pub fn rebalance_experts_with_policy(
     Ok(reference::plan(loads, &shape))
 }
 
+/// The most physical slots (layers x replicas) one plan may hold (2^31; the outputs take
+/// 16 bytes per slot).
+const MAX_SLOTS: usize = 1 << 31;
+
 /// Validated sizes for one planning run.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Shape {
@@ -219,6 +223,13 @@ fn check_inputs(
         return Err(EplbError::EmptyLoads {
             layers: loads.rows(),
             experts,
+        });
+    }
+    let slots = loads.rows().saturating_mul(replicas);
+    if slots > MAX_SLOTS {
+        return Err(EplbError::TooLarge {
+            name: "layers x num_replicas",
+            value: slots,
         });
     }
     if let Some(pos) = loads

@@ -342,6 +342,7 @@ fn balanced_packing(
     item_pack: &mut [u32],
     item_rank: &mut [u32],
 ) {
+    let mut small_keys = [0i32; TREE_MIN_PACKS];
     let n = weights.len();
     let per_pack = n / num_packs;
     if per_pack == 1 {
@@ -373,12 +374,26 @@ fn balanced_packing(
         tree[leaves + p] = pack_key(0.0, p);
     }
     if num_packs < TREE_MIN_PACKS {
+        // Few packs: scan 32-bit keys (the load's bits; i32::MAX when full; loads are
+        // non-negative so the sign bit is clear). The minimum and the first pack holding it
+        // are found with whole-vector operations, without a branch per pack.
+        let keys = &mut small_keys[..num_packs];
+        keys.fill(0);
         for &item in &sort.order {
-            let best_key = tree[leaves..].iter().copied().min().unwrap_or(u64::MAX);
-            let best = (best_key & 0xFFFF_FFFF) as usize;
-            tree[leaves + best] = assign(
+            let min = keys.iter().copied().fold(i32::MAX, i32::min);
+            let mut mask = 0u64;
+            for (p, &k) in keys.iter().enumerate() {
+                mask |= u64::from(k == min) << p;
+            }
+            let best = mask.trailing_zeros() as usize;
+            let key = assign(
                 item, best, weights, pack_load, pack_items, full, item_pack, item_rank,
             );
+            keys[best] = if key == u64::MAX {
+                i32::MAX
+            } else {
+                (key >> 32) as i32
+            };
         }
     } else {
         // A tournament tree: each inner node holds the smaller key of its two children.
@@ -400,8 +415,8 @@ fn balanced_packing(
 }
 
 /// From this many packs on, [`balanced_packing`] finds the lightest pack with a tournament
-/// tree instead of a scan.
-const TREE_MIN_PACKS: usize = 16;
+/// tree instead of a scan (at most 64, the width of the scan's bit mask).
+const TREE_MIN_PACKS: usize = 64;
 
 #[inline]
 fn pack_key(load: f32, pack: usize) -> u64 {
