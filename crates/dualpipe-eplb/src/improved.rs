@@ -206,6 +206,7 @@ fn pack_layer(
     layout: &Layout,
     node_of: &[usize],
     prev: Option<&[usize]>,
+    trim: bool,
     target: f64,
     opts: &PlannerOptions,
 ) -> (Vec<usize>, bool) {
@@ -243,6 +244,9 @@ fn pack_layer(
                 }
             }
         }
+        if trim {
+            dom.trim_to_fair_counts();
+        }
         dom.fill();
         if dom.max_load() > target {
             let limits = SearchLimits {
@@ -275,7 +279,7 @@ fn fresh_layer(load: &[f64], layout: &Layout, opts: &PlannerOptions) -> Vec<usiz
         domain_load[node_of[e / size]] += l;
     }
     let bound = domain_load.iter().copied().fold(0.0, f64::max) / gpd as f64;
-    pack_layer(load, layout, &node_of, None, bound, opts).0
+    pack_layer(load, layout, &node_of, None, false, bound, opts).0
 }
 
 /// Whether a placement obeys the improved policy's rules: duplicate-free and, for the
@@ -357,22 +361,30 @@ pub fn plan_layer(
     }
     let mut candidates = Vec::new();
     let kept_groups = groups_from_previous(prev, layout);
-    let (repaired, ok) = pack_layer(load, layout, &kept_groups, Some(prev), budget, opts);
-    if ok {
-        candidates.push(plan(
-            preserve_slots(&repaired, prev, layout.gpus),
-            Decision::Repaired,
-        ));
+    // From the previous placement: as it is, then with surplus replicas freed first.
+    for trim in [false, true] {
+        let (repaired, ok) = pack_layer(load, layout, &kept_groups, Some(prev), trim, budget, opts);
+        if ok {
+            candidates.push(plan(
+                preserve_slots(&repaired, prev, layout.gpus),
+                Decision::Repaired,
+            ));
+            break;
+        }
     }
     if layout.hierarchical() && layout.nodes > 1 {
         let packed = relabel_groups(&pack_groups(load, layout), prev, layout);
         if packed != kept_groups {
-            let (regrouped, ok) = pack_layer(load, layout, &packed, Some(prev), budget, opts);
-            if ok {
-                candidates.push(plan(
-                    preserve_slots(&regrouped, prev, layout.gpus),
-                    Decision::Regrouped,
-                ));
+            for trim in [false, true] {
+                let (regrouped, ok) =
+                    pack_layer(load, layout, &packed, Some(prev), trim, budget, opts);
+                if ok {
+                    candidates.push(plan(
+                        preserve_slots(&regrouped, prev, layout.gpus),
+                        Decision::Regrouped,
+                    ));
+                    break;
+                }
             }
         }
     }

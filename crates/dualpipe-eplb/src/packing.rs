@@ -173,6 +173,44 @@ impl Domain {
         }
     }
 
+    /// Frees the surplus replicas of experts that have more than a fresh plan would give them
+    /// (one each, then the extra slots by highest load per replica), taking each from the
+    /// hottest GPU that holds one.
+    pub fn trim_to_fair_counts(&mut self) {
+        let n = self.experts();
+        let mut fair = vec![0usize; n];
+        for _ in 0..self.slot.len() {
+            let e = (0..n)
+                .max_by(|&a, &b| {
+                    let key = |e: usize| {
+                        if fair[e] == 0 {
+                            (1u8, self.load[e])
+                        } else {
+                            (0u8, self.load[e] / fair[e] as f64)
+                        }
+                    };
+                    let (ka, kb) = (key(a), key(b));
+                    ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(b.cmp(&a))
+                })
+                .expect("a domain has at least one expert");
+            fair[e] += 1;
+        }
+        for (e, &keep) in fair.iter().enumerate() {
+            while self.count[e] > keep {
+                let loads = self.gpu_loads();
+                let s = (0..self.slot.len())
+                    .filter(|&s| self.slot[s] == e)
+                    .max_by(|&a, &b| {
+                        loads[a / self.slots]
+                            .total_cmp(&loads[b / self.slots])
+                            .then(b.cmp(&a))
+                    })
+                    .expect("the expert has replicas");
+                self.take(s);
+            }
+        }
+    }
+
     /// Fills every empty slot: first one replica for each expert without one, then extra replicas
     /// for the experts with the highest per-replica load (D'Hondt), each placed on the
     /// least-loaded GPU with room that does not already hold its cap of that expert. Among GPUs
