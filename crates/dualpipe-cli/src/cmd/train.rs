@@ -236,12 +236,12 @@ fn execute(args: &Args) -> anyhow::Result<String> {
             .step()
             .with_context(|| format!("training step {} failed", step + 1))?;
         let elapsed = began.elapsed().as_secs_f64();
-        progress.set_position(step as u64 + 1);
         progress.set_message(format!(
             "loss {:.5} · {:.0} samples/s",
             report.loss,
             samples_per_step * (step + 1) as f64 / elapsed.max(1e-9)
         ));
+        progress.set_position(step as u64 + 1);
         reports.push(report);
     }
     let total_seconds = began.elapsed().as_secs_f64();
@@ -328,8 +328,7 @@ fn progress_bar(args: &Args, steps: usize) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(Some(steps as u64), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("step {pos}/{len} [{bar:30}] {msg} (eta {eta})")
-    {
+    if let Ok(style) = ProgressStyle::with_template("step {pos}/{len} [{bar:20}] {msg} eta {eta}") {
         bar.set_style(style.progress_chars("=> "));
     }
     bar
