@@ -215,32 +215,41 @@ impl PlannerRun {
         let _ = writeln!(s, "layers: {}", parts.join(", "));
         if let Some(m) = &self.moves {
             let replicas: usize = self.improved.layers.iter().map(|l| l.phy2log.len()).sum();
-            let _ = writeln!(
-                s,
-                "moves: {} of {} replicas ({} intra-node, {} inter-node) in {} rounds",
-                m.moves.len(),
-                replicas,
-                m.intra_node(),
-                m.inter_node(),
-                m.rounds.len()
-            );
-            if m.expert_bytes > 0 {
-                let busiest = m
-                    .rounds
-                    .iter()
-                    .map(|r| r.intra_node_bytes + r.inter_node_bytes)
-                    .max()
-                    .unwrap_or(0);
-                let intra: u64 = m.rounds.iter().map(|r| r.intra_node_bytes).sum();
-                let inter: u64 = m.rounds.iter().map(|r| r.inter_node_bytes).sum();
-                let _ = writeln!(
-                    s,
-                    "bytes: {intra} intra-node, {inter} inter-node; busiest round {busiest}"
-                );
-            }
+            s += &move_summary(m, replicas);
         }
         s
     }
+}
+
+/// Two lines on a move plan: transfers (of `replicas` in all) by link class and rounds, and,
+/// when the expert size is known, the bytes per link class and of the busiest round.
+pub fn move_summary(m: &MovePlan, replicas: usize) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "moves: {} of {} replicas ({} intra-node, {} inter-node) in {} rounds",
+        m.moves.len(),
+        replicas,
+        m.intra_node(),
+        m.inter_node(),
+        m.rounds.len()
+    );
+    if m.expert_bytes > 0 {
+        let busiest = m
+            .rounds
+            .iter()
+            .map(|r| r.intra_node_bytes + r.inter_node_bytes)
+            .max()
+            .unwrap_or(0);
+        let intra: u64 = m.rounds.iter().map(|r| r.intra_node_bytes).sum();
+        let inter: u64 = m.rounds.iter().map(|r| r.inter_node_bytes).sum();
+        let _ = writeln!(
+            s,
+            "bytes: {intra} intra-node, {inter} inter-node; busiest round {busiest}"
+        );
+    }
+    s
 }
 
 #[cfg(test)]
