@@ -8,6 +8,9 @@ other for every hidden size, so both see the same machine load, and prints a Mar
     pip install torch
     python3 scripts/runtime_reference_compare.py --dualpipe /path/to/DualPipe
 
+The machine's load moves both, so every width is measured in --rounds rounds (reference, ours
+DualPipe, ours 1F1B, one after the other) and the table shows the medians over rounds.
+
 Shapes: 4 ranks, 8 micro-batches of 128 rows, one block (h -> 4h -> h) per stage. "ours step"
 is the whole training step (data, pipeline, gradient sum of the copies, AdamW); "ours pipeline"
 is the pipeline part alone, which is what the reference's timed `step()` covers.
@@ -16,6 +19,7 @@ is the pipeline part alone, which is what the reference's timed `step()` covers.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -48,20 +52,30 @@ def main():
     parser.add_argument("--micro-batches", type=int, default=8)
     parser.add_argument("--micro-batch-size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per width")
     args = parser.parse_args()
 
     print("| hidden | reference ms/step | ours ms/step (pipeline) | ours ms/step (whole step) | speed-up (pipeline) | speed-up (whole step) | ours 1F1B pipeline ms | DualPipe / 1F1B measured | simulated from measured op times |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for hidden in args.hidden:
-        ref = reference(hidden, args)["ms_per_step_median"]
-        dp = ours(args.binary, hidden, args)
-        ob = ours(args.binary, hidden, args, schedule="1f1b")
-        pipe = 1e3 * dp["pipeline_seconds_median"]
-        step = 1e3 * dp["step_seconds_median"]
-        pipe_1f1b = 1e3 * ob["pipeline_seconds_median"]
-        sim = dp["simulated_pipeline_seconds"] / ob["simulated_pipeline_seconds"]
-        print(f"| {hidden} | {ref:.1f} | {pipe:.1f} | {step:.1f} | {ref / pipe:.2f}x | {ref / step:.2f}x "
-              f"| {pipe_1f1b:.1f} | {pipe / pipe_1f1b:.2f} | {sim:.2f} |", flush=True)
+        rows = []
+        for _ in range(args.rounds):
+            ref = reference(hidden, args)["ms_per_step_median"]
+            dp = ours(args.binary, hidden, args)
+            ob = ours(args.binary, hidden, args, schedule="1f1b")
+            rows.append({
+                "ref": ref,
+                "pipe": 1e3 * dp["pipeline_seconds_median"],
+                "step": 1e3 * dp["step_seconds_median"],
+                "pipe_1f1b": 1e3 * ob["pipeline_seconds_median"],
+                "sim": dp["simulated_pipeline_seconds"] / ob["simulated_pipeline_seconds"],
+            })
+        m = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        speedups = ", ".join(f"{r['ref'] / r['pipe']:.2f}x" for r in rows)
+        print(f"| {hidden} | {m['ref']:.1f} | {m['pipe']:.1f} | {m['step']:.1f} | {m['ref'] / m['pipe']:.2f}x "
+              f"| {m['ref'] / m['step']:.2f}x | {m['pipe_1f1b']:.1f} | {m['pipe'] / m['pipe_1f1b']:.2f} | {m['sim']:.2f} |",
+              flush=True)
+        print(f"<!-- hidden {hidden}: pipeline speed-up per round: {speedups} -->", flush=True)
 
 
 if __name__ == "__main__":
