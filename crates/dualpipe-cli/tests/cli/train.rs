@@ -1,0 +1,227 @@
+//! `dualpipe train`: tiny runs (a few milliseconds each), the summary in both formats, the
+//! trace and picture files, determinism, bad flags.
+
+use serde_json::Value;
+
+use crate::{dualpipe, floats, s, Run, TempDir};
+
+/// A tiny model: 2 steps, width 16, 4 rows per micro-batch, one block per stage; each pair
+/// gives way to the same flag in a test's own flags.
+const TINY: [(&str, &str); 4] = [
+    ("--steps", "2"),
+    ("--hidden", "16"),
+    ("--micro-batch-size", "4"),
+    ("--layers-per-stage", "1"),
+];
+
+fn train(extra: &[&str]) -> Run {
+    let mut args = vec!["train"];
+    for (flag, value) in TINY {
+        if !extra.contains(&flag) {
+            args.extend_from_slice(&[flag, value]);
+        }
+    }
+    args.extend_from_slice(extra);
+    dualpipe(args)
+}
+
+fn train_json(extra: &[&str]) -> Value {
+    let mut flags = vec!["--format", "json", "--quiet"];
+    flags.extend_from_slice(extra);
+    let run = train(&flags);
+    run.ok();
+    run.json()
+}
+
+#[test]
+fn json_summary_has_the_documented_keys() {
+    let doc = train_json(&["--ranks", "2", "--micro-batches", "4", "--steps", "3"]);
+    let losses = floats(&doc["losses"]);
+    assert_eq!(losses.len(), 3, "one loss per step");
+    assert_eq!(doc["steps"], 3);
+    assert!(
+        losses.iter().all(|l| l.is_finite() && *l >= 0.0),
+        "{losses:?}"
+    );
+    assert_eq!(doc["final_loss"].as_f64(), losses.last().copied());
+    for key in [
+        "samples_per_second",
+        "step_seconds_median",
+        "bubble_ratio",
+        "comm_wait_seconds",
+    ] {
+        let v = doc[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("`{key}` is not a number: {doc}"));
+        assert!(v.is_finite() && v >= 0.0, "{key} = {v}");
+    }
+    assert!(doc["samples_per_second"].as_f64().unwrap() > 0.0);
+    assert!(doc["bubble_ratio"].as_f64().unwrap() < 1.0);
+    assert_eq!(doc["schedule"], "dualpipe", "the default schedule");
+    assert_eq!(
+        (doc["ranks"].as_u64(), doc["micro_batches"].as_u64()),
+        (Some(2), Some(4))
+    );
+}
+
+#[test]
+fn table_summary_shows_losses_unless_quiet() {
+    let run = train(&["--ranks", "2", "--micro-batches", "4"]);
+    run.ok();
+    assert!(run.stdout.contains("final loss"), "{}", run.stdout);
+    assert!(run.stdout.contains("step  loss"), "{}", run.stdout);
+    assert!(
+        run.stderr.is_empty(),
+        "no progress bar off a terminal: {:?}",
+        run.stderr
+    );
+    let quiet = train(&["--ranks", "2", "--micro-batches", "4", "--quiet"]);
+    quiet.ok();
+    assert!(quiet.stdout.contains("final loss"), "{}", quiet.stdout);
+    assert!(!quiet.stdout.contains("step  loss"), "{}", quiet.stdout);
+}
+
+#[test]
+fn every_schedule_trains() {
+    for (kind, ranks, mbs) in [
+        ("gpipe", "2", "4"),
+        ("1f1b", "2", "4"),
+        ("interleaved", "2", "4"),
+        ("zb1p", "2", "4"),
+        ("dualpipe", "2", "4"),
+        ("dualpipev", "2", "4"),
+    ] {
+        let doc = train_json(&["--schedule", kind, "--ranks", ranks, "--micro-batches", mbs]);
+        assert_eq!(doc["schedule"], kind);
+        assert_eq!(floats(&doc["losses"]).len(), 2, "{kind}");
+    }
+}
+
+#[test]
+fn schedules_that_split_the_same_model_learn_the_same_thing() {
+    // Same seed, same model stages, same data: a schedule only reorders the work, so the
+    // losses agree (up to the order floating-point sums happen in).
+    let losses = |kind: &str| {
+        let doc = train_json(&[
+            "--schedule",
+            kind,
+            "--ranks",
+            "2",
+            "--micro-batches",
+            "4",
+            "--steps",
+            "3",
+            "--dtype",
+            "f64",
+            "--seed",
+            "5",
+        ]);
+        (
+            doc["model_stages"].as_u64().unwrap(),
+            floats(&doc["losses"]),
+        )
+    };
+    let groups: [&[&str]; 2] = [
+        &["gpipe", "1f1b", "zb1p", "dualpipe"],
+        &["interleaved", "dualpipev"],
+    ];
+    for group in groups {
+        let (stages, reference) = losses(group[0]);
+        for kind in &group[1..] {
+            let (s, l) = losses(kind);
+            assert_eq!(s, stages, "{kind} vs {}: model stages", group[0]);
+            for (step, (a, b)) in l.iter().zip(&reference).enumerate() {
+                assert!(
+                    crate::close(*a, *b, 1e-9),
+                    "step {step}: {kind} loss {a}, {} loss {b}",
+                    group[0]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn same_seed_same_losses_other_seed_other_losses() {
+    let flags = [
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+        "--steps",
+        "3",
+        "--seed",
+        "11",
+    ];
+    let a = train_json(&flags);
+    let b = train_json(&flags);
+    assert_eq!(
+        a["losses"], b["losses"],
+        "same seed, same losses (bit for bit)"
+    );
+    let mut other = flags;
+    other[7] = "12";
+    let c = train_json(&other);
+    assert_ne!(
+        a["losses"], c["losses"],
+        "seed 12 should train on other data"
+    );
+    assert_eq!(c["seed"], 12);
+}
+
+#[test]
+fn trace_and_svg_files_are_written() {
+    let dir = TempDir::new("train-files");
+    let (trace, svg) = (dir.join("step.trace.json"), dir.join("step.svg"));
+    train(&[
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+        "--quiet",
+        "--trace",
+        s(&trace),
+        "--svg",
+        s(&svg),
+    ])
+    .ok();
+    let events: Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).expect("the trace is JSON");
+    assert!(
+        events.is_array() || events["traceEvents"].is_array(),
+        "{events}"
+    );
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(picture.contains("<svg") && picture.trim_end().ends_with("</svg>"));
+    assert_eq!(dir.entries(), vec!["step.svg", "step.trace.json"]);
+}
+
+#[test]
+fn bad_flags_are_one_line_usage_errors() {
+    let cases: [(&[&str], &[&str]); 11] = [
+        (&["--ranks", "3"], &["even", "ranks", "3"]),
+        (&["--ranks", "0"], &["--ranks", "0"]),
+        (&["--micro-batches", "0"], &["--micro-batches", "0"]),
+        (
+            &["--micro-batches", "3", "--ranks", "2"],
+            &["micro-batches", "3"],
+        ),
+        (&["--micro-batch-size", "0"], &["--micro-batch-size"]),
+        (&["--schedule", "zigzag"], &["zigzag", "--schedule"]),
+        (&["--optimizer", "lion"], &["lion", "--optimizer"]),
+        (&["--dtype", "f16"], &["f16", "--dtype"]),
+        (&["--lr", "-1"], &["--lr", "-1"]),
+        (&["--lr", "0"], &["--lr"]),
+        (
+            &["--schedule", "gpipe", "--virtual-stages", "2"],
+            &["--virtual-stages"],
+        ),
+    ];
+    for (flags, needles) in cases {
+        train(flags).usage_error(needles);
+    }
+    train(&["--steps", "0"]).usage_error(&["--steps", "0"]);
+    train(&["--bogus"]).flag_error(&["--bogus"]);
+    dualpipe(["train", "--hidden", "wide"]).flag_error(&["--hidden", "wide"]);
+    dualpipe(["train", "--seed", "-3"]).flag_error(&["-3"]);
+}
