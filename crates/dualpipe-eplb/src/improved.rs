@@ -393,10 +393,12 @@ pub fn plan_layer(
     } else {
         1
     };
-    candidates.push(plan(
+    // The relabelled fresh plan has the fresh plan's loads, so it is within budget (up to the
+    // order of floating-point sums, hence the fallback).
+    let relabelled = plan(
         relabel(&fresh, prev, layout.gpus, nodes),
         Decision::Relabelled,
-    ));
+    );
     candidates
         .into_iter()
         .filter(|c| c.max_load <= budget)
@@ -405,7 +407,8 @@ pub fn plan_layer(
                 .cmp(&b.moved)
                 .then(a.max_load.total_cmp(&b.max_load))
         })
-        .expect("the relabelled fresh plan is always within budget")
+        .filter(|c| c.moved < relabelled.moved)
+        .unwrap_or(relabelled)
 }
 
 fn max_of(phy2log: &[usize], load: &[f64], layout: &Layout) -> f64 {
