@@ -354,3 +354,27 @@ fn an_unwritable_output_path_is_one_clear_error() {
     );
     assert!(dir.entries().is_empty(), "{:?}", dir.entries());
 }
+
+#[test]
+fn an_output_path_that_is_a_folder_is_one_clear_error() {
+    let dir = TempDir::new("out-folder");
+    let folder = dir.join("results");
+    std::fs::create_dir(&folder).unwrap();
+    let run = dualpipe([
+        "schedule",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+        "--output",
+        s(&folder),
+    ]);
+    run.no_panic();
+    assert_ne!(run.code, Some(0));
+    assert_eq!(run.stderr_lines().len(), 1, "{}", run.stderr);
+    assert!(run.stderr.contains("results"), "{}", run.stderr);
+    assert!(folder.is_dir(), "the folder is still there");
+    assert_eq!(dir.entries(), vec!["results"], "no temp files left behind");
+}

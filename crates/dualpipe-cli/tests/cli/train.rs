@@ -225,3 +225,22 @@ fn bad_flags_are_one_line_usage_errors() {
     dualpipe(["train", "--hidden", "wide"]).flag_error(&["--hidden", "wide"]);
     dualpipe(["train", "--seed", "-3"]).flag_error(&["-3"]);
 }
+
+#[test]
+fn absurd_sizes_are_usage_errors_not_panics() {
+    // u64::MAX rows or width cannot be allocated; the user should hear which flag is too big
+    // (exit 2, one line), not see an arithmetic-overflow panic.
+    let max = u64::MAX.to_string();
+    for flag in ["--hidden", "--micro-batch-size"] {
+        train(&[
+            "--ranks",
+            "2",
+            "--micro-batches",
+            "2",
+            "--quiet",
+            flag,
+            &max,
+        ])
+        .usage_error(&[flag]);
+    }
+}
