@@ -9,100 +9,150 @@
 //! forwards, then alternates one forward and one backward, then drains.
 //!
 //! Micro-batch counts: Megatron asks for a multiple of `ranks`, and for those the programs are
-//! exactly Megatron's. We take any `micro_batches >= 1`: the last group is then smaller (or the
-//! only group, with fewer micro-batches than ranks), and Megatron's warm-up can leave a rank
-//! waiting for a gradient while the others wait for its next forward. Such ranks get one more
-//! warm-up forward at a time, found with the validator's execution check, until the schedule
-//! runs; it always ends, since a warm-up of every forward runs. `virtual_stages = 1` is plain
+//! exactly Megatron's. For any other `micro_batches >= 1` we walk Megatron's programs for the
+//! next multiple of `ranks` and drop every op of the micro-batches that do not exist, taking
+//! them from the front of the first group: the first group is the short one, and micro-batch
+//! `m` of the walk becomes `m - missing`. Dropping whole micro-batches removes waits but adds
+//! none, so the result runs wherever Megatron's does, and no rank holds more activations than
+//! Megatron's schedule for the next multiple. A short group stalls a rank where it turns to
+//! its next virtual stage before the group's first micro-batch is back from the last rank;
+//! short-first costs less than short-last, where those stalls fall into the steady phase
+//! (measured with `dualpipe simulate`, see docs/schedules.md). `virtual_stages = 1` is plain
 //! 1F1B.
+
+use std::iter::Peekable;
 
 use super::one_f_one_b::one_f_one_b_program;
 use super::{check_common, single_direction};
-use crate::validate::stuck_ranks;
 use crate::{Chunk, Op, Schedule, ScheduleError, ScheduleKind};
 
 /// Generates the compute-only interleaved 1F1B schedule with `virtual_stages` stages per rank.
+///
+/// For a multiple of `ranks` micro-batches this is Megatron's schedule; for other counts it is
+/// Megatron's schedule for the next multiple without the micro-batches that do not exist (see
+/// the module documentation). Runs in time linear in the ops it emits.
 pub fn generate(
     ranks: usize,
     micro_batches: usize,
     virtual_stages: usize,
 ) -> Result<Schedule, ScheduleError> {
     check_common("interleaved", ranks, micro_batches, virtual_stages)?;
-    if virtual_stages == 1 {
-        let programs = (0..ranks)
+    let programs = if virtual_stages == 1 {
+        (0..ranks)
             .map(|r| one_f_one_b_program(r, ranks, micro_batches, |mb| Chunk::new(0, r, mb), false))
-            .collect();
-        return Ok(single_direction(
-            ScheduleKind::Interleaved,
-            ranks,
-            micro_batches,
-            1,
-            programs,
-        ));
-    }
-    let total = micro_batches * virtual_stages;
-    let mut warmup: Vec<usize> = (0..ranks)
-        .map(|r| (2 * (ranks - r - 1) + (virtual_stages - 1) * ranks).min(total))
-        .collect();
-    loop {
-        let programs = (0..ranks)
-            .map(|r| program(r, ranks, micro_batches, virtual_stages, warmup[r]))
-            .collect();
-        let schedule = single_direction(
-            ScheduleKind::Interleaved,
-            ranks,
-            micro_batches,
-            virtual_stages,
-            programs,
-        );
-        // Megatron's warm-up runs as is when every group is full. With a smaller last group (or
-        // fewer micro-batches than ranks) a rank may wait for a gradient while others wait for
-        // its next forward: give each such rank one more warm-up forward and try again. With
-        // every forward in the warm-up the schedule runs (all ranks follow one order of
-        // (virtual stage, micro-batch)), so this ends.
-        let stuck = stuck_ranks(&schedule);
-        let mut grew = false;
-        for (r, pc) in stuck {
-            if matches!(schedule.programs[r][pc], Op::B(_)) && warmup[r] < total {
-                warmup[r] += 1;
-                grew = true;
-            }
-        }
-        if !grew {
-            return Ok(schedule);
-        }
-    }
-}
-
-/// The (virtual stage, micro-batch) of a rank's `k`-th forward (or, with `reverse`, backward).
-fn order(k: usize, ranks: usize, micro_batches: usize, v: usize, reverse: bool) -> (usize, usize) {
-    let group = k / (ranks * v);
-    let first = group * ranks;
-    let size = ranks.min(micro_batches - first);
-    let j = k - group * ranks * v;
-    let chunk = j / size;
-    let chunk = if reverse { v - 1 - chunk } else { chunk };
-    (chunk, first + j % size)
-}
-
-fn program(rank: usize, ranks: usize, micro_batches: usize, v: usize, warmup: usize) -> Vec<Op> {
-    let total = micro_batches * v;
-    let chunk = |k: usize, reverse: bool| {
-        let (vs, mb) = order(k, ranks, micro_batches, v, reverse);
-        Chunk::new(0, vs * ranks + rank, mb)
+            .collect()
+    } else {
+        let walk = Walk::new(ranks, micro_batches, virtual_stages);
+        (0..ranks).map(|r| walk.program(r)).collect()
     };
-    let mut ops = Vec::with_capacity(2 * total);
-    for k in 0..warmup {
-        ops.push(Op::F(chunk(k, false)));
+    let schedule = single_direction(
+        ScheduleKind::Interleaved,
+        ranks,
+        micro_batches,
+        virtual_stages,
+        programs,
+    );
+    // Dropping micro-batches from a schedule that runs cannot make it stop; checked in debug
+    // builds (linear in the ops).
+    debug_assert!(crate::validate::stuck_ranks(&schedule).is_empty());
+    Ok(schedule)
+}
+
+/// Megatron's interleaved order for `padded` micro-batches (the next multiple of `ranks`), of
+/// which the first `missing` do not exist.
+///
+/// A rank's forwards and backwards are each numbered by a *slot* `0 .. padded x v`: slot `k`
+/// is virtual stage `(k mod ranks v) / ranks` (reversed for backwards) of micro-batch
+/// `ranks (k / ranks v) + k mod ranks` of the walk.
+struct Walk {
+    ranks: usize,
+    v: usize,
+    padded: usize,
+    missing: usize,
+}
+
+impl Walk {
+    fn new(ranks: usize, micro_batches: usize, v: usize) -> Self {
+        let padded = micro_batches.div_ceil(ranks) * ranks;
+        Walk {
+            ranks,
+            v,
+            padded,
+            missing: padded - micro_batches,
+        }
     }
-    for k in warmup..total {
-        ops.push(Op::F(chunk(k, false)));
-        ops.push(Op::B(chunk(k - warmup, true)));
+
+    /// Slots in the walk, `padded x v`.
+    fn slots(&self) -> usize {
+        self.padded * self.v
     }
-    for k in total - warmup..total {
-        ops.push(Op::B(chunk(k, true)));
+
+    /// The slots of micro-batches that exist, in increasing order: the missing ones are the
+    /// first `missing` positions of every virtual stage of the first group.
+    fn real_slots(&self) -> impl Iterator<Item = usize> + '_ {
+        let (ranks, missing) = (self.ranks, self.missing);
+        (0..self.v)
+            .flat_map(move |c| c * ranks + missing..(c + 1) * ranks)
+            .chain(ranks * self.v..self.slots())
     }
-    ops
+
+    /// The (virtual stage, micro-batch) of slot `k`; `reverse` for backwards.
+    fn at(&self, k: usize, reverse: bool) -> (usize, usize) {
+        let per_group = self.ranks * self.v;
+        let (group, j) = (k / per_group, k % per_group);
+        let chunk = j / self.ranks;
+        let chunk = if reverse { self.v - 1 - chunk } else { chunk };
+        let mb = group * self.ranks + j % self.ranks;
+        debug_assert!(
+            mb >= self.missing,
+            "slot {k} belongs to a dropped micro-batch"
+        );
+        (chunk, mb - self.missing)
+    }
+
+    /// Rank `rank`'s program: Megatron's program for the walk, ops of missing micro-batches
+    /// left out.
+    fn program(&self, rank: usize) -> Vec<Op> {
+        let total = self.slots();
+        let warmup = (2 * (self.ranks - rank - 1) + (self.v - 1) * self.ranks).min(total);
+        // Position in Megatron's program of the forward / backward of slot `k`: `warmup`
+        // forwards, then (forward k, backward k - warmup) pairs, then the remaining backwards.
+        // Both are increasing in `k`, so the program is a merge of the two slot lists.
+        let f_pos = |k: usize| if k < warmup { k } else { 2 * k - warmup };
+        let b_pos = |k: usize| {
+            if k + warmup < total {
+                2 * k + warmup + 1
+            } else {
+                k + total
+            }
+        };
+        let chunk = |k: usize, reverse: bool| {
+            let (vs, mb) = self.at(k, reverse);
+            Chunk::new(0, vs * self.ranks + rank, mb)
+        };
+        let mut fwd: Peekable<_> = self.real_slots().peekable();
+        let mut bwd: Peekable<_> = self.real_slots().peekable();
+        let mut ops = Vec::with_capacity(2 * (self.padded - self.missing) * self.v);
+        loop {
+            let op = match (fwd.peek(), bwd.peek()) {
+                (Some(&f), Some(&b)) if f_pos(f) < b_pos(b) => {
+                    fwd.next();
+                    Op::F(chunk(f, false))
+                }
+                (Some(&f), None) => {
+                    fwd.next();
+                    Op::F(chunk(f, false))
+                }
+                (_, Some(&b)) => {
+                    bwd.next();
+                    Op::B(chunk(b, true))
+                }
+                (None, None) => break,
+            };
+            ops.push(op);
+        }
+        ops
+    }
 }
 
 #[cfg(test)]
