@@ -5,6 +5,7 @@
 
 mod compare;
 mod eplb;
+mod help;
 mod output;
 mod schedule;
 mod simulate;

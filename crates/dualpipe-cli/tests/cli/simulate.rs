@@ -151,9 +151,36 @@ fn svg_and_trace_files_are_written() {
     assert!(picture.contains("<svg") && picture.trim_end().ends_with("</svg>"));
     let events: Value =
         serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).expect("the trace is JSON");
-    assert!(
-        events.is_array() || events["traceEvents"].is_array(),
-        "{events}"
+    let events = events["traceEvents"]
+        .as_array()
+        .expect("a Chrome trace object with `traceEvents`");
+    // One complete ("X") event per compute op on the compute threads (tid 0).
+    let compute_events = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"] == 0)
+        .count();
+    let schedule = dualpipe([
+        "schedule",
+        "--schedule",
+        "dualpipe",
+        "--ranks",
+        "4",
+        "--micro-batches",
+        "8",
+        "--format",
+        "json",
+    ]);
+    schedule.ok();
+    let compute_ops = schedule.json()["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p.as_array().unwrap())
+        .filter(|op| ["F", "B", "I", "W", "FB"].contains(&op["op"].as_str().unwrap()))
+        .count();
+    assert_eq!(
+        compute_events, compute_ops,
+        "trace events vs the schedule's compute ops"
     );
     assert_eq!(
         dir.entries(),
