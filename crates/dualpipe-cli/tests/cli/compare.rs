@@ -122,3 +122,59 @@ fn sizes_no_schedule_accepts_are_a_usage_error() {
     let run = compare("4", "0", &["--fb", "2.5"]);
     run.usage_error(&["micro-batch"]);
 }
+
+#[test]
+fn per_rank_costs_scale_chunks_of_kinds_with_more_stages_than_ranks() {
+    let run = compare(
+        "4",
+        "8",
+        &["--format", "json", "--fb", "2.5", "--per-rank-costs"],
+    );
+    run.ok();
+    let doc = run.json();
+    for row in doc["schedules"].as_array().unwrap() {
+        let kind = row["schedule"].as_str().unwrap();
+        let pp = row["pp"].as_f64().unwrap();
+        let scale = row["chunk_scale"].as_f64().unwrap();
+        assert!(
+            close(scale, 4.0 / pp, 1e-12),
+            "{kind}: chunk_scale {scale}, pp {pp}"
+        );
+        // The same as simulating with every duration multiplied by the scale.
+        let cost = |x: f64| format!("{}", x * scale);
+        let (f, b, w, fb) = (cost(1.0), cost(2.0), cost(1.0), cost(2.5));
+        let sim = dualpipe([
+            "simulate",
+            "--schedule",
+            kind,
+            "--ranks",
+            "4",
+            "--micro-batches",
+            "8",
+            "--f",
+            &f,
+            "--b",
+            &b,
+            "--w",
+            &w,
+            "--fb",
+            &fb,
+            "--format",
+            "json",
+        ]);
+        sim.ok();
+        let (a, b) = (
+            row["makespan"].as_f64().unwrap(),
+            sim.json()["makespan"].as_f64().unwrap(),
+        );
+        assert!(close(a, b, 1e-9), "{kind}: compare {a}, simulate {b}");
+    }
+    assert!(
+        doc["schedules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["chunk_scale"].as_f64() == Some(0.5)),
+        "dualpipev and interleaved run half-size chunks: {doc}"
+    );
+}
