@@ -276,6 +276,9 @@ fn bad_input_is_a_one_line_usage_error() {
         .usage_error(&["negative.json", "-2"]);
     eplb(&dir.write("empty.csv", ""), "16", &[]).usage_error(&["empty.csv", "empty"]);
     eplb(&dir.write("bad.npy", "not numpy"), "16", &[]).usage_error(&["bad.npy", "npy"]);
+    let mut truncated = npy(&[2, 12], &[1.0; 24]);
+    truncated.truncate(truncated.len() - 8);
+    eplb(&dir.write("truncated.npy", truncated), "16", &[]).usage_error(&["truncated.npy"]);
     eplb(&dir.write("loads.xlsx", "?"), "16", &[]).usage_error(&["loads.xlsx"]);
     dualpipe([
         "eplb",
