@@ -244,3 +244,39 @@ fn absurd_sizes_are_usage_errors_not_panics() {
         .usage_error(&[flag]);
     }
 }
+
+#[test]
+fn training_learns_with_either_optimizer_and_precision_barely_matters() {
+    let run = |optimizer: &str, dtype: &str| {
+        floats(
+            &train_json(&[
+                "--ranks",
+                "2",
+                "--micro-batches",
+                "4",
+                "--steps",
+                "30",
+                "--lr",
+                "0.01",
+                "--optimizer",
+                optimizer,
+                "--dtype",
+                dtype,
+            ])["losses"],
+        )
+    };
+    for optimizer in ["adamw", "sgd"] {
+        let (f32s, f64s) = (run(optimizer, "f32"), run(optimizer, "f64"));
+        let (first, last) = (f64s[0], f64s[29]);
+        assert!(
+            last < 0.75 * first,
+            "{optimizer}: the loss should fall over 30 steps: {first} -> {last}"
+        );
+        for (step, (a, b)) in f32s.iter().zip(&f64s).enumerate() {
+            assert!(
+                crate::close(*a, *b, 1e-4),
+                "{optimizer} step {step}: f32 loss {a}, f64 loss {b}"
+            );
+        }
+    }
+}
