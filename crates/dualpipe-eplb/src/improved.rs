@@ -483,23 +483,8 @@ pub fn rebalance_improved(
     prev: Option<&[Vec<usize>]>,
     opts: &PlannerOptions,
 ) -> Result<ImprovedPlan, PlannerError> {
-    layout.check()?;
+    layout.check_with(load)?;
     opts.check()?;
-    for (l, row) in load.iter().enumerate() {
-        if row.len() != layout.experts {
-            return Err(PlannerError::Loads(format!(
-                "layer {l} has {} experts, expected {}",
-                row.len(),
-                layout.experts
-            )));
-        }
-        if let Some(e) = row.iter().position(|v| !(v.is_finite() && *v >= 0.0)) {
-            return Err(PlannerError::Loads(format!(
-                "layer {l}, expert {e} has load {}; loads must be finite and >= 0",
-                row[e]
-            )));
-        }
-    }
     if let Some(prev) = prev {
         check_previous(prev, load.len(), layout)?;
     }

@@ -253,3 +253,44 @@ fn bad_inputs_are_errors_not_panics() {
     };
     assert!(rebalance_improved(&[vec![1.0; 4]], &layout, None, &neg).is_err());
 }
+
+#[test]
+fn size_errors_read_like_the_reference_policy() {
+    let load = vec![vec![1.0; 12], vec![2.0; 12]];
+    let m = LoadMatrix::from_rows(load.clone()).unwrap();
+    // (replicas, groups, nodes, gpus)
+    for (replicas, groups, nodes, gpus) in [
+        (15, 4, 2, 8),
+        (8, 4, 2, 8),
+        (16, 5, 2, 8),
+        (16, 4, 3, 8),
+        (0, 4, 2, 8),
+        (16, 4, 2, 0),
+    ] {
+        let layout = Layout {
+            experts: 12,
+            replicas,
+            groups,
+            nodes,
+            gpus,
+        };
+        let ours = rebalance_improved(&load, &layout, None, &PlannerOptions::default())
+            .expect_err("invalid sizes");
+        let reference = rebalance_experts(&m, replicas, groups, nodes, gpus).expect_err("invalid");
+        assert_eq!(ours.to_string(), reference.to_string());
+    }
+    let bad = vec![vec![1.0, -2.0, 3.0, 4.0]];
+    let layout = Layout {
+        experts: 4,
+        replicas: 4,
+        groups: 1,
+        nodes: 1,
+        gpus: 2,
+    };
+    let ours = rebalance_improved(&bad, &layout, None, &PlannerOptions::default()).unwrap_err();
+    let m = LoadMatrix::from_rows(bad).unwrap();
+    assert_eq!(
+        ours.to_string(),
+        rebalance_experts(&m, 4, 1, 1, 2).unwrap_err().to_string()
+    );
+}

@@ -1,10 +1,15 @@
 //! The improved policy's inputs: the cluster [`Layout`], its [`PlannerOptions`] and the
 //! [`PlannerError`]s.
 
+use crate::EplbError;
+
 /// Errors of the planner.
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PlannerError {
+    /// The sizes or loads break a rule of the reference policy (same message as it gives).
+    #[error(transparent)]
+    Eplb(#[from] EplbError),
     /// The cluster shape is unusable.
     #[error("invalid layout: {0}")]
     Layout(String),
@@ -35,43 +40,97 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// Checks the divisibility rules of the reference policy.
+    /// Checks the sizing rules of the reference policy, with its messages.
     pub fn check(&self) -> Result<(), PlannerError> {
-        let bad = |m: String| Err(PlannerError::Layout(m));
-        for (name, v) in [
-            ("experts", self.experts),
-            ("replicas", self.replicas),
-            ("groups", self.groups),
-            ("nodes", self.nodes),
-            ("gpus", self.gpus),
+        self.check_with(&[vec![0.0; self.experts]])
+    }
+
+    /// Checks the sizes and `load` (`[layers][experts]`) in the order and with the messages of
+    /// the reference policy's checks, plus a bound on the planner's working memory.
+    pub fn check_with(&self, load: &[Vec<f64>]) -> Result<(), PlannerError> {
+        for (name, value) in [
+            ("num_replicas", self.replicas),
+            ("num_groups", self.groups),
+            ("num_nodes", self.nodes),
+            ("num_gpus", self.gpus),
         ] {
-            if v == 0 {
-                return bad(format!("{name} is 0; it must be at least 1"));
+            if value == 0 {
+                return Err(EplbError::ZeroCount { name }.into());
+            }
+            if value > u32::MAX as usize / 2 {
+                return Err(EplbError::TooLarge { name, value }.into());
             }
         }
+        let experts = self.experts;
+        if load.is_empty() || experts == 0 {
+            return Err(EplbError::EmptyLoads {
+                layers: load.len(),
+                experts,
+            }
+            .into());
+        }
+        if let Some((layer, row)) = load.iter().enumerate().find(|(_, r)| r.len() != experts) {
+            return Err(EplbError::RaggedLoads {
+                layer,
+                len: row.len(),
+                expected: experts,
+            }
+            .into());
+        }
+        let slots = load.len().saturating_mul(self.replicas);
+        if slots > 1 << 31 {
+            return Err(EplbError::TooLarge {
+                name: "layers x num_replicas",
+                value: slots,
+            }
+            .into());
+        }
+        for (layer, row) in load.iter().enumerate() {
+            if let Some(expert) = row.iter().position(|v| !(v.is_finite() && *v >= 0.0)) {
+                return Err(EplbError::InvalidLoad {
+                    layer,
+                    expert,
+                    value: row[expert],
+                }
+                .into());
+            }
+        }
+        if !experts.is_multiple_of(self.groups) {
+            return Err(EplbError::ExpertsNotMultipleOfGroups {
+                experts,
+                groups: self.groups,
+            }
+            .into());
+        }
+        if self.replicas < experts {
+            return Err(EplbError::FewerReplicasThanExperts {
+                replicas: self.replicas,
+                experts,
+            }
+            .into());
+        }
         if !self.replicas.is_multiple_of(self.gpus) {
-            return bad(format!(
-                "{} replicas do not divide over {} GPUs; use a multiple of the GPU count",
-                self.replicas, self.gpus
-            ));
+            return Err(EplbError::ReplicasNotMultipleOfGpus {
+                replicas: self.replicas,
+                gpus: self.gpus,
+            }
+            .into());
         }
         if !self.gpus.is_multiple_of(self.nodes) {
-            return bad(format!(
-                "{} GPUs do not divide over {} nodes",
-                self.gpus, self.nodes
-            ));
+            return Err(EplbError::GpusNotMultipleOfNodes {
+                gpus: self.gpus,
+                nodes: self.nodes,
+            }
+            .into());
         }
-        if !self.experts.is_multiple_of(self.groups) {
-            return bad(format!(
-                "{} experts do not divide into {} groups",
-                self.experts, self.groups
-            ));
-        }
-        if self.replicas < self.experts {
-            return bad(format!(
-                "{} replicas cannot hold {} experts; give at least one replica per expert",
-                self.replicas, self.experts
-            ));
+        // The planner keeps a GPU x expert table per domain.
+        let (domains, gpd) = self.domains();
+        let cells = (gpd as u128) * (experts / domains) as u128;
+        if cells > 1 << 28 {
+            return Err(PlannerError::Layout(format!(
+                "{gpd} GPUs x {} experts in one placement domain is too large for the improved policy (at most 2^28); use --policy deepseek or more nodes",
+                experts / domains
+            )));
         }
         Ok(())
     }
