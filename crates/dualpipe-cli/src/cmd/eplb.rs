@@ -1,13 +1,17 @@
-//! `dualpipe eplb`: balance MoE experts over GPUs with DeepSeek's EPLB policies.
+//! `dualpipe eplb`: balance MoE experts over GPUs with DeepSeek's EPLB policies, index for
+//! index (`--policy deepseek`), or the improved, migration-aware planner (`--policy improved`).
 //!
 //! Three steps, kept apart so new flags and policies slot in: [`parse`] turns flags into a
-//! [`Request`] (reading and predicting the loads), [`plan`] calls the library, and
-//! [`render_table`] / [`render_json`] print the result.
+//! [`Request`] (reading and predicting the loads, and the previous placement), [`plan`] calls
+//! the library, and [`render_table`] / [`render_json`] print the result.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
+use dualpipe_eplb::improved::{check_previous, Decision, Layout, PlannerOptions};
 use dualpipe_eplb::loads::{read_loads, Predictor};
+use dualpipe_eplb::moves::{move_plan, Move, MovePlan, Round};
+use dualpipe_eplb::planner_io::{move_summary, parse_previous, phy2log_rows, run_planner};
 use dualpipe_eplb::{
     rebalance_experts_with_policy, BalanceStats, LayerBalance, LoadMatrix, Plan, PlanStats, Policy,
 };
@@ -34,9 +38,26 @@ pub struct Args {
     /// GPUs in total.
     #[arg(long, value_name = "R")]
     pub gpus: usize,
-    /// Placement policy; auto = hierarchical when groups divide over nodes, else global.
-    #[arg(long, value_enum, default_value_t = PolicyArg::Auto)]
+    /// Placement policy: improved (duplicate-free, improvement pass, migration-aware with
+    /// --previous) or DeepSeek's reference, index for index (deepseek = auto: hierarchical when
+    /// groups divide over nodes, else global).
+    #[arg(long, value_enum, default_value_t = PolicyArg::Deepseek)]
     pub policy: PolicyArg,
+    /// Previous placement: a JSON output of `dualpipe eplb` or a bare phy2log matrix. The plan
+    /// then lists the expert moves (`moves`, `rounds`); the improved policy moves as few as it can.
+    #[arg(long, value_name = "FILE")]
+    pub previous: Option<PathBuf>,
+    /// With --previous (improved policy): how much hotter than a fresh plan a layer's hottest GPU
+    /// may be, as a fraction (0.0 = no worse than a fresh plan).
+    #[arg(long, value_name = "X", default_value_t = 0.0)]
+    pub tolerance: f64,
+    /// With --previous (improved policy): leave a layer as it is while its hottest GPU carries at
+    /// most X times the mean GPU load.
+    #[arg(long, value_name = "X")]
+    pub min_imbalance: Option<f64>,
+    /// Bytes of one expert's weights; turns move counts into bytes per round and link class.
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    pub expert_bytes: u64,
     /// For a 3-D history: predict with an exponential moving average of weight ALPHA in (0, 1].
     #[arg(long, value_name = "ALPHA", conflicts_with = "window")]
     pub ema: Option<f64>,
@@ -54,7 +75,11 @@ pub struct Args {
 /// `--policy` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PolicyArg {
-    /// The reference's choice.
+    /// Duplicate-free packing, an improvement pass, migration-aware with --previous.
+    Improved,
+    /// DeepSeek's EPLB, index for index (the reference's own choice of policy).
+    Deepseek,
+    /// The same as deepseek.
     Auto,
     /// Groups to nodes, replicas within nodes, replicas to GPUs.
     Hierarchical,
@@ -67,7 +92,7 @@ pub enum PolicyArg {
 pub enum Format {
     /// Balance per layer and a per-GPU bar chart.
     Table,
-    /// `phy2log`, `log2phy`, `logcnt` and `stats`.
+    /// `phy2log`, `log2phy`, `logcnt`, `stats`, and with --previous `moves` and `rounds`.
     Json,
 }
 
@@ -86,24 +111,44 @@ pub struct Request {
     pub nodes: usize,
     /// GPUs.
     pub gpus: usize,
-    /// Policy asked for.
-    pub policy: Policy,
+    /// Policy asked for; `None` for the improved policy.
+    pub policy: Option<Policy>,
+    /// The previous placement (`[layers][replicas]`), if given.
+    pub previous: Option<Vec<Vec<usize>>>,
+    /// Options of the improved policy.
+    pub options: PlannerOptions,
+    /// Bytes of one expert (0 if unknown).
+    pub expert_bytes: u64,
     /// Output format.
     pub format: Format,
     /// Output file, if any.
     pub output: Option<PathBuf>,
 }
 
+/// A plan and, with a previous placement, how to get there.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The placement.
+    pub plan: Plan,
+    /// `improved` or `deepseek`.
+    pub planner: &'static str,
+    /// Per layer, how the improved policy got its placement.
+    pub decisions: Option<Vec<Decision>>,
+    /// The transfers from the previous placement.
+    pub moves: Option<MovePlan>,
+}
+
 /// Runs `dualpipe eplb`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let request = parse(args)?;
-    let plan = plan(&request)?;
-    let stats = plan
+    let outcome = plan(&request)?;
+    let stats = outcome
+        .plan
         .stats(&request.loads)
         .context("computing balance statistics")?;
     let text = match request.format {
-        Format::Table => render_table(&request, &plan, &stats),
-        Format::Json => render_json(&plan, &stats)?,
+        Format::Table => render_table(&request, &outcome, &stats),
+        Format::Json => render_json(&outcome, &stats)?,
     };
     write_output(request.output.as_deref(), &text)
 }
@@ -120,9 +165,33 @@ pub fn parse(args: Args) -> anyhow::Result<Request> {
         .predict(predictor)
         .map_err(|e| UsageError(format!("{}: {e}", args.loads.display())))?;
     let policy = match args.policy {
-        PolicyArg::Auto => Policy::Auto,
-        PolicyArg::Hierarchical => Policy::Hierarchical,
-        PolicyArg::Global => Policy::Global,
+        PolicyArg::Improved => None,
+        PolicyArg::Deepseek | PolicyArg::Auto => Some(Policy::Auto),
+        PolicyArg::Hierarchical => Some(Policy::Hierarchical),
+        PolicyArg::Global => Some(Policy::Global),
+    };
+    if policy.is_some() && (args.tolerance != 0.0 || args.min_imbalance.is_some()) {
+        return Err(UsageError(
+            "--tolerance and --min-imbalance apply to the improved policy; drop them or use --policy improved".into(),
+        )
+        .into());
+    }
+    let options = PlannerOptions {
+        tolerance: args.tolerance,
+        min_imbalance: args.min_imbalance,
+        ..PlannerOptions::default()
+    };
+    options.check().map_err(|e| UsageError(e.to_string()))?;
+    let previous = match &args.previous {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| UsageError(format!("cannot read {}: {e}", path.display())))?;
+            Some(
+                parse_previous(&text)
+                    .map_err(|e| UsageError(format!("{}: {e}", path.display())))?,
+            )
+        }
     };
     Ok(Request {
         loads,
@@ -132,22 +201,70 @@ pub fn parse(args: Args) -> anyhow::Result<Request> {
         nodes: args.nodes,
         gpus: args.gpus,
         policy,
+        previous,
+        options,
+        expert_bytes: args.expert_bytes,
         format: args.format,
         output: args.output,
     })
 }
 
-/// Computes the plan; invalid sizes are [`UsageError`]s.
-pub fn plan(request: &Request) -> anyhow::Result<Plan> {
-    rebalance_experts_with_policy(
+/// Computes the plan (and the moves from the previous placement); invalid sizes and a previous
+/// placement that does not fit are [`UsageError`]s.
+pub fn plan(request: &Request) -> anyhow::Result<Outcome> {
+    let usage = |e: &dyn std::fmt::Display| UsageError(e.to_string());
+    let layout = Layout {
+        experts: request.loads.cols(),
+        replicas: request.replicas,
+        groups: request.groups,
+        nodes: request.nodes,
+        gpus: request.gpus,
+    };
+    let Some(policy) = request.policy else {
+        let run = run_planner(
+            &request.loads.to_rows(),
+            &layout,
+            request.previous.as_deref(),
+            &request.options,
+            request.expert_bytes,
+        )
+        .map_err(|e| usage(&e))?;
+        return Ok(Outcome {
+            decisions: Some(run.improved.layers.iter().map(|l| l.decision).collect()),
+            plan: run.plan,
+            planner: "improved",
+            moves: run.moves,
+        });
+    };
+    let plan = rebalance_experts_with_policy(
         &request.loads,
         request.replicas,
         request.groups,
         request.nodes,
         request.gpus,
-        request.policy,
+        policy,
     )
-    .map_err(|e| UsageError(e.to_string()).into())
+    .map_err(|e| usage(&e))?;
+    let moves = match &request.previous {
+        None => None,
+        Some(prev) => {
+            check_previous(prev, request.loads.rows(), &layout).map_err(|e| usage(&e))?;
+            let new = phy2log_rows(&plan).context("the plan has a negative index")?;
+            Some(move_plan(
+                prev,
+                &new,
+                request.gpus,
+                request.nodes,
+                request.expert_bytes,
+            ))
+        }
+    };
+    Ok(Outcome {
+        plan,
+        planner: "deepseek",
+        decisions: None,
+        moves,
+    })
 }
 
 /// One layer's (or the total's) balance in the JSON output.
@@ -194,6 +311,7 @@ struct BeforeAfter {
 /// The JSON document; serialised straight from the plan, without an intermediate tree.
 #[derive(serde::Serialize)]
 struct PlanOut<'a> {
+    planner: &'static str,
     policy: Policy,
     num_layers: usize,
     num_experts: usize,
@@ -205,13 +323,26 @@ struct PlanOut<'a> {
     log2phy: &'a dualpipe_eplb::Tensor3<i64>,
     logcnt: &'a dualpipe_eplb::Matrix<i64>,
     stats: BeforeAfter,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decisions: Option<&'a [Decision]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    moves: Option<&'a [Move]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rounds: Option<&'a [Round]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expert_bytes: Option<u64>,
 }
 
 /// The plan as JSON: sizes, `phy2log`, `log2phy`, `logcnt` and `stats` (`before`: experts in
 /// order over GPUs without replicas; `after`: with the plan). `imbalance` is the hottest GPU
-/// over the mean, `balancedness` its inverse.
-pub fn render_json(plan: &Plan, stats: &PlanStats) -> anyhow::Result<String> {
+/// over the mean, `balancedness` its inverse. The improved policy adds `decisions` (per layer:
+/// fresh, hysteresis, kept, repaired, regrouped, relabelled); a previous placement adds `moves`
+/// (layer, expert, src_gpu, src_slot, dst_gpu, dst_slot, inter_node), `rounds` (indices into
+/// `moves` with transfers and bytes per link class) and `expert_bytes`.
+pub fn render_json(outcome: &Outcome, stats: &PlanStats) -> anyhow::Result<String> {
+    let plan = &outcome.plan;
     let out = PlanOut {
+        planner: outcome.planner,
         policy: plan.policy,
         num_layers: plan.num_layers(),
         num_experts: plan.num_experts(),
@@ -226,6 +357,10 @@ pub fn render_json(plan: &Plan, stats: &PlanStats) -> anyhow::Result<String> {
             before: (&stats.before).into(),
             after: (&stats.after).into(),
         },
+        decisions: outcome.decisions.as_deref(),
+        moves: outcome.moves.as_ref().map(|m| m.moves.as_slice()),
+        rounds: outcome.moves.as_ref().map(|m| m.rounds.as_slice()),
+        expert_bytes: outcome.moves.as_ref().map(|m| m.expert_bytes),
     };
     let mut text = serde_json::to_string(&out)?;
     text.push('\n');
@@ -234,12 +369,13 @@ pub fn render_json(plan: &Plan, stats: &PlanStats) -> anyhow::Result<String> {
 
 /// A human summary: per layer and in total, the hottest GPU over the mean and the
 /// balancedness before and after, then a bar chart of each GPU's load over all layers.
-pub fn render_table(request: &Request, plan: &Plan, stats: &PlanStats) -> String {
+pub fn render_table(request: &Request, outcome: &Outcome, stats: &PlanStats) -> String {
     use std::fmt::Write;
+    let plan = &outcome.plan;
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "EPLB plan for {}: {} layers x {} experts -> {} replicas on {} GPUs ({} nodes, {} groups), policy {}",
+        "EPLB plan for {}: {} layers x {} experts -> {} replicas on {} GPUs ({} nodes, {} groups), {} policy ({})",
         request.source.display(),
         plan.num_layers(),
         plan.num_experts(),
@@ -247,6 +383,7 @@ pub fn render_table(request: &Request, plan: &Plan, stats: &PlanStats) -> String
         plan.num_gpus,
         plan.num_nodes,
         plan.num_groups,
+        outcome.planner,
         plan.policy,
     );
     let _ = writeln!(
@@ -311,7 +448,41 @@ pub fn render_table(request: &Request, plan: &Plan, stats: &PlanStats) -> String
         let _ = writeln!(s, "after  {}", sparkline(&after, scale));
         let _ = writeln!(s, "       (one column per GPU, 0 .. {})", plan.num_gpus - 1);
     }
+    if let Some(decisions) = &outcome.decisions {
+        if request.previous.is_some() {
+            let mut counts: Vec<(Decision, usize)> = Vec::new();
+            for &d in decisions {
+                match counts.iter_mut().find(|(k, _)| *k == d) {
+                    Some((_, n)) => *n += 1,
+                    None => counts.push((d, 1)),
+                }
+            }
+            let parts: Vec<String> = counts
+                .iter()
+                .map(|(d, n)| format!("{n} {}", decision_name(*d)))
+                .collect();
+            let _ = writeln!(s);
+            let _ = writeln!(s, "layers: {}", parts.join(", "));
+        }
+    }
+    if let Some(m) = &outcome.moves {
+        if outcome.decisions.is_none() {
+            let _ = writeln!(s);
+        }
+        s += &move_summary(m, plan.num_layers() * plan.num_replicas());
+    }
     s
+}
+
+fn decision_name(d: Decision) -> &'static str {
+    match d {
+        Decision::Fresh => "fresh",
+        Decision::Hysteresis => "left alone (hysteresis)",
+        Decision::Kept => "kept",
+        Decision::Repaired => "repaired",
+        Decision::Regrouped => "regrouped",
+        Decision::Relabelled => "relabelled",
+    }
 }
 
 fn per_gpu_total(m: &dualpipe_eplb::Matrix<f64>) -> Vec<f64> {
@@ -367,7 +538,11 @@ mod tests {
             groups,
             nodes: 2,
             gpus: 8,
-            policy: PolicyArg::Auto,
+            policy: PolicyArg::Deepseek,
+            previous: None,
+            tolerance: 0.0,
+            min_imbalance: None,
+            expert_bytes: 0,
             ema: None,
             window: None,
             format: Format::Json,
@@ -396,18 +571,19 @@ mod tests {
     fn json_has_the_plan_and_stats() {
         let dir = temp_dir("json");
         let request = parse(args(readme_file(&dir), 16, 4)).unwrap();
-        let plan = plan(&request).unwrap();
-        let stats = plan.stats(&request.loads).unwrap();
+        let outcome = plan(&request).unwrap();
+        let stats = outcome.plan.stats(&request.loads).unwrap();
         let v: serde_json::Value =
-            serde_json::from_str(&render_json(&plan, &stats).unwrap()).unwrap();
+            serde_json::from_str(&render_json(&outcome, &stats).unwrap()).unwrap();
         assert_eq!(v["policy"], "hierarchical");
+        assert_eq!(v["planner"], "deepseek");
         assert_eq!(v["phy2log"][0][0], 5);
         assert_eq!(v["log2phy"][0].as_array().unwrap().len(), 12);
         assert_eq!(v["logcnt"][1].as_array().unwrap().len(), 12);
         let after = v["stats"]["after"]["total"]["imbalance"].as_f64().unwrap();
         let before = v["stats"]["before"]["total"]["imbalance"].as_f64().unwrap();
         assert!(after < before);
-        let table = render_table(&request, &plan, &stats);
+        let table = render_table(&request, &outcome, &stats);
         assert!(
             table.contains("total") && table.contains("GPU   7"),
             "{table}"
@@ -432,6 +608,63 @@ mod tests {
         let err = parse(a).unwrap_err();
         assert_eq!(crate::cmd::exit_code(&err), 2);
         assert!(err.to_string().contains("alpha"), "{err}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn improved_with_previous_lists_moves() {
+        let dir = temp_dir("previous");
+        let file = readme_file(&dir);
+        let mut first = args(file.clone(), 16, 4);
+        first.policy = PolicyArg::Improved;
+        let request = parse(first).unwrap();
+        let outcome = plan(&request).unwrap();
+        let stats = outcome.plan.stats(&request.loads).unwrap();
+        let previous = dir.join("previous.json");
+        std::fs::write(&previous, render_json(&outcome, &stats).unwrap()).unwrap();
+        // Different loads: reverse every layer.
+        let loads = dir.join("loads2.csv");
+        std::fs::write(
+            &loads,
+            "86,183,56,73,4,39,165,104,61,40,132,90\n27,16,86,172,157,187,197,19,64,104,107,20\n",
+        )
+        .unwrap();
+        let mut second = args(loads, 16, 4);
+        second.policy = PolicyArg::Improved;
+        second.previous = Some(previous.clone());
+        second.expert_bytes = 100;
+        let request = parse(second).unwrap();
+        let outcome = plan(&request).unwrap();
+        let stats = outcome.plan.stats(&request.loads).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&render_json(&outcome, &stats).unwrap()).unwrap();
+        assert_eq!(v["planner"], "improved");
+        let moves = v["moves"].as_array().unwrap();
+        let rounds = v["rounds"].as_array().unwrap();
+        let scheduled: usize = rounds
+            .iter()
+            .map(|r| r["moves"].as_array().unwrap().len())
+            .sum();
+        assert_eq!(scheduled, moves.len());
+        let table = render_table(&request, &outcome, &stats);
+        assert!(
+            table.contains("moves:") && table.contains("layers:"),
+            "{table}"
+        );
+        // The reference policy lists moves too; the improved-only flags are refused with it.
+        let mut reference = args(dir.join("loads2.csv"), 16, 4);
+        reference.previous = Some(previous.clone());
+        assert!(plan(&parse(reference).unwrap()).unwrap().moves.is_some());
+        let mut wrong = args(file, 16, 4);
+        wrong.tolerance = 0.1;
+        assert_eq!(crate::cmd::exit_code(&parse(wrong).unwrap_err()), 2);
+        // A previous placement of another shape is a usage error.
+        std::fs::write(&previous, "[[0, 1, 2]]").unwrap();
+        let mut bad = args(dir.join("loads2.csv"), 16, 4);
+        bad.policy = PolicyArg::Improved;
+        bad.previous = Some(previous);
+        let err = plan(&parse(bad).unwrap()).unwrap_err();
+        assert_eq!(crate::cmd::exit_code(&err), 2);
         std::fs::remove_dir_all(dir).ok();
     }
 
