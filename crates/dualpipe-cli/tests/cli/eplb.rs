@@ -248,6 +248,8 @@ fn golden_cases_match_the_reference_through_the_cli() {
             &flag("num_nodes"),
             "--gpus",
             &flag("num_gpus"),
+            "--policy",
+            "deepseek",
             "--format",
             "json",
         ]);

@@ -5,6 +5,7 @@
 
 mod compare;
 mod eplb;
+mod eplb_previous;
 mod help;
 mod output;
 mod schedule;
