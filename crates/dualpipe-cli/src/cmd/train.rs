@@ -147,7 +147,52 @@ pub fn config(args: &Args) -> Result<TrainConfig, UsageError> {
     if let Some(seed) = args.seed {
         config.seed = seed;
     }
+    check_sizes(&config)?;
     Ok(config)
+}
+
+/// The most memory a run may ask for (parameters with optimizer state, or one step's
+/// activations) before it is refused as a usage error instead of failing to allocate.
+const MEMORY_LIMIT_BYTES: u128 = 1 << 40;
+
+/// Refuses widths and micro-batch sizes whose memory cannot exist, naming the flag.
+fn check_sizes(config: &TrainConfig) -> Result<(), UsageError> {
+    let bytes_per_value: u128 = match config.dtype {
+        DType::F32 => 4,
+        DType::F64 => 8,
+    };
+    let h = config.hidden as u128;
+    // Every block is h x 4h and 4h x h weights plus biases; two copies per stage at most,
+    // each with a gradient and two optimizer moments.
+    let parameters = (config.model_stages() as u128)
+        .saturating_mul(config.layers_per_stage as u128)
+        .saturating_mul(h.saturating_mul(h).saturating_mul(8).saturating_add(5 * h))
+        .saturating_mul(2 * 4 * bytes_per_value);
+    if parameters > MEMORY_LIMIT_BYTES {
+        return Err(UsageError(format!(
+            "--hidden {} with --layers-per-stage {} needs more than {} GiB of parameters; use a              smaller --hidden",
+            config.hidden,
+            config.layers_per_stage,
+            MEMORY_LIMIT_BYTES >> 30
+        )));
+    }
+    // Each block keeps its input, its 4h-wide hidden activations and their GELU input.
+    let activations = (config.micro_batch_size as u128)
+        .saturating_mul(config.micro_batches as u128)
+        .saturating_mul(h.saturating_mul(9))
+        .saturating_mul(config.layers_per_stage as u128)
+        .saturating_mul(config.model_stages() as u128)
+        .saturating_mul(bytes_per_value);
+    if activations > MEMORY_LIMIT_BYTES {
+        return Err(UsageError(format!(
+            "--micro-batch-size {} with --micro-batches {} and --hidden {} needs more than {}              GiB of activations per step; use a smaller --micro-batch-size",
+            config.micro_batch_size,
+            config.micro_batches,
+            config.hidden,
+            MEMORY_LIMIT_BYTES >> 30
+        )));
+    }
+    Ok(())
 }
 
 /// The end summary (also the JSON output).
@@ -512,12 +557,17 @@ mod tests {
 
     #[test]
     fn bad_flags_are_usage_errors_naming_the_flag() {
-        let cases: [(&[&str], &str); 5] = [
+        let cases: [(&[&str], &str); 7] = [
             (&["--schedule", "zigzag"], "--schedule"),
             (&["--optimizer", "lion"], "--optimizer"),
             (&["--dtype", "f16"], "--dtype"),
             (&["--ranks", "0"], "--ranks"),
             (&["--lr", "-1"], "--lr"),
+            (&["--hidden", "18446744073709551615"], "--hidden"),
+            (
+                &["--micro-batch-size", "18446744073709551615"],
+                "--micro-batch-size",
+            ),
         ];
         for (flags, flag) in cases {
             let err = config(&parse(flags)).unwrap_err();
