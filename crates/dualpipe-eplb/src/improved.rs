@@ -268,6 +268,52 @@ fn pack_layer(
     (out, reached)
 }
 
+/// Brings moved replicas of a layer's placement back to GPUs that held them before, by
+/// exchanges inside each domain that keep every GPU at or below `cap_load` (see
+/// [`Domain::reduce_moves`]); then preserves slots.
+fn reduce_moves(
+    phy2log: &[usize],
+    prev: &[usize],
+    load: &[f64],
+    layout: &Layout,
+    cap_load: f64,
+) -> Vec<usize> {
+    let (domains, gpd) = layout.domains();
+    let slots = layout.slots_per_gpu();
+    let per_domain = gpd * slots;
+    let mut out = phy2log.to_vec();
+    for d in 0..domains {
+        let base = d * per_domain;
+        let mut experts: Vec<usize> = phy2log[base..base + per_domain].to_vec();
+        experts.sort_unstable();
+        experts.dedup();
+        let mut local = vec![usize::MAX; layout.experts];
+        for (i, &e) in experts.iter().enumerate() {
+            local[e] = i;
+        }
+        let n = experts.len();
+        let mut orig = vec![false; gpd * n];
+        for s in 0..per_domain {
+            let e = local[prev[base + s]];
+            if e != usize::MAX {
+                orig[(s / slots) * n + e] = true;
+            }
+        }
+        let loads: Vec<f64> = experts.iter().map(|&e| load[e]).collect();
+        let mut dom = Domain::new(gpd, slots, loads, orig, 0.0);
+        for s in 0..per_domain {
+            dom.put(s, local[phy2log[base + s]]);
+        }
+        if dom.moves() == 0 || dom.reduce_moves(cap_load, 8) == 0 {
+            continue;
+        }
+        for (s, &e) in dom.slot.iter().enumerate() {
+            out[base + s] = experts[e];
+        }
+    }
+    preserve_slots(&out, prev, layout.gpus)
+}
+
 /// A fresh plan of the improved policy for one layer.
 fn fresh_layer(load: &[f64], layout: &Layout, opts: &PlannerOptions) -> Vec<usize> {
     let node_of = pack_groups(load, layout);
@@ -366,7 +412,7 @@ pub fn plan_layer(
         let (repaired, ok) = pack_layer(load, layout, &kept_groups, Some(prev), trim, budget, opts);
         if ok {
             candidates.push(plan(
-                preserve_slots(&repaired, prev, layout.gpus),
+                reduce_moves(&repaired, prev, load, layout, budget),
                 Decision::Repaired,
             ));
             break;
@@ -380,7 +426,7 @@ pub fn plan_layer(
                     pack_layer(load, layout, &packed, Some(prev), trim, budget, opts);
                 if ok {
                     candidates.push(plan(
-                        preserve_slots(&regrouped, prev, layout.gpus),
+                        reduce_moves(&regrouped, prev, load, layout, budget),
                         Decision::Regrouped,
                     ));
                     break;
@@ -395,8 +441,9 @@ pub fn plan_layer(
     };
     // The relabelled fresh plan has the fresh plan's loads, so it is within budget (up to the
     // order of floating-point sums, hence the fallback).
+    let relabelled = relabel(&fresh, prev, layout.gpus, nodes);
     let relabelled = plan(
-        relabel(&fresh, prev, layout.gpus, nodes),
+        reduce_moves(&relabelled, prev, load, layout, budget),
         Decision::Relabelled,
     );
     candidates
