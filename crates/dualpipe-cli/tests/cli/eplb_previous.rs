@@ -306,3 +306,90 @@ fn bad_previous_placements_and_options_are_one_line_usage_errors() {
     with_flag("--expert-bytes", "many").flag_error(&["--expert-bytes", "many"]);
     eplb(&loads, &["--policy", "best"]).flag_error(&["best", "--policy"]);
 }
+
+#[test]
+fn tolerance_bounds_each_layer_against_a_fresh_plan() {
+    let dir = TempDir::new("eplb-prev-tolerance");
+    let loads = dir.write("loads.csv", LOADS);
+    let shifted = dir.write("shifted.csv", SHIFTED);
+    let before = plan(&loads, &[]);
+    let previous = dir.write("prev.json", before.to_string());
+    let fresh = plan(&shifted, &["--policy", "improved"]);
+    let max_loads = |doc: &Value| -> Vec<f64> {
+        doc["stats"]["after"]["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["max_load"].as_f64().unwrap())
+            .collect()
+    };
+    let mut moves = Vec::new();
+    for tolerance in ["0", "0.1", "0.5", "10"] {
+        let doc = plan(
+            &shifted,
+            &[
+                "--policy",
+                "improved",
+                "--previous",
+                s(&previous),
+                "--tolerance",
+                tolerance,
+            ],
+        );
+        check_moves(&phy2log(&before), &doc, 0);
+        let t: f64 = tolerance.parse().unwrap();
+        for (l, (kept, best)) in max_loads(&doc).iter().zip(max_loads(&fresh)).enumerate() {
+            assert!(
+                *kept <= (1.0 + t) * best * (1.0 + 1e-12),
+                "--tolerance {t}, layer {l}: hottest GPU {kept}, fresh plan {best}"
+            );
+        }
+        moves.push(doc["moves"].as_array().unwrap().len());
+    }
+    assert!(
+        moves[3] <= moves[0],
+        "a looser tolerance should not move more: {moves:?}"
+    );
+}
+
+#[test]
+fn min_imbalance_leaves_balanced_enough_layers_alone() {
+    let dir = TempDir::new("eplb-prev-min-imbalance");
+    let loads = dir.write("loads.csv", LOADS);
+    let shifted = dir.write("shifted.csv", SHIFTED);
+    let before = plan(&loads, &[]);
+    let previous = dir.write("prev.json", before.to_string());
+    let doc = plan(
+        &shifted,
+        &[
+            "--policy",
+            "improved",
+            "--previous",
+            s(&previous),
+            "--min-imbalance",
+            "1000",
+        ],
+    );
+    assert_eq!(doc["moves"], Value::Array(vec![]), "{}", doc["moves"]);
+    assert_eq!(doc["phy2log"], before["phy2log"]);
+}
+
+#[test]
+fn same_input_and_previous_give_the_same_bytes() {
+    let dir = TempDir::new("eplb-prev-determinism");
+    let loads = dir.write("loads.csv", LOADS);
+    let shifted = dir.write("shifted.csv", SHIFTED);
+    let previous = dir.write("prev.json", plan(&loads, &[]).to_string());
+    for format in ["json", "table"] {
+        let flags = [
+            "--policy",
+            "improved",
+            "--previous",
+            s(&previous),
+            "--format",
+            format,
+        ];
+        let (a, b) = (eplb(&shifted, &flags), eplb(&shifted, &flags));
+        assert_eq!(a.ok().stdout, b.ok().stdout, "{format}");
+    }
+}
