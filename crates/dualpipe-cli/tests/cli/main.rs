@@ -108,8 +108,8 @@ impl Run {
     }
 
     /// Asserts a usage error as our own code reports it: exit code 2, nothing on stdout, and
-    /// exactly ONE line on stderr, starting `error:` and containing every one of `needles`
-    /// (case-insensitive).
+    /// exactly ONE line on stderr, starting `error:`, without runs of spaces, and containing
+    /// every one of `needles` (case-insensitive).
     #[track_caller]
     pub fn usage_error(&self, needles: &[&str]) -> &Self {
         self.no_panic();
@@ -134,6 +134,12 @@ impl Run {
             "dualpipe {:?}: expected one line on stderr, got:\n{}",
             self.args,
             self.stderr
+        );
+        assert!(
+            !lines[0].contains("   "),
+            "dualpipe {:?}: a run of spaces inside the message: {}",
+            self.args,
+            lines[0]
         );
         self.first_line_names(needles)
     }

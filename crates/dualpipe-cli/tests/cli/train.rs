@@ -243,6 +243,16 @@ fn absurd_sizes_are_usage_errors_not_panics() {
         ])
         .usage_error(&[flag]);
     }
+    // A hundred million blocks per stage: refused up front (it would allocate for minutes).
+    train(&[
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "2",
+        "--layers-per-stage",
+        "100000000",
+    ])
+    .usage_error(&["--layers-per-stage"]);
 }
 
 #[test]
