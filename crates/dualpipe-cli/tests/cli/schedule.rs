@@ -292,3 +292,36 @@ fn bad_flags_are_usage_errors() {
     ])
     .flag_error(&["yaml", "--format"]);
 }
+
+#[test]
+fn interleaved_with_three_virtual_stages_round_trips_in_both_formats() {
+    let run = |format: &str| {
+        let r = dualpipe([
+            "schedule",
+            "--schedule",
+            "interleaved",
+            "--ranks",
+            "2",
+            "--micro-batches",
+            "4",
+            "--virtual-stages",
+            "3",
+            "--format",
+            format,
+        ]);
+        r.ok();
+        r.stdout.clone()
+    };
+    let from_json = json::from_str(&run("json")).expect("JSON re-imports");
+    assert_eq!(
+        from_json.placement.stages(),
+        6,
+        "2 ranks x 3 virtual stages"
+    );
+    let from_csv =
+        csv::from_str(&run("csv"), Some(ScheduleKind::Interleaved)).expect("CSV re-imports");
+    assert_eq!(
+        from_csv.compute_only().programs,
+        from_json.compute_only().programs
+    );
+}
