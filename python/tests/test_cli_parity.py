@@ -71,7 +71,7 @@ def test_eplb_matches_the_cli(tmp_path, config):
     loads.write_text(json.dumps(weight.tolist()))
     proc = _run(
         "eplb", "--loads", loads, "--replicas", replicas, "--groups", groups,
-        "--nodes", nodes, "--gpus", gpus, "--format", "json",
+        "--nodes", nodes, "--gpus", gpus, "--policy", "deepseek", "--format", "json",
     )
     assert proc.returncode == 0, proc.stderr
     cli = json.loads(proc.stdout)

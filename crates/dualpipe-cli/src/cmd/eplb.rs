@@ -38,10 +38,10 @@ pub struct Args {
     /// GPUs in total.
     #[arg(long, value_name = "R")]
     pub gpus: usize,
-    /// Placement policy: improved (duplicate-free, improvement pass, migration-aware with
+    /// Placement policy: improved (the default: duplicate-free, improvement pass, migration-aware with
     /// --previous) or DeepSeek's reference, index for index (deepseek = auto: hierarchical when
     /// groups divide over nodes, else global).
-    #[arg(long, value_enum, default_value_t = PolicyArg::Deepseek)]
+    #[arg(long, value_enum, default_value_t = PolicyArg::Improved)]
     pub policy: PolicyArg,
     /// Previous placement: a JSON output of `dualpipe eplb` or a bare phy2log matrix. The plan
     /// then lists the expert moves (`moves`, `rounds`); the improved policy moves as few as it can.
