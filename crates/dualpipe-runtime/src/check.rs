@@ -17,6 +17,35 @@ pub(crate) fn check_setup<S>(
     schedule: &Schedule,
     ranks: &[RankStages<S>],
 ) -> Result<(), RuntimeError> {
+    check(schedule, ranks.len(), |rank, dir, stage| {
+        ranks[rank].get(dir, stage).is_some()
+    })
+}
+
+/// The same rules for one rank of a multi-process run, which holds only its own stages.
+pub(crate) fn check_rank_setup<S>(
+    schedule: &Schedule,
+    rank: usize,
+    stages: &RankStages<S>,
+) -> Result<(), RuntimeError> {
+    if rank >= schedule.ranks {
+        return Err(RuntimeError::Setup(format!(
+            "this process is rank {rank}, but the schedule has {} ranks",
+            schedule.ranks
+        )));
+    }
+    check(schedule, schedule.ranks, |r, dir, stage| {
+        r != rank || stages.get(dir, stage).is_some()
+    })
+}
+
+/// The checks, with `given` ranks of stages and `has_stage(rank, dir, stage)` saying whether
+/// a rank was given a stage.
+fn check(
+    schedule: &Schedule,
+    given: usize,
+    has_stage: impl Fn(usize, usize, usize) -> bool,
+) -> Result<(), RuntimeError> {
     let placement = &schedule.placement;
     let setup = |msg: String| Err(RuntimeError::Setup(msg));
     if schedule.ranks == 0 {
@@ -30,12 +59,11 @@ pub(crate) fn check_setup<S>(
             placement.ranks
         ));
     }
-    if ranks.len() != schedule.ranks {
+    if given != schedule.ranks {
         return setup(format!(
-            "the schedule has {} ranks but stages were given for {}; build them with \
+            "the schedule has {} ranks but stages were given for {given}; build them with \
              build_ranks(&schedule.placement, ..)",
             schedule.ranks,
-            ranks.len()
         ));
     }
     let dirs = placement.dirs();
@@ -103,7 +131,7 @@ pub(crate) fn check_setup<S>(
                         ),
                     );
                 }
-                if ranks[rank].get(c.dir, c.stage).is_none() {
+                if !has_stage(rank, c.dir, c.stage) {
                     return at(
                         op,
                         format!(

@@ -62,4 +62,24 @@ pub enum RuntimeError {
         /// What went wrong.
         message: String,
     },
+    /// Another process of a multi-process run failed; this rank stopped because of it.
+    #[error("rank {rank}: stopped because rank {failed_rank} failed: {message}")]
+    PeerFailed {
+        /// The rank that stopped.
+        rank: usize,
+        /// The rank that failed.
+        failed_rank: usize,
+        /// The failed rank's own error.
+        message: String,
+    },
+    /// The transport between processes failed, or a message was malformed or out of step.
+    #[error("rank {rank}: {op}: transport failure: {message}")]
+    Transport {
+        /// The rank that saw the failure.
+        rank: usize,
+        /// The op being run (or the collective, e.g. `loss reduction`).
+        op: String,
+        /// What went wrong.
+        message: String,
+    },
 }

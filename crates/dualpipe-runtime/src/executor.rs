@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use dualpipe_schedule::{Chunk, Op, Placement, Schedule};
 use dualpipe_sim::Timeline;
 
-use crate::transport::Shared;
+use crate::transport::{LocalTransport, Shared};
 use crate::worker::{RankRecord, Worker};
 use crate::{RuntimeError, Stage};
 
@@ -215,7 +215,8 @@ pub fn run_step<S: Stage>(
                 std::thread::Builder::new()
                     .name(format!("dualpipe-rank-{rank}"))
                     .spawn_scoped(scope, move || {
-                        Worker::new(rank, schedule, stages, inbox, shared, options, start).run()
+                        let transport = LocalTransport::new(rank, inbox, shared);
+                        Worker::new(rank, schedule, stages, transport, options, start).run()
                     })
             })
             .collect();
@@ -223,7 +224,7 @@ pub fn run_step<S: Stage>(
             .into_iter()
             .enumerate()
             .map(|(rank, handle)| match handle {
-                Ok(handle) => handle.join().ok().flatten(),
+                Ok(handle) => handle.join().ok().and_then(Result::ok),
                 Err(err) => {
                     shared.fail(RuntimeError::Setup(format!(
                         "cannot start the thread of rank {rank}: {err}"

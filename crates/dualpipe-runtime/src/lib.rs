@@ -29,10 +29,16 @@ mod check;
 pub mod error;
 mod executor;
 pub mod grads;
+pub mod launch;
 pub mod measure;
+#[cfg(feature = "mpi")]
+pub mod mpi_transport;
+pub mod net;
+pub mod remote;
 pub mod sleep;
 pub mod stage;
 mod transport;
+pub mod wire;
 mod worker;
 
 pub use error::RuntimeError;
@@ -40,7 +46,10 @@ pub use executor::{
     build_ranks, run_step, try_build_ranks, ExecOptions, MicroBatchLoss, RankStages, StepOutcome,
 };
 pub use grads::sum_stage_copies;
+pub use launch::{LaunchError, LaunchInfo, Launcher};
 pub use measure::OpTimes;
+pub use net::{Endpoint, Link};
+pub use remote::{barrier, run_rank_step, sum_stage_copies_remote, WireStage};
 pub use sleep::{SleepCosts, SleepStage};
 pub use stage::{ForwardInput, ForwardOutput, Stage, StageError};
 

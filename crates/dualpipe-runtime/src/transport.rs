@@ -53,6 +53,97 @@ pub(crate) enum WaitError {
     TimedOut,
     /// A message with the same key arrived twice.
     Duplicate(Key, usize),
+    /// Another process failed and said so (multi-process transports know who).
+    PeerFailed {
+        /// The failed rank.
+        rank: usize,
+        /// Its error.
+        message: String,
+    },
+    /// The transport itself failed, or a message was malformed or stale.
+    Transport(String),
+}
+
+/// What the executor needs from a transport, seen from one rank.
+///
+/// Two implementations: [`LocalTransport`] (in-process channels, one thread per rank) and
+/// [`RemoteTransport`](crate::remote::RemoteTransport) (an [`Endpoint`](crate::net::Endpoint)
+/// on a [`Link`](crate::net::Link) such as MPI, one process per rank). Sends never block;
+/// receives are posted early: what arrives first is buffered by its key.
+pub(crate) trait Transport<T> {
+    /// Sends `tensor` for `key` to rank `dst`.
+    fn send(&mut self, dst: usize, key: Key, tensor: T) -> Result<(), WaitError>;
+
+    /// The tensor for `key` with its sender, if it has already arrived; never waits.
+    fn try_take(&mut self, key: Key) -> Result<Option<(usize, T)>, WaitError>;
+
+    /// Waits for the tensor for `key` until `deadline`, waking at least every `poll` to see
+    /// whether another rank failed.
+    fn take(
+        &mut self,
+        key: Key,
+        deadline: Instant,
+        poll: Duration,
+    ) -> Result<(usize, T), WaitError>;
+
+    /// Whether another rank failed (a remote transport also picks up arrivals here).
+    fn aborted(&mut self) -> bool;
+
+    /// Reports this rank's failure to every rank.
+    fn fail(&mut self, err: RuntimeError);
+
+    /// The rank that failed and its message, when the transport knows (a remote transport
+    /// learns it from the failed rank's notice; the local one keeps the error itself).
+    fn failed_peer(&mut self) -> Option<(usize, String)> {
+        None
+    }
+}
+
+/// One rank's end of the local transport: its inbox and the state every rank shares.
+pub(crate) struct LocalTransport<'a, T> {
+    inbox: Inbox<T>,
+    shared: &'a Shared<T>,
+    rank: usize,
+}
+
+impl<'a, T: Send> LocalTransport<'a, T> {
+    /// Rank `rank`'s end, with the receiving side of its inbox.
+    pub fn new(rank: usize, receiver: Receiver<Message<T>>, shared: &'a Shared<T>) -> Self {
+        LocalTransport {
+            inbox: Inbox::new(receiver),
+            shared,
+            rank,
+        }
+    }
+}
+
+impl<T: Send> Transport<T> for LocalTransport<'_, T> {
+    fn send(&mut self, dst: usize, key: Key, tensor: T) -> Result<(), WaitError> {
+        self.shared.send(dst, self.rank, key, tensor);
+        Ok(())
+    }
+
+    fn try_take(&mut self, key: Key) -> Result<Option<(usize, T)>, WaitError> {
+        Ok(self.inbox.try_take(key))
+    }
+
+    fn take(
+        &mut self,
+        key: Key,
+        deadline: Instant,
+        poll: Duration,
+    ) -> Result<(usize, T), WaitError> {
+        let shared = self.shared;
+        self.inbox.take(key, deadline, poll, || shared.aborted())
+    }
+
+    fn aborted(&mut self) -> bool {
+        self.shared.aborted()
+    }
+
+    fn fail(&mut self, err: RuntimeError) {
+        self.shared.fail(err);
+    }
 }
 
 impl<T: Send> Shared<T> {
@@ -119,14 +210,6 @@ impl<T> Inbox<T> {
             receiver,
             buffered: HashMap::new(),
         }
-    }
-
-    /// Puts a tensor handed over on the same rank (no message) where its consumer finds it.
-    pub fn put_local(&mut self, key: Key, src: usize, tensor: T) -> Result<(), WaitError> {
-        if self.buffered.insert(key, (src, tensor)).is_some() {
-            return Err(WaitError::Duplicate(key, src));
-        }
-        Ok(())
     }
 
     /// Takes the tensor for `key` if it has already arrived, without waiting.

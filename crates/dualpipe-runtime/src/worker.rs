@@ -3,14 +3,13 @@
 use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
 use dualpipe_schedule::{Chunk, Op, Schedule};
 use dualpipe_sim::{ComputeInterval, MessageInterval, MessageKind};
 
 use crate::executor::{describe, shifted};
-use crate::transport::{Inbox, Key, Message, Shared, WaitError};
+use crate::transport::{Key, Transport, WaitError};
 use crate::{
     ExecOptions, ForwardInput, ForwardOutput, MicroBatchLoss, RankStages, RuntimeError, Stage,
     StageError,
@@ -34,6 +33,13 @@ enum Fail {
     Error(RuntimeError),
     /// Another rank failed first.
     Aborted,
+    /// Another process failed and said who it was.
+    PeerFailed {
+        /// The failed rank.
+        rank: usize,
+        /// Its error.
+        message: String,
+    },
 }
 
 impl From<RuntimeError> for Fail {
@@ -43,12 +49,13 @@ impl From<RuntimeError> for Fail {
 }
 
 /// One rank's state during a step.
-pub(crate) struct Worker<'a, S: Stage> {
+pub(crate) struct Worker<'a, S: Stage, Tr> {
     rank: usize,
     schedule: &'a Schedule,
     stages: &'a mut RankStages<S>,
-    inbox: Inbox<S::Tensor>,
-    shared: &'a Shared<S::Tensor>,
+    transport: Tr,
+    /// Tensors handed from one stage of this rank to another, without a message.
+    local: HashMap<Key, S::Tensor>,
     options: &'a ExecOptions,
     start: Instant,
     last_stage: usize,
@@ -61,14 +68,13 @@ pub(crate) struct Worker<'a, S: Stage> {
     record: RankRecord,
 }
 
-impl<'a, S: Stage> Worker<'a, S> {
-    /// A worker for `rank`, timing everything from `start`.
+impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
+    /// A worker for `rank` on `transport`, timing everything from `start`.
     pub fn new(
         rank: usize,
         schedule: &'a Schedule,
         stages: &'a mut RankStages<S>,
-        receiver: Receiver<Message<S::Tensor>>,
-        shared: &'a Shared<S::Tensor>,
+        transport: Tr,
         options: &'a ExecOptions,
         start: Instant,
     ) -> Self {
@@ -84,8 +90,8 @@ impl<'a, S: Stage> Worker<'a, S> {
             rank,
             schedule,
             stages,
-            inbox: Inbox::new(receiver),
-            shared,
+            transport,
+            local: HashMap::new(),
             options,
             start,
             last_stage: schedule.placement.stages() - 1,
@@ -101,26 +107,35 @@ impl<'a, S: Stage> Worker<'a, S> {
         }
     }
 
-    /// Runs the program; on failure wakes every rank and returns `None`.
-    pub fn run(mut self) -> Option<RankRecord> {
+    /// Runs the program. On failure tells every rank through the transport and returns
+    /// the error: `Err(Some(..))` for this rank's own failure or a failed peer that said who
+    /// it was, `Err(None)` when another rank of this process failed first (the transport's
+    /// shared state holds that error).
+    pub fn run(mut self) -> Result<RankRecord, Option<RuntimeError>> {
         let rank = self.rank;
-        let shared = self.shared;
-        match catch_unwind(AssertUnwindSafe(|| self.run_program())) {
-            Ok(Ok(())) => Some(self.record),
-            Ok(Err(Fail::Error(err))) => {
-                shared.fail(err);
-                None
-            }
-            Ok(Err(Fail::Aborted)) => None,
-            Err(payload) => {
-                shared.fail(RuntimeError::StagePanicked {
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.run_program()));
+        let err = match outcome {
+            Ok(Ok(())) => return Ok(self.record),
+            Ok(Err(Fail::Aborted)) => return Err(None),
+            Ok(Err(Fail::PeerFailed {
+                rank: failed_rank,
+                message,
+            })) => {
+                return Err(Some(RuntimeError::PeerFailed {
                     rank,
-                    op: "the executor".into(),
-                    message: panic_message(payload.as_ref()),
-                });
-                None
+                    failed_rank,
+                    message,
+                }))
             }
-        }
+            Ok(Err(Fail::Error(err))) => err,
+            Err(payload) => RuntimeError::StagePanicked {
+                rank,
+                op: "the executor".into(),
+                message: panic_message(payload.as_ref()),
+            },
+        };
+        self.transport.fail(err.clone());
+        Err(Some(err))
     }
 
     fn now(&self) -> f64 {
@@ -130,8 +145,8 @@ impl<'a, S: Stage> Worker<'a, S> {
     fn run_program(&mut self) -> Result<(), Fail> {
         let schedule = self.schedule;
         for op in &schedule.programs[self.rank] {
-            if self.shared.aborted() {
-                return Err(Fail::Aborted);
+            if self.transport.aborted() {
+                return Err(self.abort_reason());
             }
             match *op {
                 Op::F(c) => {
@@ -273,8 +288,15 @@ impl<'a, S: Stage> Worker<'a, S> {
     /// Takes the tensor for `key` (produced by `producer`), waiting for it if it is remote.
     fn receive(&mut self, op: &Op, key: Key, producer: Chunk) -> Result<S::Tensor, Fail> {
         let src = self.schedule.placement.rank(producer.dir, producer.stage);
-        if let Some((from, tensor)) = self.inbox.try_take(key) {
-            return self.check_source(op, key, src, from).map(|()| tensor);
+        if let Some(tensor) = self.local.remove(&key) {
+            return self.check_source(op, key, src, self.rank).map(|()| tensor);
+        }
+        match self.transport.try_take(key) {
+            Ok(Some((from, tensor))) => {
+                return self.check_source(op, key, src, from).map(|()| tensor)
+            }
+            Ok(None) => {}
+            Err(err) => return Err(self.wait_failure(op, key, src, err)),
         }
         if src == self.rank && !self.sends.contains(&(key.kind, producer)) {
             return Err(self.protocol(
@@ -287,31 +309,50 @@ impl<'a, S: Stage> Worker<'a, S> {
             ));
         }
         let began = Instant::now();
-        let shared = self.shared;
-        let taken = self.inbox.take(
+        let taken = self.transport.take(
             key,
             began + self.options.recv_timeout,
             self.options.poll_interval,
-            || shared.aborted(),
         );
         self.record.comm_wait += began.elapsed().as_secs_f64();
         match taken {
             Ok((from, tensor)) => self.check_source(op, key, src, from).map(|()| tensor),
-            Err(WaitError::Aborted) => Err(Fail::Aborted),
-            Err(WaitError::TimedOut) => Err(Fail::Error(RuntimeError::Timeout {
+            Err(err) => Err(self.wait_failure(op, key, src, err)),
+        }
+    }
+
+    /// Why the step stops after another rank failed.
+    fn abort_reason(&mut self) -> Fail {
+        match self.transport.failed_peer() {
+            Some((rank, message)) => Fail::PeerFailed { rank, message },
+            None => Fail::Aborted,
+        }
+    }
+
+    /// The failure for a receive of `key` from `src` that ended with `err`.
+    fn wait_failure(&self, op: &Op, key: Key, src: usize, err: WaitError) -> Fail {
+        match err {
+            WaitError::Aborted => Fail::Aborted,
+            WaitError::PeerFailed { rank, message } => Fail::PeerFailed { rank, message },
+            WaitError::TimedOut => Fail::Error(RuntimeError::Timeout {
                 rank: self.rank,
                 what: format!("{} {}", recv_name(key.kind), key.chunk),
                 peer: src,
                 timeout: self.options.recv_timeout,
-            })),
-            Err(WaitError::Duplicate(dup, from)) => Err(self.protocol(
+            }),
+            WaitError::Duplicate(dup, from) => self.protocol(
                 op,
                 format!(
                     "a second {} message for {} arrived (from rank {from})",
                     recv_name(dup.kind),
                     dup.chunk
                 ),
-            )),
+            ),
+            WaitError::Transport(message) => Fail::Error(RuntimeError::Transport {
+                rank: self.rank,
+                op: describe(op),
+                message,
+            }),
         }
     }
 
@@ -415,12 +456,13 @@ impl<'a, S: Stage> Worker<'a, S> {
             kind,
             chunk: consumer,
         };
-        self.inbox.put_local(key, self.rank, tensor).map_err(|_| {
-            self.protocol(
+        if self.local.insert(key, tensor).is_some() {
+            return Err(self.protocol(
                 op,
                 format!("the {} of {producer} ran twice", kind_name(kind)),
-            )
-        })
+            ));
+        }
+        Ok(())
     }
 
     fn send(
@@ -445,7 +487,9 @@ impl<'a, S: Stage> Worker<'a, S> {
             kind,
             chunk: consumer,
         };
-        self.shared.send(peer, self.rank, key, tensor);
+        if let Err(err) = self.transport.send(peer, key, tensor) {
+            return Err(self.wait_failure(op, key, peer, err));
+        }
         let end = self.now();
         self.record.messages.push(MessageInterval {
             src: self.rank,
