@@ -8,7 +8,9 @@
 //! - [`data`]: seeded teacher-student regression data;
 //! - [`optim`]: SGD with momentum and AdamW;
 //! - [`reference`](mod@reference): the sequential single-thread oracle;
-//! - [`trainer`]: the training loop behind `dualpipe train`.
+//! - [`trainer`]: the training loop behind `dualpipe train`;
+//! - [`distributed`]: [`RankTrainer`], one pipeline rank per process (MPI), and the wire
+//!   codec of the stage's tensors.
 //!
 //! The model and the data depend only on the seed, the number of model stages and the shapes,
 //! so every schedule trains the same model on the same batches.
@@ -16,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod data;
+pub mod distributed;
 pub mod error;
 pub mod layers;
 pub mod optim;
@@ -24,6 +27,7 @@ pub mod rng;
 pub mod stage;
 pub mod trainer;
 
+pub use distributed::RankTrainer;
 pub use error::NnError;
 pub use optim::{Optimizer, OptimizerKind};
 pub use reference::{Reference, ReferenceStep};
