@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::Context;
 use dualpipe_nn::{DType, NnError, OptimizerKind, StepReport, TrainConfig, Trainer};
 use dualpipe_runtime::OpTimes;
-use dualpipe_schedule::{ScheduleError, ScheduleKind};
+use dualpipe_schedule::{Schedule, ScheduleError, ScheduleKind};
 use dualpipe_sim::svg::{self, SvgOptions};
 use dualpipe_sim::{metrics, simulate, trace, CostModel, Metrics, Timeline};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -21,6 +21,19 @@ use serde::Serialize;
 
 use super::output::{write_atomic, write_output};
 use super::UsageError;
+
+#[cfg(feature = "mpi")]
+mod mpi;
+
+/// How the ranks talk to each other.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// One thread per rank in this process, in-process channels.
+    Local,
+    /// One process per rank, started by mpirun / mpiexec / srun (needs a build with
+    /// `--features mpi`).
+    Mpi,
+}
 
 /// Output format of the end summary.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +96,18 @@ pub struct Args {
     /// No progress bar and no per-step lines (the summary is still printed).
     #[arg(long)]
     pub quiet: bool,
+    /// local: one thread per rank; mpi: one process per rank, e.g.
+    /// `mpirun -n 4 dualpipe train --transport mpi` (rank 0 prints the summary).
+    #[arg(long, value_enum, default_value_t = Transport::Local)]
+    pub transport: Transport,
+    /// Seconds a rank waits for a message from another before it gives up and names it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    pub recv_timeout: f64,
+    /// Testing only: make RANK fail at STEP (1-based), as `RANK:STEP:error` (a clean error
+    /// that the other ranks are told of), `RANK:STEP:exit` (the process exits at once with
+    /// code 3) or `RANK:STEP:abort` (the process dies of SIGABRT). Needs --transport mpi.
+    #[arg(long, value_name = "RANK:STEP:HOW", hide = true)]
+    pub inject_failure: Option<String>,
 }
 
 /// The configuration the flags ask for, or a usage error naming the bad flag.
@@ -170,7 +195,8 @@ fn check_sizes(config: &TrainConfig) -> Result<(), UsageError> {
         .saturating_mul(2 * 4 * bytes_per_value);
     if parameters > MEMORY_LIMIT_BYTES {
         return Err(UsageError(format!(
-            "--hidden {} with --layers-per-stage {} needs more than {} GiB of parameters; use a              smaller --hidden",
+            "--hidden {} with --layers-per-stage {} needs more than {} GiB of parameters; use a \
+             smaller --hidden",
             config.hidden,
             config.layers_per_stage,
             MEMORY_LIMIT_BYTES >> 30
@@ -185,7 +211,8 @@ fn check_sizes(config: &TrainConfig) -> Result<(), UsageError> {
         .saturating_mul(bytes_per_value);
     if activations > MEMORY_LIMIT_BYTES {
         return Err(UsageError(format!(
-            "--micro-batch-size {} with --micro-batches {} and --hidden {} needs more than {}              GiB of activations per step; use a smaller --micro-batch-size",
+            "--micro-batch-size {} with --micro-batches {} and --hidden {} needs more than {} \
+             GiB of activations per step; use a smaller --micro-batch-size",
             config.micro_batch_size,
             config.micro_batches,
             config.hidden,
@@ -264,13 +291,58 @@ pub struct OpSeconds {
 
 /// Runs `dualpipe train`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let text = execute(&args)?;
-    write_output(None, &text)
+    match execute(&args)? {
+        Some(text) => write_output(None, &text),
+        // A rank other than 0 of a multi-process run: rank 0 prints the summary.
+        None => Ok(()),
+    }
 }
 
-/// Trains, writes the trace and SVG files, and returns the summary text (table or JSON).
-fn execute(args: &Args) -> anyhow::Result<String> {
+/// Trains, writes the trace and SVG files, and returns the summary text (table or JSON), or
+/// `None` on the ranks of a multi-process run that do not report.
+fn execute(args: &Args) -> anyhow::Result<Option<String>> {
     let config = config(args)?;
+    if !(args.recv_timeout.is_finite() && args.recv_timeout > 0.0) {
+        return Err(UsageError(format!(
+            "--recv-timeout {}: the timeout must be a positive number of seconds such as 60",
+            args.recv_timeout
+        ))
+        .into());
+    }
+    match args.transport {
+        Transport::Local => {
+            if args.inject_failure.is_some() {
+                return Err(UsageError(
+                    "--inject-failure needs --transport mpi (it stops one process of a \
+                     multi-process run)"
+                        .into(),
+                )
+                .into());
+            }
+            execute_local(args, config).map(Some)
+        }
+        Transport::Mpi => execute_mpi(args, config),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn execute_mpi(args: &Args, config: TrainConfig) -> anyhow::Result<Option<String>> {
+    mpi::execute(args, config)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn execute_mpi(_args: &Args, _config: TrainConfig) -> anyhow::Result<Option<String>> {
+    Err(UsageError(
+        "--transport mpi: this dualpipe was built without MPI; rebuild it with \
+         `cargo build --release --features mpi` (needs an MPI such as MPICH with its headers, \
+         and libclang), then start it with `mpirun -n RANKS dualpipe train --transport mpi ...`"
+            .into(),
+    )
+    .into())
+}
+
+/// Trains on local threads.
+fn execute_local(args: &Args, config: TrainConfig) -> anyhow::Result<String> {
     let mut trainer = Trainer::new(config.clone()).map_err(setup_error)?;
     let progress = progress_bar(args, config.steps);
     let samples_per_step = (config.micro_batches * config.micro_batch_size) as f64;
@@ -291,9 +363,20 @@ fn execute(args: &Args) -> anyhow::Result<String> {
     }
     let total_seconds = began.elapsed().as_secs_f64();
     progress.finish_and_clear();
+    summarize(args, &config, trainer.schedule(), &reports, total_seconds)
+}
 
+/// The summary of a finished run (and its trace and SVG files).
+fn summarize(
+    args: &Args,
+    config: &TrainConfig,
+    schedule: &Schedule,
+    reports: &[StepReport],
+    total_seconds: f64,
+) -> anyhow::Result<String> {
+    let samples_per_step = (config.micro_batches * config.micro_batch_size) as f64;
     let timelines: Vec<&Timeline> = reports.iter().filter_map(|r| r.timeline.as_ref()).collect();
-    let placement = &trainer.schedule().placement;
+    let placement = &schedule.placement;
     let measured: Vec<Metrics> = timelines.iter().map(|t| metrics(t, placement)).collect();
     let times = OpTimes::from_timelines(timelines.iter().copied());
     let simulated = times
@@ -302,7 +385,7 @@ fn execute(args: &Args) -> anyhow::Result<String> {
             compute,
             ..CostModel::default()
         })
-        .and_then(|cost| simulate(trainer.schedule(), &cost).ok())
+        .and_then(|cost| simulate(schedule, &cost).ok())
         .map(|t| metrics(&t, placement));
     let losses: Vec<f64> = reports.iter().map(|r| r.loss).collect();
     let summary = Summary {
@@ -599,7 +682,7 @@ mod tests {
         ]);
         args.trace = Some(trace_path.clone());
         args.svg = Some(svg_path.clone());
-        let text = execute(&args).unwrap();
+        let text = execute(&args).unwrap().expect("local runs always report");
         let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(summary["losses"].as_array().unwrap().len(), 3);
         assert_eq!(summary["final_loss"], summary["losses"][2]);
@@ -624,6 +707,30 @@ mod tests {
     fn a_configuration_the_schedule_rejects_is_a_usage_error() {
         let err = execute(&parse(&["--ranks", "3", "--quiet"])).unwrap_err();
         assert!(err.downcast_ref::<UsageError>().is_some(), "{err:#}");
+    }
+
+    #[test]
+    fn transport_flags_parse_and_bad_combinations_are_usage_errors() {
+        assert_eq!(parse(&[]).transport, Transport::Local);
+        assert_eq!(parse(&["--transport", "mpi"]).transport, Transport::Mpi);
+        let cases: [(&[&str], &str); 3] = [
+            (&["--inject-failure", "1:1:error"], "--inject-failure"),
+            (&["--recv-timeout", "0"], "--recv-timeout"),
+            (&["--recv-timeout", "nan"], "--recv-timeout"),
+        ];
+        for (flags, flag) in cases {
+            let err = execute(&parse(flags)).unwrap_err();
+            let usage = err.downcast_ref::<UsageError>().expect("a usage error");
+            assert!(usage.0.contains(flag), "{flags:?}: {}", usage.0);
+        }
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    #[test]
+    fn mpi_without_the_feature_says_how_to_build_it() {
+        let err = execute(&parse(&["--transport", "mpi"])).unwrap_err();
+        let usage = err.downcast_ref::<UsageError>().expect("a usage error");
+        assert!(usage.0.contains("--features mpi"), "{}", usage.0);
     }
 
     #[test]

@@ -1,0 +1,173 @@
+//! `dualpipe train --transport mpi`: this process is one pipeline rank of a run started by
+//! `mpirun`, `mpiexec` or `srun`.
+//!
+//! Rank and world size come from MPI and the launcher's variables; a world that does not
+//! match `--ranks`, or a process started without a launcher, is one clear usage error (printed
+//! by rank 0 only). Every rank trains its own stages ([`RankTrainer`]); rank 0 prints the
+//! summary. A rank that fails tells the others, which stop at once naming it; every failing
+//! process exits non-zero, so `mpirun` does too.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use dualpipe_nn::{NnError, RankTrainer, StepReport, TrainConfig};
+use dualpipe_runtime::mpi_transport::MpiWorld;
+use dualpipe_runtime::{Endpoint, ExecOptions, RuntimeError};
+
+use super::{progress_bar, setup_error, summarize, Args};
+use crate::cmd::UsageError;
+
+/// How `--inject-failure` makes a rank fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum How {
+    /// A clean error, reported to the other ranks.
+    Error,
+    /// `exit(3)` without a word to anyone (a crash that MPI sees as a lost process).
+    Exit,
+    /// Death by SIGABRT.
+    Abort,
+}
+
+/// `RANK:STEP:HOW`, STEP 1-based.
+fn parse_injection(text: &str) -> Result<(usize, usize, How), UsageError> {
+    let bad = || {
+        UsageError(format!(
+            "--inject-failure {text:?}: expected RANK:STEP:HOW such as 2:1:error (HOW is \
+             error, exit or abort; STEP counts from 1)"
+        ))
+    };
+    let parts: Vec<&str> = text.split(':').collect();
+    let [rank, step, how] = parts.as_slice() else {
+        return Err(bad());
+    };
+    let rank = rank.trim().parse().map_err(|_| bad())?;
+    let step: usize = step.trim().parse().map_err(|_| bad())?;
+    let how = match how.trim() {
+        "error" => How::Error,
+        "exit" => How::Exit,
+        "abort" => How::Abort,
+        _ => return Err(bad()),
+    };
+    if step == 0 {
+        return Err(bad());
+    }
+    Ok((rank, step, how))
+}
+
+/// Runs this process's rank; `Some(summary)` on rank 0.
+pub(super) fn execute(args: &Args, config: TrainConfig) -> anyhow::Result<Option<String>> {
+    let injection = args
+        .inject_failure
+        .as_deref()
+        .map(parse_injection)
+        .transpose()?;
+    let world = MpiWorld::init().context("cannot start MPI")?;
+    let info = world.info().clone();
+    if let Err(err) = info.check_world(config.ranks) {
+        // Every process sees the same world; rank 0 says it once, the others leave quietly
+        // after it (a launcher ends the job when the first process exits non-zero).
+        if info.rank == 0 {
+            exit_now(&UsageError(err.to_string()).into());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        std::process::exit(2);
+    }
+    if !args.quiet {
+        eprintln!("dualpipe train: MPI transport, {info}");
+    }
+    let rank = info.rank;
+    let mut trainer = match RankTrainer::new(config.clone(), Endpoint::new(world.link())) {
+        Ok(trainer) => trainer,
+        Err(err) => leave_after_failure(world, setup_error(err)),
+    };
+    trainer.set_exec_options(
+        ExecOptions::default().with_recv_timeout(Duration::from_secs_f64(args.recv_timeout)),
+    );
+    let progress = if rank == 0 {
+        progress_bar(args, config.steps)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut reports: Vec<StepReport> = Vec::with_capacity(config.steps);
+    let began = Instant::now();
+    for step in 0..config.steps {
+        if let Some((r, s, how)) = injection {
+            if r == rank && s == step + 1 {
+                match how {
+                    How::Error => {
+                        let message = format!("rank {rank}: injected failure at step {}", step + 1);
+                        trainer.fail(&message);
+                        let err = anyhow::anyhow!(message);
+                        leave_after_failure(world, err);
+                    }
+                    How::Exit => std::process::exit(3),
+                    How::Abort => std::process::abort(),
+                }
+            }
+        }
+        let report = match trainer.step() {
+            Ok(report) => report,
+            Err(err) => {
+                let err = anyhow::Error::new(err)
+                    .context(format!("rank {rank}: training step {} failed", step + 1));
+                leave_after_failure(world, err);
+            }
+        };
+        progress.set_message(format!("loss {:.5}", report.loss));
+        progress.set_position(step as u64 + 1);
+        reports.push(report);
+    }
+    let total_seconds = began.elapsed().as_secs_f64();
+    progress.finish_and_clear();
+    if let Err(err) = trainer.finish() {
+        let err = anyhow::Error::new(err).context(format!("rank {rank}: finishing the run"));
+        leave_after_failure(world, err);
+    }
+    let summary = if rank == 0 {
+        Some(summarize(
+            args,
+            &config,
+            trainer.schedule(),
+            &reports,
+            total_seconds,
+        )?)
+    } else {
+        None
+    };
+    drop(trainer);
+    drop(world);
+    Ok(summary)
+}
+
+/// Leaves the job after a failure: prints the error in one piece (the processes share the
+/// terminal) and exits non-zero without `MPI_Finalize`, which could wait for a peer that will
+/// never answer. A rank that failed itself first gives its peers a moment to read its notice
+/// before the launcher, seeing a process exit non-zero, ends the job.
+fn leave_after_failure(world: MpiWorld, err: anyhow::Error) -> ! {
+    let peer = err
+        .chain()
+        .find_map(|cause| match cause.downcast_ref::<NnError>() {
+            Some(NnError::Runtime(e @ RuntimeError::PeerFailed { .. })) => Some(e.to_string()),
+            _ => match cause.downcast_ref::<RuntimeError>() {
+                Some(e @ RuntimeError::PeerFailed { .. }) => Some(e.to_string()),
+                _ => None,
+            },
+        });
+    std::mem::forget(world);
+    match peer {
+        // "rank 1: stopped because rank 2 failed: <rank 2's error>" says it all.
+        Some(text) => exit_now(&anyhow::anyhow!(text)),
+        None => {
+            std::thread::sleep(Duration::from_millis(500));
+            exit_now(&err)
+        }
+    }
+}
+
+/// Prints `err` as `main` would, in a single write, and exits with its code.
+fn exit_now(err: &anyhow::Error) -> ! {
+    use std::io::Write;
+    let text = format!("error: {err:#}\n");
+    let _ = std::io::stderr().write_all(text.as_bytes());
+    std::process::exit(i32::from(crate::cmd::exit_code(err)))
+}
