@@ -5,15 +5,18 @@
 //! comparing values only. `std::sort` is not stable: with tied values the resulting index
 //! order depends on the exact sequence of swaps of its introsort (median-of-three quicksort,
 //! a heapsort fallback past `2 * floor(log2(n))` levels, then insertion sort over runs of 16).
-//! To make the same choices as the reference on tied loads, [`sort_unstable_like_libstdcxx`]
-//! performs exactly those steps. We checked it against `torch.sort` (PyTorch 2.15, CPU)
-//! on thousands of random tied inputs of 4 to 1152 elements; see `docs/eplb.md`.
+//! To make the same choices as the reference on tied loads, [`sort_keys_like_libstdcxx`]
+//! performs exactly those steps on packed integer keys; the generic step-by-step version it
+//! is tested against, `sort_unstable_like_libstdcxx`, was checked against `torch.sort`
+//! (PyTorch 2.15, CPU) on thousands of random tied inputs of 4 to 1152 elements; see
+//! `docs/eplb.md`.
 //!
 //! This is an independent implementation written from the algorithm's description.
 
 /// Elements at most this long are left to the final insertion sort.
 const THRESHOLD: usize = 16;
 
+#[cfg(test)]
 /// Sorts `v` with the same sequence of comparisons and moves as libstdc++'s `std::sort`,
 /// where `less(a, b)` is the strict weak order ("a goes before b").
 pub fn sort_unstable_like_libstdcxx<T: Copy, F: Fn(&T, &T) -> bool>(v: &mut [T], less: F) {
@@ -21,11 +24,16 @@ pub fn sort_unstable_like_libstdcxx<T: Copy, F: Fn(&T, &T) -> bool>(v: &mut [T],
     if n < 2 {
         return;
     }
-    let depth = 2 * (usize::BITS - 1 - n.leading_zeros()) as usize;
-    introsort_loop(v, 0, n, depth, &less);
+    introsort_loop(v, 0, n, depth_limit(n), &less);
     final_insertion_sort(v, &less);
 }
 
+/// libstdc++'s recursion budget before the heap-sort fallback: `2 * floor(log2(n))`.
+fn depth_limit(n: usize) -> usize {
+    2 * (usize::BITS - 1 - n.leading_zeros()) as usize
+}
+
+#[cfg(test)]
 fn introsort_loop<T: Copy, F: Fn(&T, &T) -> bool>(
     v: &mut [T],
     first: usize,
@@ -45,6 +53,7 @@ fn introsort_loop<T: Copy, F: Fn(&T, &T) -> bool>(
     }
 }
 
+#[cfg(test)]
 /// Moves the median of `v[a]`, `v[b]`, `v[c]` to `v[result]`.
 fn move_median_to_first<T: Copy, F: Fn(&T, &T) -> bool>(
     v: &mut [T],
@@ -72,6 +81,7 @@ fn move_median_to_first<T: Copy, F: Fn(&T, &T) -> bool>(
     v.swap(result, pick);
 }
 
+#[cfg(test)]
 fn partition_pivot<T: Copy, F: Fn(&T, &T) -> bool>(
     v: &mut [T],
     first: usize,
@@ -100,6 +110,7 @@ fn partition_pivot<T: Copy, F: Fn(&T, &T) -> bool>(
     }
 }
 
+#[cfg(test)]
 fn final_insertion_sort<T: Copy, F: Fn(&T, &T) -> bool>(v: &mut [T], less: &F) {
     if v.len() > THRESHOLD {
         insertion_sort(&mut v[..THRESHOLD], less);
@@ -111,6 +122,7 @@ fn final_insertion_sort<T: Copy, F: Fn(&T, &T) -> bool>(v: &mut [T], less: &F) {
     }
 }
 
+#[cfg(test)]
 fn insertion_sort<T: Copy, F: Fn(&T, &T) -> bool>(v: &mut [T], less: &F) {
     for i in 1..v.len() {
         if less(&v[i], &v[0]) {
@@ -123,6 +135,7 @@ fn insertion_sort<T: Copy, F: Fn(&T, &T) -> bool>(v: &mut [T], less: &F) {
     }
 }
 
+#[cfg(test)]
 /// Shifts `v[i]` left past every element it goes before; relies on a smaller-or-equal
 /// element existing to its left.
 fn unguarded_linear_insert<T: Copy, F: Fn(&T, &T) -> bool>(v: &mut [T], mut i: usize, less: &F) {
@@ -190,6 +203,181 @@ fn adjust_heap<T: Copy, F: Fn(&T, &T) -> bool>(
     v[hole] = val;
 }
 
+/// Low 32 bits of a packed key: the payload, ignored by the order.
+const LOW: u64 = 0xFFFF_FFFF;
+/// High 32 bits of a packed key: the sort value.
+const HIGH: u64 = !LOW;
+
+/// Whether key `a` goes before key `b`: their high halves compare, the low halves (payloads)
+/// do not take part (`a < b & HIGH` holds exactly when `a`'s high half is the smaller).
+#[inline(always)]
+fn key_before(a: u64, b: u64) -> bool {
+    a < (b & HIGH)
+}
+
+/// [`sort_unstable_like_libstdcxx`] specialised to packed keys: each element is
+/// `value << 32 | payload`, ordered by `value` alone (smaller first) with the payload carried
+/// along. Makes exactly the comparisons and moves of the generic version with
+/// `less = |a, b| a >> 32 < b >> 32`, but each comparison is one integer compare against a
+/// precomputed bound (`(p | LOW) < x` is "p before x", `x < (p & HIGH)` is "x before p").
+pub fn sort_keys_like_libstdcxx(v: &mut [u64]) {
+    let n = v.len();
+    if n < 2 {
+        return;
+    }
+    keys_introsort_loop(v, depth_limit(n));
+    keys_final_insertion_sort(v);
+}
+
+fn keys_introsort_loop(mut v: &mut [u64], mut depth: usize) {
+    while v.len() > THRESHOLD {
+        if depth == 0 {
+            heap_sort(v, &|a: &u64, b: &u64| key_before(*a, *b));
+            return;
+        }
+        depth -= 1;
+        let cut = keys_partition_pivot(v);
+        let (left, right) = v.split_at_mut(cut);
+        keys_introsort_loop(right, depth);
+        v = left;
+    }
+}
+
+fn keys_partition_pivot(v: &mut [u64]) -> usize {
+    let last = v.len();
+    let mid = last / 2;
+    // Median of v[1], v[mid], v[last - 1] to v[0], with the generic version's comparisons.
+    let (a, b, c) = (v[1], v[mid], v[last - 1]);
+    let pick = if key_before(a, b) {
+        if key_before(b, c) {
+            mid
+        } else if key_before(a, c) {
+            last - 1
+        } else {
+            1
+        }
+    } else if key_before(a, c) {
+        1
+    } else if key_before(b, c) {
+        last - 1
+    } else {
+        mid
+    };
+    v.swap(0, pick);
+    keys_partition(v)
+}
+
+/// Elements per block in the branch-free first phase of [`keys_partition`].
+const BLOCK: usize = 16;
+
+/// libstdc++'s unguarded partition of `v[1..]` around the pivot `v[0]`, with the same swaps
+/// in the same order, returning the same cut.
+///
+/// The scalar loop moves `lo` up to the next element not before the pivot (a "left stop"),
+/// `hi` down to the next element the pivot is not before (a "right stop"), and swaps them
+/// while `lo < hi`. While both scans are still in untouched elements, the `k`-th swap
+/// exchanges the `k`-th left stop with the `k`-th right stop of the original contents. So the
+/// first phase finds the stops a block of [`BLOCK`] elements at a time, without branches
+/// (as in Edelkamp and Weiss' BlockQuicksort), and swaps them pairwise while the unscanned
+/// middle is at least two blocks wide; the scalar loop then resumes from the last swapped
+/// pair and finds the same cut as if it had run from the start.
+fn keys_partition(v: &mut [u64]) -> usize {
+    let last = v.len();
+    let pivot = v[0];
+    let below = pivot & HIGH; // x < below: x goes before the pivot
+    let above = pivot | LOW; // above < x: the pivot goes before x
+                             // The scalar loop's state after the swaps made so far.
+    let mut lo = 1;
+    let mut hi = last;
+    // Unscanned elements: v[l..r].
+    let mut l = 1;
+    let mut r = last;
+    let mut left = [0u8; BLOCK];
+    let mut right = [0u8; BLOCK];
+    let (mut left_base, mut left_start, mut left_len) = (0, 0, 0);
+    let (mut right_base, mut right_start, mut right_len) = (0, 0, 0);
+    while r - l >= 2 * BLOCK {
+        if left_len == 0 {
+            left_base = l;
+            left_start = 0;
+            for (i, &x) in v[l..l + BLOCK].iter().enumerate() {
+                left[left_len] = i as u8;
+                left_len += usize::from(x >= below);
+            }
+            l += BLOCK;
+        }
+        if right_len == 0 {
+            right_base = r - 1;
+            right_start = 0;
+            for (i, &x) in v[r - BLOCK..r].iter().rev().enumerate() {
+                right[right_len] = i as u8;
+                right_len += usize::from(x <= above);
+            }
+            r -= BLOCK;
+        }
+        let pairs = left_len.min(right_len);
+        for k in 0..pairs {
+            let a = left_base + usize::from(left[left_start + k]);
+            let b = right_base - usize::from(right[right_start + k]);
+            v.swap(a, b);
+        }
+        if pairs > 0 {
+            lo = left_base + usize::from(left[left_start + pairs - 1]) + 1;
+            hi = right_base - usize::from(right[right_start + pairs - 1]);
+        }
+        left_start += pairs;
+        left_len -= pairs;
+        right_start += pairs;
+        right_len -= pairs;
+    }
+    // The median of three leaves an element not before the pivot and one the pivot is not
+    // before in v[1..], so neither scan runs off the slice (and a swapped pair guards every
+    // later scan).
+    loop {
+        while v[lo] < below {
+            lo += 1;
+        }
+        hi -= 1;
+        while above < v[hi] {
+            hi -= 1;
+        }
+        if lo >= hi {
+            return lo;
+        }
+        v.swap(lo, hi);
+        lo += 1;
+    }
+}
+
+fn keys_final_insertion_sort(v: &mut [u64]) {
+    let head = v.len().min(THRESHOLD);
+    for i in 1..head {
+        let val = v[i];
+        if val < (v[0] & HIGH) {
+            v.copy_within(0..i, 1);
+            v[0] = val;
+        } else {
+            keys_unguarded_linear_insert(v, i);
+        }
+    }
+    for i in head..v.len() {
+        keys_unguarded_linear_insert(v, i);
+    }
+}
+
+/// Shifts `v[i]` left past every key it goes before; a key it does not go before exists to
+/// its left.
+#[inline(always)]
+fn keys_unguarded_linear_insert(v: &mut [u64], mut i: usize) {
+    let val = v[i];
+    let bound = val | LOW;
+    while bound < v[i - 1] {
+        v[i] = v[i - 1];
+        i -= 1;
+    }
+    v[i] = val;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,7 +387,63 @@ mod tests {
         a.0 > b.0
     }
 
+    /// Packed keys `value << 32 | position` from small values (many ties).
+    fn packed(vals: &[u32]) -> Vec<u64> {
+        vals.iter()
+            .enumerate()
+            .map(|(i, &x)| (u64::from(x) << 32) | i as u64)
+            .collect()
+    }
+
+    /// The generic replay on packed keys, with a given recursion budget.
+    fn generic(v: &mut [u64], depth: usize) {
+        let less = |a: &u64, b: &u64| a >> 32 < b >> 32;
+        let n = v.len();
+        if n >= 2 {
+            introsort_loop(v, 0, n, depth, &less);
+            final_insertion_sort(v, &less);
+        }
+    }
+
+    /// Input shapes that stress partitioning: random, sorted, reversed, organ pipe, sawtooth.
+    fn shaped(vals: Vec<u32>, shape: u8) -> Vec<u32> {
+        let n = vals.len() as u32;
+        match shape {
+            0 => vals,
+            1 => (0..n).map(|i| i / 3).collect(),
+            2 => (0..n).map(|i| (n - i) / 2).collect(),
+            3 => (0..n).map(|i| i.min(n - i)).collect(),
+            _ => (0..n).map(|i| i % 7).collect(),
+        }
+    }
+
     proptest! {
+        #[test]
+        fn packed_keys_replay_the_generic_sort(
+            vals in proptest::collection::vec(0u32..6, 0..700),
+            shape in 0u8..5,
+        ) {
+            let vals = shaped(vals, shape);
+            let mut fast = packed(&vals);
+            let mut slow = fast.clone();
+            sort_keys_like_libstdcxx(&mut fast);
+            generic(&mut slow, depth_limit(vals.len().max(1)));
+            prop_assert_eq!(fast, slow);
+        }
+
+        #[test]
+        fn packed_keys_replay_the_heap_sort_fallback(
+            vals in proptest::collection::vec(0u32..1000, 17..400),
+            depth in 0usize..4,
+        ) {
+            let mut fast = packed(&vals);
+            let mut slow = fast.clone();
+            keys_introsort_loop(&mut fast, depth);
+            keys_final_insertion_sort(&mut fast);
+            generic(&mut slow, depth);
+            prop_assert_eq!(fast, slow);
+        }
+
         #[test]
         fn sorts_like_a_sort(vals in proptest::collection::vec(0u8..4, 0..300)) {
             let mut v: Vec<(f32, u32)> =

@@ -14,7 +14,7 @@ use std::collections::BinaryHeap;
 
 use rayon::prelude::*;
 
-use crate::introsort::sort_unstable_like_libstdcxx;
+use crate::introsort::sort_keys_like_libstdcxx;
 use crate::matrix::{LoadMatrix, Matrix, Tensor3};
 use crate::plan::{Plan, Shape};
 
@@ -302,28 +302,30 @@ fn replicate(
 
 /// Scratch space for sorting items by descending weight.
 struct SortBuffers {
-    pairs: Vec<(f32, u32)>,
-    order: Vec<u32>,
+    /// Sort keys `!weight_bits << 32 | item`: ascending keys are descending weights.
+    keys: Vec<u64>,
 }
 
 impl SortBuffers {
     fn with_capacity(n: usize) -> Self {
         Self {
-            pairs: Vec::with_capacity(n),
-            order: Vec::with_capacity(n),
+            keys: Vec::with_capacity(n),
         }
     }
 
-    /// Fills `order` with item indices by descending weight, in the order the reference's
+    /// Fills `keys` with the items by descending weight, in the order the reference's
     /// `torch.sort(descending=True)` gives: libstdc++'s `std::sort` replayed. (Replicas of one
-    /// expert carry equal loads, so ties are the rule here, not the exception.)
+    /// expert carry equal loads, so ties are the rule here, not the exception.) Weights are
+    /// non-negative and never -0.0, so their bit patterns order like the values.
     fn sort_descending(&mut self, weights: &[f32]) {
-        self.pairs.clear();
-        self.pairs
-            .extend(weights.iter().enumerate().map(|(i, &w)| (w, i as u32)));
-        sort_unstable_like_libstdcxx(&mut self.pairs, |a, b| a.0 > b.0);
-        self.order.clear();
-        self.order.extend(self.pairs.iter().map(|p| p.1));
+        self.keys.clear();
+        self.keys.extend(
+            weights
+                .iter()
+                .enumerate()
+                .map(|(i, &w)| (u64::from(!w.to_bits()) << 32) | i as u64),
+        );
+        sort_keys_like_libstdcxx(&mut self.keys);
     }
 }
 
@@ -342,7 +344,6 @@ fn balanced_packing(
     item_pack: &mut [u32],
     item_rank: &mut [u32],
 ) {
-    let mut small_keys = [0i32; TREE_MIN_PACKS];
     let n = weights.len();
     let per_pack = n / num_packs;
     if per_pack == 1 {
@@ -353,98 +354,193 @@ fn balanced_packing(
         return;
     }
     sort.sort_descending(weights);
-
-    // Each pack is a key `load bits << 32 | pack`: non-negative f32 loads order like their
-    // bits, so the smallest key is the first lightest pack, as the reference's `min` picks.
-    // A full pack's key becomes u64::MAX and is never picked again. Comparing integer keys
-    // lets the compiler pick minima without (unpredictable) branches.
     pack_load.clear();
     pack_load.resize(num_packs, 0.0);
     pack_items.clear();
     pack_items.resize(num_packs, 0);
-    let full = per_pack as u32;
-    let leaves = if num_packs < TREE_MIN_PACKS {
-        num_packs
-    } else {
-        num_packs.next_power_of_two()
+    let mut out = Placement {
+        load: pack_load,
+        items: pack_items,
+        full: per_pack as u32,
+        item_pack,
+        item_rank,
     };
+    if num_packs <= SCAN_MAX_PACKS {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            unsafe { pack_scan_avx2(&sort.keys, &mut out) };
+            return;
+        }
+        pack_scan(&sort.keys, &mut out);
+    } else {
+        pack_tree(&sort.keys, &mut out, tree);
+    }
+}
+
+/// Up to this many packs, [`balanced_packing`] finds the lightest pack by scanning every
+/// pack (the width of the scan's bit mask); from 65 on, with a tournament tree.
+const SCAN_MAX_PACKS: usize = 64;
+
+/// The packing state and its outputs.
+struct Placement<'a> {
+    /// Load of each pack.
+    load: &'a mut [f32],
+    /// Items in each pack.
+    items: &'a mut [u32],
+    /// Items per pack when full.
+    full: u32,
+    item_pack: &'a mut [u32],
+    item_rank: &'a mut [u32],
+}
+
+impl Placement<'_> {
+    /// Puts the item of sort key `key` (see [`SortBuffers`]) into `pack`; returns the pack's
+    /// new load bits, or `u32::MAX` once the pack is full. (Non-negative `f32` loads order
+    /// like their bits, and never reach `u32::MAX`.)
+    #[inline(always)]
+    fn assign(&mut self, key: u64, pack: usize) -> u32 {
+        let item = key as u32 as usize;
+        let weight = f32::from_bits(!((key >> 32) as u32));
+        let rank = self.items[pack];
+        self.item_pack[item] = pack as u32;
+        self.item_rank[item] = rank;
+        self.items[pack] = rank + 1;
+        let load = self.load[pack] + weight;
+        self.load[pack] = load;
+        if rank + 1 == self.full {
+            u32::MAX
+        } else {
+            load.to_bits()
+        }
+    }
+}
+
+/// Greedy packing with a scan over at most 64 packs, without a branch per pack: the
+/// smallest load key, then the first pack holding it through a bit mask.
+fn pack_scan(keys: &[u64], out: &mut Placement<'_>) {
+    let mut pack_keys = [u32::MAX; SCAN_MAX_PACKS];
+    let packs = &mut pack_keys[..out.load.len()];
+    packs.fill(0);
+    for &key in keys {
+        let min = packs.iter().copied().fold(u32::MAX, u32::min);
+        let mut mask = 0u64;
+        for (p, &k) in packs.iter().enumerate() {
+            mask |= u64::from(k == min) << p;
+        }
+        let best = mask.trailing_zeros() as usize;
+        packs[best] = out.assign(key, best);
+    }
+}
+
+/// [`pack_scan`] with AVX2 for at most 64 packs: dispatches on the number of 8-pack vectors.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn pack_scan_avx2(keys: &[u64], out: &mut Placement<'_>) {
+    // SAFETY (all four): the caller guarantees AVX2.
+    match out.load.len().div_ceil(8) {
+        1 => unsafe { pack_scan_avx2_n::<1>(keys, out) },
+        2 => unsafe { pack_scan_avx2_n::<2>(keys, out) },
+        3 | 4 => unsafe { pack_scan_avx2_n::<4>(keys, out) },
+        _ => unsafe { pack_scan_avx2_n::<8>(keys, out) },
+    }
+}
+
+/// [`pack_scan`] with the pack keys in `V` AVX2 registers of eight packs each (`8 * V` at
+/// least the number of packs): the minimum by a vector reduction, the first pack holding it
+/// from the lanes' compare masks, and the chosen pack's new key blended into its lane.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn pack_scan_avx2_n<const V: usize>(keys: &[u64], out: &mut Placement<'_>) {
+    use std::arch::x86_64::{
+        _mm256_blendv_epi8, _mm256_castsi256_ps, _mm256_cmpeq_epi32, _mm256_min_epu32,
+        _mm256_movemask_ps, _mm256_permute2x128_si256, _mm256_set1_epi32, _mm256_setr_epi32,
+        _mm256_shuffle_epi32,
+    };
+    debug_assert!(out.load.len() <= 8 * V);
+    // Lanes past the last pack hold u32::MAX, like full packs, and are never the minimum
+    // while an item is left (some pack then still has room).
+    let mut packs = [_mm256_set1_epi32(-1); V];
+    let mut lane = [_mm256_set1_epi32(0); V];
+    for (v, (keys, ids)) in packs.iter_mut().zip(&mut lane).enumerate() {
+        let first = 8 * v as i32;
+        *ids = _mm256_setr_epi32(
+            first,
+            first + 1,
+            first + 2,
+            first + 3,
+            first + 4,
+            first + 5,
+            first + 6,
+            first + 7,
+        );
+        let real = out.load.len() as i32 - first;
+        // Packs that exist start empty (key 0).
+        *keys = _mm256_blendv_epi8(
+            *keys,
+            _mm256_set1_epi32(0),
+            std::arch::x86_64::_mm256_cmpgt_epi32(
+                _mm256_set1_epi32(real),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            ),
+        );
+    }
+    for &key in keys {
+        let mut min = packs[0];
+        for v in packs.iter().skip(1) {
+            min = _mm256_min_epu32(min, *v);
+        }
+        // Every lane gets the minimum of all eight.
+        min = _mm256_min_epu32(min, _mm256_permute2x128_si256::<1>(min, min));
+        min = _mm256_min_epu32(min, _mm256_shuffle_epi32::<0b0100_1110>(min));
+        min = _mm256_min_epu32(min, _mm256_shuffle_epi32::<0b1011_0001>(min));
+        let mut mask = 0u64;
+        for (v, keys) in packs.iter().enumerate() {
+            let eq = _mm256_cmpeq_epi32(*keys, min);
+            mask |= u64::from(_mm256_movemask_ps(_mm256_castsi256_ps(eq)) as u8) << (8 * v);
+        }
+        let best = mask.trailing_zeros() as usize;
+        let new = _mm256_set1_epi32(out.assign(key, best) as i32);
+        let at = _mm256_set1_epi32(best as i32);
+        for (keys, ids) in packs.iter_mut().zip(&lane) {
+            *keys = _mm256_blendv_epi8(*keys, new, _mm256_cmpeq_epi32(*ids, at));
+        }
+    }
+}
+
+/// Greedy packing with a tournament tree over the pack keys `load bits << 32 | pack` (each
+/// inner node holds the smaller key of its two children, so the root is the first lightest
+/// pack); a full pack's key is `u64::MAX`.
+fn pack_tree(keys: &[u64], out: &mut Placement<'_>, tree: &mut Vec<u64>) {
+    let packs = out.load.len();
+    let leaves = packs.next_power_of_two();
     tree.clear();
     tree.resize(2 * leaves, u64::MAX);
-    for p in 0..num_packs {
-        tree[leaves + p] = pack_key(0.0, p);
+    for p in 0..packs {
+        tree[leaves + p] = p as u64;
     }
-    if num_packs < TREE_MIN_PACKS {
-        // Few packs: scan 32-bit keys (the load's bits; i32::MAX when full; loads are
-        // non-negative so the sign bit is clear). The minimum and the first pack holding it
-        // are found with whole-vector operations, without a branch per pack.
-        let keys = &mut small_keys[..num_packs];
-        keys.fill(0);
-        for &item in &sort.order {
-            let min = keys.iter().copied().fold(i32::MAX, i32::min);
-            let mut mask = 0u64;
-            for (p, &k) in keys.iter().enumerate() {
-                mask |= u64::from(k == min) << p;
-            }
-            let best = mask.trailing_zeros() as usize;
-            let key = assign(
-                item, best, weights, pack_load, pack_items, full, item_pack, item_rank,
-            );
-            keys[best] = if key == u64::MAX {
-                i32::MAX
-            } else {
-                (key >> 32) as i32
-            };
-        }
-    } else {
-        // A tournament tree: each inner node holds the smaller key of its two children.
-        for node in (1..leaves).rev() {
+    for node in (1..leaves).rev() {
+        tree[node] = tree[2 * node].min(tree[2 * node + 1]);
+    }
+    for &key in keys {
+        let best = (tree[1] & 0xFFFF_FFFF) as usize;
+        let bits = out.assign(key, best);
+        let mut node = leaves + best;
+        tree[node] = if bits == u32::MAX {
+            u64::MAX
+        } else {
+            (u64::from(bits) << 32) | best as u64
+        };
+        while node > 1 {
+            node /= 2;
             tree[node] = tree[2 * node].min(tree[2 * node + 1]);
         }
-        for &item in &sort.order {
-            let best = (tree[1] & 0xFFFF_FFFF) as usize;
-            let mut node = leaves + best;
-            tree[node] = assign(
-                item, best, weights, pack_load, pack_items, full, item_pack, item_rank,
-            );
-            while node > 1 {
-                node /= 2;
-                tree[node] = tree[2 * node].min(tree[2 * node + 1]);
-            }
-        }
-    }
-}
-
-/// From this many packs on, [`balanced_packing`] finds the lightest pack with a tournament
-/// tree instead of a scan (at most 64, the width of the scan's bit mask).
-const TREE_MIN_PACKS: usize = 64;
-
-#[inline]
-fn pack_key(load: f32, pack: usize) -> u64 {
-    (u64::from(load.to_bits()) << 32) | pack as u64
-}
-
-/// Puts `item` into `pack` and returns the pack's new key.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-fn assign(
-    item: u32,
-    pack: usize,
-    weights: &[f32],
-    pack_load: &mut [f32],
-    pack_items: &mut [u32],
-    full: u32,
-    item_pack: &mut [u32],
-    item_rank: &mut [u32],
-) -> u64 {
-    let i = item as usize;
-    item_pack[i] = pack as u32;
-    item_rank[i] = pack_items[pack];
-    pack_items[pack] += 1;
-    pack_load[pack] += weights[i];
-    if pack_items[pack] == full {
-        u64::MAX
-    } else {
-        pack_key(pack_load[pack], pack)
     }
 }
 
@@ -476,34 +572,92 @@ mod tests {
         assert_eq!(r, vec![0, 1, 0, 1]);
     }
 
-    #[test]
-    fn tree_and_scan_packing_agree() {
-        // 24 packs take the tree path; compare with the scan on the same items.
-        let weights: Vec<f32> = (0..96).map(|i| ((i * 37) % 11) as f32).collect();
-        let (hp, hr) = pack(&weights, 24);
-        let mut counts = [0usize; 24];
-        for &p in &hp {
-            counts[p as usize] += 1;
-        }
-        assert!(counts.iter().all(|&c| c == 4));
-        // Re-run the scan by splitting into the same greedy rule by hand.
+    /// The reference's rule, written plainly: items by the replayed sort, each to the first
+    /// lightest pack with room.
+    fn naive_packing(weights: &[f32], packs: usize) -> (Vec<u32>, Vec<u32>) {
+        let per_pack = weights.len() / packs;
         let mut order: Vec<(f32, u32)> = weights
             .iter()
             .enumerate()
             .map(|(i, &w)| (w, i as u32))
             .collect();
-        sort_unstable_like_libstdcxx(&mut order, |a, b| a.0 > b.0);
-        let mut load = [0f32; 24];
-        let mut items = [0u32; 24];
+        crate::introsort::sort_unstable_like_libstdcxx(&mut order, |a, b| a.0 > b.0);
+        let mut load = vec![0f32; packs];
+        let mut items = vec![0u32; packs];
+        let (mut p, mut r) = (vec![0; weights.len()], vec![0; weights.len()]);
         for &(w, i) in &order {
-            let best = (0..24)
-                .filter(|&p| items[p] < 4)
+            let best = (0..packs)
+                .filter(|&p| (items[p] as usize) < per_pack)
                 .min_by(|&a, &b| load[a].partial_cmp(&load[b]).unwrap().then(a.cmp(&b)))
                 .unwrap();
-            assert_eq!(hp[i as usize] as usize, best);
-            assert_eq!(hr[i as usize], items[best]);
+            p[i as usize] = best as u32;
+            r[i as usize] = items[best];
             load[best] += w;
             items[best] += 1;
+        }
+        (p, r)
+    }
+
+    /// Runs one of the packing loops directly.
+    fn pack_with(
+        weights: &[f32],
+        packs: usize,
+        run: impl FnOnce(&[u64], &mut Placement<'_>),
+    ) -> (Vec<u32>, Vec<u32>) {
+        let n = weights.len();
+        let mut sort = SortBuffers::with_capacity(n);
+        sort.sort_descending(weights);
+        let (mut load, mut items) = (vec![0.0; packs], vec![0; packs]);
+        let (mut p, mut r) = (vec![0; n], vec![0; n]);
+        let mut out = Placement {
+            load: &mut load,
+            items: &mut items,
+            full: (n / packs) as u32,
+            item_pack: &mut p,
+            item_rank: &mut r,
+        };
+        run(&sort.keys, &mut out);
+        (p, r)
+    }
+
+    #[test]
+    fn every_packing_loop_follows_the_reference_rule() {
+        // Few distinct weights (many ties, zeros included) and every pack count up to 70.
+        for packs in 2..=70usize {
+            for per_pack in [2usize, 3, 5] {
+                let weights: Vec<f32> = (0..packs * per_pack)
+                    .map(|i| ((i * 37 + packs) % 7) as f32 * 0.5)
+                    .collect();
+                let want = naive_packing(&weights, packs);
+                assert_eq!(pack(&weights, packs), want, "{packs} packs");
+                assert_eq!(
+                    pack_with(&weights, packs, |k, o| pack_tree(k, o, &mut Vec::new())),
+                    want
+                );
+                if packs <= SCAN_MAX_PACKS {
+                    assert_eq!(pack_with(&weights, packs, pack_scan), want);
+                    #[cfg(target_arch = "x86_64")]
+                    if std::arch::is_x86_feature_detected!("avx2") {
+                        // SAFETY: AVX2 is available (checked just above).
+                        let avx =
+                            pack_with(&weights, packs, |k, o| unsafe { pack_scan_avx2(k, o) });
+                        assert_eq!(avx, want, "{packs} packs, AVX2");
+                    }
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn packing_matches_the_plain_rule(
+            raw in proptest::collection::vec(0u8..5, 1..40),
+            packs in 1usize..80,
+        ) {
+            let per_pack = raw.len().div_ceil(8).max(2);
+            let weights: Vec<f32> =
+                (0..packs * per_pack).map(|i| f32::from(raw[i % raw.len()]) / 3.0).collect();
+            proptest::prop_assert_eq!(pack(&weights, packs), naive_packing(&weights, packs));
         }
     }
 
