@@ -5,7 +5,8 @@ use std::fmt;
 
 use candle_core::Tensor;
 
-use crate::error::{NnError, TensorContext};
+use crate::error::NnError;
+use crate::layers::kernels::{self, AdamWStep};
 use crate::layers::Param;
 
 /// Which optimizer, with its hyper-parameters (the learning rate is separate).
@@ -120,18 +121,14 @@ impl Optimizer {
         let first = self.state.is_empty();
         let lr = self.lr;
         for (i, p) in params.iter_mut().enumerate() {
-            let g = &p.grad;
             match self.kind {
                 OptimizerKind::Sgd { momentum } => {
-                    let buf = if first {
-                        g.clone()
-                    } else {
-                        let State::Sgd { buf } = &self.state[i] else {
-                            unreachable!("state kind follows the optimizer kind")
-                        };
-                        (buf.affine(momentum, 0.0).ctx("SGD momentum")? + g).ctx("SGD momentum")?
+                    let old = match self.state.get(i) {
+                        Some(State::Sgd { buf }) => Some(buf),
+                        _ => None,
                     };
-                    p.value = (&p.value - buf.affine(lr, 0.0).ctx("SGD")?).ctx("SGD update")?;
+                    let (value, buf) = kernels::sgd(&p.value, &p.grad, old, momentum, lr)?;
+                    p.value = value;
                     if first {
                         self.state.push(State::Sgd { buf });
                     } else {
@@ -144,39 +141,21 @@ impl Optimizer {
                     eps,
                     weight_decay,
                 } => {
-                    let (m0, v0) = if first {
-                        (g.zeros_like().ctx("AdamW")?, g.zeros_like().ctx("AdamW")?)
-                    } else {
-                        let State::AdamW { m, v } = &self.state[i] else {
-                            unreachable!("state kind follows the optimizer kind")
-                        };
-                        (m.clone(), v.clone())
-                    };
-                    let m = (m0.affine(beta1, 0.0).ctx("AdamW m")?
-                        + g.affine(1.0 - beta1, 0.0).ctx("AdamW m")?)
-                    .ctx("AdamW m")?;
-                    let v = (v0.affine(beta2, 0.0).ctx("AdamW v")?
-                        + g.sqr()
-                            .and_then(|g2| g2.affine(1.0 - beta2, 0.0))
-                            .ctx("AdamW v")?)
-                    .ctx("AdamW v")?;
                     let t = self.steps as i32;
-                    let bc1 = 1.0 - beta1.powi(t);
-                    let bc2 = 1.0 - beta2.powi(t);
-                    let denom = v
-                        .affine(1.0 / bc2, 0.0)
-                        .and_then(|x| x.sqrt())
-                        .and_then(|x| x.affine(1.0, eps))
-                        .ctx("AdamW denominator")?;
-                    let update = m
-                        .affine(lr / bc1, 0.0)
-                        .and_then(|x| x / denom)
-                        .ctx("AdamW update")?;
-                    let decayed = p
-                        .value
-                        .affine(1.0 - lr * weight_decay, 0.0)
-                        .ctx("AdamW decay")?;
-                    p.value = (decayed - update).ctx("AdamW update")?;
+                    let step = AdamWStep {
+                        beta1,
+                        beta2,
+                        eps,
+                        decay: 1.0 - lr * weight_decay,
+                        inv_bc2: 1.0 / (1.0 - beta2.powi(t)),
+                        step_size: lr / (1.0 - beta1.powi(t)),
+                    };
+                    let old = match self.state.get(i) {
+                        Some(State::AdamW { m, v }) => Some((m, v)),
+                        _ => None,
+                    };
+                    let (value, m, v) = kernels::adamw(&p.value, &p.grad, old, step)?;
+                    p.value = value;
                     if first {
                         self.state.push(State::AdamW { m, v });
                     } else {

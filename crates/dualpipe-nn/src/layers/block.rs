@@ -5,7 +5,7 @@ use dualpipe_schedule::Chunk;
 use rand_chacha::ChaCha8Rng;
 
 use super::{Gelu, Linear, Param};
-use crate::error::{NnError, TensorContext};
+use crate::error::NnError;
 
 /// `y = x + Linear₂(GELU(Linear₁(x)))` with `Linear₁: h → 4h` and `Linear₂: 4h → h`, both with
 /// bias. The residual connection keeps deep stacks (stages × layers per stage) trainable.
@@ -65,15 +65,14 @@ impl MlpBlock {
     /// The block's output without saving anything.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor, NnError> {
         let h = Gelu::apply(&self.up.apply(x)?)?;
-        (x + self.down.apply(&h)?).ctx("MlpBlock residual")
+        self.down.apply_plus(&h, Some(x))
     }
 
     /// Forward of the chunk, saving what its backward needs.
     pub fn forward(&mut self, key: Chunk, x: &Tensor) -> Result<Tensor, NnError> {
         let h = self.up.forward(key, x)?;
         let a = self.act.forward(key, &h)?;
-        let y = self.down.forward(key, &a)?;
-        (x + y).ctx("MlpBlock residual")
+        self.down.forward_plus(key, &a, Some(x))
     }
 
     /// Input gradient of the chunk: `dx = dy + up.bi(gelu.bi(down.bi(dy)))`. Weight gradients
@@ -81,8 +80,7 @@ impl MlpBlock {
     pub fn backward_input(&mut self, key: Chunk, dy: &Tensor) -> Result<Tensor, NnError> {
         let da = self.down.backward_input(key, dy)?;
         let dh = self.act.backward_input(key, &da)?;
-        let dx = self.up.backward_input(key, &dh)?;
-        (dx + dy).ctx("MlpBlock residual gradient")
+        self.up.backward_input_plus(key, &dh, Some(dy))
     }
 
     /// The chunk's weight gradients (both layers' GEMMs).

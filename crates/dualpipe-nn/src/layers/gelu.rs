@@ -5,16 +5,18 @@ use std::collections::HashMap;
 use candle_core::Tensor;
 use dualpipe_schedule::Chunk;
 
-use crate::error::{NnError, TensorContext};
+use super::kernels;
+use crate::error::NnError;
 
 /// `gelu(x) = x Φ(x) = x (1 + erf(x / √2)) / 2`, the exact form (PyTorch's default
-/// `nn.GELU()`, candle's `gelu_erf`), not the tanh approximation.
+/// `nn.GELU()`, candle's `gelu_erf`), not the tanh approximation. f64 evaluates erf with libm;
+/// f32 with a vectorized approximation whose error is below f32 rounding (see `kernels`).
 ///
 /// Its derivative is `Φ(x) + x φ(x)` with `φ(x) = exp(-x²/2) / √(2π)`. No parameters, so
 /// `backward_weight` does nothing.
 #[derive(Debug, Default)]
 pub struct Gelu {
-    saved_input: HashMap<Chunk, Tensor>,
+    saved_derivative: HashMap<Chunk, Tensor>,
 }
 
 impl Gelu {
@@ -23,45 +25,33 @@ impl Gelu {
         Self::default()
     }
 
-    /// The exact GELU of `x`.
+    /// The exact GELU of `x` (one fused pass).
     pub fn apply(x: &Tensor) -> Result<Tensor, NnError> {
-        x.gelu_erf().ctx("GELU forward")
+        kernels::gelu_forward(x).map(|(y, _)| y)
     }
 
-    /// `gelu(x)`; saves `x` for the chunk's backward.
+    /// `gelu(x)`; saves `gelu'(x)`, computed in the same pass, for the chunk's backward.
     pub fn forward(&mut self, key: Chunk, x: &Tensor) -> Result<Tensor, NnError> {
-        let y = Self::apply(x)?;
-        self.saved_input.insert(key, x.clone());
+        let (y, d) = kernels::gelu_forward(x)?;
+        self.saved_derivative.insert(key, d);
         Ok(y)
     }
 
     /// `dx = dy (Φ(x) + x φ(x))`.
     pub fn backward_input(&mut self, key: Chunk, dy: &Tensor) -> Result<Tensor, NnError> {
-        let x = self.saved_input.remove(&key).ok_or_else(|| {
+        let d = self.saved_derivative.remove(&key).ok_or_else(|| {
             NnError::Stage(format!("GELU: backward_input of {key} before its forward"))
         })?;
-        (dy * Self::derivative(&x)?).ctx("GELU backward")
+        kernels::mul(dy, &d, "GELU backward")
     }
 
     /// `Φ(x) + x φ(x)` elementwise.
     pub fn derivative(x: &Tensor) -> Result<Tensor, NnError> {
-        let inv_sqrt_2pi = 1.0 / (2.0 * std::f64::consts::PI).sqrt();
-        let cdf = x
-            .affine(std::f64::consts::FRAC_1_SQRT_2, 0.0)
-            .and_then(|t| t.erf())
-            .and_then(|t| t.affine(0.5, 0.5))
-            .ctx("GELU derivative Φ")?;
-        let pdf = x
-            .sqr()
-            .and_then(|t| t.affine(-0.5, 0.0))
-            .and_then(|t| t.exp())
-            .and_then(|t| t.affine(inv_sqrt_2pi, 0.0))
-            .ctx("GELU derivative φ")?;
-        (x * pdf).and_then(|t| t + cdf).ctx("GELU derivative")
+        kernels::gelu_derivative(x)
     }
 
     /// Chunks whose forward ran but whose backward has not.
     pub fn pending(&self) -> usize {
-        self.saved_input.len()
+        self.saved_derivative.len()
     }
 }

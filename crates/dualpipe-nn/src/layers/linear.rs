@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use dualpipe_schedule::Chunk;
 use rand_chacha::ChaCha8Rng;
 
-use super::Param;
+use super::{kernels, Param};
 use crate::error::{NnError, TensorContext};
 use crate::rng;
 
@@ -101,49 +101,79 @@ impl Linear {
 
     /// `y = x Wᵀ + b`; saves `x` for the chunk's backward.
     pub fn forward(&mut self, key: Chunk, x: &Tensor) -> Result<Tensor, NnError> {
-        let y = self.apply(x)?;
-        self.saved_input.insert(key, x.clone());
-        Ok(y)
+        self.forward_plus(key, x, None)
     }
 
     /// `y = x Wᵀ + b` without saving anything (inference, the teacher).
     pub fn apply(&self, x: &Tensor) -> Result<Tensor, NnError> {
-        let y = x
-            .matmul(&self.weight.value.t().ctx("Linear forward")?)
-            .ctx("Linear forward x Wᵀ")?;
-        match &self.bias {
-            Some(b) => y.broadcast_add(&b.value).ctx("Linear forward + b"),
-            None => Ok(y),
-        }
+        self.apply_plus(x, None)
+    }
+
+    /// `y = x Wᵀ + b (+ residual)`, the residual added inside the GEMM (no extra pass).
+    pub(crate) fn apply_plus(
+        &self,
+        x: &Tensor,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor, NnError> {
+        kernels::linear_forward(
+            x,
+            &self.weight.value,
+            self.bias.as_ref().map(|b| &b.value),
+            residual,
+        )
+    }
+
+    /// Forward with a residual folded in; saves `x` for the chunk's backward.
+    pub(crate) fn forward_plus(
+        &mut self,
+        key: Chunk,
+        x: &Tensor,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor, NnError> {
+        let y = self.apply_plus(x, residual)?;
+        self.saved_input.insert(key, x.clone());
+        Ok(y)
     }
 
     /// `dx = dy W`; keeps `x` and `dy` for [`Linear::backward_weight`].
     pub fn backward_input(&mut self, key: Chunk, dy: &Tensor) -> Result<Tensor, NnError> {
+        self.backward_input_plus(key, dy, None)
+    }
+
+    /// `dx = dy W (+ residual)`, the residual added inside the GEMM.
+    pub(crate) fn backward_input_plus(
+        &mut self,
+        key: Chunk,
+        dy: &Tensor,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor, NnError> {
         let x = self.saved_input.remove(&key).ok_or_else(|| {
             NnError::Stage(format!(
                 "Linear: backward_input of {key} before its forward"
             ))
         })?;
-        let dx = dy.matmul(&self.weight.value).ctx("Linear backward dy W")?;
+        let dx = kernels::linear_backward_input(dy, &self.weight.value, residual)?;
         self.saved_grad.insert(key, (x, dy.clone()));
         Ok(dx)
     }
 
-    /// Accumulates `dW += dyᵀ x` and `db += Σ_rows dy` for the chunk.
+    /// Accumulates `dW += dyᵀ x` and `db += Σ_rows dy` for the chunk (the GEMM adds into the
+    /// gradient directly).
     pub fn backward_weight(&mut self, key: Chunk) -> Result<(), NnError> {
         let (x, dy) = self.saved_grad.remove(&key).ok_or_else(|| {
             NnError::Stage(format!(
                 "Linear: backward_weight of {key} before its backward_input"
             ))
         })?;
-        let dw = dy
-            .t()
-            .and_then(|t| t.matmul(&x))
-            .ctx("Linear weight gradient dyᵀ x")?;
-        self.weight.accumulate(&dw)?;
-        if let Some(b) = &mut self.bias {
-            let db = dy.sum(0).ctx("Linear bias gradient")?;
-            b.accumulate(&db)?;
+        let (dw, db) = kernels::linear_backward_weight(
+            &dy,
+            &x,
+            &self.weight.grad,
+            self.bias.as_ref().map(|b| &b.grad),
+        )?;
+        self.weight.grad = dw;
+        if let (Some(b), Some(db)) = (&mut self.bias, db) {
+            b.grad = db;
         }
         Ok(())
     }

@@ -7,6 +7,7 @@
 
 mod block;
 mod gelu;
+pub(crate) mod kernels;
 mod linear;
 mod loss;
 
