@@ -67,7 +67,7 @@ pub(super) fn execute(args: &Args, config: TrainConfig) -> anyhow::Result<Option
         // Every process sees the same world; rank 0 says it once, the others leave quietly
         // after it (a launcher ends the job when the first process exits non-zero).
         if info.rank == 0 {
-            exit_now(&UsageError(err.to_string()).into());
+            exit_now(&UsageError(err.to_string()).into(), Duration::ZERO);
         }
         std::thread::sleep(Duration::from_millis(500));
         std::process::exit(2);
@@ -139,10 +139,14 @@ pub(super) fn execute(args: &Args, config: TrainConfig) -> anyhow::Result<Option
     Ok(summary)
 }
 
+/// How long a failing process waits before it exits (see [`leave_after_failure`]).
+const LINGER: Duration = Duration::from_millis(500);
+
 /// Leaves the job after a failure: prints the error in one piece (the processes share the
 /// terminal) and exits non-zero without `MPI_Finalize`, which could wait for a peer that will
-/// never answer. A rank that failed itself first gives its peers a moment to read its notice
-/// before the launcher, seeing a process exit non-zero, ends the job.
+/// never answer. Every rank then lingers a moment before it exits, so that the others read
+/// the failure notice and say so before the launcher, seeing a process exit non-zero, ends
+/// the whole job.
 fn leave_after_failure(world: MpiWorld, err: anyhow::Error) -> ! {
     let peer = err
         .chain()
@@ -156,18 +160,16 @@ fn leave_after_failure(world: MpiWorld, err: anyhow::Error) -> ! {
     std::mem::forget(world);
     match peer {
         // "rank 1: stopped because rank 2 failed: <rank 2's error>" says it all.
-        Some(text) => exit_now(&anyhow::anyhow!(text)),
-        None => {
-            std::thread::sleep(Duration::from_millis(500));
-            exit_now(&err)
-        }
+        Some(text) => exit_now(&anyhow::anyhow!(text), LINGER),
+        None => exit_now(&err, LINGER),
     }
 }
 
-/// Prints `err` as `main` would, in a single write, and exits with its code.
-fn exit_now(err: &anyhow::Error) -> ! {
+/// Prints `err` as `main` would, in a single write, waits `linger`, and exits with its code.
+fn exit_now(err: &anyhow::Error, linger: Duration) -> ! {
     use std::io::Write;
     let text = format!("error: {err:#}\n");
     let _ = std::io::stderr().write_all(text.as_bytes());
+    std::thread::sleep(linger);
     std::process::exit(i32::from(crate::cmd::exit_code(err)))
 }
