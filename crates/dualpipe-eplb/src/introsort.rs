@@ -226,9 +226,16 @@ pub fn sort_keys_like_libstdcxx(v: &mut [u64]) {
         return;
     }
     keys_introsort_loop(v, depth_limit(n));
-    keys_final_insertion_sort(v);
 }
 
+/// The introsort loop, each leaf of at most [`THRESHOLD`] keys finished in place.
+///
+/// libstdc++ ends with one insertion sort over the whole array. That insertion sort only
+/// moves a key past keys it strictly goes before, so it is a stable sort, and its result is
+/// the array stably sorted. The loop leaves the array as consecutive ranges in order (every
+/// key of a range is not after any key of a later range: quicksort's partitions), each
+/// either heap-sorted or a leaf of at most 16 keys; the stable sort of such an array is each
+/// leaf stably sorted on its own, which [`stable_sort_leaf`] does without branches.
 fn keys_introsort_loop(mut v: &mut [u64], mut depth: usize) {
     while v.len() > THRESHOLD {
         if depth == 0 {
@@ -240,6 +247,30 @@ fn keys_introsort_loop(mut v: &mut [u64], mut depth: usize) {
         let (left, right) = v.split_at_mut(cut);
         keys_introsort_loop(right, depth);
         v = left;
+    }
+    stable_sort_leaf(v);
+}
+
+/// Stably sorts at most [`THRESHOLD`] keys by their high halves: each key goes to its rank,
+/// the number of keys before it that are not after it plus the number after it that go
+/// before it, counted without branches.
+fn stable_sort_leaf(v: &mut [u64]) {
+    let m = v.len();
+    debug_assert!(m <= THRESHOLD);
+    let mut copy = [0u64; THRESHOLD];
+    copy[..m].copy_from_slice(v);
+    for i in 0..m {
+        let x = copy[i];
+        let not_after = x | LOW; // y <= not_after: y is not after x
+        let before = x & HIGH; // y < before: y goes before x
+        let mut rank = 0;
+        for &y in &copy[..i] {
+            rank += usize::from(y <= not_after);
+        }
+        for &y in &copy[i + 1..m] {
+            rank += usize::from(y < before);
+        }
+        v[rank] = x;
     }
 }
 
@@ -349,35 +380,6 @@ fn keys_partition(v: &mut [u64]) -> usize {
     }
 }
 
-fn keys_final_insertion_sort(v: &mut [u64]) {
-    let head = v.len().min(THRESHOLD);
-    for i in 1..head {
-        let val = v[i];
-        if val < (v[0] & HIGH) {
-            v.copy_within(0..i, 1);
-            v[0] = val;
-        } else {
-            keys_unguarded_linear_insert(v, i);
-        }
-    }
-    for i in head..v.len() {
-        keys_unguarded_linear_insert(v, i);
-    }
-}
-
-/// Shifts `v[i]` left past every key it goes before; a key it does not go before exists to
-/// its left.
-#[inline(always)]
-fn keys_unguarded_linear_insert(v: &mut [u64], mut i: usize) {
-    let val = v[i];
-    let bound = val | LOW;
-    while bound < v[i - 1] {
-        v[i] = v[i - 1];
-        i -= 1;
-    }
-    v[i] = val;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,7 +441,6 @@ mod tests {
             let mut fast = packed(&vals);
             let mut slow = fast.clone();
             keys_introsort_loop(&mut fast, depth);
-            keys_final_insertion_sort(&mut fast);
             generic(&mut slow, depth);
             prop_assert_eq!(fast, slow);
         }

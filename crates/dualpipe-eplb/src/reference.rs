@@ -449,9 +449,11 @@ unsafe fn pack_scan_avx2(keys: &[u64], out: &mut Placement<'_>) {
     }
 }
 
-/// [`pack_scan`] with the pack keys in `V` AVX2 registers of eight packs each (`8 * V` at
-/// least the number of packs): the minimum by a vector reduction, the first pack holding it
-/// from the lanes' compare masks, and the chosen pack's new key blended into its lane.
+/// [`pack_scan`] with the packs in `V` AVX2 registers of eight packs each (`8 * V` at least
+/// the number of packs): per lane the load (`f32`), the item count and the key (the load's
+/// bits, or all ones when the pack is full). The minimum key comes from a vector reduction,
+/// the first pack holding it from the lanes' compare masks; the chosen lane then adds the
+/// item's weight (the same `f32` addition as the reference's) and counts it.
 ///
 /// # Safety
 /// The CPU must support AVX2.
@@ -459,18 +461,22 @@ unsafe fn pack_scan_avx2(keys: &[u64], out: &mut Placement<'_>) {
 #[target_feature(enable = "avx2")]
 unsafe fn pack_scan_avx2_n<const V: usize>(keys: &[u64], out: &mut Placement<'_>) {
     use std::arch::x86_64::{
-        _mm256_blendv_epi8, _mm256_castsi256_ps, _mm256_cmpeq_epi32, _mm256_min_epu32,
-        _mm256_movemask_ps, _mm256_permute2x128_si256, _mm256_set1_epi32, _mm256_setr_epi32,
-        _mm256_shuffle_epi32,
+        _mm256_add_ps, _mm256_and_ps, _mm256_andnot_si256, _mm256_castps_si256,
+        _mm256_castsi256_ps, _mm256_cmpeq_epi32, _mm256_cmpgt_epi32, _mm256_min_epu32,
+        _mm256_movemask_ps, _mm256_or_si256, _mm256_permute2x128_si256, _mm256_set1_epi32,
+        _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps, _mm256_shuffle_epi32,
+        _mm256_sub_epi32,
     };
-    debug_assert!(out.load.len() <= 8 * V);
-    // Lanes past the last pack hold u32::MAX, like full packs, and are never the minimum
-    // while an item is left (some pack then still has room).
-    let mut packs = [_mm256_set1_epi32(-1); V];
+    let packs = out.load.len();
+    debug_assert!(packs <= 8 * V);
+    let full = _mm256_set1_epi32(out.full as i32);
+    let mut load = [_mm256_setzero_ps(); V];
+    let mut count = [full; V];
+    let mut key = [_mm256_set1_epi32(-1); V];
     let mut lane = [_mm256_set1_epi32(0); V];
-    for (v, (keys, ids)) in packs.iter_mut().zip(&mut lane).enumerate() {
+    for v in 0..V {
         let first = 8 * v as i32;
-        *ids = _mm256_setr_epi32(
+        lane[v] = _mm256_setr_epi32(
             first,
             first + 1,
             first + 2,
@@ -480,37 +486,45 @@ unsafe fn pack_scan_avx2_n<const V: usize>(keys: &[u64], out: &mut Placement<'_>
             first + 6,
             first + 7,
         );
-        let real = out.load.len() as i32 - first;
-        // Packs that exist start empty (key 0).
-        *keys = _mm256_blendv_epi8(
-            *keys,
-            _mm256_set1_epi32(0),
-            std::arch::x86_64::_mm256_cmpgt_epi32(
-                _mm256_set1_epi32(real),
-                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-            ),
+        // Packs that exist start empty (count 0, key 0); lanes past the last pack stay
+        // full, so their key is all ones and never the minimum while an item is left.
+        let real = _mm256_cmpgt_epi32(_mm256_set1_epi32(packs as i32), lane[v]);
+        count[v] = _mm256_andnot_si256(real, full);
+        key[v] = _mm256_or_si256(
+            _mm256_castps_si256(load[v]),
+            _mm256_cmpeq_epi32(count[v], full),
         );
     }
-    for &key in keys {
-        let mut min = packs[0];
-        for v in packs.iter().skip(1) {
-            min = _mm256_min_epu32(min, *v);
+    for &item in keys {
+        let mut min = key[0];
+        for k in key.iter().skip(1) {
+            min = _mm256_min_epu32(min, *k);
         }
         // Every lane gets the minimum of all eight.
         min = _mm256_min_epu32(min, _mm256_permute2x128_si256::<1>(min, min));
         min = _mm256_min_epu32(min, _mm256_shuffle_epi32::<0b0100_1110>(min));
         min = _mm256_min_epu32(min, _mm256_shuffle_epi32::<0b1011_0001>(min));
         let mut mask = 0u64;
-        for (v, keys) in packs.iter().enumerate() {
-            let eq = _mm256_cmpeq_epi32(*keys, min);
+        for (v, k) in key.iter().enumerate() {
+            let eq = _mm256_cmpeq_epi32(*k, min);
             mask |= u64::from(_mm256_movemask_ps(_mm256_castsi256_ps(eq)) as u8) << (8 * v);
         }
         let best = mask.trailing_zeros() as usize;
-        let new = _mm256_set1_epi32(out.assign(key, best) as i32);
+        let weight = _mm256_set1_ps(f32::from_bits(!((item >> 32) as u32)));
         let at = _mm256_set1_epi32(best as i32);
-        for (keys, ids) in packs.iter_mut().zip(&lane) {
-            *keys = _mm256_blendv_epi8(*keys, new, _mm256_cmpeq_epi32(*ids, at));
+        for v in 0..V {
+            let hit = _mm256_cmpeq_epi32(lane[v], at);
+            load[v] = _mm256_add_ps(load[v], _mm256_and_ps(weight, _mm256_castsi256_ps(hit)));
+            count[v] = _mm256_sub_epi32(count[v], hit);
+            key[v] = _mm256_or_si256(
+                _mm256_castps_si256(load[v]),
+                _mm256_cmpeq_epi32(count[v], full),
+            );
         }
+        let i = item as u32 as usize;
+        out.item_pack[i] = best as u32;
+        out.item_rank[i] = out.items[best];
+        out.items[best] += 1;
     }
 }
 
