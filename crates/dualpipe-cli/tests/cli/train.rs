@@ -290,3 +290,31 @@ fn training_learns_with_either_optimizer_and_precision_barely_matters() {
         }
     }
 }
+
+#[test]
+fn the_local_transport_is_the_default() {
+    let flags = [
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+        "--steps",
+        "3",
+        "--seed",
+        "3",
+    ];
+    let default = train_json(&flags);
+    let mut local = flags.to_vec();
+    local.extend_from_slice(&["--transport", "local", "--recv-timeout", "30"]);
+    assert_eq!(train_json(&local)["losses"], default["losses"]);
+}
+
+#[test]
+fn transport_flags_are_checked() {
+    // Without MPI compiled in, or without an MPI launcher around the process, `--transport
+    // mpi` cannot start: one line that says so either way.
+    train(&["--ranks", "2", "--micro-batches", "4", "--transport", "mpi"]).usage_error(&["mpi"]);
+    train(&["--transport", "carrier-pigeon"]).flag_error(&["carrier-pigeon", "--transport"]);
+    train(&["--recv-timeout", "0"]).usage_error(&["--recv-timeout"]);
+    train(&["--recv-timeout", "soon"]).flag_error(&["--recv-timeout", "soon"]);
+}
