@@ -43,18 +43,32 @@ fn train_step(c: &mut Criterion) {
 }
 
 fn block_split_backward(c: &mut Criterion) {
-    let (rows, hidden) = (64, 128);
-    let mut rng = stream(0, Purpose::StageParams, 0, 0);
-    let mut block = MlpBlock::random(&mut rng, hidden, 1.0, DType::F32).expect("block");
-    let x = Tensor::ones((rows, hidden), DType::F32, &Device::Cpu).expect("input");
-    let key = Chunk::new(0, 0, 0);
-    c.bench_function("mlp_block_f_i_w_64x128", |b| {
-        b.iter(|| {
-            let y = block.forward(key, &x).expect("forward");
-            block.backward_input(key, &y).expect("input gradient");
-            block.backward_weight(key).expect("weight gradient");
-        })
-    });
+    // The compare script's shape: 128 rows, one block of width 128 or 512, f32.
+    let mut group = c.benchmark_group("mlp_block_128_rows");
+    group.sample_size(20);
+    for hidden in [128, 512] {
+        let rows = 128;
+        let mut rng = stream(0, Purpose::StageParams, 0, 0);
+        let mut block = MlpBlock::random(&mut rng, hidden, 1.0, DType::F32).expect("block");
+        let x = Tensor::ones((rows, hidden), DType::F32, &Device::Cpu).expect("input");
+        let key = Chunk::new(0, 0, 0);
+        // Forward alone (each call replaces the chunk's saved tensors), then one backward
+        // clears them.
+        group.bench_function(BenchmarkId::new("forward", hidden), |b| {
+            b.iter(|| block.forward(key, &x).expect("forward"))
+        });
+        let y = block.forward(key, &x).expect("forward");
+        block.backward_input(key, &y).expect("input gradient");
+        block.backward_weight(key).expect("weight gradient");
+        group.bench_function(BenchmarkId::new("f_i_w", hidden), |b| {
+            b.iter(|| {
+                let y = block.forward(key, &x).expect("forward");
+                block.backward_input(key, &y).expect("input gradient");
+                block.backward_weight(key).expect("weight gradient");
+            })
+        });
+    }
+    group.finish();
 }
 
 criterion_group!(benches, train_step, block_split_backward);

@@ -178,25 +178,26 @@ pub(crate) fn gemm<T: Elem>(
     Ok(())
 }
 
-/// `x Wᵀ (+ b) (+ residual)` for `x: [n, in]`, `W: [out, in]`, `b: [out]`, `residual: [n, out]`.
+/// `x Wᵀ (+ b) (+ residual)` for `x: [n, in]`, `wt = Wᵀ: [in, out]`, `b: [out]`,
+/// `residual: [n, out]`.
 pub(crate) fn linear_forward(
     x: &Tensor,
-    w: &Tensor,
+    wt: &Tensor,
     b: Option<&Tensor>,
     residual: Option<&Tensor>,
 ) -> Result<Tensor, NnError> {
-    by_dtype!(x, "Linear forward", linear_forward_t(x, w, b, residual))
+    by_dtype!(x, "Linear forward", linear_forward_t(x, wt, b, residual))
 }
 
 fn linear_forward_t<T: Elem>(
     x: &Tensor,
-    w: &Tensor,
+    wt: &Tensor,
     b: Option<&Tensor>,
     residual: Option<&Tensor>,
 ) -> Result<Tensor, NnError> {
     const WHAT: &str = "Linear forward x Wᵀ + b";
     let (n, input) = dims2(x, WHAT)?;
-    let (out, w_in) = dims2(w, WHAT)?;
+    let (w_in, out) = dims2(wt, WHAT)?;
     if w_in != input {
         return Err(NnError::Stage(format!(
             "{WHAT}: input has {input} features, the weight expects {w_in}"
@@ -233,17 +234,42 @@ fn linear_forward_t<T: Elem>(
         accumulate = true;
     }
     read::<T, _>(x, WHAT, |x| {
-        read::<T, _>(w, WHAT, |w| {
+        read::<T, _>(wt, WHAT, |wt| {
             gemm(
                 &mut dst,
                 Mat::new(x, n, input),
-                Mat::new(w, out, input).t(),
+                Mat::new(wt, input, out),
                 accumulate,
                 WHAT,
             )
         })
     })???;
     tensor(dst, (n, out), WHAT)
+}
+
+/// The transpose of a matrix, stored contiguously (blocked copy).
+pub(crate) fn transpose(w: &Tensor) -> Result<Tensor, NnError> {
+    by_dtype!(w, "transpose", transpose_t(w))
+}
+
+fn transpose_t<T: Elem>(w: &Tensor) -> Result<Tensor, NnError> {
+    const WHAT: &str = "transposing a weight";
+    const BLOCK: usize = 32;
+    let (rows, cols) = dims2(w, WHAT)?;
+    let out = read::<T, _>(w, WHAT, |w| {
+        let mut out = vec![T::zero(); rows * cols];
+        for r0 in (0..rows).step_by(BLOCK) {
+            for c0 in (0..cols).step_by(BLOCK) {
+                for r in r0..(r0 + BLOCK).min(rows) {
+                    for c in c0..(c0 + BLOCK).min(cols) {
+                        out[c * rows + r] = w[r * cols + c];
+                    }
+                }
+            }
+        }
+        out
+    })?;
+    tensor(out, (cols, rows), WHAT)
 }
 
 /// `dy W (+ residual)` for `dy: [n, out]`, `W: [out, in]`, `residual: [n, in]`.
@@ -680,6 +706,8 @@ fn gelu_forward_f32(x: &[f32], y: &mut [f32], d: &mut [f32]) {
 }
 
 /// `(Φ(x), φ(x))` of the standard normal, in f32.
+// The fit's published coefficients, kept as printed (f32 rounds them).
+#[allow(clippy::excessive_precision)]
 #[inline(always)]
 fn normal_cdf_pdf_f32(x: f32) -> (f32, f32) {
     let z = x.abs() * std::f32::consts::FRAC_1_SQRT_2;
@@ -699,15 +727,20 @@ fn normal_cdf_pdf_f32(x: f32) -> (f32, f32) {
     (phi, e * INV_SQRT_2PI as f32)
 }
 
-/// `eˣ` in f32 (relative error about 1e-7), branch-free; underflows to 0 below -87.
+/// `eˣ` in f32 (relative error about 1e-7), branch-free and without float-to-int casts so it
+/// vectorizes; underflows to 0 at -87 and below.
 #[inline(always)]
 fn exp_f32(x: f32) -> f32 {
     const LOG2_E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
-    const ROUND: f32 = 12_582_912.0; // 1.5 · 2²³: adding and subtracting it rounds to integer
-    let x = x.clamp(-87.0, 88.0);
-    let k = (x * LOG2_E + ROUND) - ROUND;
+    // 1.5 · 2²³: adding it rounds to an integer, held in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    const ROUND_BITS: u32 = 0x4B40_0000;
+    let x = if x < -87.0 { -87.0 } else { x };
+    let x = if x > 88.0 { 88.0 } else { x };
+    let kr = x * LOG2_E + ROUND;
+    let k = kr - ROUND;
     let r = (x - k * LN2_HI) - k * LN2_LO;
     let p = 1.0
         + r * (1.0
@@ -715,7 +748,8 @@ fn exp_f32(x: f32) -> f32 {
                 + r * (1.0 / 6.0
                     + r * (1.0 / 24.0
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    let scale = f32::from_bits((((k as i32) + 127) as u32) << 23);
+    // 2ᵏ: the biased exponent k + 127 shifted into place.
+    let scale = f32::from_bits(kr.to_bits().wrapping_sub(ROUND_BITS - 127) << 23);
     let v = p * scale;
     if x <= -87.0 {
         0.0
