@@ -393,3 +393,35 @@ fn same_input_and_previous_give_the_same_bytes() {
         assert_eq!(a.ok().stdout, b.ok().stdout, "{format}");
     }
 }
+
+#[test]
+fn a_huge_expert_size_is_not_a_panic() {
+    // Bytes per round add up move sizes; u64::MAX bytes per expert must either saturate (or
+    // be reported) or be refused as a usage error naming the flag, never overflow and panic.
+    let dir = TempDir::new("eplb-prev-bytes");
+    let loads = dir.write("loads.csv", LOADS);
+    let shifted = dir.write("shifted.csv", SHIFTED);
+    let previous = dir.write("prev.json", plan(&loads, &[]).to_string());
+    let max = u64::MAX.to_string();
+    let run = eplb(
+        &shifted,
+        &[
+            "--previous",
+            s(&previous),
+            "--expert-bytes",
+            &max,
+            "--format",
+            "json",
+        ],
+    );
+    run.no_panic();
+    match run.code {
+        Some(0) => {
+            run.json();
+        }
+        Some(2) => {
+            run.usage_error(&["--expert-bytes"]);
+        }
+        other => panic!("exit code {other:?}: {}", run.stderr),
+    }
+}
