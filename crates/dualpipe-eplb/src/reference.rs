@@ -113,6 +113,8 @@ struct Workspace {
     phy_load: Vec<f32>,
     slot2phy: Vec<u32>,
     replica_heap: BinaryHeap<u64>,
+    /// Per-replica load keys of the experts for the AVX2 scan in [`replicate`].
+    replica_keys: Vec<u32>,
 }
 
 impl Workspace {
@@ -146,6 +148,7 @@ impl Workspace {
             phy_load: vec![0.0; replicas_per_node],
             slot2phy: vec![0; replicas_per_node],
             replica_heap: BinaryHeap::with_capacity(experts_per_node),
+            replica_keys: Vec::with_capacity(experts_per_node.next_multiple_of(8)),
         }
     }
 
@@ -213,6 +216,7 @@ impl Workspace {
                 &mut self.phy2mlog,
                 &mut self.phy_rank,
                 &mut self.replica_heap,
+                &mut self.replica_keys,
             );
             for (load, &m) in self.phy_load.iter_mut().zip(&self.phy2mlog) {
                 *load = self.node_load[m as usize] / cnt[m as usize] as f32;
@@ -268,6 +272,7 @@ fn replicate(
     phy2mlog: &mut [u32],
     rank: &mut [u32],
     heap: &mut BinaryHeap<u64>,
+    scan_keys: &mut Vec<u32>,
 ) {
     let n = weights.len();
     for i in 0..n {
@@ -278,6 +283,26 @@ fn replicate(
     if phy2mlog.len() == n {
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        unsafe { replicate_scan_avx2(weights, cnt, phy2mlog, rank, scan_keys) };
+        return;
+    }
+    let _ = scan_keys;
+    replicate_heap(weights, cnt, phy2mlog, rank, heap);
+}
+
+/// The extra replicas of [`replicate`] (after the first replica of every expert) from a
+/// binary heap of keys [`replica_key`].
+fn replicate_heap(
+    weights: &[f32],
+    cnt: &mut [u32],
+    phy2mlog: &mut [u32],
+    rank: &mut [u32],
+    heap: &mut BinaryHeap<u64>,
+) {
+    let n = weights.len();
     // Rebuild in place (O(n) heapify), keeping the allocation.
     let mut keys = std::mem::take(heap).into_vec();
     keys.clear();
@@ -297,6 +322,75 @@ fn replicate(
         cnt[b] += 1;
         *top = replica_key(weights[b] / cnt[b] as f32, best);
         // Dropping `top` sifts the lowered key down.
+    }
+}
+
+/// The extra replicas of [`replicate`] by scanning every expert with AVX2: each expert's key
+/// is the complement of its per-replica load's bits (so the smallest key is the highest
+/// load), the minimum comes from a vector reduction and the first expert holding it (the
+/// lowest index on ties) from the lanes' compare masks.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn replicate_scan_avx2(
+    weights: &[f32],
+    cnt: &mut [u32],
+    phy2mlog: &mut [u32],
+    rank: &mut [u32],
+    keys: &mut Vec<u32>,
+) {
+    use std::arch::x86_64::{
+        __m256i, _mm256_castsi256_ps, _mm256_cmpeq_epi32, _mm256_loadu_si256, _mm256_min_epu32,
+        _mm256_movemask_ps, _mm256_permute2x128_si256, _mm256_set1_epi32, _mm256_shuffle_epi32,
+    };
+    let n = weights.len();
+    keys.clear();
+    keys.extend(weights.iter().map(|w| !w.to_bits()));
+    // Padding keys are all ones: a real key has its top bit set but is never all ones (a
+    // non-negative finite or infinite f32 has bits at most 0x7F80_0000).
+    keys.resize(n.next_multiple_of(8), u32::MAX);
+    let vectors = keys.len() / 8;
+    for slot in n..phy2mlog.len() {
+        let ptr = keys.as_ptr().cast::<__m256i>();
+        // SAFETY: `keys` holds `8 * vectors` u32, so every load reads inside it; unaligned
+        // loads are allowed.
+        let best = unsafe {
+            // Four running minima, so the reduction is not one long dependency chain.
+            let ones = _mm256_set1_epi32(-1);
+            let (mut a, mut b, mut c, mut d) = (ones, ones, ones, ones);
+            let mut v = 0;
+            while v + 4 <= vectors {
+                a = _mm256_min_epu32(a, _mm256_loadu_si256(ptr.add(v)));
+                b = _mm256_min_epu32(b, _mm256_loadu_si256(ptr.add(v + 1)));
+                c = _mm256_min_epu32(c, _mm256_loadu_si256(ptr.add(v + 2)));
+                d = _mm256_min_epu32(d, _mm256_loadu_si256(ptr.add(v + 3)));
+                v += 4;
+            }
+            while v < vectors {
+                a = _mm256_min_epu32(a, _mm256_loadu_si256(ptr.add(v)));
+                v += 1;
+            }
+            let mut min = _mm256_min_epu32(_mm256_min_epu32(a, b), _mm256_min_epu32(c, d));
+            min = _mm256_min_epu32(min, _mm256_permute2x128_si256::<1>(min, min));
+            min = _mm256_min_epu32(min, _mm256_shuffle_epi32::<0b0100_1110>(min));
+            min = _mm256_min_epu32(min, _mm256_shuffle_epi32::<0b1011_0001>(min));
+            let mut best = 0;
+            for v in 0..vectors {
+                let eq = _mm256_cmpeq_epi32(_mm256_loadu_si256(ptr.add(v)), min);
+                let mask = _mm256_movemask_ps(_mm256_castsi256_ps(eq));
+                if mask != 0 {
+                    best = 8 * v + mask.trailing_zeros() as usize;
+                    break;
+                }
+            }
+            best
+        };
+        phy2mlog[slot] = best as u32;
+        rank[slot] = cnt[best];
+        cnt[best] += 1;
+        keys[best] = !(weights[best] / cnt[best] as f32).to_bits();
     }
 }
 
@@ -676,10 +770,47 @@ mod tests {
     }
 
     #[test]
+    fn replicate_scan_and_heap_agree() {
+        for n in [1usize, 3, 8, 13, 64, 100, 256] {
+            for extra in [1usize, 7, 64, 300] {
+                // Few distinct loads (ties everywhere) including zeros.
+                let w: Vec<f32> = (0..n).map(|i| ((i * 29 + n) % 5) as f32 * 1.5).collect();
+                let run = |scan: bool| {
+                    let (mut cnt, mut p2m, mut rank) =
+                        (vec![0; n], vec![0; n + extra], vec![0; n + extra]);
+                    replicate(
+                        &w,
+                        &mut cnt,
+                        &mut p2m,
+                        &mut rank,
+                        &mut BinaryHeap::new(),
+                        &mut Vec::new(),
+                    );
+                    if !scan {
+                        // Redo the extras with the heap only.
+                        let (mut c2, mut p2, mut r2) = (vec![1; n], p2m.clone(), rank.clone());
+                        replicate_heap(&w, &mut c2, &mut p2, &mut r2, &mut BinaryHeap::new());
+                        return (c2, p2, r2);
+                    }
+                    (cnt, p2m, rank)
+                };
+                assert_eq!(run(true), run(false), "{n} experts, {extra} extras");
+            }
+        }
+    }
+
+    #[test]
     fn replicate_gives_extras_to_the_hottest_per_replica() {
         let w = [6.0f32, 1.0, 3.0];
         let (mut cnt, mut p2m, mut rank) = (vec![0; 3], vec![0; 6], vec![0; 6]);
-        replicate(&w, &mut cnt, &mut p2m, &mut rank, &mut BinaryHeap::new());
+        replicate(
+            &w,
+            &mut cnt,
+            &mut p2m,
+            &mut rank,
+            &mut BinaryHeap::new(),
+            &mut Vec::new(),
+        );
         // 6 -> (3) -> 3 ties with expert 2: first index wins, then 3 -> 2 vs 3: expert 2.
         assert_eq!(p2m, vec![0, 1, 2, 0, 0, 2]);
         assert_eq!(rank, vec![0, 0, 0, 1, 2, 1]);
