@@ -60,6 +60,9 @@ fn main() {
         return;
     }
     let mut endpoint = Endpoint::new(world.link());
+    if let Ok(us) = std::env::var("SPIN_US") {
+        endpoint.set_spin(Duration::from_micros(us.parse().unwrap()));
+    }
     let deadline = || Instant::now() + Duration::from_secs(60);
     if rank == 0 {
         println!("| size | bare MPI one-way | ours one-way | bare MPI bandwidth | ours bandwidth | ours / bare time |");

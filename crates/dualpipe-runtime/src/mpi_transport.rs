@@ -33,6 +33,11 @@ pub const TAG_BODY: i32 = 0x4451;
 /// Bodies up to this size travel inside their head.
 pub const INLINE_BYTES: usize = 16 * 1024;
 
+/// Buffers of at least this size are kept for reuse once their send completed.
+const SPARE_MIN_BYTES: usize = 64 * 1024;
+/// At most this many spare buffers are kept.
+const SPARE_MAX: usize = 16;
+
 const FLAG_INLINE: u8 = 0;
 const FLAG_SEPARATE: u8 = 1;
 
@@ -130,6 +135,9 @@ pub struct MpiLink {
     ranks: usize,
     sends: Vec<PendingSend>,
     incoming: VecDeque<Incoming>,
+    /// Buffers of completed sends, reused for incoming bodies: a large receive then lands in
+    /// memory that is already mapped instead of a fresh allocation the kernel must fault in.
+    spare: Vec<Vec<u8>>,
 }
 
 impl std::fmt::Debug for MpiLink {
@@ -170,6 +178,31 @@ impl MpiLink {
             comm,
             sends: Vec::new(),
             incoming: VecDeque::new(),
+            spare: Vec::new(),
+        }
+    }
+
+    /// A buffer of exactly `len` bytes for an incoming body, reusing a spare one if possible.
+    fn body_buffer(spare: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
+        let best = spare
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.len() >= len)
+            .min_by_key(|(_, b)| b.len())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => {
+                // Its bytes are initialised (old data); the receive overwrites all of them.
+                let mut buffer = spare.swap_remove(i);
+                buffer.truncate(len);
+                buffer
+            }
+            None if len >= SPARE_MIN_BYTES && !spare.is_empty() => {
+                let mut buffer = spare.swap_remove(0);
+                buffer.resize(len, 0);
+                buffer
+            }
+            None => vec![0u8; len],
         }
     }
 
@@ -187,12 +220,17 @@ impl MpiLink {
         });
     }
 
-    /// Drops the sends that have completed.
+    /// Drops the sends that have completed, keeping large buffers for reuse.
     fn reap_sends(&mut self) {
+        let spare = &mut self.spare;
         self.sends.retain_mut(|send| {
             if let Some(request) = send.request.take() {
                 match request.test() {
-                    Ok(_) => {}
+                    Ok(_) => {
+                        if send.buffer.len() >= SPARE_MIN_BYTES && spare.len() < SPARE_MAX {
+                            spare.push(std::mem::take(&mut send.buffer));
+                        }
+                    }
                     Err(request) => send.request = Some(request),
                 }
             }
@@ -268,7 +306,7 @@ impl MpiLink {
                                 "rank {src} announced a {len}-byte body but sent {count} bytes"
                             )));
                         }
-                        let mut buffer = vec![0u8; len];
+                        let mut buffer = Self::body_buffer(&mut self.spare, len);
                         // SAFETY: `buffer` moves into `incoming.body` next to its request and
                         // is read only after the request completed.
                         let view = unsafe { extend_mut(&mut buffer) };
@@ -360,6 +398,12 @@ impl Link for MpiLink {
                 // `ready` only points at complete messages.
                 _ => (incoming.src, incoming.header, Vec::new()),
             }))
+    }
+
+    fn receiving(&self) -> bool {
+        self.incoming
+            .iter()
+            .any(|incoming| matches!(incoming.body, Body::Receiving { .. }))
     }
 
     fn flush(&mut self, deadline: Instant) -> Result<bool, LinkError> {

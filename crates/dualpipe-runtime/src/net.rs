@@ -35,6 +35,12 @@ pub trait Link {
     /// Waits until every posted send has completed or `deadline` passes; returns whether all
     /// completed.
     fn flush(&mut self, deadline: Instant) -> Result<bool, LinkError>;
+
+    /// Whether a message is arriving right now (its data only moves while this rank polls,
+    /// so a wait keeps polling without sleeping until it is in).
+    fn receiving(&self) -> bool {
+        false
+    }
 }
 
 /// A failure of the underlying link (an MPI error, a vanished peer).
@@ -127,6 +133,17 @@ pub enum NetError {
     },
 }
 
+/// How long a wait polls before it starts to sleep between polls, by default: long enough
+/// for a large message to stream through without stalls (the link only moves data while its
+/// owner polls), short enough to give the cores back during a long wait for a peer's compute.
+pub const DEFAULT_SPIN: Duration = Duration::from_millis(5);
+
+/// The first part of a wait polls without even yielding the core (lowest latency).
+const HOT_SPIN: Duration = Duration::from_micros(50);
+
+/// The longest sleep between two polls once a wait has spun for its spin time.
+const MAX_NAP: Duration = Duration::from_micros(200);
+
 /// One rank's end of the transport: stamps, matching, buffering and abort on a [`Link`].
 #[derive(Debug)]
 pub struct Endpoint<L> {
@@ -149,7 +166,7 @@ impl<L: Link> Endpoint<L> {
             buffered: HashMap::new(),
             taken: HashSet::new(),
             abort: None,
-            spin: Duration::from_micros(500),
+            spin: DEFAULT_SPIN,
         }
     }
 
@@ -331,11 +348,14 @@ impl<L: Link> Endpoint<L> {
                     waited: now - began,
                 });
             }
-            if now - began < self.spin {
+            let waited = now - began;
+            if waited < HOT_SPIN.min(self.spin) || self.link.receiving() {
+                std::hint::spin_loop();
+            } else if waited < self.spin {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(nap.min(deadline - now));
-                nap = (nap * 2).min(Duration::from_micros(500));
+                nap = (nap * 2).min(MAX_NAP);
             }
         }
     }
