@@ -4,7 +4,9 @@
 //! (seed, step, global micro-batch); targets are a fixed random *teacher* — one residual MLP
 //! block of the same width with unit-gain weights, drawn from its own seed stream — applied to
 //! the inputs. The student can represent the teacher exactly, so the loss can fall towards zero.
-//! Everything is computed in f64 and then cast, so an f32 run sees the same data rounded.
+//! Inputs are drawn in f64 and cast; the teacher's weights are drawn in f64 and cast to the
+//! run's element type, in which the targets are computed (an f32 run's targets are the f32
+//! teacher's, so data generation runs at f32 speed; f64 runs are exact).
 
 use std::sync::Arc;
 
@@ -54,7 +56,7 @@ impl DataSet {
             )));
         }
         let mut rng = rng::stream(seed, Purpose::Teacher, 0, 0);
-        let teacher = MlpBlock::random(&mut rng, hidden, TEACHER_GAIN, DType::F64)?;
+        let teacher = MlpBlock::random(&mut rng, hidden, TEACHER_GAIN, dtype)?;
         Ok(DataSet {
             seed,
             hidden,
@@ -73,12 +75,10 @@ impl DataSet {
             (self.micro_batch_size, self.hidden),
             &Device::Cpu,
         )
+        .and_then(|x| x.to_dtype(self.dtype))
         .ctx("DataSet inputs")?;
-        let t = self.teacher.apply(&x)?;
-        Ok(MicroBatch {
-            inputs: x.to_dtype(self.dtype).ctx("DataSet inputs dtype")?,
-            targets: t.to_dtype(self.dtype).ctx("DataSet targets dtype")?,
-        })
+        let targets = self.teacher.apply(&x)?;
+        Ok(MicroBatch { inputs: x, targets })
     }
 
     /// All `micro_batches` micro-batches of step `step`.

@@ -27,7 +27,7 @@ impl Gelu {
 
     /// The exact GELU of `x` (one fused pass).
     pub fn apply(x: &Tensor) -> Result<Tensor, NnError> {
-        kernels::gelu_forward(x).map(|(y, _)| y)
+        kernels::gelu(x)
     }
 
     /// `gelu(x)`; saves `gelu'(x)`, computed in the same pass, for the chunk's backward.

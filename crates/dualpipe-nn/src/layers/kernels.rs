@@ -21,6 +21,8 @@ use crate::error::{NnError, TensorContext};
 pub(crate) trait Elem: WithDType {
     /// `y = gelu(x)` and `d = gelu'(x)`, elementwise.
     fn gelu_forward(x: &[Self], y: &mut [Self], d: &mut [Self]);
+    /// `y = gelu(x)`, elementwise.
+    fn gelu(x: &[Self], y: &mut [Self]);
     /// `gelu'(x)`, elementwise.
     fn gelu_derivative(x: &[Self], d: &mut [Self]);
     /// The square root.
@@ -416,6 +418,21 @@ fn gelu_forward_t<T: Elem>(x: &Tensor) -> Result<(Tensor, Tensor), NnError> {
     ))
 }
 
+/// `gelu(x)` alone (inference).
+pub(crate) fn gelu(x: &Tensor) -> Result<Tensor, NnError> {
+    by_dtype!(x, "GELU", gelu_t(x))
+}
+
+fn gelu_t<T: Elem>(x: &Tensor) -> Result<Tensor, NnError> {
+    const WHAT: &str = "GELU";
+    let y = read::<T, _>(x, WHAT, |x| {
+        let mut y = vec![T::zero(); x.len()];
+        T::gelu(x, &mut y);
+        y
+    })?;
+    tensor(y, x.shape().clone(), WHAT)
+}
+
 /// `gelu'(x)`.
 pub(crate) fn gelu_derivative(x: &Tensor) -> Result<Tensor, NnError> {
     by_dtype!(x, "GELU derivative", gelu_derivative_t(x))
@@ -645,6 +662,13 @@ fn same_shape(a: &Tensor, b: &Tensor, what: &str) -> Result<(), NnError> {
 const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
 impl Elem for f64 {
+    fn gelu(x: &[f64], y: &mut [f64]) {
+        for (&x, y) in x.iter().zip(y) {
+            // The same expression as candle's `gelu_erf`.
+            *y = (libm::erf(x * std::f64::consts::FRAC_1_SQRT_2) + 1.0) * 0.5 * x;
+        }
+    }
+
     fn gelu_forward(x: &[f64], y: &mut [f64], d: &mut [f64]) {
         for ((&x, y), d) in x.iter().zip(y).zip(d) {
             let erf = libm::erf(x * std::f64::consts::FRAC_1_SQRT_2);
@@ -667,6 +691,11 @@ impl Elem for f64 {
 }
 
 impl Elem for f32 {
+    fn gelu(x: &[f32], y: &mut [f32]) {
+        let mut d = vec![0.0; x.len()];
+        Self::gelu_forward(x, y, &mut d);
+    }
+
     fn gelu_forward(x: &[f32], y: &mut [f32], d: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
