@@ -69,7 +69,7 @@ def main():
             np.save(npy, w)
             cmd = [str(args.dualpipe), "eplb", "--loads", str(npy), "--replicas", str(replicas),
                    "--groups", str(groups), "--nodes", str(nodes), "--gpus", str(gpus),
-                   "--format", "json"]
+                   "--policy", "deepseek", "--format", "json"]
             done = subprocess.run(cmd, capture_output=True, text=True)
             shape = f"{kind} L{layers} E{experts} P{replicas} G{groups} N{nodes} R{gpus}"
             checked += 1

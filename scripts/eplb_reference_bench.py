@@ -88,7 +88,7 @@ def main():
                 # JSON to stdout (a pipe): --output would add the file system's fsync time.
                 cmd = [str(args.dualpipe), "eplb", "--loads", str(npy), "--replicas",
                        str(replicas), "--groups", str(groups), "--nodes", str(nodes),
-                       "--gpus", str(gpus), "--format", "json"]
+                       "--gpus", str(gpus), "--policy", "deepseek", "--format", "json"]
                 ours_times = []
                 for _ in range(args.repeat if kind == "float" else 1):
                     t0 = time.perf_counter()
