@@ -1,7 +1,7 @@
 //! One rank's end of a multi-process transport: stamped messages, matching, buffering, abort.
 //!
 //! An [`Endpoint`] sits on a [`Link`], which only moves (header, body) byte pairs between
-//! ranks ([`MpiLink`](crate::mpi_transport::MpiLink) over MPI, [`ChannelLink`] in memory for
+//! ranks (`mpi_transport::MpiLink` over MPI with the `mpi` feature, [`ChannelLink`] in memory for
 //! tests). The endpoint gives every message its [`Stamp`] and matches arrivals by that stamp:
 //! what arrives before it is needed is buffered, a second message with the same stamp or one
 //! from a past step is refused with a clear error, so reordering on the wire can never mix
