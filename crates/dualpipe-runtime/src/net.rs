@@ -153,6 +153,9 @@ pub struct Endpoint<L> {
     /// Stamps of this step already taken (a repeat is a duplicate).
     taken: HashSet<Stamp>,
     abort: Option<(usize, String)>,
+    /// An arrival that could not be filed while only checking for aborts, reported by the
+    /// next take.
+    fault: Option<NetError>,
     /// The wait strategy's spin phase before sleeping between polls.
     spin: Duration,
 }
@@ -166,6 +169,7 @@ impl<L: Link> Endpoint<L> {
             buffered: HashMap::new(),
             taken: HashSet::new(),
             abort: None,
+            fault: None,
             spin: DEFAULT_SPIN,
         }
     }
@@ -245,6 +249,9 @@ impl<L: Link> Endpoint<L> {
 
     /// Takes every message that has arrived into the buffer, without waiting.
     pub fn pump(&mut self) -> Result<(), NetError> {
+        if let Some(fault) = self.fault.take() {
+            return Err(fault);
+        }
         while let Some((src, header, body)) = self.link.poll()? {
             self.deliver(src, &header, body)?;
         }
@@ -294,9 +301,11 @@ impl<L: Link> Endpoint<L> {
 
     /// The failure another rank reported, if any.
     pub fn aborted(&mut self) -> Option<(usize, String)> {
-        if self.abort.is_none() {
-            // A malformed or stale message is this rank's own error, reported when it waits.
-            let _ = self.pump();
+        if self.abort.is_none() && self.fault.is_none() {
+            // A malformed or stale message is this rank's own error, reported when it takes.
+            if let Err(fault) = self.pump() {
+                self.fault = Some(fault);
+            }
         }
         self.abort.clone()
     }
@@ -608,6 +617,21 @@ mod tests {
             c.take(f(0, 1), soon()),
             Err(NetError::Aborted { rank: 2, .. })
         ));
+    }
+
+    #[test]
+    fn a_stale_message_seen_while_checking_for_aborts_is_reported_by_the_next_take() {
+        let mut eps = endpoints(2);
+        let mut b = eps.pop().unwrap();
+        let mut a = eps.pop().unwrap();
+        b.begin_step(1).unwrap();
+        a.send(1, f(0, 0), tensor(1.0)).unwrap();
+        assert_eq!(b.aborted(), None);
+        let err = b.try_take(f(1, 0)).unwrap_err();
+        assert!(
+            matches!(err, NetError::PastStep { current: 1, .. }),
+            "{err:?}"
+        );
     }
 
     #[test]
