@@ -78,7 +78,16 @@ pub(super) fn execute(args: &Args, config: TrainConfig) -> anyhow::Result<Option
     let rank = info.rank;
     let mut trainer = match RankTrainer::new(config.clone(), Endpoint::new(world.link())) {
         Ok(trainer) => trainer,
-        Err(err) => leave_after_failure(world, setup_error(err)),
+        Err(err) => {
+            let err = setup_error(err);
+            if rank != 0 && err.downcast_ref::<UsageError>().is_some() {
+                // Every rank refuses the same configuration; rank 0 says it once.
+                std::mem::forget(world);
+                std::thread::sleep(LINGER);
+                std::process::exit(2);
+            }
+            leave_after_failure(world, err)
+        }
     };
     trainer.set_exec_options(
         ExecOptions::default().with_recv_timeout(Duration::from_secs_f64(args.recv_timeout)),
