@@ -24,6 +24,12 @@
 //! metrics and renderers apply to real runs too. A stage error, a panic or a message that
 //! never arrives stops every rank with one [`RuntimeError`] naming the rank, the op and the
 //! cause.
+//!
+//! For one process per rank (several machines), each process runs its own rank with
+//! [`run_rank_step`] on an [`Endpoint`] (over MPI with the `mpi` feature: `mpi_transport`),
+//! sums DualPipe's stage copies with [`sum_stage_copies_remote`] and lines up with [`barrier`];
+//! messages are stamped with their step and chunk ([`wire`]), and [`LaunchInfo`] reads the
+//! launcher's rank and world size. See `docs/distributed.md`.
 
 mod check;
 pub mod error;
