@@ -2,6 +2,7 @@
 //! step at a time through a pipeline schedule, and the [`StepReport`] of each step.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
@@ -9,7 +10,7 @@ use dualpipe_runtime::{run_step, sum_stage_copies, try_build_ranks, ExecOptions,
 use dualpipe_schedule::{Schedule, ScheduleKind};
 use dualpipe_sim::Timeline;
 
-use crate::data::DataSet;
+use crate::data::{Batch, DataSet};
 use crate::error::NnError;
 use crate::optim::{Optimizer, OptimizerKind};
 use crate::stage::{MlpStage, ModelConfig, StagePosition};
@@ -193,6 +194,9 @@ pub struct Trainer {
     steps_done: usize,
     /// Set when a step failed part-way: the stages may hold partial state.
     failed: bool,
+    /// The next step's batch, drawn on a background thread during the previous step's
+    /// pipeline (the data loader's prefetch), with the step it belongs to.
+    prefetched: Option<(usize, Batch)>,
 }
 
 impl Trainer {
@@ -250,6 +254,7 @@ impl Trainer {
             exec_options: ExecOptions::default(),
             steps_done: 0,
             failed: false,
+            prefetched: None,
         })
     }
 
@@ -288,12 +293,45 @@ impl Trainer {
         self.failed = true;
         let start = Instant::now();
         let step = self.steps_done;
-        let batch = self.data.batch(step, self.config.micro_batches)?;
+        let micro_batches = self.config.micro_batches;
+        let batch = match self.prefetched.take() {
+            Some((s, batch)) if s == step => batch,
+            _ => self.data.batch(step, micro_batches)?,
+        };
         for (_, stage) in self.stages.iter_mut().flat_map(RankStages::iter_mut) {
             stage.set_batch(batch.clone());
             stage.zero_grad()?;
         }
-        let outcome = run_step(&self.schedule, &mut self.stages, &self.exec_options)?;
+        // While the pipeline runs, one background thread draws the next step's batch (when the
+        // run has a next step): it computes in the pipeline's bubbles. The data depends only
+        // on (seed, step, micro-batch), so prefetching changes no result.
+        let prefetch = step + 1 < self.config.steps;
+        let (data, schedule, stages, options) = (
+            &self.data,
+            &self.schedule,
+            &mut self.stages,
+            &self.exec_options,
+        );
+        let (outcome, next) = std::thread::scope(|scope| {
+            let next = prefetch.then(|| {
+                scope.spawn(move || {
+                    (0..micro_batches)
+                        .map(|mb| data.micro_batch(step + 1, mb))
+                        .collect::<Result<Vec<_>, NnError>>()
+                })
+            });
+            let outcome = run_step(schedule, stages, options);
+            let next = next.map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(NnError::Stage("drawing a micro-batch panicked".into()))
+                })
+            });
+            (outcome, next)
+        });
+        let outcome = outcome?;
+        if let Some(next) = next {
+            self.prefetched = Some((step + 1, Arc::new(next?)));
+        }
         for (_, stage) in self.stages.iter().flat_map(RankStages::iter) {
             if stage.pending() != 0 {
                 return Err(NnError::Execution(format!(

@@ -1,0 +1,28 @@
+//! The trainer draws the next step's batch during the current step's pipeline when the run
+//! has a next step: that must change no result.
+
+use dualpipe_nn::{DType, TrainConfig, Trainer};
+
+fn losses(steps_in_config: usize) -> Vec<u64> {
+    let config = TrainConfig {
+        ranks: 2,
+        micro_batches: 4,
+        micro_batch_size: 3,
+        hidden: 4,
+        layers_per_stage: 1,
+        steps: steps_in_config,
+        dtype: DType::F64,
+        ..TrainConfig::default()
+    };
+    let mut trainer = Trainer::new(config).unwrap();
+    (0..3)
+        .flat_map(|_| trainer.step().unwrap().losses)
+        .map(f64::to_bits)
+        .collect()
+}
+
+#[test]
+fn prefetching_the_next_batch_changes_nothing() {
+    // `steps: 3` prefetches before steps 1 and 2; `steps: 1` never does.
+    assert_eq!(losses(3), losses(1));
+}
