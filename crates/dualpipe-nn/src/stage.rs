@@ -8,7 +8,7 @@ use dualpipe_schedule::Chunk;
 
 use crate::data::Batch;
 use crate::error::{NnError, TensorContext};
-use crate::layers::{mse_grad, mse_loss, MlpBlock, Param};
+use crate::layers::{kernels, mse_grad, mse_loss, MlpBlock, Param};
 use crate::rng::{self, Purpose};
 
 /// The shape of the whole model and the seed its parameters are drawn from. The parameters of
@@ -330,7 +330,8 @@ impl Stage for MlpStage {
         let mut params = self.params_mut();
         check_grads(&params.iter().map(|p| &**p).collect::<Vec<_>>(), other)?;
         for (p, g) in params.iter_mut().zip(other) {
-            p.accumulate(g)?;
+            p.grad =
+                kernels::add(&p.grad, g, "adding a copy's gradients").map_err(StageError::from)?;
         }
         Ok(())
     }

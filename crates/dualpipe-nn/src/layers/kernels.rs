@@ -448,6 +448,46 @@ fn gelu_derivative_t<T: Elem>(x: &Tensor) -> Result<Tensor, NnError> {
     tensor(d, x.shape().clone(), WHAT)
 }
 
+/// `a + b` (same shapes and dtypes); large tensors are split over the machine's cores (the
+/// gradient sum of the stage copies runs outside the rank threads, on an otherwise idle
+/// machine).
+pub(crate) fn add(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor, NnError> {
+    by_dtype!(a, what, add_t(a, b, what))
+}
+
+fn add_t<T: Elem>(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor, NnError> {
+    /// Below this many elements one thread is faster than starting more.
+    const PARALLEL_FROM: usize = 1 << 16;
+    same_shape(a, b, what)?;
+    let n = a.elem_count();
+    let mut out = vec![T::zero(); n];
+    read::<T, _>(a, what, |a| {
+        read::<T, _>(b, what, |b| {
+            let add = |o: &mut [T], a: &[T], b: &[T]| {
+                for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
+                    *o = x + y;
+                }
+            };
+            let threads = std::thread::available_parallelism().map_or(1, usize::from);
+            if n < PARALLEL_FROM || threads < 2 {
+                add(&mut out, a, b);
+                return;
+            }
+            let chunk = n.div_ceil(threads);
+            std::thread::scope(|scope| {
+                for ((o, a), b) in out
+                    .chunks_mut(chunk)
+                    .zip(a.chunks(chunk))
+                    .zip(b.chunks(chunk))
+                {
+                    scope.spawn(move || add(o, a, b));
+                }
+            });
+        })
+    })??;
+    tensor(out, a.shape().clone(), what)
+}
+
 /// `a ⊙ b` (same shapes).
 pub(crate) fn mul(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor, NnError> {
     by_dtype!(a, what, mul_t(a, b, what))
@@ -831,6 +871,22 @@ mod tests {
             );
         }
         assert_eq!(exp_f32(-100.0), 0.0);
+    }
+
+    #[test]
+    fn add_is_elementwise_on_both_paths() {
+        for n in [5usize, 70_001] {
+            let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            let b: Vec<f32> = (0..n).map(|i| 0.5 - i as f32 * 2.0).collect();
+            let ta = Tensor::from_vec(a.clone(), n, &Device::Cpu).unwrap();
+            let tb = Tensor::from_vec(b.clone(), n, &Device::Cpu).unwrap();
+            let sum = add(&ta, &tb, "test").unwrap().to_vec1::<f32>().unwrap();
+            let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+            assert_eq!(sum, want);
+        }
+        let other = Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap();
+        let ta = Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap();
+        assert!(add(&ta, &other, "test").is_err());
     }
 
     #[test]
