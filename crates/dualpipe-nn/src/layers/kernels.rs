@@ -604,33 +604,36 @@ fn adamw_t<T: Elem>(
 ) -> Result<(Tensor, Tensor, Tensor), NnError> {
     const WHAT: &str = "AdamW update";
     same_shape(p, g, WHAT)?;
-    let n = p.elem_count();
-    let (mut m, mut v) = match mv {
-        Some((m, v)) => {
-            same_shape(p, m, WHAT)?;
-            same_shape(p, v, WHAT)?;
-            (
-                read::<T, _>(m, WHAT, <[T]>::to_vec)?,
-                read::<T, _>(v, WHAT, <[T]>::to_vec)?,
-            )
-        }
-        None => (vec![T::zero(); n], vec![T::zero(); n]),
-    };
     let c = |x: f64| T::from_f64(x);
     let (b1, nb1, b2, nb2) = (c(s.beta1), c(1.0 - s.beta1), c(s.beta2), c(1.0 - s.beta2));
     let (eps, decay, inv_bc2, step_size) = (c(s.eps), c(s.decay), c(s.inv_bc2), c(s.step_size));
-    let new_p = read::<T, _>(p, WHAT, |p| {
-        read::<T, _>(g, WHAT, |g| {
-            let mut out = vec![T::zero(); n];
-            for ((((o, &p), &g), m), v) in out.iter_mut().zip(p).zip(g).zip(&mut m).zip(&mut v) {
-                *m = *m * b1 + g * nb1;
-                *v = *v * b2 + (g * g) * nb2;
-                let denom = (*v * inv_bc2).sqrt() + eps;
-                *o = p * decay - (*m * step_size) / denom;
+    // Three streaming passes, each writing its result once (no zero-filled or copied buffers):
+    // the optimizer is memory-bound at width 512.
+    let (m, v) = read::<T, _>(g, WHAT, |g| {
+        let m_of = |m: T, g: T| m * b1 + g * nb1;
+        let v_of = |v: T, g: T| v * b2 + (g * g) * nb2;
+        Ok::<_, NnError>(match mv {
+            Some((m, v)) => {
+                same_shape(p, m, WHAT)?;
+                same_shape(p, v, WHAT)?;
+                (
+                    read::<T, _>(m, WHAT, |m| zip_map(m, g, m_of))?,
+                    read::<T, _>(v, WHAT, |v| zip_map(v, g, v_of))?,
+                )
             }
-            out
+            None => (
+                g.iter().map(|&g| m_of(T::zero(), g)).collect(),
+                g.iter().map(|&g| v_of(T::zero(), g)).collect(),
+            ),
         })
     })??;
+    let new_p = read::<T, _>(p, WHAT, |p| {
+        p.iter()
+            .zip(&m)
+            .zip(&v)
+            .map(|((&p, &m), &v)| p * decay - (m * step_size) / ((v * inv_bc2).sqrt() + eps))
+            .collect::<Vec<T>>()
+    })?;
     let shape = p.shape().clone();
     Ok((
         tensor(new_p, shape.clone(), WHAT)?,
@@ -682,6 +685,11 @@ fn sgd_t<T: Elem>(
     })?;
     let shape = p.shape().clone();
     Ok((tensor(new_p, shape.clone(), WHAT)?, tensor(b, shape, WHAT)?))
+}
+
+/// `f(a[i], b[i])` for every `i`, collected once.
+fn zip_map<T: Elem>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> Vec<T> {
+    a.iter().zip(b).map(|(&a, &b)| f(a, b)).collect()
 }
 
 fn same_shape(a: &Tensor, b: &Tensor, what: &str) -> Result<(), NnError> {
