@@ -246,7 +246,7 @@ pub fn run_drift(config: &DriftConfig, arms: &[Arm]) -> Result<Vec<ArmReport>, P
                 let moves = move_plan(old, &plan, layout.gpus, layout.nodes, config.expert_bytes);
                 r.moved += moves.moves.len();
                 r.inter_node += moves.inter_node();
-                r.bytes += moves.total_bytes();
+                r.bytes = r.bytes.saturating_add(moves.total_bytes());
                 r.rounds += moves.rounds.len();
                 for (row, l) in plan.iter().zip(&load) {
                     let b = balancedness(row, l, layout.gpus);

@@ -67,7 +67,7 @@ impl MovePlan {
 
     /// Bytes moved in all.
     pub fn total_bytes(&self) -> u64 {
-        self.moves.len() as u64 * self.expert_bytes
+        (self.moves.len() as u64).saturating_mul(self.expert_bytes)
     }
 }
 
@@ -209,10 +209,10 @@ pub fn move_plan(
         r.moves.push(i);
         if m.inter_node {
             r.inter_node += 1;
-            r.inter_node_bytes += expert_bytes;
+            r.inter_node_bytes = r.inter_node_bytes.saturating_add(expert_bytes);
         } else {
             r.intra_node += 1;
-            r.intra_node_bytes += expert_bytes;
+            r.intra_node_bytes = r.intra_node_bytes.saturating_add(expert_bytes);
         }
     }
     MovePlan {

@@ -242,8 +242,14 @@ pub fn move_summary(m: &MovePlan, replicas: usize) -> String {
             .map(|r| r.intra_node_bytes + r.inter_node_bytes)
             .max()
             .unwrap_or(0);
-        let intra: u64 = m.rounds.iter().map(|r| r.intra_node_bytes).sum();
-        let inter: u64 = m.rounds.iter().map(|r| r.inter_node_bytes).sum();
+        let intra = m
+            .rounds
+            .iter()
+            .fold(0u64, |a, r| a.saturating_add(r.intra_node_bytes));
+        let inter = m
+            .rounds
+            .iter()
+            .fold(0u64, |a, r| a.saturating_add(r.inter_node_bytes));
         let _ = writeln!(
             s,
             "bytes: {intra} intra-node, {inter} inter-node; busiest round {busiest}"

@@ -52,6 +52,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         basis,
     )
     .map_err(|e| UsageError(e.to_string()))?;
+    if comparison.schedules.is_empty() {
+        let reasons: Vec<String> = comparison
+            .rejected
+            .iter()
+            .map(|r| r.reason.clone())
+            .collect();
+        return Err(UsageError(format!(
+            "no schedule accepts {} ranks and {} micro-batches ({})",
+            args.ranks,
+            args.micro_batches,
+            reasons.join("; ")
+        ))
+        .into());
+    }
     if args.cost.fb.is_none() {
         eprintln!("{}", super::simulate::FB_DEFAULT_NOTE);
     }

@@ -49,11 +49,16 @@ pub struct Args {
     pub previous: Option<PathBuf>,
     /// With --previous (improved policy): how much hotter than a fresh plan a layer's hottest GPU
     /// may be, as a fraction (0.0 = no worse than a fresh plan).
-    #[arg(long, value_name = "X", default_value_t = 0.0)]
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
     pub tolerance: f64,
     /// With --previous (improved policy): leave a layer as it is while its hottest GPU carries at
     /// most X times the mean GPU load.
-    #[arg(long, value_name = "X")]
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub min_imbalance: Option<f64>,
     /// Bytes of one expert's weights; turns move counts into bytes per round and link class.
     #[arg(long, value_name = "BYTES", default_value_t = 0)]

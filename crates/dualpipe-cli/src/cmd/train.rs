@@ -101,7 +101,12 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = Transport::Local)]
     pub transport: Transport,
     /// Seconds a rank waits for a message from another before it gives up and names it.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 60.0,
+        allow_negative_numbers = true
+    )]
     pub recv_timeout: f64,
     /// Testing only: make RANK fail at STEP (1-based), as `RANK:STEP:error` (a clean error
     /// that the other ranks are told of), `RANK:STEP:exit` (the process exits at once with
@@ -352,6 +357,7 @@ fn execute_local(args: &Args, config: TrainConfig) -> anyhow::Result<String> {
         let report = trainer
             .step()
             .with_context(|| format!("training step {} failed", step + 1))?;
+        check_finite_loss(step, report.loss, config.lr)?;
         let elapsed = began.elapsed().as_secs_f64();
         progress.set_message(format!(
             "loss {:.5} · {:.0} samples/s",
@@ -364,6 +370,17 @@ fn execute_local(args: &Args, config: TrainConfig) -> anyhow::Result<String> {
     let total_seconds = began.elapsed().as_secs_f64();
     progress.finish_and_clear();
     summarize(args, &config, trainer.schedule(), &reports, total_seconds)
+}
+
+/// Stops a run whose loss is no longer a finite number (it diverged), instead of reporting NaN.
+pub(crate) fn check_finite_loss(step: usize, loss: f64, lr: f64) -> anyhow::Result<()> {
+    if loss.is_finite() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "training diverged at step {}: the loss is {loss}; lower the learning rate (now --lr {lr:e})",
+        step + 1
+    )
 }
 
 /// The summary of a finished run (and its trace and SVG files).

@@ -318,3 +318,14 @@ fn transport_flags_are_checked() {
     train(&["--recv-timeout", "0"]).usage_error(&["--recv-timeout"]);
     train(&["--recv-timeout", "soon"]).flag_error(&["--recv-timeout", "soon"]);
 }
+
+#[test]
+fn a_diverging_run_fails_naming_the_step_and_the_learning_rate() {
+    // A learning rate of 1e300 turns the loss into NaN within a couple of steps: the run must
+    // fail (exit 1) and say so, not report a NaN loss with exit 0.
+    let run = train(&["--lr", "1e300", "--steps", "5", "--quiet"]);
+    run.no_panic();
+    assert_eq!(run.code, Some(1), "stderr:\n{}", run.stderr);
+    assert!(run.stderr.contains("diverged at step"), "{}", run.stderr);
+    assert!(run.stderr.contains("--lr"), "{}", run.stderr);
+}

@@ -122,6 +122,7 @@ pub(super) fn execute(args: &Args, config: TrainConfig) -> anyhow::Result<Option
                 leave_after_failure(world, err);
             }
         };
+        super::check_finite_loss(step, report.loss, config.lr)?;
         progress.set_message(format!("loss {:.5}", report.loss));
         progress.set_position(step as u64 + 1);
         reports.push(report);
