@@ -25,7 +25,7 @@ use crate::data::DataSet;
 use crate::error::NnError;
 use crate::optim::Optimizer;
 use crate::stage::{MlpStage, StagePosition};
-use crate::trainer::{StepReport, TrainConfig};
+use crate::trainer::{setup, StepReport, TrainConfig};
 
 impl WireStage for MlpStage {
     fn tensor_to_wire(tensor: Tensor) -> Result<WireData, WireError> {
@@ -164,27 +164,7 @@ impl<L: Link> RankTrainer<L> {
                 config.ranks, config.ranks
             )));
         }
-        let schedule = dualpipe_schedule::build(
-            config.schedule,
-            config.ranks,
-            config.micro_batches,
-            config.virtual_stages,
-        )?;
-        let stages_expected = config.model_stages();
-        if schedule.placement.stages() != stages_expected {
-            return Err(NnError::Config(format!(
-                "the {} schedule has {} stages per pipeline, expected {stages_expected}",
-                config.schedule,
-                schedule.placement.stages()
-            )));
-        }
-        let model = config.model();
-        let data = DataSet::new(
-            config.seed,
-            config.hidden,
-            config.micro_batch_size,
-            model.dtype,
-        )?;
+        let (schedule, model, data) = setup(config)?;
         let per_dir = schedule.micro_batches_per_dir();
         let mut stages = RankStages::new();
         for (dir, stage) in schedule.placement.stages_of(rank) {

@@ -199,32 +199,39 @@ pub struct Trainer {
     prefetched: Option<(usize, Batch)>,
 }
 
+/// What every trainer builds first from a configuration: the lowered, validated schedule (whose
+/// stages per pipeline must match the model's), the model's description and the data set.
+pub(crate) fn setup(config: &TrainConfig) -> Result<(Schedule, ModelConfig, DataSet), NnError> {
+    let schedule = dualpipe_schedule::build(
+        config.schedule,
+        config.ranks,
+        config.micro_batches,
+        config.virtual_stages,
+    )?;
+    let stages_expected = config.model_stages();
+    if schedule.placement.stages() != stages_expected {
+        return Err(NnError::Config(format!(
+            "the {} schedule has {} stages per pipeline, expected {stages_expected}",
+            config.schedule,
+            schedule.placement.stages()
+        )));
+    }
+    let model = config.model();
+    let data = DataSet::new(
+        config.seed,
+        config.hidden,
+        config.micro_batch_size,
+        model.dtype,
+    )?;
+    Ok((schedule, model, data))
+}
+
 impl Trainer {
     /// Builds the schedule (`dualpipe_schedule::build`), every rank's stage copies from the
     /// placement, the data set and the optimizers.
     pub fn new(config: TrainConfig) -> Result<Self, NnError> {
         config.validate()?;
-        let schedule = dualpipe_schedule::build(
-            config.schedule,
-            config.ranks,
-            config.micro_batches,
-            config.virtual_stages,
-        )?;
-        let stages_expected = config.model_stages();
-        if schedule.placement.stages() != stages_expected {
-            return Err(NnError::Config(format!(
-                "the {} schedule has {} stages per pipeline, expected {stages_expected}",
-                config.schedule,
-                schedule.placement.stages()
-            )));
-        }
-        let model = config.model();
-        let data = DataSet::new(
-            config.seed,
-            config.hidden,
-            config.micro_batch_size,
-            model.dtype,
-        )?;
+        let (schedule, model, data) = setup(&config)?;
         let per_dir = schedule.micro_batches_per_dir();
         let stages = try_build_ranks(&schedule.placement, |_rank, dir, stage| {
             MlpStage::new(
