@@ -264,6 +264,16 @@ impl ScheduleKind {
         }
     }
 
+    /// The `virtual_stages` to generate with when the user names none: 2 for `interleaved`, 1
+    /// otherwise (every generator accepts 1).
+    pub fn default_virtual_stages(self) -> usize {
+        if self == ScheduleKind::Interleaved {
+            2
+        } else {
+            1
+        }
+    }
+
     /// Parses a name as printed by [`ScheduleKind::name`] (case-insensitive).
     pub fn from_name(name: &str) -> Option<Self> {
         let lower = name.to_ascii_lowercase();

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use dualpipe_schedule::format::{csv, json};
-use dualpipe_schedule::{build, Chunk, Op, Schedule, ScheduleError, ScheduleKind};
+use dualpipe_schedule::{build, Chunk, Op, Schedule, ScheduleError};
 
 use super::output::write_output;
 use super::UsageError;
@@ -24,18 +24,9 @@ pub enum Format {
 /// Flags of `dualpipe schedule`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Schedule kind: gpipe, 1f1b, interleaved, zb1p, dualpipe, dualpipev.
-    #[arg(long)]
-    pub schedule: String,
-    /// Number of ranks (devices).
-    #[arg(long)]
-    pub ranks: usize,
-    /// Micro-batches per step, over all directions.
-    #[arg(long)]
-    pub micro_batches: usize,
-    /// Stages per rank (interleaved only) [default: 2 for interleaved, 1 otherwise].
-    #[arg(long)]
-    pub virtual_stages: Option<usize>,
+    /// Which schedule, on how many ranks and micro-batches.
+    #[command(flatten)]
+    pub sched: super::ScheduleArgs,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -46,22 +37,9 @@ pub struct Args {
 
 /// Runs `dualpipe schedule`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let kind = ScheduleKind::from_name(&args.schedule).ok_or_else(|| {
-        let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
-        UsageError(format!(
-            "unknown schedule kind '{}': use --schedule with one of {}",
-            args.schedule,
-            names.join(", ")
-        ))
-    })?;
-    let virtual_stages = args
-        .virtual_stages
-        .unwrap_or(if kind == ScheduleKind::Interleaved {
-            2
-        } else {
-            1
-        });
-    let schedule = match build(kind, args.ranks, args.micro_batches, virtual_stages) {
+    let (kind, virtual_stages) = args.sched.kind_and_virtual_stages()?;
+    let (ranks, micro_batches) = (args.sched.ranks, args.sched.micro_batches);
+    let schedule = match build(kind, ranks, micro_batches, virtual_stages) {
         Ok(s) => s,
         Err(ScheduleError::InvalidConfig(msg)) => return Err(UsageError(msg).into()),
         Err(e) => return Err(anyhow::Error::new(e).context(format!("{kind} schedule is invalid"))),
@@ -200,6 +178,7 @@ fn wrap_line(out: &mut String, label: &str, cells: &[String]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dualpipe_schedule::ScheduleKind;
 
     #[test]
     fn table_names_kind_sizes_and_every_compute_op() {

@@ -4,7 +4,7 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use dualpipe_schedule::{ScheduleError, ScheduleKind};
+use dualpipe_schedule::ScheduleError;
 use dualpipe_sim::report::{self, RunError};
 use dualpipe_sim::svg::{self, SvgOptions};
 use dualpipe_sim::{ascii, trace, CommCost, CostModel, SimError};
@@ -72,18 +72,9 @@ impl CostArgs {
 /// Flags of `dualpipe simulate`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Schedule kind: gpipe, 1f1b, interleaved, zb1p, dualpipe, dualpipev.
-    #[arg(long)]
-    pub schedule: String,
-    /// Number of ranks (devices).
-    #[arg(long)]
-    pub ranks: usize,
-    /// Micro-batches per step (over both directions for dualpipe).
-    #[arg(long)]
-    pub micro_batches: usize,
-    /// Stages per rank (interleaved only) [default: 2 for interleaved, 1 otherwise].
-    #[arg(long)]
-    pub virtual_stages: Option<usize>,
+    /// Which schedule, on how many ranks and micro-batches.
+    #[command(flatten)]
+    pub sched: super::ScheduleArgs,
     /// Durations and communication costs.
     #[command(flatten)]
     pub cost: CostArgs,
@@ -109,16 +100,6 @@ pub const FB_DEFAULT_NOTE: &str =
     "note: --fb not given, so an overlapped F&B pair costs F + B (no overlap gain); pass --fb to model the overlap";
 
 /// Parses a schedule kind name, or a usage error listing the valid ones.
-pub fn parse_kind(name: &str) -> Result<ScheduleKind, UsageError> {
-    ScheduleKind::from_name(name).ok_or_else(|| {
-        let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
-        UsageError(format!(
-            "unknown schedule '{name}' (--schedule): use one of {}",
-            names.join(", ")
-        ))
-    })
-}
-
 /// Maps a library error to a usage error (bad configuration) or a plain error.
 pub fn run_error(err: RunError) -> anyhow::Error {
     match err {
@@ -130,17 +111,10 @@ pub fn run_error(err: RunError) -> anyhow::Error {
 
 /// Runs `dualpipe simulate`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let kind = parse_kind(&args.schedule)?;
+    let (kind, virtual_stages) = args.sched.kind_and_virtual_stages()?;
     let cost = args.cost.cost_model()?;
-    let virtual_stages = args
-        .virtual_stages
-        .unwrap_or(if kind == ScheduleKind::Interleaved {
-            2
-        } else {
-            1
-        });
-    let run = report::run(kind, args.ranks, args.micro_batches, virtual_stages, &cost)
-        .map_err(run_error)?;
+    let (ranks, micro_batches) = (args.sched.ranks, args.sched.micro_batches);
+    let run = report::run(kind, ranks, micro_batches, virtual_stages, &cost).map_err(run_error)?;
     let r = &run.report;
     let uses_fb = run
         .schedule

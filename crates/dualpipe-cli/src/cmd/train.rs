@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::Context;
 use dualpipe_nn::{DType, NnError, OptimizerKind, StepReport, TrainConfig, Trainer};
 use dualpipe_runtime::OpTimes;
-use dualpipe_schedule::{Schedule, ScheduleError, ScheduleKind};
+use dualpipe_schedule::{Schedule, ScheduleError};
 use dualpipe_sim::svg::{self, SvgOptions};
 use dualpipe_sim::{metrics, simulate, trace, CostModel, Metrics, Timeline};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -119,16 +119,8 @@ pub struct Args {
 pub fn config(args: &Args) -> Result<TrainConfig, UsageError> {
     let mut config = TrainConfig::default();
     if let Some(name) = &args.schedule {
-        config.schedule = ScheduleKind::from_name(name).ok_or_else(|| {
-            let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
-            UsageError(format!(
-                "unknown schedule '{name}' (--schedule): use one of {}",
-                names.join(", ")
-            ))
-        })?;
-        if config.schedule == ScheduleKind::Interleaved {
-            config.virtual_stages = 2;
-        }
+        config.schedule = super::parse_kind(name)?;
+        config.virtual_stages = config.schedule.default_virtual_stages();
     }
     let positive = |flag: &str, value: Option<usize>, default: usize| match value {
         Some(0) => Err(UsageError(format!("--{flag} is 0; it must be at least 1"))),
@@ -593,6 +585,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+    use dualpipe_schedule::ScheduleKind;
 
     #[derive(Parser)]
     struct Cli {
