@@ -2,7 +2,7 @@
 //! split backward (forward, input gradient, weight gradient).
 //!
 //! `cargo bench -p dualpipe-nn --bench train_step`. Goal: on 2 cores, the default
-//! `dualpipe train` run (200 steps, see `TrainConfig::default`) stays near a minute, i.e. a
+//! `dualpipe train` run (600 steps, see `TrainConfig::default`) stays near a minute, i.e. a
 //! default step near 0.25 s; the small configuration here should keep DualPipe's step time
 //! within 1.5x of 1F1B's on the same 4 ranks (DualPipe holds two copies of every stage but
 //! overlaps both directions).

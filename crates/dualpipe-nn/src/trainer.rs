@@ -96,7 +96,7 @@ pub struct TrainConfig {
 
 impl Default for TrainConfig {
     /// DualPipe on 4 ranks: 4 stages of 2 blocks of width 128, 16 micro-batches of 64 rows,
-    /// AdamW at lr 1e-3, f32, 200 steps.
+    /// AdamW at lr 1e-3, f32, 600 steps (about 45 s on 2 cores in release).
     fn default() -> Self {
         TrainConfig {
             schedule: ScheduleKind::DualPipe,
@@ -106,7 +106,7 @@ impl Default for TrainConfig {
             virtual_stages: 1,
             hidden: 128,
             layers_per_stage: 2,
-            steps: 200,
+            steps: 600,
             lr: 1e-3,
             optimizer: OptimizerKind::adamw(),
             dtype: DType::F32,

@@ -45,7 +45,7 @@ pub enum Format {
 }
 
 /// Flags of `dualpipe train`. Every size defaults to `TrainConfig::default()` (DualPipe on 4
-/// ranks, 16 micro-batches of 64 rows, hidden 128, 2 blocks per stage, AdamW, 200 steps).
+/// ranks, 16 micro-batches of 64 rows, hidden 128, 2 blocks per stage, AdamW, 600 steps).
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Schedule kind: gpipe, 1f1b, interleaved, zb1p, dualpipe, dualpipev [default: dualpipe].
