@@ -6,9 +6,9 @@
 //!
 //! ```
 //! use dualpipe_runtime::{run_step, sum_stage_copies, ExecOptions, SleepCosts, SleepStage};
+//! use dualpipe_schedule::{build, ScheduleKind};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! # let schedule = dualpipe_runtime::doc_example_schedule();
-//! // `schedule` comes from dualpipe_schedule::build(kind, ranks, micro_batches, virtual_stages).
+//! let schedule = build(ScheduleKind::DualPipe, 2, 4, 1)?; // generated, lowered, validated
 //! let mut ranks = SleepStage::ranks_for(&schedule, SleepCosts::from_millis(1.0, 2.0, 1.0, 2.5));
 //! let outcome = run_step(&schedule, &mut ranks, &ExecOptions::default())?;
 //! sum_stage_copies(&schedule.placement, &mut ranks)?; // DualPipe: sum the two copies
@@ -58,66 +58,3 @@ pub use net::{Endpoint, Link};
 pub use remote::{barrier, run_rank_step, sum_stage_copies_remote, WireStage};
 pub use sleep::{SleepCosts, SleepStage};
 pub use stage::{ForwardInput, ForwardOutput, Stage, StageError};
-
-/// A tiny lowered two-rank 1F1B-like schedule for the crate's doc example.
-#[doc(hidden)]
-pub fn doc_example_schedule() -> dualpipe_schedule::Schedule {
-    use dualpipe_schedule::{Chunk, Op, Placement, Schedule, ScheduleKind};
-    let c = |stage, mb| Chunk::new(0, stage, mb);
-    Schedule {
-        kind: ScheduleKind::GPipe,
-        ranks: 2,
-        micro_batches: 2,
-        virtual_stages: 1,
-        placement: Placement {
-            ranks: 2,
-            rank_of: vec![vec![0, 1]],
-        },
-        programs: vec![
-            vec![
-                Op::F(c(0, 0)),
-                Op::SendF {
-                    chunk: c(0, 0),
-                    peer: 1,
-                },
-                Op::F(c(0, 1)),
-                Op::SendF {
-                    chunk: c(0, 1),
-                    peer: 1,
-                },
-                Op::RecvB {
-                    chunk: c(0, 0),
-                    peer: 1,
-                },
-                Op::RecvB {
-                    chunk: c(0, 1),
-                    peer: 1,
-                },
-                Op::B(c(0, 0)),
-                Op::B(c(0, 1)),
-            ],
-            vec![
-                Op::RecvF {
-                    chunk: c(1, 0),
-                    peer: 0,
-                },
-                Op::RecvF {
-                    chunk: c(1, 1),
-                    peer: 0,
-                },
-                Op::F(c(1, 0)),
-                Op::F(c(1, 1)),
-                Op::B(c(1, 0)),
-                Op::SendB {
-                    chunk: c(1, 0),
-                    peer: 0,
-                },
-                Op::B(c(1, 1)),
-                Op::SendB {
-                    chunk: c(1, 1),
-                    peer: 0,
-                },
-            ],
-        ],
-    }
-}

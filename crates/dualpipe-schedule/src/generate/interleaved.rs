@@ -52,9 +52,6 @@ pub fn generate(
         virtual_stages,
         programs,
     );
-    // Dropping micro-batches from a schedule that runs cannot make it stop; checked in debug
-    // builds (linear in the ops).
-    debug_assert!(crate::validate::stuck_ranks(&schedule).is_empty());
     Ok(schedule)
 }
 

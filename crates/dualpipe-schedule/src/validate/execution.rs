@@ -2,8 +2,8 @@
 
 use std::collections::VecDeque;
 
-use super::{check_shape, fail, parts, Geometry, Part, Res, Rule, ValidationError, NONE};
-use crate::{Chunk, Op, Schedule};
+use super::{fail, parts, Geometry, Part, Res, Rule, ValidationError, NONE};
+use crate::{Chunk, Op};
 
 /// An event a rank can wait for: the activations (`bwd == false`) or the input gradient
 /// (`bwd == true`) of a producer chunk becoming available on the consumer's rank.
@@ -166,20 +166,6 @@ pub(super) fn check_execution(geo: &Geometry<'_>, lowered: bool) -> Res<()> {
         return Ok(());
     };
     Err(deadlock_error(geo, &pc, &blocked, first))
-}
-
-/// The ranks that cannot finish, with the index of the op each is stuck at (empty when the
-/// programs run to completion, or when the schedule's shape is broken). Generators use it to
-/// grow a warm-up until a schedule runs.
-pub(crate) fn stuck_ranks(schedule: &Schedule) -> Vec<(usize, usize)> {
-    let Ok(geo) = check_shape(schedule) else {
-        return Vec::new();
-    };
-    let (pc, _) = run(&geo, schedule.is_lowered());
-    (0..schedule.ranks)
-        .filter(|&r| pc[r] < schedule.programs[r].len())
-        .map(|r| (r, pc[r]))
-        .collect()
 }
 
 /// Describes the cycle of waiting ranks reached from the stuck rank `first`.

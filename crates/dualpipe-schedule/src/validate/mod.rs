@@ -27,8 +27,6 @@ use std::fmt;
 
 mod execution;
 
-pub(crate) use execution::stuck_ranks;
-
 use crate::{Chunk, Op, Schedule};
 
 /// The rule a schedule breaks.
