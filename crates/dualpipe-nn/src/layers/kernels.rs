@@ -191,6 +191,24 @@ pub(crate) fn linear_forward(
     by_dtype!(x, "Linear forward", linear_forward_t(x, wt, b, residual))
 }
 
+/// A `rows x cols` output buffer for a GEMM: a copy of `residual` when one is added to the
+/// product (its shape checked), zeros otherwise.
+fn output_buffer<T: Elem>(
+    residual: Option<&Tensor>,
+    rows: usize,
+    cols: usize,
+    what: &str,
+) -> Result<Vec<T>, NnError> {
+    match residual {
+        Some(r) if r.dims() != [rows, cols] => Err(NnError::Stage(format!(
+            "{what}: residual is {:?}, expected [{rows}, {cols}]",
+            r.dims()
+        ))),
+        Some(r) => read::<T, _>(r, what, <[T]>::to_vec),
+        None => Ok(vec![T::zero(); rows * cols]),
+    }
+}
+
 fn linear_forward_t<T: Elem>(
     x: &Tensor,
     wt: &Tensor,
@@ -205,18 +223,7 @@ fn linear_forward_t<T: Elem>(
             "{WHAT}: input has {input} features, the weight expects {w_in}"
         )));
     }
-    let mut dst = match residual {
-        Some(r) => {
-            if r.dims() != [n, out] {
-                return Err(NnError::Stage(format!(
-                    "{WHAT}: residual is {:?}, expected [{n}, {out}]",
-                    r.dims()
-                )));
-            }
-            read::<T, _>(r, WHAT, <[T]>::to_vec)?
-        }
-        None => vec![T::zero(); n * out],
-    };
+    let mut dst = output_buffer::<T>(residual, n, out, WHAT)?;
     let mut accumulate = residual.is_some();
     if let Some(b) = b {
         read::<T, _>(b, WHAT, |b| {
@@ -300,18 +307,7 @@ fn linear_backward_input_t<T: Elem>(
             "{WHAT}: gradient has {out} features, the weight produces {w_out}"
         )));
     }
-    let mut dst = match residual {
-        Some(r) => {
-            if r.dims() != [n, input] {
-                return Err(NnError::Stage(format!(
-                    "{WHAT}: residual is {:?}, expected [{n}, {input}]",
-                    r.dims()
-                )));
-            }
-            read::<T, _>(r, WHAT, <[T]>::to_vec)?
-        }
-        None => vec![T::zero(); n * input],
-    };
+    let mut dst = output_buffer::<T>(residual, n, input, WHAT)?;
     read::<T, _>(dy, WHAT, |dy| {
         read::<T, _>(w, WHAT, |w| {
             gemm(
