@@ -32,4 +32,4 @@ pub use error::NnError;
 pub use optim::{Optimizer, OptimizerKind};
 pub use reference::{Reference, ReferenceStep};
 pub use stage::{MlpStage, ModelConfig, StagePosition};
-pub use trainer::{DType, StepReport, TrainConfig, Trainer};
+pub use trainer::{DType, MemoryEstimate, StepReport, TrainConfig, Trainer, MEMORY_LIMIT_BYTES};

@@ -160,8 +160,67 @@ impl TrainConfig {
                 self.lr
             )));
         }
+        let memory = self.memory_bytes();
+        if memory.parameters > MEMORY_LIMIT_BYTES {
+            return Err(NnError::Config(format!(
+                "hidden {} with layers_per_stage {} needs more than {} GiB of parameters; use a \
+                 smaller hidden or fewer layers per stage",
+                self.hidden,
+                self.layers_per_stage,
+                MEMORY_LIMIT_BYTES >> 30
+            )));
+        }
+        if memory.activations > MEMORY_LIMIT_BYTES {
+            return Err(NnError::Config(format!(
+                "micro_batch_size {} with micro_batches {} and hidden {} needs more than {} GiB \
+                 of activations per step; use a smaller micro_batch_size",
+                self.micro_batch_size,
+                self.micro_batches,
+                self.hidden,
+                MEMORY_LIMIT_BYTES >> 30
+            )));
+        }
         Ok(())
     }
+
+    /// An upper estimate of the memory a run needs, computed without overflow: every block's
+    /// h x 4h and 4h x h weights and biases for up to two copies of each stage, each with a
+    /// gradient and two optimizer moments; and one step's activations (each block keeps its
+    /// input, its 4h-wide hidden activations and their GELU input).
+    pub fn memory_bytes(&self) -> MemoryEstimate {
+        let bytes_per_value: u128 = match self.dtype {
+            DType::F32 => 4,
+            DType::F64 => 8,
+        };
+        let h = self.hidden as u128;
+        let blocks = (self.model_stages() as u128).saturating_mul(self.layers_per_stage as u128);
+        let parameters = blocks
+            .saturating_mul(h.saturating_mul(h).saturating_mul(8).saturating_add(5 * h))
+            .saturating_mul(2 * 4 * bytes_per_value);
+        let activations = (self.micro_batch_size as u128)
+            .saturating_mul(self.micro_batches as u128)
+            .saturating_mul(h.saturating_mul(9))
+            .saturating_mul(blocks)
+            .saturating_mul(bytes_per_value);
+        MemoryEstimate {
+            parameters,
+            activations,
+        }
+    }
+}
+
+/// The most memory a configuration may ask for (parameters with optimizer state, or one
+/// step's activations) before [`TrainConfig::validate`] refuses it instead of failing to
+/// allocate: 1 TiB.
+pub const MEMORY_LIMIT_BYTES: u128 = 1 << 40;
+
+/// Bytes a configuration needs, from [`TrainConfig::memory_bytes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryEstimate {
+    /// Parameters, gradients and optimizer moments of every stage copy.
+    pub parameters: u128,
+    /// One step's saved activations.
+    pub activations: u128,
 }
 
 /// What one training step did.

@@ -76,6 +76,42 @@ fn bad_configurations_are_errors() {
 }
 
 #[test]
+fn sizes_that_cannot_be_allocated_are_config_errors_not_panics() {
+    // Widths and batch sizes whose memory cannot exist are refused by `validate` (also for
+    // library users, who never pass through the CLI's checks), naming the field.
+    for (config, field) in [
+        (
+            TrainConfig {
+                hidden: usize::MAX,
+                ..TrainConfig::default()
+            },
+            "hidden",
+        ),
+        (
+            TrainConfig {
+                micro_batch_size: usize::MAX,
+                ..TrainConfig::default()
+            },
+            "micro_batch_size",
+        ),
+        (
+            TrainConfig {
+                layers_per_stage: 100_000_000,
+                ..TrainConfig::default()
+            },
+            "layers_per_stage",
+        ),
+    ] {
+        let err = Trainer::new(config).unwrap_err();
+        assert!(matches!(err, NnError::Config(_)), "{err}");
+        assert!(err.to_string().contains(field), "{err}");
+    }
+    // The default run fits with room to spare.
+    let memory = TrainConfig::default().memory_bytes();
+    assert!(memory.parameters < (1 << 30) && memory.activations < (1 << 30));
+}
+
+#[test]
 fn default_configuration_builds() {
     let config = TrainConfig::default();
     assert_eq!(config.schedule, ScheduleKind::DualPipe);

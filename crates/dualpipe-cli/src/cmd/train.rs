@@ -11,7 +11,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use dualpipe_nn::{DType, NnError, OptimizerKind, StepReport, TrainConfig, Trainer};
+use dualpipe_nn::{
+    DType, NnError, OptimizerKind, StepReport, TrainConfig, Trainer, MEMORY_LIMIT_BYTES,
+};
 use dualpipe_runtime::OpTimes;
 use dualpipe_schedule::{Schedule, ScheduleError};
 use dualpipe_sim::svg::{self, SvgOptions};
@@ -173,47 +175,23 @@ pub fn config(args: &Args) -> Result<TrainConfig, UsageError> {
     Ok(config)
 }
 
-/// The most memory a run may ask for (parameters with optimizer state, or one step's
-/// activations) before it is refused as a usage error instead of failing to allocate.
-const MEMORY_LIMIT_BYTES: u128 = 1 << 40;
-
-/// Refuses widths and micro-batch sizes whose memory cannot exist, naming the flag.
+/// Refuses widths and micro-batch sizes whose memory cannot exist, naming the flags (the
+/// library's `TrainConfig::validate` refuses the same configurations in its own words).
 fn check_sizes(config: &TrainConfig) -> Result<(), UsageError> {
-    let bytes_per_value: u128 = match config.dtype {
-        DType::F32 => 4,
-        DType::F64 => 8,
-    };
-    let h = config.hidden as u128;
-    // Every block is h x 4h and 4h x h weights plus biases; two copies per stage at most,
-    // each with a gradient and two optimizer moments.
-    let parameters = (config.model_stages() as u128)
-        .saturating_mul(config.layers_per_stage as u128)
-        .saturating_mul(h.saturating_mul(h).saturating_mul(8).saturating_add(5 * h))
-        .saturating_mul(2 * 4 * bytes_per_value);
-    if parameters > MEMORY_LIMIT_BYTES {
+    let memory = config.memory_bytes();
+    let gib = MEMORY_LIMIT_BYTES >> 30;
+    if memory.parameters > MEMORY_LIMIT_BYTES {
         return Err(UsageError(format!(
-            "--hidden {} with --layers-per-stage {} needs more than {} GiB of parameters; use a \
-             smaller --hidden",
-            config.hidden,
-            config.layers_per_stage,
-            MEMORY_LIMIT_BYTES >> 30
+            "--hidden {} with --layers-per-stage {} needs more than {gib} GiB of parameters; \
+             use a smaller --hidden or --layers-per-stage",
+            config.hidden, config.layers_per_stage,
         )));
     }
-    // Each block keeps its input, its 4h-wide hidden activations and their GELU input.
-    let activations = (config.micro_batch_size as u128)
-        .saturating_mul(config.micro_batches as u128)
-        .saturating_mul(h.saturating_mul(9))
-        .saturating_mul(config.layers_per_stage as u128)
-        .saturating_mul(config.model_stages() as u128)
-        .saturating_mul(bytes_per_value);
-    if activations > MEMORY_LIMIT_BYTES {
+    if memory.activations > MEMORY_LIMIT_BYTES {
         return Err(UsageError(format!(
-            "--micro-batch-size {} with --micro-batches {} and --hidden {} needs more than {} \
+            "--micro-batch-size {} with --micro-batches {} and --hidden {} needs more than {gib} \
              GiB of activations per step; use a smaller --micro-batch-size",
-            config.micro_batch_size,
-            config.micro_batches,
-            config.hidden,
-            MEMORY_LIMIT_BYTES >> 30
+            config.micro_batch_size, config.micro_batches, config.hidden,
         )));
     }
     Ok(())
