@@ -1,4 +1,4 @@
-//! Parity with DeepSeek's `eplb.py`: every case in `shared/golden/eplb` (produced by running
+//! Parity with DeepSeek's `eplb.py`: every case in `testdata/golden/eplb` (produced by running
 //! the reference) must come out index for index the same, and no layer's hottest GPU may be
 //! hotter than in the reference's plan.
 
@@ -23,7 +23,7 @@ struct Case {
 fn golden_dir() -> PathBuf {
     PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden/eplb"
+        "/../../testdata/golden/eplb"
     ))
 }
 

@@ -7,7 +7,7 @@ use dualpipe_schedule::format::{csv, json};
 use dualpipe_schedule::{build, generate, lower, Op, ScheduleKind};
 
 fn golden_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden/dualpipe")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/dualpipe")
 }
 
 fn golden_files() -> Vec<PathBuf> {

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 const GOLDEN: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/golden/dualpipe"
+    "/../../testdata/golden/dualpipe"
 );
 
 /// One golden file, parsed into our op type.

@@ -109,8 +109,7 @@ fn blocking_communication_makes_compute_wait_for_its_sends() {
 
 #[test]
 fn same_inputs_give_identical_timelines() {
-    let s =
-        common::golden(ScheduleKind::DualPipe, 4, 10).unwrap_or_else(|| common::one_f_one_b(4, 10));
+    let s = common::golden(ScheduleKind::DualPipe, 4, 10).expect("golden dualpipe-pp4-mb10");
     let cost = CostModel::uniform(1.0, 2.0, 1.0, 2.5).with_comm(CommCost {
         latency: 0.1,
         bandwidth: Some(1e9),
@@ -247,9 +246,8 @@ fn golden_dualpipe_programs_meet_the_readme_formulas() {
         ),
     ] {
         for (ranks, mbs) in cases {
-            let Some(s) = common::golden(kind, ranks, mbs) else {
-                continue;
-            };
+            let s = common::golden(kind, ranks, mbs)
+                .unwrap_or_else(|| panic!("golden {kind} pp{ranks} mb{mbs} is missing"));
             for cost in [
                 CostModel::uniform(1.0, 2.0, 1.0, 2.5),
                 CostModel::uniform(1.0, 2.0, 0.5, 3.0),
@@ -270,10 +268,7 @@ fn golden_dualpipe_programs_meet_the_readme_formulas() {
             }
         }
     }
-    // Skips only when the golden directory is absent (it sits beside the workspace).
-    if common::golden_dir().exists() {
-        assert_eq!(checked, 27);
-    }
+    assert_eq!(checked, 27);
 }
 
 proptest! {

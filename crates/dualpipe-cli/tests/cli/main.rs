@@ -252,17 +252,14 @@ pub fn s(path: &Path) -> &str {
     path.to_str().expect("temp paths are UTF-8")
 }
 
-/// The shared golden data folder (`shared/golden` beside the repository), if present.
-pub fn golden_dir(sub: &str) -> Option<PathBuf> {
+/// The golden oracles kept in the repository (`testdata/golden/{sub}`); a missing folder fails.
+#[track_caller]
+pub fn golden_dir(sub: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/golden")
+        .join("../../testdata/golden")
         .join(sub);
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("skipped: no golden data at {}", dir.display());
-        None
-    }
+    assert!(dir.is_dir(), "no golden data at {}", dir.display());
+    dir
 }
 
 /// A JSON array of numbers as `f64`s.

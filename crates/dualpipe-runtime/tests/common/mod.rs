@@ -354,10 +354,10 @@ pub fn v_shape(ranks: usize, micro_batches: usize) -> Schedule {
     schedule(ScheduleKind::DualPipeV, placement, micro_batches, programs)
 }
 
-/// A golden DualPipe / DualPipeV program from ../shared/golden (a test oracle input).
+/// A golden DualPipe / DualPipeV program from testdata/golden (a test oracle input).
 pub fn golden(name: &str) -> Schedule {
     let path = format!(
-        "{}/../../../shared/golden/dualpipe/{name}.json",
+        "{}/../../testdata/golden/dualpipe/{name}.json",
         env!("CARGO_MANIFEST_DIR")
     );
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));

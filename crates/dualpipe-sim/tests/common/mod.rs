@@ -139,9 +139,9 @@ pub fn gpipe(ranks: usize, micro_batches: usize) -> Schedule {
     }
 }
 
-/// Where the golden oracles live (`../shared/golden` beside the workspace).
+/// Where the golden oracles live (`testdata/golden/dualpipe` in the repository).
 pub fn golden_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden/dualpipe")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/dualpipe")
 }
 
 fn chunk(v: &serde_json::Value) -> Chunk {
