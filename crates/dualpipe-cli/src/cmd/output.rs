@@ -45,3 +45,20 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Checks, before any long work starts, that `path` can be written later: its directory exists
+/// and is a directory. (A first, simple check; the safe-writer work makes it thorough.)
+pub fn check_output(path: &Path) -> anyhow::Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        anyhow::bail!(
+            "cannot write {}: directory {} does not exist; create it or choose another path",
+            path.display(),
+            dir.display()
+        );
+    }
+    Ok(())
+}
