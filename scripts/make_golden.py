@@ -43,6 +43,9 @@ DUALPIPEV_CASES = [
 ]
 
 
+WAIT_AT_WEIGHT = False
+
+
 class Tracer:
     """Replaces the compute and communication of one reference pipeline object by records."""
 
@@ -83,6 +86,12 @@ class Tracer:
 
     def forward_compute(self, phase: int) -> None:
         self.events.append({"op": "F", **self.take_forward(phase)})
+        self.keep_loss_list_filled()
+
+    def keep_loss_list_filled(self) -> None:
+        """The reference stacks its per-chunk losses at the end of step(); give it placeholders."""
+        if self.pipe.is_first_rank or self.pipe.is_last_rank:
+            self.pipe.loss_chunks.append(self.zero)
 
     def backward_compute(self, phase: int, enable_zb: bool = False) -> None:
         c = self.take_backward(phase)
@@ -96,9 +105,15 @@ class Tracer:
         f = self.take_forward(phase0)
         b = self.take_backward(phase1)
         self.events.append({"op": "FB", "f": f, "b": b})
+        self.keep_loss_list_filled()
 
     def weight(self) -> None:
-        self.pipe._commit_and_wait_comm()
+        # The reference's `_weight_chunk` also completes the communication posted so far. The
+        # stored oracles leave that WAIT out (the sends stay pending until the next recorded
+        # WAIT, which the golden README allows: WAIT placement may differ); --wait-at-weight
+        # records it where the reference has it.
+        if WAIT_AT_WEIGHT:
+            self.pipe._commit_and_wait_comm()
         self.events.append({"op": "W", **self.deferred.pop(0)})
 
     def commit_and_wait(self) -> None:
@@ -149,6 +164,7 @@ def trace_rank(module, cls_name: str, ranks: int, rank: int, micro_batches: int)
     pipe.is_middle_rank = rank in (ranks // 2 - 1, ranks // 2)
 
     tracer = Tracer(pipe, v_shape, ranks, rank)
+    tracer.zero = torch.zeros(())
     pipe._forward_compute_chunk = tracer.forward_compute
     pipe._backward_compute_chunk = tracer.backward_compute
     pipe._forward_backward_compute_chunk = tracer.forward_backward_compute
@@ -224,7 +240,11 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="compare with testdata/golden, write nothing")
     ap.add_argument("--new-eplb-cases", type=int, default=0, help="also draw N new EPLB inputs")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--wait-at-weight", action="store_true",
+                    help="also record the WAIT inside the reference's weight step (differs from the stored files)")
     args = ap.parse_args()
+    global WAIT_AT_WEIGHT
+    WAIT_AT_WEIGHT = args.wait_at_weight
     if not args.dualpipe_repo and not args.eplb_repo:
         ap.error("give --dualpipe-repo and/or --eplb-repo")
     files = {}
@@ -243,7 +263,7 @@ def main() -> int:
         else:
             path = args.out / name
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(data) + "\n")
+            path.write_text(json.dumps(data, separators=(",", ":")))
     print(f"{len(files)} files {'checked' if args.check else 'written'}" + (f", {differ} differ" if args.check else ""))
     return 1 if differ else 0
 
