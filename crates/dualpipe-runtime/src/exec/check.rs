@@ -9,8 +9,8 @@ use std::collections::HashSet;
 
 use dualpipe_schedule::{Chunk, Op, Schedule};
 
-use crate::executor::{describe, shifted};
-use crate::{RankStages, RuntimeError};
+use super::types::{describe, shifted, RankStages};
+use crate::RuntimeError;
 
 /// Every rule the executor relies on; the first broken one as a [`RuntimeError::Setup`].
 pub(crate) fn check_setup<S>(

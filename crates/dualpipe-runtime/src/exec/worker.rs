@@ -1,6 +1,5 @@
 //! One rank's interpreter: runs its program op by op against its stages.
 
-use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
@@ -8,12 +7,10 @@ use std::time::Instant;
 use dualpipe_schedule::{Chunk, Op, Schedule};
 use dualpipe_sim::{ComputeInterval, MessageInterval, MessageKind};
 
-use crate::executor::{describe, shifted};
+use super::types::{describe, shifted, ExecOptions, MicroBatchLoss, RankStages};
+use crate::error::panic_message;
 use crate::transport::{Key, Transport, WaitError};
-use crate::{
-    ExecOptions, ForwardInput, ForwardOutput, MicroBatchLoss, RankStages, RuntimeError, Stage,
-    StageError,
-};
+use crate::{ForwardInput, ForwardOutput, RuntimeError, Stage, StageError};
 
 /// What one rank measured during a successful step.
 pub(crate) struct RankRecord {
@@ -521,16 +518,5 @@ fn recv_name(kind: MessageKind) -> &'static str {
     match kind {
         MessageKind::Forward => "RECV_F",
         MessageKind::Backward => "RECV_B",
-    }
-}
-
-/// The text of a panic payload.
-pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".into()
     }
 }
