@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use dualpipe_schedule::{Chunk, Op, Placement};
+use dualpipe_schedule::{Op, Placement};
 use dualpipe_sim::Timeline;
 
 /// The stages one rank runs, keyed by (`dir`, `stage`).
@@ -194,9 +194,4 @@ pub(crate) fn describe(op: &Op) -> String {
         }
         Op::F(c) | Op::B(c) | Op::I(c) | Op::W(c) => format!("{} {c}", op.kind()),
     }
-}
-
-/// A chunk moved along its direction by `delta` stages.
-pub(crate) fn shifted(chunk: Chunk, delta: isize) -> Chunk {
-    Chunk::new(chunk.dir, chunk.stage.wrapping_add_signed(delta), chunk.mb)
 }

@@ -103,15 +103,12 @@ fn run(geo: &Geometry<'_>, lowered: bool) -> (Vec<usize>, Vec<Option<Event>>) {
                     &mut work,
                 ),
                 Op::RecvF { chunk, .. } | Op::RecvB { chunk, .. } => {
+                    // The message of the neighbouring stage (check_ops proved it exists).
                     let bwd = matches!(op, Op::RecvB { .. });
-                    let stage = if bwd {
-                        chunk.stage + 1
+                    let e = if bwd {
+                        bwd_input(geo, chunk)
                     } else {
-                        chunk.stage - 1
-                    };
-                    let e = Event {
-                        bwd,
-                        id: geo.id(Chunk::new(chunk.dir, stage, chunk.mb)),
+                        fwd_input(geo, chunk)
                     };
                     // Only a later WAIT looks at posted receives; drop the ones already
                     // arrived so the queue stays short in programs without WAIT.

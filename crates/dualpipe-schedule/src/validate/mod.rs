@@ -27,6 +27,7 @@ use std::fmt;
 
 mod execution;
 
+use crate::ir::{Neighbour, Peers};
 use crate::{Chunk, Op, Schedule};
 
 /// The rule a schedule breaks.
@@ -149,9 +150,8 @@ pub(super) struct Geometry<'a> {
     pub(super) per_dir: usize,
     /// `rank_of[dir * stages + stage]`.
     rank_of: Vec<usize>,
-    /// Per `dir * stages + stage`: bit 0 when the previous stage exists on another rank, bit 1
-    /// when the next one does.
-    remote: Vec<u8>,
+    /// Every stage's message peers.
+    peers: Peers,
 }
 
 impl Geometry<'_> {
@@ -172,20 +172,16 @@ impl Geometry<'_> {
         self.rank_of[dir * self.stages + stage]
     }
 
-    /// The rank of the next stage when it exists and runs on another rank than `c`'s
-    /// (`c` must be in range).
+    /// The rank of the next stage when it exists and runs on another rank than `c`'s.
     #[inline]
     pub(super) fn remote_next(&self, c: Chunk) -> Option<usize> {
-        let ds = c.dir * self.stages + c.stage;
-        (self.remote[ds] & 2 != 0).then(|| self.rank_of[ds + 1])
+        self.peers.get(c, Neighbour::Next)
     }
 
-    /// The rank of the previous stage when it exists and runs on another rank than `c`'s
-    /// (`c` must be in range).
+    /// The rank of the previous stage when it exists and runs on another rank than `c`'s.
     #[inline]
     pub(super) fn remote_prev(&self, c: Chunk) -> Option<usize> {
-        let ds = c.dir * self.stages + c.stage;
-        (self.remote[ds] & 1 != 0).then(|| self.rank_of[ds - 1])
+        self.peers.get(c, Neighbour::Prev)
     }
 
     /// The id of a chunk in range on `rank`, or the error of the rule it breaks.
@@ -381,17 +377,7 @@ pub(super) fn check_shape(schedule: &Schedule) -> Res<Geometry<'_>> {
         stages,
         per_dir,
         rank_of: placement.rank_of.iter().flatten().copied().collect(),
-        remote: placement
-            .rank_of
-            .iter()
-            .flat_map(|row| {
-                (0..row.len()).map(move |s| {
-                    let prev = s > 0 && row[s - 1] != row[s];
-                    let next = s + 1 < row.len() && row[s + 1] != row[s];
-                    u8::from(prev) | (u8::from(next) << 1)
-                })
-            })
-            .collect(),
+        peers: Peers::new(placement),
     })
 }
 
@@ -457,11 +443,12 @@ fn check_ops(geo: &Geometry<'_>) -> Res<Positions> {
                 | Op::SendB { chunk, peer }
                 | Op::RecvB { chunk, peer } => {
                     let id = geo.own(chunk, rank, index, op)?;
-                    let (want, table) = match op {
-                        Op::SendF { .. } => (geo.remote_next(chunk), &mut pos.send_f),
-                        Op::RecvF { .. } => (geo.remote_prev(chunk), &mut pos.recv_f),
-                        Op::SendB { .. } => (geo.remote_prev(chunk), &mut pos.send_b),
-                        _ => (geo.remote_next(chunk), &mut pos.recv_b),
+                    let want = op.peer_side().and_then(|side| geo.peers.get(chunk, side));
+                    let table = match op {
+                        Op::SendF { .. } => &mut pos.send_f,
+                        Op::RecvF { .. } => &mut pos.recv_f,
+                        Op::SendB { .. } => &mut pos.send_b,
+                        _ => &mut pos.recv_b,
                     };
                     if want != Some(peer) {
                         return Err(peer_error(geo, rank, index, op, want));
