@@ -2,7 +2,8 @@
 
 use std::collections::VecDeque;
 
-use super::{fail, parts, Geometry, Part, Res, Rule, ValidationError, NONE};
+use super::shape::Geometry;
+use super::{fail, parts, Part, Res, Rule, ValidationError, NONE};
 use crate::{Chunk, Op};
 
 /// An event a rank can wait for: the activations (`bwd == false`) or the input gradient
