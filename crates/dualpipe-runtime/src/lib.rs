@@ -37,6 +37,8 @@
 //! DualPipe's stage copies), [`sleep`] (a stage that only sleeps), [`launch`] (the launcher's
 //! rank and world size), [`measure`] (measured op times for the simulator), [`error`].
 
+#![warn(missing_docs)]
+
 pub mod error;
 pub mod exec;
 pub mod grads;
