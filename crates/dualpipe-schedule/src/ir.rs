@@ -328,6 +328,37 @@ impl fmt::Display for ScheduleKind {
     }
 }
 
+impl std::str::FromStr for ScheduleKind {
+    type Err = UnknownScheduleKind;
+
+    /// Parses a name as [`ScheduleKind::from_name`] does; the error lists the valid names.
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        ScheduleKind::from_name(name).ok_or_else(|| UnknownScheduleKind {
+            name: name.to_string(),
+        })
+    }
+}
+
+/// A name that is no [`ScheduleKind`]; displays as `unknown schedule 'NAME': use one of
+/// gpipe, 1f1b, ...`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown schedule '{name}': use one of {}",
+    UnknownScheduleKind::valid()
+)]
+pub struct UnknownScheduleKind {
+    /// The name as given.
+    pub name: String,
+}
+
+impl UnknownScheduleKind {
+    /// The valid names, comma-separated, in [`ScheduleKind::ALL`]'s order.
+    pub fn valid() -> String {
+        let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
+        names.join(", ")
+    }
+}
+
 /// Which rank runs which (direction, stage).
 ///
 /// All directions hold the same `stages` model stages; stage `s` of every direction shares
@@ -587,6 +618,20 @@ mod tests {
         }
         assert_eq!(Chunk::new(0, 0, 1).shifted(-1), None);
         assert_eq!(Chunk::new(0, 2, 1).shifted(-2), Some(Chunk::new(0, 0, 1)));
+    }
+
+    #[test]
+    fn kinds_parse_from_their_names() {
+        for kind in ScheduleKind::ALL {
+            assert_eq!(kind.name().parse(), Ok(kind));
+            assert_eq!(kind.name().to_uppercase().parse(), Ok(kind));
+        }
+        let err = "dualpip".parse::<ScheduleKind>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown schedule 'dualpip': use one of gpipe, 1f1b, interleaved, zb1p, dualpipe, \
+             dualpipev"
+        );
     }
 
     #[test]
