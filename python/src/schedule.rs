@@ -1,6 +1,7 @@
 //! Schedules: `dualpipe_rs.schedule(kind, ranks, micro_batches, virtual_stages=1)`.
 
 use dualpipe_schedule::format::{csv, json};
+use dualpipe_schedule::ir::UnknownScheduleKind;
 use dualpipe_schedule::{Chunk, Op, Schedule, ScheduleError, ScheduleKind};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -15,15 +16,10 @@ pub struct PySchedule {
     pub(crate) inner: Schedule,
 }
 
-/// Parses a schedule kind name, with the CLI's message on a bad one.
+/// Parses a schedule kind name; a bad one is a `ValueError` listing the kinds.
 pub(crate) fn parse_kind(kind: &str) -> PyResult<ScheduleKind> {
-    ScheduleKind::from_name(kind).ok_or_else(|| {
-        let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
-        PyValueError::new_err(format!(
-            "unknown schedule '{kind}': use one of {}",
-            names.join(", ")
-        ))
-    })
+    kind.parse()
+        .map_err(|e: UnknownScheduleKind| PyValueError::new_err(e.to_string()))
 }
 
 /// A size argument as `usize`: a negative one is a `ValueError` naming the argument.
@@ -33,15 +29,6 @@ pub(crate) fn size(name: &str, value: i64) -> PyResult<usize> {
             "{name} must be a non-negative integer, got {value}"
         ))
     })
-}
-
-/// Virtual stages when none are given: 2 for interleaved, 1 otherwise (as the CLI).
-pub(crate) fn default_virtual_stages(kind: ScheduleKind) -> usize {
-    if kind == ScheduleKind::Interleaved {
-        2
-    } else {
-        1
-    }
 }
 
 /// A schedule error as a `ValueError` carrying the crate's message.
@@ -64,7 +51,7 @@ fn schedule(
     let micro_batches = size("micro_batches", micro_batches)?;
     let virtual_stages = match virtual_stages {
         Some(v) => size("virtual_stages", v)?,
-        None => default_virtual_stages(kind),
+        None => kind.default_virtual_stages(),
     };
     let inner = py
         .detach(|| dualpipe_schedule::build(kind, ranks, micro_batches, virtual_stages))

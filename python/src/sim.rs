@@ -7,7 +7,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::schedule::{default_virtual_stages, parse_kind, size, PySchedule};
+use crate::schedule::{parse_kind, size, PySchedule};
 
 /// Simulates a schedule on a uniform cost model and returns the report as a dict.
 ///
@@ -104,7 +104,7 @@ impl ScheduleSource {
         };
         let vs = match virtual_stages {
             Some(v) => size("virtual_stages", v)?,
-            None => default_virtual_stages(kind),
+            None => kind.default_virtual_stages(),
         };
         Ok(ScheduleSource::Kind(
             kind,

@@ -15,9 +15,9 @@
 
 use std::time::{Duration, Instant};
 
-use dualpipe_runtime::mpi_transport::MpiWorld;
-use dualpipe_runtime::net::Endpoint;
-use dualpipe_runtime::wire::{Class, Stamp, WireDType, WireData};
+use dualpipe_runtime::transport::endpoint::Endpoint;
+use dualpipe_runtime::transport::mpi::MpiWorld;
+use dualpipe_runtime::transport::wire::{Class, Stamp, WireDType, WireData};
 use mpi::collective::CommunicatorCollectives;
 use mpi::point_to_point::{Destination, Source};
 use mpi::topology::Communicator;

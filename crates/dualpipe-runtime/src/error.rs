@@ -1,5 +1,6 @@
 //! The runtime's error type: one clear message naming the rank, the op and the cause.
 
+use std::any::Any;
 use std::time::Duration;
 
 /// Why a step could not run or did not finish.
@@ -82,4 +83,15 @@ pub enum RuntimeError {
         /// What went wrong.
         message: String,
     },
+}
+
+/// The text of a panic payload.
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".into()
+    }
 }

@@ -4,7 +4,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use dualpipe_schedule::Placement;
 
-use crate::worker::panic_message;
+use crate::error::panic_message;
 use crate::{RankStages, RuntimeError, Stage};
 
 /// Sums the gradients of every stage's copies so that all copies hold the same total.

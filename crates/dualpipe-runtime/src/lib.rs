@@ -26,35 +26,55 @@
 //! cause.
 //!
 //! For one process per rank (several machines), each process runs its own rank with
-//! [`run_rank_step`] on an [`Endpoint`] (over MPI with the `mpi` feature: `mpi_transport`),
+//! [`run_rank_step`] on an [`Endpoint`] (over MPI with the `mpi` feature: `transport::mpi`),
 //! sums DualPipe's stage copies with [`sum_stage_copies_remote`] and lines up with [`barrier`];
-//! messages are stamped with their step and chunk ([`wire`]), and [`LaunchInfo`] reads the
-//! launcher's rank and world size. See `docs/distributed.md`.
+//! messages are stamped with their step and chunk ([`transport::wire`]), and [`LaunchInfo`]
+//! reads the launcher's rank and world size. See `docs/distributed.md`.
+//!
+//! The modules: [`stage`] (what a stage computes), [`exec`] (the executor: setup check,
+//! one rank's interpreter, the threaded and the multi-process step), [`transport`] (how tensors
+//! move: in-process channels, or endpoints over a byte link such as MPI), [`grads`] (summing
+//! DualPipe's stage copies), [`sleep`] (a stage that only sleeps), [`launch`] (the launcher's
+//! rank and world size), [`measure`] (measured op times for the simulator), [`error`].
 
-mod check;
+#![warn(missing_docs)]
+
 pub mod error;
-mod executor;
+pub mod exec;
 pub mod grads;
 pub mod launch;
 pub mod measure;
-#[cfg(feature = "mpi")]
-pub mod mpi_transport;
-pub mod net;
-pub mod remote;
 pub mod sleep;
 pub mod stage;
-mod transport;
-pub mod wire;
-mod worker;
+pub mod transport;
 
 pub use error::RuntimeError;
-pub use executor::{
-    build_ranks, run_step, try_build_ranks, ExecOptions, MicroBatchLoss, RankStages, StepOutcome,
+pub use exec::{
+    barrier, build_ranks, run_rank_step, run_step, sum_stage_copies_remote, try_build_ranks,
+    ExecOptions, MicroBatchLoss, RankStages, StepOutcome,
 };
 pub use grads::sum_stage_copies;
 pub use launch::{LaunchError, LaunchInfo, Launcher};
 pub use measure::OpTimes;
-pub use net::{Endpoint, Link};
-pub use remote::{barrier, run_rank_step, sum_stage_copies_remote, WireStage};
 pub use sleep::{SleepCosts, SleepStage};
-pub use stage::{ForwardInput, ForwardOutput, Stage, StageError};
+pub use stage::{ForwardInput, ForwardOutput, Stage, StageError, WireStage};
+pub use transport::endpoint::{Endpoint, Link};
+
+// The paths of the layout before `transport/` and `exec/`, kept so code written against them
+// still builds; new code uses the paths above.
+#[doc(hidden)]
+pub use transport::endpoint as net;
+#[cfg(feature = "mpi")]
+#[doc(hidden)]
+pub use transport::mpi as mpi_transport;
+#[doc(hidden)]
+pub use transport::wire;
+
+/// Former home of the multi-process step (now [`exec::process`]), kept so code written
+/// against it still builds.
+#[doc(hidden)]
+pub mod remote {
+    pub use crate::exec::process::{barrier, run_rank_step, sum_stage_copies_remote};
+    pub use crate::stage::WireStage;
+    pub use crate::transport::endpoint::NOTICE_GRACE;
+}

@@ -1,10 +1,12 @@
-//! [`SleepStage`]: a stage that only sleeps, for benchmarks and tests of the executor.
+//! [`SleepStage`]: a stage that only sleeps, for benchmarks and tests of the executor, with its
+//! wire codec (its tensor is `()`, which crosses as an empty tensor).
 
 use std::time::{Duration, Instant};
 
 use dualpipe_schedule::{Chunk, Schedule};
 
-use crate::{build_ranks, ForwardInput, ForwardOutput, RankStages, Stage, StageError};
+use crate::transport::wire::{WireData, WireError, WireTensor};
+use crate::{build_ranks, ForwardInput, ForwardOutput, RankStages, Stage, StageError, WireStage};
 
 /// How long each op of a [`SleepStage`] takes.
 ///
@@ -138,5 +140,15 @@ impl Stage for SleepStage {
     ) -> Result<(ForwardOutput<()>, Option<()>), StageError> {
         sleep_for(self.costs.forward_backward);
         Ok((self.output(), (b.stage > 0).then_some(())))
+    }
+}
+
+impl WireStage for SleepStage {
+    fn tensor_to_wire(tensor: ()) -> Result<WireData, WireError> {
+        WireTensor::into_wire(tensor)
+    }
+
+    fn tensor_from_wire(data: WireData) -> Result<(), WireError> {
+        WireTensor::from_wire(data)
     }
 }

@@ -1,6 +1,9 @@
-//! The [`Stage`] trait: what one pipeline stage computes, with the backward split in two.
+//! The [`Stage`] trait: what one pipeline stage computes, with the backward split in two; and
+//! [`WireStage`], a stage whose tensors can cross process boundaries.
 
 use dualpipe_schedule::Chunk;
+
+use crate::transport::wire::{WireData, WireError};
 
 /// An error raised by a stage's computation; the executor adds the rank and the op.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -113,4 +116,16 @@ pub trait Stage: Send {
             Err(StageError("this stage has no gradients to add to".into()))
         }
     }
+}
+
+/// A [`Stage`] whose tensors can cross process boundaries as (dtype, shape, bytes).
+///
+/// The codec lives on the stage type (not on the tensor type) so that a crate can implement
+/// it for a tensor type it does not own: `dualpipe-nn` implements it for its candle stage.
+pub trait WireStage: Stage {
+    /// The tensor as element type, shape and little-endian bytes.
+    fn tensor_to_wire(tensor: Self::Tensor) -> Result<WireData, WireError>;
+
+    /// The tensor back from the wire (its byte count already matches its shape).
+    fn tensor_from_wire(data: WireData) -> Result<Self::Tensor, WireError>;
 }

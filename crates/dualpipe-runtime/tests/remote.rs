@@ -11,8 +11,8 @@ use common::{
     affine_ranks, bidirectional, faulty_ranks, golden, gpipe, one_f_one_b_split, v_shape,
     AffineStage, Fault, Faulty,
 };
-use dualpipe_runtime::net::ChannelLink;
-use dualpipe_runtime::wire::{WireData, WireError};
+use dualpipe_runtime::transport::endpoint::ChannelLink;
+use dualpipe_runtime::transport::wire::{WireData, WireError};
 use dualpipe_runtime::{
     barrier, run_rank_step, run_step, sum_stage_copies, sum_stage_copies_remote, Endpoint,
     ExecOptions, RankStages, RuntimeError, Stage, StepOutcome, WireStage,

@@ -29,6 +29,37 @@ impl Chunk {
     pub const fn new(dir: usize, stage: usize, mb: usize) -> Self {
         Chunk { dir, stage, mb }
     }
+
+    /// The same micro-batch `delta` stages further along its direction's pipeline, or `None`
+    /// before stage 0. Whether that stage exists is the placement's to say
+    /// ([`Placement::neighbour`]).
+    pub const fn shifted(self, delta: isize) -> Option<Chunk> {
+        match self.stage.checked_add_signed(delta) {
+            Some(stage) => Some(Chunk::new(self.dir, stage, self.mb)),
+            None => None,
+        }
+    }
+}
+
+/// One of a stage's two neighbours along its direction's pipeline.
+///
+/// Activations come from the previous stage and go to the next; gradients flow the other way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Neighbour {
+    /// Stage `s - 1`: the forward's input comes from it, the backward's input gradient goes to it.
+    Prev,
+    /// Stage `s + 1`: the forward's output goes to it, the backward's output gradient comes from it.
+    Next,
+}
+
+impl Neighbour {
+    /// How many stages away the neighbour is: -1 or +1.
+    pub const fn delta(self) -> isize {
+        match self {
+            Neighbour::Prev => -1,
+            Neighbour::Next => 1,
+        }
+    }
 }
 
 impl fmt::Display for Chunk {
@@ -185,6 +216,16 @@ impl Op {
         }
     }
 
+    /// The neighbouring stage a communication op exchanges with: the next one for `SEND_F`
+    /// and `RECV_B`, the previous one for `RECV_F` and `SEND_B`; `None` for the other ops.
+    pub fn peer_side(&self) -> Option<Neighbour> {
+        match self {
+            Op::SendF { .. } | Op::RecvB { .. } => Some(Neighbour::Next),
+            Op::RecvF { .. } | Op::SendB { .. } => Some(Neighbour::Prev),
+            _ => None,
+        }
+    }
+
     /// The peer rank of a communication op.
     pub fn peer(&self) -> Option<usize> {
         match *self {
@@ -287,6 +328,37 @@ impl fmt::Display for ScheduleKind {
     }
 }
 
+impl std::str::FromStr for ScheduleKind {
+    type Err = UnknownScheduleKind;
+
+    /// Parses a name as [`ScheduleKind::from_name`] does; the error lists the valid names.
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        ScheduleKind::from_name(name).ok_or_else(|| UnknownScheduleKind {
+            name: name.to_string(),
+        })
+    }
+}
+
+/// A name that is no [`ScheduleKind`]; displays as `unknown schedule 'NAME': use one of
+/// gpipe, 1f1b, ...`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown schedule '{name}': use one of {}",
+    UnknownScheduleKind::valid()
+)]
+pub struct UnknownScheduleKind {
+    /// The name as given.
+    pub name: String,
+}
+
+impl UnknownScheduleKind {
+    /// The valid names, comma-separated, in [`ScheduleKind::ALL`]'s order.
+    pub fn valid() -> String {
+        let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
+        names.join(", ")
+    }
+}
+
 /// Which rank runs which (direction, stage).
 ///
 /// All directions hold the same `stages` model stages; stage `s` of every direction shares
@@ -337,6 +409,33 @@ impl Placement {
         self.rank_of[dir][stage]
     }
 
+    /// The rank that runs stage `stage` of direction `dir`, or `None` when the placement has
+    /// no such stage.
+    pub fn try_rank(&self, dir: usize, stage: usize) -> Option<usize> {
+        self.rank_of.get(dir)?.get(stage).copied()
+    }
+
+    /// The chunk of the same micro-batch at the neighbouring stage of `chunk`'s direction, when
+    /// that stage exists (`None` before the first stage and after the last).
+    pub fn neighbour(&self, chunk: Chunk, side: Neighbour) -> Option<Chunk> {
+        let n = chunk.shifted(side.delta())?;
+        (n.stage < self.rank_of.get(n.dir)?.len()).then_some(n)
+    }
+
+    /// The rank that holds the neighbouring stage of `chunk` (see [`Placement::neighbour`]).
+    pub fn neighbour_rank(&self, chunk: Chunk, side: Neighbour) -> Option<usize> {
+        let n = self.neighbour(chunk, side)?;
+        self.try_rank(n.dir, n.stage)
+    }
+
+    /// The rank a message between `chunk` and its neighbouring stage crosses to: the
+    /// neighbour's rank when that stage exists and runs on another rank than `chunk`'s;
+    /// `None` when there is no neighbour or it runs on the same rank (a local hand-over).
+    pub fn peer(&self, chunk: Chunk, side: Neighbour) -> Option<usize> {
+        let here = self.try_rank(chunk.dir, chunk.stage)?;
+        self.neighbour_rank(chunk, side).filter(|&q| q != here)
+    }
+
     /// The (dir, stage) pairs a rank runs, in (dir, stage) order.
     pub fn stages_of(&self, rank: usize) -> Vec<(usize, usize)> {
         let mut out = Vec::new();
@@ -359,6 +458,49 @@ impl Placement {
             }
         }
         counts
+    }
+}
+
+/// Every stage's message peers ([`Placement::peer`] on both sides), precomputed for the passes
+/// that ask once per op (lowering, the validator).
+pub(crate) struct Peers {
+    stages: usize,
+    /// Per `dir * stages + stage`: the peer of the previous and of the next stage
+    /// ([`Peers::NONE`] when no message crosses).
+    table: Vec<[usize; 2]>,
+}
+
+impl Peers {
+    const NONE: usize = usize::MAX;
+
+    /// The peers of every (dir, stage) of `placement` (rows past the first row's length are
+    /// not looked up).
+    pub(crate) fn new(placement: &Placement) -> Self {
+        let stages = placement.stages();
+        let table = (0..placement.dirs())
+            .flat_map(|dir| {
+                (0..stages).map(move |stage| {
+                    let c = Chunk::new(dir, stage, 0);
+                    [Neighbour::Prev, Neighbour::Next]
+                        .map(|side| placement.peer(c, side).unwrap_or(Peers::NONE))
+                })
+            })
+            .collect();
+        Peers { stages, table }
+    }
+
+    /// [`Placement::peer`] of `chunk` (`None` also for chunks outside the placement).
+    #[inline]
+    pub(crate) fn get(&self, chunk: Chunk, side: Neighbour) -> Option<usize> {
+        if chunk.stage >= self.stages {
+            return None;
+        }
+        let i = chunk
+            .dir
+            .checked_mul(self.stages)?
+            .checked_add(chunk.stage)?;
+        let q = self.table.get(i)?[usize::from(side == Neighbour::Next)];
+        (q != Peers::NONE).then_some(q)
     }
 }
 
@@ -433,5 +575,74 @@ impl Schedule {
             .iter()
             .flatten()
             .any(|op| !op.is_compute() && *op != Op::Wait)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn neighbours_and_peers_follow_the_placement() {
+        use Neighbour::{Next, Prev};
+        // DualPipeV over 3 ranks: stages 0..6 on ranks 0 1 2 2 1 0.
+        let v = Placement::for_kind(ScheduleKind::DualPipeV, 3, 2);
+        let c = |stage| Chunk::new(0, stage, 4);
+        assert_eq!(v.neighbour(c(0), Prev), None);
+        assert_eq!(v.neighbour(c(0), Next), Some(c(1)));
+        assert_eq!(v.neighbour(c(5), Next), None);
+        assert_eq!(v.neighbour_rank(c(4), Next), Some(0));
+        // Stages 2 and 3 share rank 2: a local hand-over, no message peer.
+        assert_eq!(v.neighbour_rank(c(2), Next), Some(2));
+        assert_eq!(v.peer(c(2), Next), None);
+        assert_eq!(v.peer(c(3), Prev), None);
+        assert_eq!(v.peer(c(3), Next), Some(1));
+        // Outside the placement: nothing.
+        assert_eq!(v.peer(Chunk::new(1, 0, 0), Next), None);
+        assert_eq!(v.try_rank(0, 6), None);
+        // DualPipe's second direction runs the ranks backwards.
+        let d = Placement::for_kind(ScheduleKind::DualPipe, 4, 1);
+        assert_eq!(d.peer(Chunk::new(1, 0, 0), Next), Some(2));
+        assert_eq!(d.peer(Chunk::new(1, 3, 0), Prev), Some(1));
+        // The cached table agrees with the placement everywhere, also past its edges.
+        for p in [&v, &d] {
+            let peers = Peers::new(p);
+            for dir in 0..3 {
+                for stage in 0..8 {
+                    for side in [Prev, Next] {
+                        let c = Chunk::new(dir, stage, 0);
+                        assert_eq!(peers.get(c, side), p.peer(c, side), "{c} {side:?}");
+                    }
+                }
+            }
+        }
+        assert_eq!(Chunk::new(0, 0, 1).shifted(-1), None);
+        assert_eq!(Chunk::new(0, 2, 1).shifted(-2), Some(Chunk::new(0, 0, 1)));
+    }
+
+    #[test]
+    fn kinds_parse_from_their_names() {
+        for kind in ScheduleKind::ALL {
+            assert_eq!(kind.name().parse(), Ok(kind));
+            assert_eq!(kind.name().to_uppercase().parse(), Ok(kind));
+        }
+        let err = "dualpip".parse::<ScheduleKind>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown schedule 'dualpip': use one of gpipe, 1f1b, interleaved, zb1p, dualpipe, \
+             dualpipev"
+        );
+    }
+
+    #[test]
+    fn communication_ops_name_their_side() {
+        let c = Chunk::new(0, 1, 0);
+        let side = |op: Op| op.peer_side();
+        assert_eq!(side(Op::SendF { chunk: c, peer: 2 }), Some(Neighbour::Next));
+        assert_eq!(side(Op::RecvB { chunk: c, peer: 2 }), Some(Neighbour::Next));
+        assert_eq!(side(Op::RecvF { chunk: c, peer: 0 }), Some(Neighbour::Prev));
+        assert_eq!(side(Op::SendB { chunk: c, peer: 0 }), Some(Neighbour::Prev));
+        assert_eq!(side(Op::F(c)), None);
+        assert_eq!(side(Op::Wait), None);
     }
 }

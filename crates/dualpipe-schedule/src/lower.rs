@@ -21,6 +21,8 @@
 //!
 //! No `WAIT` ops are emitted: a compute op waits for its own inputs.
 
+use crate::ir::Neighbour::{Next, Prev};
+use crate::ir::{Neighbour, Peers};
 use crate::{Chunk, Op, Schedule};
 
 /// Returns `schedule` with the communication ops added.
@@ -28,37 +30,10 @@ use crate::{Chunk, Op, Schedule};
 /// Communication and `WAIT` ops already in the input are dropped first, so lowering a lowered
 /// schedule (or an imported golden file) gives the same result as lowering its compute ops.
 pub fn lower(schedule: &Schedule) -> Schedule {
-    let rank_of = &schedule.placement.rank_of;
-    let stages = schedule.placement.stages();
-    // For every (dir, stage): the rank of the previous and of the next stage when it exists
-    // and lives on another rank (NONE otherwise).
-    const NONE: usize = usize::MAX;
-    let mut prev = vec![NONE; rank_of.len() * stages];
-    let mut next = vec![NONE; rank_of.len() * stages];
-    for (dir, row) in rank_of.iter().enumerate() {
-        for (stage, &here) in row.iter().enumerate() {
-            let i = dir * stages + stage;
-            if let Some(&q) = stage.checked_sub(1).and_then(|s| row.get(s)) {
-                if q != here {
-                    prev[i] = q;
-                }
-            }
-            if let Some(&q) = row.get(stage + 1) {
-                if q != here {
-                    next[i] = q;
-                }
-            }
-        }
-    }
-    // The peer of a chunk's neighbour (`table` is `prev` or `next`); chunks outside the
-    // placement (only in invalid input) get no messages, and the validator reports them.
-    let peer = |table: &[usize], c: Chunk| -> Option<usize> {
-        if c.stage >= stages {
-            return None;
-        }
-        let q = *table.get(c.dir.checked_mul(stages)?.checked_add(c.stage)?)?;
-        (q != NONE).then_some(q)
-    };
+    // Which rank each (dir, stage) talks to on either side; chunks outside the placement
+    // (only in invalid input) get no messages, and the validator reports them.
+    let peers = Peers::new(&schedule.placement);
+    let peer = |side: Neighbour, c: Chunk| peers.get(c, side);
     let programs = schedule
         .programs
         .iter()
@@ -73,23 +48,23 @@ pub fn lower(schedule: &Schedule) -> Schedule {
                     _ => continue,
                 };
                 if let Some(c) = fwd {
-                    if let Some(peer) = peer(&prev, c) {
+                    if let Some(peer) = peer(Prev, c) {
                         out.push(Op::RecvF { chunk: c, peer });
                     }
                 }
                 if let Some(c) = bwd {
-                    if let Some(peer) = peer(&next, c) {
+                    if let Some(peer) = peer(Next, c) {
                         out.push(Op::RecvB { chunk: c, peer });
                     }
                 }
                 out.push(*op);
                 if let Some(c) = fwd {
-                    if let Some(peer) = peer(&next, c) {
+                    if let Some(peer) = peer(Next, c) {
                         out.push(Op::SendF { chunk: c, peer });
                     }
                 }
                 if let Some(c) = bwd {
-                    if let Some(peer) = peer(&prev, c) {
+                    if let Some(peer) = peer(Prev, c) {
                         out.push(Op::SendB { chunk: c, peer });
                     }
                 }

@@ -24,6 +24,8 @@
 //! assert_eq!(m.bubble_per_rank, vec![3.0, 3.0]);
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod ascii;
 pub mod cost;
 pub mod error;

@@ -7,6 +7,7 @@ pub mod schedule;
 pub mod simulate;
 pub mod train;
 
+use dualpipe_schedule::ir::UnknownScheduleKind;
 use dualpipe_schedule::ScheduleKind;
 
 /// The flags that name one schedule, shared by `dualpipe schedule` and `dualpipe simulate`.
@@ -39,11 +40,10 @@ impl ScheduleArgs {
 
 /// Parses a `--schedule` value, naming the valid kinds when it is unknown.
 pub fn parse_kind(name: &str) -> Result<ScheduleKind, UsageError> {
-    ScheduleKind::from_name(name).ok_or_else(|| {
-        let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
+    name.parse().map_err(|_: UnknownScheduleKind| {
         UsageError(format!(
             "unknown schedule '{name}' (--schedule): use one of {}",
-            names.join(", ")
+            UnknownScheduleKind::valid()
         ))
     })
 }

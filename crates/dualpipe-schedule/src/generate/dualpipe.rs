@@ -54,17 +54,9 @@ pub fn generate(ranks: usize, micro_batches: usize) -> Result<Schedule, Schedule
         ranks,
         micro_batches,
         virtual_stages: 1,
-        placement: placement(ranks),
+        placement: Placement::for_kind(ScheduleKind::DualPipe, ranks, 1),
         programs,
     })
-}
-
-/// Rank `r` runs stage `r` of direction 0 and stage `ranks - 1 - r` of direction 1.
-fn placement(ranks: usize) -> Placement {
-    Placement {
-        ranks,
-        rank_of: vec![(0..ranks).collect(), (0..ranks).rev().collect()],
-    }
 }
 
 /// Rejects configurations for which no DualPipe schedule exists, naming the nearest valid ones.

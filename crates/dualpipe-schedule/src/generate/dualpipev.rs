@@ -49,21 +49,9 @@ pub fn generate(ranks: usize, micro_batches: usize) -> Result<Schedule, Schedule
         ranks,
         micro_batches,
         virtual_stages: 2,
-        placement: placement(ranks),
+        placement: Placement::for_kind(ScheduleKind::DualPipeV, ranks, 2),
         programs,
     })
-}
-
-/// One direction of `2 x ranks` stages: stage `s` on rank `s` going down, on rank
-/// `2 x ranks - 1 - s` coming back.
-fn placement(ranks: usize) -> Placement {
-    let stages = 2 * ranks;
-    Placement {
-        ranks,
-        rank_of: vec![(0..stages)
-            .map(|s| if s < ranks { s } else { stages - 1 - s })
-            .collect()],
-    }
 }
 
 #[cfg(test)]

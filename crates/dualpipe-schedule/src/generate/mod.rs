@@ -78,7 +78,8 @@ fn check_common(
     }
 }
 
-/// A single-direction schedule whose stage `s` runs on rank `s % ranks`.
+/// A single-direction schedule whose stage `s` runs on rank `s % ranks`
+/// ([`Placement::for_kind`]).
 fn single_direction(
     kind: ScheduleKind,
     ranks: usize,
@@ -91,10 +92,7 @@ fn single_direction(
         ranks,
         micro_batches,
         virtual_stages,
-        placement: Placement {
-            ranks,
-            rank_of: vec![(0..ranks * virtual_stages).map(|s| s % ranks).collect()],
-        },
+        placement: Placement::for_kind(kind, ranks, virtual_stages),
         programs,
     }
 }

@@ -2,7 +2,8 @@
 
 use std::collections::VecDeque;
 
-use super::{fail, parts, Geometry, Part, Res, Rule, ValidationError, NONE};
+use super::shape::Geometry;
+use super::{fail, parts, Part, Res, Rule, ValidationError, NONE};
 use crate::{Chunk, Op};
 
 /// An event a rank can wait for: the activations (`bwd == false`) or the input gradient
@@ -103,15 +104,12 @@ fn run(geo: &Geometry<'_>, lowered: bool) -> (Vec<usize>, Vec<Option<Event>>) {
                     &mut work,
                 ),
                 Op::RecvF { chunk, .. } | Op::RecvB { chunk, .. } => {
+                    // The message of the neighbouring stage (check_ops proved it exists).
                     let bwd = matches!(op, Op::RecvB { .. });
-                    let stage = if bwd {
-                        chunk.stage + 1
+                    let e = if bwd {
+                        bwd_input(geo, chunk)
                     } else {
-                        chunk.stage - 1
-                    };
-                    let e = Event {
-                        bwd,
-                        id: geo.id(Chunk::new(chunk.dir, stage, chunk.mb)),
+                        fwd_input(geo, chunk)
                     };
                     // Only a later WAIT looks at posted receives; drop the ones already
                     // arrived so the queue stays short in programs without WAIT.

@@ -1,19 +1,17 @@
 //! One rank's interpreter: runs its program op by op against its stages.
 
-use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
+use dualpipe_schedule::ir::Neighbour;
 use dualpipe_schedule::{Chunk, Op, Schedule};
 use dualpipe_sim::{ComputeInterval, MessageInterval, MessageKind};
 
-use crate::executor::{describe, shifted};
+use super::types::{describe, ExecOptions, MicroBatchLoss, RankStages};
+use crate::error::panic_message;
 use crate::transport::{Key, Transport, WaitError};
-use crate::{
-    ExecOptions, ForwardInput, ForwardOutput, MicroBatchLoss, RankStages, RuntimeError, Stage,
-    StageError,
-};
+use crate::{ForwardInput, ForwardOutput, RuntimeError, Stage, StageError};
 
 /// What one rank measured during a successful step.
 pub(crate) struct RankRecord {
@@ -191,10 +189,12 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
                     self.route_backward(op, b, grad_in)?;
                 }
                 Op::SendF { chunk, peer } => {
-                    self.send(op, MessageKind::Forward, chunk, shifted(chunk, 1), peer)?;
+                    let consumer = self.neighbour(op, chunk, Neighbour::Next)?;
+                    self.send(op, MessageKind::Forward, chunk, consumer, peer)?;
                 }
                 Op::SendB { chunk, peer } => {
-                    self.send(op, MessageKind::Backward, chunk, shifted(chunk, -1), peer)?;
+                    let consumer = self.neighbour(op, chunk, Neighbour::Prev)?;
+                    self.send(op, MessageKind::Backward, chunk, consumer, peer)?;
                 }
                 // Receives are posted early (the inbox buffers every arrival) and a compute op
                 // waits for its own input only, so neither needs to do anything here.
@@ -257,32 +257,39 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
 
     /// The input of chunk `c`'s forward: its micro-batch at stage 0, else the activations.
     fn forward_input(&mut self, op: &Op, c: Chunk) -> Result<ForwardInput<S::Tensor>, Fail> {
-        if c.stage == 0 {
+        let Some(producer) = self.schedule.placement.neighbour(c, Neighbour::Prev) else {
             return Ok(ForwardInput::MicroBatch {
                 global_mb: self.schedule.global_mb(c),
             });
-        }
+        };
         let key = Key {
             kind: MessageKind::Forward,
             chunk: c,
         };
-        Ok(ForwardInput::Activation(self.receive(
-            op,
-            key,
-            shifted(c, -1),
-        )?))
+        Ok(ForwardInput::Activation(self.receive(op, key, producer)?))
     }
 
     /// The output gradient of chunk `c`'s backward: none at the last stage.
     fn grad_output(&mut self, op: &Op, c: Chunk) -> Result<Option<S::Tensor>, Fail> {
-        if c.stage == self.last_stage {
+        let Some(producer) = self.schedule.placement.neighbour(c, Neighbour::Next) else {
             return Ok(None);
-        }
+        };
         let key = Key {
             kind: MessageKind::Backward,
             chunk: c,
         };
-        Ok(Some(self.receive(op, key, shifted(c, 1))?))
+        Ok(Some(self.receive(op, key, producer)?))
+    }
+
+    /// The chunk at the neighbouring stage of `c` (`check_setup` proved it exists wherever a
+    /// tensor crosses to it).
+    fn neighbour(&self, op: &Op, c: Chunk, side: Neighbour) -> Result<Chunk, Fail> {
+        self.schedule.placement.neighbour(c, side).ok_or_else(|| {
+            self.protocol(
+                op,
+                format!("{c} has no neighbouring stage on the {side:?} side"),
+            )
+        })
     }
 
     /// Takes the tensor for `key` (produced by `producer`), waiting for it if it is remote.
@@ -404,7 +411,8 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
                 ),
             )),
             ForwardOutput::Activation(t) => {
-                self.route(op, MessageKind::Forward, c, shifted(c, 1), t)
+                let consumer = self.neighbour(op, c, Neighbour::Next)?;
+                self.route(op, MessageKind::Forward, c, consumer, t)
             }
         }
     }
@@ -415,19 +423,18 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
         c: Chunk,
         grad_in: Option<S::Tensor>,
     ) -> Result<(), Fail> {
-        if c.stage == 0 {
+        let Some(consumer) = self.schedule.placement.neighbour(c, Neighbour::Prev) else {
             // Nothing precedes the first stage; a gradient it returns anyway is dropped.
             return Ok(());
-        }
+        };
         match grad_in {
-            Some(t) => self.route(op, MessageKind::Backward, c, shifted(c, -1), t),
+            Some(t) => self.route(op, MessageKind::Backward, c, consumer, t),
             None => Err(self.protocol(
                 op,
                 format!(
                     "backward_input returned no gradient, but stage {} must pass one to \
                      stage {}",
-                    c.stage,
-                    c.stage - 1
+                    c.stage, consumer.stage
                 ),
             )),
         }
@@ -521,16 +528,5 @@ fn recv_name(kind: MessageKind) -> &'static str {
     match kind {
         MessageKind::Forward => "RECV_F",
         MessageKind::Backward => "RECV_B",
-    }
-}
-
-/// The text of a panic payload.
-pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".into()
     }
 }

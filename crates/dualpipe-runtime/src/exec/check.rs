@@ -7,10 +7,11 @@
 
 use std::collections::HashSet;
 
+use dualpipe_schedule::ir::Neighbour;
 use dualpipe_schedule::{Chunk, Op, Schedule};
 
-use crate::executor::{describe, shifted};
-use crate::{RankStages, RuntimeError};
+use super::types::{describe, RankStages};
+use crate::RuntimeError;
 
 /// Every rule the executor relies on; the first broken one as a [`RuntimeError::Setup`].
 pub(crate) fn check_setup<S>(
@@ -142,17 +143,12 @@ fn check(
                     );
                 }
             }
-            // Which neighbour a communication op talks to, if any: (neighbour chunk).
-            let neighbour = match *op {
-                Op::SendF { chunk, .. } | Op::RecvB { chunk, .. } => {
-                    (chunk.stage + 1 < stages).then(|| shifted(chunk, 1))
-                }
-                Op::RecvF { chunk, .. } | Op::SendB { chunk, .. } => {
-                    (chunk.stage > 0).then(|| shifted(chunk, -1))
-                }
-                _ => None,
-            };
             if let Some(peer) = op.peer() {
+                // The neighbouring stage the communication op talks to.
+                let neighbour = op
+                    .peer_side()
+                    .zip(op.chunk())
+                    .and_then(|(side, chunk)| placement.neighbour(chunk, side));
                 let Some(n) = neighbour else {
                     return at(op, "there is no neighbouring stage to talk to".into());
                 };
@@ -176,13 +172,14 @@ fn check(
                 _ => {}
             }
             for (forward, c) in outputs {
-                let next = if forward {
-                    (c.stage + 1 < stages).then(|| shifted(c, 1))
+                let side = if forward {
+                    Neighbour::Next
                 } else {
-                    (c.stage > 0).then(|| shifted(c, -1))
+                    Neighbour::Prev
                 };
-                let Some(next) = next else { continue };
-                let dst = placement.rank(next.dir, next.stage);
+                let Some(dst) = placement.neighbour_rank(c, side) else {
+                    continue;
+                };
                 if dst != rank && !sends.contains(&(forward, c)) {
                     return at(
                         op,

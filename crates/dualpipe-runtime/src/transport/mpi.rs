@@ -2,7 +2,7 @@
 //!
 //! [`MpiWorld::init`] initialises MPI once per process and checks the launcher's variables
 //! against MPI's own rank and size; [`MpiWorld::link`] gives the [`MpiLink`] an
-//! [`Endpoint`](crate::net::Endpoint) runs on.
+//! [`Endpoint`](super::endpoint::Endpoint) runs on.
 //!
 //! A message is a *head* (tag [`TAG_HEAD`]): a flag, the body length and the endpoint's
 //! header; a body of at most [`INLINE_BYTES`] rides inside the head (one MPI message, one small
@@ -23,8 +23,8 @@ use mpi::request::{Request, StaticScope};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::Threading;
 
+use super::endpoint::{Link, LinkError, Packet};
 use crate::launch::{LaunchError, LaunchInfo};
-use crate::net::{Link, LinkError, Packet};
 
 /// MPI tag of message heads.
 pub const TAG_HEAD: i32 = 0x4450;

@@ -1,14 +1,11 @@
-//! The executor's public face: [`run_step`], its options, its outcome and [`RankStages`].
+//! What every executor shares: a rank's stages ([`RankStages`]), the options, the outcome of
+//! a step, and how error messages name an op.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use dualpipe_schedule::{Chunk, Op, Placement, Schedule};
+use dualpipe_schedule::{Op, Placement};
 use dualpipe_sim::Timeline;
-
-use crate::transport::{LocalTransport, Shared};
-use crate::worker::{RankRecord, Worker};
-use crate::{RuntimeError, Stage};
 
 /// The stages one rank runs, keyed by (`dir`, `stage`).
 ///
@@ -125,7 +122,7 @@ pub fn try_build_ranks<S, E>(
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExecOptions {
     /// How long a compute op waits for an input message before the step fails with
-    /// [`RuntimeError::Timeout`]. Default 60 s.
+    /// [`RuntimeError::Timeout`](crate::RuntimeError::Timeout). Default 60 s.
     pub recv_timeout: Duration,
     /// How often a rank blocked on a receive wakes to check whether another rank failed
     /// (failures also wake it at once through an abort message). Default 50 ms.
@@ -184,82 +181,6 @@ impl StepOutcome {
     }
 }
 
-/// Runs one step of a lowered schedule: one thread per rank, each interpreting its program
-/// against its stages; messages go through in-process channels.
-///
-/// `ranks[r]` holds rank r's stages (see [`build_ranks`]). Compute ops: `F` runs
-/// [`Stage::forward`], `I` [`Stage::backward_input`], `W` [`Stage::backward_weight`], `B` the
-/// two in a row, `FB` [`Stage::forward_backward`] (or [`Stage::forward_backward_pair`] when
-/// its halves belong to two stages of the rank). `SEND_*` hands a computed tensor to the peer;
-/// `RECV_*` and `WAIT` do not block: receives are posted early and a compute op waits only for
-/// its own input. Adjacent stages on one rank hand over locally, without messages.
-///
-/// On failure (a stage error or panic, a missing message past `options.recv_timeout`) every
-/// rank stops and the first failure is returned. The stages may then hold partial state of
-/// the failed step: rebuild or reset them before the next one.
-pub fn run_step<S: Stage>(
-    schedule: &Schedule,
-    ranks: &mut [RankStages<S>],
-    options: &ExecOptions,
-) -> Result<StepOutcome, RuntimeError> {
-    crate::check::check_setup(schedule, ranks)?;
-    let (shared, inboxes) = Shared::<S::Tensor>::new(schedule.ranks);
-    let start = Instant::now();
-    let records: Vec<Option<RankRecord>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = ranks
-            .iter_mut()
-            .zip(inboxes)
-            .enumerate()
-            .map(|(rank, (stages, inbox))| {
-                let shared = &shared;
-                std::thread::Builder::new()
-                    .name(format!("dualpipe-rank-{rank}"))
-                    .spawn_scoped(scope, move || {
-                        let transport = LocalTransport::new(rank, inbox, shared);
-                        Worker::new(rank, schedule, stages, transport, options, start).run()
-                    })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .enumerate()
-            .map(|(rank, handle)| match handle {
-                Ok(handle) => handle.join().ok().and_then(Result::ok),
-                Err(err) => {
-                    shared.fail(RuntimeError::Setup(format!(
-                        "cannot start the thread of rank {rank}: {err}"
-                    )));
-                    None
-                }
-            })
-            .collect()
-    });
-    let wall_seconds = start.elapsed().as_secs_f64();
-    if let Some(err) = shared.take_error() {
-        return Err(err);
-    }
-    let mut timeline = Timeline::new(schedule.ranks);
-    let mut losses = Vec::new();
-    for (rank, record) in records.into_iter().enumerate() {
-        // A rank without a record failed, and failures are recorded above.
-        let record = record.ok_or_else(|| RuntimeError::Protocol {
-            rank,
-            op: "step".into(),
-            message: "the rank stopped without a result".into(),
-        })?;
-        timeline.compute[rank] = record.compute;
-        timeline.messages.extend(record.messages);
-        timeline.comm_wait[rank] = record.comm_wait;
-        losses.extend(record.losses);
-    }
-    losses.sort_by_key(|l: &MicroBatchLoss| l.global_mb);
-    Ok(StepOutcome {
-        losses,
-        timeline,
-        wall_seconds,
-    })
-}
-
 /// The op as error messages name it: `F (dir 0, stage 2, mb 3)`, `SEND_B (dir 1, ...) to rank 2`.
 pub(crate) fn describe(op: &Op) -> String {
     match *op {
@@ -273,9 +194,4 @@ pub(crate) fn describe(op: &Op) -> String {
         }
         Op::F(c) | Op::B(c) | Op::I(c) | Op::W(c) => format!("{} {c}", op.kind()),
     }
-}
-
-/// A chunk moved along its direction by `delta` stages.
-pub(crate) fn shifted(chunk: Chunk, delta: isize) -> Chunk {
-    Chunk::new(chunk.dir, chunk.stage.wrapping_add_signed(delta), chunk.mb)
 }

@@ -2,7 +2,7 @@
 //!
 //! Every rank owns the receiving end of its inbox; every rank holds a sender to every inbox.
 //! A send pushes the tensor into the peer's inbox and returns at once (sends never block the
-//! compute). Receives are *posted early*: whatever arrives is buffered by its [`Key`], so an
+//! compute). Receives are *posted early*: whatever arrives is buffered by its `Key`, so an
 //! early arrival is never lost and a compute op waits only for its own input. A failing rank
 //! sets a shared abort flag and pushes an abort message into every inbox, which wakes any rank
 //! blocked on a receive at once; receives also wake every poll interval to check the flag.
@@ -13,22 +13,8 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use dualpipe_schedule::Chunk;
-use dualpipe_sim::MessageKind;
-
+use super::{Key, Transport, WaitError};
 use crate::RuntimeError;
-
-/// What a message carries, named by the chunk that consumes it.
-///
-/// Forward messages are keyed by the receiving forward's chunk, backward messages by the
-/// receiving backward's chunk, so (kind, dir, stage, mb) names exactly one message per step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Key {
-    /// Activations or gradients.
-    pub kind: MessageKind,
-    /// The consumer chunk on the receiving rank.
-    pub chunk: Chunk,
-}
 
 /// What travels through an inbox.
 pub(crate) enum Message<T> {
@@ -43,60 +29,6 @@ pub(crate) struct Shared<T> {
     senders: Vec<Sender<Message<T>>>,
     abort: AtomicBool,
     first_error: Mutex<Option<RuntimeError>>,
-}
-
-/// Why a receive ended without its tensor.
-pub(crate) enum WaitError {
-    /// The step was aborted by another rank.
-    Aborted,
-    /// The deadline passed.
-    TimedOut,
-    /// A message with the same key arrived twice.
-    Duplicate(Key, usize),
-    /// Another process failed and said so (multi-process transports know who).
-    PeerFailed {
-        /// The failed rank.
-        rank: usize,
-        /// Its error.
-        message: String,
-    },
-    /// The transport itself failed, or a message was malformed or stale.
-    Transport(String),
-}
-
-/// What the executor needs from a transport, seen from one rank.
-///
-/// Two implementations: [`LocalTransport`] (in-process channels, one thread per rank) and
-/// [`RemoteTransport`](crate::remote::RemoteTransport) (an [`Endpoint`](crate::net::Endpoint)
-/// on a [`Link`](crate::net::Link) such as MPI, one process per rank). Sends never block;
-/// receives are posted early: what arrives first is buffered by its key.
-pub(crate) trait Transport<T> {
-    /// Sends `tensor` for `key` to rank `dst`.
-    fn send(&mut self, dst: usize, key: Key, tensor: T) -> Result<(), WaitError>;
-
-    /// The tensor for `key` with its sender, if it has already arrived; never waits.
-    fn try_take(&mut self, key: Key) -> Result<Option<(usize, T)>, WaitError>;
-
-    /// Waits for the tensor for `key` until `deadline`, waking at least every `poll` to see
-    /// whether another rank failed.
-    fn take(
-        &mut self,
-        key: Key,
-        deadline: Instant,
-        poll: Duration,
-    ) -> Result<(usize, T), WaitError>;
-
-    /// Whether another rank failed (a remote transport also picks up arrivals here).
-    fn aborted(&mut self) -> bool;
-
-    /// Reports this rank's failure to every rank.
-    fn fail(&mut self, err: RuntimeError);
-
-    /// The rank that failed and its message, when the transport knows (a remote transport
-    /// learns it from the failed rank's notice; the local one keeps the error itself).
-    fn failed_peer(&mut self) -> Option<(usize, String)> {
-        None
-    }
 }
 
 /// One rank's end of the local transport: its inbox and the state every rank shares.

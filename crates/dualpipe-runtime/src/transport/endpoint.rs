@@ -1,7 +1,7 @@
 //! One rank's end of a multi-process transport: stamped messages, matching, buffering, abort.
 //!
 //! An [`Endpoint`] sits on a [`Link`], which only moves (header, body) byte pairs between
-//! ranks (`mpi_transport::MpiLink` over MPI with the `mpi` feature, [`ChannelLink`] in memory for
+//! ranks (`transport::mpi::MpiLink` over MPI with the `mpi` feature, [`ChannelLink`] in memory for
 //! tests). The endpoint gives every message its [`Stamp`] and matches arrivals by that stamp:
 //! what arrives before it is needed is buffered, a second message with the same stamp or one
 //! from a past step is refused with a clear error, so reordering on the wire can never mix
@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
-use crate::wire::{pack, unpack, Header, Stamp, WireData, WireError};
+use super::wire::{pack, unpack, Header, Stamp, WireData, WireError};
 
 /// A message on a [`Link`]: (source rank, header, body).
 pub type Packet = (usize, Vec<u8>, Vec<u8>);
@@ -137,6 +137,10 @@ pub enum NetError {
 /// for a large message to stream through without stalls (the link only moves data while its
 /// owner polls), short enough to give the cores back during a long wait for a peer's compute.
 pub const DEFAULT_SPIN: Duration = Duration::from_millis(5);
+
+/// How long a failing rank waits for its failure notices to leave before it gives up (the
+/// `grace` the runtime passes to [`Endpoint::fail`]).
+pub const NOTICE_GRACE: Duration = Duration::from_secs(2);
 
 /// The first part of a wait polls without even yielding the core (lowest latency).
 const HOT_SPIN: Duration = Duration::from_micros(50);
@@ -462,7 +466,7 @@ impl Link for ChannelLink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{Class, WireDType};
+    use crate::transport::wire::{Class, WireDType};
 
     fn endpoints(ranks: usize) -> Vec<Endpoint<ChannelLink>> {
         ChannelLink::world(ranks)

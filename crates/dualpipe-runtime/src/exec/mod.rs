@@ -1,0 +1,23 @@
+//! The executor: interprets a lowered schedule's programs against real stages.
+//!
+//! * [`types`]: what every executor shares: [`RankStages`], [`ExecOptions`], [`StepOutcome`].
+//! * `check`: before anything runs, that the schedule and the stages fit together.
+//! * `worker`: one rank's interpreter, op by op, over any transport.
+//! * [`threads`]: [`run_step`], every rank on its own thread of this process.
+//! * [`process`]: [`run_rank_step`], this process's rank over an
+//!   [`Endpoint`](crate::transport::endpoint::Endpoint); the gradient exchange of DualPipe's
+//!   stage copies and a barrier over the same endpoint; `report` is the per-rank summary a step
+//!   exchanges.
+
+mod check;
+pub mod process;
+mod report;
+pub mod threads;
+pub mod types;
+mod worker;
+
+pub use process::{barrier, run_rank_step, sum_stage_copies_remote};
+pub use threads::run_step;
+pub use types::{
+    build_ranks, try_build_ranks, ExecOptions, MicroBatchLoss, RankStages, StepOutcome,
+};
