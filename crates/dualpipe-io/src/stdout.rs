@@ -5,16 +5,39 @@ use std::path::Path;
 
 use crate::error::WriteError;
 
-/// Checks that standard output is open (descriptor 1 exists), so a command run with `>&-`
-/// fails before its work instead of losing the result. (Rust's standard library silently
-/// drops writes to a closed standard output; this check is what catches it.)
+/// Checks that standard output is open, so a command run with `>&-` fails before its work
+/// instead of losing the result.
+///
+/// Rust's runtime reopens a descriptor 0, 1 or 2 that is closed at start on `/dev/null`,
+/// read-write, before `main` runs (and its standard library drops writes to a closed standard
+/// output silently). A shell's `> /dev/null` opens it write-only, so descriptor 1 on
+/// `/dev/null` opened read-write is taken as "closed at start" (the rare `1<> /dev/null` is
+/// refused too).
 pub fn check_stdout() -> Result<(), WriteError> {
-    // SAFETY: F_GETFD on a descriptor number only reads the descriptor's flags.
-    let flags = unsafe { libc::fcntl(libc::STDOUT_FILENO, libc::F_GETFD) };
+    // SAFETY: fcntl F_GETFL on a descriptor number only reads its status flags.
+    let flags = unsafe { libc::fcntl(libc::STDOUT_FILENO, libc::F_GETFL) };
     if flags == -1 {
         return Err(WriteError::StdoutClosed);
     }
+    if flags & libc::O_ACCMODE == libc::O_RDWR && is_dev_null(libc::STDOUT_FILENO) {
+        return Err(WriteError::StdoutClosed);
+    }
     Ok(())
+}
+
+/// Whether descriptor `fd` is the character device of `/dev/null`.
+fn is_dev_null(fd: libc::c_int) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(null) = std::fs::metadata("/dev/null") else {
+        return false;
+    };
+    // SAFETY: an all-zero `stat` is a valid value for fstat to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid, writable `stat` for the duration of the call.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return false;
+    }
+    (st.st_mode & libc::S_IFMT) == libc::S_IFCHR && st.st_rdev as u64 == null.rdev()
 }
 
 /// Writes `bytes` to standard output and flushes.

@@ -71,6 +71,10 @@ pub fn check(path: &Path) -> Result<Target, WriteError> {
         });
     }
     if names_descriptor(path) {
+        let name = path.file_name().unwrap_or_default();
+        if name == "stdout" || name == "1" {
+            crate::stdout::check_stdout()?;
+        }
         return match std::fs::metadata(path) {
             Ok(_) => Ok(Target::InPlace { path: path.into() }),
             Err(_) => Err(WriteError::ClosedDescriptor { path: path.into() }),
