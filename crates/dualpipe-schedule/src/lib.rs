@@ -16,6 +16,7 @@
 
 pub mod error;
 pub mod format;
+mod size;
 pub mod generate;
 pub mod ir;
 pub mod lower;
@@ -25,18 +26,21 @@ pub use error::ScheduleError;
 pub use generate::generate;
 pub use ir::{Chunk, Op, OpKind, Placement, Schedule, ScheduleKind};
 pub use lower::lower;
+pub use size::{check_size, chunks, MAX_CHUNKS};
 pub use validate::{validate, ValidationError};
 
 /// Generates, lowers and validates a schedule in one call.
 ///
 /// Fails with [`ScheduleError::InvalidConfig`] when `kind` does not support the sizes (the
-/// message names the constraint and the nearest valid values).
+/// message names the constraint and the nearest valid values), or when the schedule would hold
+/// more than [`MAX_CHUNKS`] chunks ([`check_size`], checked before anything is allocated).
 pub fn build(
     kind: ScheduleKind,
     ranks: usize,
     micro_batches: usize,
     virtual_stages: usize,
 ) -> Result<Schedule, ScheduleError> {
+    check_size(kind, ranks, micro_batches, virtual_stages)?;
     let schedule = lower(&generate(kind, ranks, micro_batches, virtual_stages)?);
     validate(&schedule)?;
     Ok(schedule)

@@ -11,4 +11,8 @@ pub enum SimError {
     /// rank, the op and the rule.
     #[error("{0}")]
     Schedule(String),
+    /// Every cost is finite but the simulated times add up past the largest `f64`. The message
+    /// names the first op or message that ends at infinity.
+    #[error("{0}")]
+    Overflow(String),
 }

@@ -123,6 +123,13 @@ pub fn run(
 ) -> Result<Run, RunError> {
     cost.check()?;
     let schedule = dualpipe_schedule::build(kind, ranks, micro_batches, virtual_stages)?;
+    run_schedule(schedule, cost)
+}
+
+/// Simulates an already built (lowered, validated) schedule on `cost`, such as one read from a
+/// file with [`dualpipe_schedule::format::read_schedule`].
+pub fn run_schedule(schedule: Schedule, cost: &CostModel) -> Result<Run, RunError> {
+    cost.check()?;
     let timeline = simulate(&schedule, cost)?;
     let report = report(&schedule, &timeline, cost);
     Ok(Run {

@@ -33,9 +33,52 @@ use crate::timeline::{ComputeInterval, MessageInterval, MessageKind, Timeline};
 /// The schedule should be validated; the simulator still reports (rather than panics on)
 /// anything it cannot run: an op on a rank the placement does not give its stage, a consumer
 /// whose remote input has no `RECV` before it, a `SEND` before its producer, a deadlock.
+///
+/// Times that add up past the largest `f64` (each cost finite, their sum not) give
+/// [`SimError::Overflow`] naming the first op that ends at infinity, rather than a timeline
+/// whose makespan is `inf` and whose bubble ratio is meaningless.
 pub fn simulate(schedule: &Schedule, cost: &CostModel) -> Result<Timeline, SimError> {
     cost.check()?;
-    Simulator::new(schedule, cost)?.run()
+    let timeline = Simulator::new(schedule, cost)?.run()?;
+    check_finite(&timeline)?;
+    Ok(timeline)
+}
+
+/// Fails when a time of `timeline` (or the capacity `ranks x makespan` the bubble ratio
+/// divides by) is not a finite number.
+pub fn check_finite(timeline: &Timeline) -> Result<(), SimError> {
+    let advice = "the durations and latencies add up past the largest number (about 1.8e308); \
+                  give them in a larger unit (ms instead of s) so they are smaller numbers";
+    for (rank, intervals) in timeline.compute.iter().enumerate() {
+        if let Some(iv) = intervals
+            .iter()
+            .find(|iv| !(iv.start.is_finite() && iv.end.is_finite()))
+        {
+            return Err(SimError::Overflow(format!(
+                "simulated times overflow: rank {rank}'s {} ends at {}; {advice}",
+                iv.op, iv.end
+            )));
+        }
+    }
+    if let Some(m) = timeline
+        .messages
+        .iter()
+        .find(|m| !(m.start.is_finite() && m.end.is_finite()))
+    {
+        return Err(SimError::Overflow(format!(
+            "simulated times overflow: the message from rank {} to rank {} arrives at {}; {advice}",
+            m.src, m.dst, m.end
+        )));
+    }
+    let capacity = timeline.ranks() as f64 * timeline.makespan();
+    if !capacity.is_finite() {
+        return Err(SimError::Overflow(format!(
+            "simulated times overflow: {} ranks x makespan {} is past the largest number; {advice}",
+            timeline.ranks(),
+            timeline.makespan()
+        )));
+    }
+    Ok(())
 }
 
 /// Dense index of every chunk of a schedule.

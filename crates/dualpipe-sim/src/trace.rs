@@ -40,18 +40,33 @@ fn op_event(rank: usize, op: &Op, start: f64, end: f64) -> Value {
     })
 }
 
-/// Renders `timeline` as Chrome trace-event JSON (`{"traceEvents": [...]}`).
+/// Appends one event to the `traceEvents` array being written.
+fn push_event(out: &mut String, first: &mut bool, event: &Value) {
+    if !*first {
+        out.push(',');
+    }
+    *first = false;
+    out.push_str(&event.to_string());
+}
+
+/// Renders `timeline` as Chrome trace-event JSON (`{"displayTimeUnit": "ms", "traceEvents":
+/// [...]}`, one line). Events are written one at a time, so memory stays near the size of the
+/// text.
 pub fn render_trace(timeline: &Timeline) -> String {
-    let mut events = Vec::new();
+    let ops: usize = timeline.compute.iter().map(Vec::len).sum();
+    let mut text = String::with_capacity(256 * (ops + 4 * timeline.messages.len()) + 64);
+    text.push_str("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
+    let mut first = true;
+    let out = &mut text;
     for rank in 0..timeline.ranks() {
-        events.push(json!({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": format!("rank {rank}")}}));
-        events.push(json!({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}}));
-        events.push(json!({"name": "thread_name", "ph": "M", "pid": rank, "tid": COMPUTE_TID, "args": {"name": "compute"}}));
-        events.push(json!({"name": "thread_name", "ph": "M", "pid": rank, "tid": COMM_TID, "args": {"name": "comm"}}));
+        push_event(out, &mut first, &json!({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": format!("rank {rank}")}}));
+        push_event(out, &mut first, &json!({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}}));
+        push_event(out, &mut first, &json!({"name": "thread_name", "ph": "M", "pid": rank, "tid": COMPUTE_TID, "args": {"name": "compute"}}));
+        push_event(out, &mut first, &json!({"name": "thread_name", "ph": "M", "pid": rank, "tid": COMM_TID, "args": {"name": "comm"}}));
     }
     for (rank, intervals) in timeline.compute.iter().enumerate() {
         for iv in intervals {
-            events.push(op_event(rank, &iv.op, iv.start, iv.end));
+            push_event(out, &mut first, &op_event(rank, &iv.op, iv.start, iv.end));
         }
     }
     for (id, m) in timeline.messages.iter().enumerate() {
@@ -61,11 +76,11 @@ pub fn render_trace(timeline: &Timeline) -> String {
         };
         let args = json!({"src": m.src, "dst": m.dst, "src_chunk": chunk_args(m.src_chunk), "dst_chunk": chunk_args(m.dst_chunk)});
         let (ts, dur) = (us(m.start), us(m.end - m.start));
-        events.push(json!({
+        push_event(out, &mut first, &json!({
             "name": format!("{send} {} to rank {}", m.src_chunk.mb, m.dst), "cat": "comm", "ph": "X",
             "pid": m.src, "tid": COMM_TID, "ts": ts, "dur": dur, "args": args,
         }));
-        events.push(json!({
+        push_event(out, &mut first, &json!({
             "name": format!("{recv} {} from rank {}", m.dst_chunk.mb, m.src), "cat": "comm", "ph": "X",
             "pid": m.dst, "tid": COMM_TID, "ts": ts, "dur": dur, "args": args,
         }));
@@ -73,12 +88,10 @@ pub fn render_trace(timeline: &Timeline) -> String {
         // end) so that viewers bind them to the enclosing slice whatever order they sort equal
         // timestamps in, and the arrow slants with the flight time.
         let (out_ts, in_ts) = (ts + 0.1 * dur, ts + 0.9 * dur);
-        events.push(json!({"name": "message", "cat": "comm", "ph": "s", "id": id, "pid": m.src, "tid": COMM_TID, "ts": out_ts, "bp": "e"}));
-        events.push(json!({"name": "message", "cat": "comm", "ph": "f", "id": id, "pid": m.dst, "tid": COMM_TID, "ts": in_ts, "bp": "e"}));
+        push_event(out, &mut first, &json!({"name": "message", "cat": "comm", "ph": "s", "id": id, "pid": m.src, "tid": COMM_TID, "ts": out_ts, "bp": "e"}));
+        push_event(out, &mut first, &json!({"name": "message", "cat": "comm", "ph": "f", "id": id, "pid": m.dst, "tid": COMM_TID, "ts": in_ts, "bp": "e"}));
     }
-    let doc = json!({"traceEvents": events, "displayTimeUnit": "ms"});
-    let mut text = serde_json::to_string(&doc).unwrap_or_default();
-    text.push('\n');
+    text.push_str("]}\n");
     text
 }
 

@@ -326,3 +326,18 @@ fn hand_built_zb_h1_meets_the_readme_bound() {
         }
     }
 }
+
+#[test]
+fn costs_whose_sums_overflow_are_an_error_not_an_infinite_makespan() {
+    let schedule = dualpipe_schedule::build(ScheduleKind::DualPipe, 4, 8, 1).unwrap();
+    let huge = CostModel::uniform(1e308, 1e308, 1e308, 1e308);
+    huge.check().expect("every cost alone is finite");
+    let err = simulate(&schedule, &huge).unwrap_err();
+    assert!(matches!(err, SimError::Overflow(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("overflow") && msg.contains("rank"), "{msg}");
+    // Large but summable costs still simulate.
+    let large = CostModel::uniform(1e300, 2e300, 1e300, 3e300);
+    let t = simulate(&schedule, &large).unwrap();
+    assert!(t.makespan().is_finite() && t.makespan() > 1e300);
+}

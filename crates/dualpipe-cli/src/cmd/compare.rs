@@ -4,21 +4,23 @@ use std::path::PathBuf;
 
 use dualpipe_sim::report;
 
-use super::output::write_output;
+use dualpipe_schedule::ScheduleKind;
+
+use super::output::{check_outputs, write_output};
 use super::simulate::{CostArgs, Format};
-use super::UsageError;
+use super::{count, UsageError};
 
 /// Flags of `dualpipe compare`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Number of ranks (devices).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = count)]
     pub ranks: usize,
     /// Micro-batches per step.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = count)]
     pub micro_batches: usize,
     /// Stages per rank of the interleaved schedule.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true, value_parser = count)]
     pub virtual_stages: usize,
     /// Durations and communication costs.
     #[command(flatten)]
@@ -39,6 +41,11 @@ pub struct Args {
 /// Runs `dualpipe compare`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let cost = args.cost.cost_model()?;
+    check_outputs(args.output.as_deref(), &[])?;
+    // Sizes no kind can hold (even 1F1B, with one stage per rank) are refused once, naming the
+    // flag, rather than once per kind.
+    dualpipe_schedule::check_size(ScheduleKind::OneFOneB, args.ranks, args.micro_batches, 1)
+        .map_err(|e| UsageError(e.to_string()))?;
     let basis = if args.per_rank_costs {
         report::CostBasis::PerRank
     } else {

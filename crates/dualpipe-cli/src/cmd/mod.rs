@@ -17,25 +17,70 @@ pub struct ScheduleArgs {
     #[arg(long)]
     pub schedule: String,
     /// Number of ranks (devices).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = count)]
     pub ranks: usize,
     /// Micro-batches per step, over both directions for dualpipe.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = count)]
     pub micro_batches: usize,
     /// Stages per rank (interleaved only) [default: 2 for interleaved, 1 otherwise].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = count)]
     pub virtual_stages: Option<usize>,
 }
 
 impl ScheduleArgs {
     /// The schedule kind and the virtual stages to generate with.
     pub fn kind_and_virtual_stages(&self) -> Result<(ScheduleKind, usize), UsageError> {
-        let kind = parse_kind(&self.schedule)?;
-        let virtual_stages = self
-            .virtual_stages
-            .unwrap_or_else(|| kind.default_virtual_stages());
-        Ok((kind, virtual_stages))
+        kind_and_virtual_stages(&self.schedule, self.virtual_stages)
     }
+}
+
+/// The schedule kind named by `--schedule` and the virtual stages to generate with: the given
+/// `--virtual-stages`, or the kind's default. A kind that fixes its stages per rank (all but
+/// interleaved) accepts 1 (the plain pipeline meaning) or its own value, and otherwise says
+/// what it has: DualPipeV's V always puts 2 stages on every rank.
+pub fn kind_and_virtual_stages(
+    name: &str,
+    virtual_stages: Option<usize>,
+) -> Result<(ScheduleKind, usize), UsageError> {
+    let kind = parse_kind(name)?;
+    if let (Some(fixed), Some(v)) = (kind.fixed_virtual_stages(), virtual_stages) {
+        if v != 1 && v != fixed {
+            let what = if fixed == 1 {
+                "1 stage per rank".to_string()
+            } else {
+                format!("{fixed} stages per rank (its V folds {fixed} x ranks stages over the ranks)")
+            };
+            let fix = if fixed == 1 {
+                "leave --virtual-stages out, or use --schedule interleaved to choose it".to_string()
+            } else {
+                format!("use --virtual-stages {fixed} or leave it out")
+            };
+            return Err(UsageError(format!(
+                "{kind} always has {what}, got --virtual-stages {v}: {fix}"
+            )));
+        }
+    }
+    Ok((kind, virtual_stages.unwrap_or_else(|| kind.default_virtual_stages())))
+}
+
+/// Parses a count flag (`--ranks`, `--micro-batches`, ...): a whole number from 0 up. Negative
+/// numbers reach this check (flags use `allow_negative_numbers`) instead of being taken for an
+/// unknown flag; 0 passes here and is refused, with the nearest valid value, by the library.
+pub fn count(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    if let Ok(n) = t.parse::<usize>() {
+        return Ok(n);
+    }
+    if t.parse::<i128>().is_ok_and(|n| n < 0) || t.parse::<f64>().is_ok_and(|x| x < 0.0) {
+        return Err(format!("a count cannot be negative, got {t}; give a whole number from 1 up"));
+    }
+    if t.parse::<i128>().is_ok() {
+        return Err(format!("{t} is too large (the most is {})", usize::MAX));
+    }
+    if t.parse::<f64>().is_ok() {
+        return Err(format!("{t} is not a whole number; give a count such as 4"));
+    }
+    Err(format!("{t} is not a number; give a count such as 4"))
 }
 
 /// Parses a `--schedule` value, naming the valid kinds when it is unknown.

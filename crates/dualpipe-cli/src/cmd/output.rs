@@ -1,64 +1,77 @@
-//! Writing results: to stdout, or atomically to a file (temp file, then rename).
+//! The CLI's thin adapter over [`dualpipe_io`], the one output writer: every `--output`,
+//! `--svg` and `--trace` goes through here. See that crate for the rules (atomic replace beside
+//! the target, devices / FIFOs / `/dev/fd/N` written in place, links written through,
+//! permission bits kept, no temp file left on failure or Ctrl-C, `| head` ends quietly).
+//!
+//! A path that cannot be written (missing folder, a folder, no permission) is a usage error
+//! (exit 2); a failure of the system at write time (disk full) and a closed standard output
+//! (`>&-`) are errors with exit 1.
 
-use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::Context;
+use dualpipe_io::{Batch, WriteError};
 
-/// Writes `text` to `path` atomically (a temp file beside it, then a rename), or to stdout
-/// when `path` is `None`. A failed write never leaves a half-written file behind.
+use super::UsageError;
+
+/// Maps a writer error to the CLI's: a usage error (exit 2) for a path that cannot be written,
+/// a plain error (exit 1) otherwise.
+fn cli_error(err: WriteError) -> anyhow::Error {
+    if err.is_usage() {
+        UsageError(err.to_string()).into()
+    } else {
+        anyhow::Error::new(err)
+    }
+}
+
+/// Writes `text` to `path` (atomically for a regular file; `-` is stdout), or to stdout when
+/// `path` is `None`. A failed write never leaves a half-written file behind.
 pub fn write_output(path: Option<&Path>, text: &str) -> anyhow::Result<()> {
     match path {
-        None => {
-            let mut out = std::io::stdout().lock();
-            out.write_all(text.as_bytes())?;
-            out.flush()?;
-            Ok(())
-        }
+        None => dualpipe_io::write_stdout(text.as_bytes()).map_err(cli_error),
         Some(path) => write_atomic(path, text.as_bytes()),
     }
 }
 
-/// Writes `bytes` to `path` through a temp file in the same directory and a rename.
+/// Writes `bytes` to `path` by the writer's rules (the name is historical: devices, FIFOs and
+/// descriptor paths are written in place, regular files replaced atomically).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .with_context(|| format!("output path {} has no file name", path.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| -> std::io::Result<()> {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(err) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(err).with_context(|| format!("cannot write {}", path.display()));
+    dualpipe_io::write(path, bytes).map_err(cli_error)
+}
+
+/// Checks, before any long work starts, that `path` can be written later: its folder exists
+/// and is writable, it is not a folder, an existing file is writable, a device or FIFO is
+/// writable, a `/dev/fd/N` is open. Refusals are usage errors naming the path.
+pub fn check_output(path: &Path) -> anyhow::Result<()> {
+    dualpipe_io::check(path).map(drop).map_err(cli_error)
+}
+
+/// Checks every output of a command before its work: each given path, and standard output when
+/// the main result goes there (`main` is `None`), so `>&-` fails before the work.
+pub fn check_outputs(main: Option<&Path>, side: &[Option<&Path>]) -> anyhow::Result<()> {
+    match main {
+        Some(path) => check_output(path)?,
+        None => dualpipe_io::check_stdout().map_err(cli_error)?,
+    }
+    for path in side.iter().flatten() {
+        check_output(path)?;
     }
     Ok(())
 }
 
-/// Checks, before any long work starts, that `path` can be written later: its directory exists
-/// and is a directory. (A first, simple check; the safe-writer work makes it thorough.)
-pub fn check_output(path: &Path) -> anyhow::Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    if !dir.is_dir() {
-        anyhow::bail!(
-            "cannot write {}: directory {} does not exist; create it or choose another path",
-            path.display(),
-            dir.display()
-        );
+/// Writes several results together, all or nothing: every file is staged before any is put in
+/// place (`None` as a path is stdout, written after the files).
+pub fn write_together(files: Vec<(Option<PathBuf>, Vec<u8>)>) -> anyhow::Result<()> {
+    let mut batch = Batch::new();
+    let mut stdout = Vec::new();
+    for (path, bytes) in files {
+        match path {
+            Some(path) => batch.add(&path, bytes).map_err(cli_error)?,
+            None => stdout.push(bytes),
+        }
+    }
+    batch.commit().map_err(cli_error)?;
+    for bytes in stdout {
+        dualpipe_io::write_stdout(&bytes).map_err(cli_error)?;
     }
     Ok(())
 }

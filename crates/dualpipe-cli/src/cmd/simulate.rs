@@ -2,15 +2,15 @@
 //! and optionally an SVG picture and a Chrome/Perfetto trace.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use dualpipe_schedule::ScheduleError;
+use dualpipe_schedule::{Schedule, ScheduleError};
 use dualpipe_sim::report::{self, RunError};
 use dualpipe_sim::svg::{self, SvgOptions};
 use dualpipe_sim::{ascii, trace, CommCost, CostModel, SimError};
 
-use super::output::{write_atomic, write_output};
-use super::UsageError;
+use super::output::{check_outputs, write_together};
+use super::{count, UsageError};
 
 /// Output format of `simulate` and `compare`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,11 +43,17 @@ pub struct CostArgs {
     #[arg(long, allow_negative_numbers = true)]
     pub bandwidth: Option<f64>,
     /// Bytes per message (activations or gradients of one micro-batch).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = bytes)]
     pub message_bytes: u64,
     /// Make communication blocking: a rank's compute waits for its own sends.
     #[arg(long)]
     pub blocking_comm: bool,
+}
+
+/// Parses `--message-bytes`: a whole number of bytes from 0 up (negative numbers reach this
+/// check and are refused with a range message).
+fn bytes(text: &str) -> Result<u64, String> {
+    count(text).and_then(|n| u64::try_from(n).map_err(|_| format!("{n} is too large")))
 }
 
 impl CostArgs {
@@ -72,9 +78,23 @@ impl CostArgs {
 /// Flags of `dualpipe simulate`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Which schedule, on how many ranks and micro-batches.
-    #[command(flatten)]
-    pub sched: super::ScheduleArgs,
+    /// Schedule kind: gpipe, 1f1b, interleaved, zb1p, dualpipe, dualpipev.
+    #[arg(long, required_unless_present = "schedule_file")]
+    pub schedule: Option<String>,
+    /// Number of ranks (devices).
+    #[arg(long, required_unless_present = "schedule_file", allow_negative_numbers = true, value_parser = count)]
+    pub ranks: Option<usize>,
+    /// Micro-batches per step, over both directions for dualpipe.
+    #[arg(long, required_unless_present = "schedule_file", allow_negative_numbers = true, value_parser = count)]
+    pub micro_batches: Option<usize>,
+    /// Stages per rank (interleaved only) [default: 2 for interleaved, 1 otherwise].
+    #[arg(long, allow_negative_numbers = true, value_parser = count)]
+    pub virtual_stages: Option<usize>,
+    /// Simulate the schedule in FILE instead of generating one: our JSON (`dualpipe schedule
+    /// --format json`) or torch's compute-only CSV (`--format csv`), told apart by the
+    /// extension or the content, validated on import; `-` reads stdin.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["schedule", "ranks", "micro_batches", "virtual_stages"])]
+    pub schedule_file: Option<PathBuf>,
     /// Durations and communication costs.
     #[command(flatten)]
     pub cost: CostArgs,
@@ -99,22 +119,107 @@ pub struct Args {
 pub const FB_DEFAULT_NOTE: &str =
     "note: --fb not given, so an overlapped F&B pair costs F + B (no overlap gain); pass --fb to model the overlap";
 
-/// Parses a schedule kind name, or a usage error listing the valid ones.
+/// The largest schedule file read, in bytes (a schedule at the size cap,
+/// [`dualpipe_schedule::MAX_CHUNKS`] chunks, is about 500 MB of JSON).
+pub const MAX_SCHEDULE_FILE_BYTES: u64 = 1 << 30;
+
+/// Reads, validates and lowers the schedule in `path` (`-`: stdin), or a usage error naming the
+/// file: not readable, too large, not UTF-8, not a schedule (the parser's message with the rank
+/// and op or cell), or breaking a rule (the validator's message).
+pub fn read_schedule_file(path: &Path) -> Result<Schedule, UsageError> {
+    use std::io::Read;
+    let origin = path.display().to_string();
+    let cannot = |e: std::io::Error| {
+        UsageError(format!(
+            "cannot read schedule file {origin} (--schedule-file): {e}"
+        ))
+    };
+    let mut bytes = Vec::new();
+    if path.as_os_str() == "-" {
+        std::io::stdin()
+            .lock()
+            .take(MAX_SCHEDULE_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(cannot)?;
+    } else {
+        let file = std::fs::File::open(path).map_err(cannot)?;
+        let meta = file.metadata().map_err(cannot)?;
+        if meta.is_dir() {
+            return Err(UsageError(format!(
+                "schedule file {origin} (--schedule-file) is a folder; give a .json or .csv file"
+            )));
+        }
+        file.take(MAX_SCHEDULE_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(cannot)?;
+    }
+    if bytes.len() as u64 > MAX_SCHEDULE_FILE_BYTES {
+        return Err(UsageError(format!(
+            "schedule file {origin} (--schedule-file) is over {} MiB, the most read; a schedule \
+             at the size cap is about 500 MB",
+            MAX_SCHEDULE_FILE_BYTES >> 20
+        )));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        UsageError(format!(
+            "schedule file {origin} (--schedule-file) is not UTF-8 text (byte {}); give our \
+             JSON or torch's CSV",
+            e.utf8_error().valid_up_to()
+        ))
+    })?;
+    dualpipe_schedule::format::read_schedule(&text, &origin).map_err(|e| match e {
+        ScheduleError::Parse(msg) => UsageError(msg),
+        other => UsageError(format!("schedule file {origin}: {other}")),
+    })
+}
+
 /// Maps a library error to a usage error (bad configuration) or a plain error.
 pub fn run_error(err: RunError) -> anyhow::Error {
     match err {
         RunError::Schedule(ScheduleError::InvalidConfig(msg)) => UsageError(msg).into(),
         RunError::Sim(SimError::Cost(msg)) => UsageError(msg).into(),
+        RunError::Sim(SimError::Overflow(msg)) => {
+            UsageError(format!("{msg} (flags --f --b --w --fb --latency --bandwidth)")).into()
+        }
         other => anyhow::Error::new(other),
     }
 }
 
 /// Runs `dualpipe simulate`.
+///
+/// Every output path is checked before the work; the table or JSON, the SVG and the trace are
+/// all rendered, then written together (all or nothing).
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let (kind, virtual_stages) = args.sched.kind_and_virtual_stages()?;
+    let generated = match &args.schedule_file {
+        Some(_) => None,
+        None => Some(super::kind_and_virtual_stages(
+            args.schedule.as_deref().unwrap_or_default(),
+            args.virtual_stages,
+        )?),
+    };
     let cost = args.cost.cost_model()?;
-    let (ranks, micro_batches) = (args.sched.ranks, args.sched.micro_batches);
-    let run = report::run(kind, ranks, micro_batches, virtual_stages, &cost).map_err(run_error)?;
+    check_outputs(
+        args.output.as_deref(),
+        &[args.svg.as_deref(), args.trace.as_deref()],
+    )?;
+    let run = match (&args.schedule_file, generated) {
+        (Some(path), _) => {
+            let schedule = read_schedule_file(path)?;
+            report::run_schedule(schedule, &cost).map_err(run_error)?
+        }
+        (None, Some((kind, virtual_stages))) => {
+            let ranks = args.ranks.unwrap_or_default();
+            let micro_batches = args.micro_batches.unwrap_or_default();
+            report::run(kind, ranks, micro_batches, virtual_stages, &cost).map_err(run_error)?
+        }
+        (None, None) => {
+            return Err(UsageError(
+                "give --schedule, --ranks and --micro-batches, or --schedule-file FILE".into(),
+            )
+            .into())
+        }
+    };
+    let kind = run.schedule.kind;
     let r = &run.report;
     let uses_fb = run
         .schedule
@@ -125,6 +230,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.cost.fb.is_none() && uses_fb {
         eprintln!("{}", FB_DEFAULT_NOTE);
     }
+    let mut files = Vec::new();
     if let Some(path) = &args.svg {
         let c = &cost.compute;
         let title = format!(
@@ -144,10 +250,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 caption: vec![svg::caption(&r.metrics)],
             },
         );
-        write_atomic(path, picture.as_bytes())?;
+        files.push((Some(path.clone()), picture.into_bytes()));
     }
     if let Some(path) = &args.trace {
-        write_atomic(path, trace::render_trace(&run.timeline).as_bytes())?;
+        files.push((
+            Some(path.clone()),
+            trace::render_trace(&run.timeline).into_bytes(),
+        ));
     }
     let text = match args.format {
         Format::Json => {
@@ -164,5 +273,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             )
         }
     };
-    write_output(args.output.as_deref(), &text)
+    files.push((args.output.clone(), text.into_bytes()));
+    write_together(files)
 }

@@ -1,0 +1,69 @@
+//! Why a write could not be done.
+
+use std::path::PathBuf;
+
+/// A write that could not be done, naming the path and how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The folder the file would go into does not exist (or is not a folder).
+    #[error("cannot write {path}: folder {dir} does not exist; create it or choose another path")]
+    NoDirectory {
+        /// The path asked for.
+        path: PathBuf,
+        /// Its folder.
+        dir: PathBuf,
+    },
+    /// The target is a folder.
+    #[error("cannot write {path}: it is a folder; give a file name inside it")]
+    IsDirectory {
+        /// The path asked for.
+        path: PathBuf,
+    },
+    /// The folder (or the file written in place, or a read-only file) refuses writing.
+    #[error("cannot write {path}: {what} is not writable; change its permissions or choose another path")]
+    NotWritable {
+        /// The path asked for.
+        path: PathBuf,
+        /// What refuses: `folder X` or `file X`.
+        what: String,
+    },
+    /// A chain of symbolic links that does not end (or is longer than 40 links).
+    #[error("cannot write {path}: too many levels of symbolic links; point it at a file")]
+    LinkLoop {
+        /// The path asked for.
+        path: PathBuf,
+    },
+    /// A path of the form `/dev/fd/N` whose descriptor is not open.
+    #[error("cannot write {path}: that file descriptor is not open")]
+    ClosedDescriptor {
+        /// The path asked for.
+        path: PathBuf,
+    },
+    /// Standard output is closed (the command ran with `>&-`).
+    #[error("standard output is closed, so the result would be lost; redirect it (> FILE) or pass --output FILE")]
+    StdoutClosed,
+    /// The operating system refused a step of the write.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The path asked for (`-` for standard output).
+        path: PathBuf,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl WriteError {
+    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> WriteError {
+        WriteError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// Whether the error is in the request (a path that cannot be written: fix the flag) rather
+    /// than in the system at write time (a full disk, a device error).
+    pub fn is_usage(&self) -> bool {
+        !matches!(self, WriteError::Io { .. } | WriteError::StdoutClosed)
+    }
+}
