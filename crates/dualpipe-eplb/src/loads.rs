@@ -200,7 +200,7 @@ fn check_value(v: f64, at: impl FnOnce() -> String) -> Result<f64, String> {
         Ok(v)
     } else if v.is_finite() && v > MAX_LOAD {
         Err(format!(
-            "{}: load {v} is above the largest f32 ({:e}); scale the loads down (only their ratios matter)",
+            "{}: load {v:e} is above the largest f32 ({:e}); scale the loads down (only their ratios matter)",
             at(),
             f32::MAX
         ))
