@@ -4,8 +4,9 @@
 //! array and passes its bytes; the results come back as `bytearray`s of native-endian `i64`
 //! that numpy wraps without copying.
 
-use dualpipe_eplb::improved::{rebalance_improved, Layout, PlannerOptions};
-use dualpipe_eplb::{rebalance_experts_with_policy, LoadMatrix, Policy};
+use dualpipe_eplb::{
+    plan, rebalance_experts_with_policy, Layout, LoadMatrix, Placement, Planner, Policy,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
@@ -109,29 +110,8 @@ fn indices_from_bytes(bytes: &[u8], what: &str) -> PyResult<Vec<usize>> {
         .collect()
 }
 
-/// The reference's `logcnt` and `log2phy` of a placement: each expert's replica count, and its
-/// slots in increasing order padded with -1 to the largest count of any layer.
-fn maps_of(phy2log: &[Vec<usize>], experts: usize) -> (Vec<i64>, Vec<i64>, usize) {
-    let mut logcnt = vec![0i64; phy2log.len() * experts];
-    for (l, row) in phy2log.iter().enumerate() {
-        for &e in row {
-            logcnt[l * experts + e] += 1;
-        }
-    }
-    let width = logcnt.iter().copied().max().unwrap_or(0).max(0) as usize;
-    let mut log2phy = vec![-1i64; phy2log.len() * experts * width];
-    let mut filled = vec![0usize; experts];
-    for (l, row) in phy2log.iter().enumerate() {
-        filled.iter_mut().for_each(|f| *f = 0);
-        for (slot, &e) in row.iter().enumerate() {
-            log2phy[(l * experts + e) * width + filled[e]] = slot as i64;
-            filled[e] += 1;
-        }
-    }
-    (logcnt, log2phy, width)
-}
-
-/// Runs the migration-aware planner (`dualpipe_eplb::improved`) with the GIL released;
+/// Runs the migration-aware planner (`dualpipe_eplb::plan` with the improved policy, the same
+/// call as `dualpipe eplb`) with the GIL released;
 /// `previous` is the last `phy2log` (`layers x replicas` int64 buffer) or `None`.
 /// Returns `((phy2log, log2phy, logcnt, max_replicas), moved_replicas)`.
 #[pyfunction]
@@ -163,39 +143,28 @@ fn eplb_rebalance_improved<'py>(
             )));
         }
     }
-    let layout = Layout {
-        experts,
-        replicas: num_replicas,
-        groups: num_groups,
-        nodes: num_nodes,
-        gpus: num_gpus,
-    };
-    let (phy2log, moved) = py
+    let layout = Layout::new(experts, num_replicas, num_groups, num_nodes, num_gpus);
+    let outcome = py
         .detach(move || {
-            let rows = loads.to_rows();
-            let prev_rows: Option<Vec<Vec<usize>>> = prev.map(|p| {
-                p.chunks(num_replicas.max(1))
-                    .map(<[usize]>::to_vec)
-                    .collect()
+            let previous = prev.map(|p| {
+                Placement::from_rows(
+                    p.chunks(num_replicas.max(1))
+                        .map(<[usize]>::to_vec)
+                        .collect(),
+                )
             });
-            let plan = rebalance_improved(
-                &rows,
-                &layout,
-                prev_rows.as_deref(),
-                &PlannerOptions::default(),
-            )?;
-            Ok::<_, dualpipe_eplb::improved::PlannerError>((plan.phy2log(), plan.moved()))
+            plan(&loads, &layout, &Planner::default(), previous.as_ref(), 0)
         })
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let (logcnt, log2phy, width) = maps_of(&phy2log, experts);
-    let flat: Vec<i64> = phy2log.iter().flatten().map(|&e| e as i64).collect();
-    let plan = (
-        i64_bytearray(py, &flat)?,
-        i64_bytearray(py, &log2phy)?,
-        i64_bytearray(py, &logcnt)?,
-        width,
+    let moved = outcome.moves.as_ref().map_or(0, |m| m.moves.len());
+    let plan = &outcome.plan;
+    let flat = (
+        i64_bytearray(py, plan.phy2log.as_slice())?,
+        i64_bytearray(py, plan.log2phy.as_slice())?,
+        i64_bytearray(py, plan.logcnt.as_slice())?,
+        plan.max_replicas(),
     );
-    Ok((plan, moved))
+    Ok((flat, moved))
 }
 
 /// Adds the EPLB functions to the module.

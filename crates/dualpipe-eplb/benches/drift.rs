@@ -9,7 +9,10 @@
 
 use std::time::Instant;
 
-use dualpipe_eplb::drift::{run_drift, table, Arm, Distribution, DriftConfig};
+#[path = "support/drift.rs"]
+#[allow(dead_code)]
+mod drift;
+use drift::{run_drift, table, Arm, Distribution, DriftConfig};
 use dualpipe_eplb::improved::PlannerOptions;
 
 fn main() {

@@ -9,9 +9,15 @@
 //!   8 nodes, 128 GPUs; parallel over layers.
 //!
 //! Loads are drawn from a fixed-seed log-normal-like generator, so runs are comparable.
+//!
+//! The `scale` group runs the improved policy and the deepseek policy side by side on the sizes
+//! where the improved policy's local search used to run away (issue 11 item 4): 65,536 and
+//! 1,048,576 replicas of 4 experts (2 layers, 2 groups, 2 nodes, 4 GPUs), and 16,384 experts
+//! on 16,384 GPUs (32,768 replicas, one group, one node). Goal: improved within about 10x of
+//! deepseek. `cargo bench -p dualpipe-eplb --bench eplb -- scale` runs only these.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use dualpipe_eplb::{rebalance_experts_with_policy, LoadMatrix, Policy};
+use dualpipe_eplb::{plan, rebalance_experts_with_policy, Layout, LoadMatrix, Planner, Policy};
 
 /// Deterministic skewed loads (splitmix64 -> exp of a sum of uniforms).
 fn loads(layers: usize, experts: usize, seed: u64) -> LoadMatrix {
@@ -97,5 +103,32 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// The large shapes: (name, layers, experts, replicas, groups, nodes, gpus).
+const SCALE: [(&str, usize, usize, usize, usize, usize, usize); 3] = [
+    ("2x4_p65536_n2_r4", 2, 4, 65_536, 2, 2, 4),
+    ("2x4_p1048576_n2_r4", 2, 4, 1_048_576, 2, 2, 4),
+    ("1x16384_p32768_r16384", 1, 16_384, 32_768, 1, 1, 16_384),
+];
+
+fn scale(c: &mut Criterion) {
+    let mut group = c.benchmark_group("scale");
+    group.sample_size(10);
+    group.warm_up_time(std::time::Duration::from_millis(500));
+    group.measurement_time(std::time::Duration::from_secs(3));
+    for &(name, layers, experts, replicas, groups, nodes, gpus) in &SCALE {
+        let w = loads(layers, experts, 42);
+        let layout = Layout::of_loads(&w, replicas, groups, nodes, gpus);
+        for (arm, planner) in [
+            ("deepseek", Planner::Reference(Policy::Auto)),
+            ("improved", Planner::default()),
+        ] {
+            group.bench_with_input(BenchmarkId::new(arm, name), &w, |b, w| {
+                b.iter(|| plan(w, &layout, &planner, None, 0).expect("valid benchmark shape"))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, scale);
 criterion_main!(benches);

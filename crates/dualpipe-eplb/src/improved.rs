@@ -16,7 +16,8 @@
 //! A replica *moves* when its logical expert was not on that GPU before.
 //!
 //! ```
-//! use dualpipe_eplb::improved::{rebalance_improved, Layout, PlannerOptions};
+//! use dualpipe_eplb::improved::{rebalance_improved, PlannerOptions};
+//! use dualpipe_eplb::Layout;
 //! use dualpipe_eplb::moves::move_plan;
 //! use dualpipe_eplb::plan_check::{check_moves, check_policy};
 //!
@@ -35,9 +36,11 @@
 
 use crate::migrate::{assign_max, preserve_slots, relabel};
 use crate::packing::{Domain, SearchLimits};
+use crate::previous::Placement;
+use crate::{EplbError, Layout, LoadMatrix};
 
-mod layout;
-pub use layout::{Layout, PlannerError, PlannerOptions};
+mod options;
+pub use options::PlannerOptions;
 
 /// How a layer's placement was obtained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -481,43 +484,23 @@ impl ImprovedPlan {
     pub fn moved(&self) -> usize {
         self.layers.iter().map(|l| l.moved).sum()
     }
+
+    /// The plan in the crate's [`Plan`](crate::Plan) form.
+    pub fn to_plan(&self, layout: &Layout) -> Result<crate::Plan, EplbError> {
+        crate::Plan::from_phy2log(&self.phy2log(), layout)
+    }
 }
 
-/// Checks that `prev` is a placement for `layout` with `layers` layers.
-pub fn check_previous(
-    prev: &[Vec<usize>],
-    layers: usize,
-    layout: &Layout,
-) -> Result<(), PlannerError> {
-    if prev.len() != layers {
-        return Err(PlannerError::Previous(format!(
-            "it has {} layers but the loads have {layers}",
-            prev.len()
+/// Checks that the improved policy can plan `layout`: its GPU x expert table of one placement
+/// domain stays below 2^28 cells.
+pub fn check_domain_size(layout: &Layout) -> Result<(), EplbError> {
+    let (domains, gpd) = layout.domains();
+    let cells = (gpd as u128) * (layout.experts / domains) as u128;
+    if cells > 1 << 28 {
+        return Err(EplbError::Layout(format!(
+            "{gpd} GPUs x {} experts in one placement domain is too large for the improved policy (at most 2^28); use --policy deepseek or more nodes",
+            layout.experts / domains
         )));
-    }
-    for (l, row) in prev.iter().enumerate() {
-        if row.len() != layout.replicas {
-            return Err(PlannerError::Previous(format!(
-                "layer {l} has {} replicas, expected {}",
-                row.len(),
-                layout.replicas
-            )));
-        }
-        let mut seen = vec![false; layout.experts];
-        for (s, &e) in row.iter().enumerate() {
-            if e >= layout.experts {
-                return Err(PlannerError::Previous(format!(
-                    "layer {l}, replica {s} names expert {e} but there are {} experts",
-                    layout.experts
-                )));
-            }
-            seen[e] = true;
-        }
-        if let Some(e) = seen.iter().position(|&x| !x) {
-            return Err(PlannerError::Previous(format!(
-                "layer {l} has no replica of expert {e}"
-            )));
-        }
     }
     Ok(())
 }
@@ -529,11 +512,14 @@ pub fn rebalance_improved(
     layout: &Layout,
     prev: Option<&[Vec<usize>]>,
     opts: &PlannerOptions,
-) -> Result<ImprovedPlan, PlannerError> {
-    layout.check_with(load)?;
+) -> Result<ImprovedPlan, EplbError> {
+    let loads = LoadMatrix::from_rows(load.to_vec())?;
+    layout.validate(&loads)?;
+    check_domain_size(layout)?;
     opts.check()?;
     if let Some(prev) = prev {
-        check_previous(prev, load.len(), layout)?;
+        // The topology of a bare matrix is the layout's; only the shape is checked here.
+        Placement::from_rows(prev.to_vec()).check(load.len(), layout)?;
     }
     let layers = load
         .iter()

@@ -1,10 +1,15 @@
 //! Expert-parallel load balancing for Mixture-of-Experts models.
 //!
-//! [`rebalance_experts`] decides how many replicas each logical expert gets and on which
-//! GPU each replica lives, so that the hottest GPU of every MoE layer carries as little load
-//! as possible. It reproduces DeepSeek's EPLB (`eplb.py`) index for index: the
-//! hierarchical policy (expert groups packed onto nodes, replication within nodes, replicas
-//! packed onto GPUs) and the global policy (replication and packing over all GPUs).
+//! [`plan`] is the one call: it validates the loads and the [`Layout`], runs a [`Planner`]
+//! (the improved, migration-aware policy, or DeepSeek's EPLB index for index), lists the
+//! expert moves from a previous [`Placement`], and returns a [`PlanOutcome`] that a
+//! [`PlanReport`] renders as JSON or as a table.
+//!
+//! [`rebalance_experts`] is the reference's own four-number entry point: how many replicas
+//! each logical expert gets and on which GPU each replica lives, equal, index for index, to
+//! DeepSeek's EPLB (`eplb.py`): the hierarchical policy (expert groups packed onto nodes,
+//! replication within nodes, replicas packed onto GPUs) and the global policy (replication and
+//! packing over all GPUs).
 //!
 //! ```
 //! use dualpipe_eplb::{rebalance_experts, LoadMatrix};
@@ -19,27 +24,39 @@
 //! ```
 //!
 //! Modules: [`loads`] reads load files (JSON, CSV, NumPy) and predicts a load from a history;
-//! [`stats`] measures how balanced a placement is.
+//! [`stats`] measures how balanced a placement is; [`improved`] is the migration-aware policy;
+//! [`moves`] turns two placements into scheduled transfers; [`plan_check`] validates outputs.
 
+#![warn(missing_docs)]
+
+mod balance;
 mod error;
 mod introsort;
+mod layout;
 pub mod loads;
 mod matrix;
 mod npy;
 mod plan;
+mod previous;
 mod reference;
+mod report;
 pub mod stats;
 
 // Migration-aware planner beyond the reference (docs/eplb-planner.md).
-pub mod drift;
 pub mod improved;
 pub mod migrate;
 pub mod moves;
 mod packing;
 pub mod plan_check;
-pub mod planner_io;
 
+pub use balance::{
+    check_expert_bytes, plan, rebalance_experts, rebalance_experts_with_policy, PlanOutcome,
+    Planner,
+};
 pub use error::EplbError;
+pub use layout::{Layout, MAX_LOAD, MAX_LOG2PHY, MAX_SLOTS};
 pub use matrix::{LoadMatrix, Matrix, Tensor3};
-pub use plan::{rebalance_experts, rebalance_experts_with_policy, Plan, Policy};
+pub use plan::{Plan, Policy};
+pub use previous::Placement;
+pub use report::{move_summary, PlanReport};
 pub use stats::{BalanceStats, LayerBalance, PlanStats};

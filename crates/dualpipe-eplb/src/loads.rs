@@ -5,15 +5,22 @@
 //!   history; an object with a `"weight"` or `"loads"` field holding such an array is accepted
 //!   too (the golden-file layout).
 //! - **CSV** (`.csv`, `.txt`): one layer per line, experts separated by commas; blank lines and
-//!   lines starting with `#` are skipped, and so is a first line with no numbers (a header).
+//!   lines starting with `#` are skipped, and so is a first line with no numbers (a header). A
+//!   UTF-8 byte-order mark is skipped; a line of numbers separated by `;` or tabs is an error
+//!   that says to use commas (it is not taken for a header).
 //! - **NumPy** (`.npy`): a 2-D or 3-D array of `f32`, `f64`, `i32`, `i64` (other integer
 //!   widths and `u*` work too), either byte order, C or Fortran order, format versions 1 to 3.
+//!   A file with more data than its shape holds is refused (the header does not describe it).
+//!
+//! Every load must be finite, non-negative and at most [`MAX_LOAD`] (the largest `f32`), and
+//! so must every layer's sum; errors name the cell (or the layer).
 //!
 //! A 3-D input is a history of per-step loads; [`LoadData::predict`] turns it into one
 //! `[layers][experts]` matrix with a [`Predictor`].
 
 use std::path::{Path, PathBuf};
 
+use crate::layout::MAX_LOAD;
 use crate::matrix::LoadMatrix;
 use crate::EplbError;
 
@@ -189,14 +196,35 @@ fn format_err(path: &Path, message: String) -> EplbError {
 
 /// Checks one load value; `at` describes its position for the message.
 fn check_value(v: f64, at: impl FnOnce() -> String) -> Result<f64, String> {
-    if v.is_finite() && v >= 0.0 {
+    if v.is_finite() && v >= 0.0 && v <= MAX_LOAD {
         Ok(v)
+    } else if v.is_finite() && v > MAX_LOAD {
+        Err(format!(
+            "{}: load {v:e} is above the largest f32 ({:e}); scale the loads down (only their ratios matter)",
+            at(),
+            f32::MAX
+        ))
     } else {
         Err(format!(
             "{}: load {v} is not allowed; loads must be finite and non-negative",
             at()
         ))
     }
+}
+
+/// Checks that no layer's loads add up to more than [`MAX_LOAD`]; `prefix` names the step of a
+/// history (empty for a matrix).
+fn check_layer_sums(m: &LoadMatrix, prefix: &str) -> Result<(), String> {
+    for (l, row) in m.iter_rows().enumerate() {
+        let sum: f64 = row.iter().sum();
+        if sum > MAX_LOAD {
+            return Err(format!(
+                "{prefix}layer {l}: the loads add up to {sum:e}, above the largest f32 ({:e}); scale the loads down (only their ratios matter)",
+                f32::MAX
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Parses JSON load text (a 2-D matrix or a 3-D history).
@@ -257,11 +285,18 @@ fn json_matrix(value: &serde_json::Value, prefix: &str) -> Result<LoadMatrix, St
         }
         out.push(vals);
     }
-    LoadMatrix::from_rows(out).map_err(|e| format!("{prefix}{e}"))
+    let m = LoadMatrix::from_rows(out).map_err(|e| format!("{prefix}{e}"))?;
+    check_layer_sums(&m, prefix)?;
+    Ok(m)
 }
 
 /// Parses CSV load text: one layer per line.
+///
+/// A UTF-8 byte-order mark at the start is skipped. A first line without numbers is a header
+/// and skipped, unless it holds numbers separated by `;` or tabs: that is an error naming the
+/// separator, since loads are separated by commas.
 pub fn parse_csv(text: &str) -> Result<LoadMatrix, String> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut rows: Vec<Vec<f64>> = Vec::new();
     let mut seen_line = false;
     for (i, line) in text.lines().enumerate() {
@@ -273,6 +308,17 @@ pub fn parse_csv(text: &str) -> Result<LoadMatrix, String> {
         let cells: Vec<&str> = trimmed.split(',').map(str::trim).collect();
         let first_line = !seen_line;
         seen_line = true;
+        if cells.len() == 1 {
+            if let Some(sep) = [';', '\t'].into_iter().find(|&sep| {
+                let parts: Vec<&str> = trimmed.split(sep).map(str::trim).collect();
+                parts.len() > 1 && parts.iter().all(|p| p.parse::<f64>().is_ok())
+            }) {
+                let name = if sep == ';' { "`;`" } else { "tabs" };
+                return Err(format!(
+                    "line {line_no}: the loads are separated by {name}; separate them with commas (one layer per line)"
+                ));
+            }
+        }
         if first_line && cells.iter().all(|c| c.parse::<f64>().is_err()) {
             continue; // a header
         }
@@ -299,7 +345,9 @@ pub fn parse_csv(text: &str) -> Result<LoadMatrix, String> {
         }
         rows.push(vals);
     }
-    LoadMatrix::from_rows(rows).map_err(|e| e.to_string())
+    let m = LoadMatrix::from_rows(rows).map_err(|e| e.to_string())?;
+    check_layer_sums(&m, "")?;
+    Ok(m)
 }
 
 /// Parses the bytes of a `.npy` file (2-D matrix or 3-D history).
@@ -323,21 +371,32 @@ pub fn parse_npy(bytes: &[u8]) -> Result<LoadData, String> {
             other => format!("index {other:?}"),
         }
     };
-    if let Some(pos) = data.iter().position(|v| !(v.is_finite() && *v >= 0.0)) {
+    if let Some(pos) = data
+        .iter()
+        .position(|v| !(v.is_finite() && *v >= 0.0 && *v <= MAX_LOAD))
+    {
         check_value(data[pos], || index_name(pos))?;
     }
     match *shape.as_slice() {
-        [layers, experts] => LoadMatrix::from_flat(layers, experts, data)
-            .map(LoadData::Matrix)
-            .map_err(|e| e.to_string()),
+        [layers, experts] => {
+            let m = LoadMatrix::from_flat(layers, experts, data).map_err(|e| e.to_string())?;
+            check_layer_sums(&m, "")?;
+            Ok(LoadData::Matrix(m))
+        }
         [steps, layers, experts] => {
             let per = layers * experts;
             let mats = (0..steps)
                 .map(|s| {
-                    LoadMatrix::from_flat(layers, experts, data[s * per..(s + 1) * per].to_vec())
+                    let m = LoadMatrix::from_flat(
+                        layers,
+                        experts,
+                        data[s * per..(s + 1) * per].to_vec(),
+                    )
+                    .map_err(|e| e.to_string())?;
+                    check_layer_sums(&m, &format!("step {s}, "))?;
+                    Ok(m)
                 })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| e.to_string())?;
+                .collect::<Result<Vec<_>, String>>()?;
             LoadHistory::new(mats)
                 .map(LoadData::History)
                 .map_err(|e| e.to_string())
@@ -423,6 +482,42 @@ mod tests {
     }
 
     #[test]
+    fn csv_byte_order_mark_and_separators() {
+        let m = parse_csv("\u{feff}90,132,40,61\n20,107,104,64\n").unwrap();
+        assert_eq!(m.row(0), &[90.0, 132.0, 40.0, 61.0]);
+        let m = parse_csv("\u{feff}e0,e1\n1,2\n").unwrap();
+        assert_eq!(m.rows(), 1);
+        for text in ["1;2;3;4", "1;2;3;4\n5;6;7;8\n", "e0,e1\n1\t2\n"] {
+            let e = parse_csv(text).unwrap_err();
+            assert!(e.contains("separate them with commas"), "{text:?}: {e}");
+        }
+        assert!(parse_csv("1;2;3;4").unwrap_err().contains("line 1"));
+    }
+
+    #[test]
+    fn loads_beyond_f32_name_the_cell_or_the_layer() {
+        let e = parse_json("[[1e308, 1, 1, 1]]").unwrap_err();
+        assert!(
+            e.contains("layer 0, expert 0") && e.contains("largest f32"),
+            "{e}"
+        );
+        let e = parse_json("[[1, 2], [3.5e38, 3.5e38]]").unwrap_err();
+        assert!(e.contains("layer 1, expert 0"), "{e}");
+        let e = parse_json("[[1, 2], [3e38, 3e38]]").unwrap_err();
+        assert!(e.contains("layer 1: the loads add up to"), "{e}");
+        let e = parse_json("[[[1, 2]], [[3e38, 3e38]]]").unwrap_err();
+        assert!(e.contains("step 1, layer 0: the loads add up"), "{e}");
+        let e = parse_csv("1,2\n3e38,1e38\n").unwrap_err();
+        assert!(e.contains("layer 1: the loads add up"), "{e}");
+        let e = parse_csv("1,1e39\n").unwrap_err();
+        assert!(
+            e.contains("line 1, column 2") && e.contains("largest f32"),
+            "{e}"
+        );
+        assert!(parse_json("[[3.4e38, 0]]").is_ok());
+    }
+
+    #[test]
     fn npy_dtypes_orders_and_shapes() {
         let f64s: Vec<u8> = [1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0]
             .iter()
@@ -463,6 +558,21 @@ mod tests {
         let e = parse_npy(&npy_bytes("<f4", &[2], false, &f32s)).unwrap_err();
         assert!(e.contains("shape"), "{e}");
         assert!(parse_npy(b"garbage").is_err());
+        let huge: Vec<u8> = [1e300f64, 1.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let e = parse_npy(&npy_bytes("<f8", &[1, 2], false, &huge)).unwrap_err();
+        assert!(
+            e.contains("layer 0, expert 0") && e.contains("largest f32"),
+            "{e}"
+        );
+        let sum: Vec<u8> = [3e38f32, 3e38]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let e = parse_npy(&npy_bytes("<f4", &[1, 2], false, &sum)).unwrap_err();
+        assert!(e.contains("layer 0: the loads add up"), "{e}");
     }
 
     #[test]

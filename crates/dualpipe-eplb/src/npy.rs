@@ -16,26 +16,49 @@ pub(crate) struct NpyArray {
 /// Decodes the bytes of a `.npy` file.
 pub(crate) fn decode(bytes: &[u8]) -> Result<NpyArray, String> {
     const MAGIC: &[u8] = b"\x93NUMPY";
-    if bytes.len() < 10 || &bytes[..6] != MAGIC {
+    if bytes.len() < MAGIC.len() {
+        return Err(if MAGIC.starts_with(bytes) && !bytes.is_empty() {
+            format!(
+                "the .npy preamble is truncated ({} bytes, the magic string alone takes 6); save the array again with numpy.save",
+                bytes.len()
+            )
+        } else {
+            "not a .npy file (the magic string \\x93NUMPY is missing); save the array with numpy.save".into()
+        });
+    }
+    if &bytes[..6] != MAGIC {
         return Err("not a .npy file (the magic string \\x93NUMPY is missing); save the array with numpy.save".into());
     }
-    let major = bytes[6];
-    let (header_len, start): (usize, usize) = match major {
-        1 => (usize::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
-        2 | 3 if bytes.len() >= 12 => (
-            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
-            12,
-        ),
+    let Some(&major) = bytes.get(6) else {
+        return Err(preamble_truncated(bytes.len(), 8));
+    };
+    let length_bytes = match major {
+        1 => 2,
+        2 | 3 => 4,
         _ => {
             return Err(format!(
-                "unsupported .npy format version {major}; save the array with numpy.save"
+                "unsupported .npy format version {major}; save the array with numpy.save (versions 1 to 3 are read)"
             ))
         }
+    };
+    let start = 8 + length_bytes;
+    if bytes.len() < start {
+        return Err(preamble_truncated(bytes.len(), start));
+    }
+    let header_len = if length_bytes == 2 {
+        usize::from(u16::from_le_bytes([bytes[8], bytes[9]]))
+    } else {
+        u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize
     };
     let header_end = start
         .checked_add(header_len)
         .filter(|&end| end <= bytes.len())
-        .ok_or("the .npy header is truncated")?;
+        .ok_or_else(|| {
+            format!(
+                "the .npy header is truncated: it should take {header_len} bytes but {} follow the preamble",
+                bytes.len() - start
+            )
+        })?;
     let header = std::str::from_utf8(&bytes[start..header_end])
         .map_err(|_| "the .npy header is not text")?;
     let dict = parse_header(header)?;
@@ -57,6 +80,14 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<NpyArray, String> {
             payload.len()
         ));
     }
+    if payload.len() > needed {
+        return Err(format!(
+            "the file holds {} bytes of data but shape {:?} of {} needs {needed}; the header does not describe the data (save the array again with numpy.save)",
+            payload.len(),
+            dict.shape,
+            dict.descr,
+        ));
+    }
     let data: Vec<f64> = payload[..needed]
         .chunks_exact(dtype.size)
         .map(|c| dtype.read(c))
@@ -70,6 +101,13 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<NpyArray, String> {
         shape: dict.shape,
         data,
     })
+}
+
+/// The message for a preamble shorter than its `needed` bytes (magic, version, header length).
+fn preamble_truncated(len: usize, needed: usize) -> String {
+    format!(
+        "the .npy preamble is truncated ({len} bytes, this format version needs {needed} before the header); save the array again with numpy.save"
+    )
 }
 
 #[derive(Debug)]
@@ -268,5 +306,35 @@ mod tests {
         bytes.extend(header.as_bytes());
         bytes.extend([0u8; 16]);
         assert!(decode(&bytes).unwrap_err().contains("truncated"));
+        // More data than the shape holds is refused, not silently ignored.
+        bytes.extend([0u8; 24]);
+        let e = decode(&bytes).unwrap_err();
+        assert!(
+            e.contains("holds 40 bytes") && e.contains("needs 32"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn truncated_preambles_say_so() {
+        for (bytes, want) in [
+            (&b"\x93NUM"[..], "preamble is truncated (4 bytes"),
+            (&b"\x93NUMPY\x01\x00"[..], "needs 10"),
+            (&b"\x93NUMPY\x02\x00\x00\x00"[..], "needs 12"),
+            (&b"\x93NUMPY\x03"[..], "needs 12"),
+            (&b"\x93NUMPY"[..], "needs 8"),
+        ] {
+            let e = decode(bytes).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+        assert!(decode(b"\x93NUMPY\x04\x00\x00\x00\x00\x00")
+            .unwrap_err()
+            .contains("version 4"));
+        assert!(decode(b"PK\x03").unwrap_err().contains("magic string"));
+        let mut bytes = b"\x93NUMPY\x01\x00\x40\x00".to_vec();
+        bytes.extend(b"{'descr'");
+        assert!(decode(&bytes)
+            .unwrap_err()
+            .contains("should take 64 bytes but 8"));
     }
 }

@@ -45,6 +45,38 @@ pub(crate) struct Domain {
     orig: Vec<bool>,
     /// Slack (absolute load) within which a GPU that held the expert before wins a packing tie.
     prefer_slack: f64,
+    /// Whether any expert was on any GPU before (else no packing tie goes to a previous GPU).
+    any_orig: bool,
+    /// Empty slots of each GPU.
+    free: Vec<usize>,
+    /// Per GPU, a slot index at or below its first empty slot (every slot before it is full).
+    first_empty: Vec<usize>,
+}
+
+/// The local search's work floor per domain, in units of one candidate evaluated per GPU it
+/// touches (see [`Domain::improve`]). Plans of the sizes DeepSeek-V3 uses stay far below it,
+/// so the bound only ever binds on very large domains.
+const WORK_FLOOR: u64 = 1 << 24;
+
+/// The local search's work allowance per slot and expert of a domain above the floor.
+const WORK_PER_ITEM: u64 = 64;
+
+/// An `f64` ordered by [`f64::total_cmp`], for heaps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Total(f64);
+
+impl Eq for Total {}
+
+impl PartialOrd for Total {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Total {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
 }
 
 impl Domain {
@@ -66,9 +98,12 @@ impl Domain {
             count: vec![0; experts],
             on: vec![0; gpus * experts],
             slot: vec![EMPTY; gpus * slots],
+            any_orig: orig.contains(&true),
             orig,
             prefer_slack: near_equal * total / gpus as f64,
             load,
+            free: vec![slots; gpus],
+            first_empty: (0..gpus).map(|g| g * slots).collect(),
         }
     }
 
@@ -84,6 +119,11 @@ impl Domain {
         self.slot[s] = e;
         self.count[e] += 1;
         self.on[g * n + e] += 1;
+        self.free[g] -= 1;
+        let end = (g + 1) * self.slots;
+        while self.first_empty[g] < end && self.slot[self.first_empty[g]] != EMPTY {
+            self.first_empty[g] += 1;
+        }
     }
 
     /// Empties slot `s`.
@@ -95,6 +135,8 @@ impl Domain {
         self.slot[s] = EMPTY;
         self.count[e] -= 1;
         self.on[g * n + e] -= 1;
+        self.free[g] += 1;
+        self.first_empty[g] = self.first_empty[g].min(s);
         e
     }
 
@@ -221,25 +263,25 @@ impl Domain {
         if free == 0 {
             return;
         }
-        // Decide the replica counts.
+        // Decide the replica counts: each extra slot to the expert with the highest load per
+        // replica (an expert without one first; ties to the lower index).
         let mut final_count = self.count.clone();
         let mut extra = Vec::with_capacity(free);
+        let key = |e: usize, count: usize, load: &[f64]| {
+            if count == 0 {
+                (1u8, Total(load[e]), std::cmp::Reverse(e))
+            } else {
+                (0u8, Total(load[e] / count as f64), std::cmp::Reverse(e))
+            }
+        };
+        let mut heap: std::collections::BinaryHeap<_> = (0..self.experts())
+            .map(|e| key(e, final_count[e], &self.load))
+            .collect();
         for _ in 0..free {
-            let e = (0..self.experts())
-                .max_by(|&a, &b| {
-                    let key = |e: usize| {
-                        if final_count[e] == 0 {
-                            (1u8, self.load[e])
-                        } else {
-                            (0u8, self.load[e] / final_count[e] as f64)
-                        }
-                    };
-                    let (ka, kb) = (key(a), key(b));
-                    ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(b.cmp(&a))
-                })
-                .expect("a domain has at least one expert");
+            let (_, _, std::cmp::Reverse(e)) = heap.pop().expect("a domain has at least one expert");
             final_count[e] += 1;
             extra.push(e);
+            heap.push(key(e, final_count[e], &self.load));
         }
         // Heaviest replicas first (longest-processing-time order).
         extra.sort_by(|&a, &b| {
@@ -269,11 +311,14 @@ impl Domain {
     }
 
     fn first_free(&self, g: usize) -> Option<usize> {
-        (g * self.slots..(g + 1) * self.slots).find(|&s| self.slot[s] == EMPTY)
+        if self.free[g] == 0 {
+            return None;
+        }
+        (self.first_empty[g]..(g + 1) * self.slots).find(|&s| self.slot[s] == EMPTY)
     }
 
     fn has_room(&self, g: usize) -> bool {
-        self.first_free(g).is_some()
+        self.free[g] > 0
     }
 
     /// The GPU for a new replica of `e`, if one has room and is under the cap.
@@ -282,6 +327,9 @@ impl Domain {
         let best = (0..self.gpus)
             .filter(|&g| ok(g))
             .min_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b)))?;
+        if !self.any_orig {
+            return Some(best);
+        }
         let n = self.experts();
         let preferred = (0..self.gpus)
             .filter(|&g| {
@@ -322,14 +370,27 @@ impl Domain {
     /// Improves the placement by exchanging replicas between GPUs and re-assigning surplus
     /// replicas to other experts, always lowering (hottest load, sum of squared loads). Picks the
     /// step with the most gain per moved replica. Returns whether the target was reached.
+    ///
+    /// Bounded by `limits.max_steps` accepted steps and by work: every candidate evaluated
+    /// costs one unit per GPU its evaluation reads (one for an exchange, all of them for a
+    /// re-assignment), every step a unit per slot, and the search stops (after the best step
+    /// found so far) once it has spent `max(WORK_FLOOR, WORK_PER_ITEM x (slots + experts))`.
     pub fn improve(&mut self, limits: &SearchLimits) -> bool {
         let eps = 1e-12 * self.load.iter().sum::<f64>().max(1e-300);
+        let items = (self.slot.len() + self.experts()) as u64;
+        let work_budget = WORK_FLOOR.max(WORK_PER_ITEM.saturating_mul(items));
+        let mut work: u64 = 0;
+        let mut exhausted = false;
         let mut moves = if limits.free_moves {
             0
         } else {
             self.moves() as i64
         };
         for _ in 0..limits.max_steps {
+            if exhausted {
+                break;
+            }
+            work += (self.slot.len() + self.gpus) as u64;
             let loads = self.gpu_loads();
             let mut order: Vec<usize> = (0..self.gpus).collect();
             order.sort_by(|&a, &b| loads[b].total_cmp(&loads[a]).then(a.cmp(&b)));
@@ -367,10 +428,15 @@ impl Domain {
             };
             let n = self.experts();
             // Exchanges between the hottest GPU and any other.
-            for sa in hot * self.slots..(hot + 1) * self.slots {
+            'swaps: for sa in hot * self.slots..(hot + 1) * self.slots {
                 let x = self.slot[sa];
                 let rx = self.share(x, self.count[x]);
                 for b in (0..self.gpus).filter(|&b| b != hot) {
+                    work += self.slots as u64;
+                    if work > work_budget {
+                        exhausted = true;
+                        break 'swaps;
+                    }
                     let rest = max_excluding(hot, b);
                     for sb in b * self.slots..(b + 1) * self.slots {
                         let y = self.slot[sb];
@@ -406,7 +472,10 @@ impl Domain {
             let on_hot: Vec<usize> = (hot * self.slots..(hot + 1) * self.slots)
                 .map(|s| self.slot[s])
                 .collect();
-            for s in 0..self.slot.len() {
+            'reassign: for s in 0..self.slot.len() {
+                if exhausted {
+                    break;
+                }
                 let x = self.slot[s];
                 if self.count[x] < 2 {
                     continue;
@@ -419,6 +488,11 @@ impl Domain {
                 for &y in targets {
                     if y == x {
                         continue;
+                    }
+                    work += self.gpus as u64;
+                    if work > work_budget {
+                        exhausted = true;
+                        break 'reassign;
                     }
                     if let Some((new_max, ssq)) = self.eval_reassign(s, y, &loads) {
                         let g = s / self.slots;

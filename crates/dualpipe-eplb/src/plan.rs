@@ -1,9 +1,10 @@
-//! The public entry points: [`rebalance_experts`], [`Policy`] and the resulting [`Plan`].
+//! What a balancer produces: a [`Plan`] in the reference's layout, and the reference
+//! [`Policy`] that made it.
 
 use serde::{Deserialize, Serialize};
 
-use crate::matrix::{LoadMatrix, Matrix, Tensor3};
-use crate::reference;
+use crate::layout::{Layout, MAX_LOG2PHY};
+use crate::matrix::{Matrix, Tensor3};
 use crate::EplbError;
 
 /// Which of the reference's two placement policies to run.
@@ -131,148 +132,85 @@ impl Plan {
     }
 }
 
-/// Computes the reference's plan with the policy it would choose ([`Policy::Auto`]).
-///
-/// `loads` is `[layers][logical experts]`; `num_replicas` physical slots per layer are
-/// spread evenly over `num_gpus` GPUs in `num_nodes` nodes; the experts form `num_groups`
-/// equal groups of consecutive experts. The result equals, index for index, what DeepSeek's
-/// `eplb.rebalance_experts` returns for the same loads (see `docs/eplb.md` for how ties are
-/// broken). Loads are rounded to `f32` first, as the reference does.
-///
-/// ```
-/// use dualpipe_eplb::{rebalance_experts, LoadMatrix};
-/// let loads = LoadMatrix::from_rows(vec![vec![10.0, 1.0, 1.0, 1.0]]).unwrap();
-/// let plan = rebalance_experts(&loads, 6, 1, 1, 2).unwrap();
-/// assert_eq!(plan.logcnt.row(0), &[3, 1, 1, 1]);
-/// ```
-pub fn rebalance_experts(
-    loads: &LoadMatrix,
-    num_replicas: usize,
-    num_groups: usize,
-    num_nodes: usize,
-    num_gpus: usize,
-) -> Result<Plan, EplbError> {
-    rebalance_experts_with_policy(
-        loads,
-        num_replicas,
-        num_groups,
-        num_nodes,
-        num_gpus,
-        Policy::Auto,
-    )
-}
-
-/// Like [`rebalance_experts`], with the policy chosen explicitly.
-///
-/// [`Policy::Hierarchical`] fails with [`EplbError::GroupsNotMultipleOfNodes`] when the
-/// groups do not divide over the nodes. Large inputs are planned in parallel over layers
-/// (rayon); the result does not depend on the number of threads.
-pub fn rebalance_experts_with_policy(
-    loads: &LoadMatrix,
-    num_replicas: usize,
-    num_groups: usize,
-    num_nodes: usize,
-    num_gpus: usize,
-    policy: Policy,
-) -> Result<Plan, EplbError> {
-    let shape = check_inputs(loads, num_replicas, num_groups, num_nodes, num_gpus, policy)?;
-    Ok(reference::plan(loads, &shape))
-}
-
-/// The most physical slots (layers x replicas) one plan may hold (2^31; the outputs take
-/// 16 bytes per slot).
-const MAX_SLOTS: usize = 1 << 31;
-
-/// Validated sizes for one planning run.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Shape {
-    pub policy: Policy,
-    pub experts: usize,
-    pub replicas: usize,
-    pub user_groups: usize,
-    pub user_nodes: usize,
-    pub gpus: usize,
-    /// Groups and nodes the algorithm runs with (1 and 1 for the global policy).
-    pub groups: usize,
-    pub nodes: usize,
-}
-
-fn check_inputs(
-    loads: &LoadMatrix,
-    replicas: usize,
-    groups: usize,
-    nodes: usize,
-    gpus: usize,
-    policy: Policy,
-) -> Result<Shape, EplbError> {
-    for (name, value) in [
-        ("num_replicas", replicas),
-        ("num_groups", groups),
-        ("num_nodes", nodes),
-        ("num_gpus", gpus),
-    ] {
-        if value == 0 {
-            return Err(EplbError::ZeroCount { name });
-        }
-        if value > u32::MAX as usize / 2 {
-            return Err(EplbError::TooLarge { name, value });
-        }
-    }
-    let experts = loads.cols();
-    if loads.rows() == 0 || experts == 0 {
-        return Err(EplbError::EmptyLoads {
-            layers: loads.rows(),
-            experts,
-        });
-    }
-    let slots = loads.rows().saturating_mul(replicas);
-    if slots > MAX_SLOTS {
-        return Err(EplbError::TooLarge {
-            name: "layers x num_replicas",
-            value: slots,
-        });
-    }
-    if let Some(pos) = loads
-        .as_slice()
-        .iter()
-        .position(|v| !(v.is_finite() && *v >= 0.0))
-    {
-        return Err(EplbError::InvalidLoad {
-            layer: pos / experts,
-            expert: pos % experts,
-            value: loads.as_slice()[pos],
-        });
-    }
-    if !experts.is_multiple_of(groups) {
-        return Err(EplbError::ExpertsNotMultipleOfGroups { experts, groups });
-    }
-    if replicas < experts {
-        return Err(EplbError::FewerReplicasThanExperts { replicas, experts });
-    }
-    if !replicas.is_multiple_of(gpus) {
-        return Err(EplbError::ReplicasNotMultipleOfGpus { replicas, gpus });
-    }
-    if !gpus.is_multiple_of(nodes) {
-        return Err(EplbError::GpusNotMultipleOfNodes { gpus, nodes });
-    }
-    let policy = policy.resolve(groups, nodes);
-    let (alg_groups, alg_nodes) = match policy {
-        Policy::Hierarchical => {
-            if !groups.is_multiple_of(nodes) {
-                return Err(EplbError::GroupsNotMultipleOfNodes { groups, nodes });
+impl Plan {
+    /// Builds a plan (with `phyrank`, `log2phy` and `logcnt` in the reference's layout) from a
+    /// `phy2log` matrix (`[layers][replicas]`, every index below `layout.experts`). Replica
+    /// ranks follow the physical order; `policy` is [`Policy::Hierarchical`] when the groups
+    /// divide over the nodes, else [`Policy::Global`] (the improved policy's domains).
+    pub fn from_phy2log(phy2log: &[Vec<usize>], layout: &Layout) -> Result<Plan, EplbError> {
+        let layers = phy2log.len();
+        let (e, p) = (layout.experts, layout.replicas);
+        let mut logcnt = vec![0i64; layers * e];
+        let mut phyrank = vec![0i64; layers * p];
+        let mut flat = Vec::with_capacity(layers * p);
+        for (l, row) in phy2log.iter().enumerate() {
+            for (s, &x) in row.iter().enumerate() {
+                phyrank[l * p + s] = logcnt[l * e + x];
+                logcnt[l * e + x] += 1;
+                flat.push(x as i64);
             }
-            (groups, nodes)
         }
-        _ => (1, 1),
-    };
-    Ok(Shape {
-        policy,
-        experts,
-        replicas,
-        user_groups: groups,
-        user_nodes: nodes,
-        gpus,
-        groups: alg_groups,
-        nodes: alg_nodes,
-    })
+        let width = logcnt.iter().copied().max().unwrap_or(1).max(1) as usize;
+        let mut log2phy = new_log2phy(layers, e, width)?;
+        let buf = log2phy.as_mut_slice();
+        for (l, row) in phy2log.iter().enumerate() {
+            for (s, &x) in row.iter().enumerate() {
+                buf[(l * e + x) * width + phyrank[l * p + s] as usize] = s as i64;
+            }
+        }
+        let matrix = |cols: usize, data: Vec<i64>| {
+            Matrix::from_flat(layers, cols, data).unwrap_or_else(|_| Matrix::filled(0, cols, 0))
+        };
+        Ok(Plan {
+            policy: if layout.hierarchical() {
+                Policy::Hierarchical
+            } else {
+                Policy::Global
+            },
+            num_groups: layout.groups,
+            num_nodes: layout.nodes,
+            num_gpus: layout.gpus,
+            phy2log: matrix(p, flat),
+            phyrank: matrix(p, phyrank),
+            log2phy,
+            logcnt: matrix(e, logcnt),
+        })
+    }
+
+    /// The `phy2log` matrix as `usize` rows; `None` if an index is negative.
+    pub fn phy2log_rows(&self) -> Option<Vec<Vec<usize>>> {
+        self.phy2log
+            .iter_rows()
+            .map(|row| row.iter().map(|&e| usize::try_from(e).ok()).collect())
+            .collect()
+    }
+
+    /// The layout the plan was made for.
+    pub fn layout(&self) -> Layout {
+        Layout::new(
+            self.num_experts(),
+            self.num_replicas(),
+            self.num_groups,
+            self.num_nodes,
+            self.num_gpus,
+        )
+    }
+}
+
+/// A `[layers][experts][width]` `log2phy` filled with `-1`, refused above [`MAX_LOG2PHY`]
+/// entries before allocating.
+pub(crate) fn new_log2phy(
+    layers: usize,
+    experts: usize,
+    width: usize,
+) -> Result<Tensor3<i64>, EplbError> {
+    let entries = layers.saturating_mul(experts).saturating_mul(width);
+    if entries > MAX_LOG2PHY {
+        return Err(EplbError::Log2phyTooLarge {
+            entries,
+            width,
+            cap: MAX_LOG2PHY,
+        });
+    }
+    Ok(Tensor3::filled(layers, experts, width, -1i64))
 }

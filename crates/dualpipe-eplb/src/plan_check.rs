@@ -7,8 +7,8 @@
 //! - [`check_moves`]: the moves turn the old placement into the new one exactly;
 //! - [`check_rounds`]: every move is in one round and no GPU sends or receives twice in a round.
 
-use crate::improved::Layout;
 use crate::moves::{Move, MovePlan};
+use crate::{Layout, Plan};
 
 /// What is wrong with a plan.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -130,6 +130,31 @@ pub enum PlanViolation {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// Validates any [`Plan`]: a placement with equal slots per GPU and every expert present, and
+/// `phy2log`, `log2phy` and `logcnt` in agreement.
+pub fn check_plan(plan: &Plan) -> Result<(), PlanViolation> {
+    let Some(phy2log) = plan.phy2log_rows() else {
+        return Err(PlanViolation::UnknownExpert {
+            layer: 0,
+            slot: 0,
+            expert: usize::MAX,
+            experts: plan.num_experts(),
+        });
+    };
+    check_placement(&phy2log, plan.num_experts(), plan.num_gpus)?;
+    let log2phy = plan.log2phy.to_nested();
+    let logcnt: Vec<Vec<usize>> = plan
+        .logcnt
+        .iter_rows()
+        .map(|r| {
+            r.iter()
+                .map(|&c| usize::try_from(c).unwrap_or(usize::MAX))
+                .collect()
+        })
+        .collect();
+    check_maps(&phy2log, &log2phy, &logcnt)
 }
 
 /// Checks that `phy2log` (`[layers][replicas]`) is a placement of `experts` logical experts on

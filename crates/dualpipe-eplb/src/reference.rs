@@ -15,14 +15,39 @@ use std::collections::BinaryHeap;
 use rayon::prelude::*;
 
 use crate::introsort::sort_keys_like_libstdcxx;
-use crate::matrix::{LoadMatrix, Matrix, Tensor3};
-use crate::plan::{Plan, Shape};
+use crate::layout::Layout;
+use crate::matrix::{LoadMatrix, Matrix};
+use crate::plan::{new_log2phy, Plan, Policy};
+use crate::EplbError;
 
 /// Above this many physical slots in total (layers x replicas), layers run in parallel.
 const PARALLEL_MIN_SLOTS: usize = 40_000;
 
-/// Plans every layer and assembles the reference's three outputs.
-pub(crate) fn plan(loads: &LoadMatrix, shape: &Shape) -> Plan {
+/// The sizes the algorithm runs with: the layout's, with one group and one node for the global
+/// policy.
+#[derive(Clone, Copy, Debug)]
+struct RunSizes {
+    experts: usize,
+    replicas: usize,
+    gpus: usize,
+    groups: usize,
+    nodes: usize,
+}
+
+/// Plans every layer of a validated `loads` and `layout` with the resolved `policy`
+/// (hierarchical or global) and assembles the reference's three outputs.
+pub(crate) fn plan(loads: &LoadMatrix, layout: &Layout, policy: Policy) -> Result<Plan, EplbError> {
+    let (groups, nodes) = match policy {
+        Policy::Hierarchical => (layout.groups, layout.nodes),
+        _ => (1, 1),
+    };
+    let shape = &RunSizes {
+        experts: layout.experts,
+        replicas: layout.replicas,
+        gpus: layout.gpus,
+        groups,
+        nodes,
+    };
     let layers = loads.rows();
     let (e, p) = (shape.experts, shape.replicas);
     let mut phy2log = vec![0i64; layers * p];
@@ -56,7 +81,7 @@ pub(crate) fn plan(loads: &LoadMatrix, shape: &Shape) -> Plan {
     }
 
     let width = logcnt.iter().copied().max().unwrap_or(1).max(1) as usize;
-    let mut log2phy = Tensor3::filled(layers, e, width, -1i64);
+    let mut log2phy = new_log2phy(layers, e, width)?;
     {
         let out = log2phy.as_mut_slice();
         for layer in 0..layers {
@@ -73,16 +98,16 @@ pub(crate) fn plan(loads: &LoadMatrix, shape: &Shape) -> Plan {
     let to_matrix = |cols: usize, data: Vec<i64>| {
         Matrix::from_flat(layers, cols, data).expect("plan buffers have the planned shape")
     };
-    Plan {
-        policy: shape.policy,
-        num_groups: shape.user_groups,
-        num_nodes: shape.user_nodes,
-        num_gpus: shape.gpus,
+    Ok(Plan {
+        policy,
+        num_groups: layout.groups,
+        num_nodes: layout.nodes,
+        num_gpus: layout.gpus,
         phy2log: to_matrix(p, phy2log),
         phyrank: to_matrix(p, phyrank),
         log2phy,
         logcnt: to_matrix(e, logcnt),
-    }
+    })
 }
 
 /// Scratch buffers for planning one layer, reused across layers.
@@ -118,7 +143,7 @@ struct Workspace {
 }
 
 impl Workspace {
-    fn new(shape: &Shape) -> Self {
+    fn new(shape: &RunSizes) -> Self {
         let e = shape.experts;
         let experts_per_node = e / shape.nodes;
         let replicas_per_node = shape.replicas / shape.nodes;

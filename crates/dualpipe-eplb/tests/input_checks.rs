@@ -125,10 +125,75 @@ fn bad_load_values() {
         );
         assert!(e.to_string().contains("finite and non-negative"), "{e}");
     }
+    // Above the largest f32 a load would become infinite in the reference's f32 arithmetic.
+    let mut m = loads(2, 4);
+    m.as_mut_slice()[6] = 1e39;
+    let e = rebalance_experts(&m, 4, 1, 1, 1).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EplbError::InvalidLoad {
+                layer: 1,
+                expert: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("largest f32"), "{e}");
+    // So is a layer whose loads add up to more than it.
+    let mut m = loads(2, 4);
+    m.as_mut_slice()[4] = 3e38;
+    m.as_mut_slice()[5] = 3e38;
+    let e = rebalance_experts(&m, 4, 1, 1, 1).unwrap_err();
+    assert!(
+        matches!(e, EplbError::LayerSumTooLarge { layer: 1, .. }),
+        "{e}"
+    );
+    let layout = dualpipe_eplb::Layout::of_loads(&m, 4, 1, 1, 1);
+    let improved = dualpipe_eplb::plan(&m, &layout, &Default::default(), None, 0).unwrap_err();
+    assert!(matches!(
+        improved,
+        EplbError::LayerSumTooLarge { layer: 1, .. }
+    ));
     // -0.0 is a valid zero.
     let mut m = loads(1, 4);
     m.as_mut_slice()[0] = -0.0;
     assert!(rebalance_experts(&m, 4, 1, 1, 1).is_ok());
+}
+
+#[test]
+fn sizes_above_the_cap_are_refused_before_planning() {
+    // 2^30 replicas of 4 experts: refused by the cap, not by running out of memory.
+    let m = loads(1, 4);
+    let e = rebalance_experts(&m, 1 << 30, 1, 1, 1).unwrap_err();
+    assert!(
+        matches!(e, EplbError::TooLarge { name: "num_replicas", cap, .. } if cap == dualpipe_eplb::MAX_SLOTS),
+        "{e}"
+    );
+    // The cap counts every layer's slots.
+    let m = loads(64, 4);
+    let e = rebalance_experts(&m, 1 << 19, 1, 1, 1).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EplbError::TooLarge {
+                name: "layers x num_replicas",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Byte totals that would overflow are refused.
+    let m = loads(2, 4);
+    let layout = dualpipe_eplb::Layout::of_loads(&m, 4, 1, 1, 1);
+    let prev = dualpipe_eplb::Placement::from_rows(vec![vec![0, 1, 2, 3]; 2]);
+    let e =
+        dualpipe_eplb::plan(&m, &layout, &Default::default(), Some(&prev), u64::MAX).unwrap_err();
+    assert!(
+        matches!(e, EplbError::ExpertBytesOverflow { slots: 8, max, .. } if max == u64::MAX / 8),
+        "{e}"
+    );
 }
 
 #[test]

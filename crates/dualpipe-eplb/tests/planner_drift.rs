@@ -2,7 +2,10 @@
 //! duplicates, the migration-aware arm moves far fewer replicas than the reference from
 //! scratch, and the run is reproducible from its seed.
 
-use dualpipe_eplb::drift::{run_drift, Arm, DriftConfig};
+#[path = "../benches/support/drift.rs"]
+#[allow(dead_code)]
+mod drift;
+use drift::{run_drift, Arm, DriftConfig};
 use dualpipe_eplb::improved::PlannerOptions;
 
 #[test]

@@ -2,13 +2,13 @@
 //! a previous placement, and so do its move plans and rounds.
 
 use dualpipe_eplb::improved::{
-    gpu_loads, moved_replicas, rebalance_improved, Decision, Layout, PlannerOptions,
+    gpu_loads, moved_replicas, rebalance_improved, Decision, PlannerOptions,
 };
 use dualpipe_eplb::migrate::relabel;
 use dualpipe_eplb::moves::move_plan;
+use dualpipe_eplb::plan_check::check_plan;
 use dualpipe_eplb::plan_check::{check_moves, check_placement, check_policy, check_rounds};
-use dualpipe_eplb::planner_io::check_plan;
-use dualpipe_eplb::{rebalance_experts, LoadMatrix};
+use dualpipe_eplb::{rebalance_experts, Layout, LoadMatrix};
 use proptest::prelude::*;
 
 /// A layout and two load matrices (previous interval, this interval).
@@ -76,7 +76,7 @@ proptest! {
         let phy2log = plan.phy2log();
         prop_assert!(check_placement(&phy2log, layout.experts, layout.gpus).is_ok());
         prop_assert_eq!(check_policy(&phy2log, &layout), Ok(()));
-        prop_assert_eq!(check_plan(&plan.to_plan(&layout)), Ok(()));
+        prop_assert_eq!(check_plan(&plan.to_plan(&layout).unwrap()), Ok(()));
         for l in &plan.layers {
             prop_assert_eq!(l.decision, Decision::Fresh);
             prop_assert!(l.max_load <= l.fresh_max_load * (1.0 + 1e-9));
@@ -102,7 +102,7 @@ proptest! {
         let new = plan.phy2log();
         prop_assert!(check_placement(&new, layout.experts, layout.gpus).is_ok());
         prop_assert_eq!(check_policy(&new, &layout), Ok(()));
-        prop_assert_eq!(check_plan(&plan.to_plan(&layout)), Ok(()));
+        prop_assert_eq!(check_plan(&plan.to_plan(&layout).unwrap()), Ok(()));
         for (i, l) in plan.layers.iter().enumerate() {
             // Within the tolerance of a fresh plan of the same policy.
             prop_assert!(l.max_load <= l.fresh_max_load * (1.0 + tolerance) * (1.0 + 1e-9),

@@ -1,19 +1,15 @@
 //! `dualpipe eplb`: balance MoE experts over GPUs with DeepSeek's EPLB policies, index for
 //! index (`--policy deepseek`), or the improved, migration-aware planner (`--policy improved`).
 //!
-//! Three steps, kept apart so new flags and policies slot in: [`parse`] turns flags into a
-//! [`Request`] (reading and predicting the loads, and the previous placement), [`plan`] calls
-//! the library, and [`render_table`] / [`render_json`] print the result.
+//! Flags -> [`Request`] (loads read and predicted, previous placement read) -> one library
+//! call, [`dualpipe_eplb::plan`] -> [`PlanReport`] as a table or JSON.
 
 use std::path::PathBuf;
 
-use anyhow::Context;
-use dualpipe_eplb::improved::{check_previous, Decision, Layout, PlannerOptions};
+use dualpipe_eplb::improved::PlannerOptions;
 use dualpipe_eplb::loads::{read_loads, Predictor};
-use dualpipe_eplb::moves::{move_plan, Move, MovePlan, Round};
-use dualpipe_eplb::planner_io::{move_summary, parse_previous, phy2log_rows, run_planner};
 use dualpipe_eplb::{
-    rebalance_experts_with_policy, BalanceStats, LayerBalance, LoadMatrix, Plan, PlanStats, Policy,
+    EplbError, Layout, LoadMatrix, Placement, PlanOutcome, PlanReport, Planner, Policy, MAX_SLOTS,
 };
 
 use crate::cmd::output::write_output;
@@ -26,17 +22,18 @@ pub struct Args {
     /// per line) or .npy (2-D or 3-D; f32, f64, i32, i64).
     #[arg(long, value_name = "FILE")]
     pub loads: PathBuf,
-    /// Physical expert slots per layer (replicas), a multiple of --gpus.
-    #[arg(long, value_name = "P")]
+    /// Physical expert slots per layer (replicas), a multiple of --gpus; layers x replicas at
+    /// most 16,777,216 (2^24).
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
     pub replicas: usize,
     /// Expert groups (consecutive experts of equal count).
-    #[arg(long, value_name = "G")]
+    #[arg(long, value_name = "G", allow_negative_numbers = true)]
     pub groups: usize,
     /// Server nodes; --gpus must be a multiple of it.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub nodes: usize,
     /// GPUs in total.
-    #[arg(long, value_name = "R")]
+    #[arg(long, value_name = "R", allow_negative_numbers = true)]
     pub gpus: usize,
     /// Placement policy: improved (the default: duplicate-free, improvement pass, migration-aware with
     /// --previous) or DeepSeek's reference, index for index (deepseek = auto: hierarchical when
@@ -61,13 +58,23 @@ pub struct Args {
     #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub min_imbalance: Option<f64>,
     /// Bytes of one expert's weights; turns move counts into bytes per round and link class.
-    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    #[arg(
+        long,
+        value_name = "BYTES",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
     pub expert_bytes: u64,
     /// For a 3-D history: predict with an exponential moving average of weight ALPHA in (0, 1].
-    #[arg(long, value_name = "ALPHA", conflicts_with = "window")]
+    #[arg(
+        long,
+        value_name = "ALPHA",
+        conflicts_with = "window",
+        allow_negative_numbers = true
+    )]
     pub ema: Option<f64>,
     /// For a 3-D history: predict with the mean of the last N steps.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub window: Option<usize>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -108,20 +115,12 @@ pub struct Request {
     pub loads: LoadMatrix,
     /// Where the loads came from (for headers).
     pub source: PathBuf,
-    /// Replicas per layer.
-    pub replicas: usize,
-    /// Expert groups.
-    pub groups: usize,
-    /// Nodes.
-    pub nodes: usize,
-    /// GPUs.
-    pub gpus: usize,
-    /// Policy asked for; `None` for the improved policy.
-    pub policy: Option<Policy>,
-    /// The previous placement (`[layers][replicas]`), if given.
-    pub previous: Option<Vec<Vec<usize>>>,
-    /// Options of the improved policy.
-    pub options: PlannerOptions,
+    /// The model and cluster.
+    pub layout: Layout,
+    /// The balancer and its options.
+    pub planner: Planner,
+    /// The previous placement and its file, if given.
+    pub previous: Option<(PathBuf, Placement)>,
     /// Bytes of one expert (0 if unknown).
     pub expert_bytes: u64,
     /// Output format.
@@ -130,406 +129,117 @@ pub struct Request {
     pub output: Option<PathBuf>,
 }
 
-/// A plan and, with a previous placement, how to get there.
-#[derive(Debug)]
-pub struct Outcome {
-    /// The placement.
-    pub plan: Plan,
-    /// `improved` or `deepseek`.
-    pub planner: &'static str,
-    /// Per layer, how the improved policy got its placement.
-    pub decisions: Option<Vec<Decision>>,
-    /// The transfers from the previous placement.
-    pub moves: Option<MovePlan>,
-}
-
 /// Runs `dualpipe eplb`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let request = parse(args)?;
     let outcome = plan(&request)?;
-    let stats = outcome
-        .plan
-        .stats(&request.loads)
-        .context("computing balance statistics")?;
+    let source = request.source.display().to_string();
+    let report = PlanReport {
+        outcome: &outcome,
+        loads: &request.loads,
+        source: &source,
+    };
     let text = match request.format {
-        Format::Table => render_table(&request, &outcome, &stats),
-        Format::Json => render_json(&outcome, &stats)?,
+        Format::Table => report.to_table(),
+        Format::Json => report.to_json(),
     };
     write_output(request.output.as_deref(), &text)
 }
 
-/// Reads the loads and checks the flags; every problem is a [`UsageError`].
+/// Reads the loads and the previous placement and checks the flags; every problem is a
+/// [`UsageError`].
 pub fn parse(args: Args) -> anyhow::Result<Request> {
     let predictor = match (args.ema, args.window) {
         (Some(alpha), _) => Predictor::Ema(alpha),
         (None, Some(n)) => Predictor::Window(n),
         (None, None) => Predictor::Mean,
     };
+    if args.replicas > MAX_SLOTS {
+        return Err(UsageError(format!(
+            "--replicas {} is above the cap of {MAX_SLOTS} physical expert slots per plan (layers x replicas); give fewer replicas",
+            args.replicas
+        ))
+        .into());
+    }
     let data = read_loads(&args.loads).map_err(|e| UsageError(e.to_string()))?;
     let loads = data
         .predict(predictor)
         .map_err(|e| UsageError(format!("{}: {e}", args.loads.display())))?;
+    if loads.rows().saturating_mul(args.replicas) > MAX_SLOTS {
+        return Err(UsageError(format!(
+            "--replicas {} x {} layers of {} is above the cap of {MAX_SLOTS} physical expert slots per plan; plan fewer layers at a time or give fewer replicas",
+            args.replicas,
+            loads.rows(),
+            args.loads.display()
+        ))
+        .into());
+    }
     let policy = match args.policy {
         PolicyArg::Improved => None,
         PolicyArg::Deepseek | PolicyArg::Auto => Some(Policy::Auto),
         PolicyArg::Hierarchical => Some(Policy::Hierarchical),
         PolicyArg::Global => Some(Policy::Global),
     };
-    if policy.is_some() && (args.tolerance != 0.0 || args.min_imbalance.is_some()) {
-        return Err(UsageError(
-            "--tolerance and --min-imbalance apply to the improved policy; drop them or use --policy improved".into(),
-        )
-        .into());
-    }
-    let options = PlannerOptions {
-        tolerance: args.tolerance,
-        min_imbalance: args.min_imbalance,
-        ..PlannerOptions::default()
+    let planner = match policy {
+        Some(_) if args.tolerance != 0.0 || args.min_imbalance.is_some() => {
+            return Err(UsageError(
+                "--tolerance and --min-imbalance apply to the improved policy; drop them or use --policy improved".into(),
+            )
+            .into());
+        }
+        Some(policy) => Planner::Reference(policy),
+        None => Planner::Improved(PlannerOptions {
+            tolerance: args.tolerance,
+            min_imbalance: args.min_imbalance,
+            ..PlannerOptions::default()
+        }),
     };
-    options.check().map_err(|e| UsageError(e.to_string()))?;
-    let previous = match &args.previous {
+    let previous = match args.previous {
         None => None,
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| UsageError(format!("cannot read {}: {e}", path.display())))?;
-            Some(
-                parse_previous(&text)
-                    .map_err(|e| UsageError(format!("{}: {e}", path.display())))?,
-            )
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                UsageError(format!(
+                    "--previous {}: cannot read it: {e}",
+                    path.display()
+                ))
+            })?;
+            let placement = Placement::parse_json(&text)
+                .map_err(|e| UsageError(format!("--previous {}: {e}", path.display())))?;
+            Some((path, placement))
         }
     };
     Ok(Request {
+        layout: Layout::of_loads(&loads, args.replicas, args.groups, args.nodes, args.gpus),
         loads,
         source: args.loads,
-        replicas: args.replicas,
-        groups: args.groups,
-        nodes: args.nodes,
-        gpus: args.gpus,
-        policy,
+        planner,
         previous,
-        options,
         expert_bytes: args.expert_bytes,
         format: args.format,
         output: args.output,
     })
 }
 
-/// Computes the plan (and the moves from the previous placement); invalid sizes and a previous
-/// placement that does not fit are [`UsageError`]s.
-pub fn plan(request: &Request) -> anyhow::Result<Outcome> {
-    let usage = |e: &dyn std::fmt::Display| UsageError(e.to_string());
-    let layout = Layout {
-        experts: request.loads.cols(),
-        replicas: request.replicas,
-        groups: request.groups,
-        nodes: request.nodes,
-        gpus: request.gpus,
-    };
-    let Some(policy) = request.policy else {
-        let run = run_planner(
-            &request.loads.to_rows(),
-            &layout,
-            request.previous.as_deref(),
-            &request.options,
-            request.expert_bytes,
-        )
-        .map_err(|e| usage(&e))?;
-        return Ok(Outcome {
-            decisions: Some(run.improved.layers.iter().map(|l| l.decision).collect()),
-            plan: run.plan,
-            planner: "improved",
-            moves: run.moves,
-        });
-    };
-    let plan = rebalance_experts_with_policy(
+/// Plans with the library; every refusal is a [`UsageError`] naming the flag or file it is
+/// about.
+pub fn plan(request: &Request) -> anyhow::Result<PlanOutcome> {
+    dualpipe_eplb::plan(
         &request.loads,
-        request.replicas,
-        request.groups,
-        request.nodes,
-        request.gpus,
-        policy,
+        &request.layout,
+        &request.planner,
+        request.previous.as_ref().map(|(_, p)| p),
+        request.expert_bytes,
     )
-    .map_err(|e| usage(&e))?;
-    let moves = match &request.previous {
-        None => None,
-        Some(prev) => {
-            check_previous(prev, request.loads.rows(), &layout).map_err(|e| usage(&e))?;
-            let new = phy2log_rows(&plan).context("the plan has a negative index")?;
-            Some(move_plan(
-                prev,
-                &new,
-                request.gpus,
-                request.nodes,
-                request.expert_bytes,
-            ))
-        }
-    };
-    Ok(Outcome {
-        plan,
-        planner: "deepseek",
-        decisions: None,
-        moves,
-    })
-}
-
-/// One layer's (or the total's) balance in the JSON output.
-#[derive(serde::Serialize)]
-struct BalanceOut {
-    max_load: f64,
-    mean_load: f64,
-    imbalance: f64,
-    balancedness: f64,
-}
-
-impl From<&LayerBalance> for BalanceOut {
-    fn from(b: &LayerBalance) -> Self {
-        Self {
-            max_load: b.max_load,
-            mean_load: b.mean_load,
-            imbalance: b.imbalance(),
-            balancedness: b.balancedness(),
-        }
-    }
-}
-
-#[derive(serde::Serialize)]
-struct StatsOut {
-    total: BalanceOut,
-    layers: Vec<BalanceOut>,
-}
-
-impl From<&BalanceStats> for StatsOut {
-    fn from(s: &BalanceStats) -> Self {
-        Self {
-            total: (&s.total).into(),
-            layers: s.layers.iter().map(Into::into).collect(),
-        }
-    }
-}
-
-#[derive(serde::Serialize)]
-struct BeforeAfter {
-    before: StatsOut,
-    after: StatsOut,
-}
-
-/// The JSON document; serialised straight from the plan, without an intermediate tree.
-#[derive(serde::Serialize)]
-struct PlanOut<'a> {
-    planner: &'static str,
-    policy: Policy,
-    num_layers: usize,
-    num_experts: usize,
-    num_replicas: usize,
-    num_groups: usize,
-    num_nodes: usize,
-    num_gpus: usize,
-    phy2log: &'a dualpipe_eplb::Matrix<i64>,
-    log2phy: &'a dualpipe_eplb::Tensor3<i64>,
-    logcnt: &'a dualpipe_eplb::Matrix<i64>,
-    stats: BeforeAfter,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    decisions: Option<&'a [Decision]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    moves: Option<&'a [Move]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    rounds: Option<&'a [Round]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    expert_bytes: Option<u64>,
-}
-
-/// The plan as JSON: sizes, `phy2log`, `log2phy`, `logcnt` and `stats` (`before`: experts in
-/// order over GPUs without replicas; `after`: with the plan). `imbalance` is the hottest GPU
-/// over the mean, `balancedness` its inverse. The improved policy adds `decisions` (per layer:
-/// fresh, hysteresis, kept, repaired, regrouped, relabelled); a previous placement adds `moves`
-/// (layer, expert, src_gpu, src_slot, dst_gpu, dst_slot, inter_node), `rounds` (indices into
-/// `moves` with transfers and bytes per link class) and `expert_bytes`.
-pub fn render_json(outcome: &Outcome, stats: &PlanStats) -> anyhow::Result<String> {
-    let plan = &outcome.plan;
-    let out = PlanOut {
-        planner: outcome.planner,
-        policy: plan.policy,
-        num_layers: plan.num_layers(),
-        num_experts: plan.num_experts(),
-        num_replicas: plan.num_replicas(),
-        num_groups: plan.num_groups,
-        num_nodes: plan.num_nodes,
-        num_gpus: plan.num_gpus,
-        phy2log: &plan.phy2log,
-        log2phy: &plan.log2phy,
-        logcnt: &plan.logcnt,
-        stats: BeforeAfter {
-            before: (&stats.before).into(),
-            after: (&stats.after).into(),
-        },
-        decisions: outcome.decisions.as_deref(),
-        moves: outcome.moves.as_ref().map(|m| m.moves.as_slice()),
-        rounds: outcome.moves.as_ref().map(|m| m.rounds.as_slice()),
-        expert_bytes: outcome.moves.as_ref().map(|m| m.expert_bytes),
-    };
-    let mut text = serde_json::to_string(&out)?;
-    text.push('\n');
-    Ok(text)
-}
-
-/// A human summary: per layer and in total, the hottest GPU over the mean and the
-/// balancedness before and after, then a bar chart of each GPU's load over all layers.
-pub fn render_table(request: &Request, outcome: &Outcome, stats: &PlanStats) -> String {
-    use std::fmt::Write;
-    let plan = &outcome.plan;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "EPLB plan for {}: {} layers x {} experts -> {} replicas on {} GPUs ({} nodes, {} groups), {} policy ({})",
-        request.source.display(),
-        plan.num_layers(),
-        plan.num_experts(),
-        plan.num_replicas(),
-        plan.num_gpus,
-        plan.num_nodes,
-        plan.num_groups,
-        outcome.planner,
-        plan.policy,
-    );
-    let _ = writeln!(
-        s,
-        "before: experts in order over GPUs, one copy each; after: this plan (max {} replicas of an expert)",
-        plan.max_replicas()
-    );
-    let _ = writeln!(s);
-    let _ = writeln!(
-        s,
-        "{:>6}  {:>13}  {:>13}  {:>14}  {:>13}",
-        "layer", "max/mean bef.", "max/mean aft.", "balanced. bef.", "balanced. aft."
-    );
-    let row = |s: &mut String, name: &str, b: &LayerBalance, a: &LayerBalance| {
-        let _ = writeln!(
-            s,
-            "{:>6}  {:>12.3}x  {:>12.3}x  {:>14.3}  {:>14.3}",
-            name,
-            b.imbalance(),
-            a.imbalance(),
-            b.balancedness(),
-            a.balancedness()
-        );
-    };
-    for (l, (b, a)) in stats
-        .before
-        .layers
-        .iter()
-        .zip(&stats.after.layers)
-        .enumerate()
-    {
-        row(&mut s, &l.to_string(), b, a);
-    }
-    row(&mut s, "total", &stats.before.total, &stats.after.total);
-
-    // Per-GPU load summed over layers, before and after, on one scale.
-    let before = per_gpu_total(&dualpipe_eplb::stats::baseline_gpu_loads(
-        &request.loads,
-        plan.num_gpus,
-    ));
-    let after = plan
-        .gpu_loads(&request.loads)
-        .map(|m| per_gpu_total(&m))
-        .unwrap_or_default();
-    let scale = before.iter().chain(&after).copied().fold(0.0, f64::max);
-    let _ = writeln!(s);
-    let _ = writeln!(
-        s,
-        "load per GPU, all layers added up (full bar = {scale:.1})"
-    );
-    if plan.num_gpus <= 32 {
-        for (g, (b, a)) in before.iter().zip(&after).enumerate() {
-            let _ = writeln!(
-                s,
-                "GPU {g:>3}  before {}  {b:>10.3}\n         after  {}  {a:>10.3}",
-                hbar(*b, scale, 30),
-                hbar(*a, scale, 30)
-            );
-        }
-    } else {
-        let _ = writeln!(s, "before {}", sparkline(&before, scale));
-        let _ = writeln!(s, "after  {}", sparkline(&after, scale));
-        let _ = writeln!(s, "       (one column per GPU, 0 .. {})", plan.num_gpus - 1);
-    }
-    if let Some(decisions) = &outcome.decisions {
-        if request.previous.is_some() {
-            let mut counts: Vec<(Decision, usize)> = Vec::new();
-            for &d in decisions {
-                match counts.iter_mut().find(|(k, _)| *k == d) {
-                    Some((_, n)) => *n += 1,
-                    None => counts.push((d, 1)),
-                }
+    .map_err(|e| {
+        let message = match (&e, &request.previous) {
+            (EplbError::Previous(_) | EplbError::PreviousTopology { .. }, Some((path, _))) => {
+                format!("--previous {}: {e}", path.display())
             }
-            let parts: Vec<String> = counts
-                .iter()
-                .map(|(d, n)| format!("{n} {}", decision_name(*d)))
-                .collect();
-            let _ = writeln!(s);
-            let _ = writeln!(s, "layers: {}", parts.join(", "));
-        }
-    }
-    if let Some(m) = &outcome.moves {
-        if outcome.decisions.is_none() {
-            let _ = writeln!(s);
-        }
-        s += &move_summary(m, plan.num_layers() * plan.num_replicas());
-    }
-    s
-}
-
-fn decision_name(d: Decision) -> &'static str {
-    match d {
-        Decision::Fresh => "fresh",
-        Decision::Hysteresis => "left alone (hysteresis)",
-        Decision::Kept => "kept",
-        Decision::Repaired => "repaired",
-        Decision::Regrouped => "regrouped",
-        Decision::Relabelled => "relabelled",
-    }
-}
-
-fn per_gpu_total(m: &dualpipe_eplb::Matrix<f64>) -> Vec<f64> {
-    let mut out = vec![0.0; m.cols()];
-    for row in m.iter_rows() {
-        for (o, v) in out.iter_mut().zip(row) {
-            *o += v;
-        }
-    }
-    out
-}
-
-/// A horizontal bar of `width` cells with eighth-block resolution.
-fn hbar(value: f64, scale: f64, width: usize) -> String {
-    const PARTS: [char; 8] = [' ', '▏', '▎', '▍', '▌', '▋', '▊', '▉'];
-    let eighths = if scale > 0.0 {
-        ((value / scale) * (width * 8) as f64).round() as usize
-    } else {
-        0
-    }
-    .min(width * 8);
-    let mut bar: String = std::iter::repeat_n('█', eighths / 8).collect();
-    if eighths % 8 != 0 {
-        bar.push(PARTS[eighths % 8]);
-    }
-    format!("{bar:<width$}")
-}
-
-/// One column per value, heights in eighths.
-fn sparkline(values: &[f64], scale: f64) -> String {
-    const LEVELS: [char; 9] = [' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
-    values
-        .iter()
-        .map(|&v| {
-            let i = if scale > 0.0 {
-                ((v / scale) * 8.0).round() as usize
-            } else {
-                0
-            };
-            LEVELS[i.min(8)]
-        })
-        .collect()
+            (EplbError::ExpertBytesOverflow { .. }, _) => format!("--expert-bytes: {e}"),
+            _ => e.to_string(),
+        };
+        UsageError(message).into()
+    })
 }
 
 #[cfg(test)]
@@ -565,6 +275,14 @@ mod tests {
         path
     }
 
+    fn report<'a>(request: &'a Request, outcome: &'a PlanOutcome) -> PlanReport<'a> {
+        PlanReport {
+            outcome,
+            loads: &request.loads,
+            source: "loads",
+        }
+    }
+
     fn temp_dir(name: &str) -> PathBuf {
         let dir =
             std::env::temp_dir().join(format!("dualpipe-eplb-cli-{name}-{}", std::process::id()));
@@ -577,9 +295,8 @@ mod tests {
         let dir = temp_dir("json");
         let request = parse(args(readme_file(&dir), 16, 4)).unwrap();
         let outcome = plan(&request).unwrap();
-        let stats = outcome.plan.stats(&request.loads).unwrap();
         let v: serde_json::Value =
-            serde_json::from_str(&render_json(&outcome, &stats).unwrap()).unwrap();
+            serde_json::from_str(&report(&request, &outcome).to_json()).unwrap();
         assert_eq!(v["policy"], "hierarchical");
         assert_eq!(v["planner"], "deepseek");
         assert_eq!(v["phy2log"][0][0], 5);
@@ -588,7 +305,7 @@ mod tests {
         let after = v["stats"]["after"]["total"]["imbalance"].as_f64().unwrap();
         let before = v["stats"]["before"]["total"]["imbalance"].as_f64().unwrap();
         assert!(after < before);
-        let table = render_table(&request, &outcome, &stats);
+        let table = report(&request, &outcome).to_table();
         assert!(
             table.contains("total") && table.contains("GPU   7"),
             "{table}"
@@ -624,9 +341,8 @@ mod tests {
         first.policy = PolicyArg::Improved;
         let request = parse(first).unwrap();
         let outcome = plan(&request).unwrap();
-        let stats = outcome.plan.stats(&request.loads).unwrap();
         let previous = dir.join("previous.json");
-        std::fs::write(&previous, render_json(&outcome, &stats).unwrap()).unwrap();
+        std::fs::write(&previous, report(&request, &outcome).to_json()).unwrap();
         // Different loads: reverse every layer.
         let loads = dir.join("loads2.csv");
         std::fs::write(
@@ -640,9 +356,8 @@ mod tests {
         second.expert_bytes = 100;
         let request = parse(second).unwrap();
         let outcome = plan(&request).unwrap();
-        let stats = outcome.plan.stats(&request.loads).unwrap();
         let v: serde_json::Value =
-            serde_json::from_str(&render_json(&outcome, &stats).unwrap()).unwrap();
+            serde_json::from_str(&report(&request, &outcome).to_json()).unwrap();
         assert_eq!(v["planner"], "improved");
         let moves = v["moves"].as_array().unwrap();
         let rounds = v["rounds"].as_array().unwrap();
@@ -651,7 +366,7 @@ mod tests {
             .map(|r| r["moves"].as_array().unwrap().len())
             .sum();
         assert_eq!(scheduled, moves.len());
-        let table = render_table(&request, &outcome, &stats);
+        let table = report(&request, &outcome).to_table();
         assert!(
             table.contains("moves:") && table.contains("layers:"),
             "{table}"
@@ -674,10 +389,50 @@ mod tests {
     }
 
     #[test]
-    fn bars_scale() {
-        assert_eq!(hbar(1.0, 1.0, 4), "████");
-        assert_eq!(hbar(0.5, 1.0, 4), "██  ");
-        assert_eq!(hbar(0.0, 0.0, 2), "  ");
-        assert_eq!(sparkline(&[0.0, 0.5, 1.0], 1.0), " ▄█");
+    fn previous_errors_name_the_file_and_both_shapes() {
+        let dir = temp_dir("topology");
+        let file = readme_file(&dir);
+        let mut first = args(file.clone(), 16, 4);
+        first.policy = PolicyArg::Improved;
+        let request = parse(first).unwrap();
+        let previous = dir.join("previous.json");
+        std::fs::write(
+            &previous,
+            report(&request, &plan(&request).unwrap()).to_json(),
+        )
+        .unwrap();
+        // Made for 8 GPUs on 2 nodes; now 4 GPUs on 1 node, same replicas.
+        let mut other = args(file.clone(), 16, 4);
+        other.nodes = 1;
+        other.gpus = 4;
+        other.previous = Some(previous.clone());
+        let err = plan(&parse(other).unwrap()).unwrap_err();
+        assert_eq!(crate::cmd::exit_code(&err), 2);
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("--previous {}", previous.display()))
+                && text.contains("16 replicas on 8 GPUs in 2 nodes")
+                && text.contains("16 replicas on 4 GPUs in 1 nodes"),
+            "{text}"
+        );
+        let mut saturating = args(file.clone(), 16, 4);
+        saturating.previous = Some(previous);
+        saturating.expert_bytes = u64::MAX;
+        let err = plan(&parse(saturating).unwrap()).unwrap_err();
+        assert_eq!(crate::cmd::exit_code(&err), 2);
+        assert!(err.to_string().starts_with("--expert-bytes:"), "{err}");
+        let mut missing = args(file.clone(), 16, 4);
+        missing.previous = Some(dir.join("nope.json"));
+        let err = parse(missing).unwrap_err();
+        assert!(err.to_string().contains("nope.json"), "{err}");
+        let mut huge = args(file, 1 << 30, 4);
+        huge.policy = PolicyArg::Deepseek;
+        let err = parse(huge).unwrap_err();
+        assert_eq!(crate::cmd::exit_code(&err), 2);
+        assert!(
+            err.to_string().starts_with("--replicas 1073741824"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(dir).ok();
     }
 }

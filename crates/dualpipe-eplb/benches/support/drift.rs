@@ -2,22 +2,18 @@
 //! rebalanced at every interval by the reference policy from scratch and by the improved,
 //! migration-aware planner; reproducible from a seed.
 //!
-//! ```
-//! use dualpipe_eplb::drift::{run_drift, Arm, DriftConfig};
-//! use dualpipe_eplb::improved::PlannerOptions;
-//! let config = DriftConfig { layers: 2, intervals: 3, ..DriftConfig::default() };
-//! let arms = [Arm::Reference, Arm::Improved(PlannerOptions::default())];
-//! let reports = run_drift(&config, &arms).unwrap();
-//! assert_eq!(reports[1].duplicate_layers, 0);
-//! ```
+//!
+//! A benchmark harness, not library API: `benches/drift.rs` and `tests/planner_drift.rs`
+//! include this file with `#[path]`.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::improved::{balancedness, rebalance_improved, Layout, PlannerError, PlannerOptions};
-use crate::moves::move_plan;
-use crate::{rebalance_experts, LoadMatrix};
+use dualpipe_eplb::improved::{balancedness, rebalance_improved, PlannerOptions};
+use dualpipe_eplb::moves::move_plan;
+use dualpipe_eplb::{rebalance_experts, LoadMatrix};
+use dualpipe_eplb::{EplbError, Layout};
 
 /// Shape and randomness of the benchmark.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -216,9 +212,9 @@ pub struct ArmReport {
 
 /// Runs every arm over the same drifting loads. The initial placement (interval 0) is planned
 /// from scratch and not counted; each of the `intervals` following rebalances is.
-pub fn run_drift(config: &DriftConfig, arms: &[Arm]) -> Result<Vec<ArmReport>, PlannerError> {
+pub fn run_drift(config: &DriftConfig, arms: &[Arm]) -> Result<Vec<ArmReport>, EplbError> {
     let layout = config.layout();
-    layout.check()?;
+    layout.validate(&LoadMatrix::filled(1, layout.experts, 0.0))?;
     let mut loads = DriftLoads::new(config);
     let mut prev: Vec<Option<Vec<Vec<usize>>>> = vec![None; arms.len()];
     let mut reports: Vec<ArmReport> = arms
@@ -272,19 +268,17 @@ fn plan_arm(
     load: &[Vec<f64>],
     layout: &Layout,
     prev: Option<&[Vec<usize>]>,
-) -> Result<Vec<Vec<usize>>, PlannerError> {
+) -> Result<Vec<Vec<usize>>, EplbError> {
     match arm {
         Arm::Reference => {
-            let matrix = LoadMatrix::from_rows(load.to_vec())
-                .map_err(|e| PlannerError::Loads(e.to_string()))?;
+            let matrix = LoadMatrix::from_rows(load.to_vec())?;
             let plan = rebalance_experts(
                 &matrix,
                 layout.replicas,
                 layout.groups,
                 layout.nodes,
                 layout.gpus,
-            )
-            .map_err(|e| PlannerError::Layout(e.to_string()))?;
+            )?;
             Ok(plan
                 .phy2log
                 .iter_rows()
@@ -351,6 +345,7 @@ pub fn table(reports: &[ArmReport]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[allow(unused_imports)]
     use super::*;
 
     #[test]
