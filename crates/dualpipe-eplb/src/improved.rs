@@ -228,17 +228,20 @@ fn pack_layer(
         }
         let n = experts.len();
         let base = d * gpd * slots;
-        let mut orig = vec![false; gpd * n];
-        if let Some(prev) = prev {
-            for s in 0..gpd * slots {
-                let e = prev[base + s];
-                if local[e] != usize::MAX {
-                    orig[(s / slots) * n + local[e]] = true;
-                }
-            }
-        }
         let loads: Vec<f64> = experts.iter().map(|&e| load[e]).collect();
-        let mut dom = Domain::new(gpd, slots, loads, orig, opts.near_equal);
+        let mut dom = match prev {
+            None => Domain::fresh(gpd, slots, loads, opts.near_equal),
+            Some(prev) => {
+                let mut orig = vec![false; gpd * n];
+                for s in 0..gpd * slots {
+                    let e = prev[base + s];
+                    if local[e] != usize::MAX {
+                        orig[(s / slots) * n + local[e]] = true;
+                    }
+                }
+                Domain::new(gpd, slots, loads, orig, opts.near_equal)
+            }
+        };
         if let Some(prev) = prev {
             for s in 0..gpd * slots {
                 let e = local[prev[base + s]];

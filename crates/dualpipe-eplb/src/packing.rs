@@ -9,6 +9,8 @@
 //! Duplicate-free means: a GPU holds at most `ceil(count[e] / gpus)` replicas of `e`, which is one
 //! unless the expert has more replicas than the domain has GPUs.
 
+use std::collections::BTreeSet;
+
 /// Whether a value is exactly "no expert" in a slot being filled.
 const EMPTY: usize = usize::MAX;
 
@@ -41,6 +43,8 @@ pub(crate) struct Domain {
     pub count: Vec<usize>,
     /// Replicas of expert `e` on GPU `g`, at `g * experts + e`.
     on: Vec<u32>,
+    /// The same counts by expert, at `e * gpus + g` (one expert's GPUs read in a row).
+    on_by_expert: Vec<u32>,
     /// Whether expert `e` was on GPU `g` before this rebalance, at `g * experts + e`.
     orig: Vec<bool>,
     /// Slack (absolute load) within which a GPU that held the expert before wins a packing tie.
@@ -53,10 +57,11 @@ pub(crate) struct Domain {
     first_empty: Vec<usize>,
 }
 
-/// The local search's work floor per domain, in units of one candidate evaluated per GPU it
-/// touches (see [`Domain::improve`]). Plans of the sizes DeepSeek-V3 uses stay far below it,
-/// so the bound only ever binds on very large domains.
-const WORK_FLOOR: u64 = 1 << 24;
+/// The local search's work floor per domain (2^20), in units of one candidate evaluated per GPU
+/// it touches (see [`Domain::improve`]). The plans of DeepSeek-V3's shapes (58 x 256 experts
+/// on 32 GPUs in 4 nodes, 61 x 1024 on 128 GPUs in 8 nodes) never reach it and are unchanged;
+/// single-node domains of 64 or more GPUs do, and are bounded by it.
+const WORK_FLOOR: u64 = 1 << 20;
 
 /// The local search's work allowance per slot and expert of a domain above the floor.
 const WORK_PER_ITEM: u64 = 64;
@@ -89,6 +94,26 @@ impl Domain {
         orig: Vec<bool>,
         near_equal: f64,
     ) -> Self {
+        let any_orig = orig.contains(&true);
+        Self::with_orig(gpus, slots, load, orig, any_orig, near_equal)
+    }
+
+    /// An empty domain without a previous placement (no expert was on any GPU before). Its
+    /// tables are allocated zeroed and only touched where used, so a huge fresh domain costs
+    /// little before it is filled.
+    pub fn fresh(gpus: usize, slots: usize, load: Vec<f64>, near_equal: f64) -> Self {
+        let orig = vec![false; gpus * load.len()];
+        Self::with_orig(gpus, slots, load, orig, false, near_equal)
+    }
+
+    fn with_orig(
+        gpus: usize,
+        slots: usize,
+        load: Vec<f64>,
+        orig: Vec<bool>,
+        any_orig: bool,
+        near_equal: f64,
+    ) -> Self {
         let experts = load.len();
         debug_assert_eq!(orig.len(), gpus * experts);
         let total: f64 = load.iter().sum();
@@ -97,8 +122,9 @@ impl Domain {
             slots,
             count: vec![0; experts],
             on: vec![0; gpus * experts],
+            on_by_expert: vec![0; gpus * experts],
             slot: vec![EMPTY; gpus * slots],
-            any_orig: orig.contains(&true),
+            any_orig,
             orig,
             prefer_slack: near_equal * total / gpus as f64,
             load,
@@ -119,6 +145,7 @@ impl Domain {
         self.slot[s] = e;
         self.count[e] += 1;
         self.on[g * n + e] += 1;
+        self.on_by_expert[e * self.gpus + g] += 1;
         self.free[g] -= 1;
         let end = (g + 1) * self.slots;
         while self.first_empty[g] < end && self.slot[self.first_empty[g]] != EMPTY {
@@ -135,6 +162,7 @@ impl Domain {
         self.slot[s] = EMPTY;
         self.count[e] -= 1;
         self.on[g * n + e] -= 1;
+        self.on_by_expert[e * self.gpus + g] -= 1;
         self.free[g] += 1;
         self.first_empty[g] = self.first_empty[g].min(s);
         e
@@ -278,7 +306,8 @@ impl Domain {
             .map(|e| key(e, final_count[e], &self.load))
             .collect();
         for _ in 0..free {
-            let (_, _, std::cmp::Reverse(e)) = heap.pop().expect("a domain has at least one expert");
+            let (_, _, std::cmp::Reverse(e)) =
+                heap.pop().expect("a domain has at least one expert");
             final_count[e] += 1;
             extra.push(e);
             heap.push(key(e, final_count[e], &self.load));
@@ -297,16 +326,35 @@ impl Domain {
                 loads[s / self.slots] += self.share(e, final_count[e]);
             }
         }
+        // GPUs with room, by (load, index): the least-loaded one that may take a replica is
+        // found without scanning every GPU.
+        let rebuild = |d: &Domain, loads: &[f64]| -> BTreeSet<(Total, usize)> {
+            (0..d.gpus)
+                .filter(|&g| d.has_room(g))
+                .map(|g| (Total(loads[g]), g))
+                .collect()
+        };
+        let mut ready = rebuild(self, &loads);
         for e in extra {
             let cap = self.cap(final_count[e]);
             let share = self.share(e, final_count[e]);
-            let g = self.pick_gpu(e, cap, &loads);
+            let g = self.pick_gpu(e, cap, &loads, &ready);
             let s = match g {
                 Some(g) => self.first_free(g).expect("picked GPU has room"),
                 None => self.swap_in(e, cap, &final_count, &mut loads),
             };
             self.put(s, e);
-            loads[s / self.slots] += share;
+            let h = s / self.slots;
+            if g.is_some() {
+                ready.remove(&(Total(loads[h]), h));
+                loads[h] += share;
+                if self.has_room(h) {
+                    ready.insert((Total(loads[h]), h));
+                }
+            } else {
+                loads[h] += share;
+                ready = rebuild(self, &loads);
+            }
         }
     }
 
@@ -322,11 +370,19 @@ impl Domain {
     }
 
     /// The GPU for a new replica of `e`, if one has room and is under the cap.
-    fn pick_gpu(&self, e: usize, cap: u32, loads: &[f64]) -> Option<usize> {
+    /// `ready` holds every GPU with room, keyed by its load in `loads`.
+    fn pick_gpu(
+        &self,
+        e: usize,
+        cap: u32,
+        loads: &[f64],
+        ready: &BTreeSet<(Total, usize)>,
+    ) -> Option<usize> {
         let ok = |g: usize| self.has_room(g) && self.on(g, e) < cap;
-        let best = (0..self.gpus)
-            .filter(|&g| ok(g))
-            .min_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b)))?;
+        let best = ready
+            .iter()
+            .map(|&(_, g)| g)
+            .find(|&g| self.on(g, e) < cap)?;
         if !self.any_orig {
             return Some(best);
         }
@@ -608,9 +664,11 @@ impl Domain {
         let (ry_old, ry_new) = (self.share(y, cy), self.share(y, cy + 1));
         let mut max = 0.0f64;
         let mut ssq = 0.0;
+        let on_x = &self.on_by_expert[x * self.gpus..(x + 1) * self.gpus];
+        let on_y = &self.on_by_expert[y * self.gpus..(y + 1) * self.gpus];
         for (g, &l) in loads.iter().enumerate() {
-            let mut nx = self.on(g, x);
-            let mut ny = self.on(g, y);
+            let mut nx = on_x[g];
+            let mut ny = on_y[g];
             let mut l = l - f64::from(nx) * rx_old - f64::from(ny) * ry_old;
             if g == g0 {
                 nx -= 1;

@@ -326,3 +326,107 @@ fn bad_input_is_a_one_line_usage_error() {
     eplb(&good, "16", &["--format", "xml"]).flag_error(&["xml", "--format"]);
     dualpipe(["eplb", "--replicas", "16"]).flag_error(&["--loads"]);
 }
+
+#[test]
+fn numbers_and_files_found_by_the_reliability_probe() {
+    let dir = TempDir::new("eplb-probe");
+    // Loads that overflow f32, and a layer whose loads add up past it, name the file and cell.
+    let mut huge = LOADS;
+    huge[1][3] = 1e308;
+    eplb(
+        &dir.write("huge.json", serde_json::to_string(&huge).unwrap()),
+        "16",
+        &[],
+    )
+    .usage_error(&["huge.json", "layer 1, expert 3", "largest f32"]);
+    let mut sum = LOADS;
+    sum[0][0] = 3e38;
+    sum[0][1] = 3e38;
+    eplb(
+        &dir.write("sum.json", serde_json::to_string(&sum).unwrap()),
+        "16",
+        &[],
+    )
+    .usage_error(&["sum.json", "layer 0", "add up"]);
+    // A byte-order mark is accepted; a `;`-separated line is not taken for a header.
+    let good = eplb_json(&dir.write("loads.csv", loads_csv()), &[]);
+    let bom = eplb_json(
+        &dir.write("bom.csv", format!("\u{feff}{}", loads_csv())),
+        &[],
+    );
+    assert_eq!(good["phy2log"], bom["phy2log"]);
+    eplb(
+        &dir.write("semi.csv", "1;2;3;4;5;6;7;8;9;10;11;12\n"),
+        "16",
+        &[],
+    )
+    .usage_error(&["semi.csv", "line 1", "commas"]);
+    // A negative value reaches the range check instead of being taken for a flag.
+    eplb(&dir.path().join("loads.csv"), "16", &["--ema", "-0.5"]).usage_error(&["alpha", "-0.5"]);
+    // Truncated .npy preambles and a .npy with more data than its shape.
+    eplb(&dir.write("magic.npy", b"\x93NUMPY\x01\x00"), "16", &[])
+        .usage_error(&["magic.npy", "preamble is truncated"]);
+    eplb(
+        &dir.write("v2.npy", b"\x93NUMPY\x02\x00\x00\x00"),
+        "16",
+        &[],
+    )
+    .usage_error(&["v2.npy", "preamble is truncated"]);
+    let mut extra = npy(&[2, 12], &[1.0; 24]);
+    extra.extend_from_slice(&[0u8; 16]);
+    eplb(&dir.write("extra.npy", extra), "16", &[])
+        .usage_error(&["extra.npy", "header does not describe the data"]);
+    // Sizes past the cap are refused before allocating, naming the flag.
+    eplb(
+        &dir.path().join("loads.csv"),
+        "1073741824",
+        &["--policy", "deepseek"],
+    )
+    .usage_error(&["--replicas 1073741824", "cap"]);
+    // A previous plan for another topology, and byte counts that would saturate.
+    let prev = dir.write(
+        "prev.json",
+        eplb(&dir.path().join("loads.csv"), "16", &["--format", "json"])
+            .ok()
+            .stdout
+            .clone(),
+    );
+    dualpipe([
+        "eplb",
+        "--loads",
+        s(&dir.path().join("loads.csv")),
+        "--replicas",
+        "16",
+        "--groups",
+        "4",
+        "--nodes",
+        "1",
+        "--gpus",
+        "4",
+        "--previous",
+        s(&prev),
+    ])
+    .usage_error(&[
+        "--previous",
+        "prev.json",
+        "16 replicas on 8 GPUs in 2 nodes",
+        "16 replicas on 4 GPUs in 1 nodes",
+    ]);
+    eplb(
+        &dir.path().join("loads.csv"),
+        "16",
+        &[
+            "--previous",
+            s(&prev),
+            "--expert-bytes",
+            "18446744073709551615",
+        ],
+    )
+    .usage_error(&["--expert-bytes", "overflows"]);
+    eplb(
+        &dir.path().join("loads.csv"),
+        "16",
+        &["--previous", s(&dir.path().join("gone.json"))],
+    )
+    .usage_error(&["--previous", "gone.json"]);
+}
