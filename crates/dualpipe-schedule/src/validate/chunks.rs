@@ -5,6 +5,7 @@
 use super::ops::Positions;
 use super::shape::Geometry;
 use super::{fail, Res, Rule, NONE};
+use crate::ir::Neighbour;
 use crate::Chunk;
 
 /// Checks one dependency between ranks of a lowered schedule: the producer `prod` on rank
@@ -135,59 +136,53 @@ pub(super) fn check_chunks(geo: &Geometry<'_>, pos: &Positions, lowered: bool) -
                 ),
             ));
         }
-        if c.stage > 0 {
-            let prev = Chunk::new(c.dir, c.stage - 1, c.mb);
-            let pid = geo.id(prev);
-            let p = geo.rank(c.dir, c.stage - 1);
+        // The inputs a chunk takes from its neighbouring stages: the forward's activations
+        // from the previous stage, the backward's gradient from the next.
+        let inputs = [
+            (
+                Neighbour::Prev,
+                f,
+                &pos.f,
+                (&pos.send_f, &pos.recv_f),
+                ("SEND_F", "RECV_F"),
+                "forward",
+            ),
+            (
+                Neighbour::Next,
+                b,
+                &pos.b,
+                (&pos.send_b, &pos.recv_b),
+                ("SEND_B", "RECV_B"),
+                "backward",
+            ),
+        ];
+        for (side, consumed, produced, (sends, recvs), names, what) in inputs {
+            let Some(n) = geo.schedule.placement.neighbour(c, side) else {
+                continue;
+            };
+            let nid = geo.id(n);
+            let p = geo.rank(n.dir, n.stage);
             if p == r {
-                if pos.f[pid] >= f {
+                if produced[nid] >= consumed {
                     return Err(fail(
                         r,
-                        Some(geo.op(r, f)),
+                        Some(geo.op(r, consumed)),
                         Rule::Dependency,
                         &format!(
-                            "the forward of {c} needs the forward of {prev} first, which runs \
+                            "the {what} of {c} needs the {what} of {n} first, which runs \
                              later at op {} on this rank",
-                            pos.f[pid]
+                            produced[nid]
                         ),
                     ));
                 }
             } else if lowered {
                 check_message(
                     geo,
-                    (pos.send_f[pid], pos.recv_f[id]),
-                    (pos.f[pid], f),
+                    (sends[nid], recvs[id]),
+                    (produced[nid], consumed),
                     (p, r),
-                    ("SEND_F", "RECV_F"),
-                    prev,
-                )?;
-            }
-        }
-        if c.stage + 1 < geo.stages {
-            let next = Chunk::new(c.dir, c.stage + 1, c.mb);
-            let nid = geo.id(next);
-            let q = geo.rank(c.dir, c.stage + 1);
-            if q == r {
-                if pos.b[nid] >= b {
-                    return Err(fail(
-                        r,
-                        Some(geo.op(r, b)),
-                        Rule::Dependency,
-                        &format!(
-                            "the backward of {c} needs the backward of {next} first, which runs \
-                             later at op {} on this rank",
-                            pos.b[nid]
-                        ),
-                    ));
-                }
-            } else if lowered {
-                check_message(
-                    geo,
-                    (pos.send_b[nid], pos.recv_b[id]),
-                    (pos.b[nid], b),
-                    (q, r),
-                    ("SEND_B", "RECV_B"),
-                    next,
+                    names,
+                    n,
                 )?;
             }
         }
