@@ -14,9 +14,19 @@ use crate::{dualpipe, s, TempDir};
 const BIN: &str = env!("CARGO_BIN_EXE_dualpipe");
 
 fn small_schedule() -> Vec<String> {
-    ["schedule", "--schedule", "1f1b", "--ranks", "2", "--micro-batches", "4", "--format", "json"]
-        .map(String::from)
-        .to_vec()
+    [
+        "schedule",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+        "--format",
+        "json",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 fn with_output(mut args: Vec<String>, path: &Path) -> Vec<String> {
@@ -52,7 +62,11 @@ fn a_device_node_is_written_in_place_and_stays_a_device() {
 fn a_fifo_is_written_in_place() {
     let dir = TempDir::new("fifo");
     let fifo = dir.join("myfifo");
-    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
     let expected = dualpipe(small_schedule()).ok().stdout.clone();
     let reader = {
         let fifo = fifo.clone();
@@ -159,8 +173,16 @@ fn sigint_or_sigterm_during_a_long_write_leaves_no_temp_file() {
     // A schedule whose JSON (about 60 MB) takes a while to write: catch the temp file while it
     // exists, stop the process there, signal it, let it go on.
     let args = [
-        "schedule", "--schedule", "gpipe", "--ranks", "128", "--micro-batches", "2048",
-        "--format", "json", "--output",
+        "schedule",
+        "--schedule",
+        "gpipe",
+        "--ranks",
+        "128",
+        "--micro-batches",
+        "2048",
+        "--format",
+        "json",
+        "--output",
     ];
     for (sig, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
         let mut caught = false;
@@ -208,8 +230,15 @@ fn sigint_or_sigterm_during_a_long_write_leaves_no_temp_file() {
 fn a_closed_pipe_ends_quietly_with_exit_0() {
     let mut child = Command::new(BIN)
         .args([
-            "schedule", "--schedule", "dualpipe", "--ranks", "16", "--micro-batches", "256",
-            "--format", "json",
+            "schedule",
+            "--schedule",
+            "dualpipe",
+            "--ranks",
+            "16",
+            "--micro-batches",
+            "256",
+            "--format",
+            "json",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -221,7 +250,12 @@ fn a_closed_pipe_ends_quietly_with_exit_0() {
     assert_eq!(&first, b"{");
     drop(out); // as `| head -c1` exits
     let mut stderr = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0), "stderr: {stderr}");
     assert!(stderr.is_empty(), "{stderr}");
@@ -262,16 +296,40 @@ fn a_bad_later_output_leaves_no_earlier_side_file() {
     let (svg, trace) = (dir.join("side.svg"), dir.join("side.trace"));
     let bad = dir.join("nodir/x.json");
     let run = dualpipe([
-        "simulate", "--schedule", "dualpipe", "--ranks", "4", "--micro-batches", "8", "--fb",
-        "2.5", "--svg", s(&svg), "--trace", s(&trace), "--output", s(&bad),
+        "simulate",
+        "--schedule",
+        "dualpipe",
+        "--ranks",
+        "4",
+        "--micro-batches",
+        "8",
+        "--fb",
+        "2.5",
+        "--svg",
+        s(&svg),
+        "--trace",
+        s(&trace),
+        "--output",
+        s(&bad),
     ]);
     run.usage_error(&["nodir", "does not exist"]);
     assert!(dir.entries().is_empty(), "{:?}", dir.entries());
     // A bad picture path is found before the work too, and nothing is written.
     let out = dir.join("ok.json");
     dualpipe([
-        "simulate", "--schedule", "dualpipe", "--ranks", "4", "--micro-batches", "8", "--fb",
-        "2.5", "--svg", s(&dir.join("nodir/p.svg")), "--output", s(&out),
+        "simulate",
+        "--schedule",
+        "dualpipe",
+        "--ranks",
+        "4",
+        "--micro-batches",
+        "8",
+        "--fb",
+        "2.5",
+        "--svg",
+        s(&dir.join("nodir/p.svg")),
+        "--output",
+        s(&out),
     ])
     .usage_error(&["nodir"]);
     assert!(dir.entries().is_empty(), "{:?}", dir.entries());

@@ -248,21 +248,48 @@ fn schedule_files_of_every_kind_simulate_like_the_generated_schedule() {
         for format in ["json", "csv"] {
             let file = dir.join(&format!("{kind}.{format}"));
             dualpipe([
-                "schedule", "--schedule", kind, "--ranks", ranks, "--micro-batches", mbs,
-                "--format", format, "--output", s(&file),
+                "schedule",
+                "--schedule",
+                kind,
+                "--ranks",
+                ranks,
+                "--micro-batches",
+                mbs,
+                "--format",
+                format,
+                "--output",
+                s(&file),
             ])
             .ok();
             let run = dualpipe([
-                "simulate", "--schedule-file", s(&file), "--fb", "2.5", "--format", "json",
+                "simulate",
+                "--schedule-file",
+                s(&file),
+                "--fb",
+                "2.5",
+                "--format",
+                "json",
             ]);
             run.ok();
             assert_eq!(run.json(), expected, "{kind} through {format}");
             // Without an extension: chosen by content.
             let bare = dir.join(&format!("{kind}-{format}"));
             std::fs::copy(&file, &bare).unwrap();
-            let run = dualpipe(["simulate", "--schedule-file", s(&bare), "--fb", "2.5", "--format", "json"]);
+            let run = dualpipe([
+                "simulate",
+                "--schedule-file",
+                s(&bare),
+                "--fb",
+                "2.5",
+                "--format",
+                "json",
+            ]);
             run.ok();
-            assert_eq!(run.json(), expected, "{kind} through {format}, no extension");
+            assert_eq!(
+                run.json(),
+                expected,
+                "{kind} through {format}, no extension"
+            );
         }
     }
 }
@@ -279,17 +306,18 @@ fn bad_schedule_files_are_one_line_usage_errors() {
     dualpipe(["simulate", "--schedule-file", s(&cut)])
         .usage_error(&["cut.csv", "rank 1", "backward"]);
     let cell = dir.write("cell.csv", "0F0,0X1\n");
-    dualpipe(["simulate", "--schedule-file", s(&cell)])
-        .usage_error(&["cell.csv", "rank 0, cell 1", "unknown action"]);
+    dualpipe(["simulate", "--schedule-file", s(&cell)]).usage_error(&[
+        "cell.csv",
+        "rank 0, cell 1",
+        "unknown action",
+    ]);
     dualpipe(["simulate", "--schedule-file", s(&dir.join("missing.json"))])
         .usage_error(&["missing.json", "--schedule-file"]);
     let binary = dir.write("binary.csv", [0xffu8, 0xfe, 0x00]);
     dualpipe(["simulate", "--schedule-file", s(&binary)]).usage_error(&["binary.csv", "UTF-8"]);
     // The file replaces --schedule / --ranks / --micro-batches; giving both is a flag error.
-    dualpipe([
-        "simulate", "--schedule-file", s(&cut), "--schedule", "1f1b",
-    ])
-    .flag_error(&["--schedule"]);
+    dualpipe(["simulate", "--schedule-file", s(&cut), "--schedule", "1f1b"])
+        .flag_error(&["--schedule"]);
     dualpipe(["simulate", "--ranks", "4", "--micro-batches", "8"]).flag_error(&["--schedule"]);
 }
 
@@ -299,11 +327,20 @@ fn costs_whose_sums_overflow_are_a_usage_error_not_an_infinite_makespan() {
         "dualpipe",
         "4",
         "8",
-        &["--f", "1e308", "--b", "1e308", "--w", "1e308", "--fb", "1e308"],
+        &[
+            "--f", "1e308", "--b", "1e308", "--w", "1e308", "--fb", "1e308",
+        ],
     )
     .usage_error(&["overflow", "--f"]);
     // Large costs whose sums fit still simulate.
-    let doc = simulate_json("dualpipe", "4", "8", &["--f", "1e300", "--b", "2e300", "--w", "1e300", "--fb", "3e300"]);
+    let doc = simulate_json(
+        "dualpipe",
+        "4",
+        "8",
+        &[
+            "--f", "1e300", "--b", "2e300", "--w", "1e300", "--fb", "3e300",
+        ],
+    );
     assert!(doc["makespan"].as_f64().unwrap() > 1e300);
 }
 
@@ -315,10 +352,22 @@ fn negative_counts_reach_the_range_checks() {
         ("--virtual-stages", "-2"),
         ("--message-bytes", "-5"),
     ] {
-        let mut args = vec!["simulate", "--schedule", "interleaved", "--ranks", "4", "--micro-batches", "8"];
+        let mut args = vec![
+            "simulate",
+            "--schedule",
+            "interleaved",
+            "--ranks",
+            "4",
+            "--micro-batches",
+            "8",
+        ];
         args.extend([flag, value]);
         let run = dualpipe(&args);
         run.flag_error(&[flag, "cannot be negative", value]);
-        assert!(!run.stderr.contains("unexpected argument"), "{}", run.stderr);
+        assert!(
+            !run.stderr.contains("unexpected argument"),
+            "{}",
+            run.stderr
+        );
     }
 }
