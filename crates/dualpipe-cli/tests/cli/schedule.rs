@@ -435,7 +435,10 @@ fn negative_counts_reach_the_range_checks() {
             "--micro-batches",
             "8",
         ];
-        args.extend([flag, "-3"]);
+        match args.iter().position(|a| a == &flag) {
+            Some(at) => args[at + 1] = "-3",
+            None => args.extend([flag, "-3"]),
+        }
         let run = dualpipe(&args);
         run.flag_error(&[flag, "cannot be negative", "-3"]);
         assert!(

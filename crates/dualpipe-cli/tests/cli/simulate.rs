@@ -361,7 +361,10 @@ fn negative_counts_reach_the_range_checks() {
             "--micro-batches",
             "8",
         ];
-        args.extend([flag, value]);
+        match args.iter().position(|a| a == &flag) {
+            Some(at) => args[at + 1] = value,
+            None => args.extend([flag, value]),
+        }
         let run = dualpipe(&args);
         run.flag_error(&[flag, "cannot be negative", value]);
         assert!(
