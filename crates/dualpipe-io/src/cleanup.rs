@@ -14,7 +14,9 @@ static TEMPS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 static INSTALL: Once = Once::new();
 
 fn temps() -> MutexGuard<'static, Vec<PathBuf>> {
-    TEMPS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    TEMPS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Starts the thread that waits for SIGINT, SIGTERM and SIGHUP, removes every registered temp
@@ -43,7 +45,11 @@ fn install() {
 /// Creates a temp file in `dir` named `.{name}.XXXXXX.tmp` (random letters; created with
 /// `O_CREAT | O_EXCL`, so nothing already there, link or file, is ever opened) with
 /// `permissions` (the umask applies), and registers it for removal on a signal.
-pub(crate) fn create(dir: &Path, name: &str, permissions: Permissions) -> std::io::Result<NamedTempFile> {
+pub(crate) fn create(
+    dir: &Path,
+    name: &str,
+    permissions: Permissions,
+) -> std::io::Result<NamedTempFile> {
     install();
     let mut list = temps();
     let tmp = tempfile::Builder::new()

@@ -235,7 +235,13 @@ mod tests {
         for p in ["/dev/stdout", "/dev/stderr", "/dev/fd/1", "/proc/self/fd/7"] {
             assert!(names_descriptor(Path::new(p)), "{p}");
         }
-        for p in ["/dev/null", "/dev/fd", "/dev/fd/x", "dev/stdout", "/tmp/dev/stdout"] {
+        for p in [
+            "/dev/null",
+            "/dev/fd",
+            "/dev/fd/x",
+            "dev/stdout",
+            "/tmp/dev/stdout",
+        ] {
             assert!(!names_descriptor(Path::new(p)), "{p}");
         }
     }

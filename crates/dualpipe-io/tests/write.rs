@@ -167,7 +167,10 @@ fn a_device_node_is_written_in_place_never_replaced() {
         let null = Path::new("/dev/null");
         assert!(matches!(check(null).unwrap(), Target::InPlace { .. }));
         write(null, b"discarded").unwrap();
-        assert!(std::fs::metadata(null).unwrap().file_type().is_char_device());
+        assert!(std::fs::metadata(null)
+            .unwrap()
+            .file_type()
+            .is_char_device());
         return;
     }
     assert!(matches!(check(&node).unwrap(), Target::InPlace { .. }));
@@ -197,7 +200,11 @@ fn descriptor_paths_write_into_the_open_descriptor() {
         std::fs::read_to_string(dir.path().join("fd.txt")).unwrap(),
         "via the descriptor"
     );
-    assert_eq!(names(dir.path()), ["fd.txt"], "no temp file, no replacement");
+    assert_eq!(
+        names(dir.path()),
+        ["fd.txt"],
+        "no temp file, no replacement"
+    );
     assert!(matches!(
         check(Path::new("/dev/fd/987654")),
         Err(WriteError::ClosedDescriptor { .. })

@@ -16,10 +16,10 @@
 
 pub mod error;
 pub mod format;
-mod size;
 pub mod generate;
 pub mod ir;
 pub mod lower;
+mod size;
 pub mod validate;
 
 pub use error::ScheduleError;

@@ -130,7 +130,10 @@ mod tests {
     fn names_the_flag_that_is_too_large() {
         let msg = |k, r, m, v| check_size(k, r, m, v).unwrap_err().to_string();
         let m = msg(ScheduleKind::GPipe, 1024, 16384, 1);
-        assert!(m.contains("use at most --micro-batches 2048 with 1024 ranks, or at most --ranks 128"), "{m}");
+        assert!(
+            m.contains("use at most --micro-batches 2048 with 1024 ranks, or at most --ranks 128"),
+            "{m}"
+        );
         assert!(m.contains("16,777,216 chunks"), "{m}");
         let m = msg(ScheduleKind::OneFOneB, 1_000_000_000_000, 8, 1);
         assert!(m.contains("use at most --ranks 262144 with 8"), "{m}");

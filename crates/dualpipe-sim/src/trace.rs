@@ -59,10 +59,26 @@ pub fn render_trace(timeline: &Timeline) -> String {
     let mut first = true;
     let out = &mut text;
     for rank in 0..timeline.ranks() {
-        push_event(out, &mut first, &json!({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": format!("rank {rank}")}}));
-        push_event(out, &mut first, &json!({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}}));
-        push_event(out, &mut first, &json!({"name": "thread_name", "ph": "M", "pid": rank, "tid": COMPUTE_TID, "args": {"name": "compute"}}));
-        push_event(out, &mut first, &json!({"name": "thread_name", "ph": "M", "pid": rank, "tid": COMM_TID, "args": {"name": "comm"}}));
+        push_event(
+            out,
+            &mut first,
+            &json!({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": format!("rank {rank}")}}),
+        );
+        push_event(
+            out,
+            &mut first,
+            &json!({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}}),
+        );
+        push_event(
+            out,
+            &mut first,
+            &json!({"name": "thread_name", "ph": "M", "pid": rank, "tid": COMPUTE_TID, "args": {"name": "compute"}}),
+        );
+        push_event(
+            out,
+            &mut first,
+            &json!({"name": "thread_name", "ph": "M", "pid": rank, "tid": COMM_TID, "args": {"name": "comm"}}),
+        );
     }
     for (rank, intervals) in timeline.compute.iter().enumerate() {
         for iv in intervals {
@@ -76,20 +92,36 @@ pub fn render_trace(timeline: &Timeline) -> String {
         };
         let args = json!({"src": m.src, "dst": m.dst, "src_chunk": chunk_args(m.src_chunk), "dst_chunk": chunk_args(m.dst_chunk)});
         let (ts, dur) = (us(m.start), us(m.end - m.start));
-        push_event(out, &mut first, &json!({
-            "name": format!("{send} {} to rank {}", m.src_chunk.mb, m.dst), "cat": "comm", "ph": "X",
-            "pid": m.src, "tid": COMM_TID, "ts": ts, "dur": dur, "args": args,
-        }));
-        push_event(out, &mut first, &json!({
-            "name": format!("{recv} {} from rank {}", m.dst_chunk.mb, m.src), "cat": "comm", "ph": "X",
-            "pid": m.dst, "tid": COMM_TID, "ts": ts, "dur": dur, "args": args,
-        }));
+        push_event(
+            out,
+            &mut first,
+            &json!({
+                "name": format!("{send} {} to rank {}", m.src_chunk.mb, m.dst), "cat": "comm", "ph": "X",
+                "pid": m.src, "tid": COMM_TID, "ts": ts, "dur": dur, "args": args,
+            }),
+        );
+        push_event(
+            out,
+            &mut first,
+            &json!({
+                "name": format!("{recv} {} from rank {}", m.dst_chunk.mb, m.src), "cat": "comm", "ph": "X",
+                "pid": m.dst, "tid": COMM_TID, "ts": ts, "dur": dur, "args": args,
+            }),
+        );
         // Flow ends sit strictly inside their slices (near the send's start and the receive's
         // end) so that viewers bind them to the enclosing slice whatever order they sort equal
         // timestamps in, and the arrow slants with the flight time.
         let (out_ts, in_ts) = (ts + 0.1 * dur, ts + 0.9 * dur);
-        push_event(out, &mut first, &json!({"name": "message", "cat": "comm", "ph": "s", "id": id, "pid": m.src, "tid": COMM_TID, "ts": out_ts, "bp": "e"}));
-        push_event(out, &mut first, &json!({"name": "message", "cat": "comm", "ph": "f", "id": id, "pid": m.dst, "tid": COMM_TID, "ts": in_ts, "bp": "e"}));
+        push_event(
+            out,
+            &mut first,
+            &json!({"name": "message", "cat": "comm", "ph": "s", "id": id, "pid": m.src, "tid": COMM_TID, "ts": out_ts, "bp": "e"}),
+        );
+        push_event(
+            out,
+            &mut first,
+            &json!({"name": "message", "cat": "comm", "ph": "f", "id": id, "pid": m.dst, "tid": COMM_TID, "ts": in_ts, "bp": "e"}),
+        );
     }
     text.push_str("]}\n");
     text

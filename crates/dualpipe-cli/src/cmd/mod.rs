@@ -48,7 +48,9 @@ pub fn kind_and_virtual_stages(
             let what = if fixed == 1 {
                 "1 stage per rank".to_string()
             } else {
-                format!("{fixed} stages per rank (its V folds {fixed} x ranks stages over the ranks)")
+                format!(
+                    "{fixed} stages per rank (its V folds {fixed} x ranks stages over the ranks)"
+                )
             };
             let fix = if fixed == 1 {
                 "leave --virtual-stages out, or use --schedule interleaved to choose it".to_string()
@@ -60,7 +62,10 @@ pub fn kind_and_virtual_stages(
             )));
         }
     }
-    Ok((kind, virtual_stages.unwrap_or_else(|| kind.default_virtual_stages())))
+    Ok((
+        kind,
+        virtual_stages.unwrap_or_else(|| kind.default_virtual_stages()),
+    ))
 }
 
 /// Parses a count flag (`--ranks`, `--micro-batches`, ...): a whole number from 0 up. Negative
@@ -72,7 +77,9 @@ pub fn count(text: &str) -> Result<usize, String> {
         return Ok(n);
     }
     if t.parse::<i128>().is_ok_and(|n| n < 0) || t.parse::<f64>().is_ok_and(|x| x < 0.0) {
-        return Err(format!("a count cannot be negative, got {t}; give a whole number from 1 up"));
+        return Err(format!(
+            "a count cannot be negative, got {t}; give a whole number from 1 up"
+        ));
     }
     if t.parse::<i128>().is_ok() {
         return Err(format!("{t} is too large (the most is {})", usize::MAX));

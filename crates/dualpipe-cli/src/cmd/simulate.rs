@@ -178,9 +178,10 @@ pub fn run_error(err: RunError) -> anyhow::Error {
     match err {
         RunError::Schedule(ScheduleError::InvalidConfig(msg)) => UsageError(msg).into(),
         RunError::Sim(SimError::Cost(msg)) => UsageError(msg).into(),
-        RunError::Sim(SimError::Overflow(msg)) => {
-            UsageError(format!("{msg} (flags --f --b --w --fb --latency --bandwidth)")).into()
-        }
+        RunError::Sim(SimError::Overflow(msg)) => UsageError(format!(
+            "{msg} (flags --f --b --w --fb --latency --bandwidth)"
+        ))
+        .into(),
         other => anyhow::Error::new(other),
     }
 }

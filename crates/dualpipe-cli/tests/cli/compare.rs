@@ -178,3 +178,19 @@ fn per_rank_costs_scale_chunks_of_kinds_with_more_stages_than_ranks() {
         "dualpipev and interleaved run half-size chunks: {doc}"
     );
 }
+
+#[test]
+fn absurd_sizes_and_negative_counts_are_usage_errors_naming_the_flag() {
+    dualpipe([
+        "compare",
+        "--ranks",
+        "1000000000000",
+        "--micro-batches",
+        "8",
+    ])
+    .usage_error(&["at most --ranks"]);
+    dualpipe(["compare", "--ranks", "1024", "--micro-batches", "1000000"])
+        .usage_error(&["at most --micro-batches"]);
+    let run = dualpipe(["compare", "--ranks", "-4", "--micro-batches", "8"]);
+    run.flag_error(&["--ranks", "cannot be negative"]);
+}

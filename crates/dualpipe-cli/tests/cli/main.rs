@@ -8,6 +8,7 @@ mod eplb;
 mod eplb_previous;
 mod help;
 mod output;
+mod output_targets;
 mod schedule;
 mod simulate;
 mod train;

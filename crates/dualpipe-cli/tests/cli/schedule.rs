@@ -321,3 +321,140 @@ fn interleaved_with_three_virtual_stages_round_trips_in_both_formats() {
         from_json.compute_only().programs
     );
 }
+
+#[test]
+fn absurd_sizes_are_refused_before_allocating_naming_the_flag() {
+    // Finding 11: passed the op-count guard and aborted; now refused at once.
+    dualpipe([
+        "schedule",
+        "--schedule",
+        "gpipe",
+        "--ranks",
+        "1024",
+        "--micro-batches",
+        "16384",
+        "--format",
+        "json",
+    ])
+    .usage_error(&["--micro-batches 2048 with 1024 ranks", "cap"]);
+    // Finding 17: the flag that is too large is the one named.
+    let run = dualpipe([
+        "schedule",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "1000000000000",
+        "--micro-batches",
+        "8",
+    ]);
+    run.usage_error(&["at most --ranks"]);
+    assert!(
+        !run.stderr.contains("at most --micro-batches"),
+        "{}",
+        run.stderr
+    );
+    dualpipe([
+        "schedule",
+        "--schedule",
+        "interleaved",
+        "--ranks",
+        "4",
+        "--micro-batches",
+        "8",
+        "--virtual-stages",
+        "1000000",
+    ])
+    .usage_error(&["at most --virtual-stages"]);
+    dualpipe([
+        "schedule",
+        "--schedule",
+        "dualpipe",
+        "--ranks",
+        "100000",
+        "--micro-batches",
+        "2",
+    ])
+    .usage_error(&["at most --ranks"]);
+}
+
+#[test]
+fn fixed_stage_kinds_name_their_own_stages_per_rank() {
+    // Finding 29: DualPipeV has 2 stages per rank, so that is what the hint says.
+    dualpipe([
+        "schedule",
+        "--schedule",
+        "dualpipev",
+        "--ranks",
+        "4",
+        "--micro-batches",
+        "8",
+        "--virtual-stages",
+        "3",
+    ])
+    .usage_error(&["dualpipev", "2 stages per rank", "--virtual-stages 2"]);
+    let two = dualpipe([
+        "schedule",
+        "--schedule",
+        "dualpipev",
+        "--ranks",
+        "4",
+        "--micro-batches",
+        "8",
+        "--virtual-stages",
+        "2",
+    ]);
+    two.ok();
+    assert!(
+        two.stdout.starts_with("schedule dualpipev: 4 ranks"),
+        "{}",
+        two.stdout
+    );
+    dualpipe([
+        "schedule",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "4",
+        "--micro-batches",
+        "8",
+        "--virtual-stages",
+        "2",
+    ])
+    .usage_error(&["1f1b", "1 stage per rank", "interleaved"]);
+}
+
+#[test]
+fn negative_counts_reach_the_range_checks() {
+    for flag in ["--ranks", "--micro-batches", "--virtual-stages"] {
+        let mut args = vec![
+            "schedule",
+            "--schedule",
+            "interleaved",
+            "--ranks",
+            "4",
+            "--micro-batches",
+            "8",
+        ];
+        match args.iter().position(|a| a == &flag) {
+            Some(at) => args[at + 1] = "-3",
+            None => args.extend([flag, "-3"]),
+        }
+        let run = dualpipe(&args);
+        run.flag_error(&[flag, "cannot be negative", "-3"]);
+        assert!(
+            !run.stderr.contains("unexpected argument"),
+            "{}",
+            run.stderr
+        );
+    }
+    dualpipe([
+        "schedule",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "2.5",
+        "--micro-batches",
+        "8",
+    ])
+    .flag_error(&["--ranks", "whole number"]);
+}

@@ -230,3 +230,147 @@ fn bad_input_is_a_one_line_usage_error() {
         simulate(kind, ranks, mbs, extra).usage_error(needles);
     }
 }
+
+/// Every generated kind, written by `schedule --format json` and `--format csv`, simulates
+/// through `--schedule-file` to the same report as `--schedule KIND`.
+#[test]
+fn schedule_files_of_every_kind_simulate_like_the_generated_schedule() {
+    let dir = TempDir::new("schedule-file");
+    for (kind, ranks, mbs) in [
+        ("gpipe", "4", "8"),
+        ("1f1b", "4", "8"),
+        ("interleaved", "2", "8"),
+        ("zb1p", "4", "8"),
+        ("dualpipe", "4", "8"),
+        ("dualpipev", "3", "7"),
+    ] {
+        let expected = simulate_json(kind, ranks, mbs, &["--fb", "2.5"]);
+        for format in ["json", "csv"] {
+            let file = dir.join(&format!("{kind}.{format}"));
+            dualpipe([
+                "schedule",
+                "--schedule",
+                kind,
+                "--ranks",
+                ranks,
+                "--micro-batches",
+                mbs,
+                "--format",
+                format,
+                "--output",
+                s(&file),
+            ])
+            .ok();
+            let run = dualpipe([
+                "simulate",
+                "--schedule-file",
+                s(&file),
+                "--fb",
+                "2.5",
+                "--format",
+                "json",
+            ]);
+            run.ok();
+            assert_eq!(run.json(), expected, "{kind} through {format}");
+            // Without an extension: chosen by content.
+            let bare = dir.join(&format!("{kind}-{format}"));
+            std::fs::copy(&file, &bare).unwrap();
+            let run = dualpipe([
+                "simulate",
+                "--schedule-file",
+                s(&bare),
+                "--fb",
+                "2.5",
+                "--format",
+                "json",
+            ]);
+            run.ok();
+            assert_eq!(
+                run.json(),
+                expected,
+                "{kind} through {format}, no extension"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_schedule_files_are_one_line_usage_errors() {
+    let dir = TempDir::new("schedule-file-bad");
+    let bad_json = dir.write("bad.json", "{\"schedule\": \"1f1b\", \"ranks\": 2,");
+    dualpipe(["simulate", "--schedule-file", s(&bad_json)])
+        .usage_error(&["bad.json", "not valid JSON"]);
+    // 1f1b on 2 ranks and 2 micro-batches, rank 1's last backward removed: the validator says
+    // which rank misses which op.
+    let cut = dir.write("cut.csv", "0F0,0F1,0B0,0B1\n1F0,1B0,1F1\n");
+    dualpipe(["simulate", "--schedule-file", s(&cut)])
+        .usage_error(&["cut.csv", "rank 1", "backward"]);
+    let cell = dir.write("cell.csv", "0F0,0X1\n");
+    dualpipe(["simulate", "--schedule-file", s(&cell)]).usage_error(&[
+        "cell.csv",
+        "rank 0, cell 1",
+        "unknown action",
+    ]);
+    dualpipe(["simulate", "--schedule-file", s(&dir.join("missing.json"))])
+        .usage_error(&["missing.json", "--schedule-file"]);
+    let binary = dir.write("binary.csv", [0xffu8, 0xfe, 0x00]);
+    dualpipe(["simulate", "--schedule-file", s(&binary)]).usage_error(&["binary.csv", "UTF-8"]);
+    // The file replaces --schedule / --ranks / --micro-batches; giving both is a flag error.
+    dualpipe(["simulate", "--schedule-file", s(&cut), "--schedule", "1f1b"])
+        .flag_error(&["--schedule"]);
+    dualpipe(["simulate", "--ranks", "4", "--micro-batches", "8"]).flag_error(&["--schedule"]);
+}
+
+#[test]
+fn costs_whose_sums_overflow_are_a_usage_error_not_an_infinite_makespan() {
+    simulate(
+        "dualpipe",
+        "4",
+        "8",
+        &[
+            "--f", "1e308", "--b", "1e308", "--w", "1e308", "--fb", "1e308",
+        ],
+    )
+    .usage_error(&["overflow", "--f"]);
+    // Large costs whose sums fit still simulate.
+    let doc = simulate_json(
+        "dualpipe",
+        "4",
+        "8",
+        &[
+            "--f", "1e300", "--b", "2e300", "--w", "1e300", "--fb", "3e300",
+        ],
+    );
+    assert!(doc["makespan"].as_f64().unwrap() > 1e300);
+}
+
+#[test]
+fn negative_counts_reach_the_range_checks() {
+    for (flag, value) in [
+        ("--ranks", "-4"),
+        ("--micro-batches", "-1"),
+        ("--virtual-stages", "-2"),
+        ("--message-bytes", "-5"),
+    ] {
+        let mut args = vec![
+            "simulate",
+            "--schedule",
+            "interleaved",
+            "--ranks",
+            "4",
+            "--micro-batches",
+            "8",
+        ];
+        match args.iter().position(|a| a == &flag) {
+            Some(at) => args[at + 1] = value,
+            None => args.extend([flag, value]),
+        }
+        let run = dualpipe(&args);
+        run.flag_error(&[flag, "cannot be negative", value]);
+        assert!(
+            !run.stderr.contains("unexpected argument"),
+            "{}",
+            run.stderr
+        );
+    }
+}
