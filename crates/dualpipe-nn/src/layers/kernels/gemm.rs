@@ -28,6 +28,18 @@ impl<'a, T> Mat<'a, T> {
         }
     }
 
+    /// A `[rows, cols]` view whose element `(i, j)` is `data[i * rs + j * cs]` (a head's
+    /// columns inside a wider row, for example).
+    pub(crate) fn strided(data: &'a [T], rows: usize, cols: usize, rs: usize, cs: usize) -> Self {
+        Mat {
+            data,
+            rows,
+            cols,
+            rs,
+            cs,
+        }
+    }
+
     /// The transpose (a view, no copy).
     pub(crate) fn t(self) -> Self {
         Mat {

@@ -26,6 +26,14 @@ impl Elem for f64 {
     fn sqrt(self) -> f64 {
         f64::sqrt(self)
     }
+
+    fn exp(self) -> f64 {
+        libm::exp(self)
+    }
+
+    fn ln(self) -> f64 {
+        libm::log(self)
+    }
 }
 
 impl Elem for f32 {
@@ -41,6 +49,14 @@ impl Elem for f32 {
 
     fn sqrt(self) -> f32 {
         f32::sqrt(self)
+    }
+
+    fn exp(self) -> f32 {
+        exp_f32(self)
+    }
+
+    fn ln(self) -> f32 {
+        libm::logf(self)
     }
 }
 

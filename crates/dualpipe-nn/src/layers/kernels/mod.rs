@@ -35,6 +35,10 @@ pub(crate) trait Elem: WithDType {
     }
     /// The square root.
     fn sqrt(self) -> Self;
+    /// `eˣ`.
+    fn exp(self) -> Self;
+    /// The natural logarithm.
+    fn ln(self) -> Self;
 }
 
 /// The error for a dtype the kernels do not cover.
@@ -55,16 +59,22 @@ macro_rules! by_dtype {
     };
 }
 
+mod attention;
 mod elementwise;
 mod gemm;
 mod math;
+mod norm;
 mod optim;
+mod token;
 
 pub(crate) use elementwise::{add, gelu, gelu_derivative, gelu_forward, mse, mul, scaled_diff};
 pub(crate) use gemm::{
     gemm, linear_backward_input, linear_backward_weight, linear_forward, transpose, Mat,
 };
+pub(crate) use attention::{attention_backward, attention_forward};
+pub(crate) use norm::{rms_norm_backward_input, rms_norm_backward_weight, rms_norm_forward};
 pub(crate) use optim::{adamw, sgd, AdamWStep};
+pub(crate) use token::{cross_entropy, embedding_backward_weight, embedding_forward};
 
 /// Calls `f` with the tensor's elements as one contiguous slice (row-major), copying only if
 /// the tensor is a non-contiguous view.
