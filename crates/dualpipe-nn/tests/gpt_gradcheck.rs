@@ -81,7 +81,14 @@ fn softmax_last(s: &Tensor) -> Tensor {
 }
 
 /// `x: [rows·seq, d]` → attention output before the projection's residual.
-fn attention_oracle(x: &Tensor, wqkv: &Tensor, wproj: &Tensor, rows: usize, seq: usize, heads: usize) -> Tensor {
+fn attention_oracle(
+    x: &Tensor,
+    wqkv: &Tensor,
+    wproj: &Tensor,
+    rows: usize,
+    seq: usize,
+    heads: usize,
+) -> Tensor {
     let d = x.dims()[1];
     let hd = d / heads;
     let qkv = x.matmul(&wqkv.t().unwrap()).unwrap();
@@ -135,7 +142,8 @@ fn model_oracle(p: &HashMap<String, Var>, c: &GptConfig, mb: &TokenMicroBatch) -
     for l in 0..c.layers {
         let b = |s: &str| w(&format!("blocks.{l}.{s}.weight"));
         let a = rms_norm_oracle(&h, &b("norm1"));
-        h = (&h + attention_oracle(&a, &b("attn.qkv"), &b("attn.proj"), rows, seq, c.heads)).unwrap();
+        h = (&h + attention_oracle(&a, &b("attn.qkv"), &b("attn.proj"), rows, seq, c.heads))
+            .unwrap();
         let m = rms_norm_oracle(&h, &b("norm2"));
         let f = gelu_oracle(&m.matmul(&b("mlp.fc1").t().unwrap()).unwrap());
         h = (&h + f.matmul(&b("mlp.fc2").t().unwrap()).unwrap()).unwrap();
@@ -188,7 +196,10 @@ fn whole_model_matches_autograd_and_finite_differences() {
     };
     assert!(stage.backward_input(KEY, None).unwrap().is_none());
     assert!(
-        stage.gradients().iter().all(|g| values(g).iter().all(|v| *v == 0.0)),
+        stage
+            .gradients()
+            .iter()
+            .all(|g| values(g).iter().all(|v| *v == 0.0)),
         "no weight gradient before W"
     );
     stage.backward_weight(KEY).unwrap();
@@ -209,11 +220,19 @@ fn whole_model_matches_autograd_and_finite_differences() {
         .collect();
     let oracle = model_oracle(&vars, &c, &mb);
     let oracle_loss = oracle.to_scalar::<f64>().unwrap();
-    assert!(scalar_rel(loss, oracle_loss) < AD_TOL, "loss {loss} vs autograd {oracle_loss}");
+    assert!(
+        scalar_rel(loss, oracle_loss) < AD_TOL,
+        "loss {loss} vs autograd {oracle_loss}"
+    );
     let store = oracle.backward().unwrap();
     for (name, var) in &vars {
         let want = store.get(var.as_tensor()).unwrap();
-        assert_close(&grads[name], want, AD_TOL, &format!("autograd gradient of {name}"));
+        assert_close(
+            &grads[name],
+            want,
+            AD_TOL,
+            &format!("autograd gradient of {name}"),
+        );
     }
 
     // Finite differences on a few entries of every tensor.
@@ -225,7 +244,8 @@ fn whole_model_matches_autograd_and_finite_differences() {
                 let mut v = base.clone();
                 v[i] += delta;
                 let mut w = weights.clone();
-                w.set(&name, from_values(v, weights.get(&name).unwrap())).unwrap();
+                w.set(&name, from_values(v, weights.get(&name).unwrap()))
+                    .unwrap();
                 model_loss(&w, &mb)
             };
             let fd = (at(EPS) - at(-EPS)) / (2.0 * EPS);
@@ -249,7 +269,14 @@ fn rms_norm_gradients() {
     let dx = norm.backward_input(KEY, &r, None).unwrap();
     assert!(values(&norm.params()[0].grad).iter().all(|v| *v == 0.0));
     norm.backward_weight(KEY).unwrap();
-    let project = |y: &Tensor| (y * &r).unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap();
+    let project = |y: &Tensor| {
+        (y * &r)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    };
     let fd_x = finite_diff(&x, |x| project(&rms_norm_oracle(x, &w)));
     assert!(rel_err(&values(&dx), &fd_x) < FD_TOL);
     let fd_w = finite_diff(&w, |w| project(&rms_norm_oracle(&x, w)));
@@ -283,16 +310,38 @@ fn attention_gradients_against_finite_differences_and_autograd() {
     )
     .unwrap();
     let y = attn.forward(KEY, &x, seq, None).unwrap();
-    assert_close(&y, &attention_oracle(&x, &wqkv, &wproj, rows, seq, heads), 1e-13, "attention forward");
+    assert_close(
+        &y,
+        &attention_oracle(&x, &wqkv, &wproj, rows, seq, heads),
+        1e-13,
+        "attention forward",
+    );
     let dx = attn.backward_input(KEY, &r).unwrap();
-    assert!(attn.params().iter().all(|p| values(&p.grad).iter().all(|v| *v == 0.0)));
+    assert!(attn
+        .params()
+        .iter()
+        .all(|p| values(&p.grad).iter().all(|v| *v == 0.0)));
     attn.backward_weight(KEY).unwrap();
     assert_eq!(attn.pending(), 0);
-    let project = |y: &Tensor| (y * &r).unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap();
-    let fd = finite_diff(&x, |x| project(&attention_oracle(x, &wqkv, &wproj, rows, seq, heads)));
+    let project = |y: &Tensor| {
+        (y * &r)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    };
+    let fd = finite_diff(&x, |x| {
+        project(&attention_oracle(x, &wqkv, &wproj, rows, seq, heads))
+    });
     assert!(rel_err(&values(&dx), &fd) < FD_TOL, "attention dx");
-    let fd = finite_diff(&wqkv, |w| project(&attention_oracle(&x, w, &wproj, rows, seq, heads)));
-    assert!(rel_err(&values(&attn.params()[0].grad), &fd) < FD_TOL, "attention dWqkv");
+    let fd = finite_diff(&wqkv, |w| {
+        project(&attention_oracle(&x, w, &wproj, rows, seq, heads))
+    });
+    assert!(
+        rel_err(&values(&attn.params()[0].grad), &fd) < FD_TOL,
+        "attention dWqkv"
+    );
     // Causality: the first position's output does not depend on later inputs.
     let mut later = values(&x);
     for v in &mut later[d..seq * d] {
@@ -316,7 +365,9 @@ fn cross_entropy_matches_its_definition() {
     }
     want /= 3.0;
     assert!(scalar_rel(loss, want) < 1e-14);
-    let fd = finite_diff(&logits, |l| 0.5 * cross_entropy(l, &targets, 1.0).unwrap().0);
+    let fd = finite_diff(&logits, |l| {
+        0.5 * cross_entropy(l, &targets, 1.0).unwrap().0
+    });
     assert!(rel_err(&values(&grad), &fd) < FD_TOL);
     assert!(cross_entropy(&logits, &[256, 0, 0], 1.0).is_err());
 }
@@ -325,7 +376,14 @@ fn cross_entropy_matches_its_definition() {
 fn f32_model_agrees_with_f64() {
     let c = config();
     let w64 = GptWeights::random(&c, 4).unwrap();
-    let w32 = GptWeights::random(&GptConfig { dtype: DType::F32, ..c }, 4).unwrap();
+    let w32 = GptWeights::random(
+        &GptConfig {
+            dtype: DType::F32,
+            ..c
+        },
+        4,
+    )
+    .unwrap();
     let mb = Arc::new(vec![micro_batch(1, 2, 5), micro_batch(2, 2, 5)]);
     let mut s64 = whole(&w64, 2);
     let mut s32 = whole(&w32, 2);

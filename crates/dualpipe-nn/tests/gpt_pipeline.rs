@@ -23,13 +23,9 @@ fn text() -> Vec<u8> {
 }
 
 fn check(kind: ScheduleKind, ranks: usize) {
-    let schedule = dualpipe_schedule::build(
-        kind,
-        ranks,
-        MICRO_BATCHES,
-        kind.default_virtual_stages(),
-    )
-    .unwrap();
+    let schedule =
+        dualpipe_schedule::build(kind, ranks, MICRO_BATCHES, kind.default_virtual_stages())
+            .unwrap();
     let stages = schedule.placement.stages();
     let config = GptConfig {
         d_model: 8,
@@ -83,7 +79,12 @@ fn check(kind: ScheduleKind, ranks: usize) {
         .collect();
     assert_eq!(grads.len(), tensor_names(&config).len());
     for (name, g) in &grads {
-        assert_close(g, &want[name], TOL, &format!("{kind} on {ranks} ranks: {name}"));
+        assert_close(
+            g,
+            &want[name],
+            TOL,
+            &format!("{kind} on {ranks} ranks: {name}"),
+        );
     }
 }
 

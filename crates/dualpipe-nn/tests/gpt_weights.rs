@@ -22,9 +22,18 @@ fn names_shapes_and_metadata_are_the_documented_ones() {
     assert_eq!(names.len(), 2 + 6 * 3 + 2);
     assert_eq!(names[0], ("tok_emb.weight".to_string(), vec![256, 8]));
     assert_eq!(names[1], ("pos_emb.weight".to_string(), vec![7, 8]));
-    assert_eq!(names[3], ("blocks.0.attn.qkv.weight".to_string(), vec![24, 8]));
-    assert_eq!(names[7], ("blocks.0.mlp.fc2.weight".to_string(), vec![8, 32]));
-    assert_eq!(names[19], ("blocks.2.mlp.fc2.weight".to_string(), vec![8, 32]));
+    assert_eq!(
+        names[3],
+        ("blocks.0.attn.qkv.weight".to_string(), vec![24, 8])
+    );
+    assert_eq!(
+        names[7],
+        ("blocks.0.mlp.fc2.weight".to_string(), vec![8, 32])
+    );
+    assert_eq!(
+        names[19],
+        ("blocks.2.mlp.fc2.weight".to_string(), vec![8, 32])
+    );
     assert_eq!(names[21], ("lm_head.weight".to_string(), vec![256, 8]));
 
     let w = GptWeights::random(&config(), 1).unwrap();
@@ -57,13 +66,32 @@ fn round_trip_is_lossless_and_seeded() {
     let back = GptWeights::from_safetensors(&w.to_safetensors().unwrap(), DType::F64).unwrap();
     assert_eq!(back.config(), w.config());
     for (name, _) in tensor_names(&config()) {
-        let a = w.get(&name).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
-        let b = back.get(&name).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        let a = w
+            .get(&name)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+        let b = back
+            .get(&name)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
         assert_eq!(a, b, "{name}");
     }
     let again = GptWeights::random(&config(), 5).unwrap();
     let other = GptWeights::random(&config(), 6).unwrap();
-    let v = |w: &GptWeights| w.get("blocks.1.attn.qkv.weight").unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+    let v = |w: &GptWeights| {
+        w.get("blocks.1.attn.qkv.weight")
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap()
+    };
     assert_eq!(v(&w), v(&again));
     assert_ne!(v(&w), v(&other));
 }
@@ -85,7 +113,10 @@ fn bad_files_and_mismatched_flags_are_errors() {
         .into_iter()
         .map(|(n, _)| (n.clone(), w.get(&n).unwrap().clone()))
         .collect();
-    tensors.insert("norm_f.weight".into(), Tensor::zeros(9, DType::F64, &Device::Cpu).unwrap());
+    tensors.insert(
+        "norm_f.weight".into(),
+        Tensor::zeros(9, DType::F64, &Device::Cpu).unwrap(),
+    );
     let err = GptWeights::from_tensors(&config(), tensors).unwrap_err();
     assert!(err.to_string().contains("norm_f.weight"), "{err}");
 
@@ -99,5 +130,10 @@ fn bad_files_and_mismatched_flags_are_errors() {
     );
     assert!(c.check_flag("heads", Some(4)).is_err());
     assert!(GptConfig { heads: 3, ..c }.validate().is_err());
-    assert!(GptConfig { d_model: usize::MAX / 2, ..c }.validate().is_err());
+    assert!(GptConfig {
+        d_model: usize::MAX / 2,
+        ..c
+    }
+    .validate()
+    .is_err());
 }

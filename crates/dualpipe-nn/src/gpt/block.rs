@@ -25,7 +25,11 @@ impl Block {
         let linear = |s: &str| Linear::from_tensors(w(s)?, None);
         Ok(Block {
             norm1: RmsNorm::from_tensor(w("norm1")?)?,
-            attn: CausalSelfAttention::from_layers(linear("attn.qkv")?, linear("attn.proj")?, c.heads)?,
+            attn: CausalSelfAttention::from_layers(
+                linear("attn.qkv")?,
+                linear("attn.proj")?,
+                c.heads,
+            )?,
             norm2: RmsNorm::from_tensor(w("norm2")?)?,
             mlp: Mlp::from_layers(linear("mlp.fc1")?, linear("mlp.fc2")?)?,
         })

@@ -222,7 +222,10 @@ mod tests {
         let data = TextData::new(&bytes, 4, 0.2, None).unwrap();
         // 40 training bytes -> 8 windows of 5; validation = the last 10 bytes.
         assert_eq!(data.train.len(), 8);
-        assert_eq!(data.validation.as_ref().unwrap().window(0), &[40, 41, 42, 43, 44]);
+        assert_eq!(
+            data.validation.as_ref().unwrap().window(0),
+            &[40, 41, 42, 43, 44]
+        );
         let batch = data.batch(1, 2, 3);
         // step 1, mb 1, row 0 -> window (1·2 + 1)·3 + 0 = 9 mod 8 = 1.
         assert_eq!(&batch[1].inputs[..4], &[5, 6, 7, 8]);
@@ -238,12 +241,18 @@ mod tests {
         for line in text.lines() {
             let (ab, c) = line.split_once('=').unwrap();
             let (a, b) = ab.split_once('+').unwrap();
-            assert_eq!(a.parse::<u64>().unwrap() + b.parse::<u64>().unwrap(), c.parse::<u64>().unwrap());
+            assert_eq!(
+                a.parse::<u64>().unwrap() + b.parse::<u64>().unwrap(),
+                c.parse::<u64>().unwrap()
+            );
         }
         let held = task.held_out(20, 100);
         assert_eq!(held.len(), 20);
         for p in &held {
-            assert!(!text.lines().any(|l| l.starts_with(&p.prompt)), "{p:?} leaked");
+            assert!(
+                !text.lines().any(|l| l.starts_with(&p.prompt)),
+                "{p:?} leaked"
+            );
         }
         assert_eq!(task.training_text(10), task.training_text(10));
     }

@@ -78,7 +78,9 @@ pub struct Sampling {
 /// the last `seq_len` bytes.
 pub fn generate(model: &GptStage, prompt: &[u8], sampling: Sampling) -> Result<Vec<u8>, NnError> {
     if prompt.is_empty() {
-        return Err(NnError::Config("the prompt must hold at least one byte".into()));
+        return Err(NnError::Config(
+            "the prompt must hold at least one byte".into(),
+        ));
     }
     if !(sampling.temperature >= 0.0 && sampling.temperature.is_finite()) {
         return Err(NnError::Config(format!(

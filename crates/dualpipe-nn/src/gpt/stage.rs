@@ -286,9 +286,10 @@ impl GptStage {
                     )));
                 }
                 let ids = self.micro_batch(chunk)?.inputs.clone();
-                let emb = self.embedding.as_mut().ok_or_else(|| {
-                    NnError::Stage("the first stage has no embeddings".into())
-                })?;
+                let emb = self
+                    .embedding
+                    .as_mut()
+                    .ok_or_else(|| NnError::Stage("the first stage has no embeddings".into()))?;
                 emb.forward(chunk, ids, seq)?
             }
             (ForwardInput::Activation(x), false) => x,

@@ -107,7 +107,8 @@ impl GptWeights {
                 let bound = if name.ends_with("_emb.weight") {
                     emb_bound
                 } else {
-                    let gain = if name.ends_with("attn.proj.weight") || name.ends_with("fc2.weight") {
+                    let gain = if name.ends_with("attn.proj.weight") || name.ends_with("fc2.weight")
+                    {
                         residual_gain
                     } else {
                         1.0
@@ -134,12 +135,10 @@ impl GptWeights {
         config: &GptConfig,
         mut tensors: HashMap<String, Tensor>,
     ) -> Result<Self, WeightsError> {
-        config
-            .validate()
-            .map_err(|e| WeightsError::Metadata {
-                key: "d_model".into(),
-                problem: e.to_string(),
-            })?;
+        config.validate().map_err(|e| WeightsError::Metadata {
+            key: "d_model".into(),
+            problem: e.to_string(),
+        })?;
         let names = tensor_names(config);
         let mut out = HashMap::new();
         for (name, shape) in &names {
@@ -159,12 +158,10 @@ impl GptWeights {
                     problem: format!("type {:?}; use F32 or F64", t.dtype()),
                 });
             }
-            let t = t
-                .to_dtype(config.dtype)
-                .map_err(|e| WeightsError::Tensor {
-                    name: name.clone(),
-                    problem: e.to_string(),
-                })?;
+            let t = t.to_dtype(config.dtype).map_err(|e| WeightsError::Tensor {
+                name: name.clone(),
+                problem: e.to_string(),
+            })?;
             out.insert(name.clone(), t);
         }
         if let Some(extra) = tensors.keys().min() {

@@ -65,7 +65,9 @@ impl Embedding {
     /// Saves the output gradient `dh [rows·seq, d]` for [`Embedding::backward_weight`].
     pub fn backward_input(&mut self, key: Chunk, dh: &Tensor) -> Result<(), NnError> {
         let (ids, seq) = self.saved_ids.remove(&key).ok_or_else(|| {
-            NnError::Stage(format!("Embedding: backward_input of {key} before its forward"))
+            NnError::Stage(format!(
+                "Embedding: backward_input of {key} before its forward"
+            ))
         })?;
         self.saved_grad.insert(key, (ids, seq, dh.clone()));
         Ok(())

@@ -68,7 +68,9 @@ impl RmsNorm {
         residual: Option<&Tensor>,
     ) -> Result<Tensor, NnError> {
         let (x, inv) = self.saved_input.remove(&key).ok_or_else(|| {
-            NnError::Stage(format!("RMSNorm: backward_input of {key} before its forward"))
+            NnError::Stage(format!(
+                "RMSNorm: backward_input of {key} before its forward"
+            ))
         })?;
         let dx = kernels::rms_norm_backward_input(dy, &x, &self.weight.value, &inv, residual)?;
         self.saved_grad.insert(key, (x, inv, dy.clone()));

@@ -178,7 +178,8 @@ fn attention_backward_t<T: Elem>(
                         put(&tmp, 2);
                         // dP = do vᵀ, then dS in place.
                         gemm(&mut ds, dout_h, v.t(), false, WHAT)?;
-                        for (i, (dsr, pr)) in ds.chunks_exact_mut(t).zip(p.chunks_exact(t)).enumerate()
+                        for (i, (dsr, pr)) in
+                            ds.chunks_exact_mut(t).zip(p.chunks_exact(t)).enumerate()
                         {
                             let live = i + 1;
                             let mut dot = T::zero();

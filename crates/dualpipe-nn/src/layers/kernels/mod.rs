@@ -67,11 +67,11 @@ mod norm;
 mod optim;
 mod token;
 
+pub(crate) use attention::{attention_backward, attention_forward};
 pub(crate) use elementwise::{add, gelu, gelu_derivative, gelu_forward, mse, mul, scaled_diff};
 pub(crate) use gemm::{
     gemm, linear_backward_input, linear_backward_weight, linear_forward, transpose, Mat,
 };
-pub(crate) use attention::{attention_backward, attention_forward};
 pub(crate) use norm::{rms_norm_backward_input, rms_norm_backward_weight, rms_norm_forward};
 pub(crate) use optim::{adamw, sgd, AdamWStep};
 pub(crate) use token::{cross_entropy, embedding_backward_weight, embedding_forward};

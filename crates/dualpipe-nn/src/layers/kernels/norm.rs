@@ -78,8 +78,7 @@ fn rms_norm_backward_input_t<T: Elem>(
 ) -> Result<Tensor, NnError> {
     const WHAT: &str = "RMSNorm backward";
     let (n, d) = check_weight(x, w, WHAT)?;
-    if g.dims() != [n, d] || inv_rms.dims() != [n] || residual.is_some_and(|r| r.dims() != [n, d])
-    {
+    if g.dims() != [n, d] || inv_rms.dims() != [n] || residual.is_some_and(|r| r.dims() != [n, d]) {
         return Err(NnError::Stage(format!(
             "{WHAT}: gradient {:?} does not fit the input {:?}",
             g.dims(),

@@ -151,7 +151,11 @@ fn cross_entropy_t<T: Elem>(
     let (sum, grad) = read::<T, _>(logits, WHAT, |z| {
         let mut grad = vec![T::zero(); n * vocab];
         let mut sum = 0.0f64;
-        for ((zr, gr), &t) in z.chunks_exact(vocab).zip(grad.chunks_exact_mut(vocab)).zip(targets) {
+        for ((zr, gr), &t) in z
+            .chunks_exact(vocab)
+            .zip(grad.chunks_exact_mut(vocab))
+            .zip(targets)
+        {
             let mut max = zr[0];
             for &v in zr {
                 if v > max {
