@@ -61,7 +61,7 @@ impl GptConfig {
                 return Err(NnError::Config(format!("{name} must be at least 1")));
             }
         }
-        if self.d_model % self.heads != 0 {
+        if !self.d_model.is_multiple_of(self.heads) {
             return Err(NnError::Config(format!(
                 "heads ({}) must divide d_model ({})",
                 self.heads, self.d_model
@@ -109,7 +109,7 @@ pub fn stage_layers(
     stages: usize,
     stage: usize,
 ) -> Result<std::ops::Range<usize>, NnError> {
-    if stages == 0 || layers % stages != 0 || stage >= stages {
+    if stages == 0 || !layers.is_multiple_of(stages) || stage >= stages {
         return Err(NnError::Config(format!(
             "{layers} blocks do not split evenly into {stages} stages (stage {stage})"
         )));

@@ -31,7 +31,7 @@ impl CausalSelfAttention {
             || qkv.output_dim() != 3 * d
             || proj.input_dim() != d
             || heads == 0
-            || d % heads != 0
+            || !d.is_multiple_of(heads)
         {
             return Err(NnError::Config(format!(
                 "attention layers do not fit: qkv {}→{}, proj {}→{d}, {heads} heads",

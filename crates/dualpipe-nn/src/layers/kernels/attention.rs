@@ -22,7 +22,11 @@ struct Geometry {
 impl Geometry {
     fn new(qkv: &Tensor, seq: usize, heads: usize, what: &str) -> Result<Self, NnError> {
         let (n, three_d) = dims2(qkv, what)?;
-        if seq == 0 || n % seq != 0 || three_d % 3 != 0 || heads == 0 || (three_d / 3) % heads != 0
+        if seq == 0
+            || !n.is_multiple_of(seq)
+            || !three_d.is_multiple_of(3)
+            || heads == 0
+            || !(three_d / 3).is_multiple_of(heads)
         {
             return Err(NnError::Stage(format!(
                 "{what}: qkv {:?} does not split into sequences of {seq} and {heads} heads",

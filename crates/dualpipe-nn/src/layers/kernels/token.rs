@@ -18,7 +18,7 @@ pub(crate) fn embedding_forward(
 }
 
 fn check_ids(ids: &[u32], seq: usize, vocab: usize, positions: usize) -> Result<(), NnError> {
-    if seq == 0 || ids.len() % seq != 0 || seq > positions {
+    if seq == 0 || !ids.len().is_multiple_of(seq) || seq > positions {
         return Err(NnError::Stage(format!(
             "embedding: {} tokens do not split into sequences of {seq} (at most {positions})",
             ids.len()
