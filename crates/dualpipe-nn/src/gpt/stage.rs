@@ -152,7 +152,8 @@ impl GptStage {
         self.position.model_stage + 1 == self.stages
     }
 
-    /// Gives the stage the step's micro-batches (first and last stages read them).
+    /// Gives the stage the step's micro-batches: the first stage reads the ids, the last the
+    /// targets, every stage the sequence length (set it on every stage before the step).
     pub fn set_batch(&mut self, batch: TokenBatch) {
         self.batch = Some(batch);
     }
@@ -273,10 +274,8 @@ impl GptStage {
         input: ForwardInput<Tensor>,
     ) -> Result<ForwardOutput<Tensor>, NnError> {
         self.check_chunk(chunk, "forward")?;
-        let seq = match &self.batch {
-            Some(_) => self.micro_batch(chunk)?.seq,
-            None => self.config.seq_len,
-        };
+        // Every stage reads the sequence length from the batch (blocks need it to split rows).
+        let seq = self.micro_batch(chunk)?.seq;
         let mut h = match (input, self.is_first()) {
             (ForwardInput::MicroBatch { global_mb }, true) => {
                 let expected = chunk.dir * self.position.micro_batches_per_dir + chunk.mb;
