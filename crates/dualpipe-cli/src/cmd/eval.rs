@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use dualpipe_nn::gpt::eval::evaluate;
 use dualpipe_nn::gpt::{DType, GptStage, GptWeights};
+use dualpipe_nn::NnError;
 
 use super::simulate::Format;
 use super::UsageError;
@@ -49,13 +50,21 @@ pub fn read_input(path: &Path, flag: &str) -> Result<Vec<u8>, UsageError> {
     })
 }
 
+/// The message of a library error without the configuration-error prefix.
+pub fn plain(e: NnError) -> String {
+    match e {
+        NnError::Config(msg) => msg,
+        other => other.to_string(),
+    }
+}
+
 /// Loads a whole model from a weights file.
 pub fn load_model(path: &Path, dtype: DType) -> Result<GptStage, UsageError> {
     let bytes = read_input(path, "--weights")?;
     let weights = GptWeights::from_safetensors(&bytes, dtype)
         .map_err(|e| UsageError(format!("{} (--weights): {e}", path.display())))?;
     GptStage::whole(&weights)
-        .map_err(|e| UsageError(format!("{} (--weights): {e}", path.display())))
+        .map_err(|e| UsageError(format!("{} (--weights): {}", path.display(), plain(e))))
 }
 
 /// Runs `dualpipe eval`.
@@ -64,8 +73,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model = load_model(&args.weights, dtype)?;
     let seq_len = args.seq_len.unwrap_or(model.config().seq_len);
     let bytes = read_input(&args.data, "--data")?;
+    if seq_len == 0 || seq_len > model.config().seq_len {
+        return Err(UsageError(format!(
+            "--seq-len {seq_len} must be between 1 and the model's seq_len {}",
+            model.config().seq_len
+        ))
+        .into());
+    }
     let report = evaluate(&model, &bytes, seq_len)
-        .map_err(|e| UsageError(format!("{} (--data): {e}", args.data.display())))?;
+        .map_err(|e| UsageError(format!("{} (--data): {}", args.data.display(), plain(e))))?;
     match args.format {
         Format::Json => println!(
             "{}",
