@@ -24,6 +24,10 @@ enum Command {
     Eplb(cmd::eplb::Args),
     /// Train a model with a pipeline schedule on local ranks (the main job).
     Train(cmd::train::Args),
+    /// Mean next-token cross-entropy of GPT weights over a file (loss, bits per byte).
+    Eval(cmd::eval::Args),
+    /// Continue a prompt with GPT weights (greedy, or sampled with a temperature).
+    Generate(cmd::generate::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -34,6 +38,8 @@ fn main() -> std::process::ExitCode {
         Command::Compare(args) => cmd::compare::run(args),
         Command::Eplb(args) => cmd::eplb::run(args),
         Command::Train(args) => cmd::train::run(args),
+        Command::Eval(args) => cmd::eval::run(args),
+        Command::Generate(args) => cmd::generate::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -3,6 +3,9 @@
 //! - [`layers`]: `Linear`, exact-erf `Gelu`, MSE and the residual `MlpBlock`, each with
 //!   `forward`, `backward_input` (input gradient only) and `backward_weight` (the deferred
 //!   weight-gradient GEMMs);
+//! - [`gpt`]: the GPT-style byte-level language model (embeddings, RMSNorm, causal
+//!   attention, MLP blocks, cross-entropy) as pipeline stages, its safetensors weights, byte
+//!   data, the synthetic addition task, eval and generation;
 //! - [`stage::MlpStage`]: a slice of the MLP model implementing the runtime's
 //!   [`dualpipe_runtime::Stage`];
 //! - [`data`]: seeded teacher-student regression data;
@@ -20,6 +23,7 @@
 pub mod data;
 pub mod distributed;
 pub mod error;
+pub mod gpt;
 pub mod layers;
 pub mod optim;
 pub mod reference;

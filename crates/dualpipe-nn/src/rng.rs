@@ -15,6 +15,11 @@ pub enum Purpose {
     Teacher = 2,
     /// Inputs of step `a`, micro-batch `b`.
     Inputs = 3,
+    /// Tensor `a` of a GPT model (in the order of `gpt::tensor_names`).
+    GptParams = 4,
+    /// Text data: the synthetic task's problems (`a` = split) or shuffled windows (`a` = step,
+    /// `b` = micro-batch).
+    Text = 5,
 }
 
 /// The random stream for (`seed`, `purpose`, `a`, `b`): ChaCha8 seeded with the four words in

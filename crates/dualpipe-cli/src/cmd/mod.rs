@@ -2,6 +2,8 @@
 
 pub mod compare;
 pub mod eplb;
+pub mod eval;
+pub mod generate;
 pub mod output;
 pub mod schedule;
 pub mod simulate;

@@ -6,6 +6,7 @@
 mod compare;
 mod eplb;
 mod eplb_previous;
+mod gpt;
 mod help;
 mod output;
 mod output_targets;

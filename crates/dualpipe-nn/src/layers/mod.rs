@@ -5,16 +5,24 @@
 //!
 //! A full backward (`B`) is `backward_input` followed at once by `backward_weight`.
 
+mod attention;
 mod block;
+mod embedding;
 mod gelu;
 pub(crate) mod kernels;
 mod linear;
 mod loss;
+mod mlp;
+mod rms_norm;
 
+pub use attention::CausalSelfAttention;
 pub use block::MlpBlock;
+pub use embedding::Embedding;
 pub use gelu::Gelu;
 pub use linear::Linear;
-pub use loss::{mse_grad, mse_loss};
+pub use loss::{cross_entropy, mse_grad, mse_loss};
+pub use mlp::Mlp;
+pub use rms_norm::{RmsNorm, RMS_NORM_EPS};
 
 use candle_core::Tensor;
 

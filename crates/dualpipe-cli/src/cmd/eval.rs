@@ -1,0 +1,108 @@
+//! `dualpipe eval`: the mean next-token cross-entropy of a GPT weights file over a data file.
+
+use std::path::{Path, PathBuf};
+
+use dualpipe_nn::gpt::eval::evaluate;
+use dualpipe_nn::gpt::{DType, GptStage, GptWeights};
+use dualpipe_nn::NnError;
+
+use super::simulate::Format;
+use super::UsageError;
+
+/// Flags of `dualpipe eval`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// GPT weights (safetensors, as `train --save` writes them).
+    #[arg(long, value_name = "FILE")]
+    pub weights: PathBuf,
+    /// Any file: its bytes are the tokens.
+    #[arg(long, value_name = "FILE")]
+    pub data: PathBuf,
+    /// Tokens per window (windows are N+1 bytes) [default: the model's seq_len].
+    #[arg(long, value_name = "N")]
+    pub seq_len: Option<usize>,
+    /// Element type of the computation: f32 or f64.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+/// Parses `--dtype`.
+pub fn parse_dtype(name: &str) -> Result<DType, UsageError> {
+    match name {
+        "f32" => Ok(DType::F32),
+        "f64" => Ok(DType::F64),
+        other => Err(UsageError(format!(
+            "unknown dtype '{other}' (--dtype): use f32 or f64"
+        ))),
+    }
+}
+
+/// Reads a file the user named, as a usage error naming the flag when it cannot be read.
+pub fn read_input(path: &Path, flag: &str) -> Result<Vec<u8>, UsageError> {
+    std::fs::read(path).map_err(|e| {
+        UsageError(format!(
+            "cannot read {} ({flag}): {e}; check the path",
+            path.display()
+        ))
+    })
+}
+
+/// The message of a library error without the configuration-error prefix.
+pub fn plain(e: NnError) -> String {
+    match e {
+        NnError::Config(msg) => msg,
+        other => other.to_string(),
+    }
+}
+
+/// Loads a whole model from a weights file.
+pub fn load_model(path: &Path, dtype: DType) -> Result<GptStage, UsageError> {
+    let bytes = read_input(path, "--weights")?;
+    let weights = GptWeights::from_safetensors(&bytes, dtype)
+        .map_err(|e| UsageError(format!("{} (--weights): {e}", path.display())))?;
+    GptStage::whole(&weights)
+        .map_err(|e| UsageError(format!("{} (--weights): {}", path.display(), plain(e))))
+}
+
+/// Runs `dualpipe eval`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let dtype = parse_dtype(&args.dtype)?;
+    let model = load_model(&args.weights, dtype)?;
+    let seq_len = args.seq_len.unwrap_or(model.config().seq_len);
+    let bytes = read_input(&args.data, "--data")?;
+    if seq_len == 0 || seq_len > model.config().seq_len {
+        return Err(UsageError(format!(
+            "--seq-len {seq_len} must be between 1 and the model's seq_len {}",
+            model.config().seq_len
+        ))
+        .into());
+    }
+    let report = evaluate(&model, &bytes, seq_len)
+        .map_err(|e| UsageError(format!("{} (--data): {}", args.data.display(), plain(e))))?;
+    match args.format {
+        Format::Json => println!(
+            "{}",
+            serde_json::json!({
+                "loss": report.loss,
+                "bits_per_byte": report.bits_per_byte,
+                "windows": report.windows,
+                "tokens": report.tokens,
+                "seq_len": seq_len,
+            })
+        ),
+        Format::Table => {
+            println!("loss           {:.6}", report.loss);
+            println!("bits_per_byte  {:.6}", report.bits_per_byte);
+            println!(
+                "windows        {} of {} bytes ({} tokens)",
+                report.windows,
+                seq_len + 1,
+                report.tokens
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! `dualpipe generate`: continue a prompt with a GPT weights file.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use dualpipe_nn::gpt::eval::{generate, Sampling};
+
+use super::eval::{load_model, parse_dtype};
+use super::UsageError;
+
+/// Flags of `dualpipe generate`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// GPT weights (safetensors, as `train --save` writes them).
+    #[arg(long, value_name = "FILE")]
+    pub weights: PathBuf,
+    /// The text to continue (at least one byte).
+    #[arg(long)]
+    pub prompt: String,
+    /// Bytes to generate.
+    #[arg(long, default_value_t = 200)]
+    pub max_tokens: usize,
+    /// 0: greedy (the most likely byte); above: sample from softmax(logits / T).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Seed of the sampling.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Element type of the computation: f32 or f64.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+}
+
+/// Runs `dualpipe generate`: prints the prompt and its continuation.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let dtype = parse_dtype(&args.dtype)?;
+    if args.prompt.is_empty() {
+        return Err(UsageError("--prompt is empty: give at least one byte".into()).into());
+    }
+    if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
+        return Err(UsageError(format!(
+            "--temperature {} must be a finite number ≥ 0",
+            args.temperature
+        ))
+        .into());
+    }
+    let model = load_model(&args.weights, dtype)?;
+    let out = generate(
+        &model,
+        args.prompt.as_bytes(),
+        Sampling {
+            max_tokens: args.max_tokens,
+            temperature: args.temperature,
+            seed: args.seed,
+            stop: None,
+        },
+    )?;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(args.prompt.as_bytes())?;
+    stdout.write_all(&out)?;
+    stdout.write_all(b"\n")?;
+    stdout.flush()?;
+    Ok(())
+}

@@ -1,0 +1,119 @@
+//! A GPT-style byte-level language model with the backward split into I and W, as pipeline
+//! stages of the runtime (see docs/models.md for the architecture and the weight names).
+//!
+//! - [`GptConfig`]: the architecture (`d_model`, `heads`, `layers`, `seq_len`, vocabulary 256);
+//! - [`GptWeights`]: every tensor by its documented name, seeded initialisation, safetensors
+//!   bytes with the architecture in the metadata;
+//! - [`GptStage`]: one pipeline stage (stage 0 the embeddings, the last the final norm and the
+//!   head), implementing [`dualpipe_runtime::Stage`];
+//! - [`data`]: windows over any file's bytes and the seeded addition task;
+//! - [`eval`]: the loss over a file and text generation.
+
+mod block;
+pub mod data;
+pub mod eval;
+pub mod pipeline;
+mod stage;
+mod weights;
+
+pub use block::Block;
+pub use stage::{GptStage, TokenBatch, TokenMicroBatch};
+pub use weights::{tensor_names, GptWeights, WeightsError};
+
+/// The element type of a model's tensors (candle's; F32 or F64 are supported).
+pub use candle_core::DType;
+
+use crate::error::NnError;
+
+/// The byte-level vocabulary: every byte is a token.
+pub const VOCAB: usize = 256;
+
+/// Most scalars a model may hold (a bad flag fails before allocating).
+pub const MAX_PARAMETERS: usize = 1 << 31;
+
+/// The architecture of the model: pre-norm blocks `h + attn(norm1(h))`, `h + mlp(norm2(h))`
+/// over `tok_emb + pos_emb`, then `lm_head(norm_f(h))`; no biases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GptConfig {
+    /// Width of the hidden states.
+    pub d_model: usize,
+    /// Attention heads (dividing `d_model`).
+    pub heads: usize,
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Longest sequence (rows of the position embedding).
+    pub seq_len: usize,
+    /// Element type of parameters and activations (F32 or F64).
+    pub dtype: DType,
+}
+
+impl GptConfig {
+    /// Checks the shape: every size positive, heads dividing the width, the parameter count
+    /// bounded by [`MAX_PARAMETERS`], f32 or f64.
+    pub fn validate(&self) -> Result<(), NnError> {
+        for (name, v) in [
+            ("d_model", self.d_model),
+            ("heads", self.heads),
+            ("layers", self.layers),
+            ("seq_len", self.seq_len),
+        ] {
+            if v == 0 {
+                return Err(NnError::Config(format!("{name} must be at least 1")));
+            }
+        }
+        if !self.d_model.is_multiple_of(self.heads) {
+            return Err(NnError::Config(format!(
+                "heads ({}) must divide d_model ({})",
+                self.heads, self.d_model
+            )));
+        }
+        if !matches!(self.dtype, DType::F32 | DType::F64) {
+            return Err(NnError::Config(format!(
+                "dtype {:?} is not supported; use f32 or f64",
+                self.dtype
+            )));
+        }
+        match self.checked_parameter_count() {
+            Some(n) if n <= MAX_PARAMETERS => Ok(()),
+            _ => Err(NnError::Config(format!(
+                "d_model {}, layers {} and seq_len {} give more than {MAX_PARAMETERS} parameters; use a smaller model",
+                self.d_model, self.layers, self.seq_len
+            ))),
+        }
+    }
+
+    fn checked_parameter_count(&self) -> Option<usize> {
+        let d = self.d_model;
+        let dd = d.checked_mul(d)?;
+        let block = dd.checked_mul(12)?.checked_add(2 * d)?;
+        let blocks = block.checked_mul(self.layers)?;
+        let emb = VOCAB.checked_mul(d)?.checked_mul(2)?;
+        let pos = self.seq_len.checked_mul(d)?;
+        blocks.checked_add(emb)?.checked_add(pos)?.checked_add(d)
+    }
+
+    /// Scalars in the model: per block `12 d² + 2d`, plus `2·256·d + seq_len·d + d`.
+    pub fn parameter_count(&self) -> usize {
+        self.checked_parameter_count().unwrap_or(usize::MAX)
+    }
+
+    /// The width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.heads
+    }
+}
+
+/// The blocks of model stage `stage` when `layers` blocks are split evenly over `stages`.
+pub fn stage_layers(
+    layers: usize,
+    stages: usize,
+    stage: usize,
+) -> Result<std::ops::Range<usize>, NnError> {
+    if stages == 0 || !layers.is_multiple_of(stages) || stage >= stages {
+        return Err(NnError::Config(format!(
+            "{layers} blocks do not split evenly into {stages} stages (stage {stage})"
+        )));
+    }
+    let per = layers / stages;
+    Ok(stage * per..(stage + 1) * per)
+}

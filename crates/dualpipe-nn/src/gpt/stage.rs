@@ -1,0 +1,419 @@
+//! [`GptStage`]: one pipeline stage of the GPT model, implementing the runtime's [`Stage`].
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use candle_core::Tensor;
+use dualpipe_runtime::{ForwardInput, ForwardOutput, Stage, StageError};
+use dualpipe_schedule::Chunk;
+
+use super::weights::block_tensor_names;
+use super::{stage_layers, Block, GptConfig, GptWeights};
+use crate::error::NnError;
+use crate::layers::{cross_entropy, kernels, Embedding, Linear, Param, RmsNorm};
+use crate::stage::StagePosition;
+
+/// One micro-batch of token sequences: `rows` sequences of `seq` input ids and, shifted by
+/// one byte, their `seq` target ids (row-major).
+#[derive(Clone, Debug)]
+pub struct TokenMicroBatch {
+    /// Input ids, `rows·seq`.
+    pub inputs: Arc<[u32]>,
+    /// Next-token targets, `rows·seq`.
+    pub targets: Arc<[u32]>,
+    /// Sequences in the micro-batch.
+    pub rows: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+}
+
+/// Every micro-batch of one step, indexed by global micro-batch.
+pub type TokenBatch = Arc<Vec<TokenMicroBatch>>;
+
+/// One copy of a model stage of the GPT: stage 0 holds the embeddings, the last stage the
+/// final norm and the LM head, and stage `s` of `stages` holds blocks
+/// `s·L/stages .. (s+1)·L/stages`.
+///
+/// Between stages travel hidden states `[rows·seq, d]`; stage 0's input is the micro-batch's
+/// token ids, loaded from the step's [`TokenBatch`]. The last stage returns the mean
+/// next-token cross-entropy as [`ForwardOutput::Loss`]; its gradient is scaled by
+/// `1 / micro_batches` so the step's gradient is that of the mean loss. Weight gradients are
+/// computed only in [`Stage::backward_weight`] and accumulate over the step.
+#[derive(Debug)]
+pub struct GptStage {
+    config: GptConfig,
+    stages: usize,
+    position: StagePosition,
+    layers: Range<usize>,
+    embedding: Option<Embedding>,
+    blocks: Vec<Block>,
+    head: Option<(RmsNorm, Linear)>,
+    batch: Option<TokenBatch>,
+    /// Last stage: the loss gradient of each chunk whose forward ran.
+    loss_grads: HashMap<Chunk, Tensor>,
+    /// Per chunk: the sequence length (blocks need it).
+    seqs: HashMap<Chunk, usize>,
+}
+
+impl GptStage {
+    /// The copy of model stage `position.model_stage` (of `stages`) serving direction
+    /// `position.dir`, with its tensors taken from `weights`.
+    pub fn new(
+        weights: &GptWeights,
+        stages: usize,
+        position: StagePosition,
+    ) -> Result<Self, NnError> {
+        let config = *weights.config();
+        let layers = stage_layers(config.layers, stages, position.model_stage)?;
+        if position.micro_batches == 0 || position.micro_batches_per_dir == 0 {
+            return Err(NnError::Config(
+                "a step needs at least one micro-batch".into(),
+            ));
+        }
+        let first = position.model_stage == 0;
+        let last = position.model_stage + 1 == stages;
+        let embedding = first
+            .then(|| {
+                Embedding::from_tensors(
+                    weights.get("tok_emb.weight")?.clone(),
+                    weights.get("pos_emb.weight")?.clone(),
+                )
+            })
+            .transpose()?;
+        let blocks = layers
+            .clone()
+            .map(|l| Block::from_weights(weights, l))
+            .collect::<Result<Vec<_>, _>>()?;
+        let head = last
+            .then(|| -> Result<_, NnError> {
+                Ok((
+                    RmsNorm::from_tensor(weights.get("norm_f.weight")?.clone())?,
+                    Linear::from_tensors(weights.get("lm_head.weight")?.clone(), None)?,
+                ))
+            })
+            .transpose()?;
+        Ok(GptStage {
+            config,
+            stages,
+            position,
+            layers,
+            embedding,
+            blocks,
+            head,
+            batch: None,
+            loss_grads: HashMap::new(),
+            seqs: HashMap::new(),
+        })
+    }
+
+    /// The whole model as one stage (first and last), for sequential runs, eval and
+    /// generation.
+    pub fn whole(weights: &GptWeights) -> Result<Self, NnError> {
+        Self::new(
+            weights,
+            1,
+            StagePosition {
+                dir: 0,
+                model_stage: 0,
+                micro_batches: 1,
+                micro_batches_per_dir: 1,
+            },
+        )
+    }
+
+    /// The architecture.
+    pub fn config(&self) -> &GptConfig {
+        &self.config
+    }
+
+    /// Where this copy sits.
+    pub fn position(&self) -> StagePosition {
+        self.position
+    }
+
+    /// The model stage index.
+    pub fn model_stage(&self) -> usize {
+        self.position.model_stage
+    }
+
+    /// The direction this copy serves.
+    pub fn dir(&self) -> usize {
+        self.position.dir
+    }
+
+    /// Whether this stage holds the embeddings (and loads token ids).
+    pub fn is_first(&self) -> bool {
+        self.position.model_stage == 0
+    }
+
+    /// Whether this stage holds the final norm and the head (and computes the loss).
+    pub fn is_last(&self) -> bool {
+        self.position.model_stage + 1 == self.stages
+    }
+
+    /// Gives the stage the step's micro-batches: the first stage reads the ids, the last the
+    /// targets, every stage the sequence length (set it on every stage before the step).
+    pub fn set_batch(&mut self, batch: TokenBatch) {
+        self.batch = Some(batch);
+    }
+
+    /// The names of this stage's tensors, in the order of [`GptStage::params`].
+    pub fn param_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        if self.embedding.is_some() {
+            names.push("tok_emb.weight".to_string());
+            names.push("pos_emb.weight".to_string());
+        }
+        for l in self.layers.clone() {
+            names.extend(
+                block_tensor_names(l, self.config.d_model)
+                    .into_iter()
+                    .map(|(n, _)| n),
+            );
+        }
+        if self.head.is_some() {
+            names.push("norm_f.weight".into());
+            names.push("lm_head.weight".into());
+        }
+        names
+    }
+
+    /// Parameters in the model's fixed order (a slice of [`super::tensor_names`]).
+    pub fn params(&self) -> Vec<&Param> {
+        let mut p: Vec<&Param> = self.embedding.iter().flat_map(Embedding::params).collect();
+        p.extend(self.blocks.iter().flat_map(Block::params));
+        if let Some((norm, head)) = &self.head {
+            p.extend(norm.params());
+            p.extend(head.params());
+        }
+        p
+    }
+
+    /// The parameters mutably, in the order of [`GptStage::params`].
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        let mut p: Vec<&mut Param> = self
+            .embedding
+            .iter_mut()
+            .flat_map(Embedding::params_mut)
+            .collect();
+        p.extend(self.blocks.iter_mut().flat_map(Block::params_mut));
+        if let Some((norm, head)) = &mut self.head {
+            p.extend(norm.params_mut());
+            p.extend(head.params_mut());
+        }
+        p
+    }
+
+    /// Resets every accumulated gradient to zero (call before each step).
+    pub fn zero_grad(&mut self) -> Result<(), NnError> {
+        self.params_mut().into_iter().try_for_each(Param::zero_grad)
+    }
+
+    /// Copies this stage's current parameter values into `weights` (by name).
+    pub fn write_into(&self, weights: &mut GptWeights) -> Result<(), NnError> {
+        for (name, p) in self.param_names().iter().zip(self.params()) {
+            weights.set(name, p.value.clone())?;
+        }
+        Ok(())
+    }
+
+    /// Saved tensors of chunks whose backward has not run yet; 0 after a complete step.
+    pub fn pending(&self) -> usize {
+        self.loss_grads.len()
+            + self.seqs.len()
+            + self.embedding.as_ref().map_or(0, Embedding::pending)
+            + self.blocks.iter().map(Block::pending).sum::<usize>()
+            + self
+                .head
+                .as_ref()
+                .map_or(0, |(n, h)| n.pending() + h.pending())
+    }
+
+    /// The logits `[rows·seq, 256]` of `rows` sequences of `seq` ids, without saving
+    /// anything; only for a stage holding the whole model ([`GptStage::whole`]).
+    pub fn logits(&self, ids: &[u32], seq: usize) -> Result<Tensor, NnError> {
+        let (Some(emb), Some((norm, head))) = (&self.embedding, &self.head) else {
+            return Err(NnError::Config(
+                "logits need the whole model in one stage".into(),
+            ));
+        };
+        let mut h = emb.apply(ids, seq)?;
+        for block in &self.blocks {
+            h = block.apply(&h, seq)?;
+        }
+        head.apply(&norm.apply(&h)?)
+    }
+
+    fn check_chunk(&self, chunk: Chunk, what: &str) -> Result<(), NnError> {
+        if chunk.stage != self.position.model_stage || chunk.dir != self.position.dir {
+            return Err(NnError::Stage(format!(
+                "{what} of {chunk} sent to the copy of stage {} for direction {}",
+                self.position.model_stage, self.position.dir
+            )));
+        }
+        Ok(())
+    }
+
+    fn micro_batch(&self, chunk: Chunk) -> Result<&TokenMicroBatch, NnError> {
+        let global_mb = chunk.dir * self.position.micro_batches_per_dir + chunk.mb;
+        self.batch
+            .as_ref()
+            .ok_or_else(|| NnError::Stage("no batch: call set_batch before the step".into()))?
+            .get(global_mb)
+            .ok_or_else(|| {
+                NnError::Stage(format!(
+                    "micro-batch {global_mb} of {chunk} is not in the batch"
+                ))
+            })
+    }
+
+    fn forward_impl(
+        &mut self,
+        chunk: Chunk,
+        input: ForwardInput<Tensor>,
+    ) -> Result<ForwardOutput<Tensor>, NnError> {
+        self.check_chunk(chunk, "forward")?;
+        // Every stage reads the sequence length from the batch (blocks need it to split rows).
+        let seq = self.micro_batch(chunk)?.seq;
+        let mut h = match (input, self.is_first()) {
+            (ForwardInput::MicroBatch { global_mb }, true) => {
+                let expected = chunk.dir * self.position.micro_batches_per_dir + chunk.mb;
+                if global_mb != expected {
+                    return Err(NnError::Stage(format!(
+                        "forward of {chunk} asked for micro-batch {global_mb}, expected {expected}"
+                    )));
+                }
+                let ids = self.micro_batch(chunk)?.inputs.clone();
+                let emb = self
+                    .embedding
+                    .as_mut()
+                    .ok_or_else(|| NnError::Stage("the first stage has no embeddings".into()))?;
+                emb.forward(chunk, ids, seq)?
+            }
+            (ForwardInput::Activation(x), false) => x,
+            (ForwardInput::MicroBatch { .. }, false) => {
+                return Err(NnError::Stage(format!(
+                    "forward of {chunk}: only the first stage loads a micro-batch"
+                )))
+            }
+            (ForwardInput::Activation(_), true) => {
+                return Err(NnError::Stage(format!(
+                    "forward of {chunk}: the first stage loads its tokens, it takes no activation"
+                )))
+            }
+        };
+        for block in &mut self.blocks {
+            h = block.forward(chunk, &h, seq)?;
+        }
+        self.seqs.insert(chunk, seq);
+        if let Some((norm, head)) = &mut self.head {
+            let hn = norm.forward(chunk, &h)?;
+            let logits = head.forward(chunk, &hn)?;
+            let scale = 1.0 / self.position.micro_batches as f64;
+            let targets = self.micro_batch(chunk)?.targets.clone();
+            let (loss, grad) = cross_entropy(&logits, &targets, scale)?;
+            self.loss_grads.insert(chunk, grad);
+            Ok(ForwardOutput::Loss(loss))
+        } else {
+            Ok(ForwardOutput::Activation(h))
+        }
+    }
+
+    fn backward_input_impl(
+        &mut self,
+        chunk: Chunk,
+        grad_output: Option<Tensor>,
+    ) -> Result<Option<Tensor>, NnError> {
+        self.check_chunk(chunk, "backward_input")?;
+        let before = || NnError::Stage(format!("backward_input of {chunk} before its forward"));
+        let mut g = match (grad_output, &mut self.head) {
+            (None, Some((norm, head))) => {
+                let dl = self.loss_grads.remove(&chunk).ok_or_else(before)?;
+                let dhn = head.backward_input(chunk, &dl)?;
+                norm.backward_input(chunk, &dhn, None)?
+            }
+            (Some(g), None) => g,
+            (Some(_), Some(_)) => {
+                return Err(NnError::Stage(format!(
+                    "backward_input of {chunk}: the last stage starts from the loss and takes no gradient"
+                )))
+            }
+            (None, None) => {
+                return Err(NnError::Stage(format!(
+                    "backward_input of {chunk}: a stage before the last needs the output gradient"
+                )))
+            }
+        };
+        self.seqs.remove(&chunk).ok_or_else(before)?;
+        for block in self.blocks.iter_mut().rev() {
+            g = block.backward_input(chunk, &g)?;
+        }
+        match &mut self.embedding {
+            Some(emb) => {
+                emb.backward_input(chunk, &g)?;
+                Ok(None)
+            }
+            None => Ok(Some(g)),
+        }
+    }
+
+    fn backward_weight_impl(&mut self, chunk: Chunk) -> Result<(), NnError> {
+        self.check_chunk(chunk, "backward_weight")?;
+        if let Some((norm, head)) = &mut self.head {
+            head.backward_weight(chunk)?;
+            norm.backward_weight(chunk)?;
+        }
+        for block in self.blocks.iter_mut().rev() {
+            block.backward_weight(chunk)?;
+        }
+        if let Some(emb) = &mut self.embedding {
+            emb.backward_weight(chunk)?;
+        }
+        Ok(())
+    }
+}
+
+impl Stage for GptStage {
+    type Tensor = Tensor;
+
+    fn forward(
+        &mut self,
+        chunk: Chunk,
+        input: ForwardInput<Tensor>,
+    ) -> Result<ForwardOutput<Tensor>, StageError> {
+        Ok(self.forward_impl(chunk, input)?)
+    }
+
+    fn backward_input(
+        &mut self,
+        chunk: Chunk,
+        grad_output: Option<Tensor>,
+    ) -> Result<Option<Tensor>, StageError> {
+        Ok(self.backward_input_impl(chunk, grad_output)?)
+    }
+
+    fn backward_weight(&mut self, chunk: Chunk) -> Result<(), StageError> {
+        Ok(self.backward_weight_impl(chunk)?)
+    }
+
+    fn gradients(&self) -> Vec<Tensor> {
+        self.params().into_iter().map(|p| p.grad.clone()).collect()
+    }
+
+    fn add_gradients(&mut self, other: &[Tensor]) -> Result<(), StageError> {
+        let mut params = self.params_mut();
+        if params.len() != other.len() {
+            return Err(StageError(format!(
+                "got {} gradients for a stage with {} parameters",
+                other.len(),
+                params.len()
+            )));
+        }
+        for (p, g) in params.iter_mut().zip(other) {
+            p.grad =
+                kernels::add(&p.grad, g, "adding a copy's gradients").map_err(StageError::from)?;
+        }
+        Ok(())
+    }
+}

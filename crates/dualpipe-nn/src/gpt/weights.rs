@@ -1,0 +1,314 @@
+//! Every tensor of the model by its documented name; seeded initialisation; safetensors bytes.
+
+use std::collections::HashMap;
+
+use candle_core::safetensors::Load;
+use candle_core::{DType, Device, Tensor};
+
+use super::{GptConfig, VOCAB};
+use crate::error::{NnError, TensorContext};
+use crate::rng::{self, Purpose};
+
+/// What can be wrong with a weights file.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    /// The bytes are not a safetensors file.
+    #[error("not a safetensors file: {0}")]
+    Format(String),
+    /// The metadata lacks a key or holds a value we cannot use.
+    #[error("metadata `{key}`: {problem}")]
+    Metadata {
+        /// The metadata key.
+        key: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A tensor is missing, extra, or of the wrong shape or type.
+    #[error("tensor `{name}`: {problem}")]
+    Tensor {
+        /// The tensor's name.
+        name: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A flag disagrees with the architecture stored in the file.
+    #[error("--{flag} is {given} but the weights file has {key} = {file}; drop the flag or make it {file}")]
+    Mismatch {
+        /// The flag's name.
+        flag: String,
+        /// The metadata key.
+        key: String,
+        /// The value in the file.
+        file: usize,
+        /// The flag's value.
+        given: usize,
+    },
+}
+
+impl From<WeightsError> for NnError {
+    fn from(e: WeightsError) -> Self {
+        NnError::Config(e.to_string())
+    }
+}
+
+/// The names and shapes of every tensor, in the model's fixed order: `tok_emb.weight`,
+/// `pos_emb.weight`, then per block `norm1`, `attn.qkv`, `attn.proj`, `norm2`, `mlp.fc1`,
+/// `mlp.fc2`, then `norm_f.weight`, `lm_head.weight`.
+pub fn tensor_names(c: &GptConfig) -> Vec<(String, Vec<usize>)> {
+    let d = c.d_model;
+    let mut v = vec![
+        ("tok_emb.weight".to_string(), vec![VOCAB, d]),
+        ("pos_emb.weight".to_string(), vec![c.seq_len, d]),
+    ];
+    for l in 0..c.layers {
+        v.extend(block_tensor_names(l, d));
+    }
+    v.push(("norm_f.weight".into(), vec![d]));
+    v.push(("lm_head.weight".into(), vec![VOCAB, d]));
+    v
+}
+
+/// The names and shapes of block `l`'s tensors, in order.
+pub(crate) fn block_tensor_names(l: usize, d: usize) -> Vec<(String, Vec<usize>)> {
+    let p = |s: &str| format!("blocks.{l}.{s}.weight");
+    vec![
+        (p("norm1"), vec![d]),
+        (p("attn.qkv"), vec![3 * d, d]),
+        (p("attn.proj"), vec![d, d]),
+        (p("norm2"), vec![d]),
+        (p("mlp.fc1"), vec![4 * d, d]),
+        (p("mlp.fc2"), vec![d, 4 * d]),
+    ]
+}
+
+/// The whole model's tensors by name, with the architecture they belong to.
+#[derive(Clone, Debug)]
+pub struct GptWeights {
+    config: GptConfig,
+    tensors: HashMap<String, Tensor>,
+}
+
+impl GptWeights {
+    /// Seeded initialisation: embeddings uniform with standard deviation 0.02, norm weights
+    /// one, linear weights uniform in `±1/√in` (PyTorch's default), the residual projections
+    /// (`attn.proj`, `mlp.fc2`) scaled by `1/√(2·layers)`. Tensor `i` of [`tensor_names`] is
+    /// drawn in f64 from the stream (seed, `i`) and cast, so it depends only on the seed and
+    /// the shapes, never on the pipeline split.
+    pub fn random(config: &GptConfig, seed: u64) -> Result<Self, NnError> {
+        config.validate()?;
+        let emb_bound = 0.02 * 3f64.sqrt();
+        let residual_gain = 1.0 / ((2 * config.layers) as f64).sqrt();
+        let mut tensors = HashMap::new();
+        for (i, (name, shape)) in tensor_names(config).into_iter().enumerate() {
+            let count: usize = shape.iter().product();
+            let values = if shape.len() == 1 {
+                vec![1.0; count]
+            } else {
+                let bound = if name.ends_with("_emb.weight") {
+                    emb_bound
+                } else {
+                    let gain = if name.ends_with("attn.proj.weight") || name.ends_with("fc2.weight")
+                    {
+                        residual_gain
+                    } else {
+                        1.0
+                    };
+                    gain / (shape[1] as f64).sqrt()
+                };
+                let mut rng = rng::stream(seed, Purpose::GptParams, i as u64, 0);
+                rng::uniform(&mut rng, count, bound)
+            };
+            let t = Tensor::from_vec(values, shape, &Device::Cpu)
+                .and_then(|t| t.to_dtype(config.dtype))
+                .ctx("GptWeights::random")?;
+            tensors.insert(name, t);
+        }
+        Ok(GptWeights {
+            config: *config,
+            tensors,
+        })
+    }
+
+    /// Weights from named tensors, checked against [`tensor_names`] (every name present with
+    /// its shape, no others) and cast to the config's dtype.
+    pub fn from_tensors(
+        config: &GptConfig,
+        mut tensors: HashMap<String, Tensor>,
+    ) -> Result<Self, WeightsError> {
+        config.validate().map_err(|e| WeightsError::Metadata {
+            key: "d_model".into(),
+            problem: e.to_string(),
+        })?;
+        let names = tensor_names(config);
+        let mut out = HashMap::new();
+        for (name, shape) in &names {
+            let t = tensors.remove(name).ok_or_else(|| WeightsError::Tensor {
+                name: name.clone(),
+                problem: "missing".into(),
+            })?;
+            if t.dims() != shape.as_slice() {
+                return Err(WeightsError::Tensor {
+                    name: name.clone(),
+                    problem: format!("shape {:?}, expected {shape:?}", t.dims()),
+                });
+            }
+            if !matches!(t.dtype(), DType::F32 | DType::F64) {
+                return Err(WeightsError::Tensor {
+                    name: name.clone(),
+                    problem: format!("type {:?}; use F32 or F64", t.dtype()),
+                });
+            }
+            let t = t.to_dtype(config.dtype).map_err(|e| WeightsError::Tensor {
+                name: name.clone(),
+                problem: e.to_string(),
+            })?;
+            out.insert(name.clone(), t);
+        }
+        if let Some(extra) = tensors.keys().min() {
+            return Err(WeightsError::Tensor {
+                name: extra.clone(),
+                problem: "not part of the model".into(),
+            });
+        }
+        Ok(GptWeights {
+            config: *config,
+            tensors: out,
+        })
+    }
+
+    /// The architecture.
+    pub fn config(&self) -> &GptConfig {
+        &self.config
+    }
+
+    /// The tensor called `name`.
+    pub fn get(&self, name: &str) -> Result<&Tensor, NnError> {
+        self.tensors
+            .get(name)
+            .ok_or_else(|| NnError::Config(format!("the weights have no tensor `{name}`")))
+    }
+
+    /// Replaces the tensor called `name` (same shape).
+    pub fn set(&mut self, name: &str, value: Tensor) -> Result<(), NnError> {
+        let old = self.get(name)?;
+        if old.dims() != value.dims() {
+            return Err(NnError::Config(format!(
+                "`{name}` is {:?}, the new value {:?}",
+                old.dims(),
+                value.dims()
+            )));
+        }
+        let value = value.to_dtype(self.config.dtype).ctx("GptWeights::set")?;
+        self.tensors.insert(name.to_string(), value);
+        Ok(())
+    }
+
+    /// The metadata stored with the tensors: `model` = "gpt", `d_model`, `heads`, `layers`,
+    /// `seq_len`, `vocab` (numbers as decimal strings).
+    pub fn metadata(&self) -> HashMap<String, String> {
+        let c = &self.config;
+        [
+            ("model", "gpt".to_string()),
+            ("d_model", c.d_model.to_string()),
+            ("heads", c.heads.to_string()),
+            ("layers", c.layers.to_string()),
+            ("seq_len", c.seq_len.to_string()),
+            ("vocab", VOCAB.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// The safetensors file: every tensor under its name, in the config's dtype, with
+    /// [`GptWeights::metadata`].
+    pub fn to_safetensors(&self) -> Result<Vec<u8>, NnError> {
+        let mut items: Vec<(&String, &Tensor)> = self.tensors.iter().collect();
+        items.sort_by(|a, b| a.0.cmp(b.0));
+        safetensors::serialize(items, Some(self.metadata()))
+            .map_err(|e| NnError::Config(format!("cannot write the weights: {e}")))
+    }
+
+    /// Weights from a safetensors file written by [`GptWeights::to_safetensors`] (or by
+    /// PyTorch with the same names and metadata), in `dtype`.
+    pub fn from_safetensors(bytes: &[u8], dtype: DType) -> Result<Self, WeightsError> {
+        let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
+            .map_err(|e| WeightsError::Format(e.to_string()))?;
+        let md = meta.metadata().clone().unwrap_or_default();
+        let get = |key: &str| -> Result<&String, WeightsError> {
+            md.get(key).ok_or_else(|| WeightsError::Metadata {
+                key: key.into(),
+                problem: "missing (write the file with dualpipe or add it)".into(),
+            })
+        };
+        let num = |key: &str| -> Result<usize, WeightsError> {
+            let v = get(key)?;
+            v.parse().map_err(|_| WeightsError::Metadata {
+                key: key.into(),
+                problem: format!("`{v}` is not a whole number"),
+            })
+        };
+        if get("model")? != "gpt" {
+            return Err(WeightsError::Metadata {
+                key: "model".into(),
+                problem: format!("`{}`, expected `gpt`", get("model")?),
+            });
+        }
+        if num("vocab")? != VOCAB {
+            return Err(WeightsError::Metadata {
+                key: "vocab".into(),
+                problem: format!("{}, expected {VOCAB} (bytes)", num("vocab")?),
+            });
+        }
+        let config = GptConfig {
+            d_model: num("d_model")?,
+            heads: num("heads")?,
+            layers: num("layers")?,
+            seq_len: num("seq_len")?,
+            dtype,
+        };
+        config.validate().map_err(|e| WeightsError::Metadata {
+            key: "d_model".into(),
+            problem: e.to_string(),
+        })?;
+        let st = safetensors::SafeTensors::deserialize(bytes)
+            .map_err(|e| WeightsError::Format(e.to_string()))?;
+        let mut tensors = HashMap::new();
+        for (name, view) in st.tensors() {
+            let t = view.load(&Device::Cpu).map_err(|e| WeightsError::Tensor {
+                name: name.clone(),
+                problem: e.to_string(),
+            })?;
+            tensors.insert(name, t);
+        }
+        Self::from_tensors(&config, tensors)
+    }
+}
+
+impl GptConfig {
+    /// Checks a flag's value against this (file's) architecture: `Ok` when the flag was not
+    /// given or agrees, [`WeightsError::Mismatch`] naming both values otherwise.
+    pub fn check_flag(&self, flag: &str, given: Option<usize>) -> Result<(), WeightsError> {
+        let (key, file) = match flag {
+            "d-model" => ("d_model", self.d_model),
+            "heads" => ("heads", self.heads),
+            "layers" => ("layers", self.layers),
+            "seq-len" => ("seq_len", self.seq_len),
+            other => {
+                return Err(WeightsError::Metadata {
+                    key: other.into(),
+                    problem: "not an architecture flag".into(),
+                })
+            }
+        };
+        match given {
+            Some(g) if g != file => Err(WeightsError::Mismatch {
+                flag: flag.into(),
+                key: key.into(),
+                file,
+                given: g,
+            }),
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Causal multi-head self-attention with one fused qkv projection.
+
+use std::collections::HashMap;
+
+use candle_core::Tensor;
+use dualpipe_schedule::Chunk;
+
+use super::{kernels, Linear, Param};
+use crate::error::NnError;
+
+/// `y = proj(softmax(q kᵀ / √hd + causal mask) v)` with `[q | k | v] = qkv(x)`, no biases;
+/// `qkv: [3d, d]` (rows q, then k, then v, each head-major), `proj: [d, d]`.
+///
+/// `backward_input` computes the gradients of the attention output, of q, k and v (through
+/// the saved probabilities) and of the input; the two projections' weight-gradient GEMMs wait
+/// for `backward_weight`.
+#[derive(Debug)]
+pub struct CausalSelfAttention {
+    qkv: Linear,
+    proj: Linear,
+    heads: usize,
+    /// Per chunk: the qkv activations, the probabilities and the sequence length.
+    saved: HashMap<Chunk, (Tensor, Tensor, usize)>,
+}
+
+impl CausalSelfAttention {
+    /// The layer from its projections; `heads` must divide the width.
+    pub fn from_layers(qkv: Linear, proj: Linear, heads: usize) -> Result<Self, NnError> {
+        let d = proj.output_dim();
+        if qkv.input_dim() != d
+            || qkv.output_dim() != 3 * d
+            || proj.input_dim() != d
+            || heads == 0
+            || !d.is_multiple_of(heads)
+        {
+            return Err(NnError::Config(format!(
+                "attention layers do not fit: qkv {}→{}, proj {}→{d}, {heads} heads",
+                qkv.input_dim(),
+                qkv.output_dim(),
+                proj.input_dim()
+            )));
+        }
+        Ok(CausalSelfAttention {
+            qkv,
+            proj,
+            heads,
+            saved: HashMap::new(),
+        })
+    }
+
+    /// The qkv weight, then the output projection's.
+    pub fn params(&self) -> Vec<&Param> {
+        let mut p = self.qkv.params();
+        p.extend(self.proj.params());
+        p
+    }
+
+    /// The parameters mutably, in the order of [`CausalSelfAttention::params`].
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        let mut p = self.qkv.params_mut();
+        p.extend(self.proj.params_mut());
+        p
+    }
+
+    /// `attn(x) (+ residual)` over sequences of `seq` rows, without saving anything.
+    pub fn apply(
+        &self,
+        x: &Tensor,
+        seq: usize,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor, NnError> {
+        let qkv = self.qkv.apply(x)?;
+        let (o, _) = kernels::attention_forward(&qkv, seq, self.heads)?;
+        self.proj.apply_plus(&o, residual)
+    }
+
+    /// `attn(x) (+ residual)`, saving what the chunk's backward needs.
+    pub fn forward(
+        &mut self,
+        key: Chunk,
+        x: &Tensor,
+        seq: usize,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor, NnError> {
+        let qkv = self.qkv.forward(key, x)?;
+        let (o, probs) = kernels::attention_forward(&qkv, seq, self.heads)?;
+        self.saved.insert(key, (qkv, probs, seq));
+        self.proj.forward_plus(key, &o, residual)
+    }
+
+    /// The input gradient: `do = dy Wproj`, then dq, dk, dv, then `dx = dqkv Wqkv`.
+    pub fn backward_input(&mut self, key: Chunk, dy: &Tensor) -> Result<Tensor, NnError> {
+        let (qkv, probs, seq) = self.saved.remove(&key).ok_or_else(|| {
+            NnError::Stage(format!(
+                "attention: backward_input of {key} before its forward"
+            ))
+        })?;
+        let d_out = self.proj.backward_input(key, dy)?;
+        let d_qkv = kernels::attention_backward(&d_out, &qkv, &probs, seq, self.heads)?;
+        self.qkv.backward_input(key, &d_qkv)
+    }
+
+    /// The two projections' weight gradients of the chunk.
+    pub fn backward_weight(&mut self, key: Chunk) -> Result<(), NnError> {
+        self.proj.backward_weight(key)?;
+        self.qkv.backward_weight(key)
+    }
+
+    /// Saved per-chunk tensors not yet consumed.
+    pub fn pending(&self) -> usize {
+        self.saved.len() + self.qkv.pending() + self.proj.pending()
+    }
+}

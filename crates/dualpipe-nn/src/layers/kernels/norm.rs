@@ -1,0 +1,161 @@
+//! RMSNorm with a weight: `y = x / rms(x) ⊙ w`, `rms(x) = √(mean(x²) + eps)` per row.
+
+use candle_core::Tensor;
+
+use super::{dims2, read, tensor, unsupported, Elem};
+use crate::error::NnError;
+
+fn check_weight(x: &Tensor, w: &Tensor, what: &str) -> Result<(usize, usize), NnError> {
+    let (n, d) = dims2(x, what)?;
+    if w.dims() != [d] {
+        return Err(NnError::Stage(format!(
+            "{what}: weight is {:?}, rows have {d} features",
+            w.dims()
+        )));
+    }
+    Ok((n, d))
+}
+
+/// `(y, inv_rms)`: the normalized rows and `1 / rms(x)` of each row (`[n]`).
+pub(crate) fn rms_norm_forward(
+    x: &Tensor,
+    w: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor), NnError> {
+    by_dtype!(x, "RMSNorm", rms_norm_forward_t(x, w, eps))
+}
+
+fn rms_norm_forward_t<T: Elem>(
+    x: &Tensor,
+    w: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor), NnError> {
+    const WHAT: &str = "RMSNorm forward";
+    let (n, d) = check_weight(x, w, WHAT)?;
+    let (eps, inv_d) = (T::from_f64(eps), T::from_f64(1.0 / d as f64));
+    let (y, inv) = read::<T, _>(x, WHAT, |x| {
+        read::<T, _>(w, WHAT, |w| {
+            let mut y = vec![T::zero(); n * d];
+            let mut inv = vec![T::zero(); n];
+            for ((xr, yr), iv) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)).zip(&mut inv) {
+                let mut ss = T::zero();
+                for &v in xr {
+                    ss += v * v;
+                }
+                *iv = T::one() / (ss * inv_d + eps).sqrt();
+                for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
+                    *o = v * *iv * g;
+                }
+            }
+            (y, inv)
+        })
+    })??;
+    Ok((tensor(y, (n, d), WHAT)?, tensor(inv, n, WHAT)?))
+}
+
+/// `dx (+ residual)` for the output gradient `g`: with `x̂ = x / rms` and `u = g ⊙ w`,
+/// `dx = (u − x̂ mean(u ⊙ x̂)) / rms`.
+pub(crate) fn rms_norm_backward_input(
+    g: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    inv_rms: &Tensor,
+    residual: Option<&Tensor>,
+) -> Result<Tensor, NnError> {
+    by_dtype!(
+        x,
+        "RMSNorm backward",
+        rms_norm_backward_input_t(g, x, w, inv_rms, residual)
+    )
+}
+
+fn rms_norm_backward_input_t<T: Elem>(
+    g: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    inv_rms: &Tensor,
+    residual: Option<&Tensor>,
+) -> Result<Tensor, NnError> {
+    const WHAT: &str = "RMSNorm backward";
+    let (n, d) = check_weight(x, w, WHAT)?;
+    if g.dims() != [n, d] || inv_rms.dims() != [n] || residual.is_some_and(|r| r.dims() != [n, d]) {
+        return Err(NnError::Stage(format!(
+            "{WHAT}: gradient {:?} does not fit the input {:?}",
+            g.dims(),
+            x.dims()
+        )));
+    }
+    let inv_d = T::from_f64(1.0 / d as f64);
+    let mut dx = match residual {
+        Some(r) => read::<T, _>(r, WHAT, <[T]>::to_vec)?,
+        None => vec![T::zero(); n * d],
+    };
+    read::<T, _>(g, WHAT, |g| {
+        read::<T, _>(x, WHAT, |x| {
+            read::<T, _>(w, WHAT, |w| {
+                read::<T, _>(inv_rms, WHAT, |inv| {
+                    for (((gr, xr), dr), &iv) in g
+                        .chunks_exact(d)
+                        .zip(x.chunks_exact(d))
+                        .zip(dx.chunks_exact_mut(d))
+                        .zip(inv)
+                    {
+                        let mut dot = T::zero();
+                        for ((&gv, &xv), &wv) in gr.iter().zip(xr).zip(w) {
+                            dot += gv * wv * xv * iv;
+                        }
+                        let m = dot * inv_d;
+                        for (((o, &gv), &xv), &wv) in dr.iter_mut().zip(gr).zip(xr).zip(w) {
+                            *o += (gv * wv - xv * iv * m) * iv;
+                        }
+                    }
+                })
+            })
+        })
+    })????;
+    tensor(dx, (n, d), WHAT)
+}
+
+/// `grad_w + Σ_rows g ⊙ x / rms`.
+pub(crate) fn rms_norm_backward_weight(
+    g: &Tensor,
+    x: &Tensor,
+    inv_rms: &Tensor,
+    grad_w: &Tensor,
+) -> Result<Tensor, NnError> {
+    by_dtype!(
+        x,
+        "RMSNorm weight gradient",
+        rms_norm_backward_weight_t(g, x, inv_rms, grad_w)
+    )
+}
+
+fn rms_norm_backward_weight_t<T: Elem>(
+    g: &Tensor,
+    x: &Tensor,
+    inv_rms: &Tensor,
+    grad_w: &Tensor,
+) -> Result<Tensor, NnError> {
+    const WHAT: &str = "RMSNorm weight gradient";
+    let (n, d) = check_weight(x, grad_w, WHAT)?;
+    if g.dims() != [n, d] || inv_rms.dims() != [n] {
+        return Err(NnError::Stage(format!(
+            "{WHAT}: gradient {:?} does not fit the input {:?}",
+            g.dims(),
+            x.dims()
+        )));
+    }
+    let mut dw = read::<T, _>(grad_w, WHAT, <[T]>::to_vec)?;
+    read::<T, _>(g, WHAT, |g| {
+        read::<T, _>(x, WHAT, |x| {
+            read::<T, _>(inv_rms, WHAT, |inv| {
+                for ((gr, xr), &iv) in g.chunks_exact(d).zip(x.chunks_exact(d)).zip(inv) {
+                    for ((o, &gv), &xv) in dw.iter_mut().zip(gr).zip(xr) {
+                        *o += gv * xv * iv;
+                    }
+                }
+            })
+        })
+    })???;
+    tensor(dw, d, WHAT)
+}
