@@ -36,7 +36,6 @@ pub mod error;
 mod executor;
 pub mod grads;
 pub mod launch;
-pub mod measure;
 #[cfg(feature = "mpi")]
 pub mod mpi_transport;
 pub mod net;
@@ -53,7 +52,8 @@ pub use executor::{
 };
 pub use grads::sum_stage_copies;
 pub use launch::{LaunchError, LaunchInfo, Launcher};
-pub use measure::OpTimes;
+/// Measured op durations now live beside the simulator they feed (`dualpipe_sim::measure`).
+pub use dualpipe_sim::OpTimes;
 pub use net::{Endpoint, Link};
 pub use remote::{barrier, run_rank_step, sum_stage_copies_remote, WireStage};
 pub use sleep::{SleepCosts, SleepStage};
