@@ -46,14 +46,14 @@ mod transport;
 pub mod wire;
 mod worker;
 
+/// Measured op durations now live beside the simulator they feed (`dualpipe_sim::measure`).
+pub use dualpipe_sim::OpTimes;
 pub use error::RuntimeError;
 pub use executor::{
     build_ranks, run_step, try_build_ranks, ExecOptions, MicroBatchLoss, RankStages, StepOutcome,
 };
 pub use grads::sum_stage_copies;
 pub use launch::{LaunchError, LaunchInfo, Launcher};
-/// Measured op durations now live beside the simulator they feed (`dualpipe_sim::measure`).
-pub use dualpipe_sim::OpTimes;
 pub use net::{Endpoint, Link};
 pub use remote::{barrier, run_rank_step, sum_stage_copies_remote, WireStage};
 pub use sleep::{SleepCosts, SleepStage};

@@ -270,8 +270,7 @@ impl TrainConfig {
                 self.lr
             )));
         }
-        if !(self.recv_timeout.is_finite() && self.recv_timeout > 0.0 && self.recv_timeout < 1e9)
-        {
+        if !(self.recv_timeout.is_finite() && self.recv_timeout > 0.0 && self.recv_timeout < 1e9) {
             return Err(TrainError::Config(format!(
                 "{} {}: the timeout must be a positive number of seconds such as 60",
                 name(Field::RecvTimeout),
@@ -296,8 +295,7 @@ impl TrainConfig {
         // Name the factor that makes the size absurd, not only the ones printed first.
         let stages = self.model_stages();
         let width_squared = (self.hidden as u128).saturating_mul(self.hidden as u128);
-        let parameters_hint = if stages as u128 > width_squared && stages > self.layers_per_stage
-        {
+        let parameters_hint = if stages as u128 > width_squared && stages > self.layers_per_stage {
             format!("fewer {}", name(Field::Ranks))
         } else if self.layers_per_stage as u128 > width_squared {
             format!("fewer {}", name(Field::LayersPerStage))
@@ -521,7 +519,10 @@ mod tests {
             .check_memory(Naming::Flags, 1, Some(16 << 30))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("--hidden 8192") && err.contains("16 GiB"), "{err}");
+        assert!(
+            err.contains("--hidden 8192") && err.contains("16 GiB"),
+            "{err}"
+        );
         // Spread over 8 processes, each holds an eighth.
         assert!(wide.check_memory(Naming::Flags, 8, Some(16 << 30)).is_ok());
         // A million rows a micro-batch: activations, naming --micro-batch-size.
@@ -539,7 +540,10 @@ mod tests {
             micro_batch_size: 1,
             ..TrainConfig::default()
         };
-        let err = many.check_memory(Naming::Flags, 1, None).unwrap_err().to_string();
+        let err = many
+            .check_memory(Naming::Flags, 1, None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("use fewer --micro-batches"), "{err}");
         let huge = TrainConfig {
             micro_batch_size: 100_000_000,

@@ -268,12 +268,8 @@ impl<D: Driver> Trainer<D> {
         let outcome = self.pipeline(step)?;
         let drained = self.check_drained(outcome.losses.len());
         self.own(step, drained)?;
-        self.driver.sum_stage_copies(
-            &self.schedule,
-            &mut self.stages,
-            step,
-            &self.exec_options,
-        )?;
+        self.driver
+            .sum_stage_copies(&self.schedule, &mut self.stages, step, &self.exec_options)?;
         let updated = self.optimizer_step();
         self.own(step, updated)?;
         self.steps_done += 1;

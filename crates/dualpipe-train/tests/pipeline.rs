@@ -6,8 +6,8 @@ mod common;
 
 use candle_core::Tensor;
 use common::{assert_close, scalar_rel};
-use dualpipe_train::{DType, OptimizerKind, Reference, TrainConfig, TrainError, Trainer};
 use dualpipe_schedule::ScheduleKind;
+use dualpipe_train::{DType, OptimizerKind, Reference, TrainConfig, TrainError, Trainer};
 
 const TOL: f64 = 1e-12;
 const STEPS: usize = 3;

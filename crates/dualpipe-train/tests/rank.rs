@@ -68,7 +68,8 @@ fn a_world_of_the_wrong_size_fails_on_every_rank() {
     for link in links {
         let err = RankTrainer::connect(config.clone(), Endpoint::new(link)).unwrap_err();
         assert!(
-            err.to_string().contains("3 processes were started for ranks 4"),
+            err.to_string()
+                .contains("3 processes were started for ranks 4"),
             "{err}"
         );
     }

@@ -1,7 +1,7 @@
 //! Training behaviour: determinism, f32, the default configuration, errors.
 
-use dualpipe_train::{DType, OptimizerKind, TrainConfig, TrainError, Trainer};
 use dualpipe_schedule::ScheduleKind;
+use dualpipe_train::{DType, OptimizerKind, TrainConfig, TrainError, Trainer};
 
 fn f32_config() -> TrainConfig {
     TrainConfig {
@@ -66,7 +66,10 @@ fn bad_configurations_are_errors() {
         lr: f64::NAN,
         ..TrainConfig::default()
     };
-    assert!(matches!(Trainer::new(lr).unwrap_err(), TrainError::Config(_)));
+    assert!(matches!(
+        Trainer::new(lr).unwrap_err(),
+        TrainError::Config(_)
+    ));
     let odd = TrainConfig {
         micro_batches: 7,
         ..TrainConfig::default()

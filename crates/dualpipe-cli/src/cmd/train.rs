@@ -43,7 +43,10 @@ pub enum Format {
 /// A whole number of at least 0, with a clear word for `1e17` or `2.5`.
 fn count(text: &str) -> Result<usize, String> {
     text.trim().parse::<usize>().map_err(|_| {
-        format!("expected a whole number such as 16 (digits only, at most {})", usize::MAX)
+        format!(
+            "expected a whole number such as 16 (digits only, at most {})",
+            usize::MAX
+        )
     })
 }
 

@@ -107,7 +107,8 @@ fn bad_flags_are_usage_errors_naming_the_flag() {
 fn a_tiny_run_writes_its_summary_and_files() {
     let dir = std::env::temp_dir().join(format!("dualpipe-train-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (trace_path, svg_path, out_path) = (dir.join("t.json"), dir.join("t.svg"), dir.join("s.json"));
+    let (trace_path, svg_path, out_path) =
+        (dir.join("t.json"), dir.join("t.svg"), dir.join("s.json"));
     let mut args = parse(&[
         "--ranks",
         "2",
@@ -189,12 +190,18 @@ fn a_first_step_that_overflows_blames_the_inputs_not_the_learning_rate() {
         lr: 1e-3,
     };
     let text = run_error(TrainError::Diverged(first), &config).to_string();
-    assert!(text.contains("overflow") && !text.contains("lower the learning rate"), "{text}");
+    assert!(
+        text.contains("overflow") && !text.contains("lower the learning rate"),
+        "{text}"
+    );
     let later = dualpipe_train::Divergence {
         step: 4,
         loss: f64::NAN,
         lr: 1e300,
     };
     let text = run_error(TrainError::Diverged(later), &config).to_string();
-    assert!(text.contains("diverged at step 5") && text.contains("--lr 1e300"), "{text}");
+    assert!(
+        text.contains("diverged at step 5") && text.contains("--lr 1e300"),
+        "{text}"
+    );
 }
