@@ -1,11 +1,7 @@
-//! Time of one training step of the MLP model, per schedule, and of one residual block's
-//! split backward (forward, input gradient, weight gradient).
+//! Time of one residual block's split backward (forward, input gradient, weight gradient).
+//! (The time of a whole training step is `dualpipe-train`'s `train_step` bench.)
 //!
-//! `cargo bench -p dualpipe-nn --bench train_step`. Goal: on 2 cores, the default
-//! `dualpipe train` run (600 steps, see `TrainConfig::default`) stays near a minute, i.e. a
-//! default step near 0.25 s; the small configuration here should keep DualPipe's step time
-//! within 1.5x of 1F1B's on the same 4 ranks (DualPipe holds two copies of every stage but
-//! overlaps both directions).
+//! `cargo bench -p dualpipe-nn --bench train_step`.
 //!
 //! `mlp_block_128_rows/{forward,f_i_w}/{128,512}` time one block at the compare script's shape
 //! (128 rows, f32) on one thread: the kernels the pipeline's ops are made of. Goal: level with
@@ -16,36 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use dualpipe_nn::layers::MlpBlock;
 use dualpipe_nn::rng::{stream, Purpose};
-use dualpipe_nn::{TrainConfig, Trainer};
-use dualpipe_schedule::{Chunk, ScheduleKind};
-
-fn small(schedule: ScheduleKind, ranks: usize) -> TrainConfig {
-    TrainConfig {
-        schedule,
-        ranks,
-        micro_batches: 8,
-        micro_batch_size: 32,
-        hidden: 64,
-        layers_per_stage: 1,
-        ..TrainConfig::default()
-    }
-}
-
-fn train_step(c: &mut Criterion) {
-    let mut group = c.benchmark_group("train_step");
-    group.sample_size(10);
-    for (kind, ranks) in [
-        (ScheduleKind::OneFOneB, 4),
-        (ScheduleKind::DualPipe, 4),
-        (ScheduleKind::DualPipeV, 2),
-    ] {
-        let mut trainer = Trainer::new(small(kind, ranks)).expect("the bench configuration builds");
-        group.bench_function(BenchmarkId::new(kind.name(), ranks), |b| {
-            b.iter(|| trainer.step().expect("a training step"))
-        });
-    }
-    group.finish();
-}
+use dualpipe_schedule::Chunk;
 
 fn block_split_backward(c: &mut Criterion) {
     // The compare script's shape: 128 rows, one block of width 128 or 512, f32.
@@ -76,5 +43,5 @@ fn block_split_backward(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, train_step, block_split_backward);
+criterion_group!(benches, block_split_backward);
 criterion_main!(benches);

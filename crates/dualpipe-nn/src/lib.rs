@@ -10,10 +10,11 @@
 //!   [`dualpipe_runtime::Stage`];
 //! - [`data`]: seeded teacher-student regression data;
 //! - [`optim`]: SGD with momentum and AdamW;
-//! - [`reference`](mod@reference): the sequential single-thread oracle;
-//! - [`trainer`]: the training loop behind `dualpipe train`;
-//! - [`distributed`]: [`RankTrainer`], one pipeline rank per process (MPI), and the wire
-//!   codec of the stage's tensors.
+//! - [`distributed`]: the wire codec of the stage's tensors, so a stage's activations and
+//!   gradients can cross processes (MPI).
+//!
+//! The training loop, its configuration and the sequential reference live one crate up, in
+//! `dualpipe-train`.
 //!
 //! The model and the data depend only on the seed, the number of model stages and the shapes,
 //! so every schedule trains the same model on the same batches.
@@ -26,14 +27,9 @@ pub mod error;
 pub mod gpt;
 pub mod layers;
 pub mod optim;
-pub mod reference;
 pub mod rng;
 pub mod stage;
-pub mod trainer;
 
-pub use distributed::RankTrainer;
 pub use error::NnError;
 pub use optim::{Optimizer, OptimizerKind};
-pub use reference::{Reference, ReferenceStep};
 pub use stage::{MlpStage, ModelConfig, StagePosition};
-pub use trainer::{DType, MemoryEstimate, StepReport, TrainConfig, Trainer, MEMORY_LIMIT_BYTES};

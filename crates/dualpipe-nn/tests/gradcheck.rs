@@ -7,8 +7,7 @@ use candle_core::{DType, Tensor, Var};
 use common::{assert_close, from_values, rand_tensor, rel_err, scalar_rel, values};
 use dualpipe_nn::layers::{mse_grad, mse_loss, Gelu, Linear, MlpBlock};
 use dualpipe_nn::rng::{stream, Purpose};
-use dualpipe_nn::{OptimizerKind, Reference, TrainConfig};
-use dualpipe_schedule::{Chunk, ScheduleKind};
+use dualpipe_schedule::Chunk;
 
 const KEY: Chunk = Chunk::new(0, 0, 0);
 const EPS: f64 = 1e-6;
@@ -282,74 +281,6 @@ fn mlp_block_gradients() {
         rel_err(&values(&dx), &fd_x) < FD_TOL,
         "block dx vs finite differences"
     );
-}
-
-/// The sequential reference (our layers, stage by stage) against candle's autograd of the
-/// whole model written as one expression: losses and every parameter gradient.
-#[test]
-fn reference_matches_autograd_of_the_whole_model() {
-    let config = TrainConfig {
-        schedule: ScheduleKind::OneFOneB,
-        ranks: 3,
-        micro_batches: 3,
-        micro_batch_size: 2,
-        hidden: 4,
-        layers_per_stage: 2,
-        dtype: dualpipe_nn::DType::F64,
-        optimizer: OptimizerKind::sgd(),
-        lr: 0.1,
-        seed: 5,
-        ..TrainConfig::default()
-    };
-    let mut reference = Reference::new(&config).unwrap();
-    let params = reference.parameters();
-    let vars: Vec<Vec<Var>> = params
-        .iter()
-        .map(|s| s.iter().map(|t| Var::from_tensor(t).unwrap()).collect())
-        .collect();
-    let data = dualpipe_nn::data::DataSet::new(5, 4, 2, DType::F64).unwrap();
-    let mut total: Option<Tensor> = None;
-    let mut losses = Vec::new();
-    for mb in 0..3 {
-        let batch = data.micro_batch(0, mb).unwrap();
-        let mut x = batch.inputs.clone();
-        for stage in &vars {
-            for block in stage.chunks(4) {
-                let p: Vec<Tensor> = block.iter().map(|v| v.as_tensor().clone()).collect();
-                x = block_oracle(&x, &p);
-            }
-        }
-        let mse = (&x - &batch.targets)
-            .unwrap()
-            .sqr()
-            .unwrap()
-            .mean_all()
-            .unwrap();
-        losses.push(mse.to_scalar::<f64>().unwrap());
-        let term = mse.affine(1.0 / 3.0, 0.0).unwrap();
-        total = Some(match total {
-            None => term,
-            Some(t) => (t + term).unwrap(),
-        });
-    }
-    let grads = total.unwrap().backward().unwrap();
-    let step = reference.step().unwrap();
-    for (mb, (a, b)) in step.losses.iter().zip(&losses).enumerate() {
-        assert!(
-            scalar_rel(*a, *b) < 1e-13,
-            "loss of micro-batch {mb}: {a} vs {b}"
-        );
-    }
-    for (s, (ours, stage_vars)) in step.gradients.iter().zip(&vars).enumerate() {
-        for (i, (g, v)) in ours.iter().zip(stage_vars).enumerate() {
-            assert_close(
-                g,
-                grads.get(v).unwrap(),
-                1e-12,
-                &format!("stage {s} param {i}"),
-            );
-        }
-    }
 }
 
 mod properties {

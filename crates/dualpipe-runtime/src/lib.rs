@@ -35,7 +35,7 @@
 //! one rank's interpreter, the threaded and the multi-process step), [`transport`] (how tensors
 //! move: in-process channels, or endpoints over a byte link such as MPI), [`grads`] (summing
 //! DualPipe's stage copies), [`sleep`] (a stage that only sleeps), [`launch`] (the launcher's
-//! rank and world size), [`measure`] (measured op times for the simulator), [`error`].
+//! rank and world size), [`error`].
 
 #![warn(missing_docs)]
 
@@ -43,11 +43,12 @@ pub mod error;
 pub mod exec;
 pub mod grads;
 pub mod launch;
-pub mod measure;
 pub mod sleep;
 pub mod stage;
 pub mod transport;
 
+/// Measured op durations now live beside the simulator they feed (`dualpipe_sim::measure`).
+pub use dualpipe_sim::OpTimes;
 pub use error::RuntimeError;
 pub use exec::{
     barrier, build_ranks, run_rank_step, run_step, sum_stage_copies_remote, try_build_ranks,
@@ -55,7 +56,6 @@ pub use exec::{
 };
 pub use grads::sum_stage_copies;
 pub use launch::{LaunchError, LaunchInfo, Launcher};
-pub use measure::OpTimes;
 pub use sleep::{SleepCosts, SleepStage};
 pub use stage::{ForwardInput, ForwardOutput, Stage, StageError, WireStage};
 pub use transport::endpoint::{Endpoint, Link};

@@ -30,6 +30,7 @@ pub mod ascii;
 pub mod cost;
 pub mod error;
 pub mod formula;
+pub mod measure;
 pub mod metrics;
 pub mod report;
 pub mod simulate;
@@ -39,6 +40,7 @@ pub mod trace;
 
 pub use cost::{CommCost, CostModel, StageCost};
 pub use error::SimError;
+pub use measure::{OpTally, OpTimes};
 pub use metrics::{metrics, Metrics};
 pub use simulate::simulate;
 pub use timeline::{ComputeInterval, MessageInterval, MessageKind, Timeline};

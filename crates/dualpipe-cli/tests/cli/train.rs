@@ -329,3 +329,133 @@ fn a_diverging_run_fails_naming_the_step_and_the_learning_rate() {
     assert!(run.stderr.contains("diverged at step"), "{}", run.stderr);
     assert!(run.stderr.contains("--lr"), "{}", run.stderr);
 }
+
+#[test]
+fn absurd_step_counts_are_usage_errors_without_reserving_memory() {
+    // 10^12 and 10^17 steps used to reserve memory for every step up front (an abort and a
+    // capacity-overflow panic); now they are refused against the documented cap.
+    for steps in ["1000000000000", "100000000000000000"] {
+        train(&["--steps", steps, "--quiet"]).usage_error(&["--steps", steps]);
+    }
+    // Not an integer: a clear parse error naming the flag and the value.
+    train(&["--steps", "1e17"]).flag_error(&["--steps", "1e17", "whole number"]);
+    train(&["--steps", "2.5"]).flag_error(&["--steps", "2.5"]);
+}
+
+#[test]
+fn memory_beyond_the_cap_is_refused_naming_the_flag() {
+    // 550 GB of parameters and 3.7 TB of activations: over the documented 256 GiB cap on any
+    // machine (and over a small machine's available memory long before).
+    train(&[
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "2",
+        "--hidden",
+        "8192",
+        "--layers-per-stage",
+        "16",
+    ])
+    .usage_error(&["--hidden 8192", "GiB"]);
+    train(&["--micro-batch-size", "100000000", "--quiet"])
+        .usage_error(&["--micro-batch-size 100000000", "GiB"]);
+}
+
+#[test]
+fn size_errors_blame_the_flag_that_is_too_big() {
+    train(&[
+        "--micro-batch-size",
+        "1",
+        "--micro-batches",
+        "1000000000000",
+    ])
+    .usage_error(&["fewer --micro-batches"]);
+    train(&["--ranks", "1000000000000"]).usage_error(&["--ranks 1000000000000"]);
+}
+
+#[test]
+fn too_many_local_ranks_point_to_the_mpi_transport() {
+    train(&[
+        "--schedule",
+        "gpipe",
+        "--ranks",
+        "4096",
+        "--micro-batches",
+        "2",
+        "--quiet",
+    ])
+    .usage_error(&["--ranks 4096", "--transport mpi"]);
+}
+
+#[test]
+fn output_paths_are_checked_before_training() {
+    let dir = TempDir::new("train-output-check");
+    let missing = dir.join("nodir").join("t.json");
+    for flag in ["--trace", "--svg", "--output"] {
+        // 10^6 steps would take minutes: a usage error (exit 2) shows nothing ran first.
+        train(&["--steps", "1000000", "--quiet", flag, s(&missing)]).usage_error(&["nodir"]);
+    }
+    assert!(dir.entries().is_empty(), "{:?}", dir.entries());
+}
+
+#[test]
+fn output_writes_the_summary_to_a_file() {
+    let dir = TempDir::new("train-output");
+    let path = dir.join("summary.json");
+    let run = train(&[
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+        "--format",
+        "json",
+        "--quiet",
+        "--output",
+        s(&path),
+    ]);
+    run.ok();
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(floats(&doc["losses"]).len(), 2);
+    assert_eq!(dir.entries(), vec!["summary.json"]);
+}
+
+#[test]
+fn help_shows_the_real_defaults() {
+    let run = dualpipe(["train", "--help"]);
+    run.ok();
+    let steps = run
+        .stdout
+        .split("--steps")
+        .nth(1)
+        .and_then(|rest| rest.split("--lr").next())
+        .unwrap_or_default();
+    assert!(steps.contains("[default: 600]"), "{}", run.stdout);
+    assert!(run.stdout.contains("[default: dualpipe]"), "{}", run.stdout);
+}
+
+#[test]
+fn the_receive_timeout_applies_to_local_ranks() {
+    // A microsecond is shorter than any forward of the default width: the last rank's first
+    // receive times out, and the step fails naming the timeout (exit 1), instead of the flag
+    // being ignored.
+    let run = dualpipe([
+        "train",
+        "--steps",
+        "2",
+        "--quiet",
+        "--recv-timeout",
+        "0.000001",
+    ]);
+    run.no_panic();
+    assert_eq!(run.code, Some(1), "stderr:\n{}", run.stderr);
+    assert!(run.stderr.to_lowercase().contains("time"), "{}", run.stderr);
+}
+
+#[test]
+fn negative_numbers_reach_the_range_checks() {
+    train(&["--recv-timeout", "-5"]).usage_error(&["--recv-timeout", "-5"]);
+    train(&["--lr", "-0.5"]).usage_error(&["--lr", "-0.5"]);
+    train(&["--hidden", "-4"]).flag_error(&["--hidden", "-4", "whole number"]);
+    train(&["--ranks", "-2"]).flag_error(&["--ranks", "-2", "whole number"]);
+}

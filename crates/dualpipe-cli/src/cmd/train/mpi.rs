@@ -7,14 +7,14 @@
 //! summary. A rank that fails tells the others, which stop at once naming it; every failing
 //! process exits non-zero, so `mpirun` does too.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
-use dualpipe_nn::{NnError, RankTrainer, StepReport, TrainConfig};
 use dualpipe_runtime::mpi_transport::MpiWorld;
-use dualpipe_runtime::{Endpoint, ExecOptions, RuntimeError};
+use dualpipe_runtime::{Endpoint, RuntimeError};
+use dualpipe_train::{RankTrainer, RunSummary, StepEvent, TrainConfig, TrainError};
 
-use super::{progress_bar, setup_error, summarize, Args};
+use super::{progress_bar, run_error, setup_error, show, Args};
 use crate::cmd::UsageError;
 
 /// How `--inject-failure` makes a rank fail.
@@ -55,7 +55,7 @@ fn parse_injection(text: &str) -> Result<(usize, usize, How), UsageError> {
 }
 
 /// Runs this process's rank; `Some(summary)` on rank 0.
-pub(super) fn execute(args: &Args, config: TrainConfig) -> anyhow::Result<Option<String>> {
+pub(super) fn execute(args: &Args, config: TrainConfig) -> anyhow::Result<Option<RunSummary>> {
     let injection = args
         .inject_failure
         .as_deref()
@@ -76,7 +76,7 @@ pub(super) fn execute(args: &Args, config: TrainConfig) -> anyhow::Result<Option
         eprintln!("dualpipe train: MPI transport, {info}");
     }
     let rank = info.rank;
-    let mut trainer = match RankTrainer::new(config.clone(), Endpoint::new(world.link())) {
+    let mut trainer = match RankTrainer::connect(config.clone(), Endpoint::new(world.link())) {
         Ok(trainer) => trainer,
         Err(err) => {
             let err = setup_error(err);
@@ -89,64 +89,38 @@ pub(super) fn execute(args: &Args, config: TrainConfig) -> anyhow::Result<Option
             leave_after_failure(world, err)
         }
     };
-    trainer.set_exec_options(
-        ExecOptions::default().with_recv_timeout(Duration::from_secs_f64(args.recv_timeout)),
-    );
     let progress = if rank == 0 {
         progress_bar(args, config.steps)
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let mut reports: Vec<StepReport> = Vec::with_capacity(config.steps);
-    let began = Instant::now();
-    for step in 0..config.steps {
-        if let Some((r, s, how)) = injection {
+    let result = trainer.run(|event| {
+        if let (StepEvent::Starting { step }, Some((r, s, how))) = (event, injection) {
             if r == rank && s == step + 1 {
                 match how {
-                    How::Error => {
-                        let message = format!("rank {rank}: injected failure at step {}", step + 1);
-                        trainer.fail(&message);
-                        let err = anyhow::anyhow!(message);
-                        leave_after_failure(world, err);
-                    }
+                    How::Error => return Err(format!("rank {rank}: injected failure at step {s}")),
                     How::Exit => std::process::exit(3),
                     How::Abort => std::process::abort(),
                 }
             }
         }
-        let report = match trainer.step() {
-            Ok(report) => report,
-            Err(err) => {
-                let err = anyhow::Error::new(err)
-                    .context(format!("rank {rank}: training step {} failed", step + 1));
-                leave_after_failure(world, err);
-            }
-        };
-        super::check_finite_loss(step, report.loss, config.lr)?;
-        progress.set_message(format!("loss {:.5}", report.loss));
-        progress.set_position(step as u64 + 1);
-        reports.push(report);
-    }
-    let total_seconds = began.elapsed().as_secs_f64();
+        show(&progress, &config, event);
+        Ok(())
+    });
     progress.finish_and_clear();
-    if let Err(err) = trainer.finish() {
-        let err = anyhow::Error::new(err).context(format!("rank {rank}: finishing the run"));
-        leave_after_failure(world, err);
-    }
-    let summary = if rank == 0 {
-        Some(summarize(
-            args,
-            &config,
-            trainer.schedule(),
-            &reports,
-            total_seconds,
-        )?)
-    } else {
-        None
+    let summary = match result {
+        Ok(summary) => summary,
+        // Every rank computes the same losses, so every rank sees the divergence.
+        Err(err @ TrainError::Diverged(_)) => return Err(run_error(err, &config)),
+        Err(err @ TrainError::Stopped(_)) => leave_after_failure(world, err.into()),
+        Err(err) => {
+            let err = anyhow::Error::new(err).context(format!("rank {rank}: training failed"));
+            leave_after_failure(world, err)
+        }
     };
     drop(trainer);
     drop(world);
-    Ok(summary)
+    Ok((rank == 0).then_some(summary))
 }
 
 /// How long a failing process waits before it exits (see [`leave_after_failure`]).
@@ -160,8 +134,8 @@ const LINGER: Duration = Duration::from_millis(500);
 fn leave_after_failure(world: MpiWorld, err: anyhow::Error) -> ! {
     let peer = err
         .chain()
-        .find_map(|cause| match cause.downcast_ref::<NnError>() {
-            Some(NnError::Runtime(e @ RuntimeError::PeerFailed { .. })) => Some(e.to_string()),
+        .find_map(|cause| match cause.downcast_ref::<TrainError>() {
+            Some(TrainError::Runtime(e @ RuntimeError::PeerFailed { .. })) => Some(e.to_string()),
             _ => match cause.downcast_ref::<RuntimeError>() {
                 Some(e @ RuntimeError::PeerFailed { .. }) => Some(e.to_string()),
                 _ => None,

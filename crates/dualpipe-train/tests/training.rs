@@ -1,7 +1,7 @@
 //! Training behaviour: determinism, f32, the default configuration, errors.
 
-use dualpipe_nn::{DType, NnError, OptimizerKind, TrainConfig, Trainer};
 use dualpipe_schedule::ScheduleKind;
+use dualpipe_train::{DType, OptimizerKind, TrainConfig, TrainError, Trainer};
 
 fn f32_config() -> TrainConfig {
     TrainConfig {
@@ -60,19 +60,22 @@ fn bad_configurations_are_errors() {
         ..TrainConfig::default()
     };
     let err = Trainer::new(zero).unwrap_err();
-    assert!(matches!(err, NnError::Config(_)), "{err}");
+    assert!(matches!(err, TrainError::Config(_)), "{err}");
     assert!(err.to_string().contains("hidden"), "{err}");
     let lr = TrainConfig {
         lr: f64::NAN,
         ..TrainConfig::default()
     };
-    assert!(matches!(Trainer::new(lr).unwrap_err(), NnError::Config(_)));
+    assert!(matches!(
+        Trainer::new(lr).unwrap_err(),
+        TrainError::Config(_)
+    ));
     let odd = TrainConfig {
         micro_batches: 7,
         ..TrainConfig::default()
     };
     let err = Trainer::new(odd).unwrap_err();
-    assert!(matches!(err, NnError::Schedule(_)), "{err}");
+    assert!(matches!(err, TrainError::Schedule(_)), "{err}");
 }
 
 #[test]
@@ -103,7 +106,7 @@ fn sizes_that_cannot_be_allocated_are_config_errors_not_panics() {
         ),
     ] {
         let err = Trainer::new(config).unwrap_err();
-        assert!(matches!(err, NnError::Config(_)), "{err}");
+        assert!(matches!(err, TrainError::Config(_)), "{err}");
         assert!(err.to_string().contains(field), "{err}");
     }
     // The default run fits with room to spare.

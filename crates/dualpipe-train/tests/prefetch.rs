@@ -1,7 +1,7 @@
 //! The trainer draws the next step's batch during the current step's pipeline when the run
 //! has a next step: that must change no result.
 
-use dualpipe_nn::{DType, TrainConfig, Trainer};
+use dualpipe_train::{DType, TrainConfig, Trainer};
 
 fn losses(steps_in_config: usize) -> Vec<u64> {
     let config = TrainConfig {

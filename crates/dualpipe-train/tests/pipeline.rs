@@ -6,8 +6,8 @@ mod common;
 
 use candle_core::Tensor;
 use common::{assert_close, scalar_rel};
-use dualpipe_nn::{DType, OptimizerKind, Reference, TrainConfig, Trainer};
 use dualpipe_schedule::ScheduleKind;
+use dualpipe_train::{DType, OptimizerKind, Reference, TrainConfig, TrainError, Trainer};
 
 const TOL: f64 = 1e-12;
 const STEPS: usize = 3;
@@ -31,6 +31,7 @@ fn config(
         optimizer,
         dtype: DType::F64,
         seed: 17,
+        ..TrainConfig::default()
     }
 }
 
@@ -192,7 +193,7 @@ mod properties {
             // cases really run); the rest must match.
             let mut trainer = match Trainer::new(config.clone()) {
                 Ok(trainer) => trainer,
-                Err(dualpipe_nn::NnError::Schedule(e)) => {
+                Err(TrainError::Schedule(e)) => {
                     return Err(TestCaseError::reject(e.to_string()))
                 }
                 Err(e) => panic!("{config:?}: {e}"),

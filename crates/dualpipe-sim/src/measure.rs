@@ -1,11 +1,13 @@
-//! Measured op durations: what each kind of compute op really took, for the simulator.
+//! Measured op durations: what each kind of compute op really took, for the simulator
+//! (a real run's timelines in, a [`StageCost`] to simulate the same schedule with out).
 
 use dualpipe_schedule::Op;
-use dualpipe_sim::{StageCost, Timeline};
+
+use crate::{StageCost, Timeline};
 
 /// Mean measured duration of each kind of compute op, in seconds (`None` for a kind that
-/// never ran).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+/// never ran; serialized as `{"f", "b", "i", "w", "fb"}`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct OpTimes {
     /// Forward `F`.
     pub f: Option<f64>,
@@ -19,26 +21,34 @@ pub struct OpTimes {
     pub fb: Option<f64>,
 }
 
-impl OpTimes {
-    /// The mean durations over every compute interval of `timelines`.
-    pub fn from_timelines<'a>(timelines: impl IntoIterator<Item = &'a Timeline>) -> Self {
-        let mut sums = [0.0f64; 5];
-        let mut counts = [0usize; 5];
-        for timeline in timelines {
-            for interval in timeline.compute.iter().flatten() {
-                let slot = match interval.op {
-                    Op::F(_) => 0,
-                    Op::B(_) => 1,
-                    Op::I(_) => 2,
-                    Op::W(_) => 3,
-                    Op::FB { .. } => 4,
-                    _ => continue,
-                };
-                sums[slot] += interval.end - interval.start;
-                counts[slot] += 1;
-            }
+/// Running sums of measured op durations, one timeline at a time (so a long run keeps five
+/// sums, not every timeline); [`OpTally::means`] gives the [`OpTimes`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OpTally {
+    sums: [f64; 5],
+    counts: [u64; 5],
+}
+
+impl OpTally {
+    /// Adds every compute interval of `timeline`.
+    pub fn add(&mut self, timeline: &Timeline) {
+        for interval in timeline.compute.iter().flatten() {
+            let slot = match interval.op {
+                Op::F(_) => 0,
+                Op::B(_) => 1,
+                Op::I(_) => 2,
+                Op::W(_) => 3,
+                Op::FB { .. } => 4,
+                _ => continue,
+            };
+            self.sums[slot] += interval.end - interval.start;
+            self.counts[slot] += 1;
         }
-        let mean = |k: usize| (counts[k] > 0).then(|| sums[k] / counts[k] as f64);
+    }
+
+    /// The mean duration of each kind over everything added so far.
+    pub fn means(&self) -> OpTimes {
+        let mean = |k: usize| (self.counts[k] > 0).then(|| self.sums[k] / self.counts[k] as f64);
         OpTimes {
             f: mean(0),
             b: mean(1),
@@ -46,6 +56,17 @@ impl OpTimes {
             w: mean(3),
             fb: mean(4),
         }
+    }
+}
+
+impl OpTimes {
+    /// The mean durations over every compute interval of `timelines`.
+    pub fn from_timelines<'a>(timelines: impl IntoIterator<Item = &'a Timeline>) -> Self {
+        let mut tally = OpTally::default();
+        for timeline in timelines {
+            tally.add(timeline);
+        }
+        tally.means()
     }
 
     /// A uniform cost for the simulator, filling kinds that did not run from those that did:
@@ -73,7 +94,8 @@ impl OpTimes {
 #[cfg(test)]
 mod tests {
     use dualpipe_schedule::Chunk;
-    use dualpipe_sim::ComputeInterval;
+
+    use crate::ComputeInterval;
 
     use super::*;
 
@@ -92,6 +114,9 @@ mod tests {
             interval(Op::W(c), 5.0, 7.0),
         ];
         let times = OpTimes::from_timelines([&t]);
+        let mut tally = OpTally::default();
+        tally.add(&t);
+        assert_eq!(tally.means(), times);
         assert_eq!(times.f, Some(2.0));
         assert_eq!(
             (times.b, times.i, times.w, times.fb),

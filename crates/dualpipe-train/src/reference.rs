@@ -2,14 +2,13 @@
 //! micro-batch after the other — the oracle every pipeline schedule must match.
 
 use candle_core::Tensor;
+use dualpipe_nn::data::DataSet;
+use dualpipe_nn::{MlpStage, NnError, Optimizer, StagePosition};
 use dualpipe_runtime::{ForwardInput, ForwardOutput, Stage};
 use dualpipe_schedule::Chunk;
 
-use crate::data::DataSet;
-use crate::error::NnError;
-use crate::optim::Optimizer;
-use crate::stage::{MlpStage, StagePosition};
-use crate::trainer::TrainConfig;
+use crate::config::TrainConfig;
+use crate::error::TrainError;
 
 /// What one reference step produced.
 #[derive(Clone, Debug)]
@@ -35,7 +34,7 @@ pub struct Reference {
 impl Reference {
     /// The model, data and optimizers of `config` (its schedule and ranks only decide the
     /// number of model stages, [`TrainConfig::model_stages`]).
-    pub fn new(config: &TrainConfig) -> Result<Self, NnError> {
+    pub fn new(config: &TrainConfig) -> Result<Self, TrainError> {
         config.validate()?;
         let model = config.model();
         let data = DataSet::new(

@@ -1,0 +1,105 @@
+//! How a step reaches the ranks: the [`Driver`] trait and its local backend, [`LocalThreads`]
+//! (every rank on its own thread in this process). [`OneRank`](crate::OneRank) is the other
+//! backend: this process is one rank of a world of processes.
+//!
+//! The step itself ([`Trainer::step`](crate::Trainer::step)) is written once, over this trait,
+//! as candle's tensor code is written once over its storage backends: a feature added to the
+//! step (data parallelism, MoE) works on every transport.
+
+use dualpipe_nn::MlpStage;
+use dualpipe_runtime::{run_step, sum_stage_copies, ExecOptions, RankStages, StepOutcome};
+use dualpipe_schedule::Schedule;
+
+use crate::config::{Field, Naming, TrainConfig};
+use crate::error::TrainError;
+
+/// The most ranks [`LocalThreads`] runs in one process (one thread each); more ranks run one
+/// process per rank ([`RankTrainer`](crate::RankTrainer), `dualpipe train --transport mpi`).
+pub const MAX_LOCAL_RANKS: usize = 256;
+
+/// Where a step's pipeline runs and how its messages travel.
+///
+/// A driver holds the stages of [`Driver::held_ranks`] (all of them locally, one over a
+/// world of processes); the trainer builds those, and calls the driver for the two parts of a
+/// step that cross ranks: the pipeline itself and the sum of DualPipe's stage copies.
+pub trait Driver {
+    /// Checks that this driver can run `config` (e.g. the thread cap, the world's size),
+    /// naming fields as `naming` says; called before anything is built.
+    fn check(&self, config: &TrainConfig, naming: Naming) -> Result<(), TrainError>;
+
+    /// The ranks whose stages this process builds and runs, in order.
+    fn held_ranks(&self, schedule: &Schedule) -> Vec<usize>;
+
+    /// Runs step `step` of `schedule` on the held ranks' `stages` (`stages[i]` belongs to
+    /// `held_ranks[i]`). Returns every micro-batch's loss (of the whole pipeline, on every
+    /// process) and the measured timeline.
+    fn run_pipeline(
+        &mut self,
+        schedule: &Schedule,
+        stages: &mut [RankStages<MlpStage>],
+        step: usize,
+        options: &ExecOptions,
+    ) -> Result<StepOutcome, TrainError>;
+
+    /// Sums the gradients of each stage's copies (DualPipe keeps two), so every copy holds
+    /// the total and the copies take identical optimizer steps.
+    fn sum_stage_copies(
+        &mut self,
+        schedule: &Schedule,
+        stages: &mut [RankStages<MlpStage>],
+        step: usize,
+        options: &ExecOptions,
+    ) -> Result<(), TrainError>;
+
+    /// Tells the other ranks, if they live elsewhere, that this one failed with `message`.
+    fn fail(&mut self, _message: &str) {}
+
+    /// Lines up with the other ranks after `steps_done` steps, so no process leaves while
+    /// another may still need it.
+    fn finish(&mut self, _steps_done: usize, _options: &ExecOptions) -> Result<(), TrainError> {
+        Ok(())
+    }
+}
+
+/// Every rank on its own thread of this process, messages over in-process channels (the
+/// runtime's [`run_step`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LocalThreads;
+
+impl Driver for LocalThreads {
+    fn check(&self, config: &TrainConfig, naming: Naming) -> Result<(), TrainError> {
+        if config.ranks > MAX_LOCAL_RANKS {
+            return Err(TrainError::Config(format!(
+                "{} {}: one process runs at most {MAX_LOCAL_RANKS} ranks (a thread each); run \
+                 one process per rank instead (dualpipe train --transport mpi under mpirun)",
+                Field::Ranks.name(naming),
+                config.ranks
+            )));
+        }
+        Ok(())
+    }
+
+    fn held_ranks(&self, schedule: &Schedule) -> Vec<usize> {
+        (0..schedule.ranks).collect()
+    }
+
+    fn run_pipeline(
+        &mut self,
+        schedule: &Schedule,
+        stages: &mut [RankStages<MlpStage>],
+        _step: usize,
+        options: &ExecOptions,
+    ) -> Result<StepOutcome, TrainError> {
+        Ok(run_step(schedule, stages, options)?)
+    }
+
+    fn sum_stage_copies(
+        &mut self,
+        schedule: &Schedule,
+        stages: &mut [RankStages<MlpStage>],
+        _step: usize,
+        _options: &ExecOptions,
+    ) -> Result<(), TrainError> {
+        Ok(sum_stage_copies(&schedule.placement, stages)?)
+    }
+}

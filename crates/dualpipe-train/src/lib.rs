@@ -1,0 +1,57 @@
+//! Training as a library: the configuration, the one training step over every transport, the
+//! run loop and its summary.
+//!
+//! - [`config`]: [`TrainConfig`] (serde; the one source of defaults, [`TrainConfig::DEFAULT`])
+//!   and its one check, worded in field names or in flags ([`Naming`]);
+//! - [`driver`]: the [`Driver`] trait that hides where the ranks run, and [`LocalThreads`]
+//!   (every rank on a thread of this process);
+//! - [`rank`](mod@rank): [`OneRank`], one rank per process over an `Endpoint` (MPI), and
+//!   [`RankTrainer`];
+//! - [`trainer`]: [`Trainer`], whose [`Trainer::step`] is the one step (data, pipeline,
+//!   gradient sum of DualPipe's copies, optimizer) and [`Trainer::run`] the run loop with its
+//!   divergence check and progress callback;
+//! - [`summary`]: [`RunSummary`], the predicted-vs-measured comparison (JSON and table);
+//! - [`reference`](mod@reference): the sequential single-thread oracle every schedule must
+//!   match;
+//! - [`memory`]: the documented memory cap and this machine's available memory.
+//!
+//! ```
+//! use dualpipe_train::{DType, TrainConfig, Trainer};
+//! # fn main() -> Result<(), dualpipe_train::TrainError> {
+//! let config = TrainConfig {
+//!     ranks: 2,
+//!     micro_batches: 4,
+//!     micro_batch_size: 4,
+//!     hidden: 8,
+//!     layers_per_stage: 1,
+//!     steps: 3,
+//!     dtype: DType::F64,
+//!     ..TrainConfig::default()
+//! };
+//! let summary = Trainer::new(config)?.run(|_event| Ok(()))?;
+//! assert_eq!(summary.losses.len(), 3);
+//! print!("{}", summary.table(true));
+//! # Ok(())
+//! # }
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod driver;
+pub mod error;
+pub mod memory;
+pub mod rank;
+pub mod reference;
+pub mod summary;
+pub mod trainer;
+
+pub use config::{DType, Field, Naming, TrainConfig, MAX_STEPS};
+pub use driver::{Driver, LocalThreads, MAX_LOCAL_RANKS};
+pub use dualpipe_nn::{Optimizer, OptimizerKind};
+pub use error::{Divergence, TrainError};
+pub use memory::{MemoryEstimate, MEMORY_LIMIT_BYTES};
+pub use rank::{OneRank, RankTrainer};
+pub use reference::{Reference, ReferenceStep};
+pub use summary::{RunSummary, SummaryBuilder};
+pub use trainer::{StepEvent, StepReport, Trainer};

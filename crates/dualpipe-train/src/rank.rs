@@ -1,0 +1,135 @@
+//! One rank per process: the [`OneRank`] driver and [`RankTrainer`].
+//!
+//! Each process builds only its own rank's stage copies and talks to the others through an
+//! [`Endpoint`] (over MPI with `dualpipe-runtime`'s `mpi` feature, or in memory in tests).
+//! The step is the trainer's one step: every process draws the whole batch from the seed (no
+//! data moves), runs its rank's program ([`run_rank_step`], which also gathers every rank's
+//! losses and timeline), exchanges DualPipe's stage-copy gradients
+//! ([`sum_stage_copies_remote`]) and steps the optimizer on its copies. The arithmetic and its
+//! order are the local trainer's, so the losses are bit-identical to a local run.
+
+use std::time::Duration;
+
+use dualpipe_nn::MlpStage;
+use dualpipe_runtime::{
+    barrier, run_rank_step, sum_stage_copies_remote, Endpoint, ExecOptions, Link, RankStages,
+    StepOutcome,
+};
+use dualpipe_schedule::Schedule;
+
+use crate::config::{Field, Naming, TrainConfig};
+use crate::driver::Driver;
+use crate::error::TrainError;
+use crate::trainer::Trainer;
+
+/// How long a failing rank keeps its link open so that its failure notice reaches the others.
+const NOTICE_GRACE: Duration = Duration::from_secs(2);
+
+/// This process is one rank of a world of processes joined by an [`Endpoint`].
+#[derive(Debug)]
+pub struct OneRank<L> {
+    endpoint: Endpoint<L>,
+}
+
+impl<L: Link> OneRank<L> {
+    /// The driver of `endpoint`'s rank.
+    pub fn new(endpoint: Endpoint<L>) -> Self {
+        OneRank { endpoint }
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.endpoint.rank()
+    }
+}
+
+/// Trains this process's rank of the pipeline; the other ranks run in other processes.
+///
+/// Every process of the world connects one with the same [`TrainConfig`] and runs the same
+/// steps ([`Trainer::run`], or [`Trainer::step`] then [`Trainer::finish`]).
+pub type RankTrainer<L> = Trainer<OneRank<L>>;
+
+impl<L: Link> Trainer<OneRank<L>> {
+    /// Builds the schedule, this rank's stage copies, the data set and the optimizers.
+    ///
+    /// Fails (and tells the other ranks) if the endpoint's world is not `config.ranks`
+    /// processes or the configuration is not usable.
+    pub fn connect(config: TrainConfig, endpoint: Endpoint<L>) -> Result<Self, TrainError> {
+        Trainer::with_driver(config, None, OneRank::new(endpoint))
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.driver().rank()
+    }
+}
+
+impl<L: Link> Driver for OneRank<L> {
+    fn check(&self, config: &TrainConfig, naming: Naming) -> Result<(), TrainError> {
+        let world = self.endpoint.ranks();
+        if world != config.ranks {
+            return Err(TrainError::Config(format!(
+                "{world} processes were started for {} {}; start one process per rank \
+                 (mpirun -n {})",
+                Field::Ranks.name(naming),
+                config.ranks,
+                config.ranks
+            )));
+        }
+        Ok(())
+    }
+
+    fn held_ranks(&self, _schedule: &Schedule) -> Vec<usize> {
+        vec![self.endpoint.rank()]
+    }
+
+    fn run_pipeline(
+        &mut self,
+        schedule: &Schedule,
+        stages: &mut [RankStages<MlpStage>],
+        step: usize,
+        options: &ExecOptions,
+    ) -> Result<StepOutcome, TrainError> {
+        let [mine] = stages else {
+            return Err(TrainError::Execution(format!(
+                "one rank per process holds one rank's stages, not {}",
+                stages.len()
+            )));
+        };
+        Ok(run_rank_step(
+            schedule,
+            mine,
+            &mut self.endpoint,
+            step as u64,
+            options,
+        )?)
+    }
+
+    fn sum_stage_copies(
+        &mut self,
+        schedule: &Schedule,
+        stages: &mut [RankStages<MlpStage>],
+        step: usize,
+        options: &ExecOptions,
+    ) -> Result<(), TrainError> {
+        for mine in stages {
+            sum_stage_copies_remote(
+                &schedule.placement,
+                mine,
+                &mut self.endpoint,
+                step as u64,
+                options.recv_timeout,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, message: &str) {
+        self.endpoint.fail(message, NOTICE_GRACE);
+    }
+
+    fn finish(&mut self, steps_done: usize, options: &ExecOptions) -> Result<(), TrainError> {
+        barrier(&mut self.endpoint, steps_done as u64, options.recv_timeout)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,306 @@
+//! [`RunSummary`]: what a run did and how the measured pipeline compares with the simulator's
+//! prediction from the measured op times; as JSON ([`RunSummary::json`]), as a table
+//! ([`RunSummary::table`]), and the last step's timeline as a trace or a picture.
+
+use std::time::Duration;
+
+use dualpipe_schedule::Schedule;
+use dualpipe_sim::svg::{self, SvgOptions};
+use dualpipe_sim::{metrics, simulate, trace, CostModel, Metrics, OpTally, OpTimes, Timeline};
+use serde::Serialize;
+
+use crate::config::TrainConfig;
+use crate::trainer::StepReport;
+
+/// The summary of a finished run (the JSON output of `dualpipe train --format json`).
+#[derive(Serialize, Debug, Clone)]
+pub struct RunSummary {
+    /// Schedule kind.
+    pub schedule: String,
+    /// Pipeline ranks.
+    pub ranks: usize,
+    /// Micro-batches per step.
+    pub micro_batches: usize,
+    /// Rows per micro-batch.
+    pub micro_batch_size: usize,
+    /// Model width.
+    pub hidden: usize,
+    /// Blocks per model stage.
+    pub layers_per_stage: usize,
+    /// Model stages along one pipeline.
+    pub model_stages: usize,
+    /// Optimizer name.
+    pub optimizer: String,
+    /// Learning rate.
+    pub lr: f64,
+    /// Element type.
+    pub dtype: String,
+    /// Seed.
+    pub seed: u64,
+    /// Steps run.
+    pub steps: usize,
+    /// The loss of every step (mean over its micro-batches).
+    pub losses: Vec<f64>,
+    /// The last step's loss.
+    pub final_loss: f64,
+    /// Training samples (rows) per second over the whole run.
+    pub samples_per_second: f64,
+    /// Wall-clock seconds of the whole run (steps only, not set-up).
+    pub total_seconds: f64,
+    /// Median wall-clock time of one step (data, pipeline, gradient sum, optimizer).
+    pub step_seconds_median: f64,
+    /// Median measured pipeline makespan (first op start to last op end).
+    pub pipeline_seconds_median: f64,
+    /// Measured bubble ratio (the simulator's metric on the measured timelines; median).
+    pub bubble_ratio: f64,
+    /// Seconds per step a rank's compute thread waited for messages (mean over ranks,
+    /// median over steps).
+    pub comm_wait_seconds: f64,
+    /// Mean measured duration of each compute op kind, in seconds.
+    pub op_seconds: OpTimes,
+    /// The simulator's makespan for this schedule with the measured op durations.
+    pub simulated_pipeline_seconds: Option<f64>,
+    /// The simulator's bubble ratio with the measured op durations.
+    pub simulated_bubble_ratio: Option<f64>,
+    /// The last step's measured timeline and its metrics (not in the JSON; see
+    /// [`RunSummary::trace`] and [`RunSummary::svg`]).
+    #[serde(skip)]
+    pub last_step: Option<(Timeline, Metrics)>,
+}
+
+/// Builds a [`RunSummary`] one step at a time, keeping a few numbers per step and the last
+/// timeline only.
+#[derive(Debug)]
+pub struct SummaryBuilder {
+    config: TrainConfig,
+    schedule: Schedule,
+    losses: Vec<f64>,
+    walls: Vec<f64>,
+    makespans: Vec<f64>,
+    bubbles: Vec<f64>,
+    comm_waits: Vec<f64>,
+    ops: OpTally,
+    last_step: Option<(Timeline, Metrics)>,
+}
+
+impl SummaryBuilder {
+    /// An empty summary of a run of `config` on `schedule`.
+    pub fn new(config: &TrainConfig, schedule: &Schedule) -> Self {
+        SummaryBuilder {
+            config: config.clone(),
+            schedule: schedule.clone(),
+            losses: Vec::new(),
+            walls: Vec::new(),
+            makespans: Vec::new(),
+            bubbles: Vec::new(),
+            comm_waits: Vec::new(),
+            ops: OpTally::default(),
+            last_step: None,
+        }
+    }
+
+    /// Adds one step.
+    pub fn add(&mut self, report: StepReport) {
+        self.losses.push(report.loss);
+        self.walls.push(report.wall.as_secs_f64());
+        if let Some(timeline) = report.timeline {
+            let measured = metrics(&timeline, &self.schedule.placement);
+            self.makespans.push(measured.makespan);
+            self.bubbles.push(measured.bubble_ratio);
+            self.comm_waits.push(
+                timeline.comm_wait.iter().sum::<f64>() / timeline.comm_wait.len().max(1) as f64,
+            );
+            self.ops.add(&timeline);
+            self.last_step = Some((timeline, measured));
+        }
+    }
+
+    /// The summary, with `total` the wall-clock time of all steps.
+    pub fn finish(self, total: Duration) -> RunSummary {
+        let config = &self.config;
+        let total_seconds = total.as_secs_f64();
+        let samples_per_step = (config.micro_batches as f64) * (config.micro_batch_size as f64);
+        let times = self.ops.means();
+        let simulated = times
+            .stage_cost()
+            .map(|compute| CostModel {
+                compute,
+                ..CostModel::default()
+            })
+            .and_then(|cost| simulate(&self.schedule, &cost).ok())
+            .map(|t| metrics(&t, &self.schedule.placement));
+        let steps = self.losses.len();
+        RunSummary {
+            schedule: config.schedule.name().into(),
+            ranks: config.ranks,
+            micro_batches: config.micro_batches,
+            micro_batch_size: config.micro_batch_size,
+            hidden: config.hidden,
+            layers_per_stage: config.layers_per_stage,
+            model_stages: config.model_stages(),
+            optimizer: config.optimizer.name().into(),
+            lr: config.lr,
+            dtype: config.dtype.name().into(),
+            seed: config.seed,
+            steps,
+            final_loss: self.losses.last().copied().unwrap_or(f64::NAN),
+            losses: self.losses,
+            samples_per_second: samples_per_step * steps as f64 / total_seconds.max(1e-9),
+            total_seconds,
+            step_seconds_median: median(self.walls),
+            pipeline_seconds_median: median(self.makespans),
+            bubble_ratio: median(self.bubbles),
+            comm_wait_seconds: median(self.comm_waits),
+            op_seconds: times,
+            simulated_pipeline_seconds: simulated.as_ref().map(|m| m.makespan),
+            simulated_bubble_ratio: simulated.as_ref().map(|m| m.bubble_ratio),
+            last_step: self.last_step,
+        }
+    }
+}
+
+/// The median of the finite values (NaN when there are none).
+pub fn median(values: Vec<f64>) -> f64 {
+    let mut v: Vec<f64> = values.into_iter().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+fn ms(seconds: Option<f64>) -> String {
+    seconds.map_or("-".into(), |s| format!("{:.3}", s * 1e3))
+}
+
+impl RunSummary {
+    /// The summary as pretty JSON, with a final newline.
+    pub fn json(&self) -> String {
+        let text = serde_json::to_string_pretty(self)
+            .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+        format!("{text}\n")
+    }
+
+    /// The last step's timeline as a Chrome / Perfetto trace (JSON), if a step ran.
+    pub fn trace(&self) -> Option<String> {
+        self.last_step
+            .as_ref()
+            .map(|(timeline, _)| trace::render_trace(timeline))
+    }
+
+    /// The last step's timeline as an SVG picture, titled with the run, if a step ran.
+    pub fn svg(&self) -> Option<String> {
+        self.last_step.as_ref().map(|(timeline, measured)| {
+            let options = SvgOptions {
+                title: Some(format!(
+                    "measured: {} · {} ranks · {} micro-batches · step {}",
+                    self.schedule, self.ranks, self.micro_batches, self.steps
+                )),
+                caption: vec![svg::caption(measured)],
+            };
+            svg::render_svg(timeline, &options)
+        })
+    }
+
+    /// The human summary: a few loss lines (unless `quiet`), then the figures.
+    pub fn table(&self, quiet: bool) -> String {
+        let s = self;
+        let mut out = format!(
+            "dualpipe train: {} on {} ranks ({} model stages), {} micro-batches x {} rows, \
+             hidden {}, {} blocks/stage, {} lr {}, {}, seed {}\n",
+            s.schedule,
+            s.ranks,
+            s.model_stages,
+            s.micro_batches,
+            s.micro_batch_size,
+            s.hidden,
+            s.layers_per_stage,
+            s.optimizer,
+            s.lr,
+            s.dtype,
+            s.seed
+        );
+        if !quiet && !s.losses.is_empty() {
+            out.push_str("\n  step  loss\n");
+            let n = s.losses.len();
+            let every = n.div_ceil(10).max(1);
+            for (i, loss) in s.losses.iter().enumerate() {
+                if i % every == 0 || i + 1 == n {
+                    out.push_str(&format!("  {:>4}  {loss:.6}\n", i + 1));
+                }
+            }
+        }
+        let pct = |x: f64| format!("{:.1}%", 100.0 * x);
+        let op = &s.op_seconds;
+        let rows = [
+            ("final loss", format!("{:.6}", s.final_loss)),
+            (
+                "throughput",
+                format!("{:.0} samples/s", s.samples_per_second),
+            ),
+            (
+                "step time (median)",
+                format!("{:.2} ms", 1e3 * s.step_seconds_median),
+            ),
+            (
+                "pipeline time (median)",
+                format!(
+                    "{:.2} ms measured, {} simulated from measured op times",
+                    1e3 * s.pipeline_seconds_median,
+                    s.simulated_pipeline_seconds
+                        .map_or("-".into(), |x| format!("{:.2} ms", 1e3 * x))
+                ),
+            ),
+            (
+                "bubble ratio",
+                format!(
+                    "{} measured, {} simulated",
+                    pct(s.bubble_ratio),
+                    s.simulated_bubble_ratio.map_or("-".into(), pct)
+                ),
+            ),
+            (
+                "comm wait",
+                format!("{:.2} ms per rank per step", 1e3 * s.comm_wait_seconds),
+            ),
+            (
+                "op times (ms)",
+                format!(
+                    "F {} · B {} · I {} · W {} · FB {}",
+                    ms(op.f),
+                    ms(op.b),
+                    ms(op.i),
+                    ms(op.w),
+                    ms(op.fb)
+                ),
+            ),
+            (
+                "total",
+                format!("{} steps in {:.2} s", s.steps, s.total_seconds),
+            ),
+        ];
+        out.push('\n');
+        for (name, value) in rows {
+            out.push_str(&format!("  {name:<24}{value}\n"));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_even_and_odd_counts() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(vec![f64::NAN, 1.0]), 1.0);
+        assert!(median(Vec::new()).is_nan());
+    }
+}

@@ -1,0 +1,519 @@
+//! [`Trainer`]: the one training step, written once over a [`Driver`], and the run loop.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+use dualpipe_nn::data::{Batch, DataSet};
+use dualpipe_nn::{MlpStage, NnError, Optimizer, StagePosition};
+use dualpipe_runtime::{ExecOptions, RankStages};
+use dualpipe_schedule::{Schedule, ScheduleError};
+use dualpipe_sim::Timeline;
+
+use crate::config::{Naming, TrainConfig};
+use crate::driver::{Driver, LocalThreads};
+use crate::error::{Divergence, TrainError};
+use crate::summary::{RunSummary, SummaryBuilder};
+
+/// What one training step did.
+#[derive(Clone, Debug)]
+pub struct StepReport {
+    /// The step's index (0 for the first).
+    pub step: usize,
+    /// Mean-squared error of every micro-batch, indexed by global micro-batch.
+    pub losses: Vec<f64>,
+    /// The step's loss: the mean of `losses`.
+    pub loss: f64,
+    /// The measured timeline of the pipeline, when the executor records one.
+    pub timeline: Option<Timeline>,
+    /// Wall-clock time of the whole step (data, pipeline, gradient sum, optimizer).
+    pub wall: Duration,
+}
+
+/// What [`Trainer::run`] tells its callback.
+#[derive(Clone, Copy, Debug)]
+pub enum StepEvent<'a> {
+    /// Step `step` (0 for the first) is about to start.
+    Starting {
+        /// The step's index.
+        step: usize,
+    },
+    /// A step finished with a finite loss.
+    Finished {
+        /// What it did.
+        report: &'a StepReport,
+        /// Time since the run's first step started.
+        elapsed: Duration,
+    },
+}
+
+/// Trains the MLP model with a pipeline schedule, one step at a time; the driver decides where
+/// the ranks run: [`LocalThreads`] (the default: every rank on a thread of this process) or
+/// [`OneRank`](crate::OneRank) (this process is one rank; see [`RankTrainer`](crate::RankTrainer)).
+#[derive(Debug)]
+pub struct Trainer<D: Driver = LocalThreads> {
+    config: TrainConfig,
+    schedule: Schedule,
+    data: DataSet,
+    /// The ranks this process holds, and `stages[i]`: the copies `held[i]` runs, keyed by
+    /// (dir, stage).
+    held: Vec<usize>,
+    stages: Vec<RankStages<MlpStage>>,
+    /// `optimizers[i][j]` updates the `j`-th stage of `stages[i]` in (dir, stage) order.
+    optimizers: Vec<Vec<Optimizer>>,
+    driver: D,
+    exec_options: ExecOptions,
+    steps_done: usize,
+    /// Set when a step failed part-way: the stages may hold partial state.
+    failed: bool,
+    /// The next step's batch, drawn on a background thread during the previous step's
+    /// pipeline (the data loader's prefetch), with the step it belongs to.
+    prefetched: Option<(usize, Batch)>,
+}
+
+impl Trainer<LocalThreads> {
+    /// Every rank on a thread of this process, with the schedule `config` generates
+    /// (`dualpipe_schedule::build`).
+    pub fn new(config: TrainConfig) -> Result<Self, TrainError> {
+        Trainer::with_driver(config, None, LocalThreads)
+    }
+
+    /// Every rank on a thread of this process, running `schedule` (e.g. one read from a file
+    /// and validated): it must be lowered and validated, and match `config` in kind, ranks,
+    /// micro-batches and stages per pipeline.
+    pub fn with_schedule(config: TrainConfig, schedule: Schedule) -> Result<Self, TrainError> {
+        Trainer::with_driver(config, Some(schedule), LocalThreads)
+    }
+}
+
+/// Checks that a prebuilt schedule fits the configuration and passes the validator.
+fn check_given_schedule(config: &TrainConfig, schedule: &Schedule) -> Result<(), TrainError> {
+    let mismatch = |what: &str, given: String, expected: String| {
+        TrainError::Config(format!(
+            "the given schedule has {what} {given}, the configuration {expected}; make them agree"
+        ))
+    };
+    if schedule.kind != config.schedule {
+        return Err(mismatch(
+            "kind",
+            schedule.kind.to_string(),
+            config.schedule.to_string(),
+        ));
+    }
+    if schedule.ranks != config.ranks {
+        return Err(mismatch(
+            "ranks",
+            schedule.ranks.to_string(),
+            config.ranks.to_string(),
+        ));
+    }
+    if schedule.micro_batches != config.micro_batches {
+        return Err(mismatch(
+            "micro-batches",
+            schedule.micro_batches.to_string(),
+            config.micro_batches.to_string(),
+        ));
+    }
+    dualpipe_schedule::validate(schedule).map_err(ScheduleError::from)?;
+    Ok(())
+}
+
+impl<D: Driver> Trainer<D> {
+    /// Builds the schedule (`schedule`, or the one `config` generates), the stage copies of
+    /// the ranks `driver` holds, the data set and the optimizers. On failure the driver tells
+    /// the other ranks, if any.
+    pub fn with_driver(
+        config: TrainConfig,
+        schedule: Option<Schedule>,
+        mut driver: D,
+    ) -> Result<Self, TrainError> {
+        match Self::build(&config, schedule, &driver) {
+            Ok((schedule, data, held, stages)) => {
+                let optimizers = stages
+                    .iter()
+                    .map(|rank| {
+                        (0..rank.len())
+                            .map(|_| Optimizer::new(config.optimizer, config.lr))
+                            .collect()
+                    })
+                    .collect();
+                let exec_options = ExecOptions::default()
+                    .with_recv_timeout(Duration::from_secs_f64(config.recv_timeout));
+                Ok(Trainer {
+                    config,
+                    schedule,
+                    data,
+                    held,
+                    stages,
+                    optimizers,
+                    driver,
+                    exec_options,
+                    steps_done: 0,
+                    failed: false,
+                    prefetched: None,
+                })
+            }
+            Err(err) => {
+                driver.fail(&err.to_string());
+                Err(err)
+            }
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn build(
+        config: &TrainConfig,
+        given: Option<Schedule>,
+        driver: &D,
+    ) -> Result<(Schedule, DataSet, Vec<usize>, Vec<RankStages<MlpStage>>), TrainError> {
+        driver.check(config, Naming::Fields)?;
+        config.check(Naming::Fields, 1)?;
+        let schedule = match given {
+            Some(schedule) => {
+                check_given_schedule(config, &schedule)?;
+                schedule
+            }
+            None => dualpipe_schedule::build(
+                config.schedule,
+                config.ranks,
+                config.micro_batches,
+                config.virtual_stages,
+            )?,
+        };
+        let stages_expected = config.model_stages();
+        if schedule.placement.stages() != stages_expected {
+            return Err(TrainError::Config(format!(
+                "the {} schedule has {} stages per pipeline, expected {stages_expected}",
+                config.schedule,
+                schedule.placement.stages()
+            )));
+        }
+        let model = config.model();
+        let data = DataSet::new(
+            config.seed,
+            config.hidden,
+            config.micro_batch_size,
+            model.dtype,
+        )?;
+        let per_dir = schedule.micro_batches_per_dir();
+        let held = driver.held_ranks(&schedule);
+        let mut stages = Vec::with_capacity(held.len());
+        for &rank in &held {
+            let mut copies = RankStages::new();
+            for (dir, stage) in schedule.placement.stages_of(rank) {
+                let position = StagePosition {
+                    dir,
+                    model_stage: stage,
+                    micro_batches: config.micro_batches,
+                    micro_batches_per_dir: per_dir,
+                };
+                copies.insert(dir, stage, MlpStage::new(&model, position)?);
+            }
+            stages.push(copies);
+        }
+        Ok((schedule, data, held, stages))
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// The lowered, validated schedule every step runs.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// The driver.
+    pub fn driver(&self) -> &D {
+        &self.driver
+    }
+
+    /// The ranks this process holds, in the order of [`Trainer::stages`].
+    pub fn held_ranks(&self) -> &[usize] {
+        &self.held
+    }
+
+    /// The stage copies of every held rank.
+    pub fn stages(&self) -> &[RankStages<MlpStage>] {
+        &self.stages
+    }
+
+    /// Steps run so far.
+    pub fn steps_done(&self) -> usize {
+        self.steps_done
+    }
+
+    /// Replaces the executor's options (receive timeout, polling interval; the configuration's
+    /// `recv_timeout` sets the first).
+    pub fn set_exec_options(&mut self, options: ExecOptions) {
+        self.exec_options = options;
+    }
+
+    /// Runs one step: loads the step's micro-batches (drawing the next step's during the
+    /// pipeline), runs the schedule through the driver, checks that every stage drained,
+    /// sums the gradients of each stage's copies and applies the optimizer to every copy.
+    ///
+    /// After an error the stages may hold partial state of the failed step; every later call
+    /// fails too (build a new trainer). A failure of this process is told to the other ranks.
+    pub fn step(&mut self) -> Result<StepReport, TrainError> {
+        if self.failed {
+            return Err(TrainError::Execution(
+                "an earlier step failed part-way; build a new trainer to continue".into(),
+            ));
+        }
+        self.failed = true;
+        let start = Instant::now();
+        let step = self.steps_done;
+        let outcome = self.pipeline(step)?;
+        let drained = self.check_drained(outcome.losses.len());
+        self.own(step, drained)?;
+        self.driver
+            .sum_stage_copies(&self.schedule, &mut self.stages, step, &self.exec_options)?;
+        let updated = self.optimizer_step();
+        self.own(step, updated)?;
+        self.steps_done += 1;
+        self.failed = false;
+        let losses: Vec<f64> = outcome.losses.iter().map(|l| l.loss).collect();
+        let loss = losses.iter().sum::<f64>() / losses.len() as f64;
+        Ok(StepReport {
+            step,
+            losses,
+            loss,
+            timeline: Some(outcome.timeline),
+            wall: start.elapsed(),
+        })
+    }
+
+    /// A failure of this process's own work: the other ranks are told.
+    fn own<T>(&mut self, step: usize, result: Result<T, TrainError>) -> Result<T, TrainError> {
+        result.inspect_err(|err| {
+            let held = self.held.first().copied().unwrap_or(0);
+            self.driver
+                .fail(&format!("rank {held}: step {}: {err}", step + 1));
+        })
+    }
+
+    /// Sets the step's batch on every held stage, then runs the pipeline while one background
+    /// thread draws the next step's batch (when the run has a next step): it computes in the
+    /// pipeline's bubbles. The data depends only on (seed, step, micro-batch), so prefetching
+    /// changes no result.
+    fn pipeline(&mut self, step: usize) -> Result<dualpipe_runtime::StepOutcome, TrainError> {
+        let micro_batches = self.config.micro_batches;
+        let prepared = self.prepare(step);
+        self.own(step, prepared)?;
+        let prefetch = step + 1 < self.config.steps;
+        let (data, schedule, stages, options, driver) = (
+            &self.data,
+            &self.schedule,
+            &mut self.stages,
+            &self.exec_options,
+            &mut self.driver,
+        );
+        let (outcome, next) = std::thread::scope(|scope| {
+            let next = prefetch.then(|| {
+                scope.spawn(move || {
+                    (0..micro_batches)
+                        .map(|mb| data.micro_batch(step + 1, mb))
+                        .collect::<Result<Vec<_>, NnError>>()
+                })
+            });
+            let outcome = driver.run_pipeline(schedule, stages, step, options);
+            let next = next.map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(NnError::Stage("drawing a micro-batch panicked".into()))
+                })
+            });
+            (outcome, next)
+        });
+        let outcome = outcome?;
+        if let Some(next) = next {
+            let next = next.map_err(TrainError::from);
+            let next = self.own(step, next)?;
+            self.prefetched = Some((step + 1, Arc::new(next)));
+        }
+        Ok(outcome)
+    }
+
+    fn prepare(&mut self, step: usize) -> Result<(), TrainError> {
+        let batch = match self.prefetched.take() {
+            Some((s, batch)) if s == step => batch,
+            _ => self.data.batch(step, self.config.micro_batches)?,
+        };
+        for (_, stage) in self.stages.iter_mut().flat_map(RankStages::iter_mut) {
+            stage.set_batch(batch.clone());
+            stage.zero_grad()?;
+        }
+        Ok(())
+    }
+
+    fn check_drained(&self, losses: usize) -> Result<(), TrainError> {
+        for (_, stage) in self.stages.iter().flat_map(RankStages::iter) {
+            if stage.pending() != 0 {
+                return Err(TrainError::Execution(format!(
+                    "stage {} of direction {} still holds {} saved tensors after the step: the \
+                     schedule missed a backward",
+                    stage.model_stage(),
+                    stage.dir(),
+                    stage.pending()
+                )));
+            }
+        }
+        if losses != self.config.micro_batches {
+            return Err(TrainError::Execution(format!(
+                "the step reported {losses} losses for {} micro-batches",
+                self.config.micro_batches
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every held rank updates its own copies, on its own thread when this process holds
+    /// several, as ranks of a real run would.
+    fn optimizer_step(&mut self) -> Result<(), TrainError> {
+        let update = |rank_stages: &mut RankStages<MlpStage>, rank_opts: &mut Vec<Optimizer>| {
+            for ((_, stage), opt) in rank_stages.iter_mut().zip(rank_opts) {
+                opt.step(&mut stage.params_mut())?;
+            }
+            Ok::<(), TrainError>(())
+        };
+        if self.stages.len() == 1 {
+            return update(&mut self.stages[0], &mut self.optimizers[0]);
+        }
+        let results: Vec<Result<(), TrainError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .stages
+                .iter_mut()
+                .zip(&mut self.optimizers)
+                .map(|(rank_stages, rank_opts)| scope.spawn(move || update(rank_stages, rank_opts)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(TrainError::Execution("the optimizer step panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        results.into_iter().collect()
+    }
+
+    /// Runs the configuration's remaining steps, stopping at the first loss that is not a
+    /// finite number ([`TrainError::Diverged`]); tells `on_step` before each step and after
+    /// each finished one (an `Err(reason)` from it stops the run with
+    /// [`TrainError::Stopped`], and the other ranks are told). Lines up with the other ranks
+    /// at the end and returns the run's summary. Keeps per step only the figures the summary
+    /// needs (no timeline but the last).
+    pub fn run(
+        &mut self,
+        mut on_step: impl FnMut(StepEvent<'_>) -> Result<(), String>,
+    ) -> Result<RunSummary, TrainError> {
+        let mut summary = SummaryBuilder::new(&self.config, &self.schedule);
+        let began = Instant::now();
+        while self.steps_done < self.config.steps {
+            let step = self.steps_done;
+            if let Err(reason) = on_step(StepEvent::Starting { step }) {
+                return Err(self.stop(reason));
+            }
+            let report = self.step()?;
+            if !report.loss.is_finite() {
+                return Err(TrainError::Diverged(Divergence {
+                    step,
+                    loss: report.loss,
+                    lr: self.config.lr,
+                }));
+            }
+            let elapsed = began.elapsed();
+            if let Err(reason) = on_step(StepEvent::Finished {
+                report: &report,
+                elapsed,
+            }) {
+                return Err(self.stop(reason));
+            }
+            summary.add(report);
+        }
+        let total = began.elapsed();
+        self.finish()?;
+        Ok(summary.finish(total))
+    }
+
+    /// Stops the run at the callback's request: the other ranks are told `reason` in its own
+    /// words.
+    fn stop(&mut self, reason: String) -> TrainError {
+        self.fail(&reason);
+        TrainError::Stopped(reason)
+    }
+
+    /// Lines up with the other ranks (if any) after the last step, so no process leaves while
+    /// another may still need it. [`Trainer::run`] calls it.
+    pub fn finish(&mut self) -> Result<(), TrainError> {
+        self.driver.finish(self.steps_done, &self.exec_options)
+    }
+
+    /// Tells every other rank that this one failed with `message` (they stop with an error
+    /// naming it) and marks the trainer failed.
+    pub fn fail(&mut self, message: &str) {
+        self.failed = true;
+        self.driver.fail(message);
+    }
+
+    fn copies(&self, model_stage: usize) -> impl Iterator<Item = &MlpStage> {
+        self.stages
+            .iter()
+            .flat_map(RankStages::iter)
+            .map(|(_, s)| s)
+            .filter(move |s| s.model_stage() == model_stage)
+    }
+
+    fn canonical_copy(&self, model_stage: usize) -> Option<&MlpStage> {
+        self.copies(model_stage).min_by_key(|s| s.dir())
+    }
+
+    /// Parameter values of every model stage this process holds (`[stage][param]`, in
+    /// [`MlpStage::params`] order), read from the copy of the lowest direction.
+    pub fn parameters(&self) -> Vec<Vec<Tensor>> {
+        (0..self.config.model_stages())
+            .filter_map(|s| self.canonical_copy(s))
+            .map(MlpStage::parameter_values)
+            .collect()
+    }
+
+    /// Gradients of the last step for every model stage this process holds (summed over
+    /// copies; `[stage][param]`).
+    pub fn gradients(&self) -> Vec<Vec<Tensor>> {
+        (0..self.config.model_stages())
+            .filter_map(|s| self.canonical_copy(s))
+            .map(|s| s.params().into_iter().map(|p| p.grad.clone()).collect())
+            .collect()
+    }
+
+    /// Whether every copy this process holds of every model stage has bit-identical
+    /// parameters.
+    pub fn copies_identical(&self) -> Result<bool, TrainError> {
+        for s in 0..self.config.model_stages() {
+            let Some(canon) = self.canonical_copy(s) else {
+                continue;
+            };
+            let reference = canon
+                .parameter_values()
+                .iter()
+                .map(dualpipe_nn::stage::to_f64_vec)
+                .collect::<Result<Vec<_>, _>>()?;
+            for copy in self.copies(s) {
+                let values = copy
+                    .parameter_values()
+                    .iter()
+                    .map(dualpipe_nn::stage::to_f64_vec)
+                    .collect::<Result<Vec<_>, _>>()?;
+                let same = values.iter().zip(&reference).all(|(a, b)| {
+                    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+                });
+                if !same {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+}
