@@ -31,7 +31,7 @@ pub struct Args {
     pub dtype: String,
 }
 
-/// Runs `dualpipe generate`: prints the prompt and its continuation.
+/// Runs `dualpipe generate`: prints the prompt and its continuation (as lossy UTF-8).
 pub fn run(args: Args) -> anyhow::Result<()> {
     let dtype = parse_dtype(&args.dtype)?;
     if args.prompt.is_empty() {
@@ -57,7 +57,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     )?;
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(args.prompt.as_bytes())?;
-    stdout.write_all(&out)?;
+    // Bytes that are not UTF-8 (a byte model can produce any) print as U+FFFD.
+    stdout.write_all(String::from_utf8_lossy(&out).as_bytes())?;
     stdout.write_all(b"\n")?;
     stdout.flush()?;
     Ok(())
