@@ -124,7 +124,7 @@ pub fn plan(
                 &loads.to_rows(),
                 layout,
                 previous.map(|p| p.phy2log.as_slice()),
-                &opts,
+                opts,
             )?;
             let decisions = improved.layers.iter().map(|l| l.decision).collect();
             (

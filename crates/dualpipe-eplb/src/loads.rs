@@ -196,7 +196,7 @@ fn format_err(path: &Path, message: String) -> EplbError {
 
 /// Checks one load value; `at` describes its position for the message.
 fn check_value(v: f64, at: impl FnOnce() -> String) -> Result<f64, String> {
-    if v.is_finite() && v >= 0.0 && v <= MAX_LOAD {
+    if (0.0..=MAX_LOAD).contains(&v) {
         Ok(v)
     } else if v.is_finite() && v > MAX_LOAD {
         Err(format!(

@@ -1,19 +1,19 @@
 //! Training as a library: the configuration, the one training step over every transport, the
 //! run loop and its summary.
 //!
-//! - [`config`]: [`TrainConfig`] (serde; the one source of defaults, [`TrainConfig::DEFAULT`])
+//! - [`config`] — [`TrainConfig`] (serde; the one source of defaults, [`TrainConfig::DEFAULT`])
 //!   and its one check, worded in field names or in flags ([`Naming`]);
-//! - [`driver`]: the [`Driver`] trait that hides where the ranks run, and [`LocalThreads`]
+//! - [`driver`] — the [`Driver`] trait that hides where the ranks run, and [`LocalThreads`]
 //!   (every rank on a thread of this process);
-//! - [`rank`](mod@rank): [`OneRank`], one rank per process over an `Endpoint` (MPI), and
+//! - [`rank`](mod@rank) — [`OneRank`], one rank per process over an `Endpoint` (MPI), and
 //!   [`RankTrainer`];
-//! - [`trainer`]: [`Trainer`], whose [`Trainer::step`] is the one step (data, pipeline,
+//! - [`trainer`] — [`Trainer`], whose [`Trainer::step`] is the one step (data, pipeline,
 //!   gradient sum of DualPipe's copies, optimizer) and [`Trainer::run`] the run loop with its
 //!   divergence check and progress callback;
-//! - [`summary`]: [`RunSummary`], the predicted-vs-measured comparison (JSON and table);
-//! - [`reference`](mod@reference): the sequential single-thread oracle every schedule must
+//! - [`summary`] — [`RunSummary`], the predicted-vs-measured comparison (JSON and table);
+//! - [`reference`](mod@reference) — the sequential single-thread oracle every schedule must
 //!   match;
-//! - [`memory`]: the documented memory cap and this machine's available memory.
+//! - [`memory`] — the documented memory cap and this machine's available memory.
 //!
 //! ```
 //! use dualpipe_train::{DType, TrainConfig, Trainer};
