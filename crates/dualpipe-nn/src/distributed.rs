@@ -3,7 +3,7 @@
 //! little-endian bytes), bit for bit.
 
 use candle_core::{DType as CDType, Device, Tensor};
-use dualpipe_runtime::wire::{WireDType, WireData, WireError};
+use dualpipe_runtime::transport::wire::{WireDType, WireData, WireError};
 use dualpipe_runtime::WireStage;
 
 use crate::stage::MlpStage;

@@ -59,22 +59,3 @@ pub use launch::{LaunchError, LaunchInfo, Launcher};
 pub use sleep::{SleepCosts, SleepStage};
 pub use stage::{ForwardInput, ForwardOutput, Stage, StageError, WireStage};
 pub use transport::endpoint::{Endpoint, Link};
-
-// The paths of the layout before `transport/` and `exec/`, kept so code written against them
-// still builds; new code uses the paths above.
-#[doc(hidden)]
-pub use transport::endpoint as net;
-#[cfg(feature = "mpi")]
-#[doc(hidden)]
-pub use transport::mpi as mpi_transport;
-#[doc(hidden)]
-pub use transport::wire;
-
-/// Former home of the multi-process step (now [`exec::process`]), kept so code written
-/// against it still builds.
-#[doc(hidden)]
-pub mod remote {
-    pub use crate::exec::process::{barrier, run_rank_step, sum_stage_copies_remote};
-    pub use crate::stage::WireStage;
-    pub use crate::transport::endpoint::NOTICE_GRACE;
-}

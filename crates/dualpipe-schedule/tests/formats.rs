@@ -141,3 +141,16 @@ fn csv_import_validates() {
         .to_string();
     assert!(err.starts_with("rank 1: "), "{err}");
 }
+
+#[test]
+fn csv_with_far_out_ids_is_refused_before_inferring_a_kind() {
+    // Found by the schedule_csv fuzz target: a micro-batch id of 511111 in three actions made
+    // the kind inference generate schedules of half a million micro-batches.
+    let err = dualpipe_schedule::format::csv::from_str("0F0,1F511111,3F1\n", None).unwrap_err();
+    assert!(
+        err.to_string().contains("micro-batch ids up to 511111"),
+        "{err}"
+    );
+    let err = dualpipe_schedule::format::csv::from_str("0F0,900F1\n", None).unwrap_err();
+    assert!(err.to_string().contains("stage ids up to 900"), "{err}");
+}

@@ -8,9 +8,8 @@
 //! ([`sum_stage_copies_remote`]) and steps the optimizer on its copies. The arithmetic and its
 //! order are the local trainer's, so the losses are bit-identical to a local run.
 
-use std::time::Duration;
-
 use dualpipe_nn::MlpStage;
+use dualpipe_runtime::transport::endpoint::NOTICE_GRACE;
 use dualpipe_runtime::{
     barrier, run_rank_step, sum_stage_copies_remote, Endpoint, ExecOptions, Link, RankStages,
     StepOutcome,
@@ -21,9 +20,6 @@ use crate::config::{Field, Naming, TrainConfig};
 use crate::driver::Driver;
 use crate::error::TrainError;
 use crate::trainer::Trainer;
-
-/// How long a failing rank keeps its link open so that its failure notice reaches the others.
-const NOTICE_GRACE: Duration = Duration::from_secs(2);
 
 /// This process is one rank of a world of processes joined by an [`Endpoint`].
 #[derive(Debug)]

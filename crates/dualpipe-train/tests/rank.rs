@@ -1,7 +1,7 @@
 //! One rank per process, with every "process" a thread of this test joined by in-memory
 //! links: the same losses as the local trainer, bit for bit, over the one shared step.
 
-use dualpipe_runtime::net::ChannelLink;
+use dualpipe_runtime::transport::endpoint::ChannelLink;
 use dualpipe_runtime::Endpoint;
 use dualpipe_schedule::ScheduleKind;
 use dualpipe_train::{DType, RankTrainer, TrainConfig, TrainError, Trainer};

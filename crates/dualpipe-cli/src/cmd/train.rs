@@ -5,6 +5,8 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
+use dualpipe_schedule::Schedule;
+
 use dualpipe_schedule::ScheduleError;
 use dualpipe_train::{
     DType, Driver, LocalThreads, Naming, OptimizerKind, RunSummary, StepEvent, TrainConfig,
@@ -12,8 +14,8 @@ use dualpipe_train::{
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::output::{check_output, write_atomic, write_output};
-use super::UsageError;
+use super::output::{check_outputs, write_together};
+use super::{count, UsageError};
 
 #[cfg(feature = "mpi")]
 mod mpi;
@@ -40,22 +42,17 @@ pub enum Format {
     Json,
 }
 
-/// A whole number of at least 0, with a clear word for `1e17` or `2.5`.
-fn count(text: &str) -> Result<usize, String> {
-    text.trim().parse::<usize>().map_err(|_| {
-        format!(
-            "expected a whole number such as 16 (digits only, at most {})",
-            usize::MAX
-        )
-    })
-}
-
 /// Flags of `dualpipe train`; every default is `TrainConfig::DEFAULT`'s.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Schedule kind: gpipe, 1f1b, interleaved, zb1p, dualpipe, dualpipev.
     #[arg(long, default_value_t = D.schedule.name().to_string())]
     pub schedule: String,
+    /// Train with the schedule in FILE (our JSON or torch's compute-only CSV, validated on
+    /// import) instead of a generated one; its kind, ranks, micro-batches and stages per rank
+    /// replace --schedule, --ranks, --micro-batches and --virtual-stages.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["schedule", "ranks", "micro_batches", "virtual_stages"])]
+    pub schedule_file: Option<PathBuf>,
     /// Pipeline ranks (a thread each locally, a process each with --transport mpi).
     #[arg(long, default_value_t = D.ranks, value_parser = count, allow_negative_numbers = true)]
     pub ranks: usize,
@@ -121,7 +118,21 @@ pub struct Args {
 
 /// The configuration the flags ask for, or a usage error naming the bad flag.
 pub fn config(args: &Args) -> Result<TrainConfig, UsageError> {
-    let schedule = super::parse_kind(&args.schedule)?;
+    Ok(config_and_schedule(args)?.0)
+}
+
+/// The configuration and, with `--schedule-file`, the schedule read from the file (whose
+/// shape the configuration takes).
+fn config_and_schedule(args: &Args) -> Result<(TrainConfig, Option<Schedule>), UsageError> {
+    let given = args
+        .schedule_file
+        .as_deref()
+        .map(super::simulate::read_schedule_file)
+        .transpose()?;
+    let schedule = match &given {
+        Some(s) => s.kind,
+        None => super::parse_kind(&args.schedule)?,
+    };
     let optimizer = OptimizerKind::from_name(&args.optimizer).ok_or_else(|| {
         UsageError(format!(
             "unknown optimizer '{}' (--optimizer): use one of {}",
@@ -136,7 +147,7 @@ pub fn config(args: &Args) -> Result<TrainConfig, UsageError> {
             DType::NAMES.join(", ")
         ))
     })?;
-    let config = TrainConfig {
+    let mut config = TrainConfig {
         schedule,
         ranks: args.ranks,
         micro_batches: args.micro_batches,
@@ -153,6 +164,10 @@ pub fn config(args: &Args) -> Result<TrainConfig, UsageError> {
         seed: args.seed,
         recv_timeout: args.recv_timeout,
     };
+    if let Some(s) = &given {
+        (config.ranks, config.micro_batches) = (s.ranks, s.micro_batches);
+        config.virtual_stages = s.virtual_stages;
+    }
     let processes = match args.transport {
         Transport::Local => {
             LocalThreads.check(&config, Naming::Flags).map_err(usage)?;
@@ -161,7 +176,7 @@ pub fn config(args: &Args) -> Result<TrainConfig, UsageError> {
         Transport::Mpi => config.ranks,
     };
     config.check(Naming::Flags, processes).map_err(usage)?;
-    Ok(config)
+    Ok((config, given))
 }
 
 /// A configuration error's own words (without the library's prefix), as a usage error.
@@ -184,10 +199,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// Trains and returns the summary, or `None` on the ranks of a multi-process run that do not
 /// report. Every output path is checked first, so a bad one is found before training.
 fn execute(args: &Args) -> anyhow::Result<Option<RunSummary>> {
-    let config = config(args)?;
-    for path in [&args.output, &args.trace, &args.svg].into_iter().flatten() {
-        check_output(path).map_err(|e| UsageError(format!("{e:#}")))?;
-    }
+    let (config, given) = config_and_schedule(args)?;
+    check_outputs(
+        args.output.as_deref(),
+        &[args.trace.as_deref(), args.svg.as_deref()],
+    )?;
     match args.transport {
         Transport::Local => {
             if args.inject_failure.is_some() {
@@ -198,7 +214,11 @@ fn execute(args: &Args) -> anyhow::Result<Option<RunSummary>> {
                 )
                 .into());
             }
-            let mut trainer = Trainer::new(config.clone()).map_err(setup_error)?;
+            let mut trainer = match given {
+                Some(schedule) => Trainer::with_schedule(config.clone(), schedule),
+                None => Trainer::new(config.clone()),
+            }
+            .map_err(setup_error)?;
             let progress = progress_bar(args, config.steps);
             let summary = trainer
                 .run(|event| {
@@ -209,32 +229,42 @@ fn execute(args: &Args) -> anyhow::Result<Option<RunSummary>> {
             progress.finish_and_clear();
             Ok(Some(summary))
         }
-        Transport::Mpi => execute_mpi(args, config),
+        Transport::Mpi => execute_mpi(args, config, given),
     }
 }
 
-/// Writes the trace and the picture (when asked), then the summary.
+/// Writes the trace and the picture (when asked) and the summary, all or nothing.
 fn write(args: &Args, summary: &RunSummary) -> anyhow::Result<()> {
+    let mut files = Vec::new();
     if let Some((path, text)) = args.trace.as_ref().zip(summary.trace()) {
-        write_atomic(path, text.as_bytes())?;
+        files.push((Some(path.clone()), text.into_bytes()));
     }
     if let Some((path, text)) = args.svg.as_ref().zip(summary.svg()) {
-        write_atomic(path, text.as_bytes())?;
+        files.push((Some(path.clone()), text.into_bytes()));
     }
     let text = match args.format {
         Format::Json => summary.json(),
         Format::Table => summary.table(args.quiet),
     };
-    write_output(args.output.as_deref(), &text)
+    files.push((args.output.clone(), text.into_bytes()));
+    write_together(files)
 }
 
 #[cfg(feature = "mpi")]
-fn execute_mpi(args: &Args, config: TrainConfig) -> anyhow::Result<Option<RunSummary>> {
-    mpi::execute(args, config)
+fn execute_mpi(
+    args: &Args,
+    config: TrainConfig,
+    given: Option<Schedule>,
+) -> anyhow::Result<Option<RunSummary>> {
+    mpi::execute(args, config, given)
 }
 
 #[cfg(not(feature = "mpi"))]
-fn execute_mpi(_args: &Args, _config: TrainConfig) -> anyhow::Result<Option<RunSummary>> {
+fn execute_mpi(
+    _args: &Args,
+    _config: TrainConfig,
+    _given: Option<Schedule>,
+) -> anyhow::Result<Option<RunSummary>> {
     Err(UsageError(
         "--transport mpi: this dualpipe was built without MPI; rebuild it with \
          `cargo build --release --features mpi` (needs an MPI such as MPICH with its headers, \

@@ -459,3 +459,46 @@ fn negative_numbers_reach_the_range_checks() {
     train(&["--hidden", "-4"]).flag_error(&["--hidden", "-4", "whole number"]);
     train(&["--ranks", "-2"]).flag_error(&["--ranks", "-2", "whole number"]);
 }
+
+#[test]
+fn a_schedule_file_trains_exactly_like_the_generated_schedule() {
+    let dir = TempDir::new("train-schedule-file");
+    for (kind, ranks, mbs, ext) in [
+        ("dualpipe", "4", "8", "json"),
+        ("1f1b", "2", "4", "csv"),
+        ("dualpipev", "2", "4", "csv"),
+    ] {
+        let shape = ["--schedule", kind, "--ranks", ranks, "--micro-batches", mbs];
+        let exported = dualpipe(
+            ["schedule"]
+                .iter()
+                .chain(shape.iter())
+                .chain(["--format", ext].iter()),
+        );
+        exported.ok();
+        let file = dir.path().join(format!("{kind}.{ext}"));
+        std::fs::write(&file, &exported.stdout).unwrap();
+        let mut generated_flags = vec!["--dtype", "f64"];
+        generated_flags.extend_from_slice(&shape);
+        let generated = train_json(&generated_flags);
+        let from_file = train_json(&["--dtype", "f64", "--schedule-file", s(&file)]);
+        assert_eq!(from_file["losses"], generated["losses"], "{kind} via {ext}");
+        assert_eq!(from_file["schedule"], kind);
+    }
+}
+
+#[test]
+fn a_broken_schedule_file_is_refused_before_training() {
+    let dir = TempDir::new("train-schedule-file-bad");
+    let file = dir.path().join("broken.csv");
+    // Rank 1 never runs the backward of micro-batch 1.
+    std::fs::write(&file, "0F0,0F1,0B0,0B1\n1F0,1F1,1B0\n").unwrap();
+    train(&["--schedule-file", s(&file)]).usage_error(&["broken.csv"]);
+    let both = train(&["--schedule-file", s(&file), "--ranks", "2"]);
+    assert_eq!(both.code, Some(2), "{}", both.stderr);
+    assert!(
+        both.stderr.contains("cannot be used with '--ranks"),
+        "{}",
+        both.stderr
+    );
+}

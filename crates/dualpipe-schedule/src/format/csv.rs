@@ -190,6 +190,16 @@ pub fn from_str_unvalidated(
             global_stages.saturating_sub(1),
         )));
     }
+    // DualPipe's direction 1 numbers its micro-batches after direction 0's, so a partial
+    // program may name ids up to twice its actions; anything beyond cannot be a schedule and
+    // would make the kind inference generate one of that size.
+    if global_mbs > 2 * (count + ranks) {
+        return Err(parse_err(format!(
+            "micro-batch ids up to {} in only {count} actions over {ranks} ranks; micro-batch \
+             ids count from 0 and every micro-batch runs on some rank",
+            global_mbs.saturating_sub(1),
+        )));
+    }
     let kind = match kind {
         Some(k) => k,
         None => infer_kind(&rows, ranks, global_stages, global_mbs),

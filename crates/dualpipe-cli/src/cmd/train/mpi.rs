@@ -10,9 +10,10 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use dualpipe_runtime::mpi_transport::MpiWorld;
+use dualpipe_runtime::transport::mpi::MpiWorld;
 use dualpipe_runtime::{Endpoint, RuntimeError};
-use dualpipe_train::{RankTrainer, RunSummary, StepEvent, TrainConfig, TrainError};
+use dualpipe_schedule::Schedule;
+use dualpipe_train::{OneRank, RunSummary, StepEvent, TrainConfig, TrainError, Trainer};
 
 use super::{progress_bar, run_error, setup_error, show, Args};
 use crate::cmd::UsageError;
@@ -55,7 +56,12 @@ fn parse_injection(text: &str) -> Result<(usize, usize, How), UsageError> {
 }
 
 /// Runs this process's rank; `Some(summary)` on rank 0.
-pub(super) fn execute(args: &Args, config: TrainConfig) -> anyhow::Result<Option<RunSummary>> {
+/// `given`: the schedule of `--schedule-file`, else the configuration's generated one.
+pub(super) fn execute(
+    args: &Args,
+    config: TrainConfig,
+    given: Option<Schedule>,
+) -> anyhow::Result<Option<RunSummary>> {
     let injection = args
         .inject_failure
         .as_deref()
@@ -76,7 +82,8 @@ pub(super) fn execute(args: &Args, config: TrainConfig) -> anyhow::Result<Option
         eprintln!("dualpipe train: MPI transport, {info}");
     }
     let rank = info.rank;
-    let mut trainer = match RankTrainer::connect(config.clone(), Endpoint::new(world.link())) {
+    let driver = OneRank::new(Endpoint::new(world.link()));
+    let mut trainer = match Trainer::with_driver(config.clone(), given, driver) {
         Ok(trainer) => trainer,
         Err(err) => {
             let err = setup_error(err);
