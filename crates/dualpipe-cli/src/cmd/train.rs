@@ -116,13 +116,8 @@ pub struct Args {
     pub inject_failure: Option<String>,
 }
 
-/// The configuration the flags ask for, or a usage error naming the bad flag.
-pub fn config(args: &Args) -> Result<TrainConfig, UsageError> {
-    Ok(config_and_schedule(args)?.0)
-}
-
-/// The configuration and, with `--schedule-file`, the schedule read from the file (whose
-/// shape the configuration takes).
+/// The configuration the flags ask for (or a usage error naming the bad flag) and, with
+/// `--schedule-file`, the schedule read from the file (whose shape the configuration takes).
 fn config_and_schedule(args: &Args) -> Result<(TrainConfig, Option<Schedule>), UsageError> {
     let given = args
         .schedule_file

@@ -17,7 +17,10 @@ fn parse(flags: &[&str]) -> Args {
 
 #[test]
 fn defaults_come_from_the_train_config() {
-    assert_eq!(config(&parse(&[])).unwrap(), TrainConfig::default());
+    assert_eq!(
+        config_and_schedule(&parse(&[])).unwrap().0,
+        TrainConfig::default()
+    );
 }
 
 #[test]
@@ -39,7 +42,7 @@ fn help_shows_the_config_defaults() {
 
 #[test]
 fn flags_override_defaults() {
-    let c = config(&parse(&[
+    let (c, _) = config_and_schedule(&parse(&[
         "--schedule",
         "1F1B",
         "--ranks",
@@ -77,7 +80,7 @@ fn flags_override_defaults() {
 
 #[test]
 fn interleaved_defaults_to_two_virtual_stages() {
-    let c = config(&parse(&["--schedule", "interleaved"])).unwrap();
+    let (c, _) = config_and_schedule(&parse(&["--schedule", "interleaved"])).unwrap();
     assert_eq!(c.virtual_stages, 2);
 }
 
@@ -98,7 +101,7 @@ fn bad_flags_are_usage_errors_naming_the_flag() {
         (&["--steps", "1000000000000"], "--steps"),
     ];
     for (flags, flag) in cases {
-        let err = config(&parse(flags)).unwrap_err();
+        let err = config_and_schedule(&parse(flags)).unwrap_err();
         assert!(err.0.contains(flag), "{flags:?}: {}", err.0);
     }
 }
