@@ -35,6 +35,7 @@
 //! ```
 
 #![cfg(unix)]
+#![warn(missing_docs)]
 
 mod batch;
 mod cleanup;

@@ -3,12 +3,12 @@
 use std::collections::HashMap;
 
 use candle_core::{DType, Tensor};
-use dualpipe_runtime::{ForwardInput, ForwardOutput, Stage, StageError};
+use dualpipe_runtime::{ForwardInput, ForwardOutput};
 use dualpipe_schedule::Chunk;
 
 use crate::data::Batch;
 use crate::error::{NnError, TensorContext};
-use crate::layers::{kernels, mse_grad, mse_loss, MlpBlock, Param};
+use crate::layers::{mse_grad, mse_loss, MlpBlock, Param};
 use crate::rng::{self, Purpose};
 
 /// The shape of the whole model and the seed its parameters are drawn from. The parameters of
@@ -277,7 +277,7 @@ impl MlpStage {
     }
 }
 
-fn check_grads(params: &[&Param], grads: &[Tensor]) -> Result<(), NnError> {
+pub(crate) fn check_grads(params: &[&Param], grads: &[Tensor]) -> Result<(), NnError> {
     if params.len() != grads.len() {
         return Err(NnError::Stage(format!(
             "got {} gradients for a stage with {} parameters",
@@ -299,43 +299,65 @@ fn check_grads(params: &[&Param], grads: &[Tensor]) -> Result<(), NnError> {
     Ok(())
 }
 
-impl Stage for MlpStage {
-    type Tensor = Tensor;
+/// Implements the runtime's [`Stage`] for a stage type of this crate that has
+/// `forward_impl`, `backward_input_impl`, `backward_weight_impl` (the F, I and W of its layers)
+/// and `params` / `params_mut`: one implementation for the MLP and the GPT stages.
+macro_rules! impl_param_stage {
+    ($stage:ty) => {
+        impl dualpipe_runtime::Stage for $stage {
+            type Tensor = candle_core::Tensor;
 
-    fn forward(
-        &mut self,
-        chunk: Chunk,
-        input: ForwardInput<Tensor>,
-    ) -> Result<ForwardOutput<Tensor>, StageError> {
-        Ok(self.forward_impl(chunk, input)?)
-    }
+            fn forward(
+                &mut self,
+                chunk: dualpipe_schedule::Chunk,
+                input: dualpipe_runtime::ForwardInput<candle_core::Tensor>,
+            ) -> Result<
+                dualpipe_runtime::ForwardOutput<candle_core::Tensor>,
+                dualpipe_runtime::StageError,
+            > {
+                Ok(self.forward_impl(chunk, input)?)
+            }
 
-    fn backward_input(
-        &mut self,
-        chunk: Chunk,
-        grad_output: Option<Tensor>,
-    ) -> Result<Option<Tensor>, StageError> {
-        Ok(self.backward_input_impl(chunk, grad_output)?)
-    }
+            fn backward_input(
+                &mut self,
+                chunk: dualpipe_schedule::Chunk,
+                grad_output: Option<candle_core::Tensor>,
+            ) -> Result<Option<candle_core::Tensor>, dualpipe_runtime::StageError> {
+                Ok(self.backward_input_impl(chunk, grad_output)?)
+            }
 
-    fn backward_weight(&mut self, chunk: Chunk) -> Result<(), StageError> {
-        Ok(self.backward_weight_impl(chunk)?)
-    }
+            fn backward_weight(
+                &mut self,
+                chunk: dualpipe_schedule::Chunk,
+            ) -> Result<(), dualpipe_runtime::StageError> {
+                Ok(self.backward_weight_impl(chunk)?)
+            }
 
-    fn gradients(&self) -> Vec<Tensor> {
-        self.params().into_iter().map(|p| p.grad.clone()).collect()
-    }
+            fn gradients(&self) -> Vec<candle_core::Tensor> {
+                self.params().into_iter().map(|p| p.grad.clone()).collect()
+            }
 
-    fn add_gradients(&mut self, other: &[Tensor]) -> Result<(), StageError> {
-        let mut params = self.params_mut();
-        check_grads(&params.iter().map(|p| &**p).collect::<Vec<_>>(), other)?;
-        for (p, g) in params.iter_mut().zip(other) {
-            p.grad =
-                kernels::add(&p.grad, g, "adding a copy's gradients").map_err(StageError::from)?;
+            fn add_gradients(
+                &mut self,
+                other: &[candle_core::Tensor],
+            ) -> Result<(), dualpipe_runtime::StageError> {
+                let mut params = self.params_mut();
+                $crate::stage::check_grads(
+                    &params.iter().map(|p| &**p).collect::<Vec<_>>(),
+                    other,
+                )?;
+                for (p, g) in params.iter_mut().zip(other) {
+                    p.grad = $crate::layers::kernels::add(&p.grad, g, "adding a copy's gradients")
+                        .map_err(dualpipe_runtime::StageError::from)?;
+                }
+                Ok(())
+            }
         }
-        Ok(())
-    }
+    };
 }
+pub(crate) use impl_param_stage;
+
+impl_param_stage!(MlpStage);
 
 /// Converts a tensor to a flat f64 vector (for comparisons and reports).
 pub fn to_f64_vec(t: &Tensor) -> Result<Vec<f64>, NnError> {

@@ -5,13 +5,13 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use dualpipe_runtime::{ForwardInput, ForwardOutput, Stage, StageError};
+use dualpipe_runtime::{ForwardInput, ForwardOutput};
 use dualpipe_schedule::Chunk;
 
 use super::weights::block_tensor_names;
 use super::{stage_layers, Block, GptConfig, GptWeights};
 use crate::error::NnError;
-use crate::layers::{cross_entropy, kernels, Embedding, Linear, Param, RmsNorm};
+use crate::layers::{cross_entropy, Embedding, Linear, Param, RmsNorm};
 use crate::stage::StagePosition;
 
 /// One micro-batch of token sequences: `rows` sequences of `seq` input ids and, shifted by
@@ -374,46 +374,4 @@ impl GptStage {
     }
 }
 
-impl Stage for GptStage {
-    type Tensor = Tensor;
-
-    fn forward(
-        &mut self,
-        chunk: Chunk,
-        input: ForwardInput<Tensor>,
-    ) -> Result<ForwardOutput<Tensor>, StageError> {
-        Ok(self.forward_impl(chunk, input)?)
-    }
-
-    fn backward_input(
-        &mut self,
-        chunk: Chunk,
-        grad_output: Option<Tensor>,
-    ) -> Result<Option<Tensor>, StageError> {
-        Ok(self.backward_input_impl(chunk, grad_output)?)
-    }
-
-    fn backward_weight(&mut self, chunk: Chunk) -> Result<(), StageError> {
-        Ok(self.backward_weight_impl(chunk)?)
-    }
-
-    fn gradients(&self) -> Vec<Tensor> {
-        self.params().into_iter().map(|p| p.grad.clone()).collect()
-    }
-
-    fn add_gradients(&mut self, other: &[Tensor]) -> Result<(), StageError> {
-        let mut params = self.params_mut();
-        if params.len() != other.len() {
-            return Err(StageError(format!(
-                "got {} gradients for a stage with {} parameters",
-                other.len(),
-                params.len()
-            )));
-        }
-        for (p, g) in params.iter_mut().zip(other) {
-            p.grad =
-                kernels::add(&p.grad, g, "adding a copy's gradients").map_err(StageError::from)?;
-        }
-        Ok(())
-    }
-}
+crate::stage::impl_param_stage!(GptStage);
