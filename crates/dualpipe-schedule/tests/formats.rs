@@ -153,4 +153,8 @@ fn csv_with_far_out_ids_is_refused_before_inferring_a_kind() {
     );
     let err = dualpipe_schedule::format::csv::from_str("0F0,900F1\n", None).unwrap_err();
     assert!(err.to_string().contains("stage ids up to 900"), "{err}");
+    // Found by the same target: the largest id overflowed the count of stages.
+    let err = dualpipe_schedule::format::csv::from_str("0F0,0018446744073709551615B0\n", None)
+        .unwrap_err();
+    assert!(err.to_string().contains("stage ids up to"), "{err}");
 }

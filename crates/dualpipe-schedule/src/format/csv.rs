@@ -180,8 +180,9 @@ pub fn from_str_unvalidated(
         }
         .flatten()
     };
-    let global_stages = actions().map(|a| a.1 + 1).max().unwrap_or(0);
-    let global_mbs = actions().map(|a| a.2 + 1).max().unwrap_or(0);
+    // Saturating: an id of usize::MAX is refused below, not an overflow.
+    let global_stages = actions().map(|a| a.1.saturating_add(1)).max().unwrap_or(0);
+    let global_mbs = actions().map(|a| a.2.saturating_add(1)).max().unwrap_or(0);
     let count = actions().count();
     if global_stages > count + 2 * ranks {
         return Err(parse_err(format!(
