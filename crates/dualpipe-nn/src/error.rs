@@ -29,8 +29,10 @@ pub enum NnError {
     #[error("pipeline step failed: {0}")]
     Execution(String),
     /// The runtime's executor failed (a rank's stage failed, a message never arrived).
+    // Not `#[from]`: the message already holds the runtime's, so it is not repeated as a
+    // source in `{:#}` chains.
     #[error("pipeline execution failed: {0}")]
-    Runtime(#[from] dualpipe_runtime::RuntimeError),
+    Runtime(dualpipe_runtime::RuntimeError),
 }
 
 impl NnError {
@@ -64,5 +66,11 @@ pub(crate) trait TensorContext<T> {
 impl<T> TensorContext<T> for candle_core::Result<T> {
     fn ctx(self, context: &str) -> Result<T, NnError> {
         self.map_err(|e| NnError::tensor(context, e))
+    }
+}
+
+impl From<dualpipe_runtime::RuntimeError> for NnError {
+    fn from(err: dualpipe_runtime::RuntimeError) -> Self {
+        NnError::Runtime(err)
     }
 }

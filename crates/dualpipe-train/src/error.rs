@@ -18,8 +18,10 @@ pub enum TrainError {
     Model(#[from] NnError),
     /// The runtime's executor failed (a rank's stage failed, a message never arrived, a peer
     /// process failed).
+    // Not `#[from]`: the message already holds the runtime's, so it is not repeated as a
+    // source in `{:#}` chains.
     #[error("pipeline execution failed: {0}")]
-    Runtime(#[from] RuntimeError),
+    Runtime(RuntimeError),
     /// The step's results are not usable (a stage left state behind, a loss is missing, an
     /// earlier step failed).
     #[error("pipeline step failed: {0}")]
@@ -69,5 +71,11 @@ impl std::fmt::Display for Divergence {
                 self.lr
             )
         }
+    }
+}
+
+impl From<RuntimeError> for TrainError {
+    fn from(err: RuntimeError) -> Self {
+        TrainError::Runtime(err)
     }
 }
