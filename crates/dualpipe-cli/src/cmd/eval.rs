@@ -12,7 +12,7 @@ use super::UsageError;
 /// Flags of `dualpipe eval`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// GPT weights (safetensors, as `train --save` writes them).
+    /// GPT weights: safetensors with the names and metadata of docs/models.md.
     #[arg(long, value_name = "FILE")]
     pub weights: PathBuf,
     /// Any file: its bytes are the tokens.

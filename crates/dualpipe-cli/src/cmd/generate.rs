@@ -11,7 +11,7 @@ use super::UsageError;
 /// Flags of `dualpipe generate`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// GPT weights (safetensors, as `train --save` writes them).
+    /// GPT weights: safetensors with the names and metadata of docs/models.md.
     #[arg(long, value_name = "FILE")]
     pub weights: PathBuf,
     /// The text to continue (at least one byte).
