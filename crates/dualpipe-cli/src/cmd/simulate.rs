@@ -119,57 +119,15 @@ pub struct Args {
 pub const FB_DEFAULT_NOTE: &str =
     "note: --fb not given, so an overlapped F&B pair costs F + B (no overlap gain); pass --fb to model the overlap";
 
-/// The largest schedule file read, in bytes (a schedule at the size cap,
-/// [`dualpipe_schedule::MAX_CHUNKS`] chunks, is about 500 MB of JSON).
-pub const MAX_SCHEDULE_FILE_BYTES: u64 = 1 << 30;
-
-/// Reads, validates and lowers the schedule in `path` (`-`: stdin), or a usage error naming the
-/// file: not readable, too large, not UTF-8, not a schedule (the parser's message with the rank
-/// and op or cell), or breaking a rule (the validator's message).
+/// Reads, validates and lowers the schedule in `path` (`-`: stdin) with
+/// [`dualpipe_schedule::format::read_schedule_file`]; its refusals are usage errors.
 pub fn read_schedule_file(path: &Path) -> Result<Schedule, UsageError> {
-    use std::io::Read;
-    let origin = path.display().to_string();
-    let cannot = |e: std::io::Error| {
-        UsageError(format!(
-            "cannot read schedule file {origin} (--schedule-file): {e}"
-        ))
-    };
-    let mut bytes = Vec::new();
-    if path.as_os_str() == "-" {
-        std::io::stdin()
-            .lock()
-            .take(MAX_SCHEDULE_FILE_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(cannot)?;
-    } else {
-        let file = std::fs::File::open(path).map_err(cannot)?;
-        let meta = file.metadata().map_err(cannot)?;
-        if meta.is_dir() {
-            return Err(UsageError(format!(
-                "schedule file {origin} (--schedule-file) is a folder; give a .json or .csv file"
-            )));
-        }
-        file.take(MAX_SCHEDULE_FILE_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(cannot)?;
-    }
-    if bytes.len() as u64 > MAX_SCHEDULE_FILE_BYTES {
-        return Err(UsageError(format!(
-            "schedule file {origin} (--schedule-file) is over {} MiB, the most read; a schedule \
-             at the size cap is about 500 MB",
-            MAX_SCHEDULE_FILE_BYTES >> 20
-        )));
-    }
-    let text = String::from_utf8(bytes).map_err(|e| {
-        UsageError(format!(
-            "schedule file {origin} (--schedule-file) is not UTF-8 text (byte {}); give our \
-             JSON or torch's CSV",
-            e.utf8_error().valid_up_to()
-        ))
-    })?;
-    dualpipe_schedule::format::read_schedule(&text, &origin).map_err(|e| match e {
-        ScheduleError::Parse(msg) => UsageError(msg),
-        other => UsageError(format!("schedule file {origin}: {other}")),
+    dualpipe_schedule::format::read_schedule_file(path).map_err(|e| match e {
+        ScheduleError::Parse(msg) => UsageError(format!("{msg} (--schedule-file)")),
+        other => UsageError(format!(
+            "schedule file {} (--schedule-file): {other}",
+            path.display()
+        )),
     })
 }
 

@@ -66,6 +66,53 @@ pub fn read_schedule(text: &str, origin: &str) -> Result<Schedule, ScheduleError
     Ok(lowered)
 }
 
+/// The largest schedule file [`read_schedule_file`] reads, in bytes (a schedule at the size
+/// cap, [`crate::MAX_CHUNKS`] chunks, is about 500 MB of JSON).
+pub const MAX_SCHEDULE_FILE_BYTES: u64 = 1 << 30;
+
+/// Reads the schedule file at `path` (`-`: standard input) and hands it to [`read_schedule`]:
+/// validated and lowered. A file that cannot be read, is a folder, is over
+/// [`MAX_SCHEDULE_FILE_BYTES`] or is not UTF-8 is a [`ScheduleError::Parse`] naming the file.
+pub fn read_schedule_file(path: &std::path::Path) -> Result<Schedule, ScheduleError> {
+    use std::io::Read;
+    let origin = path.display().to_string();
+    let cannot = |e: std::io::Error| {
+        ScheduleError::Parse(format!("cannot read schedule file {origin}: {e}"))
+    };
+    let mut bytes = Vec::new();
+    if path.as_os_str() == "-" {
+        std::io::stdin()
+            .lock()
+            .take(MAX_SCHEDULE_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(cannot)?;
+    } else {
+        let file = std::fs::File::open(path).map_err(cannot)?;
+        if file.metadata().map_err(cannot)?.is_dir() {
+            return Err(ScheduleError::Parse(format!(
+                "schedule file {origin} is a folder; give a .json or .csv file"
+            )));
+        }
+        file.take(MAX_SCHEDULE_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(cannot)?;
+    }
+    if bytes.len() as u64 > MAX_SCHEDULE_FILE_BYTES {
+        return Err(ScheduleError::Parse(format!(
+            "schedule file {origin} is over {} MiB, the most read; a schedule at the size cap is \
+             about 500 MB",
+            MAX_SCHEDULE_FILE_BYTES >> 20
+        )));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        ScheduleError::Parse(format!(
+            "schedule file {origin} is not UTF-8 text (byte {}); give our JSON or torch's CSV",
+            e.utf8_error().valid_up_to()
+        ))
+    })?;
+    read_schedule(&text, &origin)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
