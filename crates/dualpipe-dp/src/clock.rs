@@ -22,6 +22,7 @@ pub struct Clock {
     step: Option<u64>,
     buffered: HashMap<(usize, MsgKey), (MsgHeader, Vec<u8>)>,
     taken: HashSet<(usize, MsgKey)>,
+    early: u64,
 }
 
 impl Clock {
@@ -36,6 +37,11 @@ impl Clock {
     /// The current step (`None` before the first).
     pub fn step(&self) -> Option<u64> {
         self.step
+    }
+
+    /// Messages that arrived while this worker was still in an earlier step (so far).
+    pub fn early_arrivals(&self) -> u64 {
+        self.early
     }
 
     /// Number of messages waiting to be used.
@@ -98,6 +104,9 @@ impl Clock {
             }
             if key.step > current + 1 {
                 return Err(DpError::FromTheFuture { from, key, current });
+            }
+            if key.step > current {
+                self.early += 1;
             }
         }
         let id = (from, key);

@@ -502,6 +502,11 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
         &self.buckets[bucket].output[range]
     }
 
+    /// Messages that arrived before this worker reached their step (kept until it did).
+    pub fn early_arrivals(&self) -> u64 {
+        self.clock.early_arrivals()
+    }
+
     /// The counts of the last finished step.
     pub fn last_step(&self) -> ExchangeStats {
         self.last

@@ -111,3 +111,50 @@ impl<X: GradTransport> GradTransport for Reordering<X> {
         self.inner.flush()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{MsgKey, Part};
+    use crate::transport::ChannelTransport;
+    use crate::Compression;
+
+    fn header(bucket: usize) -> MsgHeader {
+        MsgHeader {
+            key: MsgKey {
+                step: 0,
+                stage: 0,
+                bucket,
+                part: Part::Scatter { shard: 1 },
+            },
+            compression: Compression::None,
+            values: 0,
+        }
+    }
+
+    #[test]
+    fn messages_arrive_all_once_in_a_scrambled_seeded_order() {
+        let order = |seed: u64| {
+            let mut g = ChannelTransport::group(2);
+            let b = g.pop().unwrap();
+            let mut a = Reordering::new(g.pop().unwrap(), seed);
+            let mut b = Reordering::new(b, seed + 1);
+            for bucket in 0..50 {
+                a.send(1, header(bucket), Vec::new()).unwrap();
+            }
+            a.flush().unwrap();
+            let mut got = Vec::new();
+            while let Some(m) = b.recv(Duration::from_millis(10)).unwrap() {
+                got.push(m.header.key.bucket);
+            }
+            got
+        };
+        let got = order(1);
+        let mut sorted = got.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..50).collect::<Vec<_>>(), "each message once");
+        assert_ne!(got, sorted, "the order is scrambled");
+        assert_eq!(order(1), got, "by the seed alone");
+        assert_ne!(order(2), got);
+    }
+}

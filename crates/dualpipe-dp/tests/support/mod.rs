@@ -68,6 +68,8 @@ pub struct WorkerRun<T> {
     pub results: Vec<Vec<Vec<T>>>,
     /// The exchange's totals.
     pub totals: ExchangeStats,
+    /// Messages that arrived before the worker reached their step.
+    pub early: u64,
 }
 
 /// Runs `steps` steps on a group of `d` workers with gradients from [`grads`] (or `input` if
@@ -122,6 +124,7 @@ pub fn run_with<T: GradFloat>(
                 Ok(WorkerRun {
                     results,
                     totals: ex.totals(),
+                    early: ex.early_arrivals(),
                 })
             })
         })
