@@ -197,10 +197,7 @@ mod tests {
         let mut c = Clock::new(2);
         c.file(msg(0, 1000, 0)).unwrap();
         assert_eq!(c.buffered(), 1);
-        assert!(matches!(
-            Clock::new(2).begin(3).map(|_| ()),
-            Ok(())
-        ));
+        assert!(matches!(Clock::new(2).begin(3).map(|_| ()), Ok(())));
         let err = c.begin(998).unwrap_err();
         assert!(matches!(err, DpError::FromTheFuture { .. }), "{err}");
         c.begin(1000).unwrap();

@@ -43,7 +43,9 @@ pub enum DpError {
     #[error("no step in progress: call begin_step before {0}")]
     NoStep(&'static str),
     /// `finish` called before every bucket was started.
-    #[error("step {step}: bucket(s) {missing:?} were never started; start every bucket before finish")]
+    #[error(
+        "step {step}: bucket(s) {missing:?} were never started; start every bucket before finish"
+    )]
     NotStarted {
         /// The step.
         step: u64,
@@ -101,7 +103,9 @@ pub enum DpError {
         key: MsgKey,
     },
     /// A message for another stage's group arrived.
-    #[error("{key} from worker {from} belongs to another stage: this is the group of stage {stage}")]
+    #[error(
+        "{key} from worker {from} belongs to another stage: this is the group of stage {stage}"
+    )]
     WrongStage {
         /// Its sender.
         from: usize,
@@ -153,7 +157,9 @@ pub enum DpError {
         error: CodecError,
     },
     /// A message did not come in time.
-    #[error("timed out after {waited:?} waiting for {missing} (is every worker of the group running?)")]
+    #[error(
+        "timed out after {waited:?} waiting for {missing} (is every worker of the group running?)"
+    )]
     TimedOut {
         /// How long the wait lasted.
         waited: Duration,

@@ -216,7 +216,13 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
         s.wrapping_mul(0x100_0000_01b3) ^ shard as u64
     }
 
-    fn send(&mut self, to: usize, key: MsgKey, values: usize, body: Vec<u8>) -> Result<(), DpError> {
+    fn send(
+        &mut self,
+        to: usize,
+        key: MsgKey,
+        values: usize,
+        body: Vec<u8>,
+    ) -> Result<(), DpError> {
         let header = MsgHeader {
             key,
             compression: self.codec.compression,
@@ -274,11 +280,13 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
             let body = codec.encode(part, self.stream(step, bucket, false, shard));
             let kept = if lossy {
                 let mut decoded = vec![T::ZERO; range.len()];
-                codec.decode(&body, &mut decoded).map_err(|error| DpError::Decode {
-                    from: self.rank,
-                    key: self.key(step, bucket, Part::Scatter { shard }),
-                    error,
-                })?;
+                codec
+                    .decode(&body, &mut decoded)
+                    .map_err(|error| DpError::Decode {
+                        from: self.rank,
+                        key: self.key(step, bucket, Part::Scatter { shard }),
+                        error,
+                    })?;
                 if feedback {
                     let r = &mut self.feedback.worker[bucket][range.clone()];
                     for ((e, v), d) in r.iter_mut().zip(part).zip(&decoded) {
@@ -318,12 +326,7 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
     }
 
     /// Takes the message `key` from `from` if it is there, checked against what is expected.
-    fn take(
-        &mut self,
-        from: usize,
-        key: MsgKey,
-        out: &mut [T],
-    ) -> Result<bool, DpError> {
+    fn take(&mut self, from: usize, key: MsgKey, out: &mut [T]) -> Result<bool, DpError> {
         let Some((header, body)) = self.clock.take(from, key) else {
             return Ok(false);
         };
@@ -365,7 +368,11 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
                         self.buckets[bucket].contributions[from] = Some(got);
                     }
                 }
-                if self.buckets[bucket].contributions.iter().all(Option::is_some) {
+                if self.buckets[bucket]
+                    .contributions
+                    .iter()
+                    .all(Option::is_some)
+                {
                     self.reduce(step, bucket)?;
                 }
             }
@@ -418,9 +425,11 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
         let key = self.key(step, bucket, Part::Gather { shard: me });
         {
             let out = &mut self.buckets[bucket].output[range.clone()];
-            codec
-                .decode(&body, out)
-                .map_err(|error| DpError::Decode { from: me, key, error })?;
+            codec.decode(&body, out).map_err(|error| DpError::Decode {
+                from: me,
+                key,
+                error,
+            })?;
             if codec.compression.is_lossy() && self.config.error_feedback {
                 let r = &mut self.feedback.server[bucket];
                 for ((e, a), d) in r.iter_mut().zip(&acc).zip(out.iter()) {
@@ -479,7 +488,9 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
     fn describe_missing(&self, step: u64) -> String {
         let me = self.rank;
         for (bucket, b) in self.buckets.iter().enumerate() {
-            if let Some(from) = (0..self.workers).find(|&w| !b.reduced && b.contributions[w].is_none()) {
+            if let Some(from) =
+                (0..self.workers).find(|&w| !b.reduced && b.contributions[w].is_none())
+            {
                 let key = self.key(step, bucket, Part::Scatter { shard: me });
                 return format!("{key} from worker {from}");
             }

@@ -129,7 +129,10 @@ mod tests {
         let l = BucketLayout::new(&[10, 20, 5, 100, 1, 1], 128, 4).unwrap();
         // 32 values per bucket: [10, 20], [5], [100], [1, 1]
         assert_eq!(l.buckets(), 4);
-        assert_eq!((0..4).map(|b| l.len(b)).collect::<Vec<_>>(), [30, 5, 100, 2]);
+        assert_eq!(
+            (0..4).map(|b| l.len(b)).collect::<Vec<_>>(),
+            [30, 5, 100, 2]
+        );
         assert_eq!(l.params(0), 0..2);
         assert_eq!(l.params(3), 4..6);
         assert_eq!(l.span(1), (0, 10..30));

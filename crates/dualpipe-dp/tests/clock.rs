@@ -76,7 +76,10 @@ fn a_message_of_a_past_step_is_refused() {
     let err = b.progress().unwrap_err();
     assert!(matches!(err, DpError::Stale { current: 1, .. }), "{err:?}");
     let text = err.to_string();
-    assert!(text.contains("at step 0") && text.contains("stale"), "{text}");
+    assert!(
+        text.contains("at step 0") && text.contains("stale"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -98,7 +101,10 @@ fn a_duplicate_is_refused_before_and_after_the_original_is_used() {
     b.start_bucket(0, &[1.0; 6]).unwrap(); // uses a's contribution
     let (h, body) = scatter(0, Compression::None);
     b.transport().inject(0, h, body);
-    assert!(matches!(b.progress().unwrap_err(), DpError::Duplicate { .. }));
+    assert!(matches!(
+        b.progress().unwrap_err(),
+        DpError::Duplicate { .. }
+    ));
 }
 
 #[test]
@@ -115,7 +121,10 @@ fn the_next_step_waits_but_a_later_one_is_refused() {
     let (h, body) = scatter(2, Compression::None);
     b.transport().inject(0, h, body);
     let err = b.progress().unwrap_err();
-    assert!(matches!(err, DpError::FromTheFuture { current: 0, .. }), "{err:?}");
+    assert!(
+        matches!(err, DpError::FromTheFuture { current: 0, .. }),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -173,15 +182,25 @@ fn a_missing_peer_times_out_naming_what_is_missing() {
 #[test]
 fn misuse_is_an_error() {
     let (mut a, _b) = pair(Compression::None);
-    assert!(matches!(a.start_bucket(0, &[0.0; 6]), Err(DpError::NoStep(_))));
+    assert!(matches!(
+        a.start_bucket(0, &[0.0; 6]),
+        Err(DpError::NoStep(_))
+    ));
     a.begin_step(3).unwrap();
     assert!(matches!(
         a.start_bucket(2, &[0.0; 6]),
-        Err(DpError::NoSuchBucket { bucket: 2, buckets: 2 })
+        Err(DpError::NoSuchBucket {
+            bucket: 2,
+            buckets: 2
+        })
     ));
     assert!(matches!(
         a.start_bucket(0, &[0.0; 5]),
-        Err(DpError::BucketLength { expected: 6, got: 5, .. })
+        Err(DpError::BucketLength {
+            expected: 6,
+            got: 5,
+            ..
+        })
     ));
     a.start_bucket(0, &[0.0; 6]).unwrap();
     assert!(matches!(
@@ -189,8 +208,14 @@ fn misuse_is_an_error() {
         Err(DpError::StartedTwice { bucket: 0, step: 3 })
     ));
     let err = a.finish().unwrap_err();
-    assert!(matches!(err, DpError::NotStarted { ref missing, .. } if missing == &[1]), "{err}");
-    assert!(matches!(a.begin_step(4), Err(DpError::Unfinished { step: 3, next: 4 })));
+    assert!(
+        matches!(err, DpError::NotStarted { ref missing, .. } if missing == &[1]),
+        "{err}"
+    );
+    assert!(matches!(
+        a.begin_step(4),
+        Err(DpError::Unfinished { step: 3, next: 4 })
+    ));
     let err = GradExchange::<f32, _>::new(
         ExchangeConfig {
             bucket_bytes: 0,
@@ -211,7 +236,8 @@ fn a_group_of_one_returns_the_gradients_unchanged() {
         compression: Compression::OneBit,
         ..ExchangeConfig::default()
     };
-    let mut ex = GradExchange::<f64, _>::new(cfg, BucketLayout::from_bucket_lens(&[3]), 0, t).unwrap();
+    let mut ex =
+        GradExchange::<f64, _>::new(cfg, BucketLayout::from_bucket_lens(&[3]), 0, t).unwrap();
     ex.begin_step(0).unwrap();
     ex.start_bucket(0, &[0.1, -2.0, 1e-300]).unwrap();
     let s = ex.finish().unwrap();

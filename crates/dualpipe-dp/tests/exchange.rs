@@ -36,7 +36,10 @@ fn uncompressed_means_are_the_fixed_order_sum_for_every_group_size() {
                         }
                     }
                     acc.iter_mut().for_each(|a| *a /= d as f64);
-                    assert_eq!(r.results[step as usize][b], acc, "D {d}, worker {w}, step {step}, bucket {b}");
+                    assert_eq!(
+                        r.results[step as usize][b], acc,
+                        "D {d}, worker {w}, step {step}, bucket {b}"
+                    );
                 }
             }
         }
@@ -55,7 +58,10 @@ fn two_workers_match_one_worker_with_both_halves_of_the_batch() {
             let c = grads::<f64>(&layout, step, 1, b);
             for (i, v) in two[0].results[step as usize][b].iter().enumerate() {
                 let one = (a[i] + c[i]) / 2.0;
-                assert!((v - one).abs() <= 1e-12 * one.abs().max(1e-300), "{v} vs {one}");
+                assert!(
+                    (v - one).abs() <= 1e-12 * one.abs().max(1e-300),
+                    "{v} vs {one}"
+                );
             }
         }
     }
@@ -71,7 +77,8 @@ fn the_sum_reduction_skips_the_division() {
     let runs = run::<f32>(Net::Channels, 3, &cfg, &layout, 1).unwrap();
     let expected: Vec<f32> = (0..10)
         .map(|i| {
-            grads::<f32>(&layout, 0, 0, 0)[i] + grads::<f32>(&layout, 0, 1, 0)[i]
+            grads::<f32>(&layout, 0, 0, 0)[i]
+                + grads::<f32>(&layout, 0, 1, 0)[i]
                 + grads::<f32>(&layout, 0, 2, 0)[i]
         })
         .collect();
@@ -157,10 +164,14 @@ fn each_compression_stays_within_its_error_bound() {
     // is within 4x the largest magnitude (error feedback repairs it over steps, below).
     assert_eq!(worst_error(Compression::None, 3, true), 0.0);
     let bf16 = worst_error(Compression::Bf16, 3, true);
-    assert!(bf16 > 0.0 && bf16 <= 2.0 * 2f64.powi(-8) * 5.0, "bf16 {bf16}");
+    assert!(
+        bf16 > 0.0 && bf16 <= 2.0 * 2f64.powi(-8) * 5.0,
+        "bf16 {bf16}"
+    );
     let int8 = worst_error(Compression::Int8, 3, true);
     assert!(int8 > 0.0 && int8 <= 2.0 * 0.5 / 127.0 * 5.0, "int8 {int8}");
     let onebit = worst_error(Compression::OneBit, 3, true);
+    println!("worst error of one step, relative to the largest mean: bf16 {bf16:.2e}, int8 {int8:.2e}, 1bit {onebit:.3}");
     assert!(onebit > 0.0 && onebit <= 4.0, "1bit {onebit}");
 }
 
@@ -193,7 +204,10 @@ fn byte_counts_meet_the_compression_goals_for_f32_gradients() {
         // Each worker sends 3/4 of the bucket in each half: 2 * 3/4 * 4 MiB.
         assert_eq!(plain, 4 * 2 * 3 * (1 << 20), "{c}");
         sent.push((c, bytes, 1.0 - bytes as f64 / plain as f64));
-        println!("{c}: {bytes} bytes sent, {plain} uncompressed, {:.2}% fewer", 100.0 * (1.0 - bytes as f64 / plain as f64));
+        println!(
+            "{c}: {bytes} bytes sent, {plain} uncompressed, {:.2}% fewer",
+            100.0 * (1.0 - bytes as f64 / plain as f64)
+        );
     }
     assert_eq!(sent[0].2, 0.0);
     assert!(sent[1].2 >= 0.50, "bf16 {:?}", sent[1]);

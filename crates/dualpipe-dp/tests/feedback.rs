@@ -39,7 +39,9 @@ fn long_run_error(compression: Compression, error_feedback: bool, steps: u64) ->
             let mut truth = 0.0;
             let mut got = 0.0;
             for step in 0..steps {
-                let exact: f64 = (0..d).map(|w| structured(&layout, step, w, b)[i]).sum::<f64>()
+                let exact: f64 = (0..d)
+                    .map(|w| structured(&layout, step, w, b)[i])
+                    .sum::<f64>()
                     / d as f64;
                 truth += exact / steps as f64;
                 got += runs[0].results[step as usize][b][i] / steps as f64;
@@ -62,13 +64,19 @@ fn one_bit_with_error_feedback_converges_to_the_true_average_and_without_it_does
     assert!(with < 0.03, "with error feedback: {with}");
     assert!(without > 0.2, "without error feedback: {without}");
     let shorter = long_run_error(Compression::OneBit, true, 100);
-    assert!(2.0 * with < shorter, "{with} after 400 steps vs {shorter} after 100");
+    assert!(
+        2.0 * with < shorter,
+        "{with} after 400 steps vs {shorter} after 100"
+    );
     // int8 is nearly exact either way, and feedback still helps.
     let int8 = long_run_error(Compression::Int8, true, 100);
     assert!(int8 < 1e-3, "int8 {int8}");
 }
 
-fn pair(config: &ExchangeConfig, layout: &BucketLayout) -> Vec<GradExchange<f64, ChannelTransport>> {
+fn pair(
+    config: &ExchangeConfig,
+    layout: &BucketLayout,
+) -> Vec<GradExchange<f64, ChannelTransport>> {
     ChannelTransport::group(2)
         .into_iter()
         .map(|t| GradExchange::new(config.clone(), layout.clone(), 0, t).unwrap())
@@ -94,7 +102,11 @@ fn step_both(
     }
     Ok(exs
         .iter()
-        .map(|ex| (0..layout.buckets()).flat_map(|b| ex.averaged(b).to_vec()).collect())
+        .map(|ex| {
+            (0..layout.buckets())
+                .flat_map(|b| ex.averaged(b).to_vec())
+                .collect()
+        })
         .collect())
 }
 
@@ -113,18 +125,28 @@ fn a_resumed_exchange_with_the_saved_state_continues_bit_identically() {
     }
     let mut first = pair(&cfg, &layout);
     for step in 0..3 {
-        assert_eq!(step_both(&mut first, &layout, step).unwrap(), all[step as usize]);
+        assert_eq!(
+            step_both(&mut first, &layout, step).unwrap(),
+            all[step as usize]
+        );
     }
     let saved: Vec<ErrorFeedbackState<f64>> =
         first.iter().map(|ex| ex.error_feedback().clone()).collect();
     assert!(saved[0].worker[0].iter().any(|&e| e != 0.0));
-    assert_eq!(saved[1].server[1].len(), 10, "worker 1 owns 10 of the 21 values");
+    assert_eq!(
+        saved[1].server[1].len(),
+        10,
+        "worker 1 owns 10 of the 21 values"
+    );
     let mut resumed = pair(&cfg, &layout);
     for (ex, state) in resumed.iter_mut().zip(saved.clone()) {
         ex.set_error_feedback(state).unwrap();
     }
     for step in 3..6 {
-        assert_eq!(step_both(&mut resumed, &layout, step).unwrap(), all[step as usize]);
+        assert_eq!(
+            step_both(&mut resumed, &layout, step).unwrap(),
+            all[step as usize]
+        );
     }
     // Without the state the continuation differs.
     let mut fresh = pair(&cfg, &layout);

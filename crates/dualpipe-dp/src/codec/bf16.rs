@@ -46,7 +46,10 @@ mod tests {
             from_bf16(to_bf16(1.0 + 3.0 * 2f32.powi(-8))),
             1.0 + 2f32.powi(-6)
         );
-        assert_eq!(from_bf16(to_bf16(1.0 + 2f32.powi(-8) + 2f32.powi(-20))), 1.0 + 2f32.powi(-7));
+        assert_eq!(
+            from_bf16(to_bf16(1.0 + 2f32.powi(-8) + 2f32.powi(-20))),
+            1.0 + 2f32.powi(-7)
+        );
         assert!(from_bf16(to_bf16(f32::NAN)).is_nan());
         assert_eq!(from_bf16(to_bf16(f32::INFINITY)), f32::INFINITY);
         assert_eq!(from_bf16(to_bf16(f32::MAX)), f32::INFINITY);

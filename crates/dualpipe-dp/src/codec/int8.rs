@@ -96,7 +96,10 @@ mod tests {
             let max = chunk.iter().fold(0.0f64, |m, x| m.max(x.abs()));
             let step = max / 127.0;
             for (x, y) in chunk.iter().zip(back) {
-                assert!((x - y).abs() <= step * 0.5 * (1.0 + 1e-6), "chunk {k}: {x} {y}");
+                assert!(
+                    (x - y).abs() <= step * 0.5 * (1.0 + 1e-6),
+                    "chunk {k}: {x} {y}"
+                );
             }
         }
     }
@@ -117,7 +120,12 @@ mod tests {
         }
         // 0.3 is 38.1 steps: it rounds to 38 or 39 steps, 39 one time in ten.
         for i in 0..3 {
-            assert!((mean[i] - v[i]).abs() < 2e-4, "{i}: {} vs {}", mean[i], v[i]);
+            assert!(
+                (mean[i] - v[i]).abs() < 2e-4,
+                "{i}: {} vs {}",
+                mean[i],
+                v[i]
+            );
         }
         let c = codec(Rounding::Stochastic { seed: 7 });
         assert_eq!(c.encode(&v, 5), c.encode(&v, 5));

@@ -257,7 +257,10 @@ mod tests {
             assert_eq!(Compression::from_code(c.code()), Some(c));
         }
         let err = "2bit".parse::<Compression>().unwrap_err();
-        assert!(err.to_string().contains("none, bf16, int8 or 1bit"), "{err}");
+        assert!(
+            err.to_string().contains("none, bf16, int8 or 1bit"),
+            "{err}"
+        );
         assert_eq!(Compression::from_code(4), None);
     }
 
@@ -276,10 +279,7 @@ mod tests {
             assert_eq!(codec.encoded_len::<f32>(1000), Some(expected), "{c}");
             assert_eq!(codec.encode(&values, 0).len(), expected, "{c}");
         }
-        assert_eq!(
-            codec(Compression::None, 8).encoded_len::<f64>(10),
-            Some(80)
-        );
+        assert_eq!(codec(Compression::None, 8).encoded_len::<f64>(10), Some(80));
         assert_eq!(
             codec(Compression::None, 8).encoded_len::<f64>(usize::MAX),
             None

@@ -50,7 +50,7 @@ impl<X: GradTransport> Reordering<X> {
     fn release(&mut self, every: u64) -> Result<(), TransportError> {
         let mut i = 0;
         while i < self.held.len() {
-            if self.next() % every == 0 {
+            if self.next().is_multiple_of(every) {
                 let j = i + self.below(self.held.len() - i);
                 let (to, header, body) = self.held.swap_remove(j);
                 self.inner.send(to, header, body)?;
@@ -92,7 +92,7 @@ impl<X: GradTransport> GradTransport for Reordering<X> {
                 None => return Ok(None),
             }
         }
-        if self.next() % 4 == 0 {
+        if self.next().is_multiple_of(4) {
             std::thread::sleep(Duration::from_micros(self.next() % 200));
             while let Some(m) = self.inner.recv(Duration::ZERO)? {
                 self.pool.push(m);

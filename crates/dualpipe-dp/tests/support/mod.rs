@@ -23,7 +23,12 @@ pub fn value(seed: u64, step: u64, worker: usize, index: usize) -> f64 {
 }
 
 /// Worker `worker`'s gradients of `bucket` at `step` (the values of a flat index space).
-pub fn grads<T: GradFloat>(layout: &BucketLayout, step: u64, worker: usize, bucket: usize) -> Vec<T> {
+pub fn grads<T: GradFloat>(
+    layout: &BucketLayout,
+    step: u64,
+    worker: usize,
+    bucket: usize,
+) -> Vec<T> {
     let offset: usize = (0..bucket).map(|b| layout.len(b)).sum();
     (0..layout.len(bucket))
         .map(|i| T::from_f64(value(7, step, worker, offset + i) * (1.0 + (i % 5) as f64)))
@@ -119,7 +124,11 @@ pub fn run_with<T: GradFloat>(
                         ex.progress()?;
                     }
                     ex.finish()?;
-                    results.push((0..layout.buckets()).map(|b| ex.averaged(b).to_vec()).collect());
+                    results.push(
+                        (0..layout.buckets())
+                            .map(|b| ex.averaged(b).to_vec())
+                            .collect(),
+                    );
                 }
                 Ok(WorkerRun {
                     results,
@@ -141,7 +150,11 @@ pub fn bits<T: GradFloat>(runs: &[WorkerRun<T>]) -> Vec<Vec<Vec<Vec<u64>>>> {
         .map(|r| {
             r.results
                 .iter()
-                .map(|s| s.iter().map(|b| b.iter().map(|v| v.to_f64().to_bits()).collect()).collect())
+                .map(|s| {
+                    s.iter()
+                        .map(|b| b.iter().map(|v| v.to_f64().to_bits()).collect())
+                        .collect()
+                })
                 .collect()
         })
         .collect()
