@@ -12,7 +12,7 @@ pub const DEFAULT_CHUNK_VALUES: usize = 2048;
 /// Default wait for a peer's message before the exchange gives up.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Whether the exchange returns the mean or the sum of the workers' gradients.
+/// What the exchange returns: the workers' gradients summed (in worker order), then divided.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Reduce {
     /// The sum divided by the group size (the DDP convention).
@@ -20,6 +20,22 @@ pub enum Reduce {
     Mean,
     /// The sum.
     Sum,
+    /// The sum divided by this number. DualPipe keeps two copies of every stage, whose
+    /// gradients are summed: its group of stage `s` has `2 D` members (both copies of every
+    /// replica, listed replica by replica, copy of direction 0 first, so `D = 1` adds them in
+    /// the order `sum_stage_copies` uses), and `Divide(D)` averages over the replicas.
+    Divide(usize),
+}
+
+impl Reduce {
+    /// The divisor for a group of `workers` (`None`: no division).
+    pub fn divisor(self, workers: usize) -> Option<usize> {
+        match self {
+            Reduce::Mean => Some(workers),
+            Reduce::Sum => None,
+            Reduce::Divide(n) => Some(n),
+        }
+    }
 }
 
 /// How a data-parallel group exchanges gradients.
@@ -71,6 +87,9 @@ impl ExchangeConfig {
             return Err(DpError::Config(
                 "chunk_values is 0; every scale needs at least one value".into(),
             ));
+        }
+        if self.reduce == Reduce::Divide(0) {
+            return Err(DpError::Config("Reduce::Divide(0) divides by zero".into()));
         }
         if self.timeout.is_zero() {
             return Err(DpError::Config("the exchange timeout is 0".into()));

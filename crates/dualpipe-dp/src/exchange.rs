@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
 use crate::codec::Codec;
-use crate::config::{ExchangeConfig, Reduce};
+use crate::config::ExchangeConfig;
 use crate::feedback::{residual, ErrorFeedbackState};
 use crate::layout::{shard_range, BucketLayout};
 use crate::message::{MsgHeader, MsgKey, Part};
@@ -116,6 +116,16 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
         if workers == 0 || rank >= workers {
             return Err(DpError::Config(format!(
                 "worker {rank} of a data-parallel group of {workers}"
+            )));
+        }
+        let total = (0..layout.buckets())
+            .try_fold(0usize, |a, b| a.checked_add(layout.len(b)))
+            .and_then(|t| t.checked_mul(T::BYTES))
+            .filter(|&t| t <= isize::MAX as usize);
+        if total.is_none() {
+            return Err(DpError::Config(format!(
+                "the buckets hold more {} values than can be addressed",
+                T::NAME
             )));
         }
         let buckets = (0..layout.buckets())
@@ -257,8 +267,13 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
         }
         self.buckets[bucket].started = true;
         if self.workers == 1 {
+            let divisor = self.config.reduce.divisor(1).filter(|&n| n != 1);
             let b = &mut self.buckets[bucket];
             b.output.copy_from_slice(grads);
+            if let Some(n) = divisor {
+                let d = T::from_usize(n);
+                b.output.iter_mut().for_each(|a| *a = *a / d);
+            }
             b.reduced = true;
             b.done = true;
             self.last.exchange_seconds += began.elapsed().as_secs_f64();
@@ -410,8 +425,8 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
                 *a = *a + *v;
             }
         }
-        if self.config.reduce == Reduce::Mean {
-            let d = T::from_usize(workers);
+        if let Some(n) = self.config.reduce.divisor(workers).filter(|&n| n != 1) {
+            let d = T::from_usize(n);
             acc.iter_mut().for_each(|a| *a = *a / d);
         }
         let codec = self.codec;

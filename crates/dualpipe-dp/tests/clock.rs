@@ -227,6 +227,14 @@ fn misuse_is_an_error() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("--bucket-mb"), "{err}");
+    let err = GradExchange::<f64, _>::new(
+        ExchangeConfig::default(),
+        BucketLayout::from_bucket_lens(&[usize::MAX / 4]),
+        0,
+        ChannelTransport::group(1).pop().unwrap(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("addressed"), "{err}");
 }
 
 #[test]

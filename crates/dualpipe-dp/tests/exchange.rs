@@ -86,6 +86,32 @@ fn the_sum_reduction_skips_the_division() {
 }
 
 #[test]
+fn dualpipe_copies_join_the_exchange_and_divide_by_the_replicas() {
+    // 2 replicas x 2 stage copies = 4 members, listed replica by replica: the result is
+    // ((r0 dir0 + r0 dir1) + r1 dir0) + r1 dir1, over 2.
+    let layout = BucketLayout::from_bucket_lens(&[33, 8]);
+    let cfg = ExchangeConfig {
+        reduce: Reduce::Divide(2),
+        ..config(Compression::None)
+    };
+    let runs = run::<f64>(Net::Channels, 4, &cfg, &layout, 1).unwrap();
+    for b in 0..2 {
+        let g: Vec<Vec<f64>> = (0..4).map(|w| grads::<f64>(&layout, 0, w, b)).collect();
+        let expected: Vec<f64> = (0..layout.len(b))
+            .map(|i| (((g[0][i] + g[1][i]) + g[2][i]) + g[3][i]) / 2.0)
+            .collect();
+        for r in &runs {
+            assert_eq!(r.results[0][b], expected);
+        }
+    }
+    let bad = ExchangeConfig {
+        reduce: Reduce::Divide(0),
+        ..cfg
+    };
+    assert!(run::<f64>(Net::Channels, 2, &bad, &layout, 1).is_err());
+}
+
+#[test]
 fn every_worker_ends_bit_identical_for_every_compression() {
     let layout = layout();
     for c in Compression::ALL {
