@@ -19,6 +19,9 @@ use dualpipe_runtime::transport::mpi::MpiWorld;
 
 const STEPS: u64 = 3;
 
+/// A worker's results as bit patterns, `[step][bucket][value]`.
+type Bits = Vec<Vec<Vec<u32>>>;
+
 fn grad(step: u64, worker: usize, bucket: usize, i: usize) -> f32 {
     let x =
         (step as f32 + 1.0) * 0.37 + worker as f32 * 1.91 + bucket as f32 * 0.11 + i as f32 * 0.013;
@@ -30,7 +33,7 @@ fn exchange<X: GradTransport>(
     transport: X,
     config: &ExchangeConfig,
     layout: &BucketLayout,
-) -> Result<(Vec<Vec<Vec<u32>>>, u64), DpError> {
+) -> Result<(Bits, u64), DpError> {
     let worker = transport.rank();
     let mut ex = GradExchange::<f32, _>::new(config.clone(), layout.clone(), 0, transport)?;
     let mut out = Vec::new();
@@ -58,7 +61,7 @@ fn on_threads(
     worker: usize,
     config: &ExchangeConfig,
     layout: &BucketLayout,
-) -> Result<Vec<Vec<Vec<u32>>>, DpError> {
+) -> Result<Bits, DpError> {
     let handles: Vec<_> = ChannelTransport::group(size)
         .into_iter()
         .map(|t| {
