@@ -30,36 +30,9 @@ use crate::config::ExchangeConfig;
 use crate::feedback::{residual, ErrorFeedbackState};
 use crate::layout::{shard_range, BucketLayout};
 use crate::message::{MsgHeader, MsgKey, Part};
+use crate::stats::ExchangeStats;
 use crate::transport::GradTransport;
 use crate::{DpError, GradFloat};
-
-/// What an exchange sent, over one step or over its lifetime.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct ExchangeStats {
-    /// Gradient bytes the transport sent (message bodies, counted by the transport).
-    pub grad_bytes_sent: u64,
-    /// Header bytes the transport sent (0 in-process).
-    pub header_bytes_sent: u64,
-    /// What the same messages would have carried uncompressed (`values * size_of::<T>()`).
-    pub grad_bytes_uncompressed: u64,
-    /// Messages sent.
-    pub messages: u64,
-    /// Seconds spent inside exchange calls (start, progress, finish): compression included.
-    pub exchange_seconds: f64,
-    /// Seconds [`GradExchange::finish`] took: the part of the exchange nothing else overlapped.
-    pub finish_seconds: f64,
-}
-
-impl ExchangeStats {
-    fn add(&mut self, other: &ExchangeStats) {
-        self.grad_bytes_sent += other.grad_bytes_sent;
-        self.header_bytes_sent += other.header_bytes_sent;
-        self.grad_bytes_uncompressed += other.grad_bytes_uncompressed;
-        self.messages += other.messages;
-        self.exchange_seconds += other.exchange_seconds;
-        self.finish_seconds += other.finish_seconds;
-    }
-}
 
 #[derive(Debug)]
 struct Bucket<T> {
@@ -515,6 +488,33 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
             }
         }
         "nothing".into()
+    }
+
+    /// A whole step without overlap (`--no-overlap`): begins `step`, starts every bucket from
+    /// `grads` (all buckets back to back, in bucket order), finishes, and writes the result
+    /// back into `grads`.
+    pub fn all_reduce(&mut self, step: u64, grads: &mut [T]) -> Result<ExchangeStats, DpError> {
+        let total = self.layout.total_values();
+        if grads.len() != total {
+            return Err(DpError::Config(format!(
+                "all_reduce got {} values but the buckets hold {total}",
+                grads.len()
+            )));
+        }
+        self.begin_step(step)?;
+        let mut at = 0;
+        for bucket in 0..self.buckets.len() {
+            let n = self.layout.len(bucket);
+            self.start_bucket(bucket, &grads[at..at + n])?;
+            at += n;
+        }
+        let stats = self.finish()?;
+        let mut at = 0;
+        for b in &self.buckets {
+            grads[at..at + b.output.len()].copy_from_slice(&b.output);
+            at += b.output.len();
+        }
+        Ok(stats)
     }
 
     /// The averaged (or summed) gradients of `bucket`, after [`finish`](Self::finish).

@@ -35,7 +35,8 @@
 //! reduce-scatter + all-gather per bucket, error feedback), [`clock`] (early, stale and
 //! duplicate messages), [`message`] (the stamp and header), [`transport`] (channels, a runtime
 //! `Link` such as MPI, a reordering wrapper for tests), [`layout`] (buckets), [`feedback`]
-//! (the error-feedback state), [`config`], [`float`], [`error`]. See `docs/distributed.md`.
+//! (the error-feedback state), [`stats`] (bytes and seconds), [`config`], [`float`],
+//! [`error`]. See `docs/distributed.md`.
 
 #![warn(missing_docs)]
 
@@ -48,16 +49,18 @@ pub mod feedback;
 pub mod float;
 pub mod layout;
 pub mod message;
+pub mod stats;
 pub mod transport;
 
 pub use codec::{Codec, Compression, Rounding, UnknownCompression};
 pub use config::{ExchangeConfig, Reduce, DEFAULT_CHUNK_VALUES};
 pub use error::DpError;
-pub use exchange::{ExchangeStats, GradExchange};
+pub use exchange::GradExchange;
 pub use feedback::ErrorFeedbackState;
 pub use float::GradFloat;
 pub use layout::{BucketLayout, DEFAULT_BUCKET_BYTES};
 pub use message::{MsgHeader, MsgKey, Part};
+pub use stats::ExchangeStats;
 pub use transport::{
     ChannelTransport, GradTransport, Incoming, LinkTransport, Reordering, TransportError,
     TransportStats,

@@ -238,6 +238,21 @@ fn misuse_is_an_error() {
 }
 
 #[test]
+fn all_reduce_runs_a_whole_step_on_a_flat_slice() {
+    let (mut a, mut b) = pair(Compression::None);
+    let t = std::thread::spawn(move || {
+        let mut g = vec![3.0f32; 10];
+        b.all_reduce(0, &mut g).map(|_| g)
+    });
+    let mut g: Vec<f32> = (0..10).map(|i| i as f32).collect();
+    a.all_reduce(0, &mut g).unwrap();
+    let expected: Vec<f32> = (0..10).map(|i| (i as f32 + 3.0) / 2.0).collect();
+    assert_eq!(g, expected);
+    assert_eq!(t.join().unwrap().unwrap(), expected);
+    assert!(a.all_reduce(1, &mut [0.0; 9]).is_err());
+}
+
+#[test]
 fn a_group_of_one_returns_the_gradients_unchanged() {
     let t = ChannelTransport::group(1).pop().unwrap();
     let cfg = ExchangeConfig {
