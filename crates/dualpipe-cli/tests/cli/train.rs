@@ -5,9 +5,10 @@ use serde_json::Value;
 
 use crate::{dualpipe, floats, s, Run, TempDir};
 
-/// A tiny model: 2 steps, width 16, 4 rows per micro-batch, one block per stage; each pair
-/// gives way to the same flag in a test's own flags.
-const TINY: [(&str, &str); 4] = [
+/// A tiny MLP: 2 steps, width 16, 4 rows per micro-batch, one block per stage; each pair
+/// gives way to the same flag in a test's own flags (the GPT's tests are in `train_gpt.rs`).
+const TINY: [(&str, &str); 5] = [
+    ("--model", "mlp"),
     ("--steps", "2"),
     ("--hidden", "16"),
     ("--micro-batch-size", "4"),
