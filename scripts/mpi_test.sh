@@ -41,8 +41,11 @@ FAILED=0
 pass() { echo "ok   $1"; PASSED=$((PASSED + 1)); }
 fail() { echo "FAIL $1"; FAILED=$((FAILED + 1)); }
 
-TINY=(--ranks 4 --micro-batches 8 --micro-batch-size 4 --hidden 16
+TINY=(--model mlp --ranks 4 --micro-batches 8 --micro-batch-size 4 --hidden 16
       --layers-per-stage 1 --dtype f64 --seed 7 --format json --quiet)
+GPT=(--model gpt --ranks 4 --micro-batches 8 --micro-batch-size 2 --d-model 16 --heads 2
+     --seq-len 8 --layers-per-stage 1 --dtype f64 --seed 7 --steps 3 --eval-every 1
+     --clip-grad 0.5 --format json --quiet)
 
 # 1. Same losses as the local run.
 for schedule in dualpipe dualpipev 1f1b; do
@@ -68,6 +71,34 @@ EOF
     else fail "$schedule: losses differ from the local run"
     fi
 done
+
+# 1b. The GPT: losses, validation (weights gathered from every rank), the clipped gradient's
+# norm (gathered stage by stage) and the saved weights equal the local run's.
+"$BIN" train --schedule dualpipe "${GPT[@]}" --save "$TMP/local.safetensors" >"$TMP/local.json" 2>"$TMP/local.err"
+timeout 120 "${LAUNCH[@]}" -n 4 "$BIN" train --transport mpi --schedule dualpipe "${GPT[@]}" \
+    --save "$TMP/mpi.safetensors" >"$TMP/mpi.json" 2>"$TMP/mpi.err"
+rc=$?
+if [ $rc -ne 0 ]; then
+    fail "gpt: mpiexec -n 4 exited $rc: $(tail -3 "$TMP/mpi.err")"
+elif python3 - "$TMP/local.json" "$TMP/mpi.json" <<'EOF'
+import json, sys
+local, mpi = (json.load(open(p)) for p in sys.argv[1:3])
+assert len(local["losses"]) == len(mpi["losses"]) == 3
+pairs = list(zip(local["losses"], mpi["losses"]))
+pairs += [(a["loss"], b["loss"]) for a, b in zip(local["evaluations"], mpi["evaluations"])]
+assert len(mpi["evaluations"]) == 3, mpi["evaluations"]
+worst = max(abs(a - b) / max(abs(a), 1e-300) for a, b in pairs)
+print(f"     gpt losses {mpi['losses']}, validation {mpi['eval_loss']}, worst relative difference {worst:.1e}")
+sys.exit(0 if worst <= 1e-10 and local["samples"] == mpi["samples"] else 1)
+EOF
+then
+    if cmp -s "$TMP/local.safetensors" "$TMP/mpi.safetensors"; then
+        pass "gpt: 4 MPI processes give the local run's losses, validation, samples and saved weights"
+    else
+        fail "gpt: the saved weights differ from the local run's"
+    fi
+else fail "gpt: losses or validation differ from the local run"
+fi
 
 # 2. Failures: bounded, non-zero, naming the failed rank.
 run_failure() { # HOW -> sets rc, secs, output in $TMP/fail.out
