@@ -102,7 +102,7 @@ def main(argv):
     if not without_env:
         env.update(manifest_env)
     command = ["mpiexec.mpich", "-n", str(RANKS), binary, "train", "--transport", "mpi",
-               "--ranks", str(RANKS), "--micro-batches", "8", "--micro-batch-size", "4", "--hidden", "16",
+               "--ranks", str(RANKS), "--micro-batches", "8", "--micro-batch-size", "4",
                "--layers-per-stage", "1", "--steps", "1000000", "--quiet", "--format", "json"]
     shown = " ".join(f"{k}={v}" for k, v in manifest_env.items()) if not without_env else "(no port variables)"
     print(f"     {shown} {' '.join(command)}")
