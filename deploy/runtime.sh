@@ -25,6 +25,9 @@ install_runtime() {
     # sshd wants its privilege separation directory even when it runs as a user.
     mkdir -p -m 0755 /run/sshd
     useradd --create-home --uid "$USER_ID" --user-group --shell /bin/bash "$USER_NAME"
+    # No password, but not "locked" ("!"): sshd without PAM refuses even key logins to a
+    # locked account.
+    usermod --password '*' "$USER_NAME"
     # sshd runs as that user (not root) with its own configuration: the host key is the job's
     # key that the MPI Operator mounts (read-only, owned by root, hence StrictModes no), its pid
     # file lives in /tmp (the root file system is read-only in the pods).

@@ -60,7 +60,7 @@ refuse() {
     rm -rf "$TMP/broken"
     mkdir -p "$TMP/broken"
     cp -r "$K8S" "$TMP/broken/k8s"
-    cp deploy/grafana/dualpipe.json deploy/runtime.sh "$TMP/broken/"
+    cp deploy/grafana/dualpipe.json deploy/runtime.sh deploy/Dockerfile "$TMP/broken/"
     local copy="$TMP/broken/$file"
     FROM=$from TO=$to "$PY" -c '
 import os, sys
@@ -86,6 +86,10 @@ run "mpijob.yaml passes the schema" "$CJ" --schemafile "$SCHEMA" "$K8S/mpijob.ya
 
 echo "== the manifests agree with each other and with the image"
 run "consistency" "$PY" deploy/check/manifests.py consistency "$K8S" deploy/runtime.sh
+
+echo "== the Dockerfile runs only what CI runs"
+run "its RUN steps are deploy/build.sh and deploy/runtime.sh install" \
+    "$PY" deploy/check/manifests.py dockerfile deploy/Dockerfile Cargo.toml
 
 echo "== the Grafana dashboard"
 run "dualpipe.json parses and names only the issue's metrics" \
@@ -126,6 +130,9 @@ refuse "a metrics port the annotation does not name" k8s/mpijob.yaml "0.0.0.0:91
 refuse "a checkpoint directory off the volume" k8s/mpijob.yaml "- /checkpoints/dualpipe
 " "- /var/dualpipe
 " "$PY" deploy/check/manifests.py consistency "$B/k8s" "$B/runtime.sh"
+refuse "a Dockerfile build step CI does not run" Dockerfile "RUN deploy/build.sh /opt/dualpipe" \
+    "RUN cargo build --release -p dualpipe-cli --features mpi" \
+    "$PY" deploy/check/manifests.py dockerfile "$B/Dockerfile" Cargo.toml
 refuse "a dashboard naming a metric dualpipe does not serve" dualpipe.json \
     "max(dualpipe_validation_loss{" "max(dualpipe_eval_loss{" \
     "$PY" deploy/check/manifests.py grafana "$B/dualpipe.json" "$B/rules.yaml"

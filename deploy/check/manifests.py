@@ -7,6 +7,7 @@
     manifests.py grafana DASHBOARD.json RULES   # the dashboard parses, names only the metrics of
                                                 # issue 16, uses each; its queries go to RULES as
                                                 # recording rules for `promtool check rules`
+    manifests.py dockerfile DOCKERFILE CARGO_TOML  # its RUN steps are only the scripts CI runs
 
 Each failure is one line "what: where"; the exit code is 1 if any check failed.
 """
@@ -301,8 +302,65 @@ def cmd_grafana(path, rules_path):
     Path(rules_path).write_text(yaml.safe_dump(rules, sort_keys=False), encoding="utf-8")
 
 
+# -- dockerfile --------------------------------------------------------------------------------
+
+# The only RUN steps the image may have: the scripts CI runs itself (.ci/run: deploy/build.sh,
+# and deploy/runtime.sh's package list through `check`).
+ALLOWED_RUNS = {
+    "build": ["deploy/build.sh --deps", "deploy/build.sh /opt/dualpipe"],
+    "runtime": ["/usr/local/share/dualpipe/runtime.sh install"],
+}
+
+
+def cmd_dockerfile(path, cargo_toml):
+    text = Path(path).read_text(encoding="utf-8")
+    lines = re.sub(r"\\\n\s*", " ", text).splitlines()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
+    stages, stage = {}, None
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        word, _, rest = line.partition(" ")
+        if word == "FROM":
+            match = re.fullmatch(r"(\S+) AS (\w+)", rest)
+            if not match:
+                fail(f"FROM without a stage name: {path}: {line}")
+                continue
+            stage = match.group(2)
+            stages[stage] = {"image": match.group(1), "runs": [], "copies": []}
+        elif word == "RUN" and stage:
+            stages[stage]["runs"].append(rest)
+        elif word == "COPY" and stage:
+            stages[stage]["copies"].append(rest)
+    before = len(failures)
+    if set(stages) != set(ALLOWED_RUNS):
+        fail(f"stages {sorted(stages)}, expected {sorted(ALLOWED_RUNS)}: {path}")
+        return
+    for name, allowed in ALLOWED_RUNS.items():
+        if stages[name]["runs"] != allowed:
+            fail(f"the {name} stage runs {stages[name]['runs']}, not exactly {allowed} "
+                 f"(the steps CI runs): {path}")
+    build_image = stages["build"]["image"].replace("${RUST_VERSION}", args.get("RUST_VERSION", "?")) \
+        .replace("${DEBIAN_RELEASE}", args.get("DEBIAN_RELEASE", "?"))
+    runtime_image = stages["runtime"]["image"].replace("${DEBIAN_RELEASE}", args.get("DEBIAN_RELEASE", "?"))
+    rust = re.fullmatch(r"rust:(\d+)\.(\d+)-(\w+)", build_image)
+    debian = re.fullmatch(r"debian:(\w+)-slim", runtime_image)
+    if not rust or not debian or rust.group(3) != debian.group(1):
+        fail(f"the build ({build_image}) and runtime ({runtime_image}) stages are not one Debian release: {path}")
+    else:
+        need = re.search(r'^rust-version = "(\d+)\.(\d+)"', Path(cargo_toml).read_text(encoding="utf-8"), re.M)
+        if need and (int(rust.group(1)), int(rust.group(2))) < (int(need.group(1)), int(need.group(2))):
+            fail(f"{build_image} is older than the workspace's rust-version {need.group(1)}.{need.group(2)}")
+    if not any(c.startswith("--from=build /opt/dualpipe/bin/dualpipe ") for c in stages["runtime"]["copies"]):
+        fail(f"the runtime stage does not copy deploy/build.sh's /opt/dualpipe/bin/dualpipe: {path}")
+    if len(failures) == before:
+        ok(f"{build_image} -> {runtime_image}; RUN steps: {ALLOWED_RUNS['build'] + ALLOWED_RUNS['runtime']}")
+
+
 def main(argv):
-    commands = {"templates": (cmd_templates, 2), "consistency": (cmd_consistency, 2), "grafana": (cmd_grafana, 2)}
+    commands = {"templates": (cmd_templates, 2), "consistency": (cmd_consistency, 2), "grafana": (cmd_grafana, 2),
+                "dockerfile": (cmd_dockerfile, 2)}
     if len(argv) < 2 or argv[1] not in commands or len(argv) - 2 != commands[argv[1]][1]:
         print(__doc__, file=sys.stderr)
         return 2
