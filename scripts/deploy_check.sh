@@ -10,7 +10,7 @@
 # ports (a real 4-process run). Needs python3 with venv and pip; installs into a venv under
 # target/ kubernetes-validate (built-in kinds, against the Kubernetes schemas it ships) and
 # check-jsonschema (the MPIJob, against deploy/schema/mpijob-v2beta1.json), and Debian's
-# prometheus for promtool if missing.
+# prometheus (promtool, and a server that shows the scrape config's relabelling) if missing.
 # Ends with "deploy_check: N passed, N failed"; exits non-zero if any check failed.
 set -u
 cd "$(dirname "$0")/.."
@@ -60,6 +60,7 @@ refuse() {
     rm -rf "$TMP/broken"
     mkdir -p "$TMP/broken"
     cp -r "$K8S" "$TMP/broken/k8s"
+    cp -r deploy/prometheus "$TMP/broken/prometheus"
     cp deploy/grafana/dualpipe.json deploy/runtime.sh deploy/Dockerfile "$TMP/broken/"
     local copy="$TMP/broken/$file"
     FROM=$from TO=$to "$PY" -c '
@@ -90,6 +91,10 @@ run "consistency" "$PY" deploy/check/manifests.py consistency "$K8S" deploy/runt
 echo "== the Dockerfile runs only what CI runs"
 run "its RUN steps are deploy/build.sh and deploy/runtime.sh install" \
     "$PY" deploy/check/manifests.py dockerfile deploy/Dockerfile Cargo.toml
+
+echo "== the Prometheus scrape config: rank r on 9100 + r"
+run "a real Prometheus relabels the MPIJob's pods to their ranks' ports" \
+    "$PY" deploy/check/scrape_relabel.py deploy/prometheus/scrape.yaml
 
 echo "== the Grafana dashboard"
 run "dualpipe.json parses and names only the issue's metrics" \
@@ -130,6 +135,11 @@ refuse "a metrics port the annotation does not name" k8s/mpijob.yaml "0.0.0.0:91
 refuse "a checkpoint directory off the volume" k8s/mpijob.yaml "- /checkpoints/dualpipe
 " "- /var/dualpipe
 " "$PY" deploy/check/manifests.py consistency "$B/k8s" "$B/runtime.sh"
+refuse "a scrape config that misses the ranks' ports" prometheus/scrape.yaml "replacement: '910\$1'" \
+    "replacement: '9100\$1'" "$PY" deploy/check/scrape_relabel.py "$B/prometheus/scrape.yaml"
+refuse "a policy that opens only rank 0's metrics port" k8s/networkpolicy.yaml "          port: 9100
+          endPort: 9199" "          port: 9100" \
+    "$PY" deploy/check/manifests.py consistency "$B/k8s" "$B/runtime.sh"
 refuse "a Dockerfile build step CI does not run" Dockerfile "RUN deploy/build.sh /opt/dualpipe" \
     "RUN cargo build --release -p dualpipe-cli --features mpi" \
     "$PY" deploy/check/manifests.py dockerfile "$B/Dockerfile" Cargo.toml

@@ -204,8 +204,14 @@ def cmd_consistency(k8s_dir, runtime_sh):
         fail(f"the metrics port differs: {seen}, service targetPort {service_port.get('targetPort')}")
     if annotations.get("prometheus.io/scrape") != "true" or annotations.get("prometheus.io/path") != "/metrics":
         fail("worker pods lack prometheus.io/scrape \"true\" and prometheus.io/path /metrics: mpijob.yaml")
-    if not allows(win, None, "TCP", metrics, metrics, namespace_peer={"kubernetes.io/metadata.name": "monitoring"}):
-        fail(f"the metrics port {metrics} is not open to the monitoring namespace: networkpolicy.yaml")
+    last = metrics + processes - 1  # rank r serves on the base port + r
+    if not allows(win, None, "TCP", metrics, last, namespace_peer={"kubernetes.io/metadata.name": "monitoring"}):
+        fail(f"the ranks' metrics ports {metrics}-{last} are not open to the monitoring namespace: networkpolicy.yaml")
+    scrape = yaml.safe_load((k8s.parent / "prometheus" / "scrape.yaml").read_text(encoding="utf-8"))
+    rules = next(j for j in scrape["scrape_configs"] if j["job_name"] == "dualpipe")["relabel_configs"]
+    replacements = {r["regex"]: r["replacement"] for r in rules if r.get("target_label") == "__tmp_rank_port"}
+    if metrics % 100 != 0 or replacements != {r"(\d)": f"{metrics // 10}$1", r"(\d\d)": f"{metrics // 100}$1"}:
+        fail(f"deploy/prometheus/scrape.yaml's rank ports {replacements} are not base {metrics} + replica index")
     selector = service["spec"].get("selector") or {}
     if not selector or not selects({"matchLabels": selector}, wlabels):
         fail("the Service does not select the worker pods: service.yaml")
@@ -219,7 +225,8 @@ def cmd_consistency(k8s_dir, runtime_sh):
             fail(f"the {role} policy has no DNS egress (53): networkpolicy.yaml")
     if len(failures) == before:
         ok(f"ports agree: UCX {ucx[0]}-{ucx[1]} and Hydra {hydra[0]}-{hydra[1]} inside the policy, "
-           f"ssh {ssh}, metrics {metrics} (flag, annotations, container, headless Service, policy), DNS")
+           f"ssh {ssh}, metrics base {metrics} (flag, annotations, container, headless Service) and "
+           f"{metrics}-{last} for the ranks (policy, scrape config), DNS")
 
     # Checkpoints: the claim exists, is mounted on the workers, and the flag writes into it.
     before = len(failures)
