@@ -43,4 +43,4 @@ if ! ldd "$BIN" | grep -q "libmpich\.so"; then
     exit 1
 fi
 install -D -m 0755 "$BIN" "$PREFIX/bin/dualpipe"
-echo "deploy/build.sh: $PREFIX/bin/dualpipe ($(du -h "$PREFIX/bin/dualpipe" | cut -f1), links $(ldd "$BIN" | grep -o "libmpich\.so[.0-9]*"))"
+echo "deploy/build.sh: $PREFIX/bin/dualpipe ($(du -h "$PREFIX/bin/dualpipe" | cut -f1), links $(ldd "$BIN" | grep -o -m1 "libmpich\.so[.0-9]*" | head -1))"

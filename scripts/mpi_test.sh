@@ -144,6 +144,7 @@ for impl in $IMPLS; do
             bin=target/debug/dualpipe
         fi
         launch=(mpiexec.mpich)
+        tag=(-prepend-rank)
         lib="libmpich\.so"
         name="MPICH/PMI"
         ;;
@@ -171,6 +172,7 @@ for impl in $IMPLS; do
         fi
         launch=(mpiexec.openmpi --oversubscribe)
         [ "$(id -u)" -ne 0 ] || launch+=(--allow-run-as-root)
+        tag=(--tag-output)
         lib="libmpi\.so\.40"
         name="Open MPI"
         ;;
@@ -189,11 +191,12 @@ for impl in $IMPLS; do
         ldd "$bin" | grep -i mpi | sed 's/^/     /'
         continue
     fi
-    timeout 60 "${launch[@]}" -n 2 "$bin" train --transport mpi --ranks 2 --micro-batches 4 --micro-batch-size 4 \
+    # Whole lines, each tagged with its rank: the two ranks' lines do not interleave.
+    timeout 60 "${launch[@]}" "${tag[@]}" -n 2 "$bin" train --transport mpi --ranks 2 --micro-batches 4 --micro-batch-size 4 \
         --layers-per-stage 1 --steps 1 --format json >/dev/null 2>"$TMP/who.err"
     rc=$?
     if [ $rc -eq 0 ] && grep -q "rank 0 of 2 (launcher $name" "$TMP/who.err"; then
-        pass "${launch[*]} -n 2: $(grep -m1 "rank 0 of 2" "$TMP/who.err")"
+        pass "${launch[*]} -n 2: $(grep -m1 -o "rank 0 of 2 (launcher $name[^)]*)" "$TMP/who.err")"
     else
         fail "${launch[*]} -n 2 exited $rc without naming launcher $name:"
         sed 's/^/     /' "$TMP/who.err" | head -10
