@@ -86,7 +86,7 @@ fn cpu_seconds() -> Option<f64> {
     };
     // SAFETY: `t` is a valid, writable timespec for the call's duration.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
-    (rc == 0).then(|| t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9)
+    (rc == 0).then_some(t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9)
 }
 
 /// Mean over layers of the hottest GPU's load over the mean GPU load.

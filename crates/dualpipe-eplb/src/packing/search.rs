@@ -200,9 +200,13 @@ impl Domain {
     /// sum of squares is needed), every step one per slot, GPU and expert; the search stops
     /// (after the best step found so far) once it has spent [`work_budget`].
     pub fn improve(&mut self, limits: &SearchLimits) -> bool {
+        self.improve_within(limits, work_budget(self.slot.len(), self.experts()))
+    }
+
+    /// [`Domain::improve`] with an explicit work budget.
+    fn improve_within(&mut self, limits: &SearchLimits, work_budget: u64) -> bool {
         let eps = 1e-12 * self.load.iter().sum::<f64>().max(1e-300);
         let n = self.experts();
-        let work_budget = work_budget(self.slot.len(), n);
         let mut work: u64 = 0;
         let mut exhausted = false;
         let free = limits.free_moves;
@@ -487,6 +491,87 @@ impl Domain {
 mod tests {
     use super::super::tests::{assert_capped, domain};
     use super::*;
+
+    /// Hottest load after slot `s` switches to `y`, recomputed from scratch on a copy, or
+    /// `None` when the switch breaks a cap.
+    fn switched_max(d: &Domain, s: usize, y: usize) -> Option<f64> {
+        let mut c = d.clone();
+        let x = c.take(s);
+        c.put(s, y);
+        let broken = (0..c.gpus).any(|g| c.on(g, x) > c.cap(c.count[x]))
+            || c.on(s / c.slots, y) > c.cap(c.count[y]);
+        (!broken).then(|| c.max_load())
+    }
+
+    #[test]
+    fn a_reassignment_is_scored_as_a_full_recomputation_would() {
+        // 5 GPUs x 4 slots, 7 experts: the heavy ones get more replicas than there are GPUs.
+        let loads = [90.0, 50.0, 7.0, 3.0, 2.0, 1.5, 1.0];
+        let mut d = domain(&loads, 5, 4);
+        d.fill();
+        assert!(
+            d.count[0] > d.gpus,
+            "the case covers two replicas of one expert on a GPU"
+        );
+        let mut st = State::new(&d);
+        let mut checked = 0;
+        for s in 0..d.slot.len() {
+            if d.count[d.slot[s]] < 2 {
+                continue;
+            }
+            for y in (0..loads.len()).filter(|&y| y != d.slot[s]) {
+                let fast = d.reassign_max(s, y, &mut st);
+                let full = switched_max(&d, s, y);
+                match (fast, full) {
+                    (Some(a), Some(b)) => assert!((a - b).abs() <= 1e-9 * b, "slot {s} to {y}"),
+                    (None, None) => {}
+                    other => panic!("slot {s} to {y}: {other:?}"),
+                }
+                // The sum of squares is the one a recomputation gives.
+                if fast.is_some() {
+                    let mut c = d.clone();
+                    c.take(s);
+                    c.put(s, y);
+                    let want: f64 = c.gpu_loads().iter().map(|l| l * l).sum();
+                    let got = d.reassign_ssq(s, y, &mut st);
+                    assert!((got - want).abs() <= 1e-9 * want, "slot {s} to {y}");
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 20);
+        assert!(st.mark.iter().all(|&m| !m) && st.on_x.iter().all(|&c| c == 0));
+    }
+
+    #[test]
+    fn the_work_bound_grows_as_n_log_n_above_a_floor() {
+        assert_eq!(work_budget(16, 8), WORK_FLOOR);
+        // 32,768 slots + 16,384 experts: 49,152 x 16 x 3.
+        assert_eq!(work_budget(32_768, 16_384), 3 * 49_152 * 16);
+        assert!(work_budget(1 << 24, 4) < 1 << 31);
+    }
+
+    #[test]
+    fn a_bounded_search_stops_early_and_keeps_caps() {
+        // 256 GPUs x 2 slots: one step reads far more than the floor allows.
+        let loads: Vec<f64> = (0..300).map(|i| 1.0 + ((i * 7919) % 101) as f64).collect();
+        let mut d = domain(&loads, 256, 2);
+        d.fill();
+        let before = d.max_load();
+        let mut unbounded = d.clone();
+        let limits = SearchLimits {
+            target: 0.0,
+            max_moves: usize::MAX,
+            max_steps: 256,
+            free_moves: true,
+        };
+        d.improve(&limits);
+        assert!(d.max_load() <= before);
+        assert_capped(&d);
+        // Without the bound the same search goes further (or as far).
+        unbounded.improve_within(&limits, u64::MAX);
+        assert!(unbounded.max_load() <= d.max_load());
+    }
 
     #[test]
     fn search_never_worsens_and_keeps_caps() {
