@@ -8,7 +8,9 @@
 //!   has more replicas than its domain has GPUs (then at most `ceil(replicas / gpus)`);
 //! - **an improvement pass**: a deterministic local search (exchanging replicas between GPUs and
 //!   giving surplus replicas to other experts) that lowers the hottest GPU's load, bounded in
-//!   steps and, when a previous placement exists, in moved replicas;
+//!   steps, in work (about the deepseek policy's own `n log n` per domain, so it stays within
+//!   a few times the reference's time at every size) and, when a previous placement exists, in
+//!   moved replicas;
 //! - **migration awareness**: given the previous placement, a layer is left as it is when it is
 //!   balanced enough, and otherwise re-planned from the previous placement with as few moved
 //!   replicas as reach the balance of a fresh plan (within a tolerance).
