@@ -7,8 +7,9 @@
 #   DUALPIPE_BIN=path DUALPIPE_OPENMPI_BIN=path scripts/mpi_test.sh   # already built binaries
 #
 # The `mpi` crate links the MPI its build finds (MPICC's `-show`), and its build script does not
-# rerun when MPICC changes, so each MPI has its own target directory: MPICH's is target/ (debug,
-# as `cargo build` makes it), Open MPI's target/openmpi (debug, only dualpipe-cli). Each binary is
+# rerun when MPICC changes, so the bindings (mpi-sys, mpi) are cleaned and rebuilt for Open MPI
+# in the shared target directory (debug, only dualpipe-cli; everything else is reused), then
+# cleaned again. Each binary is
 # checked to link its own MPI and is started by that MPI's own launcher (mpiexec.mpich,
 # mpiexec.openmpi): Debian's alternatives point plain `mpiexec` and `mpicc` at only one of them.
 # Open MPI refuses to run as root and more ranks than cores unless told: --allow-run-as-root
@@ -170,7 +171,8 @@ for impl in $IMPLS; do
         bin=${DUALPIPE_BIN:-}
         if [ -z "$bin" ]; then
             MPICC=mpicc.mpich cargo build -p dualpipe-cli --features mpi --quiet || { fail "build"; continue; }
-            bin=target/debug/dualpipe
+            cp target/debug/dualpipe "$TMP/dualpipe-mpich"
+            bin=$TMP/dualpipe-mpich
         fi
         launch=(mpiexec.mpich)
         tag=(-prepend-rank)
@@ -194,10 +196,16 @@ for impl in $IMPLS; do
         bin=${DUALPIPE_OPENMPI_BIN:-}
         if [ -z "$bin" ]; then
             start=$(date +%s)
-            MPICC=mpicc.openmpi CARGO_TARGET_DIR=target/openmpi cargo build -p dualpipe-cli --features mpi --quiet \
+            # Only the MPI bindings differ: rebuild them (and what links them) against Open MPI
+            # in the shared target directory, keep that binary, and clean them again so the
+            # next build probes MPICH, the default, afresh.
+            cargo clean -p mpi-sys -p mpi --quiet 2>/dev/null
+            MPICC=mpicc.openmpi cargo build -p dualpipe-cli --features mpi --quiet \
                 || { fail "build"; continue; }
-            echo "     built target/openmpi/debug/dualpipe in $(($(date +%s) - start))s"
-            bin=target/openmpi/debug/dualpipe
+            cp target/debug/dualpipe "$TMP/dualpipe-openmpi"
+            cargo clean -p mpi-sys -p mpi --quiet 2>/dev/null
+            echo "     built the Open MPI dualpipe in $(($(date +%s) - start))s"
+            bin=$TMP/dualpipe-openmpi
         fi
         launch=(mpiexec.openmpi --oversubscribe)
         [ "$(id -u)" -ne 0 ] || launch+=(--allow-run-as-root)
