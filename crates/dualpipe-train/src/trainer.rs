@@ -377,7 +377,7 @@ impl<D: Driver> Trainer<D> {
     fn evaluation_due(&self, step: usize) -> bool {
         let every = self.config.eval_every;
         self.workload.gpt().is_some()
-            && (step + 1 == self.config.steps || (every > 0 && (step + 1) % every == 0))
+            && (step + 1 == self.config.steps || (every > 0 && (step + 1).is_multiple_of(every)))
     }
 
     /// A failure of this process's own work: the other ranks are told.

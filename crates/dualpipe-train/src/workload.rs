@@ -79,7 +79,7 @@ pub struct GptWorkload {
 #[derive(Debug)]
 pub enum Workload {
     /// The residual MLP and its teacher's data.
-    Mlp(DataSet),
+    Mlp(Box<DataSet>),
     /// The GPT and its text.
     Gpt(Box<GptWorkload>),
 }
@@ -88,12 +88,12 @@ impl Workload {
     /// The workload `config` describes: reads `data` and `init_from` when given.
     pub fn new(config: &TrainConfig) -> Result<Self, TrainError> {
         match config.model {
-            ModelKind::Mlp => Ok(Workload::Mlp(DataSet::new(
+            ModelKind::Mlp => Ok(Workload::Mlp(Box::new(DataSet::new(
                 config.seed,
                 config.hidden,
                 config.micro_batch_size,
                 config.dtype.candle(),
-            )?)),
+            )?))),
             ModelKind::Gpt => Ok(Workload::Gpt(Box::new(GptWorkload::new(config)?))),
         }
     }
@@ -107,7 +107,9 @@ impl Workload {
     ) -> Result<ModelStage, TrainError> {
         Ok(match self {
             Workload::Mlp(_) => ModelStage::Mlp(MlpStage::new(&config.model(), position)?),
-            Workload::Gpt(gpt) => ModelStage::Gpt(GptStage::new(&gpt.weights, stages, position)?),
+            Workload::Gpt(gpt) => {
+                ModelStage::Gpt(Box::new(GptStage::new(&gpt.weights, stages, position)?))
+            }
         })
     }
 
