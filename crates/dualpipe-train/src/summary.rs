@@ -51,8 +51,20 @@ pub struct RunSummary {
     pub step_seconds_median: f64,
     /// Median measured pipeline makespan (first op start to last op end).
     pub pipeline_seconds_median: f64,
-    /// Measured bubble ratio (the simulator's metric on the measured timelines; median).
+    /// Measured bubble ratio: the share of rank time spent waiting for a message (or with
+    /// the rank's program done while others still ran), out of ranks × pipeline time; time a
+    /// rank waited for a core is not counted (see `core_wait_ratio`). Median over steps.
     pub bubble_ratio: f64,
+    /// Share of rank time a rank was runnable but waited for a core (thread CPU time against
+    /// wall time; median over steps). Above zero when busy threads outnumber cores.
+    pub core_wait_ratio: f64,
+    /// Share of rank time not inside a compute op on the measured timelines (the simulator's
+    /// bubble metric applied to them; it counts core waits between ops as idle; median).
+    pub timeline_idle_ratio: f64,
+    /// Rank threads this process ran at the same time.
+    pub rank_threads: usize,
+    /// Cores this process could use.
+    pub cores: usize,
     /// Seconds per step a rank's compute thread waited for messages (mean over ranks,
     /// median over steps).
     pub comm_wait_seconds: f64,
@@ -78,6 +90,10 @@ pub struct SummaryBuilder {
     walls: Vec<f64>,
     makespans: Vec<f64>,
     bubbles: Vec<f64>,
+    core_waits: Vec<f64>,
+    idles: Vec<f64>,
+    threads: usize,
+    cores: usize,
     comm_waits: Vec<f64>,
     ops: OpTally,
     last_step: Option<(Timeline, Metrics)>,
@@ -93,6 +109,10 @@ impl SummaryBuilder {
             walls: Vec::new(),
             makespans: Vec::new(),
             bubbles: Vec::new(),
+            core_waits: Vec::new(),
+            idles: Vec::new(),
+            threads: 0,
+            cores: 0,
             comm_waits: Vec::new(),
             ops: OpTally::default(),
             last_step: None,
@@ -106,7 +126,12 @@ impl SummaryBuilder {
         if let Some(timeline) = report.timeline {
             let measured = metrics(&timeline, &self.schedule.placement);
             self.makespans.push(measured.makespan);
-            self.bubbles.push(measured.bubble_ratio);
+            let split = report.rank_times.split(measured.makespan);
+            self.bubbles.push(split.bubble_ratio);
+            self.core_waits.push(split.core_wait_ratio);
+            self.idles.push(measured.bubble_ratio);
+            self.threads = self.threads.max(report.rank_times.threads);
+            self.cores = self.cores.max(report.rank_times.cores);
             self.comm_waits.push(
                 timeline.comm_wait.iter().sum::<f64>() / timeline.comm_wait.len().max(1) as f64,
             );
@@ -150,6 +175,10 @@ impl SummaryBuilder {
             step_seconds_median: median(self.walls),
             pipeline_seconds_median: median(self.makespans),
             bubble_ratio: median(self.bubbles),
+            core_wait_ratio: median(self.core_waits),
+            timeline_idle_ratio: median(self.idles),
+            rank_threads: self.threads,
+            cores: self.cores,
             comm_wait_seconds: median(self.comm_waits),
             op_seconds: times,
             simulated_pipeline_seconds: simulated.as_ref().map(|m| m.makespan),
@@ -259,9 +288,18 @@ impl RunSummary {
             (
                 "bubble ratio",
                 format!(
-                    "{} measured, {} simulated",
+                    "{} measured (message waits), {} simulated",
                     pct(s.bubble_ratio),
                     s.simulated_bubble_ratio.map_or("-".into(), pct)
+                ),
+            ),
+            (
+                "core contention",
+                format!(
+                    "{} of rank time waiting for a core ({} rank threads on {} cores)",
+                    pct(s.core_wait_ratio),
+                    s.rank_threads,
+                    s.cores
                 ),
             ),
             (
@@ -287,6 +325,16 @@ impl RunSummary {
         out.push('\n');
         for (name, value) in rows {
             out.push_str(&format!("  {name:<24}{value}\n"));
+        }
+        if s.rank_threads > s.cores {
+            out.push_str(&format!(
+                "\n  note: {} busy rank threads share {} cores, so ranks also wait for a core; \
+                 the bubble counts only waits for a message ({} of rank time was idle between \
+                 compute ops on the timeline)\n",
+                s.rank_threads,
+                s.cores,
+                pct(s.timeline_idle_ratio)
+            ));
         }
         out
     }

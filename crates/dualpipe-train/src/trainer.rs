@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use dualpipe_nn::data::{Batch, DataSet};
 use dualpipe_nn::{MlpStage, NnError, Optimizer, StagePosition};
-use dualpipe_runtime::{ExecOptions, RankStages};
+use dualpipe_runtime::{ExecOptions, RankStages, RankTimes};
 use dualpipe_schedule::{Schedule, ScheduleError};
 use dualpipe_sim::Timeline;
 
@@ -28,6 +28,8 @@ pub struct StepReport {
     pub timeline: Option<Timeline>,
     /// Wall-clock time of the whole step (data, pipeline, gradient sum, optimizer).
     pub wall: Duration,
+    /// Where each rank's pipeline time went: CPU, waiting for a message, waiting for a core.
+    pub rank_times: RankTimes,
 }
 
 /// What [`Trainer::run`] tells its callback.
@@ -282,6 +284,7 @@ impl<D: Driver> Trainer<D> {
             loss,
             timeline: Some(outcome.timeline),
             wall: start.elapsed(),
+            rank_times: outcome.rank_times,
         })
     }
 

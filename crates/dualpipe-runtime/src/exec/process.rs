@@ -24,6 +24,7 @@ use dualpipe_schedule::{Placement, Schedule};
 use dualpipe_sim::{MessageKind, Timeline};
 
 use super::check::check_rank_setup;
+use super::cpu::{available_cores, RankTimes};
 use super::report::{decode_report, encode_report};
 use super::types::{ExecOptions, MicroBatchLoss, RankStages, StepOutcome};
 use super::worker::Worker;
@@ -222,11 +223,16 @@ pub fn run_rank_step<S: WireStage, L: Link>(
     // Every rank's losses and timeline to every rank.
     let mut timeline = Timeline::new(schedule.ranks);
     let mut losses = Vec::new();
+    let mut rank_times = RankTimes {
+        ranks: Vec::with_capacity(schedule.ranks),
+        threads: 1,
+        cores: available_cores(),
+    };
     let report = encode_report(
         &record.losses,
         &record.compute,
         &record.messages,
-        record.comm_wait,
+        record.time(),
     );
     let stamp = |src: usize| Stamp::chunk(step, Class::Losses, 0, src, 0);
     for dst in (0..schedule.ranks).filter(|&d| d != rank) {
@@ -241,12 +247,12 @@ pub fn run_rank_step<S: WireStage, L: Link>(
         }
     }
     for src in 0..schedule.ranks {
-        let (losses_of, compute, messages, comm_wait) = if src == rank {
+        let (losses_of, compute, messages, time) = if src == rank {
             (
                 record.losses.clone(),
                 record.compute.clone(),
                 record.messages.clone(),
-                record.comm_wait,
+                record.time(),
             )
         } else {
             let deadline = Instant::now() + options.recv_timeout;
@@ -278,13 +284,19 @@ pub fn run_rank_step<S: WireStage, L: Link>(
         losses.extend(losses_of);
         timeline.compute[src] = compute;
         timeline.messages.extend(messages);
-        timeline.comm_wait[src] = comm_wait;
+        timeline.comm_wait[src] = if src == rank {
+            record.comm_wait
+        } else {
+            time.message_wait_seconds
+        };
+        rank_times.ranks.push(time);
     }
     losses.sort_by_key(|l: &MicroBatchLoss| l.global_mb);
     Ok(StepOutcome {
         losses,
         timeline,
         wall_seconds,
+        rank_times,
     })
 }
 
