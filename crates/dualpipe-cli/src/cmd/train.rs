@@ -2,23 +2,24 @@
 //! written with `--output`. The training loop, its checks and the summary are
 //! `dualpipe_train`'s; this module parses, shows progress and prints.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use dualpipe_schedule::Schedule;
 
 use dualpipe_schedule::ScheduleError;
 use dualpipe_train::{
-    DType, Driver, LocalThreads, Naming, OptimizerKind, RunSummary, StepEvent, TrainConfig,
-    TrainError, Trainer,
+    DType, Driver, LocalThreads, Naming, OptimizerKind, RunSummary, TrainConfig, TrainError,
+    Trainer,
 };
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::output::{check_outputs, write_together};
 use super::{count, UsageError};
 
 #[cfg(feature = "mpi")]
 mod mpi;
+pub mod observe;
+
+use observe::{Observe, ObserveArgs};
 
 /// The defaults every flag shows and takes.
 const D: TrainConfig = TrainConfig::DEFAULT;
@@ -98,9 +99,9 @@ pub struct Args {
     /// Draw the last step's measured timeline as an SVG picture into FILE.
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
-    /// No progress bar and no per-step lines (the summary is still printed).
-    #[arg(long)]
-    pub quiet: bool,
+    /// Progress bar, metrics server and run log.
+    #[command(flatten)]
+    pub observe: ObserveArgs,
     /// local: one thread per rank; mpi: one process per rank, e.g.
     /// `mpirun -n 4 dualpipe train --transport mpi` (rank 0 prints the summary).
     #[arg(long, value_enum, default_value_t = Transport::Local)]
@@ -214,14 +215,11 @@ fn execute(args: &Args) -> anyhow::Result<Option<RunSummary>> {
                 None => Trainer::new(config.clone()),
             }
             .map_err(setup_error)?;
-            let progress = progress_bar(args, config.steps);
+            let mut observe = Observe::start(&args.observe, &config, trainer.schedule(), 0, true)?;
             let summary = trainer
-                .run(|event| {
-                    show(&progress, &config, event);
-                    Ok(())
-                })
+                .run(|event| observe.on_event(event))
                 .map_err(|e| run_error(e, &config))?;
-            progress.finish_and_clear();
+            observe.finish();
             Ok(Some(summary))
         }
         Transport::Mpi => execute_mpi(args, config, given),
@@ -239,7 +237,7 @@ fn write(args: &Args, summary: &RunSummary) -> anyhow::Result<()> {
     }
     let text = match args.format {
         Format::Json => summary.json(),
-        Format::Table => summary.table(args.quiet),
+        Format::Table => summary.table(args.observe.quiet),
     };
     files.push((args.output.clone(), text.into_bytes()));
     write_together(files)
@@ -267,31 +265,6 @@ fn execute_mpi(
             .into(),
     )
     .into())
-}
-
-/// Shows a step on the progress bar.
-fn show(progress: &ProgressBar, config: &TrainConfig, event: StepEvent<'_>) {
-    if let StepEvent::Finished { report, elapsed } = event {
-        let samples = (config.micro_batches * config.micro_batch_size) as f64;
-        progress.set_message(format!(
-            "loss {:.5} · {:.0} samples/s",
-            report.loss,
-            samples * (report.step + 1) as f64 / elapsed.as_secs_f64().max(1e-9)
-        ));
-        progress.set_position(report.step as u64 + 1);
-    }
-}
-
-/// A progress bar on stderr, hidden with `--quiet` or when stderr is not a terminal.
-fn progress_bar(args: &Args, steps: usize) -> ProgressBar {
-    if args.quiet || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(Some(steps as u64), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("step {pos}/{len} [{bar:20}] {msg} eta {eta}") {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
 }
 
 /// Maps a set-up error: a configuration the schedule or the model rejects is a usage error.
