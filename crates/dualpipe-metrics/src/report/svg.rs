@@ -10,7 +10,7 @@ const WIDTH: f64 = 860.0;
 const PANEL: f64 = 220.0;
 const LEFT: f64 = 80.0;
 const RIGHT: f64 = 190.0;
-const TOP: f64 = 40.0;
+const TOP: f64 = 56.0;
 const GAP: f64 = 50.0;
 /// At most this many points per line (longer runs are thinned evenly).
 const MAX_POINTS: usize = 1200;

@@ -27,6 +27,15 @@ fn thread_cpu() -> Option<f64> {
     None
 }
 
+/// Seconds this thread has spent runnable but waiting on a run queue so far (Linux's
+/// `/proc/thread-self/schedstat`, second field); `None` where the kernel does not keep it.
+/// It tells the part of a blocking receive spent waiting for a core after the message came.
+pub fn thread_run_delay_seconds() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let nanos: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some(nanos as f64 * 1e-9)
+}
+
 /// The cores this process may run on (`std::thread::available_parallelism`, 1 if unknown).
 pub fn available_cores() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
@@ -40,7 +49,9 @@ pub struct RankTime {
     /// CPU time of the rank's thread while its program ran (when the platform has no thread
     /// CPU clock: the active time less the message waits, i.e. no core wait is assumed).
     pub cpu_seconds: f64,
-    /// Wall time the rank was blocked waiting for a message from another rank.
+    /// Wall time the rank was blocked waiting for a message from another rank, less the time
+    /// it then waited for a core after the message came (where the kernel tells it: Linux's
+    /// schedstat run delay).
     pub message_wait_seconds: f64,
     /// Runnable but not running: the active time that was neither CPU time nor a message
     /// wait (never negative).
@@ -156,6 +167,16 @@ mod tests {
         let worked = thread_cpu_seconds().unwrap() - before - slept;
         assert!(slept < 0.015, "sleeping used {slept} s of CPU");
         assert!(worked > 0.005, "spinning used only {worked} s of CPU");
+    }
+
+    #[test]
+    fn the_run_delay_only_grows() {
+        let Some(first) = thread_run_delay_seconds() else {
+            return;
+        };
+        std::thread::yield_now();
+        let second = thread_run_delay_seconds().unwrap();
+        assert!(first >= 0.0 && second >= first, "{first} then {second}");
     }
 
     #[test]

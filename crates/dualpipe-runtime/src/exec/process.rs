@@ -233,6 +233,7 @@ pub fn run_rank_step<S: WireStage, L: Link>(
         &record.compute,
         &record.messages,
         record.time(),
+        record.comm_wait,
     );
     let stamp = |src: usize| Stamp::chunk(step, Class::Losses, 0, src, 0);
     for dst in (0..schedule.ranks).filter(|&d| d != rank) {
@@ -247,12 +248,13 @@ pub fn run_rank_step<S: WireStage, L: Link>(
         }
     }
     for src in 0..schedule.ranks {
-        let (losses_of, compute, messages, time) = if src == rank {
+        let (losses_of, compute, messages, time, comm_wait) = if src == rank {
             (
                 record.losses.clone(),
                 record.compute.clone(),
                 record.messages.clone(),
                 record.time(),
+                record.comm_wait,
             )
         } else {
             let deadline = Instant::now() + options.recv_timeout;
@@ -284,11 +286,7 @@ pub fn run_rank_step<S: WireStage, L: Link>(
         losses.extend(losses_of);
         timeline.compute[src] = compute;
         timeline.messages.extend(messages);
-        timeline.comm_wait[src] = if src == rank {
-            record.comm_wait
-        } else {
-            time.message_wait_seconds
-        };
+        timeline.comm_wait[src] = comm_wait;
         rank_times.ranks.push(time);
     }
     losses.sort_by_key(|l: &MicroBatchLoss| l.global_mb);

@@ -26,6 +26,7 @@ pub(super) fn encode_report(
     compute: &[ComputeInterval],
     messages: &[MessageInterval],
     time: RankTime,
+    comm_wait: f64,
 ) -> Vec<WireData> {
     let loss_values: Vec<f64> = losses
         .iter()
@@ -70,6 +71,7 @@ pub(super) fn encode_report(
             } else {
                 f64::NAN
             },
+            comm_wait,
         ]),
     ]
 }
@@ -79,6 +81,7 @@ pub(super) type Report = (
     Vec<ComputeInterval>,
     Vec<MessageInterval>,
     RankTime,
+    f64,
 );
 
 pub(super) fn decode_report(tensors: &[WireData]) -> Result<Report, WireError> {
@@ -95,7 +98,7 @@ pub(super) fn decode_report(tensors: &[WireData]) -> Result<Report, WireError> {
     if !fits(&losses, LOSS_FIELDS)
         || !fits(&compute, COMPUTE_FIELDS)
         || !fits(&messages, MESSAGE_FIELDS)
-        || wait.len() != 3
+        || wait.len() != 4
     {
         return Err(WireError("report fields of the wrong length".into()));
     }
@@ -148,6 +151,7 @@ pub(super) fn decode_report(tensors: &[WireData]) -> Result<Report, WireError> {
         compute,
         messages,
         RankTime::new(wait[1], wait[0], cpu),
+        wait[3],
     ))
 }
 
@@ -194,11 +198,11 @@ mod tests {
             end: 0.3,
         }];
         let time = RankTime::new(2.5, 0.01, Some(1.5));
-        let wire = encode_report(&losses, &compute, &messages, time);
-        let (l, co, m, w) = decode_report(&wire).unwrap();
-        assert_eq!((l, co, m, w), (losses, compute, messages, time));
+        let wire = encode_report(&losses, &compute, &messages, time, 0.02);
+        let (l, co, m, w, c) = decode_report(&wire).unwrap();
+        assert_eq!((l, co, m, w, c), (losses, compute, messages, time, 0.02));
         let unmeasured = RankTime::new(2.5, 0.01, None);
-        let wire2 = encode_report(&[], &[], &[], unmeasured);
+        let wire2 = encode_report(&[], &[], &[], unmeasured, 0.01);
         assert_eq!(decode_report(&wire2).unwrap().3, unmeasured);
         assert!(decode_report(&wire[..3]).is_err());
     }

@@ -8,7 +8,7 @@ use dualpipe_schedule::ir::Neighbour;
 use dualpipe_schedule::{Chunk, Op, Schedule};
 use dualpipe_sim::{ComputeInterval, MessageInterval, MessageKind};
 
-use super::cpu::{thread_cpu_seconds, RankTime};
+use super::cpu::{thread_cpu_seconds, thread_run_delay_seconds, RankTime};
 use super::types::{describe, ExecOptions, MicroBatchLoss, RankStages};
 use crate::error::panic_message;
 use crate::transport::{Key, Transport, WaitError};
@@ -22,6 +22,9 @@ pub(crate) struct RankRecord {
     pub messages: Vec<MessageInterval>,
     /// Seconds the rank spent blocked on receives.
     pub comm_wait: f64,
+    /// Of `comm_wait`, the seconds the thread was runnable again (its message had come) but
+    /// waited for a core; 0 where the kernel does not say.
+    pub comm_wait_run_delay: f64,
     /// Losses of the micro-batches whose last stage ran here.
     pub losses: Vec<MicroBatchLoss>,
     /// Seconds from the step start until the program ended.
@@ -34,7 +37,11 @@ pub(crate) struct RankRecord {
 impl RankRecord {
     /// Where this rank's time went.
     pub fn time(&self) -> RankTime {
-        RankTime::new(self.active, self.comm_wait, self.cpu)
+        RankTime::new(
+            self.active,
+            (self.comm_wait - self.comm_wait_run_delay).max(0.0),
+            self.cpu,
+        )
     }
 }
 
@@ -113,6 +120,7 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
                 compute: Vec::new(),
                 messages: Vec::new(),
                 comm_wait: 0.0,
+                comm_wait_run_delay: 0.0,
                 losses: Vec::new(),
                 active: 0.0,
                 cpu: None,
@@ -338,12 +346,16 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
             ));
         }
         let began = Instant::now();
+        let delay_before = thread_run_delay_seconds();
         let taken = self.transport.take(
             key,
             began + self.options.recv_timeout,
             self.options.poll_interval,
         );
         self.record.comm_wait += began.elapsed().as_secs_f64();
+        if let Some((before, after)) = delay_before.zip(thread_run_delay_seconds()) {
+            self.record.comm_wait_run_delay += (after - before).max(0.0);
+        }
         match taken {
             Ok((from, tensor)) => self.check_source(op, key, src, from).map(|()| tensor),
             Err(err) => Err(self.wait_failure(op, key, src, err)),
