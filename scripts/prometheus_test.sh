@@ -18,10 +18,15 @@ fi
 work=$(mktemp -d)
 train_pid=""
 prom_pid=""
+# Stops what this script started (by its own pids) and keeps the script's exit status.
 cleanup() {
-    [ -n "$prom_pid" ] && kill "$prom_pid" 2>/dev/null && wait "$prom_pid" 2>/dev/null
-    [ -n "$train_pid" ] && kill "$train_pid" 2>/dev/null && wait "$train_pid" 2>/dev/null
+    local rc=$?
+    for pid in $prom_pid $train_pid; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
     rm -rf "$work"
+    exit "$rc"
 }
 trap cleanup EXIT
 

@@ -328,9 +328,9 @@ impl RunSummary {
         }
         if s.rank_threads > s.cores {
             out.push_str(&format!(
-                "\n  note: {} busy rank threads share {} cores, so ranks also wait for a core; \
-                 the bubble counts only waits for a message ({} of rank time was idle between \
-                 compute ops on the timeline)\n",
+                "\n  note: {} busy rank threads share {} cores, so ranks also wait for a core;\n  \
+                 the bubble counts only waits for a message ({} of rank time was idle\n  \
+                 between compute ops on the timeline)\n",
                 s.rank_threads,
                 s.cores,
                 pct(s.timeline_idle_ratio)
@@ -343,6 +343,69 @@ impl RunSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bubble_counts_message_waits_and_core_waits_are_reported_apart() {
+        use dualpipe_runtime::{RankTime, RankTimes};
+        use dualpipe_schedule::{Chunk, Op, ScheduleKind};
+        use dualpipe_sim::ComputeInterval;
+
+        let config = TrainConfig {
+            schedule: ScheduleKind::OneFOneB,
+            ranks: 2,
+            micro_batches: 2,
+            ..TrainConfig::default()
+        };
+        let schedule = dualpipe_schedule::build(ScheduleKind::OneFOneB, 2, 2, 1).unwrap();
+        let mut timeline = Timeline::new(2);
+        for rank in 0..2 {
+            timeline.compute[rank].push(ComputeInterval {
+                op: Op::F(Chunk::new(0, rank, 0)),
+                start: 0.0,
+                end: 0.5,
+            });
+        }
+        timeline.compute[0][0].end = 1.0;
+        let mut builder = SummaryBuilder::new(&config, &schedule);
+        builder.add(StepReport {
+            step: 0,
+            losses: vec![1.0, 1.0],
+            loss: 1.0,
+            timeline: Some(timeline),
+            wall: Duration::from_secs(1),
+            rank_times: RankTimes {
+                // Rank 0: 0.5 s of CPU, 0.5 s waiting for a core; rank 1: 0.5 s of CPU, then
+                // 0.5 s blocked on a message.
+                ranks: vec![
+                    RankTime::new(1.0, 0.0, Some(0.5)),
+                    RankTime::new(1.0, 0.5, Some(0.5)),
+                ],
+                threads: 4,
+                cores: 2,
+            },
+        });
+        let summary = builder.finish(Duration::from_secs(1));
+        assert_eq!(summary.bubble_ratio, 0.25);
+        assert_eq!(summary.core_wait_ratio, 0.25);
+        assert_eq!(summary.timeline_idle_ratio, 0.25);
+        assert_eq!((summary.rank_threads, summary.cores), (4, 2));
+        let table = summary.table(true);
+        assert!(table.contains("25.0% measured (message waits)"), "{table}");
+        assert!(table.contains("25.0% of rank time waiting for a core (4 rank threads on 2 cores)"));
+        assert!(
+            table.contains("note: 4 busy rank threads share 2 cores"),
+            "{table}"
+        );
+        let json = summary.json();
+        for key in [
+            "\"bubble_ratio\"",
+            "\"core_wait_ratio\"",
+            "\"timeline_idle_ratio\"",
+            "\"cores\"",
+        ] {
+            assert!(json.contains(key), "{key}");
+        }
+    }
 
     #[test]
     fn median_of_even_and_odd_counts() {
