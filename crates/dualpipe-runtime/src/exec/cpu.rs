@@ -19,7 +19,7 @@ fn thread_cpu() -> Option<f64> {
     // SAFETY: `now` is a valid, writable timespec for the duration of the call, and
     // CLOCK_THREAD_CPUTIME_ID is a clock id every supported unix defines.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    (rc == 0).then(|| now.tv_sec as f64 + now.tv_nsec as f64 * 1e-9)
+    (rc == 0).then_some(now.tv_sec as f64 + now.tv_nsec as f64 * 1e-9)
 }
 
 #[cfg(not(unix))]
@@ -124,7 +124,7 @@ impl RankTimes {
     /// rest of the makespan (message waits, and the time before a rank's first op or after its
     /// last one). All zero when there are no ranks or the makespan is not positive.
     pub fn split(&self, makespan: f64) -> TimeSplit {
-        if self.ranks.is_empty() || !(makespan > 0.0) {
+        if self.ranks.is_empty() || makespan.is_nan() || makespan <= 0.0 {
             return TimeSplit::default();
         }
         let total = makespan * self.ranks.len() as f64;
