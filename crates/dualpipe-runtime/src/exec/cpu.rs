@@ -29,7 +29,8 @@ fn thread_cpu() -> Option<f64> {
 
 /// Seconds this thread has spent runnable but waiting on a run queue so far (Linux's
 /// `/proc/thread-self/schedstat`, second field); `None` where the kernel does not keep it.
-/// It tells the part of a blocking receive spent waiting for a core after the message came.
+/// It is exactly "runnable but not running", including the wait for a core after a message
+/// woke the thread.
 pub fn thread_run_delay_seconds() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
     let nanos: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
@@ -49,20 +50,38 @@ pub struct RankTime {
     /// CPU time of the rank's thread while its program ran (when the platform has no thread
     /// CPU clock: the active time less the message waits, i.e. no core wait is assumed).
     pub cpu_seconds: f64,
-    /// Wall time the rank was blocked waiting for a message from another rank, less the time
-    /// it then waited for a core after the message came (where the kernel tells it: Linux's
-    /// schedstat run delay).
+    /// Wall time the rank was blocked waiting for a message from another rank. Where the
+    /// kernel keeps a run delay (Linux), the time the thread was blocked (neither running nor
+    /// runnable), so the wait for a core after the message came is a core wait; elsewhere the
+    /// wall time of the blocking receives.
     pub message_wait_seconds: f64,
-    /// Runnable but not running: the active time that was neither CPU time nor a message
-    /// wait (never negative).
+    /// Runnable but not running: the kernel's run delay where it keeps one, else the active
+    /// time that was neither CPU time nor a message wait (never negative).
     pub core_wait_seconds: f64,
     /// Whether `cpu_seconds` was measured (`false` where no thread CPU clock exists).
     pub cpu_measured: bool,
 }
 
 impl RankTime {
+    /// The split of a rank that ran `active` seconds, used `cpu` seconds of CPU and waited
+    /// `run_delay` seconds on a run queue (the kernel's count): the rest of the time it was
+    /// blocked, i.e. waiting for a message.
+    pub fn from_run_delay(active: f64, cpu: f64, run_delay: f64) -> Self {
+        let active = active.max(0.0);
+        let cpu = cpu.clamp(0.0, active);
+        let core = run_delay.clamp(0.0, active - cpu);
+        RankTime {
+            active_seconds: active,
+            cpu_seconds: cpu,
+            message_wait_seconds: active - cpu - core,
+            core_wait_seconds: core,
+            cpu_measured: true,
+        }
+    }
+
     /// The split of a rank that ran `active` seconds, blocked `message_wait` of them on
-    /// receives and used `cpu` seconds of CPU (`None`: not measured).
+    /// receives and used `cpu` seconds of CPU (`None`: not measured), where no run delay is
+    /// known: the core wait is what is left.
     pub fn new(active: f64, message_wait: f64, cpu: Option<f64>) -> Self {
         let active = active.max(0.0);
         let message_wait = message_wait.clamp(0.0, active);
@@ -183,6 +202,15 @@ mod tests {
     fn idle_time_splits_into_message_and_core_waits() {
         let r = RankTime::new(1.0, 0.25, Some(0.5));
         assert_eq!(r.core_wait_seconds, 0.25);
+        let kernel = RankTime::from_run_delay(1.0, 0.5, 0.125);
+        assert_eq!(
+            (kernel.message_wait_seconds, kernel.core_wait_seconds),
+            (0.375, 0.125)
+        );
+        assert_eq!(
+            RankTime::from_run_delay(1.0, 0.5, 0.75).core_wait_seconds,
+            0.5
+        );
         let unmeasured = RankTime::new(1.0, 0.25, None);
         assert_eq!(
             (unmeasured.cpu_seconds, unmeasured.core_wait_seconds),

@@ -22,9 +22,9 @@ pub(crate) struct RankRecord {
     pub messages: Vec<MessageInterval>,
     /// Seconds the rank spent blocked on receives.
     pub comm_wait: f64,
-    /// Of `comm_wait`, the seconds the thread was runnable again (its message had come) but
-    /// waited for a core; 0 where the kernel does not say.
-    pub comm_wait_run_delay: f64,
+    /// Seconds the thread was runnable but waited for a core while running the program
+    /// (`None` where the kernel does not say).
+    pub run_delay: Option<f64>,
     /// Losses of the micro-batches whose last stage ran here.
     pub losses: Vec<MicroBatchLoss>,
     /// Seconds from the step start until the program ended.
@@ -37,11 +37,10 @@ pub(crate) struct RankRecord {
 impl RankRecord {
     /// Where this rank's time went.
     pub fn time(&self) -> RankTime {
-        RankTime::new(
-            self.active,
-            (self.comm_wait - self.comm_wait_run_delay).max(0.0),
-            self.cpu,
-        )
+        match (self.cpu, self.run_delay) {
+            (Some(cpu), Some(delay)) => RankTime::from_run_delay(self.active, cpu, delay),
+            _ => RankTime::new(self.active, self.comm_wait, self.cpu),
+        }
     }
 }
 
@@ -120,7 +119,7 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
                 compute: Vec::new(),
                 messages: Vec::new(),
                 comm_wait: 0.0,
-                comm_wait_run_delay: 0.0,
+                run_delay: None,
                 losses: Vec::new(),
                 active: 0.0,
                 cpu: None,
@@ -135,12 +134,16 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
     pub fn run(mut self) -> Result<RankRecord, Option<RuntimeError>> {
         let rank = self.rank;
         let cpu_start = thread_cpu_seconds();
+        let delay_start = thread_run_delay_seconds();
         let outcome = catch_unwind(AssertUnwindSafe(|| self.run_program()));
         let err = match outcome {
             Ok(Ok(())) => {
                 self.record.active = self.now();
                 self.record.cpu = cpu_start
                     .zip(thread_cpu_seconds())
+                    .map(|(start, end)| end - start);
+                self.record.run_delay = delay_start
+                    .zip(thread_run_delay_seconds())
                     .map(|(start, end)| end - start);
                 return Ok(self.record);
             }
@@ -346,16 +349,12 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
             ));
         }
         let began = Instant::now();
-        let delay_before = thread_run_delay_seconds();
         let taken = self.transport.take(
             key,
             began + self.options.recv_timeout,
             self.options.poll_interval,
         );
         self.record.comm_wait += began.elapsed().as_secs_f64();
-        if let Some((before, after)) = delay_before.zip(thread_run_delay_seconds()) {
-            self.record.comm_wait_run_delay += (after - before).max(0.0);
-        }
         match taken {
             Ok((from, tensor)) => self.check_source(op, key, src, from).map(|()| tensor),
             Err(err) => Err(self.wait_failure(op, key, src, err)),
