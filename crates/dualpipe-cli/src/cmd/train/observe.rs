@@ -22,7 +22,8 @@ pub struct ObserveArgs {
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<String>,
     /// Write one JSON line per step (every metric) into FILE, as the run goes; read it back
-    /// with `dualpipe report FILE`.
+    /// with `dualpipe report FILE`. With --transport mpi rank 0 writes it (every rank sees
+    /// every rank's figures).
     #[arg(long, value_name = "FILE.jsonl")]
     pub log: Option<PathBuf>,
     /// No progress bar and no per-step lines (the summary is still printed).
@@ -84,7 +85,7 @@ impl Observe {
             observer = observer.with_metrics(metrics);
             server = Some(started);
         }
-        if let Some(path) = &args.log {
+        if let Some(path) = args.log.as_ref().filter(|_| rank == 0) {
             check_output(path)?;
             let log = RunLog::create(path).map_err(|e| UsageError(format!("--log: {e}")))?;
             observer = observer.with_log(log);
