@@ -29,6 +29,8 @@ enum Command {
     Eval(cmd::eval::Args),
     /// Continue a prompt with GPT weights (greedy, or sampled with a temperature).
     Generate(cmd::generate::Args),
+    /// Summarise a run from its `train --log` file; draw its loss, throughput and bubble.
+    Report(cmd::report::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -41,6 +43,7 @@ fn main() -> std::process::ExitCode {
         Command::Train(args) => cmd::train::run(*args),
         Command::Eval(args) => cmd::eval::run(args),
         Command::Generate(args) => cmd::generate::run(args),
+        Command::Report(args) => cmd::report::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

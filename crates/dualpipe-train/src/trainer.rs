@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use dualpipe_nn::gpt::GptWeights;
 use dualpipe_nn::{ModelStage, Optimizer, StagePosition, StepBatch};
-use dualpipe_runtime::{ExecOptions, RankStages};
+use dualpipe_runtime::{ExecOptions, RankStages, RankTimes};
 use dualpipe_schedule::{Schedule, ScheduleError};
 use dualpipe_sim::Timeline;
 
@@ -35,6 +35,8 @@ pub struct StepReport {
     /// The validation after this step, when one was due (the GPT every
     /// [`TrainConfig::eval_every`] steps and after the last; on the reporting process).
     pub evaluation: Option<Evaluation>,
+    /// Where each rank's pipeline time went: CPU, waiting for a message, waiting for a core.
+    pub rank_times: RankTimes,
 }
 
 /// What [`Trainer::run`] tells its callback.
@@ -299,6 +301,7 @@ impl<D: Driver> Trainer<D> {
             wall: start.elapsed(),
             grad_norm,
             evaluation: None,
+            rank_times: outcome.rank_times,
         })
     }
 

@@ -143,9 +143,9 @@ pub struct Args {
     /// Draw the last step's measured timeline as an SVG picture into FILE.
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
-    /// No progress bar and no per-step lines (the summary is still printed).
-    #[arg(long)]
-    pub quiet: bool,
+    /// Progress bar, metrics server and run log.
+    #[command(flatten)]
+    pub observe: super::observe::ObserveArgs,
     /// local: one thread per rank; mpi: one process per rank, e.g.
     /// `mpirun -n 4 dualpipe train --transport mpi` (rank 0 prints the summary).
     #[arg(long, value_enum, default_value_t = Transport::Local)]
