@@ -1,4 +1,4 @@
-//! The wire codec of [`MlpStage`]'s candle tensors, so a stage can run one rank per process
+//! The wire codec of [`ModelStage`]'s candle tensors (either model's), so a stage can run one rank per process
 //! (`dualpipe-train`'s `RankTrainer`): activations and gradients cross as (dtype, shape,
 //! little-endian bytes), bit for bit.
 
@@ -6,9 +6,9 @@ use candle_core::{DType as CDType, Device, Tensor};
 use dualpipe_runtime::transport::wire::{WireDType, WireData, WireError};
 use dualpipe_runtime::WireStage;
 
-use crate::stage::MlpStage;
+use crate::model_stage::ModelStage;
 
-impl WireStage for MlpStage {
+impl WireStage for ModelStage {
     fn tensor_to_wire(tensor: Tensor) -> Result<WireData, WireError> {
         tensor_to_wire(&tensor)
     }

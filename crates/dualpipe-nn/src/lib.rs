@@ -8,6 +8,7 @@
 //!   data, the synthetic addition task, eval and generation;
 //! - [`stage::MlpStage`]: a slice of the MLP model implementing the runtime's
 //!   [`dualpipe_runtime::Stage`];
+//! - [`model_stage::ModelStage`]: a stage of either model, so the trainer is written once;
 //! - [`data`]: seeded teacher-student regression data;
 //! - [`optim`]: SGD with momentum and AdamW;
 //! - [`distributed`]: the wire codec of the stage's tensors, so a stage's activations and
@@ -26,10 +27,12 @@ pub mod distributed;
 pub mod error;
 pub mod gpt;
 pub mod layers;
+pub mod model_stage;
 pub mod optim;
 pub mod rng;
 pub mod stage;
 
 pub use error::NnError;
+pub use model_stage::{ModelStage, StepBatch};
 pub use optim::{Optimizer, OptimizerKind};
 pub use stage::{MlpStage, ModelConfig, StagePosition};

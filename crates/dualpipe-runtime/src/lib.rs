@@ -51,8 +51,8 @@ pub mod transport;
 pub use dualpipe_sim::OpTimes;
 pub use error::RuntimeError;
 pub use exec::{
-    barrier, build_ranks, run_rank_step, run_step, sum_stage_copies_remote, try_build_ranks,
-    ExecOptions, MicroBatchLoss, RankStages, StepOutcome,
+    all_gather, barrier, build_ranks, run_rank_step, run_step, sum_stage_copies_remote,
+    try_build_ranks, ExecOptions, MicroBatchLoss, RankStages, StepOutcome,
 };
 pub use grads::sum_stage_copies;
 pub use launch::{LaunchError, LaunchInfo, Launcher};

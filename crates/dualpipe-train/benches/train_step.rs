@@ -18,7 +18,7 @@ fn small(schedule: ScheduleKind, ranks: usize) -> TrainConfig {
         micro_batch_size: 32,
         hidden: 64,
         layers_per_stage: 1,
-        ..TrainConfig::default()
+        ..TrainConfig::MLP
     }
 }
 

@@ -2,13 +2,12 @@
 //! check of its sizes ([`TrainConfig::check`]).
 
 use std::fmt;
+use std::path::PathBuf;
 
+use dualpipe_nn::gpt::GptConfig;
 use dualpipe_nn::{ModelConfig, OptimizerKind};
 use dualpipe_schedule::ScheduleKind;
 use serde::{Deserialize, Serialize};
-
-use crate::error::TrainError;
-use crate::memory::{self, MemoryEstimate, MEMORY_LIMIT_BYTES};
 
 /// Element type of parameters and activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -65,21 +64,65 @@ impl fmt::Display for DType {
     }
 }
 
+/// Which model a run trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// The GPT-style byte-level language model (`dualpipe_nn::gpt`): the default.
+    #[default]
+    Gpt,
+    /// The residual MLP regressing a seeded random teacher (compared with DeepSeek's
+    /// reference).
+    Mlp,
+}
+
+impl ModelKind {
+    /// Names accepted by [`ModelKind::from_name`].
+    pub const NAMES: [&'static str; 2] = ["gpt", "mlp"];
+
+    /// `"gpt"` or `"mlp"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::Gpt => "gpt",
+            ModelKind::Mlp => "mlp",
+        }
+    }
+
+    /// Parses `"gpt"` or `"mlp"` (case-insensitive).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "gpt" => Some(ModelKind::Gpt),
+            "mlp" => Some(ModelKind::Mlp),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// The most steps one run may ask for: the run keeps every step's loss for its summary (8 bytes
 /// a step, so 8 GB at the cap), and nothing near it finishes in a lifetime anyway.
 pub const MAX_STEPS: usize = 1_000_000_000;
 
-/// Everything a training run depends on. The model and the data depend only on `seed`,
-/// [`TrainConfig::model_stages`], `hidden`, `layers_per_stage`, `micro_batches`,
-/// `micro_batch_size` and `dtype` — never on the schedule or the rank count — so e.g. DualPipe
+/// Everything a training run depends on. The model and the data depend only on `model`,
+/// `seed`, [`TrainConfig::model_stages`], the model's shape (`hidden` for the MLP; `d_model`,
+/// `heads`, `seq_len` for the GPT), `layers_per_stage`, `micro_batches`, `micro_batch_size`,
+/// the data options and `dtype` — never on the schedule or the rank count — so e.g. DualPipe
 /// on 4 ranks, 1F1B on 4 ranks and DualPipeV on 2 ranks (4 stages each) train the same model
 /// on the same batches.
 ///
-/// [`TrainConfig::default`] is the one source of defaults: the CLI's flags take theirs from
-/// it. As JSON, missing members take their defaults.
+/// [`TrainConfig::DEFAULT`] (the GPT) and [`TrainConfig::MLP`] are the one source of
+/// defaults ([`TrainConfig::defaults_for`]): the CLI's flags take theirs from them. As JSON,
+/// missing members take [`TrainConfig::DEFAULT`]'s.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
+    /// The model.
+    pub model: ModelKind,
     /// The pipeline schedule (its name, e.g. `"dualpipe"`).
     #[serde(with = "schedule_name")]
     pub schedule: ScheduleKind,
@@ -92,10 +135,32 @@ pub struct TrainConfig {
     pub micro_batch_size: usize,
     /// Stages per rank for `interleaved` (ignored by the other schedules).
     pub virtual_stages: usize,
-    /// Width of the model (each block is `hidden → 4 hidden → hidden`).
+    /// Width of the MLP (each block is `hidden → 4 hidden → hidden`).
     pub hidden: usize,
-    /// Residual MLP blocks per model stage.
+    /// Blocks per model stage (residual MLP blocks, or transformer blocks).
     pub layers_per_stage: usize,
+    /// Width of the GPT's hidden states.
+    pub d_model: usize,
+    /// The GPT's attention heads (dividing `d_model`).
+    pub heads: usize,
+    /// Tokens per training sequence (the GPT's context length).
+    pub seq_len: usize,
+    /// The GPT's training text (any file: bytes are tokens); `None`: the seeded synthetic
+    /// addition task generated in process.
+    pub data: Option<PathBuf>,
+    /// The share of the text, at its end, held out for validation (in `[0, 1)`).
+    pub validation_fraction: f64,
+    /// Evaluate on the validation text every this many steps (0: only after the last step).
+    pub eval_every: usize,
+    /// Draw training windows in a seeded random order (`false`: row `r` of micro-batch `m` of
+    /// step `t` is window `((t-1)·micro_batches + m)·micro_batch_size + r`, modulo the windows).
+    pub shuffle: bool,
+    /// Start the GPT from these safetensors weights (their metadata fixes the architecture)
+    /// instead of a seeded initialisation.
+    pub init_from: Option<PathBuf>,
+    /// Scale the step's gradient down to this global L2 norm when it is larger (`None`: no
+    /// clipping).
+    pub clip_grad: Option<f64>,
     /// Training steps of a run ([`Trainer::run`](crate::Trainer::run) runs them;
     /// [`Trainer::step`](crate::Trainer::step) runs one). At most [`MAX_STEPS`].
     pub steps: usize,
@@ -114,24 +179,54 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
-    /// The default run: DualPipe on 4 ranks, 4 stages of 2 blocks of width 128, 16
-    /// micro-batches of 64 rows, AdamW at lr 1e-3, f32, seed 0, 600 steps (about 45 s on 2
-    /// cores in release), a 60 s receive timeout.
+    /// The default run: the GPT (d_model 64, 4 heads, 2 blocks per stage, sequences of 32
+    /// bytes) learning the seeded addition task, DualPipe on 4 ranks, 16 micro-batches of 8
+    /// sequences, AdamW at lr 3e-3, f32, seed 0, 300 steps, validation every 50, a 60 s
+    /// receive timeout.
     pub const DEFAULT: TrainConfig = TrainConfig {
+        model: ModelKind::Gpt,
         schedule: ScheduleKind::DualPipe,
         ranks: 4,
         micro_batches: 16,
-        micro_batch_size: 64,
+        micro_batch_size: 8,
         virtual_stages: 1,
         hidden: 128,
         layers_per_stage: 2,
-        steps: 600,
-        lr: 1e-3,
+        d_model: 64,
+        heads: 4,
+        seq_len: 32,
+        data: None,
+        validation_fraction: 0.1,
+        eval_every: 50,
+        shuffle: true,
+        init_from: None,
+        clip_grad: None,
+        steps: 300,
+        lr: 3e-3,
         optimizer: OptimizerKind::adamw(),
         dtype: DType::F32,
         seed: 0,
         recv_timeout: 60.0,
     };
+
+    /// The MLP's run (`--model mlp`, compared with DeepSeek's reference): DualPipe on 4 ranks,
+    /// 4 stages of 2 blocks of width 128, 16 micro-batches of 64 rows, AdamW at lr 1e-3, f32,
+    /// seed 0, 600 steps (about 45 s on 2 cores in release).
+    pub const MLP: TrainConfig = TrainConfig {
+        model: ModelKind::Mlp,
+        micro_batch_size: 64,
+        steps: 600,
+        lr: 1e-3,
+        ..TrainConfig::DEFAULT
+    };
+
+    /// The defaults of `model`'s runs: [`TrainConfig::DEFAULT`] or [`TrainConfig::MLP`].
+    pub const fn defaults_for(model: ModelKind) -> TrainConfig {
+        match model {
+            ModelKind::Gpt => TrainConfig::DEFAULT,
+            ModelKind::Mlp => TrainConfig::MLP,
+        }
+    }
 }
 
 impl Default for TrainConfig {
@@ -166,6 +261,20 @@ pub enum Field {
     RecvTimeout,
     /// [`TrainConfig::dtype`].
     DType,
+    /// [`TrainConfig::d_model`].
+    DModel,
+    /// [`TrainConfig::heads`].
+    Heads,
+    /// [`TrainConfig::seq_len`].
+    SeqLen,
+    /// [`TrainConfig::data`].
+    Data,
+    /// [`TrainConfig::validation_fraction`].
+    ValidationFraction,
+    /// [`TrainConfig::init_from`].
+    InitFrom,
+    /// [`TrainConfig::clip_grad`].
+    ClipGrad,
 }
 
 /// How messages name a [`Field`].
@@ -192,6 +301,13 @@ impl Field {
             Field::Lr => "lr",
             Field::RecvTimeout => "recv_timeout",
             Field::DType => "dtype",
+            Field::DModel => "d_model",
+            Field::Heads => "heads",
+            Field::SeqLen => "seq_len",
+            Field::Data => "data",
+            Field::ValidationFraction => "validation_fraction",
+            Field::InitFrom => "init_from",
+            Field::ClipGrad => "clip_grad",
         }
     }
 
@@ -216,7 +332,7 @@ impl TrainConfig {
         }
     }
 
-    /// The model's shape and seed.
+    /// The MLP's shape and seed.
     pub fn model(&self) -> ModelConfig {
         ModelConfig {
             seed: self.seed,
@@ -227,163 +343,23 @@ impl TrainConfig {
         }
     }
 
-    /// [`TrainConfig::check`] in field names, for a process that holds every rank.
-    pub fn validate(&self) -> Result<(), TrainError> {
-        self.check(Naming::Fields, 1)
+    /// The GPT's architecture: `layers_per_stage × model_stages` blocks (saturating).
+    pub fn gpt(&self) -> GptConfig {
+        GptConfig {
+            d_model: self.d_model,
+            heads: self.heads,
+            layers: self.layers_per_stage.saturating_mul(self.model_stages()),
+            seq_len: self.seq_len,
+            dtype: self.dtype.candle(),
+        }
     }
 
-    /// Checks the sizes that do not depend on the schedule (the schedule checks its own),
-    /// naming fields as `naming` says. Memory is checked against [`MEMORY_LIMIT_BYTES`] for the
-    /// whole model and against this machine's available memory for the share one process holds
-    /// when the ranks are spread over `processes` processes (1 locally).
-    pub fn check(&self, naming: Naming, processes: usize) -> Result<(), TrainError> {
-        let name = |field: Field| field.name(naming);
-        let positive = [
-            (Field::Ranks, self.ranks),
-            (Field::MicroBatches, self.micro_batches),
-            (Field::MicroBatchSize, self.micro_batch_size),
-            (Field::VirtualStages, self.virtual_stages),
-            (Field::Hidden, self.hidden),
-            (Field::LayersPerStage, self.layers_per_stage),
-            (Field::Steps, self.steps),
-        ];
-        for (field, value) in positive {
-            if value == 0 {
-                return Err(TrainError::Config(format!(
-                    "{} is 0; it must be at least 1",
-                    name(field)
-                )));
-            }
-        }
-        if self.steps > MAX_STEPS {
-            return Err(TrainError::Config(format!(
-                "{} {} is more than {MAX_STEPS}, the most one run takes (it keeps every step's \
-                 loss); run fewer steps",
-                name(Field::Steps),
-                self.steps
-            )));
-        }
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            return Err(TrainError::Config(format!(
-                "{} {}: the learning rate must be a positive number such as 0.001",
-                name(Field::Lr),
-                self.lr
-            )));
-        }
-        if !(self.recv_timeout.is_finite() && self.recv_timeout > 0.0 && self.recv_timeout < 1e9) {
-            return Err(TrainError::Config(format!(
-                "{} {}: the timeout must be a positive number of seconds such as 60",
-                name(Field::RecvTimeout),
-                self.recv_timeout
-            )));
-        }
-        self.check_memory(naming, processes, memory::available_bytes())
-    }
-
-    /// The memory part of [`TrainConfig::check`], against `available` bytes on this machine
-    /// (`None`: unknown, only the documented cap applies).
-    pub fn check_memory(
-        &self,
-        naming: Naming,
-        processes: usize,
-        available: Option<u128>,
-    ) -> Result<(), TrainError> {
-        let name = |field: Field| field.name(naming);
-        let memory = self.memory_bytes();
-        let gib = |bytes: u128| bytes.div_ceil(1 << 30);
-        let share = |bytes: u128| bytes.div_ceil(processes.max(1) as u128);
-        // Name the factor that makes the size absurd, not only the ones printed first.
-        let stages = self.model_stages();
-        let width_squared = (self.hidden as u128).saturating_mul(self.hidden as u128);
-        let parameters_hint = if stages as u128 > width_squared && stages > self.layers_per_stage {
-            format!("fewer {}", name(Field::Ranks))
-        } else if self.layers_per_stage as u128 > width_squared {
-            format!("fewer {}", name(Field::LayersPerStage))
-        } else {
-            format!(
-                "a smaller {} or fewer {}",
-                name(Field::Hidden),
-                name(Field::LayersPerStage)
-            )
-        };
-        let activations_hint = if self.micro_batches > self.micro_batch_size {
-            format!("fewer {}", name(Field::MicroBatches))
-        } else {
-            format!("a smaller {}", name(Field::MicroBatchSize))
-        };
-        let parameters_too_big = |limit: u128, what: &str| {
-            TrainError::Config(format!(
-                "{} {} with {} {} on {} model stages ({} {}) needs {} GiB of parameters and \
-                 optimizer state, more than {}; use {}",
-                name(Field::Hidden),
-                self.hidden,
-                name(Field::LayersPerStage),
-                self.layers_per_stage,
-                stages,
-                name(Field::Ranks),
-                self.ranks,
-                gib(memory.parameters),
-                what.replace("{}", &gib(limit).to_string()),
-                parameters_hint,
-            ))
-        };
-        let activations_too_big = |limit: u128, what: &str| {
-            TrainError::Config(format!(
-                "{} {} with {} {} and {} {} needs {} GiB of activations per step, more than {}; \
-                 use {}",
-                name(Field::MicroBatchSize),
-                self.micro_batch_size,
-                name(Field::MicroBatches),
-                self.micro_batches,
-                name(Field::Hidden),
-                self.hidden,
-                gib(memory.activations),
-                what.replace("{}", &gib(limit).to_string()),
-                activations_hint,
-            ))
-        };
-        const CAP: &str = "the {} GiB a run may use";
-        if memory.parameters > MEMORY_LIMIT_BYTES {
-            return Err(parameters_too_big(MEMORY_LIMIT_BYTES, CAP));
-        }
-        if memory.activations > MEMORY_LIMIT_BYTES {
-            return Err(activations_too_big(MEMORY_LIMIT_BYTES, CAP));
-        }
-        if let Some(available) = available {
-            const FREE: &str = "the {} GiB this machine has available";
-            if share(memory.parameters) > available {
-                return Err(parameters_too_big(available, FREE));
-            }
-            if share(memory.total()) > available {
-                return Err(activations_too_big(available, FREE));
-            }
-        }
-        Ok(())
-    }
-
-    /// An upper estimate of the memory a run needs, computed without overflow: every block's
-    /// h x 4h and 4h x h weights and biases for up to two copies of each stage, each with a
-    /// gradient and two optimizer moments; and one step's activations (each block keeps its
-    /// input, its 4h-wide hidden activations and their GELU input).
-    pub fn memory_bytes(&self) -> MemoryEstimate {
-        let bytes_per_value = self.dtype.size_in_bytes();
-        let h = self.hidden as u128;
-        let blocks = (self.model_stages() as u128).saturating_mul(self.layers_per_stage as u128);
-        let parameters = blocks
-            .saturating_mul(
-                h.saturating_mul(h)
-                    .saturating_mul(8)
-                    .saturating_add(h.saturating_mul(5)),
-            )
-            .saturating_mul(2 * 4 * bytes_per_value);
-        let activations = (self.micro_batch_size as u128)
-            .saturating_mul(self.micro_batches as u128)
-            .saturating_mul(h.saturating_mul(9))
-            .saturating_mul(blocks)
-            .saturating_mul(bytes_per_value);
-        MemoryEstimate {
-            parameters,
-            activations,
+    /// Tokens (GPT) or rows (MLP) one step trains on.
+    pub fn samples_per_step(&self) -> f64 {
+        let rows = self.micro_batches as f64 * self.micro_batch_size as f64;
+        match self.model {
+            ModelKind::Gpt => rows * self.seq_len as f64,
+            ModelKind::Mlp => rows,
         }
     }
 }
@@ -512,7 +488,7 @@ mod tests {
             layers_per_stage: 1,
             micro_batch_size: 1,
             micro_batches: 4,
-            ..TrainConfig::default()
+            ..TrainConfig::MLP
         };
         assert!(wide.check_memory(Naming::Flags, 1, None).is_ok());
         let err = wide
@@ -528,7 +504,7 @@ mod tests {
         // A million rows a micro-batch: activations, naming --micro-batch-size.
         let rows = TrainConfig {
             micro_batch_size: 1_000_000,
-            ..TrainConfig::default()
+            ..TrainConfig::MLP
         };
         let err = rows
             .check_memory(Naming::Flags, 1, Some(16 << 30))
@@ -538,7 +514,7 @@ mod tests {
         let many = TrainConfig {
             micro_batches: 1 << 40,
             micro_batch_size: 1,
-            ..TrainConfig::default()
+            ..TrainConfig::MLP
         };
         let err = many
             .check_memory(Naming::Flags, 1, None)
@@ -547,15 +523,16 @@ mod tests {
         assert!(err.contains("use fewer --micro-batches"), "{err}");
         let huge = TrainConfig {
             micro_batch_size: 100_000_000,
-            ..TrainConfig::default()
+            ..TrainConfig::MLP
         };
         let err = huge.check_memory(Naming::Fields, 1, None).unwrap_err();
         assert!(err.to_string().contains("micro_batch_size"), "{err}");
     }
 
     #[test]
-    fn steps_are_capped_and_the_default_is_six_hundred() {
-        assert_eq!(TrainConfig::default().steps, 600);
+    fn steps_are_capped_and_the_mlp_default_is_six_hundred() {
+        assert_eq!(TrainConfig::MLP.steps, 600);
+        assert_eq!(TrainConfig::default().model, ModelKind::Gpt);
         let many = TrainConfig {
             steps: 1_000_000_000_000,
             ..TrainConfig::default()

@@ -6,7 +6,8 @@
 //! as candle's tensor code is written once over its storage backends: a feature added to the
 //! step (data parallelism, MoE) works on every transport.
 
-use dualpipe_nn::MlpStage;
+use dualpipe_nn::ModelStage;
+use dualpipe_runtime::transport::wire::WireData;
 use dualpipe_runtime::{run_step, sum_stage_copies, ExecOptions, RankStages, StepOutcome};
 use dualpipe_schedule::Schedule;
 
@@ -36,7 +37,7 @@ pub trait Driver {
     fn run_pipeline(
         &mut self,
         schedule: &Schedule,
-        stages: &mut [RankStages<MlpStage>],
+        stages: &mut [RankStages<ModelStage>],
         step: usize,
         options: &ExecOptions,
     ) -> Result<StepOutcome, TrainError>;
@@ -46,10 +47,27 @@ pub trait Driver {
     fn sum_stage_copies(
         &mut self,
         schedule: &Schedule,
-        stages: &mut [RankStages<MlpStage>],
+        stages: &mut [RankStages<ModelStage>],
         step: usize,
         options: &ExecOptions,
     ) -> Result<(), TrainError>;
+
+    /// Every process's `data`, in process order (a single entry when one process holds every
+    /// rank). `round` tells apart several gathers of one step; every process calls it with
+    /// the same `step` and `round`.
+    fn all_gather(
+        &mut self,
+        step: usize,
+        round: usize,
+        data: Vec<WireData>,
+        options: &ExecOptions,
+    ) -> Result<Vec<Vec<WireData>>, TrainError>;
+
+    /// Whether this process reports the run (evaluates, prints the summary, writes files):
+    /// a local run, or rank 0 of a world of processes.
+    fn reports(&self) -> bool {
+        true
+    }
 
     /// Tells the other ranks, if they live elsewhere, that this one failed with `message`.
     fn fail(&mut self, _message: &str) {}
@@ -86,7 +104,7 @@ impl Driver for LocalThreads {
     fn run_pipeline(
         &mut self,
         schedule: &Schedule,
-        stages: &mut [RankStages<MlpStage>],
+        stages: &mut [RankStages<ModelStage>],
         _step: usize,
         options: &ExecOptions,
     ) -> Result<StepOutcome, TrainError> {
@@ -96,10 +114,20 @@ impl Driver for LocalThreads {
     fn sum_stage_copies(
         &mut self,
         schedule: &Schedule,
-        stages: &mut [RankStages<MlpStage>],
+        stages: &mut [RankStages<ModelStage>],
         _step: usize,
         _options: &ExecOptions,
     ) -> Result<(), TrainError> {
         Ok(sum_stage_copies(&schedule.placement, stages)?)
+    }
+
+    fn all_gather(
+        &mut self,
+        _step: usize,
+        _round: usize,
+        data: Vec<WireData>,
+        _options: &ExecOptions,
+    ) -> Result<Vec<Vec<WireData>>, TrainError> {
+        Ok(vec![data])
     }
 }

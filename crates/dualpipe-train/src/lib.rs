@@ -7,6 +7,9 @@
 //!   (every rank on a thread of this process);
 //! - [`rank`](mod@rank) — [`OneRank`], one rank per process over an `Endpoint` (MPI), and
 //!   [`RankTrainer`];
+//! - [`workload`] — [`Workload`]: the model (the GPT by default, or the MLP), its data and
+//!   its validation;
+//! - [`collective`] — the whole-model operations across processes (gradient norm, weights);
 //! - [`trainer`] — [`Trainer`], whose [`Trainer::step`] is the one step (data, pipeline,
 //!   gradient sum of DualPipe's copies, optimizer) and [`Trainer::run`] the run loop with its
 //!   divergence check and progress callback;
@@ -20,6 +23,7 @@
 //! # fn main() -> Result<(), dualpipe_train::TrainError> {
 //! let config = TrainConfig {
 //!     ranks: 2,
+//!     model: dualpipe_train::ModelKind::Mlp,
 //!     micro_batches: 4,
 //!     micro_batch_size: 4,
 //!     hidden: 8,
@@ -37,6 +41,8 @@
 
 #![warn(missing_docs)]
 
+mod check;
+pub mod collective;
 pub mod config;
 pub mod driver;
 pub mod error;
@@ -45,8 +51,9 @@ pub mod rank;
 pub mod reference;
 pub mod summary;
 pub mod trainer;
+pub mod workload;
 
-pub use config::{DType, Field, Naming, TrainConfig, MAX_STEPS};
+pub use config::{DType, Field, ModelKind, Naming, TrainConfig, MAX_STEPS};
 pub use driver::{Driver, LocalThreads, MAX_LOCAL_RANKS};
 pub use dualpipe_nn::{Optimizer, OptimizerKind};
 pub use error::{Divergence, TrainError};
@@ -55,3 +62,4 @@ pub use rank::{OneRank, RankTrainer};
 pub use reference::{Reference, ReferenceStep};
 pub use summary::{RunSummary, SummaryBuilder};
 pub use trainer::{StepEvent, StepReport, Trainer};
+pub use workload::{Evaluation, Sample, Workload};

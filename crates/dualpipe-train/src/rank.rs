@@ -8,11 +8,12 @@
 //! ([`sum_stage_copies_remote`]) and steps the optimizer on its copies. The arithmetic and its
 //! order are the local trainer's, so the losses are bit-identical to a local run.
 
-use dualpipe_nn::MlpStage;
+use dualpipe_nn::ModelStage;
 use dualpipe_runtime::transport::endpoint::NOTICE_GRACE;
+use dualpipe_runtime::transport::wire::WireData;
 use dualpipe_runtime::{
-    barrier, run_rank_step, sum_stage_copies_remote, Endpoint, ExecOptions, Link, RankStages,
-    StepOutcome,
+    all_gather, barrier, run_rank_step, sum_stage_copies_remote, Endpoint, ExecOptions, Link,
+    RankStages, StepOutcome,
 };
 use dualpipe_schedule::Schedule;
 
@@ -82,7 +83,7 @@ impl<L: Link> Driver for OneRank<L> {
     fn run_pipeline(
         &mut self,
         schedule: &Schedule,
-        stages: &mut [RankStages<MlpStage>],
+        stages: &mut [RankStages<ModelStage>],
         step: usize,
         options: &ExecOptions,
     ) -> Result<StepOutcome, TrainError> {
@@ -104,7 +105,7 @@ impl<L: Link> Driver for OneRank<L> {
     fn sum_stage_copies(
         &mut self,
         schedule: &Schedule,
-        stages: &mut [RankStages<MlpStage>],
+        stages: &mut [RankStages<ModelStage>],
         step: usize,
         options: &ExecOptions,
     ) -> Result<(), TrainError> {
@@ -118,6 +119,26 @@ impl<L: Link> Driver for OneRank<L> {
             )?;
         }
         Ok(())
+    }
+
+    fn all_gather(
+        &mut self,
+        step: usize,
+        round: usize,
+        data: Vec<WireData>,
+        options: &ExecOptions,
+    ) -> Result<Vec<Vec<WireData>>, TrainError> {
+        Ok(all_gather(
+            &mut self.endpoint,
+            step as u64,
+            round,
+            data,
+            options.recv_timeout,
+        )?)
+    }
+
+    fn reports(&self) -> bool {
+        self.endpoint.rank() == 0
     }
 
     fn fail(&mut self, message: &str) {

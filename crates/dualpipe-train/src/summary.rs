@@ -9,12 +9,23 @@ use dualpipe_sim::svg::{self, SvgOptions};
 use dualpipe_sim::{metrics, simulate, trace, CostModel, Metrics, OpTally, OpTimes, Timeline};
 use serde::Serialize;
 
-use crate::config::TrainConfig;
+use crate::config::{ModelKind, TrainConfig};
 use crate::trainer::StepReport;
+use crate::workload::{Evaluation, Sample};
 
 /// The summary of a finished run (the JSON output of `dualpipe train --format json`).
 #[derive(Serialize, Debug, Clone)]
 pub struct RunSummary {
+    /// The model: `"gpt"` or `"mlp"`.
+    pub model: String,
+    /// The GPT's width, heads and sequence length (`null` for the MLP).
+    pub d_model: Option<usize>,
+    /// The GPT's attention heads.
+    pub heads: Option<usize>,
+    /// The GPT's tokens per sequence.
+    pub seq_len: Option<usize>,
+    /// What the GPT learned: the data file, or `"addition task"` (`null` for the MLP).
+    pub data: Option<String>,
     /// Schedule kind.
     pub schedule: String,
     /// Pipeline ranks.
@@ -43,8 +54,19 @@ pub struct RunSummary {
     pub losses: Vec<f64>,
     /// The last step's loss.
     pub final_loss: f64,
-    /// Training samples (rows) per second over the whole run.
+    /// Training samples (rows, or sequences for the GPT) per second over the whole run.
     pub samples_per_second: f64,
+    /// Training tokens per second over the whole run (the GPT; `null` for the MLP).
+    pub tokens_per_second: Option<f64>,
+    /// The last validation loss (mean next-token cross-entropy on the held-out text, nats).
+    pub eval_loss: Option<f64>,
+    /// The last validation's exact-match accuracy on held-out problems (the synthetic task
+    /// only).
+    pub accuracy: Option<f64>,
+    /// Every validation of the run, in order.
+    pub evaluations: Vec<Evaluation>,
+    /// Greedy continuations by the final model (the GPT).
+    pub samples: Vec<Sample>,
     /// Wall-clock seconds of the whole run (steps only, not set-up).
     pub total_seconds: f64,
     /// Median wall-clock time of one step (data, pipeline, gradient sum, optimizer).
@@ -80,6 +102,7 @@ pub struct SummaryBuilder {
     bubbles: Vec<f64>,
     comm_waits: Vec<f64>,
     ops: OpTally,
+    evaluations: Vec<Evaluation>,
     last_step: Option<(Timeline, Metrics)>,
 }
 
@@ -95,6 +118,7 @@ impl SummaryBuilder {
             bubbles: Vec::new(),
             comm_waits: Vec::new(),
             ops: OpTally::default(),
+            evaluations: Vec::new(),
             last_step: None,
         }
     }
@@ -103,6 +127,7 @@ impl SummaryBuilder {
     pub fn add(&mut self, report: StepReport) {
         self.losses.push(report.loss);
         self.walls.push(report.wall.as_secs_f64());
+        self.evaluations.extend(report.evaluation);
         if let Some(timeline) = report.timeline {
             let measured = metrics(&timeline, &self.schedule.placement);
             self.makespans.push(measured.makespan);
@@ -115,11 +140,14 @@ impl SummaryBuilder {
         }
     }
 
-    /// The summary, with `total` the wall-clock time of all steps.
-    pub fn finish(self, total: Duration) -> RunSummary {
+    /// The summary, with `total` the wall-clock time of all steps and `samples` the final
+    /// model's continuations.
+    pub fn finish(self, total: Duration, samples: Vec<Sample>) -> RunSummary {
         let config = &self.config;
         let total_seconds = total.as_secs_f64();
         let samples_per_step = (config.micro_batches as f64) * (config.micro_batch_size as f64);
+        let gpt = config.model == ModelKind::Gpt;
+        let last_eval = self.evaluations.last().copied();
         let times = self.ops.means();
         let simulated = times
             .stage_cost()
@@ -131,6 +159,14 @@ impl SummaryBuilder {
             .map(|t| metrics(&t, &self.schedule.placement));
         let steps = self.losses.len();
         RunSummary {
+            model: config.model.name().into(),
+            d_model: gpt.then_some(config.d_model),
+            heads: gpt.then_some(config.heads),
+            seq_len: gpt.then_some(config.seq_len),
+            data: gpt.then(|| match &config.data {
+                Some(path) => path.display().to_string(),
+                None => "addition task".into(),
+            }),
             schedule: config.schedule.name().into(),
             ranks: config.ranks,
             micro_batches: config.micro_batches,
@@ -146,6 +182,12 @@ impl SummaryBuilder {
             final_loss: self.losses.last().copied().unwrap_or(f64::NAN),
             losses: self.losses,
             samples_per_second: samples_per_step * steps as f64 / total_seconds.max(1e-9),
+            tokens_per_second: gpt
+                .then(|| config.samples_per_step() * steps as f64 / total_seconds.max(1e-9)),
+            eval_loss: last_eval.map(|e| e.loss),
+            accuracy: last_eval.and_then(|e| e.accuracy),
+            evaluations: self.evaluations,
+            samples,
             total_seconds,
             step_seconds_median: median(self.walls),
             pipeline_seconds_median: median(self.makespans),
@@ -210,21 +252,39 @@ impl RunSummary {
     /// The human summary: a few loss lines (unless `quiet`), then the figures.
     pub fn table(&self, quiet: bool) -> String {
         let s = self;
-        let mut out = format!(
-            "dualpipe train: {} on {} ranks ({} model stages), {} micro-batches x {} rows, \
-             hidden {}, {} blocks/stage, {} lr {}, {}, seed {}\n",
-            s.schedule,
-            s.ranks,
-            s.model_stages,
-            s.micro_batches,
-            s.micro_batch_size,
-            s.hidden,
-            s.layers_per_stage,
-            s.optimizer,
-            s.lr,
-            s.dtype,
-            s.seed
-        );
+        let mut out = match (s.d_model, s.heads, s.seq_len, &s.data) {
+            (Some(d), Some(heads), Some(seq), Some(data)) => format!(
+                "dualpipe train: gpt (d_model {d}, {heads} heads, {} blocks, {} per stage, seq \
+                 {seq}) on {data}; {} on {} ranks ({} model stages), {} micro-batches x {} \
+                 sequences, {} lr {}, {}, seed {}\n",
+                s.layers_per_stage * s.model_stages,
+                s.layers_per_stage,
+                s.schedule,
+                s.ranks,
+                s.model_stages,
+                s.micro_batches,
+                s.micro_batch_size,
+                s.optimizer,
+                s.lr,
+                s.dtype,
+                s.seed
+            ),
+            _ => format!(
+                "dualpipe train: {} on {} ranks ({} model stages), {} micro-batches x {} rows, \
+                 hidden {}, {} blocks/stage, {} lr {}, {}, seed {}\n",
+                s.schedule,
+                s.ranks,
+                s.model_stages,
+                s.micro_batches,
+                s.micro_batch_size,
+                s.hidden,
+                s.layers_per_stage,
+                s.optimizer,
+                s.lr,
+                s.dtype,
+                s.seed
+            ),
+        };
         if !quiet && !s.losses.is_empty() {
             out.push_str("\n  step  loss\n");
             let n = s.losses.len();
@@ -235,14 +295,31 @@ impl RunSummary {
                 }
             }
         }
+        if !quiet && !s.evaluations.is_empty() {
+            out.push_str("\n  step  validation loss  bits/byte  accuracy\n");
+            for e in &s.evaluations {
+                out.push_str(&format!(
+                    "  {:>4}  {:<15.6}  {:<9.4}  {}\n",
+                    e.step,
+                    e.loss,
+                    e.bits_per_byte,
+                    e.accuracy
+                        .map_or("-".into(), |a| format!("{:.1}%", 100.0 * a))
+                ));
+            }
+        }
         let pct = |x: f64| format!("{:.1}%", 100.0 * x);
         let op = &s.op_seconds;
-        let rows = [
-            ("final loss", format!("{:.6}", s.final_loss)),
-            (
-                "throughput",
-                format!("{:.0} samples/s", s.samples_per_second),
+        let throughput = match s.tokens_per_second {
+            Some(tokens) => format!(
+                "{tokens:.0} tokens/s ({:.1} sequences/s)",
+                s.samples_per_second
             ),
+            None => format!("{:.0} samples/s", s.samples_per_second),
+        };
+        let mut rows = vec![
+            ("final loss", format!("{:.6}", s.final_loss)),
+            ("throughput", throughput),
             (
                 "step time (median)",
                 format!("{:.2} ms", 1e3 * s.step_seconds_median),
@@ -284,9 +361,33 @@ impl RunSummary {
                 format!("{} steps in {:.2} s", s.steps, s.total_seconds),
             ),
         ];
+        if let Some(e) = s.evaluations.last() {
+            let accuracy = e
+                .accuracy
+                .map_or(String::new(), |a| format!(", accuracy {:.1}%", 100.0 * a));
+            rows.insert(
+                1,
+                (
+                    "validation",
+                    format!(
+                        "loss {:.6} ({:.4} bits/byte){accuracy}",
+                        e.loss, e.bits_per_byte
+                    ),
+                ),
+            );
+        }
         out.push('\n');
         for (name, value) in rows {
             out.push_str(&format!("  {name:<24}{value}\n"));
+        }
+        if !s.samples.is_empty() {
+            out.push_str("\n  samples (greedy, by the final model)\n");
+            for sample in &s.samples {
+                out.push_str(&format!(
+                    "    {:?} -> {:?}\n",
+                    sample.prompt, sample.completion
+                ));
+            }
         }
         out
     }

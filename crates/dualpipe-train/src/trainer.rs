@@ -1,26 +1,28 @@
 //! [`Trainer`]: the one training step, written once over a [`Driver`], and the run loop.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
-use dualpipe_nn::data::{Batch, DataSet};
-use dualpipe_nn::{MlpStage, NnError, Optimizer, StagePosition};
+use dualpipe_nn::gpt::GptWeights;
+use dualpipe_nn::{ModelStage, Optimizer, StagePosition, StepBatch};
 use dualpipe_runtime::{ExecOptions, RankStages};
 use dualpipe_schedule::{Schedule, ScheduleError};
 use dualpipe_sim::Timeline;
 
+use crate::collective;
 use crate::config::{Naming, TrainConfig};
 use crate::driver::{Driver, LocalThreads};
 use crate::error::{Divergence, TrainError};
 use crate::summary::{RunSummary, SummaryBuilder};
+use crate::workload::{Evaluation, Sample, Workload};
 
 /// What one training step did.
 #[derive(Clone, Debug)]
 pub struct StepReport {
     /// The step's index (0 for the first).
     pub step: usize,
-    /// Mean-squared error of every micro-batch, indexed by global micro-batch.
+    /// The loss of every micro-batch (mean-squared error for the MLP, mean next-token
+    /// cross-entropy for the GPT), indexed by global micro-batch.
     pub losses: Vec<f64>,
     /// The step's loss: the mean of `losses`.
     pub loss: f64,
@@ -28,6 +30,11 @@ pub struct StepReport {
     pub timeline: Option<Timeline>,
     /// Wall-clock time of the whole step (data, pipeline, gradient sum, optimizer).
     pub wall: Duration,
+    /// The step's global gradient norm, when the run clips gradients (before clipping).
+    pub grad_norm: Option<f64>,
+    /// The validation after this step, when one was due (the GPT every
+    /// [`TrainConfig::eval_every`] steps and after the last; on the reporting process).
+    pub evaluation: Option<Evaluation>,
 }
 
 /// What [`Trainer::run`] tells its callback.
@@ -47,18 +54,19 @@ pub enum StepEvent<'a> {
     },
 }
 
-/// Trains the MLP model with a pipeline schedule, one step at a time; the driver decides where
+/// Trains a model (the GPT or the MLP, [`Workload`]) with a pipeline schedule, one step at a
+/// time; the driver decides where
 /// the ranks run: [`LocalThreads`] (the default: every rank on a thread of this process) or
 /// [`OneRank`](crate::OneRank) (this process is one rank; see [`RankTrainer`](crate::RankTrainer)).
 #[derive(Debug)]
 pub struct Trainer<D: Driver = LocalThreads> {
     config: TrainConfig,
     schedule: Schedule,
-    data: DataSet,
+    workload: Workload,
     /// The ranks this process holds, and `stages[i]`: the copies `held[i]` runs, keyed by
     /// (dir, stage).
     held: Vec<usize>,
-    stages: Vec<RankStages<MlpStage>>,
+    stages: Vec<RankStages<ModelStage>>,
     /// `optimizers[i][j]` updates the `j`-th stage of `stages[i]` in (dir, stage) order.
     optimizers: Vec<Vec<Optimizer>>,
     driver: D,
@@ -68,7 +76,9 @@ pub struct Trainer<D: Driver = LocalThreads> {
     failed: bool,
     /// The next step's batch, drawn on a background thread during the previous step's
     /// pipeline (the data loader's prefetch), with the step it belongs to.
-    prefetched: Option<(usize, Batch)>,
+    prefetched: Option<(usize, StepBatch)>,
+    /// The GPT's weights gathered after this many steps, for validation and saving.
+    gathered: Option<(usize, GptWeights)>,
 }
 
 impl Trainer<LocalThreads> {
@@ -128,7 +138,7 @@ impl<D: Driver> Trainer<D> {
         mut driver: D,
     ) -> Result<Self, TrainError> {
         match Self::build(&config, schedule, &driver) {
-            Ok((schedule, data, held, stages)) => {
+            Ok((schedule, workload, held, stages)) => {
                 let optimizers = stages
                     .iter()
                     .map(|rank| {
@@ -142,7 +152,7 @@ impl<D: Driver> Trainer<D> {
                 Ok(Trainer {
                     config,
                     schedule,
-                    data,
+                    workload,
                     held,
                     stages,
                     optimizers,
@@ -151,6 +161,7 @@ impl<D: Driver> Trainer<D> {
                     steps_done: 0,
                     failed: false,
                     prefetched: None,
+                    gathered: None,
                 })
             }
             Err(err) => {
@@ -165,7 +176,7 @@ impl<D: Driver> Trainer<D> {
         config: &TrainConfig,
         given: Option<Schedule>,
         driver: &D,
-    ) -> Result<(Schedule, DataSet, Vec<usize>, Vec<RankStages<MlpStage>>), TrainError> {
+    ) -> Result<(Schedule, Workload, Vec<usize>, Vec<RankStages<ModelStage>>), TrainError> {
         driver.check(config, Naming::Fields)?;
         config.check(Naming::Fields, 1)?;
         let schedule = match given {
@@ -188,13 +199,7 @@ impl<D: Driver> Trainer<D> {
                 schedule.placement.stages()
             )));
         }
-        let model = config.model();
-        let data = DataSet::new(
-            config.seed,
-            config.hidden,
-            config.micro_batch_size,
-            model.dtype,
-        )?;
+        let workload = Workload::new(config)?;
         let per_dir = schedule.micro_batches_per_dir();
         let held = driver.held_ranks(&schedule);
         let mut stages = Vec::with_capacity(held.len());
@@ -207,11 +212,15 @@ impl<D: Driver> Trainer<D> {
                     micro_batches: config.micro_batches,
                     micro_batches_per_dir: per_dir,
                 };
-                copies.insert(dir, stage, MlpStage::new(&model, position)?);
+                copies.insert(
+                    dir,
+                    stage,
+                    workload.stage(config, stages_expected, position)?,
+                );
             }
             stages.push(copies);
         }
-        Ok((schedule, data, held, stages))
+        Ok((schedule, workload, held, stages))
     }
 
     /// The configuration.
@@ -234,8 +243,13 @@ impl<D: Driver> Trainer<D> {
         &self.held
     }
 
+    /// What the run trains: the model and its data.
+    pub fn workload(&self) -> &Workload {
+        &self.workload
+    }
+
     /// The stage copies of every held rank.
-    pub fn stages(&self) -> &[RankStages<MlpStage>] {
+    pub fn stages(&self) -> &[RankStages<ModelStage>] {
         &self.stages
     }
 
@@ -270,6 +284,7 @@ impl<D: Driver> Trainer<D> {
         self.own(step, drained)?;
         self.driver
             .sum_stage_copies(&self.schedule, &mut self.stages, step, &self.exec_options)?;
+        let grad_norm = self.clip_gradients(step)?;
         let updated = self.optimizer_step();
         self.own(step, updated)?;
         self.steps_done += 1;
@@ -282,7 +297,87 @@ impl<D: Driver> Trainer<D> {
             loss,
             timeline: Some(outcome.timeline),
             wall: start.elapsed(),
+            grad_norm,
+            evaluation: None,
         })
+    }
+
+    /// With [`TrainConfig::clip_grad`]: the step's global gradient norm (the same on every
+    /// process), and every gradient scaled by `clip / (norm + 1e-6)` when that is below 1.
+    fn clip_gradients(&mut self, step: usize) -> Result<Option<f64>, TrainError> {
+        let Some(clip) = self.config.clip_grad else {
+            return Ok(None);
+        };
+        let norm = collective::gradient_norm(
+            &mut self.driver,
+            &self.stages,
+            self.config.model_stages(),
+            step,
+            &self.exec_options,
+        )?;
+        let scale = clip / (norm + 1e-6);
+        if scale < 1.0 {
+            let scaled = collective::scale_gradients(&mut self.stages, scale);
+            self.own(step, scaled)?;
+        }
+        Ok(Some(norm))
+    }
+
+    /// The GPT's weights now (`None` for the MLP), on every process: a collective call that
+    /// every process of a run makes after the same step.
+    pub fn weights(&mut self) -> Result<Option<&GptWeights>, TrainError> {
+        let Some(gpt) = self.workload.gpt() else {
+            return Ok(None);
+        };
+        let done = self.steps_done;
+        if self.gathered.as_ref().map(|(s, _)| *s) != Some(done) {
+            let weights = collective::gather_weights(
+                &mut self.driver,
+                &self.stages,
+                &gpt.weights,
+                done,
+                &self.exec_options,
+            )?;
+            self.gathered = Some((done, weights));
+        }
+        Ok(self.gathered.as_ref().map(|(_, w)| w))
+    }
+
+    /// Validates the GPT on the held-out text (and problems) after the steps run so far; a
+    /// collective call ([`Trainer::weights`]). `None` for the MLP and on processes that do
+    /// not report.
+    pub fn evaluate(&mut self) -> Result<Option<Evaluation>, TrainError> {
+        let done = self.steps_done;
+        let reports = self.driver.reports();
+        let Some(weights) = self.weights()? else {
+            return Ok(None);
+        };
+        let weights = weights.clone();
+        match self.workload.gpt() {
+            Some(gpt) if reports => Ok(Some(gpt.evaluate(&weights, done)?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// A few greedy continuations by the GPT as it is now (empty for the MLP and on processes
+    /// that do not report); a collective call ([`Trainer::weights`]).
+    pub fn samples(&mut self) -> Result<Vec<Sample>, TrainError> {
+        let reports = self.driver.reports();
+        let Some(weights) = self.weights()? else {
+            return Ok(Vec::new());
+        };
+        let weights = weights.clone();
+        match self.workload.gpt() {
+            Some(gpt) if reports => gpt.samples(&weights),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// Whether a validation is due after step `step` (0-based) of the run.
+    fn evaluation_due(&self, step: usize) -> bool {
+        let every = self.config.eval_every;
+        self.workload.gpt().is_some()
+            && (step + 1 == self.config.steps || (every > 0 && (step + 1) % every == 0))
     }
 
     /// A failure of this process's own work: the other ranks are told.
@@ -299,38 +394,33 @@ impl<D: Driver> Trainer<D> {
     /// pipeline's bubbles. The data depends only on (seed, step, micro-batch), so prefetching
     /// changes no result.
     fn pipeline(&mut self, step: usize) -> Result<dualpipe_runtime::StepOutcome, TrainError> {
-        let micro_batches = self.config.micro_batches;
         let prepared = self.prepare(step);
         self.own(step, prepared)?;
         let prefetch = step + 1 < self.config.steps;
-        let (data, schedule, stages, options, driver) = (
-            &self.data,
+        let (config, workload, schedule, stages, options, driver) = (
+            &self.config,
+            &self.workload,
             &self.schedule,
             &mut self.stages,
             &self.exec_options,
             &mut self.driver,
         );
         let (outcome, next) = std::thread::scope(|scope| {
-            let next = prefetch.then(|| {
-                scope.spawn(move || {
-                    (0..micro_batches)
-                        .map(|mb| data.micro_batch(step + 1, mb))
-                        .collect::<Result<Vec<_>, NnError>>()
-                })
-            });
+            let next = prefetch.then(|| scope.spawn(move || workload.batch(config, step + 1)));
             let outcome = driver.run_pipeline(schedule, stages, step, options);
             let next = next.map(|h| {
                 h.join().unwrap_or_else(|_| {
-                    Err(NnError::Stage("drawing a micro-batch panicked".into()))
+                    Err(TrainError::Execution(
+                        "drawing a micro-batch panicked".into(),
+                    ))
                 })
             });
             (outcome, next)
         });
         let outcome = outcome?;
         if let Some(next) = next {
-            let next = next.map_err(TrainError::from);
             let next = self.own(step, next)?;
-            self.prefetched = Some((step + 1, Arc::new(next)));
+            self.prefetched = Some((step + 1, next));
         }
         Ok(outcome)
     }
@@ -338,10 +428,10 @@ impl<D: Driver> Trainer<D> {
     fn prepare(&mut self, step: usize) -> Result<(), TrainError> {
         let batch = match self.prefetched.take() {
             Some((s, batch)) if s == step => batch,
-            _ => self.data.batch(step, self.config.micro_batches)?,
+            _ => self.workload.batch(&self.config, step)?,
         };
         for (_, stage) in self.stages.iter_mut().flat_map(RankStages::iter_mut) {
-            stage.set_batch(batch.clone());
+            stage.set_batch(batch.clone())?;
             stage.zero_grad()?;
         }
         Ok(())
@@ -371,7 +461,7 @@ impl<D: Driver> Trainer<D> {
     /// Every held rank updates its own copies, on its own thread when this process holds
     /// several, as ranks of a real run would.
     fn optimizer_step(&mut self) -> Result<(), TrainError> {
-        let update = |rank_stages: &mut RankStages<MlpStage>, rank_opts: &mut Vec<Optimizer>| {
+        let update = |rank_stages: &mut RankStages<ModelStage>, rank_opts: &mut Vec<Optimizer>| {
             for ((_, stage), opt) in rank_stages.iter_mut().zip(rank_opts) {
                 opt.step(&mut stage.params_mut())?;
             }
@@ -416,13 +506,16 @@ impl<D: Driver> Trainer<D> {
             if let Err(reason) = on_step(StepEvent::Starting { step }) {
                 return Err(self.stop(reason));
             }
-            let report = self.step()?;
+            let mut report = self.step()?;
             if !report.loss.is_finite() {
                 return Err(TrainError::Diverged(Divergence {
                     step,
                     loss: report.loss,
                     lr: self.config.lr,
                 }));
+            }
+            if self.evaluation_due(step) {
+                report.evaluation = self.evaluate()?;
             }
             let elapsed = began.elapsed();
             if let Err(reason) = on_step(StepEvent::Finished {
@@ -434,8 +527,9 @@ impl<D: Driver> Trainer<D> {
             summary.add(report);
         }
         let total = began.elapsed();
+        let samples = self.samples()?;
         self.finish()?;
-        Ok(summary.finish(total))
+        Ok(summary.finish(total, samples))
     }
 
     /// Stops the run at the callback's request: the other ranks are told `reason` in its own
@@ -458,7 +552,7 @@ impl<D: Driver> Trainer<D> {
         self.driver.fail(message);
     }
 
-    fn copies(&self, model_stage: usize) -> impl Iterator<Item = &MlpStage> {
+    fn copies(&self, model_stage: usize) -> impl Iterator<Item = &ModelStage> {
         self.stages
             .iter()
             .flat_map(RankStages::iter)
@@ -466,16 +560,16 @@ impl<D: Driver> Trainer<D> {
             .filter(move |s| s.model_stage() == model_stage)
     }
 
-    fn canonical_copy(&self, model_stage: usize) -> Option<&MlpStage> {
+    fn canonical_copy(&self, model_stage: usize) -> Option<&ModelStage> {
         self.copies(model_stage).min_by_key(|s| s.dir())
     }
 
     /// Parameter values of every model stage this process holds (`[stage][param]`, in
-    /// [`MlpStage::params`] order), read from the copy of the lowest direction.
+    /// [`ModelStage::params`] order), read from the copy of the lowest direction.
     pub fn parameters(&self) -> Vec<Vec<Tensor>> {
         (0..self.config.model_stages())
             .filter_map(|s| self.canonical_copy(s))
-            .map(MlpStage::parameter_values)
+            .map(ModelStage::parameter_values)
             .collect()
     }
 

@@ -31,7 +31,7 @@ fn config(
         optimizer,
         dtype: DType::F64,
         seed: 17,
-        ..TrainConfig::default()
+        ..TrainConfig::MLP
     }
 }
 

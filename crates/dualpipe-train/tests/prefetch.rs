@@ -12,7 +12,7 @@ fn losses(steps_in_config: usize) -> Vec<u64> {
         layers_per_stage: 1,
         steps: steps_in_config,
         dtype: DType::F64,
-        ..TrainConfig::default()
+        ..TrainConfig::MLP
     };
     let mut trainer = Trainer::new(config).unwrap();
     (0..3)

@@ -17,7 +17,7 @@ fn config(schedule: ScheduleKind) -> TrainConfig {
         steps: 3,
         dtype: DType::F64,
         seed: 11,
-        ..TrainConfig::default()
+        ..TrainConfig::MLP
     }
 }
 

@@ -46,7 +46,7 @@ fn reference_matches_autograd_of_the_whole_model() {
         optimizer: OptimizerKind::sgd(),
         lr: 0.1,
         seed: 5,
-        ..TrainConfig::default()
+        ..TrainConfig::MLP
     };
     let mut reference = Reference::new(&config).unwrap();
     let params = reference.parameters();

@@ -1,7 +1,7 @@
 //! Training behaviour: determinism, f32, the default configuration, errors.
 
 use dualpipe_schedule::ScheduleKind;
-use dualpipe_train::{DType, OptimizerKind, TrainConfig, TrainError, Trainer};
+use dualpipe_train::{DType, ModelKind, OptimizerKind, TrainConfig, TrainError, Trainer};
 
 fn f32_config() -> TrainConfig {
     TrainConfig {
@@ -15,7 +15,7 @@ fn f32_config() -> TrainConfig {
         optimizer: OptimizerKind::adamw(),
         dtype: DType::F32,
         seed: 1,
-        ..TrainConfig::default()
+        ..TrainConfig::MLP
     }
 }
 
@@ -57,14 +57,14 @@ fn another_seed_gives_another_model() {
 fn bad_configurations_are_errors() {
     let zero = TrainConfig {
         hidden: 0,
-        ..TrainConfig::default()
+        ..TrainConfig::MLP
     };
     let err = Trainer::new(zero).unwrap_err();
     assert!(matches!(err, TrainError::Config(_)), "{err}");
     assert!(err.to_string().contains("hidden"), "{err}");
     let lr = TrainConfig {
         lr: f64::NAN,
-        ..TrainConfig::default()
+        ..TrainConfig::MLP
     };
     assert!(matches!(
         Trainer::new(lr).unwrap_err(),
@@ -72,7 +72,7 @@ fn bad_configurations_are_errors() {
     ));
     let odd = TrainConfig {
         micro_batches: 7,
-        ..TrainConfig::default()
+        ..TrainConfig::MLP
     };
     let err = Trainer::new(odd).unwrap_err();
     assert!(matches!(err, TrainError::Schedule(_)), "{err}");
@@ -86,21 +86,21 @@ fn sizes_that_cannot_be_allocated_are_config_errors_not_panics() {
         (
             TrainConfig {
                 hidden: usize::MAX,
-                ..TrainConfig::default()
+                ..TrainConfig::MLP
             },
             "hidden",
         ),
         (
             TrainConfig {
                 micro_batch_size: usize::MAX,
-                ..TrainConfig::default()
+                ..TrainConfig::MLP
             },
             "micro_batch_size",
         ),
         (
             TrainConfig {
                 layers_per_stage: 100_000_000,
-                ..TrainConfig::default()
+                ..TrainConfig::MLP
             },
             "layers_per_stage",
         ),
@@ -110,19 +110,24 @@ fn sizes_that_cannot_be_allocated_are_config_errors_not_panics() {
         assert!(err.to_string().contains(field), "{err}");
     }
     // The default run fits with room to spare.
-    let memory = TrainConfig::default().memory_bytes();
+    let memory = TrainConfig::MLP.memory_bytes();
     assert!(memory.parameters < (1 << 30) && memory.activations < (1 << 30));
 }
 
 #[test]
 fn default_configuration_builds() {
-    let config = TrainConfig::default();
+    let config = TrainConfig::MLP;
     assert_eq!(config.schedule, ScheduleKind::DualPipe);
     assert_eq!(config.ranks, 4);
     assert_eq!(config.model_stages(), 4);
     let trainer = Trainer::new(config).unwrap();
     assert_eq!(trainer.schedule().ranks, 4);
     assert_eq!(trainer.parameters().len(), 4);
+    // The embedded default is the GPT on the addition task: 4 stages of 2 blocks.
+    let gpt = Trainer::new(TrainConfig::DEFAULT).unwrap();
+    assert_eq!(gpt.config().model, ModelKind::Gpt);
+    assert_eq!(gpt.parameters().len(), 4);
+    assert_eq!(gpt.workload().gpt().unwrap().weights.config().layers, 8);
 }
 
 #[test]

@@ -16,7 +16,7 @@ pub mod threads;
 pub mod types;
 mod worker;
 
-pub use process::{barrier, run_rank_step, sum_stage_copies_remote};
+pub use process::{all_gather, barrier, run_rank_step, sum_stage_copies_remote};
 pub use threads::run_step;
 pub use types::{
     build_ranks, try_build_ranks, ExecOptions, MicroBatchLoss, RankStages, StepOutcome,

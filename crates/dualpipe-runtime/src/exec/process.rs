@@ -438,6 +438,43 @@ pub fn barrier<L: Link>(
     }
 }
 
+/// Every rank's `data` on every rank, in rank order (this rank's own at its place): the
+/// all-gather of small values (a gradient norm's parts, a model's weights for evaluation).
+/// `round` tells apart several gathers of one step; every rank calls it with the same `step`
+/// and `round`.
+pub fn all_gather<L: Link>(
+    endpoint: &mut Endpoint<L>,
+    step: u64,
+    round: usize,
+    data: Vec<WireData>,
+    timeout: Duration,
+) -> Result<Vec<Vec<WireData>>, RuntimeError> {
+    let rank = endpoint.rank();
+    let ranks = endpoint.ranks();
+    let stamp = |src: usize| Stamp::chunk(step, Class::Gather, round, src, 0);
+    for dst in (0..ranks).filter(|&d| d != rank) {
+        if let Err(err) = endpoint.send(dst, stamp(rank), data.clone()) {
+            return Err(collective_error(endpoint, "all-gather", dst, timeout, err));
+        }
+    }
+    let mut parts = Vec::with_capacity(ranks);
+    for src in 0..ranks {
+        if src == rank {
+            parts.push(data.clone());
+            continue;
+        }
+        let deadline = Instant::now() + timeout;
+        match endpoint.take(stamp(src), deadline) {
+            Ok((_, tensors)) => parts.push(tensors),
+            Err(err) => {
+                let what = format!("rank {src}'s part of all-gather {round} of step {step}");
+                return Err(collective_error(endpoint, &what, src, timeout, err));
+            }
+        }
+    }
+    Ok(parts)
+}
+
 /// Runs a stage call, turning an error or a panic into a [`RuntimeError`].
 fn guarded<R>(
     rank: usize,

@@ -29,15 +29,19 @@ pub enum Class {
     Losses,
     /// An empty message that only says "the sender got here" (`stage` = the sending rank).
     Barrier,
+    /// A process's part of an all-gather (`stage` = the sending rank, `dir` = the gather's
+    /// round within the step).
+    Gather,
 }
 
 impl Class {
-    const ALL: [Class; 5] = [
+    const ALL: [Class; 6] = [
         Class::Forward,
         Class::Backward,
         Class::Gradients,
         Class::Losses,
         Class::Barrier,
+        Class::Gather,
     ];
 
     fn code(self) -> u8 {
@@ -48,7 +52,7 @@ impl Class {
         Class::ALL.get(code as usize).copied()
     }
 
-    /// `F`, `B`, `GRAD`, `LOSS`, `BARRIER`.
+    /// `F`, `B`, `GRAD`, `LOSS`, `BARRIER`, `GATHER`.
     pub fn name(self) -> &'static str {
         match self {
             Class::Forward => "F",
@@ -56,6 +60,7 @@ impl Class {
             Class::Gradients => "GRAD",
             Class::Losses => "LOSS",
             Class::Barrier => "BARRIER",
+            Class::Gather => "GATHER",
         }
     }
 }

@@ -13,9 +13,9 @@ use anyhow::Context;
 use dualpipe_runtime::transport::mpi::MpiWorld;
 use dualpipe_runtime::{Endpoint, RuntimeError};
 use dualpipe_schedule::Schedule;
-use dualpipe_train::{OneRank, RunSummary, StepEvent, TrainConfig, TrainError, Trainer};
+use dualpipe_train::{OneRank, StepEvent, TrainConfig, TrainError, Trainer};
 
-use super::{progress_bar, run_error, setup_error, show, Args};
+use super::{finished, progress_bar, run_error, setup_error, show, Args, Finished};
 use crate::cmd::UsageError;
 
 /// How `--inject-failure` makes a rank fail.
@@ -61,7 +61,7 @@ pub(super) fn execute(
     args: &Args,
     config: TrainConfig,
     given: Option<Schedule>,
-) -> anyhow::Result<Option<RunSummary>> {
+) -> anyhow::Result<Option<Finished>> {
     let injection = args
         .inject_failure
         .as_deref()
@@ -125,9 +125,14 @@ pub(super) fn execute(
             leave_after_failure(world, err)
         }
     };
+    // Every rank takes part in gathering the weights for --save; rank 0 writes them.
+    let finished = match finished(args, &mut trainer, summary) {
+        Ok(finished) => finished,
+        Err(err) => leave_after_failure(world, err),
+    };
     drop(trainer);
     drop(world);
-    Ok((rank == 0).then_some(summary))
+    Ok((rank == 0).then_some(finished))
 }
 
 /// How long a failing process waits before it exits (see [`leave_after_failure`]).

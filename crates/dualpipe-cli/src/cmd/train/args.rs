@@ -1,0 +1,339 @@
+//! The flags of `dualpipe train` and the one place they become a [`TrainConfig`]. Every
+//! default is [`TrainConfig::DEFAULT`]'s (the GPT) or [`TrainConfig::MLP`]'s, so the help
+//! text cannot drift from the library.
+
+use std::path::PathBuf;
+
+use dualpipe_schedule::Schedule;
+use dualpipe_train::workload::read_weights;
+use dualpipe_train::{
+    DType, Driver, LocalThreads, ModelKind, Naming, OptimizerKind, TrainConfig, TrainError,
+};
+
+use crate::cmd::{count, UsageError};
+
+/// The GPT's defaults.
+const D: TrainConfig = TrainConfig::DEFAULT;
+/// The MLP's defaults.
+const M: TrainConfig = TrainConfig::MLP;
+
+/// How the ranks talk to each other.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// One thread per rank in this process, in-process channels.
+    Local,
+    /// One process per rank, started by mpirun / mpiexec / srun (needs a build with
+    /// `--features mpi`).
+    Mpi,
+}
+
+/// Output format of the end summary.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Human-readable summary.
+    Table,
+    /// One JSON object.
+    Json,
+}
+
+/// `[default: G; M with --model mlp]` for a flag whose default differs by model.
+fn per_model(what: &str, gpt: impl std::fmt::Display, mlp: impl std::fmt::Display) -> String {
+    format!("{what} [default: {gpt}; {mlp} with --model mlp]")
+}
+
+/// Flags of `dualpipe train`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The model: gpt (a byte-level transformer language model) or mlp (a residual MLP
+    /// regressing a random teacher, compared with DeepSeek's reference).
+    #[arg(long, default_value_t = D.model.name().to_string())]
+    pub model: String,
+    /// Schedule kind: gpipe, 1f1b, interleaved, zb1p, dualpipe, dualpipev.
+    #[arg(long, default_value_t = D.schedule.name().to_string())]
+    pub schedule: String,
+    /// Train with the schedule in FILE (our JSON or torch's compute-only CSV, validated on
+    /// import) instead of a generated one; its kind, ranks, micro-batches and stages per rank
+    /// replace --schedule, --ranks, --micro-batches and --virtual-stages.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["schedule", "ranks", "micro_batches", "virtual_stages"])]
+    pub schedule_file: Option<PathBuf>,
+    /// Pipeline ranks (a thread each locally, a process each with --transport mpi).
+    #[arg(long, default_value_t = D.ranks, value_parser = count, allow_negative_numbers = true)]
+    pub ranks: usize,
+    /// Micro-batches per step, over both directions for dualpipe.
+    #[arg(long, default_value_t = D.micro_batches, value_parser = count, allow_negative_numbers = true)]
+    pub micro_batches: usize,
+    #[arg(long, value_parser = count, allow_negative_numbers = true,
+          help = per_model("Rows (sequences for the GPT) per micro-batch", D.micro_batch_size, M.micro_batch_size))]
+    pub micro_batch_size: Option<usize>,
+    /// Stages per rank, for interleaved [default: 2 for interleaved, 1 otherwise].
+    #[arg(long, value_parser = count, allow_negative_numbers = true)]
+    pub virtual_stages: Option<usize>,
+    /// The MLP's width; each block is hidden -> 4 hidden -> hidden.
+    #[arg(long, default_value_t = D.hidden, value_parser = count, allow_negative_numbers = true)]
+    pub hidden: usize,
+    /// Blocks per model stage (MLP blocks, or transformer blocks) [default: 2; with
+    /// --init-from, the file's blocks over the stages].
+    #[arg(long, value_parser = count, allow_negative_numbers = true)]
+    pub layers_per_stage: Option<usize>,
+    /// The GPT's width [default: 64, or --init-from's].
+    #[arg(long, value_parser = count, allow_negative_numbers = true)]
+    pub d_model: Option<usize>,
+    /// The GPT's attention heads, dividing --d-model [default: 4, or --init-from's].
+    #[arg(long, value_parser = count, allow_negative_numbers = true)]
+    pub heads: Option<usize>,
+    /// The GPT's tokens per sequence [default: 32, or --init-from's].
+    #[arg(long, value_parser = count, allow_negative_numbers = true)]
+    pub seq_len: Option<usize>,
+    /// Train the GPT on FILE (any file: every byte is a token) instead of the seeded
+    /// addition task.
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// The share of the text, at its end, held out for validation.
+    #[arg(long, default_value_t = D.validation_fraction, allow_negative_numbers = true)]
+    pub validation_fraction: f64,
+    /// Validate the GPT every N steps (0: only after the last).
+    #[arg(long, value_name = "N", default_value_t = D.eval_every)]
+    pub eval_every: usize,
+    /// Draw training windows in a seeded random order (false: the documented consecutive
+    /// order, window ((t-1)·M + m)·B + r for row r of micro-batch m of step t).
+    #[arg(long, default_value_t = D.shuffle, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub shuffle: bool,
+    /// Write the GPT's final weights into FILE (safetensors, names in docs/models.md).
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub save: Option<PathBuf>,
+    /// Start the GPT from FILE's weights (safetensors; its metadata fixes the architecture,
+    /// and a flag that disagrees is an error).
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub init_from: Option<PathBuf>,
+    #[arg(long, value_parser = count, allow_negative_numbers = true,
+          help = per_model("Training steps (at most 1000000000)", D.steps, M.steps))]
+    pub steps: Option<usize>,
+    #[arg(long, allow_negative_numbers = true, help = per_model("Learning rate", D.lr, M.lr))]
+    pub lr: Option<f64>,
+    /// Optimizer: sgd or adamw.
+    #[arg(long, default_value_t = D.optimizer.name().to_string())]
+    pub optimizer: String,
+    /// SGD's momentum [default: 0.9].
+    #[arg(long, allow_negative_numbers = true)]
+    pub momentum: Option<f64>,
+    /// Scale each step's gradient down to this global L2 norm when it is larger (no
+    /// clipping unless given).
+    #[arg(long, value_name = "NORM", allow_negative_numbers = true)]
+    pub clip_grad: Option<f64>,
+    /// Element type: f32 or f64.
+    #[arg(long, default_value_t = D.dtype.name().to_string())]
+    pub dtype: String,
+    /// Seed of the model, the data and the shuffled order.
+    #[arg(long, default_value_t = D.seed, allow_negative_numbers = true)]
+    pub seed: u64,
+    /// Output format of the summary.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Write the summary into FILE instead of stdout.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Write the last step's measured timeline as a Chrome/Perfetto trace into FILE.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Draw the last step's measured timeline as an SVG picture into FILE.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// No progress bar and no per-step lines (the summary is still printed).
+    #[arg(long)]
+    pub quiet: bool,
+    /// local: one thread per rank; mpi: one process per rank, e.g.
+    /// `mpirun -n 4 dualpipe train --transport mpi` (rank 0 prints the summary).
+    #[arg(long, value_enum, default_value_t = Transport::Local)]
+    pub transport: Transport,
+    /// Seconds a rank waits for a message from another (a thread locally, a process with
+    /// --transport mpi) before the step fails naming both.
+    #[arg(long, value_name = "SECONDS", default_value_t = D.recv_timeout, allow_negative_numbers = true)]
+    pub recv_timeout: f64,
+    /// Testing only: make RANK fail at STEP (1-based), as `RANK:STEP:error` (a clean error
+    /// that the other ranks are told of), `RANK:STEP:exit` (the process exits at once with
+    /// code 3) or `RANK:STEP:abort` (the process dies of SIGABRT). Needs --transport mpi.
+    #[arg(long, value_name = "RANK:STEP:HOW", hide = true)]
+    pub inject_failure: Option<String>,
+}
+
+fn unknown(what: &str, flag: &str, value: &str, names: &[&str]) -> UsageError {
+    UsageError(format!(
+        "unknown {what} '{value}' ({flag}): use one of {}",
+        names.join(", ")
+    ))
+}
+
+impl Args {
+    /// The flags given that only `model` reads, for the error when another model is asked for.
+    fn foreign_flags(&self, model: ModelKind) -> Vec<&'static str> {
+        let mut given = Vec::new();
+        match model {
+            ModelKind::Mlp => {
+                let gpt_only = [
+                    ("--d-model", self.d_model.is_some()),
+                    ("--heads", self.heads.is_some()),
+                    ("--seq-len", self.seq_len.is_some()),
+                    ("--data", self.data.is_some()),
+                    ("--save", self.save.is_some()),
+                    ("--init-from", self.init_from.is_some()),
+                ];
+                given.extend(gpt_only.iter().filter(|(_, g)| *g).map(|(f, _)| *f));
+            }
+            ModelKind::Gpt => {
+                if self.hidden != D.hidden {
+                    given.push("--hidden");
+                }
+            }
+        }
+        given
+    }
+}
+
+/// The configuration the flags ask for (or a usage error naming the bad flag) and, with
+/// `--schedule-file`, the schedule read from the file (whose shape the configuration takes).
+pub fn config_and_schedule(args: &Args) -> Result<(TrainConfig, Option<Schedule>), UsageError> {
+    let model = ModelKind::from_name(&args.model)
+        .ok_or_else(|| unknown("model", "--model", &args.model, &ModelKind::NAMES))?;
+    if let Some(flag) = args.foreign_flags(model).first() {
+        let other = match model {
+            ModelKind::Gpt => "mlp",
+            ModelKind::Mlp => "gpt",
+        };
+        return Err(UsageError(format!(
+            "{flag} applies to --model {other}, not to --model {model}; drop it or add \
+             --model {other}"
+        )));
+    }
+    let base = TrainConfig::defaults_for(model);
+    let given = args
+        .schedule_file
+        .as_deref()
+        .map(crate::cmd::simulate::read_schedule_file)
+        .transpose()?;
+    let schedule = match &given {
+        Some(s) => s.kind,
+        None => crate::cmd::parse_kind(&args.schedule)?,
+    };
+    let optimizer = match OptimizerKind::from_name(&args.optimizer) {
+        Some(OptimizerKind::Sgd { momentum }) => OptimizerKind::Sgd {
+            momentum: args.momentum.unwrap_or(momentum),
+        },
+        Some(_) if args.momentum.is_some() => {
+            return Err(UsageError(
+                "--momentum applies to --optimizer sgd; AdamW has its own betas".into(),
+            ))
+        }
+        Some(kind) => kind,
+        None => {
+            return Err(unknown(
+                "optimizer",
+                "--optimizer",
+                &args.optimizer,
+                &OptimizerKind::NAMES,
+            ))
+        }
+    };
+    if let Some(m) = args.momentum {
+        if !(m.is_finite() && (0.0..1.0).contains(&m)) {
+            return Err(UsageError(format!(
+                "--momentum {m}: it must be in [0, 1), such as 0.9"
+            )));
+        }
+    }
+    let dtype = DType::from_name(&args.dtype)
+        .ok_or_else(|| unknown("dtype", "--dtype", &args.dtype, &DType::NAMES))?;
+    let mut config = TrainConfig {
+        model,
+        schedule,
+        ranks: args.ranks,
+        micro_batches: args.micro_batches,
+        micro_batch_size: args.micro_batch_size.unwrap_or(base.micro_batch_size),
+        virtual_stages: args
+            .virtual_stages
+            .unwrap_or_else(|| schedule.default_virtual_stages()),
+        hidden: args.hidden,
+        layers_per_stage: args.layers_per_stage.unwrap_or(base.layers_per_stage),
+        d_model: args.d_model.unwrap_or(base.d_model),
+        heads: args.heads.unwrap_or(base.heads),
+        seq_len: args.seq_len.unwrap_or(base.seq_len),
+        data: args.data.clone(),
+        validation_fraction: args.validation_fraction,
+        eval_every: args.eval_every,
+        shuffle: args.shuffle,
+        init_from: args.init_from.clone(),
+        clip_grad: args.clip_grad,
+        steps: args.steps.unwrap_or(base.steps),
+        lr: args.lr.unwrap_or(base.lr),
+        optimizer,
+        dtype,
+        seed: args.seed,
+        recv_timeout: args.recv_timeout,
+    };
+    if let Some(s) = &given {
+        (config.ranks, config.micro_batches) = (s.ranks, s.micro_batches);
+        config.virtual_stages = s.virtual_stages;
+    }
+    if let Some(path) = &args.init_from {
+        adopt_architecture(args, &mut config, path)?;
+    }
+    let processes = match args.transport {
+        Transport::Local => {
+            LocalThreads.check(&config, Naming::Flags).map_err(usage)?;
+            1
+        }
+        Transport::Mpi => config.ranks,
+    };
+    config.check(Naming::Flags, processes).map_err(usage)?;
+    Ok((config, given))
+}
+
+/// Takes the architecture of `--init-from`'s file; a flag given that disagrees is an error
+/// naming both values.
+fn adopt_architecture(
+    args: &Args,
+    config: &mut TrainConfig,
+    path: &std::path::Path,
+) -> Result<(), UsageError> {
+    let weights = read_weights(path, config).map_err(|e| UsageError(format!("--init-from {e}")))?;
+    let file = *weights.config();
+    let stages = config.model_stages();
+    let check = |flag: &str, given: Option<usize>| {
+        file.check_flag(flag, given)
+            .map_err(|e| UsageError(format!("--init-from {}: {e}", path.display())))
+    };
+    check("d-model", args.d_model)?;
+    check("heads", args.heads)?;
+    check("seq-len", args.seq_len)?;
+    if let Some(per_stage) = args.layers_per_stage {
+        if per_stage.saturating_mul(stages) != file.layers {
+            return Err(UsageError(format!(
+                "--init-from {}: --layers-per-stage {per_stage} gives {} blocks over {stages} \
+                 model stages but the weights file has layers = {}; drop the flag",
+                path.display(),
+                per_stage.saturating_mul(stages),
+                file.layers
+            )));
+        }
+    }
+    if stages == 0 || !file.layers.is_multiple_of(stages) {
+        return Err(UsageError(format!(
+            "--init-from {}: its {} blocks do not split evenly over the {stages} model stages \
+             of this schedule; choose --ranks (or --schedule) so that they do",
+            path.display(),
+            file.layers
+        )));
+    }
+    config.d_model = file.d_model;
+    config.heads = file.heads;
+    config.seq_len = file.seq_len;
+    config.layers_per_stage = file.layers / stages;
+    Ok(())
+}
+
+/// A configuration error's own words (without the library's prefix), as a usage error.
+pub fn usage(err: TrainError) -> UsageError {
+    match err {
+        TrainError::Config(msg) => UsageError(msg),
+        other => UsageError(other.to_string()),
+    }
+}

@@ -1,0 +1,267 @@
+//! The one check of a [`TrainConfig`]'s sizes ([`TrainConfig::check`]) and its memory estimate.
+
+use dualpipe_nn::gpt::MAX_PARAMETERS;
+
+use crate::config::{Field, ModelKind, Naming, TrainConfig, MAX_STEPS};
+use crate::error::TrainError;
+use crate::memory::{self, MemoryEstimate, MEMORY_LIMIT_BYTES};
+
+impl TrainConfig {
+    /// [`TrainConfig::check`] in field names, for a process that holds every rank.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        self.check(Naming::Fields, 1)
+    }
+
+    /// Checks the sizes that do not depend on the schedule (the schedule checks its own),
+    /// naming fields as `naming` says. Memory is checked against [`MEMORY_LIMIT_BYTES`] for the
+    /// whole model and against this machine's available memory for the share one process holds
+    /// when the ranks are spread over `processes` processes (1 locally).
+    pub fn check(&self, naming: Naming, processes: usize) -> Result<(), TrainError> {
+        let name = |field: Field| field.name(naming);
+        let positive = [
+            (Field::Ranks, self.ranks),
+            (Field::MicroBatches, self.micro_batches),
+            (Field::MicroBatchSize, self.micro_batch_size),
+            (Field::VirtualStages, self.virtual_stages),
+            (Field::Hidden, self.hidden),
+            (Field::LayersPerStage, self.layers_per_stage),
+            (Field::Steps, self.steps),
+            (Field::DModel, self.d_model),
+            (Field::Heads, self.heads),
+            (Field::SeqLen, self.seq_len),
+        ];
+        for (field, value) in positive {
+            if value == 0 {
+                return Err(TrainError::Config(format!(
+                    "{} is 0; it must be at least 1",
+                    name(field)
+                )));
+            }
+        }
+        if self.steps > MAX_STEPS {
+            return Err(TrainError::Config(format!(
+                "{} {} is more than {MAX_STEPS}, the most one run takes (it keeps every step's \
+                 loss); run fewer steps",
+                name(Field::Steps),
+                self.steps
+            )));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(TrainError::Config(format!(
+                "{} {}: the learning rate must be a positive number such as 0.001",
+                name(Field::Lr),
+                self.lr
+            )));
+        }
+        if !(self.recv_timeout.is_finite() && self.recv_timeout > 0.0 && self.recv_timeout < 1e9) {
+            return Err(TrainError::Config(format!(
+                "{} {}: the timeout must be a positive number of seconds such as 60",
+                name(Field::RecvTimeout),
+                self.recv_timeout
+            )));
+        }
+        self.check_model(naming)?;
+        self.check_memory(naming, processes, memory::available_bytes())
+    }
+
+    /// The GPT's own checks: the architecture, the validation share, the clipping norm.
+    fn check_model(&self, naming: Naming) -> Result<(), TrainError> {
+        let name = |field: Field| field.name(naming);
+        if let Some(clip) = self.clip_grad {
+            if !(clip.is_finite() && clip > 0.0) {
+                return Err(TrainError::Config(format!(
+                    "{} {clip}: the largest gradient norm must be a positive number such as 1.0",
+                    name(Field::ClipGrad)
+                )));
+            }
+        }
+        if self.model != ModelKind::Gpt {
+            return Ok(());
+        }
+        if !self.d_model.is_multiple_of(self.heads) {
+            return Err(TrainError::Config(format!(
+                "{} {} does not divide {} {}; use a head count that divides the width",
+                name(Field::Heads),
+                self.heads,
+                name(Field::DModel),
+                self.d_model
+            )));
+        }
+        if !(0.0..1.0).contains(&self.validation_fraction) {
+            return Err(TrainError::Config(format!(
+                "{} {}: the held-out share must be in [0, 1), such as 0.1",
+                name(Field::ValidationFraction),
+                self.validation_fraction
+            )));
+        }
+        let gpt = self.gpt();
+        if gpt.parameter_count() > MAX_PARAMETERS {
+            return Err(TrainError::Config(format!(
+                "{} {} with {} {} on {} model stages gives more than {MAX_PARAMETERS} \
+                 parameters; use a smaller {} or fewer {}",
+                name(Field::DModel),
+                self.d_model,
+                name(Field::LayersPerStage),
+                self.layers_per_stage,
+                self.model_stages(),
+                name(Field::DModel),
+                name(Field::LayersPerStage),
+            )));
+        }
+        Ok(())
+    }
+
+    /// The memory part of [`TrainConfig::check`], against `available` bytes on this machine
+    /// (`None`: unknown, only the documented cap applies).
+    pub fn check_memory(
+        &self,
+        naming: Naming,
+        processes: usize,
+        available: Option<u128>,
+    ) -> Result<(), TrainError> {
+        let name = |field: Field| field.name(naming);
+        let memory = self.memory_bytes();
+        let gib = |bytes: u128| bytes.div_ceil(1 << 30);
+        let share = |bytes: u128| bytes.div_ceil(processes.max(1) as u128);
+        // Name the factor that makes the size absurd, not only the ones printed first.
+        let stages = self.model_stages();
+        let width = match self.model {
+            ModelKind::Mlp => self.hidden,
+            ModelKind::Gpt => self.d_model,
+        };
+        let width_field = match self.model {
+            ModelKind::Mlp => Field::Hidden,
+            ModelKind::Gpt => Field::DModel,
+        };
+        let width_squared = (width as u128).saturating_mul(width as u128);
+        let parameters_hint = if stages as u128 > width_squared && stages > self.layers_per_stage {
+            format!("fewer {}", name(Field::Ranks))
+        } else if self.layers_per_stage as u128 > width_squared {
+            format!("fewer {}", name(Field::LayersPerStage))
+        } else {
+            format!(
+                "a smaller {} or fewer {}",
+                name(width_field),
+                name(Field::LayersPerStage)
+            )
+        };
+        let activations_hint = if self.micro_batches > self.micro_batch_size {
+            format!("fewer {}", name(Field::MicroBatches))
+        } else {
+            format!("a smaller {}", name(Field::MicroBatchSize))
+        };
+        let parameters_too_big = |limit: u128, what: &str| {
+            TrainError::Config(format!(
+                "{} {} with {} {} on {} model stages ({} {}) needs {} GiB of parameters and \
+                 optimizer state, more than {}; use {}",
+                name(width_field),
+                width,
+                name(Field::LayersPerStage),
+                self.layers_per_stage,
+                stages,
+                name(Field::Ranks),
+                self.ranks,
+                gib(memory.parameters),
+                what.replace("{}", &gib(limit).to_string()),
+                parameters_hint,
+            ))
+        };
+        let activations_too_big = |limit: u128, what: &str| {
+            TrainError::Config(format!(
+                "{} {} with {} {} and {} {} needs {} GiB of activations per step, more than {}; \
+                 use {}",
+                name(Field::MicroBatchSize),
+                self.micro_batch_size,
+                name(Field::MicroBatches),
+                self.micro_batches,
+                name(width_field),
+                width,
+                gib(memory.activations),
+                what.replace("{}", &gib(limit).to_string()),
+                activations_hint,
+            ))
+        };
+        const CAP: &str = "the {} GiB a run may use";
+        if memory.parameters > MEMORY_LIMIT_BYTES {
+            return Err(parameters_too_big(MEMORY_LIMIT_BYTES, CAP));
+        }
+        if memory.activations > MEMORY_LIMIT_BYTES {
+            return Err(activations_too_big(MEMORY_LIMIT_BYTES, CAP));
+        }
+        if let Some(available) = available {
+            const FREE: &str = "the {} GiB this machine has available";
+            if share(memory.parameters) > available {
+                return Err(parameters_too_big(available, FREE));
+            }
+            if share(memory.total()) > available {
+                return Err(activations_too_big(available, FREE));
+            }
+        }
+        Ok(())
+    }
+
+    /// An upper estimate of the memory a run needs, computed without overflow: every
+    /// parameter for up to two copies of each stage, each with a gradient and two optimizer
+    /// moments; and one step's saved activations.
+    pub fn memory_bytes(&self) -> MemoryEstimate {
+        match self.model {
+            ModelKind::Mlp => self.mlp_memory_bytes(),
+            ModelKind::Gpt => self.gpt_memory_bytes(),
+        }
+    }
+
+    /// The MLP: every block's h x 4h and 4h x h weights and biases; each block keeps its
+    /// input, its 4h-wide hidden activations and their GELU input.
+    fn mlp_memory_bytes(&self) -> MemoryEstimate {
+        let bytes_per_value = self.dtype.size_in_bytes();
+        let h = self.hidden as u128;
+        let blocks = (self.model_stages() as u128).saturating_mul(self.layers_per_stage as u128);
+        let parameters = blocks
+            .saturating_mul(
+                h.saturating_mul(h)
+                    .saturating_mul(8)
+                    .saturating_add(h.saturating_mul(5)),
+            )
+            .saturating_mul(2 * 4 * bytes_per_value);
+        let activations = (self.micro_batch_size as u128)
+            .saturating_mul(self.micro_batches as u128)
+            .saturating_mul(h.saturating_mul(9))
+            .saturating_mul(blocks)
+            .saturating_mul(bytes_per_value);
+        MemoryEstimate {
+            parameters,
+            activations,
+        }
+    }
+
+    /// The GPT: `12 d² + 2d` parameters a block plus the embeddings and the head; each block
+    /// keeps about `20 d` values a token (norms, q, k, v, the attention output, the 4d-wide MLP
+    /// hidden state and its GELU input) plus `heads × seq_len` attention probabilities, and the
+    /// head keeps 256 logits a token.
+    fn gpt_memory_bytes(&self) -> MemoryEstimate {
+        let bytes_per_value = self.dtype.size_in_bytes();
+        let d = self.d_model as u128;
+        let seq = self.seq_len as u128;
+        let blocks = (self.model_stages() as u128).saturating_mul(self.layers_per_stage as u128);
+        let parameters = blocks
+            .saturating_mul(d.saturating_mul(d).saturating_mul(12).saturating_add(2 * d))
+            .saturating_add((2 * 256u128 + 1).saturating_mul(d))
+            .saturating_add(seq.saturating_mul(d))
+            .saturating_mul(2 * 4 * bytes_per_value);
+        let tokens = (self.micro_batch_size as u128)
+            .saturating_mul(self.micro_batches as u128)
+            .saturating_mul(seq);
+        let per_token = blocks
+            .saturating_mul(
+                d.saturating_mul(20)
+                    .saturating_add((self.heads as u128).saturating_mul(seq)),
+            )
+            .saturating_add(256);
+        MemoryEstimate {
+            parameters,
+            activations: tokens
+                .saturating_mul(per_token)
+                .saturating_mul(bytes_per_value),
+        }
+    }
+}

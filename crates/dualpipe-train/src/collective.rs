@@ -1,0 +1,140 @@
+//! The trainer's whole-model operations across processes: the global gradient norm (for
+//! clipping) and the model's weights on every process (for validation and saving).
+//!
+//! Each model stage is counted once, by its copy of direction 0 (DualPipe keeps a second,
+//! identical after the copies' gradients are summed). The parts travel with
+//! [`Driver::all_gather`], so a local run and a run of one process per rank compute the same
+//! numbers in the same order.
+
+use dualpipe_nn::distributed::{tensor_from_wire, tensor_to_wire};
+use dualpipe_nn::gpt::{tensor_names, GptWeights};
+use dualpipe_nn::stage::to_f64_vec;
+use dualpipe_nn::ModelStage;
+use dualpipe_runtime::transport::wire::WireData;
+use dualpipe_runtime::{ExecOptions, RankStages};
+
+use crate::driver::Driver;
+use crate::error::TrainError;
+
+/// The all-gather round of the gradient norm within a step.
+const NORM_ROUND: usize = 0;
+/// The all-gather round of the weights within a step.
+const WEIGHTS_ROUND: usize = 1;
+
+/// The copies that count for their model stage (direction 0), in stage order.
+fn counted(stages: &[RankStages<ModelStage>]) -> Vec<&ModelStage> {
+    let mut copies: Vec<&ModelStage> = stages
+        .iter()
+        .flat_map(RankStages::iter)
+        .map(|(_, s)| s)
+        .filter(|s| s.dir() == 0)
+        .collect();
+    copies.sort_by_key(|s| s.model_stage());
+    copies
+}
+
+fn wire_error(e: impl std::fmt::Display) -> TrainError {
+    TrainError::Execution(format!("gathering across ranks: {e}"))
+}
+
+/// The L2 norm of the step's whole gradient, the same on every process: each stage's sum of
+/// squares (in f64, parameter by parameter) is gathered, and the sums are added in stage
+/// order.
+pub fn gradient_norm<D: Driver>(
+    driver: &mut D,
+    stages: &[RankStages<ModelStage>],
+    model_stages: usize,
+    step: usize,
+    options: &ExecOptions,
+) -> Result<f64, TrainError> {
+    let mut mine = Vec::new();
+    for stage in counted(stages) {
+        let mut sum = 0.0;
+        for p in stage.params() {
+            sum += to_f64_vec(&p.grad)?.iter().map(|g| g * g).sum::<f64>();
+        }
+        mine.extend([stage.model_stage() as f64, sum]);
+    }
+    let parts = driver.all_gather(step, NORM_ROUND, vec![WireData::from_f64s(&mine)], options)?;
+    let mut per_stage = vec![None; model_stages];
+    for part in parts.iter().flatten() {
+        let values = part.to_f64s().map_err(wire_error)?;
+        for pair in values.chunks_exact(2) {
+            let slot = per_stage
+                .get_mut(pair[0] as usize)
+                .ok_or_else(|| wire_error(format!("a norm for stage {}", pair[0])))?;
+            *slot = Some(pair[1]);
+        }
+    }
+    let mut total = 0.0;
+    for (s, sum) in per_stage.into_iter().enumerate() {
+        total += sum.ok_or_else(|| wire_error(format!("no process sent stage {s}'s norm")))?;
+    }
+    Ok(total.sqrt())
+}
+
+/// Multiplies every gradient of every copy by `scale`.
+pub fn scale_gradients(
+    stages: &mut [RankStages<ModelStage>],
+    scale: f64,
+) -> Result<(), TrainError> {
+    for (_, stage) in stages.iter_mut().flat_map(RankStages::iter_mut) {
+        for p in stage.params_mut() {
+            p.grad = p
+                .grad
+                .affine(scale, 0.0)
+                .map_err(|e| TrainError::Execution(format!("clipping gradients: {e}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// The GPT's current weights on every process: each process sends the parameters of the
+/// stages it counts; `template` gives the names and the architecture.
+pub fn gather_weights<D: Driver>(
+    driver: &mut D,
+    stages: &[RankStages<ModelStage>],
+    template: &GptWeights,
+    step: usize,
+    options: &ExecOptions,
+) -> Result<GptWeights, TrainError> {
+    let mut mine = Vec::new();
+    for stage in counted(stages) {
+        let params = stage.params();
+        mine.push(WireData::from_f64s(&[
+            stage.model_stage() as f64,
+            params.len() as f64,
+        ]));
+        for p in params {
+            mine.push(tensor_to_wire(&p.value).map_err(wire_error)?);
+        }
+    }
+    let parts = driver.all_gather(step, WEIGHTS_ROUND, mine, options)?;
+    let mut by_stage: Vec<(usize, Vec<WireData>)> = Vec::new();
+    for part in parts {
+        let mut items = part.into_iter();
+        while let Some(header) = items.next() {
+            let header = header.to_f64s().map_err(wire_error)?;
+            let [stage, count] = header[..] else {
+                return Err(wire_error("a malformed stage header"));
+            };
+            let tensors: Vec<WireData> = items.by_ref().take(count as usize).collect();
+            by_stage.push((stage as usize, tensors));
+        }
+    }
+    by_stage.sort_by_key(|(s, _)| *s);
+    let names = tensor_names(template.config());
+    let tensors: Vec<WireData> = by_stage.into_iter().flat_map(|(_, t)| t).collect();
+    if tensors.len() != names.len() {
+        return Err(wire_error(format!(
+            "{} tensors arrived for a model of {}",
+            tensors.len(),
+            names.len()
+        )));
+    }
+    let mut weights = template.clone();
+    for ((name, _), data) in names.iter().zip(tensors) {
+        weights.set(name, tensor_from_wire(data).map_err(wire_error)?)?;
+    }
+    Ok(weights)
+}

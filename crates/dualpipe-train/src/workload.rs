@@ -1,0 +1,309 @@
+//! [`Workload`]: what a run trains — the model's stages, the data of every step, and the
+//! validation — for either model, so the trainer is written once.
+//!
+//! - the MLP regresses a seeded random teacher ([`dualpipe_nn::data::DataSet`]);
+//! - the GPT learns a text: a file's bytes (`data`) or, by default, the seeded addition task
+//!   ([`AdditionTask`]), validated on the text's held-out end (loss, bits per byte) and, for
+//!   the task, on held-out problems (exact-match accuracy of greedy answers).
+
+use std::path::Path;
+
+use dualpipe_nn::data::DataSet;
+use dualpipe_nn::gpt::data::{AdditionTask, Problem, TextData};
+use dualpipe_nn::gpt::eval::{self, Sampling};
+use dualpipe_nn::gpt::{GptConfig, GptStage, GptWeights};
+use dualpipe_nn::{MlpStage, ModelStage, NnError, StagePosition, StepBatch};
+use dualpipe_runtime::RankStages;
+use serde::Serialize;
+
+use crate::config::{Field, ModelKind, Naming, TrainConfig};
+use crate::error::TrainError;
+use crate::memory;
+
+/// Digits of each operand of the default addition task.
+pub const TASK_DIGITS: u32 = 2;
+/// Training problems of the default task (its text is their concatenation).
+pub const TASK_PROBLEMS: usize = 20_000;
+/// Held-out problems the accuracy is measured on.
+pub const TASK_HELD_OUT: usize = 100;
+/// Generated samples shown at the end of a GPT run.
+pub const SAMPLES: usize = 4;
+
+/// A validation of the GPT on the held-out text (and problems).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Evaluation {
+    /// Steps trained before it (1-based: after step `step`).
+    pub step: usize,
+    /// Mean next-token cross-entropy on the validation text, in nats.
+    pub loss: f64,
+    /// The same in bits per byte.
+    pub bits_per_byte: f64,
+    /// Exact-match accuracy of greedy answers on held-out problems (the synthetic task only).
+    pub accuracy: Option<f64>,
+}
+
+/// A prompt and the model's greedy continuation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Sample {
+    /// The prompt.
+    pub prompt: String,
+    /// What the model wrote after it (bytes that are not UTF-8 shown as U+FFFD).
+    pub completion: String,
+}
+
+/// The GPT's part of a workload.
+#[derive(Debug)]
+pub struct GptWorkload {
+    /// The initial weights (seeded, or read from `init_from`); their architecture is the
+    /// model's.
+    pub weights: GptWeights,
+    /// Training and validation windows.
+    pub text: TextData,
+    /// The held-out problems of the synthetic task (empty for a data file).
+    pub problems: Vec<Problem>,
+}
+
+/// What a run trains: the model and its data.
+#[derive(Debug)]
+pub enum Workload {
+    /// The residual MLP and its teacher's data.
+    Mlp(DataSet),
+    /// The GPT and its text.
+    Gpt(Box<GptWorkload>),
+}
+
+impl Workload {
+    /// The workload `config` describes: reads `data` and `init_from` when given.
+    pub fn new(config: &TrainConfig) -> Result<Self, TrainError> {
+        match config.model {
+            ModelKind::Mlp => Ok(Workload::Mlp(DataSet::new(
+                config.seed,
+                config.hidden,
+                config.micro_batch_size,
+                config.dtype.candle(),
+            )?)),
+            ModelKind::Gpt => Ok(Workload::Gpt(Box::new(GptWorkload::new(config)?))),
+        }
+    }
+
+    /// The copy of model stage `position.model_stage` (of `stages`).
+    pub fn stage(
+        &self,
+        config: &TrainConfig,
+        stages: usize,
+        position: StagePosition,
+    ) -> Result<ModelStage, TrainError> {
+        Ok(match self {
+            Workload::Mlp(_) => ModelStage::Mlp(MlpStage::new(&config.model(), position)?),
+            Workload::Gpt(gpt) => ModelStage::Gpt(GptStage::new(&gpt.weights, stages, position)?),
+        })
+    }
+
+    /// Every micro-batch of step `step` (0-based).
+    pub fn batch(&self, config: &TrainConfig, step: usize) -> Result<StepBatch, TrainError> {
+        Ok(match self {
+            Workload::Mlp(data) => StepBatch::Mlp(data.batch(step, config.micro_batches)?),
+            Workload::Gpt(gpt) => StepBatch::Gpt(gpt.text.batch(
+                step,
+                config.micro_batches,
+                config.micro_batch_size,
+            )),
+        })
+    }
+
+    /// The GPT's part, if this is the GPT.
+    pub fn gpt(&self) -> Option<&GptWorkload> {
+        match self {
+            Workload::Gpt(gpt) => Some(gpt),
+            Workload::Mlp(_) => None,
+        }
+    }
+}
+
+impl GptWorkload {
+    fn new(config: &TrainConfig) -> Result<Self, TrainError> {
+        let naming = Naming::Fields;
+        let weights = match &config.init_from {
+            Some(path) => {
+                let weights = read_weights(path, config)?;
+                check_architecture(weights.config(), &config.gpt(), naming)?;
+                weights
+            }
+            None => GptWeights::random(&config.gpt(), config.seed)?,
+        };
+        let (bytes, problems) = match &config.data {
+            Some(path) => (read_text(path)?, Vec::new()),
+            None => {
+                let task = AdditionTask {
+                    digits: TASK_DIGITS,
+                    seed: config.seed,
+                };
+                (
+                    task.training_text(TASK_PROBLEMS),
+                    task.held_out(TASK_HELD_OUT, TASK_PROBLEMS),
+                )
+            }
+        };
+        let text = TextData::new(
+            &bytes,
+            config.seq_len,
+            config.validation_fraction,
+            config.shuffle.then_some(config.seed),
+        )
+        .map_err(|e| match (&config.data, e) {
+            (Some(path), NnError::Config(msg)) => {
+                TrainError::Config(format!("{}: {msg}", path.display()))
+            }
+            (_, e) => e.into(),
+        })?;
+        Ok(GptWorkload {
+            weights,
+            text,
+            problems,
+        })
+    }
+
+    /// The current weights, read from one copy of every model stage in `ranks` (which must
+    /// hold them all).
+    pub fn current_weights(
+        &self,
+        ranks: &[RankStages<ModelStage>],
+    ) -> Result<GptWeights, TrainError> {
+        let mut weights = self.weights.clone();
+        for (_, stage) in ranks.iter().flat_map(RankStages::iter) {
+            if let ModelStage::Gpt(s) = stage {
+                s.write_into(&mut weights)?;
+            }
+        }
+        Ok(weights)
+    }
+
+    /// Validates `weights` after `step` steps: the validation text's loss (NaN without a
+    /// validation part) and, for the task, the held-out accuracy.
+    pub fn evaluate(&self, weights: &GptWeights, step: usize) -> Result<Evaluation, TrainError> {
+        let model = GptStage::whole(weights)?;
+        let (loss, bits_per_byte) = match &self.text.validation {
+            Some(windows) => {
+                let report = eval::evaluate_windows(&model, windows)?;
+                (report.loss, report.bits_per_byte)
+            }
+            None => (f64::NAN, f64::NAN),
+        };
+        let accuracy = (!self.problems.is_empty())
+            .then(|| eval::addition_accuracy(&model, &self.problems))
+            .transpose()?;
+        Ok(Evaluation {
+            step,
+            loss,
+            bits_per_byte,
+            accuracy,
+        })
+    }
+
+    /// A few greedy continuations: held-out problems for the task, else the validation
+    /// text's (or the training text's) first bytes continued by 80 bytes.
+    pub fn samples(&self, weights: &GptWeights) -> Result<Vec<Sample>, TrainError> {
+        let model = GptStage::whole(weights)?;
+        let greedy = |max_tokens, stop| Sampling {
+            max_tokens,
+            temperature: 0.0,
+            seed: 0,
+            stop,
+        };
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        if !self.problems.is_empty() {
+            return self
+                .problems
+                .iter()
+                .take(SAMPLES)
+                .map(|p| {
+                    let out = eval::generate(&model, p.prompt.as_bytes(), greedy(8, Some(b'\n')))?;
+                    Ok(Sample {
+                        prompt: p.prompt.clone(),
+                        completion: text(out.strip_suffix(b"\n").unwrap_or(&out)),
+                    })
+                })
+                .collect();
+        }
+        let windows = self.text.validation.as_ref().unwrap_or(&self.text.train);
+        let prompt_len = windows.seq_len().min(24);
+        let prompt = &windows.window(0)[..prompt_len];
+        let out = eval::generate(&model, prompt, greedy(80, None))?;
+        Ok(vec![Sample {
+            prompt: text(prompt),
+            completion: text(&out),
+        }])
+    }
+}
+
+/// The architecture of `found` must be `expected`'s (the configuration's), naming both.
+fn check_architecture(
+    found: &GptConfig,
+    expected: &GptConfig,
+    naming: Naming,
+) -> Result<(), TrainError> {
+    let pairs = [
+        (Field::DModel, found.d_model, expected.d_model),
+        (Field::Heads, found.heads, expected.heads),
+        (Field::SeqLen, found.seq_len, expected.seq_len),
+    ];
+    for (field, file, asked) in pairs {
+        if file != asked {
+            return Err(TrainError::Config(format!(
+                "{} {asked} disagrees with the weights' {} {file}; drop it or make them agree",
+                field.name(naming),
+                field.key()
+            )));
+        }
+    }
+    if found.layers != expected.layers {
+        return Err(TrainError::Config(format!(
+            "the weights hold {} blocks, the configuration {} ({} per stage); choose \
+             {} so that it times the stages gives {}",
+            found.layers,
+            expected.layers,
+            expected.layers,
+            Field::LayersPerStage.name(naming),
+            found.layers
+        )));
+    }
+    Ok(())
+}
+
+/// Reads safetensors weights for `config`'s element type.
+pub fn read_weights(path: &Path, config: &TrainConfig) -> Result<GptWeights, TrainError> {
+    let bytes = read_file(path, "the weights")?;
+    GptWeights::from_safetensors(&bytes, config.dtype.candle())
+        .map_err(|e| TrainError::Config(format!("{}: {e}", path.display())))
+}
+
+/// Reads a training text (any bytes).
+fn read_text(path: &Path) -> Result<Vec<u8>, TrainError> {
+    read_file(path, "the training text")
+}
+
+/// Reads a whole file, refusing one larger than half this machine's available memory.
+fn read_file(path: &Path, what: &str) -> Result<Vec<u8>, TrainError> {
+    let cannot = |e: std::io::Error| {
+        TrainError::Config(format!("cannot read {what} {}: {e}", path.display()))
+    };
+    let meta = std::fs::metadata(path).map_err(cannot)?;
+    if meta.is_dir() {
+        return Err(TrainError::Config(format!(
+            "{what} {} is a directory; give a file",
+            path.display()
+        )));
+    }
+    if let Some(available) = memory::available_bytes() {
+        if u128::from(meta.len()) > available / 2 {
+            return Err(TrainError::Config(format!(
+                "{what} {} has {} bytes, more than half the memory available ({} bytes); \
+                 use a smaller file",
+                path.display(),
+                meta.len(),
+                available
+            )));
+        }
+    }
+    std::fs::read(path).map_err(cannot)
+}
