@@ -273,10 +273,10 @@ def main():
     width = max(len(r[0]) for r in rows)
     print(f"GPT parity with PyTorch {torch.__version__} (f64; d {d}, {heads} heads, {layers} layers, seq {T}; "
           f"{M} micro-batches of {B}; lr {args.lr}; tolerance {args.tol:g})")
-    print(f"| {'check':<{width}} | {'dualpipe':>22} | {'pytorch':>22} | {'error':>9} | ok |")
-    print(f"|{'-' * (width + 2)}|{'-' * 24}|{'-' * 24}|{'-' * 11}|----|")
+    print(f"| {'check':<{width}} | {'dualpipe':>22} | {'pytorch':>22} | {'error':>9} | ok  |")
+    print(f"|{'-' * (width + 2)}|{'-' * 24}|{'-' * 24}|{'-' * 11}|-----|")
     for name, ours, want, e, ok in rows:
-        print(f"| {name:<{width}} | {ours:>22} | {want:>22} | {e:9.2e} | {'yes' if ok else 'NO':<2} |")
+        print(f"| {name:<{width}} | {ours:>22} | {want:>22} | {e:9.2e} | {'yes' if ok else 'NO':<3} |")
     bad = [r for r in rows if not r[4]]
     print("all checks agree" if not bad else f"{len(bad)} check(s) disagree")
     return 1 if bad else 0
