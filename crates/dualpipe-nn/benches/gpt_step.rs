@@ -23,8 +23,8 @@ use dualpipe_nn::gpt::pipeline::sequential_step;
 use dualpipe_nn::gpt::{GptConfig, GptStage, GptWeights, TokenBatch};
 use dualpipe_nn::StagePosition;
 use dualpipe_runtime::{
-    run_step, sum_stage_copies, try_build_ranks, ExecOptions, ForwardInput, ForwardOutput, RankStages, Stage,
-    StageError,
+    run_step, sum_stage_copies, try_build_ranks, ExecOptions, ForwardInput, ForwardOutput,
+    RankStages, Stage, StageError,
 };
 use dualpipe_schedule::{Chunk, Schedule, ScheduleKind};
 
@@ -114,7 +114,7 @@ fn text() -> Vec<u8> {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
-            if state % 8 == 0 {
+            if state.is_multiple_of(8) {
                 (state >> 32) as u8
             } else {
                 words[i % words.len()]
@@ -212,8 +212,8 @@ fn one_micro_batch_bytes(s: &Setup, batch: &TokenBatch) -> usize {
     };
     let mut stage = GptStage::new(&s.weights, LAYERS, position).expect("stage 1");
     stage.set_batch(batch.clone());
-    let x = Tensor::zeros((ROWS * SEQ, D_MODEL), DType::F32, &candle_core::Device::Cpu)
-        .expect("input");
+    let x =
+        Tensor::zeros((ROWS * SEQ, D_MODEL), DType::F32, &candle_core::Device::Cpu).expect("input");
     stage
         .forward(Chunk::new(0, 1, 0), ForwardInput::Activation(x))
         .expect("forward");
@@ -326,9 +326,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| pipeline_step(&s, &mut ranks, &batch))
     });
     let mut stage = whole(&s);
-    group.bench_function("sequential", |b| {
-        b.iter(|| sequential(&mut stage, &batch))
-    });
+    group.bench_function("sequential", |b| b.iter(|| sequential(&mut stage, &batch)));
     group.finish();
 }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use candle_core::Tensor;
 use dualpipe_schedule::Chunk;
 
-use super::{tensor_bytes, kernels, Linear, Param};
+use super::{kernels, tensor_bytes, Linear, Param};
 use crate::error::NnError;
 
 /// `y = proj(softmax(q kᵀ / √hd + causal mask) v)` with `[q | k | v] = qkv(x)`, no biases;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use candle_core::Tensor;
 use dualpipe_schedule::Chunk;
 
-use super::{tensor_bytes, kernels, Param};
+use super::{kernels, tensor_bytes, Param};
 use crate::error::{NnError, TensorContext};
 
 /// `h[r, t] = tok_emb[ids[r, t]] + pos_emb[t]` on `rows` sequences of `seq` token ids, with

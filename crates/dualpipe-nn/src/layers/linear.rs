@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor, TensorId};
 use dualpipe_schedule::Chunk;
 use rand_chacha::ChaCha8Rng;
 
-use super::{tensor_bytes, kernels, Param};
+use super::{kernels, tensor_bytes, Param};
 use crate::error::{NnError, TensorContext};
 use crate::rng;
 

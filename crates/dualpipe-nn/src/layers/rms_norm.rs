@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use candle_core::Tensor;
 use dualpipe_schedule::Chunk;
 
-use super::{tensor_bytes, kernels, Param};
+use super::{kernels, tensor_bytes, Param};
 use crate::error::NnError;
 
 /// The `eps` added to the mean square (PyTorch's `nn.RMSNorm(d, eps=1e-5)`).
