@@ -24,7 +24,8 @@ pub struct RunSummary {
     pub heads: Option<usize>,
     /// The GPT's tokens per sequence.
     pub seq_len: Option<usize>,
-    /// What the GPT learned: the data file, or `"addition task"` (`null` for the MLP).
+    /// What the GPT learned: the data file, or `"the markov task"` / `"the addition task"`
+    /// (`null` for the MLP).
     pub data: Option<String>,
     /// Schedule kind.
     pub schedule: String,
@@ -60,9 +61,11 @@ pub struct RunSummary {
     pub tokens_per_second: Option<f64>,
     /// The last validation loss (mean next-token cross-entropy on the held-out text, nats).
     pub eval_loss: Option<f64>,
-    /// The last validation's exact-match accuracy on held-out problems (the synthetic task
+    /// The last validation's exact-match accuracy on held-out problems (the addition task
     /// only).
     pub accuracy: Option<f64>,
+    /// The best possible validation loss, when the text's entropy is known (the Markov task).
+    pub best_loss: Option<f64>,
     /// Every validation of the run, in order.
     pub evaluations: Vec<Evaluation>,
     /// Greedy continuations by the final model (the GPT).
@@ -165,7 +168,7 @@ impl SummaryBuilder {
             seq_len: gpt.then_some(config.seq_len),
             data: gpt.then(|| match &config.data {
                 Some(path) => path.display().to_string(),
-                None => "addition task".into(),
+                None => format!("the {} task", config.task.name()),
             }),
             schedule: config.schedule.name().into(),
             ranks: config.ranks,
@@ -186,6 +189,7 @@ impl SummaryBuilder {
                 .then(|| config.samples_per_step() * steps as f64 / total_seconds.max(1e-9)),
             eval_loss: last_eval.map(|e| e.loss),
             accuracy: last_eval.and_then(|e| e.accuracy),
+            best_loss: last_eval.and_then(|e| e.best_loss),
             evaluations: self.evaluations,
             samples,
             total_seconds,
@@ -296,16 +300,26 @@ impl RunSummary {
             }
         }
         if !quiet && !s.evaluations.is_empty() {
-            out.push_str("\n  step  validation loss  bits/byte  accuracy\n");
+            let score = match (s.best_loss, s.accuracy) {
+                (Some(_), _) => "gap to best",
+                (None, Some(_)) => "accuracy",
+                (None, None) => "",
+            };
+            out.push_str(&format!("\n  step  validation loss  bits/byte  {score}\n"));
             for e in &s.evaluations {
-                out.push_str(&format!(
-                    "  {:>4}  {:<15.6}  {:<9.4}  {}\n",
-                    e.step,
-                    e.loss,
-                    e.bits_per_byte,
-                    e.accuracy
-                        .map_or("-".into(), |a| format!("{:.1}%", 100.0 * a))
-                ));
+                let score = match (e.best_loss, e.accuracy) {
+                    (Some(best), _) => format!("{:.4}", e.loss - best),
+                    (None, Some(a)) => format!("{:.1}%", 100.0 * a),
+                    (None, None) => String::new(),
+                };
+                out.push_str(
+                    format!(
+                        "  {:>4}  {:<15.6}  {:<9.4}  {score}",
+                        e.step, e.loss, e.bits_per_byte
+                    )
+                    .trim_end(),
+                );
+                out.push('\n');
             }
         }
         let pct = |x: f64| format!("{:.1}%", 100.0 * x);
@@ -362,9 +376,11 @@ impl RunSummary {
             ),
         ];
         if let Some(e) = s.evaluations.last() {
-            let accuracy = e
-                .accuracy
-                .map_or(String::new(), |a| format!(", accuracy {:.1}%", 100.0 * a));
+            let accuracy = match (e.best_loss, e.accuracy) {
+                (Some(best), _) => format!(", best possible {best:.6} (gap {:.4})", e.loss - best),
+                (None, Some(a)) => format!(", accuracy {:.1}%", 100.0 * a),
+                (None, None) => String::new(),
+            };
             rows.insert(
                 1,
                 (
@@ -381,10 +397,14 @@ impl RunSummary {
             out.push_str(&format!("  {name:<24}{value}\n"));
         }
         if !s.samples.is_empty() {
-            out.push_str("\n  samples (greedy, by the final model)\n");
+            out.push_str("\n  samples by the final model\n");
             for sample in &s.samples {
+                let how = match sample.temperature {
+                    0.0 => "greedy".to_string(),
+                    t => format!("T={t}"),
+                };
                 out.push_str(&format!(
-                    "    {:?} -> {:?}\n",
+                    "    {how:<7}{:?} -> {:?}\n",
                     sample.prompt, sample.completion
                 ));
             }

@@ -359,7 +359,7 @@ impl<D: Driver> Trainer<D> {
         }
     }
 
-    /// A few greedy continuations by the GPT as it is now (empty for the MLP and on processes
+    /// A few continuations by the GPT as it is now (empty for the MLP and on processes
     /// that do not report); a collective call ([`Trainer::weights`]).
     pub fn samples(&mut self) -> Result<Vec<Sample>, TrainError> {
         let reports = self.driver.reports();
@@ -368,7 +368,7 @@ impl<D: Driver> Trainer<D> {
         };
         let weights = weights.clone();
         match self.workload.gpt() {
-            Some(gpt) if reports => gpt.samples(&weights),
+            Some(gpt) if reports => gpt.samples(&weights, self.config.seed),
             _ => Ok(Vec::new()),
         }
     }
@@ -377,7 +377,7 @@ impl<D: Driver> Trainer<D> {
     fn evaluation_due(&self, step: usize) -> bool {
         let every = self.config.eval_every;
         self.workload.gpt().is_some()
-            && (step + 1 == self.config.steps || (every > 0 && (step + 1) % every == 0))
+            && (step + 1 == self.config.steps || (every > 0 && (step + 1).is_multiple_of(every)))
     }
 
     /// A failure of this process's own work: the other ranks are told.

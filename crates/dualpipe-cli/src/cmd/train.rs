@@ -20,6 +20,7 @@ mod args;
 pub use args::{config_and_schedule, Args, Format, Transport};
 
 /// What a finished run leaves to write: the summary and, with `--save`, the weights.
+#[derive(Debug)]
 pub struct Finished {
     summary: RunSummary,
     weights: Option<Vec<u8>>,

@@ -13,6 +13,7 @@ mod output_targets;
 mod schedule;
 mod simulate;
 mod train;
+mod train_gpt;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

@@ -304,6 +304,8 @@ fn a_failing_simulation_writes_no_pictures() {
     .usage_error(&["even"]);
     dualpipe([
         "train",
+        "--model",
+        "mlp",
         "--ranks",
         "3",
         "--steps",

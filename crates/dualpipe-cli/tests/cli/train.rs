@@ -5,9 +5,10 @@ use serde_json::Value;
 
 use crate::{dualpipe, floats, s, Run, TempDir};
 
-/// A tiny model: 2 steps, width 16, 4 rows per micro-batch, one block per stage; each pair
-/// gives way to the same flag in a test's own flags.
-const TINY: [(&str, &str); 4] = [
+/// A tiny MLP: 2 steps, width 16, 4 rows per micro-batch, one block per stage; each pair
+/// gives way to the same flag in a test's own flags (the GPT's tests are in `train_gpt.rs`).
+const TINY: [(&str, &str); 5] = [
+    ("--model", "mlp"),
     ("--steps", "2"),
     ("--hidden", "16"),
     ("--micro-batch-size", "4"),
@@ -430,7 +431,12 @@ fn help_shows_the_real_defaults() {
         .nth(1)
         .and_then(|rest| rest.split("--lr").next())
         .unwrap_or_default();
-    assert!(steps.contains("[default: 600]"), "{}", run.stdout);
+    // The GPT's default, and the MLP's beside it.
+    assert!(
+        steps.contains("[default: 300; 600 with --model mlp]"),
+        "{}",
+        run.stdout
+    );
     assert!(run.stdout.contains("[default: dualpipe]"), "{}", run.stdout);
 }
 

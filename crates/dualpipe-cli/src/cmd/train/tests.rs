@@ -2,6 +2,7 @@ use clap::Parser;
 
 use super::*;
 use dualpipe_schedule::ScheduleKind;
+use dualpipe_train::{DType, OptimizerKind};
 
 #[derive(Parser)]
 struct Cli {
@@ -33,16 +34,20 @@ fn help_shows_the_config_defaults() {
         .and_then(|rest| rest.split("--lr").next())
         .unwrap_or_default()
         .to_string();
-    assert!(
-        steps.contains(&format!("[default: {}]", TrainConfig::DEFAULT.steps)),
-        "{steps}"
+    let expected = format!(
+        "[default: {}; {} with --model mlp]",
+        TrainConfig::DEFAULT.steps,
+        TrainConfig::MLP.steps
     );
+    assert!(steps.contains(&expected), "{steps}");
     assert!(help.contains("[default: dualpipe]"), "{help}");
 }
 
 #[test]
 fn flags_override_defaults() {
     let (c, _) = config_and_schedule(&parse(&[
+        "--model",
+        "mlp",
         "--schedule",
         "1F1B",
         "--ranks",
@@ -86,13 +91,24 @@ fn interleaved_defaults_to_two_virtual_stages() {
 
 #[test]
 fn bad_flags_are_usage_errors_naming_the_flag() {
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 17] = [
         (&["--schedule", "zigzag"], "--schedule"),
         (&["--optimizer", "lion"], "--optimizer"),
         (&["--dtype", "f16"], "--dtype"),
         (&["--ranks", "0"], "--ranks"),
         (&["--lr", "-1"], "--lr"),
-        (&["--hidden", "18446744073709551615"], "--hidden"),
+        (
+            &["--model", "mlp", "--hidden", "18446744073709551615"],
+            "--hidden",
+        ),
+        (&["--model", "transformer"], "--model"),
+        (&["--model", "mlp", "--d-model", "8"], "--d-model"),
+        (&["--hidden", "8"], "--hidden"),
+        (&["--d-model", "0"], "--d-model"),
+        (&["--heads", "3"], "--heads"),
+        (&["--d-model", "1000000"], "--d-model"),
+        (&["--validation-fraction", "1"], "--validation-fraction"),
+        (&["--momentum", "0.5"], "--momentum"),
         (
             &["--micro-batch-size", "18446744073709551615"],
             "--micro-batch-size",
@@ -113,6 +129,8 @@ fn a_tiny_run_writes_its_summary_and_files() {
     let (trace_path, svg_path, out_path) =
         (dir.join("t.json"), dir.join("t.svg"), dir.join("s.json"));
     let mut args = parse(&[
+        "--model",
+        "mlp",
         "--ranks",
         "2",
         "--micro-batches",

@@ -1,0 +1,117 @@
+//! The exchange's settings, with their defaults in one place.
+
+use std::time::Duration;
+
+use crate::codec::{Codec, Compression, Rounding};
+use crate::layout::DEFAULT_BUCKET_BYTES;
+use crate::DpError;
+
+/// Default values per scale of int8 and 1bit.
+pub const DEFAULT_CHUNK_VALUES: usize = 2048;
+
+/// Default wait for a peer's message before the exchange gives up.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What the exchange returns: the workers' gradients summed (in worker order), then divided.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Reduce {
+    /// The sum divided by the group size (the DDP convention).
+    #[default]
+    Mean,
+    /// The sum.
+    Sum,
+    /// The sum divided by this number. DualPipe keeps two copies of every stage, whose
+    /// gradients are summed: its group of stage `s` has `2 D` members (both copies of every
+    /// replica, listed replica by replica, copy of direction 0 first, so `D = 1` adds them in
+    /// the order `sum_stage_copies` uses), and `Divide(D)` averages over the replicas.
+    Divide(usize),
+}
+
+impl Reduce {
+    /// The divisor for a group of `workers` (`None`: no division).
+    pub fn divisor(self, workers: usize) -> Option<usize> {
+        match self {
+            Reduce::Mean => Some(workers),
+            Reduce::Sum => None,
+            Reduce::Divide(n) => Some(n),
+        }
+    }
+}
+
+/// How a data-parallel group exchanges gradients.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExchangeConfig {
+    /// The wire format after the warm-up (`--gradient-compression`).
+    pub compression: Compression,
+    /// Keep what compression dropped and add it to the next step (`--no-error-feedback`
+    /// turns it off); only matters for a lossy compression.
+    pub error_feedback: bool,
+    /// Steps `0..compression_warmup` are exchanged uncompressed (`--compression-warmup`).
+    pub compression_warmup: u64,
+    /// Bucket budget in bytes of uncompressed gradients (`--bucket-mb`).
+    pub bucket_bytes: usize,
+    /// Values per scale for int8 and 1bit.
+    pub chunk_values: usize,
+    /// int8's rounding.
+    pub rounding: Rounding,
+    /// Mean or sum.
+    pub reduce: Reduce,
+    /// How long to wait for a peer's message.
+    pub timeout: Duration,
+}
+
+impl Default for ExchangeConfig {
+    fn default() -> Self {
+        ExchangeConfig {
+            compression: Compression::None,
+            error_feedback: true,
+            compression_warmup: 0,
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            chunk_values: DEFAULT_CHUNK_VALUES,
+            rounding: Rounding::Nearest,
+            reduce: Reduce::Mean,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+impl ExchangeConfig {
+    /// Checks the settings.
+    pub fn check(&self) -> Result<(), DpError> {
+        if self.bucket_bytes == 0 {
+            return Err(DpError::Config(
+                "the bucket size is 0 bytes; use --bucket-mb with a positive size".into(),
+            ));
+        }
+        if self.chunk_values == 0 {
+            return Err(DpError::Config(
+                "chunk_values is 0; every scale needs at least one value".into(),
+            ));
+        }
+        if self.reduce == Reduce::Divide(0) {
+            return Err(DpError::Config("Reduce::Divide(0) divides by zero".into()));
+        }
+        if self.timeout.is_zero() {
+            return Err(DpError::Config("the exchange timeout is 0".into()));
+        }
+        Ok(())
+    }
+
+    /// The compression used at `step` (none during the warm-up).
+    pub fn compression_at(&self, step: u64) -> Compression {
+        if step < self.compression_warmup {
+            Compression::None
+        } else {
+            self.compression
+        }
+    }
+
+    /// The codec used at `step`.
+    pub fn codec_at(&self, step: u64) -> Codec {
+        Codec {
+            compression: self.compression_at(step),
+            chunk_values: self.chunk_values,
+            rounding: self.rounding,
+        }
+    }
+}
