@@ -46,6 +46,7 @@ fn check(kind: ScheduleKind, ranks: usize) {
         .unwrap_or_else(|e| panic!("{kind} on {ranks} ranks: {e}"));
     for (_, s) in ranks_stages.iter().flat_map(RankStages::iter) {
         assert_eq!(s.pending(), 0, "{kind}: a stage kept saved tensors");
+        assert_eq!(s.saved_bytes(), 0, "{kind}: a stage reports saved bytes");
     }
     sum_stage_copies(&schedule.placement, &mut ranks_stages).unwrap();
 
@@ -95,4 +96,46 @@ fn every_schedule_matches_the_sequential_run() {
             check(kind, ranks);
         }
     }
+}
+
+/// `saved_bytes` of a single-block middle stage counts exactly what the split backward keeps:
+/// after F per block `16·N·d + 2N + rows·heads·T²` elements (N = rows·T tokens), after I
+/// `20·N·d + 2N` (inputs and output gradients waiting for W), after W nothing.
+#[test]
+fn saved_bytes_follow_the_split_backward() {
+    use candle_core::{Device, Tensor};
+    use dualpipe_runtime::{ForwardInput, Stage};
+    use dualpipe_schedule::Chunk;
+
+    let (d, heads, seq, rows) = (8, 2, 6, ROWS);
+    let config = GptConfig {
+        d_model: d,
+        heads,
+        layers: 3,
+        seq_len: seq,
+        dtype: DType::F64,
+    };
+    let weights = GptWeights::random(&config, 3).unwrap();
+    let data = TextData::new(&text(), seq, 0.0, None).unwrap();
+    let position = StagePosition {
+        dir: 0,
+        model_stage: 1,
+        micro_batches: 1,
+        micro_batches_per_dir: 1,
+    };
+    let mut stage = GptStage::new(&weights, 3, position).unwrap();
+    stage.set_batch(data.batch(0, 1, rows));
+    let n = rows * seq;
+    let c = Chunk::new(0, 1, 0);
+    let x = Tensor::ones((n, d), DType::F64, &Device::Cpu).unwrap();
+    stage.forward(c, ForwardInput::Activation(x)).unwrap();
+    assert_eq!(
+        stage.saved_bytes(),
+        (16 * n * d + 2 * n + rows * heads * seq * seq) * 8
+    );
+    let g = Tensor::ones((n, d), DType::F64, &Device::Cpu).unwrap();
+    stage.backward_input(c, Some(g)).unwrap();
+    assert_eq!(stage.saved_bytes(), (20 * n * d + 2 * n) * 8);
+    stage.backward_weight(c).unwrap();
+    assert_eq!(stage.saved_bytes(), 0);
 }

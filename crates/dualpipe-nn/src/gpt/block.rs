@@ -87,4 +87,12 @@ impl Block {
     pub fn pending(&self) -> usize {
         self.norm1.pending() + self.attn.pending() + self.norm2.pending() + self.mlp.pending()
     }
+
+    /// Bytes of the saved tensors of its layers.
+    pub fn saved_bytes(&self) -> usize {
+        self.norm1.saved_bytes()
+            + self.attn.saved_bytes()
+            + self.norm2.saved_bytes()
+            + self.mlp.saved_bytes()
+    }
 }

@@ -11,7 +11,7 @@ use dualpipe_schedule::Chunk;
 use super::weights::block_tensor_names;
 use super::{stage_layers, Block, GptConfig, GptWeights};
 use crate::error::NnError;
-use crate::layers::{cross_entropy, Embedding, Linear, Param, RmsNorm};
+use crate::layers::{cross_entropy, tensor_bytes, Embedding, Linear, Param, RmsNorm};
 use crate::stage::StagePosition;
 
 /// One micro-batch of token sequences: `rows` sequences of `seq` input ids and, shifted by
@@ -228,6 +228,19 @@ impl GptStage {
                 .head
                 .as_ref()
                 .map_or(0, |(n, h)| n.pending() + h.pending())
+    }
+
+    /// Bytes of the tensors saved for chunks whose backward has not finished (activations
+    /// kept between a forward and its input and weight backward, and the loss gradients);
+    /// 0 after a complete step. The token ids, shared with the step's batch, are not counted.
+    pub fn saved_bytes(&self) -> usize {
+        self.loss_grads.values().map(tensor_bytes).sum::<usize>()
+            + self.embedding.as_ref().map_or(0, Embedding::saved_bytes)
+            + self.blocks.iter().map(Block::saved_bytes).sum::<usize>()
+            + self
+                .head
+                .as_ref()
+                .map_or(0, |(n, h)| n.saved_bytes() + h.saved_bytes())
     }
 
     /// The logits `[rows·seq, 256]` of `rows` sequences of `seq` ids, without saving

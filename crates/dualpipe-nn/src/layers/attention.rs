@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use candle_core::Tensor;
 use dualpipe_schedule::Chunk;
 
-use super::{kernels, Linear, Param};
+use super::{kernels, tensor_bytes, Linear, Param};
 use crate::error::NnError;
 
 /// `y = proj(softmax(q kᵀ / √hd + causal mask) v)` with `[q | k | v] = qkv(x)`, no biases;
@@ -109,5 +109,15 @@ impl CausalSelfAttention {
     /// Saved per-chunk tensors not yet consumed.
     pub fn pending(&self) -> usize {
         self.saved.len() + self.qkv.pending() + self.proj.pending()
+    }
+
+    /// Bytes of the saved tensors (fused q, k, v and the probabilities, and the projections').
+    pub fn saved_bytes(&self) -> usize {
+        self.saved
+            .values()
+            .map(|(qkv, probs, _)| tensor_bytes(qkv) + tensor_bytes(probs))
+            .sum::<usize>()
+            + self.qkv.saved_bytes()
+            + self.proj.saved_bytes()
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use candle_core::Tensor;
 use dualpipe_schedule::Chunk;
 
-use super::{kernels, Param};
+use super::{kernels, tensor_bytes, Param};
 use crate::error::{NnError, TensorContext};
 
 /// `h[r, t] = tok_emb[ids[r, t]] + pos_emb[t]` on `rows` sequences of `seq` token ids, with
@@ -90,5 +90,14 @@ impl Embedding {
     /// Chunks whose weight gradient has not run yet.
     pub fn pending(&self) -> usize {
         self.saved_ids.len() + self.saved_grad.len()
+    }
+
+    /// Bytes of the saved output gradients (the saved ids are shared with the step's batch and
+    /// not counted).
+    pub fn saved_bytes(&self) -> usize {
+        self.saved_grad
+            .values()
+            .map(|(_, _, dh)| tensor_bytes(dh))
+            .sum()
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use candle_core::Tensor;
 use dualpipe_schedule::Chunk;
 
-use super::kernels;
+use super::{kernels, tensor_bytes};
 use crate::error::NnError;
 
 /// `gelu(x) = x Φ(x) = x (1 + erf(x / √2)) / 2`, the exact form (PyTorch's default
@@ -53,5 +53,10 @@ impl Gelu {
     /// Chunks whose forward ran but whose backward has not.
     pub fn pending(&self) -> usize {
         self.saved_derivative.len()
+    }
+
+    /// Bytes of the saved derivatives.
+    pub fn saved_bytes(&self) -> usize {
+        self.saved_derivative.values().map(tensor_bytes).sum()
     }
 }

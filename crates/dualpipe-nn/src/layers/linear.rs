@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor, TensorId};
 use dualpipe_schedule::Chunk;
 use rand_chacha::ChaCha8Rng;
 
-use super::{kernels, Param};
+use super::{kernels, tensor_bytes, Param};
 use crate::error::{NnError, TensorContext};
 use crate::rng;
 
@@ -204,6 +204,16 @@ impl Linear {
     /// Chunks whose forward or input backward ran but whose weight gradient has not.
     pub fn pending(&self) -> usize {
         self.saved_input.len() + self.saved_grad.len()
+    }
+
+    /// Bytes of the tensors saved for chunks whose weight gradient has not run yet.
+    pub fn saved_bytes(&self) -> usize {
+        self.saved_input.values().map(tensor_bytes).sum::<usize>()
+            + self
+                .saved_grad
+                .values()
+                .map(|(x, dy)| tensor_bytes(x) + tensor_bytes(dy))
+                .sum::<usize>()
     }
 }
 

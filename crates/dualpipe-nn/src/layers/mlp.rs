@@ -82,4 +82,9 @@ impl Mlp {
     pub fn pending(&self) -> usize {
         self.fc1.pending() + self.act.pending() + self.fc2.pending()
     }
+
+    /// Bytes of the saved tensors of its layers.
+    pub fn saved_bytes(&self) -> usize {
+        self.fc1.saved_bytes() + self.act.saved_bytes() + self.fc2.saved_bytes()
+    }
 }

@@ -28,6 +28,11 @@ use candle_core::Tensor;
 
 use crate::error::{NnError, TensorContext};
 
+/// Bytes of a tensor's elements (`elements · element size`): what a saved tensor holds.
+pub fn tensor_bytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
+}
+
 /// A trainable tensor and the gradient accumulated for it since the last
 /// [`Param::zero_grad`].
 #[derive(Clone, Debug)]

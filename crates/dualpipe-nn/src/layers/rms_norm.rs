@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use candle_core::Tensor;
 use dualpipe_schedule::Chunk;
 
-use super::{kernels, Param};
+use super::{kernels, tensor_bytes, Param};
 use crate::error::NnError;
 
 /// The `eps` added to the mean square (PyTorch's `nn.RMSNorm(d, eps=1e-5)`).
@@ -91,5 +91,18 @@ impl RmsNorm {
     /// Chunks whose weight gradient has not run yet.
     pub fn pending(&self) -> usize {
         self.saved_input.len() + self.saved_grad.len()
+    }
+
+    /// Bytes of the tensors saved for chunks whose weight gradient has not run yet.
+    pub fn saved_bytes(&self) -> usize {
+        self.saved_input
+            .values()
+            .map(|(x, inv)| tensor_bytes(x) + tensor_bytes(inv))
+            .sum::<usize>()
+            + self
+                .saved_grad
+                .values()
+                .map(|(x, inv, dy)| tensor_bytes(x) + tensor_bytes(inv) + tensor_bytes(dy))
+                .sum::<usize>()
     }
 }

@@ -1,0 +1,341 @@
+//! One GPT pipeline step (forward and split backward of every micro-batch, the copies' gradient
+//! sum; no optimizer) at the shapes of issue 13's comparison with PyTorch: d 128, 4 heads,
+//! seq 64, 8 blocks, 8 micro-batches of 16 sequences, f32.
+//!
+//! - `cargo bench -p dualpipe-nn --bench gpt_step`: criterion timings of `dualpipev_4_ranks`
+//!   (one block per stage, 8 stages over 4 rank threads) and `sequential` (the whole model on
+//!   the calling thread, the single-thread oracle);
+//! - `GPT_STEP_JSON=FILE [GPT_STEP_STEPS=N] cargo bench -p dualpipe-nn --bench gpt_step`: no
+//!   criterion; times N steps of each (after one warm-up step) and writes one JSON object with
+//!   every step's seconds, the median's tokens per second, and the activation memory per rank:
+//!   the most bytes of saved tensors the rank's stages held at once (measured after every op),
+//!   against the simulator's peak-activation count times the bytes one micro-batch leaves at
+//!   one single-block stage. `scripts/torch_gpt_perf.py` runs this beside PyTorch.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::{DType, Tensor};
+use criterion::Criterion;
+use dualpipe_nn::gpt::data::TextData;
+use dualpipe_nn::gpt::pipeline::sequential_step;
+use dualpipe_nn::gpt::{GptConfig, GptStage, GptWeights, TokenBatch};
+use dualpipe_nn::StagePosition;
+use dualpipe_runtime::{
+    run_step, sum_stage_copies, try_build_ranks, ExecOptions, ForwardInput, ForwardOutput,
+    RankStages, Stage, StageError,
+};
+use dualpipe_schedule::{Chunk, Schedule, ScheduleKind};
+
+const D_MODEL: usize = 128;
+const HEADS: usize = 4;
+const SEQ: usize = 64;
+const LAYERS: usize = 8;
+const MICRO_BATCHES: usize = 8;
+const ROWS: usize = 16;
+const RANKS: usize = 4;
+const TOKENS_PER_STEP: usize = MICRO_BATCHES * ROWS * SEQ;
+
+/// A stage that records, after every op, the bytes of saved tensors of all stages of its rank
+/// (the rank's stages run on one thread, so the shared counter is updated in program order).
+struct Tracked {
+    inner: GptStage,
+    /// This stage's saved bytes at its last op.
+    mine: usize,
+    live: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+impl Tracked {
+    fn note(&mut self) {
+        let now = self.inner.saved_bytes();
+        let live = self.live.load(Ordering::Relaxed) + now - self.mine;
+        self.mine = now;
+        self.live.store(live, Ordering::Relaxed);
+        self.peak.fetch_max(live, Ordering::Relaxed);
+    }
+}
+
+impl Stage for Tracked {
+    type Tensor = Tensor;
+
+    fn forward(
+        &mut self,
+        chunk: Chunk,
+        input: ForwardInput<Tensor>,
+    ) -> Result<ForwardOutput<Tensor>, StageError> {
+        let out = self.inner.forward(chunk, input);
+        self.note();
+        out
+    }
+
+    fn backward_input(
+        &mut self,
+        chunk: Chunk,
+        grad_output: Option<Tensor>,
+    ) -> Result<Option<Tensor>, StageError> {
+        let out = self.inner.backward_input(chunk, grad_output);
+        self.note();
+        out
+    }
+
+    fn backward_weight(&mut self, chunk: Chunk) -> Result<(), StageError> {
+        let out = self.inner.backward_weight(chunk);
+        self.note();
+        out
+    }
+
+    fn gradients(&self) -> Vec<Tensor> {
+        self.inner.gradients()
+    }
+
+    fn add_gradients(&mut self, other: &[Tensor]) -> Result<(), StageError> {
+        self.inner.add_gradients(other)
+    }
+}
+
+fn config() -> GptConfig {
+    GptConfig {
+        d_model: D_MODEL,
+        heads: HEADS,
+        layers: LAYERS,
+        seq_len: SEQ,
+        dtype: DType::F32,
+    }
+}
+
+/// Seeded bytes (a few words repeated with seeded noise): the timing does not depend on them.
+fn text() -> Vec<u8> {
+    let words = b"the quick brown fox jumps over the lazy dog; ";
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    (0..400_000)
+        .map(|i| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            if state.is_multiple_of(8) {
+                (state >> 32) as u8
+            } else {
+                words[i % words.len()]
+            }
+        })
+        .collect()
+}
+
+struct Setup {
+    schedule: Schedule,
+    weights: GptWeights,
+    data: TextData,
+}
+
+fn setup() -> Setup {
+    let schedule = dualpipe_schedule::build(
+        ScheduleKind::DualPipeV,
+        RANKS,
+        MICRO_BATCHES,
+        ScheduleKind::DualPipeV.default_virtual_stages(),
+    )
+    .expect("schedule");
+    assert_eq!(schedule.placement.stages(), LAYERS, "one block per stage");
+    Setup {
+        schedule,
+        weights: GptWeights::random(&config(), 0).expect("weights"),
+        data: TextData::new(&text(), SEQ, 0.0, None).expect("data"),
+    }
+}
+
+/// The pipeline's stages, each wrapped to track its rank's saved bytes; the rank's peaks.
+fn tracked_stages(s: &Setup) -> (Vec<RankStages<Tracked>>, Vec<Arc<AtomicUsize>>) {
+    let per_dir = s.schedule.micro_batches_per_dir();
+    let trackers: Vec<(Arc<AtomicUsize>, Arc<AtomicUsize>)> = (0..s.schedule.ranks)
+        .map(|_| (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0))))
+        .collect();
+    let ranks = try_build_ranks(&s.schedule.placement, |rank, dir, stage| {
+        let position = StagePosition {
+            dir,
+            model_stage: stage,
+            micro_batches: s.schedule.micro_batches,
+            micro_batches_per_dir: per_dir,
+        };
+        GptStage::new(&s.weights, s.schedule.placement.stages(), position).map(|inner| Tracked {
+            inner,
+            mine: 0,
+            live: trackers[rank].0.clone(),
+            peak: trackers[rank].1.clone(),
+        })
+    })
+    .expect("stages");
+    let peaks = trackers.into_iter().map(|(_, p)| p).collect();
+    (ranks, peaks)
+}
+
+fn pipeline_step(s: &Setup, ranks: &mut [RankStages<Tracked>], batch: &TokenBatch) -> f64 {
+    let start = Instant::now();
+    for (_, st) in ranks.iter_mut().flat_map(RankStages::iter_mut) {
+        st.inner.zero_grad().expect("zero grad");
+        st.inner.set_batch(batch.clone());
+    }
+    run_step(&s.schedule, ranks, &ExecOptions::default()).expect("step");
+    sum_stage_copies(&s.schedule.placement, ranks).expect("gradient sum");
+    start.elapsed().as_secs_f64()
+}
+
+fn whole(s: &Setup) -> GptStage {
+    GptStage::new(
+        &s.weights,
+        1,
+        StagePosition {
+            dir: 0,
+            model_stage: 0,
+            micro_batches: MICRO_BATCHES,
+            micro_batches_per_dir: MICRO_BATCHES,
+        },
+    )
+    .expect("whole model")
+}
+
+fn sequential(stage: &mut GptStage, batch: &TokenBatch) -> f64 {
+    let start = Instant::now();
+    stage.zero_grad().expect("zero grad");
+    sequential_step(stage, batch.clone()).expect("sequential step");
+    start.elapsed().as_secs_f64()
+}
+
+/// Bytes one micro-batch leaves saved after its forward at a single-block stage (stage 1).
+fn one_micro_batch_bytes(s: &Setup, batch: &TokenBatch) -> usize {
+    let position = StagePosition {
+        dir: 0,
+        model_stage: 1,
+        micro_batches: MICRO_BATCHES,
+        micro_batches_per_dir: MICRO_BATCHES,
+    };
+    let mut stage = GptStage::new(&s.weights, LAYERS, position).expect("stage 1");
+    stage.set_batch(batch.clone());
+    let x =
+        Tensor::zeros((ROWS * SEQ, D_MODEL), DType::F32, &candle_core::Device::Cpu).expect("input");
+    stage
+        .forward(Chunk::new(0, 1, 0), ForwardInput::Activation(x))
+        .expect("forward");
+    stage.saved_bytes()
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// VmHWM of this process in bytes (Linux), if readable.
+fn vm_hwm() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn list<T: ToString>(v: &[T]) -> String {
+    v.iter().map(T::to_string).collect::<Vec<_>>().join(", ")
+}
+
+fn measure_json(path: &str) {
+    let steps: usize = std::env::var("GPT_STEP_STEPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10)
+        .max(1);
+    let s = setup();
+    let batches: Vec<TokenBatch> = (0..=steps)
+        .map(|t| s.data.batch(t, MICRO_BATCHES, ROWS))
+        .collect();
+
+    let (mut ranks, peaks) = tracked_stages(&s);
+    let mut pipe = Vec::new();
+    for (t, b) in batches.iter().enumerate() {
+        let secs = pipeline_step(&s, &mut ranks, b);
+        if t > 0 {
+            pipe.push(secs);
+        }
+    }
+    let peak_bytes: Vec<usize> = peaks.iter().map(|p| p.load(Ordering::Relaxed)).collect();
+    let cost = dualpipe_sim::CostModel::uniform(1.0, 2.0, 1.0, 3.0);
+    let timeline = dualpipe_sim::simulate(&s.schedule, &cost).expect("simulate");
+    let sim = dualpipe_sim::metrics(&timeline, &s.schedule.placement);
+    let unit = one_micro_batch_bytes(&s, &batches[0]);
+    let predicted: Vec<usize> = sim
+        .peak_activations_per_rank
+        .iter()
+        .map(|&n| n * unit)
+        .collect();
+    drop(ranks);
+
+    let mut stage = whole(&s);
+    let mut seq = Vec::new();
+    for (t, b) in batches.iter().enumerate() {
+        let secs = sequential(&mut stage, b);
+        if t > 0 {
+            seq.push(secs);
+        }
+    }
+    let tps = |v: &[f64]| TOKENS_PER_STEP as f64 / median(v);
+    let json = format!(
+        concat!(
+            "{{\"d_model\": {}, \"heads\": {}, \"seq_len\": {}, \"layers\": {}, ",
+            "\"micro_batches\": {}, \"rows\": {}, \"ranks\": {}, \"dtype\": \"f32\", ",
+            "\"tokens_per_step\": {}, \"steps\": {},\n",
+            " \"dualpipev\": {{\"step_seconds\": [{}], \"tokens_per_second\": {}, ",
+            "\"peak_saved_bytes_per_rank\": [{}], \"sim_peak_activations_per_rank\": [{}], ",
+            "\"micro_batch_stage_bytes\": {}, \"predicted_bytes_per_rank\": [{}]}},\n",
+            " \"sequential\": {{\"step_seconds\": [{}], \"tokens_per_second\": {}}},\n",
+            " \"vm_hwm_bytes\": {}}}\n"
+        ),
+        D_MODEL,
+        HEADS,
+        SEQ,
+        LAYERS,
+        MICRO_BATCHES,
+        ROWS,
+        RANKS,
+        TOKENS_PER_STEP,
+        steps,
+        list(&pipe),
+        tps(&pipe),
+        list(&peak_bytes),
+        list(&sim.peak_activations_per_rank),
+        unit,
+        list(&predicted),
+        list(&seq),
+        tps(&seq),
+        vm_hwm().map_or("null".to_string(), |b| b.to_string()),
+    );
+    std::fs::write(path, json).expect("write the JSON");
+}
+
+fn bench(c: &mut Criterion) {
+    let s = setup();
+    let batch = s.data.batch(0, MICRO_BATCHES, ROWS);
+    let mut group = c.benchmark_group("gpt_step_d128_seq64_8x16");
+    group.sample_size(10);
+    let (mut ranks, _) = tracked_stages(&s);
+    group.bench_function("dualpipev_4_ranks", |b| {
+        b.iter(|| pipeline_step(&s, &mut ranks, &batch))
+    });
+    let mut stage = whole(&s);
+    group.bench_function("sequential", |b| b.iter(|| sequential(&mut stage, &batch)));
+    group.finish();
+}
+
+fn main() {
+    if let Ok(path) = std::env::var("GPT_STEP_JSON") {
+        measure_json(&path);
+        return;
+    }
+    let mut c = Criterion::default().configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+}
