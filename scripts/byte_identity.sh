@@ -38,10 +38,13 @@ PY
         done
         rm -f "$out/$name.loads.json"
     done
+    # The MLP's run: name the model where the binary has a choice (the GPT is its default).
+    local model=()
+    if "$bin" train --help 2>/dev/null | grep -q -- "--model"; then model=(--model mlp); fi
     for kind in dualpipe 1f1b dualpipev zb1p; do
         local ranks=4
         [ "$kind" = dualpipev ] && ranks=2
-        "$bin" train --schedule "$kind" --ranks "$ranks" --dtype f64 --steps 5 --hidden 32 \
+        "$bin" train "${model[@]}" --schedule "$kind" --ranks "$ranks" --dtype f64 --steps 5 --hidden 32 \
             --micro-batch-size 16 --quiet --format json 2>/dev/null |
             python3 -c "import json,sys; print(json.dumps(json.load(sys.stdin)['losses']))" \
                 >"$out/train-$kind-f64-losses.json"

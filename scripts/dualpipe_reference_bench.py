@@ -15,7 +15,7 @@ Prints one line per hidden size with the median milliseconds per step (forward, 
 communication of one DualPipe step; no optimizer), or JSON with --json. The same shapes with
 our runtime:
 
-    dualpipe train --ranks 4 --micro-batches 8 --micro-batch-size 128 --hidden 128 \
+    dualpipe train --model mlp --ranks 4 --micro-batches 8 --micro-batch-size 128 --hidden 128 \
         --layers-per-stage 1 --steps 20 --format json
 
 The reference is written for CUDA; this script points its device checks and receive buffers at

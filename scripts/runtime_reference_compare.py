@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def ours(binary, hidden, args, schedule="dualpipe"):
-    cmd = [binary, "train", "--schedule", schedule, "--ranks", str(args.ranks),
+    cmd = [binary, "train", "--model", "mlp", "--schedule", schedule, "--ranks", str(args.ranks),
            "--micro-batches", str(args.micro_batches), "--micro-batch-size", str(args.micro_batch_size),
            "--hidden", str(hidden), "--layers-per-stage", "1", "--steps", str(args.steps),
            "--format", "json", "--quiet"]

@@ -6,6 +6,8 @@ use crate::{dualpipe, Run, TempDir};
 fn tiny_train(extra: &[&str]) -> Run {
     let mut args = vec![
         "train",
+        "--model",
+        "mlp",
         "--steps",
         "4",
         "--hidden",
