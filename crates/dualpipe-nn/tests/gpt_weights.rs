@@ -94,6 +94,20 @@ fn round_trip_is_lossless_and_seeded() {
     };
     assert_eq!(v(&w), v(&again));
     assert_ne!(v(&w), v(&other));
+    // The same weights always give the same bytes (the metadata is a hash map inside the
+    // writer; every call makes a new one, with a new order).
+    let first = w.to_safetensors().unwrap();
+    for _ in 0..8 {
+        assert_eq!(again.to_safetensors().unwrap(), first);
+    }
+    let header_len = u64::from_le_bytes(first[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&first[8..8 + header_len]).unwrap();
+    let meta = header.find("\"__metadata__\"").unwrap();
+    let keys: Vec<usize> = ["d_model", "heads", "layers", "model", "seq_len", "vocab"]
+        .iter()
+        .map(|k| header[meta..].find(&format!("\"{k}\"")).unwrap())
+        .collect();
+    assert!(keys.windows(2).all(|w| w[0] < w[1]), "{header}");
 }
 
 #[test]

@@ -221,12 +221,15 @@ impl GptWeights {
     }
 
     /// The safetensors file: every tensor under its name, in the config's dtype, with
-    /// [`GptWeights::metadata`].
+    /// [`GptWeights::metadata`]. The same weights always give the same bytes: the header's
+    /// members, and the metadata's, are written in sorted order.
     pub fn to_safetensors(&self) -> Result<Vec<u8>, NnError> {
         let mut items: Vec<(&String, &Tensor)> = self.tensors.iter().collect();
         items.sort_by(|a, b| a.0.cmp(b.0));
-        safetensors::serialize(items, Some(self.metadata()))
-            .map_err(|e| NnError::Config(format!("cannot write the weights: {e}")))
+        let mut bytes = safetensors::serialize(items, Some(self.metadata()))
+            .map_err(|e| NnError::Config(format!("cannot write the weights: {e}")))?;
+        sort_header(&mut bytes)?;
+        Ok(bytes)
     }
 
     /// Weights from a safetensors file written by [`GptWeights::to_safetensors`] (or by
@@ -283,6 +286,42 @@ impl GptWeights {
         }
         Self::from_tensors(&config, tensors)
     }
+}
+
+/// Rewrites a safetensors file's JSON header in place with its members (and the metadata's)
+/// in sorted order: the writer keeps the metadata in a hash map, whose order changes from run
+/// to run. The sorted header has the same members, so it is never longer; it is padded with
+/// spaces to the old length, as the format allows.
+fn sort_header(bytes: &mut [u8]) -> Result<(), NnError> {
+    use std::collections::BTreeMap;
+    let bad = |what: &str| NnError::Config(format!("cannot write the weights: {what}"));
+    let len = bytes
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_le_bytes)
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| bytes.len() >= 8 + n)
+        .ok_or_else(|| bad("the header is truncated"))?;
+    let header: BTreeMap<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + len]).map_err(|e| bad(&e.to_string()))?;
+    let sorted: BTreeMap<String, serde_json::Value> = header
+        .into_iter()
+        .map(|(key, value)| match value {
+            serde_json::Value::Object(map) => {
+                let map: BTreeMap<String, serde_json::Value> = map.into_iter().collect();
+                (key, serde_json::to_value(map).unwrap_or_default())
+            }
+            other => (key, other),
+        })
+        .collect();
+    let text = serde_json::to_string(&sorted).map_err(|e| bad(&e.to_string()))?;
+    if text.len() > len {
+        return Err(bad("the sorted header is longer than the original"));
+    }
+    let target = &mut bytes[8..8 + len];
+    target[..text.len()].copy_from_slice(text.as_bytes());
+    target[text.len()..].fill(b' ');
+    Ok(())
 }
 
 impl GptConfig {
