@@ -83,6 +83,17 @@ impl DataSet {
 
     /// All `micro_batches` micro-batches of step `step`.
     pub fn batch(&self, step: usize, micro_batches: usize) -> Result<Batch, NnError> {
+        self.batch_from(step, 0, micro_batches)
+    }
+
+    /// Micro-batches `first .. first + micro_batches` of step `step` (a data-parallel
+    /// replica's share of the global batch), as micro-batches `0 .. micro_batches`.
+    pub fn batch_from(
+        &self,
+        step: usize,
+        first: usize,
+        micro_batches: usize,
+    ) -> Result<Batch, NnError> {
         // Micro-batches are independent: draw them on a few threads (same result in any order).
         let threads = std::thread::available_parallelism()
             .map_or(1, usize::from)
@@ -92,7 +103,11 @@ impl DataSet {
             let handles: Vec<_> = (0..threads)
                 .map(|t| {
                     let range = t * per_thread..((t + 1) * per_thread).min(micro_batches);
-                    scope.spawn(move || range.map(|mb| self.micro_batch(step, mb)).collect())
+                    scope.spawn(move || {
+                        range
+                            .map(|mb| self.micro_batch(step, first + mb))
+                            .collect()
+                    })
                 })
                 .collect();
             handles

@@ -137,11 +137,23 @@ impl TextData {
 
     /// Every micro-batch of step `step`: `micro_batches` of `rows` sequences.
     pub fn batch(&self, step: usize, micro_batches: usize, rows: usize) -> TokenBatch {
+        self.batch_range(step, micro_batches, 0..micro_batches, rows)
+    }
+
+    /// Global micro-batches `range` of step `step`, of `global` in the step (a data-parallel
+    /// replica's share), as micro-batches `0 .. range.len()`.
+    pub fn batch_range(
+        &self,
+        step: usize,
+        global: usize,
+        range: std::ops::Range<usize>,
+        rows: usize,
+    ) -> TokenBatch {
         Arc::new(
-            (0..micro_batches)
+            range
                 .map(|mb| {
                     let windows: Vec<usize> = (0..rows)
-                        .map(|r| self.window_index(step, micro_batches, mb, rows, r))
+                        .map(|r| self.window_index(step, global, mb, rows, r))
                         .collect();
                     self.train.micro_batch(&windows)
                 })
