@@ -103,11 +103,8 @@ impl DataSet {
             let handles: Vec<_> = (0..threads)
                 .map(|t| {
                     let range = t * per_thread..((t + 1) * per_thread).min(micro_batches);
-                    scope.spawn(move || {
-                        range
-                            .map(|mb| self.micro_batch(step, first + mb))
-                            .collect()
-                    })
+                    scope
+                        .spawn(move || range.map(|mb| self.micro_batch(step, first + mb)).collect())
                 })
                 .collect();
             handles

@@ -405,8 +405,7 @@ impl DataParallel {
         let summaries = first_error(results)?;
         let mut summary = summaries[0].clone();
         summary.grad_bytes_sent = summaries.iter().map(|s| s.grad_bytes_sent).sum();
-        summary.grad_bytes_uncompressed =
-            summaries.iter().map(|s| s.grad_bytes_uncompressed).sum();
+        summary.grad_bytes_uncompressed = summaries.iter().map(|s| s.grad_bytes_uncompressed).sum();
         summary.communication_overhead = summaries
             .iter()
             .map(|s| s.communication_overhead)
@@ -450,7 +449,8 @@ fn first_error<R>(results: Vec<Result<R, TrainError>>) -> Result<Vec<R>, TrainEr
         )
     };
     let pick = errors.iter().position(|e| !timed_out(e)).unwrap_or(0);
-    Err(errors.into_iter().nth(pick).unwrap_or_else(|| {
-        TrainError::Execution("a replica failed".into())
-    }))
+    Err(errors
+        .into_iter()
+        .nth(pick)
+        .unwrap_or_else(|| TrainError::Execution("a replica failed".into())))
 }

@@ -399,7 +399,10 @@ impl RunSummary {
             ));
             rows.push((
                 "communication overhead",
-                format!("{} of the run in gradient exchange", pct(s.communication_overhead)),
+                format!(
+                    "{} of the run in gradient exchange",
+                    pct(s.communication_overhead)
+                ),
             ));
         }
         if let Some(e) = s.evaluations.last() {

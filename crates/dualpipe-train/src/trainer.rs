@@ -440,7 +440,7 @@ impl<D: Driver> Trainer<D> {
     fn evaluation_due(&self, step: usize) -> bool {
         let every = self.config.eval_every;
         self.workload.gpt().is_some()
-            && (step + 1 == self.config.steps || (every > 0 && (step + 1) % every == 0))
+            && (step + 1 == self.config.steps || (every > 0 && (step + 1).is_multiple_of(every)))
     }
 
     /// A failure of this process's own work: the other ranks are told.
@@ -470,7 +470,8 @@ impl<D: Driver> Trainer<D> {
             &mut self.driver,
         );
         let (outcome, next) = std::thread::scope(|scope| {
-            let next = prefetch.then(|| scope.spawn(move || workload.replica_batch(config, step + 1, replica)));
+            let next = prefetch
+                .then(|| scope.spawn(move || workload.replica_batch(config, step + 1, replica)));
             let outcome = driver.run_pipeline(schedule, stages, step, options);
             let next = next.map(|h| {
                 h.join().unwrap_or_else(|_| {

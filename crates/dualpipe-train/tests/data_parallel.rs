@@ -61,9 +61,17 @@ fn two_replicas_equal_one_with_twice_the_micro_batches(single: TrainConfig) {
         let b = two.step().unwrap();
         assert_eq!(a.losses.len(), b.losses.len(), "{what} step {step}");
         for (m, (x, y)) in a.losses.iter().zip(&b.losses).enumerate() {
-            assert!(close(*x, *y), "{what} step {step} micro-batch {m}: {x} vs {y}");
+            assert!(
+                close(*x, *y),
+                "{what} step {step} micro-batch {m}: {x} vs {y}"
+            );
         }
-        assert!(close(a.loss, b.loss), "{what} step {step}: {} vs {}", a.loss, b.loss);
+        assert!(
+            close(a.loss, b.loss),
+            "{what} step {step}: {} vs {}",
+            a.loss,
+            b.loss
+        );
         first.get_or_insert(a.loss);
         last = a.loss;
     }
@@ -72,12 +80,19 @@ fn two_replicas_equal_one_with_twice_the_micro_batches(single: TrainConfig) {
     // Every replica ends with the same weights, bit for bit.
     let reference = two.replicas()[0].parameters();
     for replica in &two.replicas()[1..] {
-        for (p, q) in reference.iter().flatten().zip(replica.parameters().iter().flatten()) {
+        for (p, q) in reference
+            .iter()
+            .flatten()
+            .zip(replica.parameters().iter().flatten())
+        {
             let (p, q) = (
                 dualpipe_nn::stage::to_f64_vec(p).unwrap(),
                 dualpipe_nn::stage::to_f64_vec(q).unwrap(),
             );
-            assert!(p.iter().zip(&q).all(|(x, y)| x.to_bits() == y.to_bits()), "{what}");
+            assert!(
+                p.iter().zip(&q).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{what}"
+            );
         }
     }
 }
@@ -129,13 +144,20 @@ fn the_transport_counts_fewer_bytes_for_each_compression() {
             ..tiny(ModelKind::Gpt, ScheduleKind::DualPipe, 4)
         };
         let summary = DataParallel::new(config).unwrap().run(|_| Ok(())).unwrap();
-        assert!(summary.losses.iter().all(|l| l.is_finite()), "{compression}");
+        assert!(
+            summary.losses.iter().all(|l| l.is_finite()),
+            "{compression}"
+        );
         assert!(summary.grad_bytes_uncompressed > 0);
         assert_eq!(summary.data_parallel, 2);
         assert_eq!(summary.gradient_compression, compression.name());
         sent.push((summary.grad_bytes_sent, summary.grad_bytes_uncompressed));
         let json = summary.json();
-        for key in ["grad_bytes_sent", "grad_bytes_uncompressed", "communication_overhead"] {
+        for key in [
+            "grad_bytes_sent",
+            "grad_bytes_uncompressed",
+            "communication_overhead",
+        ] {
             assert!(json.contains(key), "{key} in {json}");
         }
         assert!(summary.table(true).contains("communication overhead"));

@@ -6,7 +6,9 @@
 use std::io::IsTerminal;
 
 use dualpipe_schedule::{Schedule, ScheduleError};
-use dualpipe_train::{DataParallel, Driver, RunSummary, StepEvent, TrainConfig, TrainError, Trainer};
+use dualpipe_train::{
+    DataParallel, Driver, RunSummary, StepEvent, TrainConfig, TrainError, Trainer,
+};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::output::{check_outputs, write_together};

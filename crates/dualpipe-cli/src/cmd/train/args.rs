@@ -267,7 +267,10 @@ pub fn config_and_schedule(args: &Args) -> Result<(TrainConfig, Option<Schedule>
         .gradient_compression
         .parse::<dualpipe_train::Compression>()
         .map_err(|_| {
-            let names: Vec<&str> = dualpipe_train::Compression::ALL.iter().map(|c| c.name()).collect();
+            let names: Vec<&str> = dualpipe_train::Compression::ALL
+                .iter()
+                .map(|c| c.name())
+                .collect();
             unknown(
                 "compression",
                 "--gradient-compression",
