@@ -77,6 +77,7 @@ impl StageGrads {
 pub struct ReplicaExchange {
     replica: usize,
     replicas: usize,
+    micro_batches: usize,
     overlap: bool,
     stages: Vec<(usize, StageGrads)>,
     losses: GradExchange<f64, GroupTransport>,
@@ -197,6 +198,7 @@ impl ReplicaExchange {
         Ok(ReplicaExchange {
             replica: links.replica,
             replicas: links.replicas,
+            micro_batches: config.micro_batches,
             overlap: config.overlap,
             stages: built,
             losses,
@@ -266,6 +268,19 @@ impl ReplicaExchange {
         all[self.replica * m..(self.replica + 1) * m].copy_from_slice(mine);
         self.losses.all_reduce(step as u64, &mut all)?;
         Ok(all)
+    }
+
+    /// `values` summed over the replicas, exactly for integers below 2^53 (in the losses'
+    /// exchange, as step `step`, which must follow every training step).
+    pub fn sum_over_replicas(
+        &mut self,
+        step: usize,
+        values: [f64; 4],
+    ) -> Result<[f64; 4], TrainError> {
+        let mut all = vec![0.0; self.replicas * self.micro_batches];
+        all[..4].copy_from_slice(&values);
+        self.losses.all_reduce(step as u64, &mut all)?;
+        Ok([all[0], all[1], all[2], all[3]])
     }
 
     /// What this replica's gradient exchanges sent over the run (the losses not included).
@@ -378,7 +393,7 @@ impl DataParallel {
     /// [`Trainer::run`] on every replica concurrently; `on_step` hears replica 0 (whose
     /// reports carry the global losses). The summary is replica 0's with the exchange's
     /// figures over every worker: `grad_bytes_sent` and `grad_bytes_uncompressed` summed,
-    /// `communication_overhead` the mean of the replicas' shares.
+    /// `communication_overhead` the mean of the replicas' (processes') shares.
     ///
     /// A replica that fails leaves the others waiting in the exchange until their
     /// `recv_timeout`; the error reported is the first replica's (in replica order) that is
@@ -402,16 +417,8 @@ impl DataParallel {
         });
         let mut results = vec![head];
         results.extend(tail);
-        let summaries = first_error(results)?;
-        let mut summary = summaries[0].clone();
-        summary.grad_bytes_sent = summaries.iter().map(|s| s.grad_bytes_sent).sum();
-        summary.grad_bytes_uncompressed = summaries.iter().map(|s| s.grad_bytes_uncompressed).sum();
-        summary.communication_overhead = summaries
-            .iter()
-            .map(|s| s.communication_overhead)
-            .sum::<f64>()
-            / summaries.len() as f64;
-        Ok(summary)
+        // Every replica's summary already holds the figures over every worker.
+        first_error(results).map(|mut summaries| summaries.swap_remove(0))
     }
 
     fn on_every_replica<R: Send>(

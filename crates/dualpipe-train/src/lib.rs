@@ -59,6 +59,7 @@ pub mod workload;
 pub use config::{DType, Field, ModelKind, Naming, TrainConfig, MAX_STEPS};
 pub use data_parallel::{DataParallel, ReplicaExchange, ReplicaLinks};
 pub use driver::{Driver, LocalThreads, MAX_LOCAL_RANKS};
+pub use dualpipe_dp as dp;
 pub use dualpipe_dp::Compression;
 pub use dualpipe_nn::{Optimizer, OptimizerKind};
 pub use error::{Divergence, TrainError};

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use dualpipe_nn::gpt::GptWeights;
 use dualpipe_nn::{ModelStage, Optimizer, StagePosition, StepBatch};
+use dualpipe_runtime::transport::wire::WireData;
 use dualpipe_runtime::{ExecOptions, RankStages};
 use dualpipe_schedule::{Schedule, ScheduleError};
 use dualpipe_sim::Timeline;
@@ -16,6 +17,10 @@ use crate::driver::{Driver, LocalThreads};
 use crate::error::{Divergence, TrainError};
 use crate::summary::{RunSummary, SummaryBuilder};
 use crate::workload::{Evaluation, Sample, Workload};
+
+/// The all-gather round of the exchange's figures after the last step (the collective
+/// module's gathers use 0 and 1).
+const TOTALS_ROUND: usize = 2;
 
 /// What one training step did.
 #[derive(Clone, Debug)]
@@ -595,15 +600,51 @@ impl<D: Driver> Trainer<D> {
         }
         let total = began.elapsed();
         let samples = self.samples()?;
+        let exchanged = self.exchange_totals(total.as_secs_f64())?;
         self.finish()?;
         let mut summary = summary.finish(total, samples);
-        if let Some(dp) = &self.dp {
-            let totals = dp.totals();
-            summary.grad_bytes_sent = totals.grad_bytes_sent;
-            summary.grad_bytes_uncompressed = totals.grad_bytes_uncompressed;
-            summary.communication_overhead = dp.seconds() / total.as_secs_f64().max(1e-9);
+        if let Some([sent, uncompressed, overhead, workers]) = exchanged {
+            summary.grad_bytes_sent = sent as u64;
+            summary.grad_bytes_uncompressed = uncompressed as u64;
+            summary.communication_overhead = overhead / workers.max(1.0);
         }
         Ok(summary)
+    }
+
+    /// The gradient exchange's figures over every worker of the run, the same on every
+    /// process (a collective call after the last step): bytes sent, bytes uncompressed, the
+    /// sum of the processes' exchange shares of `seconds`, and the number of processes.
+    fn exchange_totals(&mut self, seconds: f64) -> Result<Option<[f64; 4]>, TrainError> {
+        let Some(dp) = &self.dp else {
+            return Ok(None);
+        };
+        let t = dp.totals();
+        let mine = [
+            t.grad_bytes_sent as f64,
+            t.grad_bytes_uncompressed as f64,
+            dp.seconds() / seconds.max(1e-9),
+            1.0,
+        ];
+        let done = self.steps_done;
+        let parts = self.driver.all_gather(
+            done,
+            TOTALS_ROUND,
+            vec![WireData::from_f64s(&mine)],
+            &self.exec_options,
+        )?;
+        let mut pipeline = [0.0; 4];
+        for part in parts.iter().flatten() {
+            let values = part.to_f64s().map_err(|e| {
+                TrainError::Execution(format!("gathering the exchange's figures: {e}"))
+            })?;
+            for (acc, v) in pipeline.iter_mut().zip(values) {
+                *acc += v;
+            }
+        }
+        let Some(dp) = self.dp.as_mut() else {
+            return Ok(None);
+        };
+        Ok(Some(dp.sum_over_replicas(done, pipeline)?))
     }
 
     /// Stops the run at the callback's request: the other ranks are told `reason` in its own
