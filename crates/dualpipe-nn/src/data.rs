@@ -139,5 +139,13 @@ mod tests {
         assert_eq!(v(&a.targets), v(&b.targets));
         assert_ne!(v(&a.inputs), v(&c.inputs));
         assert_eq!(a.inputs.dims(), &[2, 4]);
+        // A replica's share: micro-batches 2.. of the step are batch_from(step, 2, ..).
+        let whole = d.batch(1, 4).unwrap();
+        let share = d.batch_from(1, 2, 2).unwrap();
+        assert_eq!(share.len(), 2);
+        for m in 0..2 {
+            assert_eq!(v(&share[m].inputs), v(&whole[2 + m].inputs));
+            assert_eq!(v(&share[m].targets), v(&whole[2 + m].targets));
+        }
     }
 }

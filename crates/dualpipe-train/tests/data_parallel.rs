@@ -168,3 +168,41 @@ fn the_transport_counts_fewer_bytes_for_each_compression() {
     assert!(sent[1].0 * 2 <= sent[0].0 + 64, "bf16 halves f32: {sent:?}");
     assert!(sent[2].0 < sent[1].0 && sent[3].0 < sent[2].0, "{sent:?}");
 }
+
+#[test]
+fn a_single_trainer_refuses_several_replicas_and_sizes_are_checked() {
+    let config = TrainConfig {
+        data_parallel: 2,
+        ..tiny(ModelKind::Mlp, ScheduleKind::DualPipe, 4)
+    };
+    let err = Trainer::new(config.clone()).unwrap_err().to_string();
+    assert!(err.contains("DataParallel"), "{err}");
+    for bad in [
+        TrainConfig {
+            data_parallel: 0,
+            ..config.clone()
+        },
+        TrainConfig {
+            bucket_mb: 0.0,
+            ..config.clone()
+        },
+        TrainConfig {
+            bucket_mb: f64::NAN,
+            ..config.clone()
+        },
+    ] {
+        assert!(DataParallel::new(bad).is_err());
+    }
+    // One replica through DataParallel is the plain trainer, bit for bit.
+    let one = TrainConfig {
+        data_parallel: 1,
+        ..config
+    };
+    let a = DataParallel::new(one.clone())
+        .unwrap()
+        .run(|_| Ok(()))
+        .unwrap();
+    let b = Trainer::new(one).unwrap().run(|_| Ok(())).unwrap();
+    assert_eq!(a.losses, b.losses);
+    assert_eq!(a.grad_bytes_sent, 0);
+}

@@ -246,6 +246,21 @@ mod tests {
     }
 
     #[test]
+    fn a_replicas_range_is_its_share_of_the_global_batch() {
+        let bytes: Vec<u8> = (0..200u8).collect();
+        for seed in [None, Some(4)] {
+            let data = TextData::new(&bytes, 4, 0.1, seed).unwrap();
+            let whole = data.batch(3, 6, 2);
+            let second = data.batch_range(3, 6, 3..6, 2);
+            assert_eq!(second.len(), 3);
+            for (m, mb) in second.iter().enumerate() {
+                assert_eq!(mb.inputs, whole[3 + m].inputs, "{seed:?} {m}");
+                assert_eq!(mb.targets, whole[3 + m].targets);
+            }
+        }
+    }
+
+    #[test]
     fn addition_problems_are_seeded_and_held_out() {
         let task = AdditionTask { digits: 2, seed: 5 };
         let text = String::from_utf8(task.training_text(100)).unwrap();
