@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
-# Multi-process training over MPI: `dualpipe train --transport mpi` under mpirun.
+# Multi-process training over MPI: `dualpipe train --transport mpi` under mpiexec, once with MPICH
+# and once with Open MPI, each with a binary built against it.
 #
-#   scripts/mpi_test.sh            # builds dualpipe with --features mpi, then runs the checks
-#   DUALPIPE_BIN=path scripts/mpi_test.sh   # uses an already built binary
+#   scripts/mpi_test.sh                     # both: builds what it needs, installs Open MPI if missing
+#   MPI_TEST_IMPLS=mpich scripts/mpi_test.sh          # one of them (mpich, openmpi)
+#   DUALPIPE_BIN=path DUALPIPE_OPENMPI_BIN=path scripts/mpi_test.sh   # already built binaries
 #
-# Needs an MPI (MPICH or Open MPI: `mpiexec` on PATH) and, to build, its headers and libclang.
-# Checks:
+# The `mpi` crate links the MPI its build finds (MPICC's `-show`), and its build script does not
+# rerun when MPICC changes, so the bindings (mpi-sys, mpi) are cleaned and rebuilt for Open MPI
+# in the shared target directory (debug, only dualpipe-cli; everything else is reused), then
+# cleaned again. Each binary is
+# checked to link its own MPI and is started by that MPI's own launcher (mpiexec.mpich,
+# mpiexec.openmpi): Debian's alternatives point plain `mpiexec` and `mpicc` at only one of them.
+# Open MPI refuses to run as root and more ranks than cores unless told: --allow-run-as-root
+# (as root) and --oversubscribe. MPICH needs neither.
+# Needs MPICH (apt-get install mpich libmpich-dev libclang-dev); installs openmpi-bin and
+# libopenmpi-dev when missing, keeping MPICH the default alternative if it was.
+# Checks, for each MPI:
+#   0. the binary links that MPI, and dualpipe names the launcher;
 #   1. 4 processes train dualpipe, dualpipev and 1f1b with --dtype f64; their per-step losses
 #      equal the local 4-thread run's to 1e-10 relative (they are in fact bit-identical);
 #   2. a rank that fails with an error stops every rank within a bound, each naming rank 2,
-#      and mpirun exits non-zero; a rank that exits or dies by a signal ends the job non-zero
+#      and mpiexec exits non-zero; a rank that exits or dies by a signal ends the job non-zero
 #      within a bound (no hang, no exit 0);
 #   3. a world size that does not match --ranks, or no launcher, is one clear usage error;
 #   4. 8 processes train 4 ranks x 2 data-parallel replicas (dualpipe, 1f1b, zb1p, dualpipev,
@@ -19,45 +31,36 @@
 set -u
 cd "$(dirname "$0")/.."
 
-if ! command -v mpiexec >/dev/null 2>&1; then
-    echo "mpi_test: mpiexec not found; install MPICH (apt-get install mpich libmpich-dev libclang-dev) or Open MPI" >&2
-    exit 1
-fi
-
-if [ -z "${DUALPIPE_BIN:-}" ]; then
-    cargo build -p dualpipe-cli --features mpi --quiet || exit 1
-    DUALPIPE_BIN=target/debug/dualpipe
-fi
-BIN=$DUALPIPE_BIN
-
-# Open MPI refuses root and more ranks than cores unless told; MPICH needs nothing.
-LAUNCH=(mpiexec)
-if mpiexec --version 2>&1 | grep -qi "open mpi\|openrte"; then
-    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-    LAUNCH+=(--oversubscribe)
-fi
-
+IMPLS=${MPI_TEST_IMPLS:-mpich openmpi}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 PASSED=0
 FAILED=0
-pass() { echo "ok   $1"; PASSED=$((PASSED + 1)); }
-fail() { echo "FAIL $1"; FAILED=$((FAILED + 1)); }
+PREFIX=""
+pass() { echo "ok   $PREFIX$1"; PASSED=$((PASSED + 1)); }
+fail() { echo "FAIL $PREFIX$1"; FAILED=$((FAILED + 1)); }
 
-TINY=(--model mlp --ranks 4 --micro-batches 8 --micro-batch-size 4 --hidden 16
-      --layers-per-stage 1 --dtype f64 --seed 7 --format json --quiet)
+run_checks() { # BIN LAUNCHER... : every check with one binary and one launcher command
+    local BIN=$1
+    shift
+    local LAUNCH=("$@")
+    TINY=(--model mlp --ranks 4 --micro-batches 8 --micro-batch-size 4 --hidden 16
+          --layers-per-stage 1 --dtype f64 --seed 7 --format json --quiet)
+    GPT=(--model gpt --ranks 4 --micro-batches 8 --micro-batch-size 2 --d-model 16 --heads 2
+         --seq-len 8 --layers-per-stage 1 --dtype f64 --seed 7 --steps 3 --eval-every 1
+         --clip-grad 0.5 --format json --quiet)
 
-# 1. Same losses as the local run.
-for schedule in dualpipe dualpipev 1f1b; do
-    "$BIN" train --schedule "$schedule" --steps 3 "${TINY[@]}" >"$TMP/local.json" 2>"$TMP/local.err"
-    timeout 120 "${LAUNCH[@]}" -n 4 "$BIN" train --transport mpi --schedule "$schedule" --steps 3 "${TINY[@]}" \
-        >"$TMP/mpi.json" 2>"$TMP/mpi.err"
-    rc=$?
-    if [ $rc -ne 0 ]; then
-        fail "$schedule: mpiexec -n 4 exited $rc: $(tail -3 "$TMP/mpi.err")"
-        continue
-    fi
-    if python3 - "$TMP/local.json" "$TMP/mpi.json" <<'EOF'
+    # 1. Same losses as the local run.
+    for schedule in dualpipe dualpipev 1f1b; do
+        "$BIN" train --schedule "$schedule" --steps 3 "${TINY[@]}" >"$TMP/local.json" 2>"$TMP/local.err"
+        timeout 120 "${LAUNCH[@]}" -n 4 "$BIN" train --transport mpi --schedule "$schedule" --steps 3 "${TINY[@]}" \
+            >"$TMP/mpi.json" 2>"$TMP/mpi.err"
+        rc=$?
+        if [ $rc -ne 0 ]; then
+            fail "$schedule: mpiexec -n 4 exited $rc: $(tail -3 "$TMP/mpi.err")"
+            continue
+        fi
+        if python3 - "$TMP/local.json" "$TMP/mpi.json" <<'EOF'
 import json, sys
 local = json.load(open(sys.argv[1]))["losses"]
 mpi = json.load(open(sys.argv[2]))["losses"]
@@ -67,82 +70,110 @@ print(f"     losses {mpi}, worst relative difference {worst:.1e}"
       + (" (bit-identical)" if local == mpi else ""))
 sys.exit(0 if worst <= 1e-10 else 1)
 EOF
-    then pass "$schedule: 4 MPI processes give the local run's losses"
-    else fail "$schedule: losses differ from the local run"
-    fi
-done
+        then pass "$schedule: 4 MPI processes give the local run's losses"
+        else fail "$schedule: losses differ from the local run"
+        fi
+    done
 
-# 2. Failures: bounded, non-zero, naming the failed rank.
-run_failure() { # HOW -> sets rc, secs, output in $TMP/fail.out
-    local start end
-    start=$(date +%s.%N)
-    timeout 60 "${LAUNCH[@]}" -n 4 "$BIN" train --transport mpi --schedule dualpipe \
-        "${TINY[@]}" --steps 5 --recv-timeout 20 --inject-failure "2:2:$1" >"$TMP/fail.out" 2>&1
-    rc=$?
-    end=$(date +%s.%N)
-    secs=$(python3 -c "print(f'{$end - $start:.2f}')")
-}
-
-# A failure exit: not success, not a usage error, not the timeout's 124.
-bad_exit() { [ $rc -ne 0 ] && [ $rc -ne 2 ] && [ $rc -ne 124 ]; }
-
-run_failure error
-stopped=$(grep -c "stopped because rank 2 failed: rank 2: injected failure at step 2" "$TMP/fail.out")
-if bad_exit && [ "$stopped" -eq 3 ] \
-    && grep -q "^error: rank 2: injected failure at step 2" "$TMP/fail.out"; then
-    pass "a rank that fails stops all 4 in ${secs}s, each of the 3 others naming rank 2 (exit $rc)"
-else
-    fail "error injection: exit $rc after ${secs}s, $stopped ranks named rank 2:"
-    sed 's/^/     /' "$TMP/fail.out" | head -20
-fi
-
-for how in exit abort; do
-    run_failure "$how"
-    if bad_exit; then
-        pass "a rank that dies ($how) ends the job in ${secs}s with exit $rc"
-    else
-        fail "$how injection: exit $rc after ${secs}s"
-        sed 's/^/     /' "$TMP/fail.out" | head -20
-    fi
-done
-
-# 3. Launcher errors.
-timeout 60 "${LAUNCH[@]}" -n 3 "$BIN" train --transport mpi "${TINY[@]}" >"$TMP/size.out" 2>&1
-rc=$?
-# Rank 0 exits 2 with the message; the launcher then ends the other processes, and some
-# launchers (MPICH's hydra under load) report the signal it used on them instead of 2.
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c "started 3 processes but the run asks for --ranks 4" "$TMP/size.out")" -eq 1 ]; then
-    pass "3 processes for --ranks 4: one usage error (exit $rc)"
-else
-    fail "world size mismatch: exit $rc:"
-    sed 's/^/     /' "$TMP/size.out" | head -10
-fi
-
-env -u PMI_RANK -u OMPI_COMM_WORLD_RANK -u SLURM_PROCID -u RANK \
-    timeout 60 "$BIN" train --transport mpi "${TINY[@]}" >"$TMP/none.out" 2>&1
-rc=$?
-if [ $rc -eq 2 ] && grep -q "no launcher" "$TMP/none.out"; then
-    pass "no launcher: one usage error (exit 2)"
-else
-    fail "no launcher: exit $rc:"
-    sed 's/^/     /' "$TMP/none.out" | head -10
-fi
-
-# 4. Data parallelism: 4 ranks x 2 replicas = 8 processes; the losses equal the local run of the
-#    same flags (threads) to 1e-12 relative, and a world that is not ranks x replicas is one
-#    error naming both numbers.
-DP=(--model mlp --ranks 4 --micro-batches 8 --micro-batch-size 4 --hidden 16
-    --layers-per-stage 1 --dtype f64 --seed 7 --format json --quiet --steps 3 --data-parallel 2)
-for schedule in dualpipe 1f1b zb1p dualpipev; do
-    "$BIN" train --schedule "$schedule" "${DP[@]}" >"$TMP/dp-local.json" 2>"$TMP/dp-local.err"
-    timeout 180 "${LAUNCH[@]}" -n 8 "$BIN" train --transport mpi --schedule "$schedule" "${DP[@]}" \
-        >"$TMP/dp-mpi.json" 2>"$TMP/dp-mpi.err"
+    # 1b. The GPT: losses, validation (weights gathered from every rank), the clipped gradient's
+    # norm (gathered stage by stage) and the saved weights equal the local run's.
+    "$BIN" train --schedule dualpipe "${GPT[@]}" --save "$TMP/local.safetensors" >"$TMP/local.json" 2>"$TMP/local.err"
+    timeout 120 "${LAUNCH[@]}" -n 4 "$BIN" train --transport mpi --schedule dualpipe "${GPT[@]}" \
+        --save "$TMP/mpi.safetensors" >"$TMP/mpi.json" 2>"$TMP/mpi.err"
     rc=$?
     if [ $rc -ne 0 ]; then
-        fail "$schedule x 2 replicas: mpiexec -n 8 exited $rc: $(tail -3 "$TMP/dp-mpi.err")"
-        continue
+        fail "gpt: mpiexec -n 4 exited $rc: $(tail -3 "$TMP/mpi.err")"
+    elif python3 - "$TMP/local.json" "$TMP/mpi.json" <<'EOF'
+import json, sys
+local, mpi = (json.load(open(p)) for p in sys.argv[1:3])
+assert len(local["losses"]) == len(mpi["losses"]) == 3
+pairs = list(zip(local["losses"], mpi["losses"]))
+pairs += [(a["loss"], b["loss"]) for a, b in zip(local["evaluations"], mpi["evaluations"])]
+assert len(mpi["evaluations"]) == 3, mpi["evaluations"]
+worst = max(abs(a - b) / max(abs(a), 1e-300) for a, b in pairs)
+print(f"     gpt losses {mpi['losses']}, validation {mpi['eval_loss']}, worst relative difference {worst:.1e}")
+sys.exit(0 if worst <= 1e-10 and local["samples"] == mpi["samples"] else 1)
+EOF
+    then
+        if cmp -s "$TMP/local.safetensors" "$TMP/mpi.safetensors"; then
+            pass "gpt: 4 MPI processes give the local run's losses, validation, samples and saved weights"
+        else
+            fail "gpt: the saved weights differ from the local run's"
+        fi
+    else fail "gpt: losses or validation differ from the local run"
     fi
-    if python3 - "$TMP/dp-local.json" "$TMP/dp-mpi.json" <<'EOF'
+
+    # 2. Failures: bounded, non-zero, naming the failed rank.
+    run_failure() { # HOW -> sets rc, secs, output in $TMP/fail.out
+        local start end
+        start=$(date +%s.%N)
+        timeout 60 "${LAUNCH[@]}" -n 4 "$BIN" train --transport mpi --schedule dualpipe \
+            "${TINY[@]}" --steps 5 --recv-timeout 20 --inject-failure "2:2:$1" >"$TMP/fail.out" 2>&1
+        rc=$?
+        end=$(date +%s.%N)
+        secs=$(python3 -c "print(f'{$end - $start:.2f}')")
+    }
+
+    # A failure exit: not success, not a usage error, not the timeout's 124.
+    bad_exit() { [ $rc -ne 0 ] && [ $rc -ne 2 ] && [ $rc -ne 124 ]; }
+
+    run_failure error
+    stopped=$(grep -c "stopped because rank 2 failed: rank 2: injected failure at step 2" "$TMP/fail.out")
+    if bad_exit && [ "$stopped" -eq 3 ] \
+        && grep -q "^error: rank 2: injected failure at step 2" "$TMP/fail.out"; then
+        pass "a rank that fails stops all 4 in ${secs}s, each of the 3 others naming rank 2 (exit $rc)"
+    else
+        fail "error injection: exit $rc after ${secs}s, $stopped ranks named rank 2:"
+        sed 's/^/     /' "$TMP/fail.out" | head -20
+    fi
+
+    for how in exit abort; do
+        run_failure "$how"
+        if bad_exit; then
+            pass "a rank that dies ($how) ends the job in ${secs}s with exit $rc"
+        else
+            fail "$how injection: exit $rc after ${secs}s"
+            sed 's/^/     /' "$TMP/fail.out" | head -20
+        fi
+    done
+
+    # 3. Launcher errors.
+    timeout 60 "${LAUNCH[@]}" -n 3 "$BIN" train --transport mpi "${TINY[@]}" >"$TMP/size.out" 2>&1
+    rc=$?
+    # Rank 0 exits 2 with the message; the launcher then ends the other processes, and some
+    # launchers (MPICH's hydra under load) report the signal it used on them instead of 2.
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c "started 3 processes but the run asks for --ranks 4" "$TMP/size.out")" -eq 1 ]; then
+        pass "3 processes for --ranks 4: one usage error (exit $rc)"
+    else
+        fail "world size mismatch: exit $rc:"
+        sed 's/^/     /' "$TMP/size.out" | head -10
+    fi
+
+    env -u PMI_RANK -u OMPI_COMM_WORLD_RANK -u SLURM_PROCID -u RANK \
+        timeout 60 "$BIN" train --transport mpi "${TINY[@]}" >"$TMP/none.out" 2>&1
+    rc=$?
+    if [ $rc -eq 2 ] && grep -q "no launcher" "$TMP/none.out"; then
+        pass "no launcher: one usage error (exit 2)"
+    else
+        fail "no launcher: exit $rc:"
+        sed 's/^/     /' "$TMP/none.out" | head -10
+    fi
+
+    # 4. Data parallelism: 4 ranks x 2 replicas = 8 processes; the losses equal the local run of the
+    #    same flags (threads) to 1e-12 relative, and a world that is not ranks x replicas is one
+    #    error naming both numbers.
+    DP=(--model mlp --ranks 4 --micro-batches 8 --micro-batch-size 4 --hidden 16
+        --layers-per-stage 1 --dtype f64 --seed 7 --format json --quiet --steps 3 --data-parallel 2)
+    for schedule in dualpipe 1f1b zb1p dualpipev; do
+        "$BIN" train --schedule "$schedule" "${DP[@]}" >"$TMP/dp-local.json" 2>"$TMP/dp-local.err"
+        timeout 180 "${LAUNCH[@]}" -n 8 "$BIN" train --transport mpi --schedule "$schedule" "${DP[@]}" \
+            >"$TMP/dp-mpi.json" 2>"$TMP/dp-mpi.err"
+        rc=$?
+        if [ $rc -ne 0 ]; then
+            fail "$schedule x 2 replicas: mpiexec -n 8 exited $rc: $(tail -3 "$TMP/dp-mpi.err")"
+            continue
+        fi
+        if python3 - "$TMP/dp-local.json" "$TMP/dp-mpi.json" <<'EOF'
 import json, sys
 local = json.load(open(sys.argv[1]))["losses"]
 mpi = json.load(open(sys.argv[2]))["losses"]
@@ -152,19 +183,105 @@ print(f"     local {local}\n     mpi   {mpi}\n     worst relative difference {wo
       + (" (bit-identical)" if local == mpi else ""))
 sys.exit(0 if worst <= 1e-12 else 1)
 EOF
-    then pass "$schedule: 8 MPI processes (4 ranks x 2 replicas) give the local run's losses"
-    else fail "$schedule x 2 replicas: losses differ from the local run"
+        then pass "$schedule: 8 MPI processes (4 ranks x 2 replicas) give the local run's losses"
+        else fail "$schedule x 2 replicas: losses differ from the local run"
+        fi
+    done
+    timeout 60 "${LAUNCH[@]}" -n 6 "$BIN" train --transport mpi "${DP[@]}" >"$TMP/dp-size.out" 2>&1
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] \
+        && [ "$(grep -c "6 processes were started for --ranks 4 x --data-parallel 2 = 8" "$TMP/dp-size.out")" -eq 1 ]; then
+        pass "6 processes for 4 ranks x 2 replicas: one usage error naming both (exit $rc)"
+    else
+        fail "data-parallel world size mismatch: exit $rc:"
+        sed 's/^/     /' "$TMP/dp-size.out" | head -10
     fi
+}
+
+have() { command -v "$1" >/dev/null 2>&1; }
+links() { ldd "$1" | grep -q "$2"; }
+
+for impl in $IMPLS; do
+    case $impl in
+    mpich)
+        PREFIX="[mpich] "
+        if ! have mpiexec.mpich || ! have mpicc.mpich; then
+            fail "MPICH not found (mpiexec.mpich, mpicc.mpich): apt-get install mpich libmpich-dev libclang-dev"
+            continue
+        fi
+        bin=${DUALPIPE_BIN:-}
+        if [ -z "$bin" ]; then
+            MPICC=mpicc.mpich cargo build -p dualpipe-cli --features mpi --quiet || { fail "build"; continue; }
+            cp target/debug/dualpipe "$TMP/dualpipe-mpich"
+            bin=$TMP/dualpipe-mpich
+        fi
+        launch=(mpiexec.mpich)
+        tag=(-prepend-rank)
+        lib="libmpich\.so"
+        name="MPICH/PMI"
+        ;;
+    openmpi)
+        PREFIX="[openmpi] "
+        if ! have mpiexec.openmpi || ! have mpicc.openmpi; then
+            default=$(readlink -f /etc/alternatives/mpi 2>/dev/null || true)
+            apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null \
+                || { fail "could not install Open MPI (apt-get install openmpi-bin libopenmpi-dev)"; continue; }
+            # Open MPI's alternatives outrank MPICH's: give the default back to MPICH.
+            if [ "$default" = /usr/bin/mpicc.mpich ]; then
+                update-alternatives --quiet --set mpi /usr/bin/mpicc.mpich
+                update-alternatives --quiet --set mpirun /usr/bin/mpirun.mpich
+                update-alternatives --quiet --set mpi-x86_64-linux-gnu /usr/include/x86_64-linux-gnu/mpich
+            fi
+        fi
+        bin=${DUALPIPE_OPENMPI_BIN:-}
+        if [ -z "$bin" ]; then
+            start=$(date +%s)
+            # Only the MPI bindings differ: rebuild them (and what links them) against Open MPI
+            # in the shared target directory, keep that binary, and clean them again so the
+            # next build probes MPICH, the default, afresh.
+            cargo clean -p mpi-sys -p mpi --quiet 2>/dev/null
+            MPICC=mpicc.openmpi cargo build -p dualpipe-cli --features mpi --quiet \
+                || { fail "build"; continue; }
+            cp target/debug/dualpipe "$TMP/dualpipe-openmpi"
+            cargo clean -p mpi-sys -p mpi --quiet 2>/dev/null
+            echo "     built the Open MPI dualpipe in $(($(date +%s) - start))s"
+            bin=$TMP/dualpipe-openmpi
+        fi
+        launch=(mpiexec.openmpi --oversubscribe)
+        [ "$(id -u)" -ne 0 ] || launch+=(--allow-run-as-root)
+        tag=(--tag-output)
+        lib="libmpi\.so\.40"
+        name="Open MPI"
+        ;;
+    *)
+        PREFIX=""
+        fail "unknown MPI_TEST_IMPLS entry $impl (mpich, openmpi)"
+        continue
+        ;;
+    esac
+
+    # 0. The binary links this MPI, and dualpipe sees this launcher.
+    if links "$bin" "$lib"; then
+        pass "$bin links $(ldd "$bin" | grep -o "$lib[.0-9]*" | head -1 | tr -d '\\')"
+    else
+        fail "$bin does not link $lib (built against another MPI?):"
+        ldd "$bin" | grep -i mpi | sed 's/^/     /'
+        continue
+    fi
+    # Whole lines, each tagged with its rank: the two ranks' lines do not interleave.
+    timeout 60 "${launch[@]}" "${tag[@]}" -n 2 "$bin" train --transport mpi --ranks 2 --micro-batches 4 --micro-batch-size 4 \
+        --layers-per-stage 1 --steps 1 --format json >/dev/null 2>"$TMP/who.err"
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q "rank 0 of 2 (launcher $name" "$TMP/who.err"; then
+        pass "${launch[*]} -n 2: $(grep -m1 -o "rank 0 of 2 (launcher $name[^)]*)" "$TMP/who.err")"
+    else
+        fail "${launch[*]} -n 2 exited $rc without naming launcher $name:"
+        sed 's/^/     /' "$TMP/who.err" | head -10
+    fi
+    run_checks "$bin" "${launch[@]}"
 done
-timeout 60 "${LAUNCH[@]}" -n 6 "$BIN" train --transport mpi "${DP[@]}" >"$TMP/dp-size.out" 2>&1
-rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] \
-    && [ "$(grep -c "6 processes were started for --ranks 4 x --data-parallel 2 = 8" "$TMP/dp-size.out")" -eq 1 ]; then
-    pass "6 processes for 4 ranks x 2 replicas: one usage error naming both (exit $rc)"
-else
-    fail "data-parallel world size mismatch: exit $rc:"
-    sed 's/^/     /' "$TMP/dp-size.out" | head -10
-fi
+PREFIX=""
 
 echo "mpi_test: $PASSED passed, $FAILED failed"
 [ "$FAILED" -eq 0 ]

@@ -24,12 +24,15 @@ enum Command {
     Compare(cmd::compare::Args),
     /// Balance MoE experts over GPUs (DeepSeek EPLB policies and our migration-aware planner).
     Eplb(cmd::eplb::Args),
-    /// Train a model with a pipeline schedule on local ranks (the main job).
-    Train(cmd::train::Args),
+    /// Train a model (the GPT by default) with a pipeline schedule: local ranks, or one
+    /// process per rank under MPI (the main job).
+    Train(Box<cmd::train::Args>),
     /// Mean next-token cross-entropy of GPT weights over a file (loss, bits per byte).
     Eval(cmd::eval::Args),
     /// Continue a prompt with GPT weights (greedy, or sampled with a temperature).
     Generate(cmd::generate::Args),
+    /// Summarise a run from its `train --log` file; draw its loss, throughput and bubble.
+    Report(cmd::report::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -39,9 +42,10 @@ fn main() -> std::process::ExitCode {
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::Compare(args) => cmd::compare::run(args),
         Command::Eplb(args) => cmd::eplb::run(args),
-        Command::Train(args) => cmd::train::run(args),
+        Command::Train(args) => cmd::train::run(*args),
         Command::Eval(args) => cmd::eval::run(args),
         Command::Generate(args) => cmd::generate::run(args),
+        Command::Report(args) => cmd::report::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -12,31 +12,18 @@
 //!
 //! The `scale` group runs the improved policy and the deepseek policy side by side on the sizes
 //! where the improved policy's local search used to run away (issue 11 item 4): 65,536 and
-//! 1,048,576 replicas of 4 experts (2 layers, 2 groups, 2 nodes, 4 GPUs), and 16,384 experts
-//! on 16,384 GPUs (32,768 replicas, one group, one node). Goal: improved within about 10x of
-//! deepseek. `cargo bench -p dualpipe-eplb --bench eplb -- scale` runs only these.
+//! 1,048,576 replicas of 4 experts (2 layers, 2 groups, 2 nodes, 4 GPUs), 16,384 experts on
+//! 16,384 GPUs (32,768 replicas, one group, one node), DeepSeek-V3's shapes, and single-node
+//! domains of 64 and 128 GPUs (`support/shapes.rs`). Goal: improved within about 10x of
+//! deepseek. `cargo bench -p dualpipe-eplb --bench eplb -- scale` runs only these;
+//! `examples/side_by_side.rs` prints the same comparison as one table, in CPU time.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use dualpipe_eplb::{plan, rebalance_experts_with_policy, Layout, LoadMatrix, Planner, Policy};
+use dualpipe_eplb::{plan, rebalance_experts_with_policy, Layout, Planner, Policy};
 
-/// Deterministic skewed loads (splitmix64 -> exp of a sum of uniforms).
-fn loads(layers: usize, experts: usize, seed: u64) -> LoadMatrix {
-    let mut state = seed;
-    let mut next = || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    };
-    let data = (0..layers * experts)
-        .map(|_| {
-            let g: f64 = (0..4).map(|_| next()).sum::<f64>() - 2.0;
-            (1.5 * g).exp() * 100.0
-        })
-        .collect();
-    LoadMatrix::from_flat(layers, experts, data).expect("non-empty shape")
-}
+#[path = "support/shapes.rs"]
+mod shapes;
+use shapes::{loads, SCALE};
 
 struct Case {
     name: &'static str,
@@ -103,26 +90,19 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-/// The large shapes: (name, layers, experts, replicas, groups, nodes, gpus).
-const SCALE: [(&str, usize, usize, usize, usize, usize, usize); 3] = [
-    ("2x4_p65536_n2_r4", 2, 4, 65_536, 2, 2, 4),
-    ("2x4_p1048576_n2_r4", 2, 4, 1_048_576, 2, 2, 4),
-    ("1x16384_p32768_r16384", 1, 16_384, 32_768, 1, 1, 16_384),
-];
-
 fn scale(c: &mut Criterion) {
     let mut group = c.benchmark_group("scale");
     group.sample_size(10);
     group.warm_up_time(std::time::Duration::from_millis(500));
     group.measurement_time(std::time::Duration::from_secs(3));
-    for &(name, layers, experts, replicas, groups, nodes, gpus) in &SCALE {
-        let w = loads(layers, experts, 42);
-        let layout = Layout::of_loads(&w, replicas, groups, nodes, gpus);
+    for shape in &SCALE {
+        let w = loads(shape.layers, shape.experts, 42);
+        let layout = Layout::of_loads(&w, shape.replicas, shape.groups, shape.nodes, shape.gpus);
         for (arm, planner) in [
             ("deepseek", Planner::Reference(Policy::Auto)),
             ("improved", Planner::default()),
         ] {
-            group.bench_with_input(BenchmarkId::new(arm, name), &w, |b, w| {
+            group.bench_with_input(BenchmarkId::new(arm, shape.name), &w, |b, w| {
                 b.iter(|| plan(w, &layout, &planner, None, 0).expect("valid benchmark shape"))
             });
         }

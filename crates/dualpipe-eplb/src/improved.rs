@@ -8,7 +8,9 @@
 //!   has more replicas than its domain has GPUs (then at most `ceil(replicas / gpus)`);
 //! - **an improvement pass**: a deterministic local search (exchanging replicas between GPUs and
 //!   giving surplus replicas to other experts) that lowers the hottest GPU's load, bounded in
-//!   steps and, when a previous placement exists, in moved replicas;
+//!   steps, in work (about the deepseek policy's own `n log n` per domain, so it stays within
+//!   a few times the reference's time at every size) and, when a previous placement exists, in
+//!   moved replicas;
 //! - **migration awareness**: given the previous placement, a layer is left as it is when it is
 //!   balanced enough, and otherwise re-planned from the previous placement with as few moved
 //!   replicas as reach the balance of a fresh plan (within a tolerance).
@@ -34,6 +36,8 @@
 //! assert!(check_policy(&after.phy2log(), &layout).is_ok());
 //! ```
 
+use rayon::prelude::*;
+
 use crate::migrate::{assign_max, preserve_slots, relabel};
 use crate::packing::{Domain, SearchLimits};
 use crate::previous::Placement;
@@ -41,6 +45,9 @@ use crate::{EplbError, Layout, LoadMatrix};
 
 mod options;
 pub use options::PlannerOptions;
+
+/// From this many physical slots in total (layers x replicas), layers are planned in parallel.
+const PARALLEL_MIN_SLOTS: usize = 4096;
 
 /// How a layer's placement was obtained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -524,10 +531,14 @@ pub fn rebalance_improved(
         // The topology of a bare matrix is the layout's; only the shape is checked here.
         Placement::from_rows(prev.to_vec()).check(load.len(), layout)?;
     }
-    let layers = load
-        .iter()
-        .enumerate()
-        .map(|(l, row)| plan_layer(row, layout, prev.map(|p| p[l].as_slice()), opts))
-        .collect();
+    let one =
+        |(l, row): (usize, &Vec<f64>)| plan_layer(row, layout, prev.map(|p| p[l].as_slice()), opts);
+    // Layers are independent: large inputs are planned in parallel (as the reference does);
+    // the result does not depend on the number of threads.
+    let layers = if load.len() > 1 && load.len() * layout.replicas >= PARALLEL_MIN_SLOTS {
+        load.par_iter().enumerate().map(one).collect()
+    } else {
+        load.iter().enumerate().map(one).collect()
+    };
     Ok(ImprovedPlan { layers })
 }

@@ -27,7 +27,7 @@ pub enum ModelStage {
     /// A slice of the residual MLP.
     Mlp(MlpStage),
     /// A slice of the GPT.
-    Gpt(GptStage),
+    Gpt(Box<GptStage>),
 }
 
 /// Calls the same method on whichever stage `self` holds.

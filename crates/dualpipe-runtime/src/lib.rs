@@ -52,7 +52,8 @@ pub use dualpipe_sim::OpTimes;
 pub use error::RuntimeError;
 pub use exec::{
     all_gather, barrier, build_ranks, run_rank_step, run_step, sum_stage_copies_remote,
-    try_build_ranks, ExecOptions, MicroBatchLoss, RankStages, StepOutcome,
+    try_build_ranks, ExecOptions, MicroBatchLoss, RankStages, RankTime, RankTimes, StepOutcome,
+    TimeSplit,
 };
 pub use grads::sum_stage_copies;
 pub use launch::{LaunchError, LaunchInfo, Launcher};

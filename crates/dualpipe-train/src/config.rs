@@ -105,6 +105,41 @@ impl fmt::Display for ModelKind {
     }
 }
 
+/// The GPT's synthetic text when no data file is given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Task {
+    /// A seeded order-2 Markov source whose entropy rate is known: the validation loss is
+    /// scored against the best possible (`dualpipe_nn::gpt::markov`). The default.
+    #[default]
+    Markov,
+    /// Seeded two-digit additions `"12+34=46\n"`, scored as the exact-match accuracy of
+    /// greedy answers on held-out problems (learning it takes thousands of steps).
+    Addition,
+}
+
+impl Task {
+    /// Names accepted by [`Task::from_name`].
+    pub const NAMES: [&'static str; 2] = ["markov", "addition"];
+
+    /// `"markov"` or `"addition"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Task::Markov => "markov",
+            Task::Addition => "addition",
+        }
+    }
+
+    /// Parses a name of [`Task::NAMES`] (case-insensitive).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "markov" => Some(Task::Markov),
+            "addition" => Some(Task::Addition),
+            _ => None,
+        }
+    }
+}
+
 /// The most steps one run may ask for: the run keeps every step's loss for its summary (8 bytes
 /// a step, so 8 GB at the cap), and nothing near it finishes in a lifetime anyway.
 pub const MAX_STEPS: usize = 1_000_000_000;
@@ -146,9 +181,11 @@ pub struct TrainConfig {
     pub heads: usize,
     /// Tokens per training sequence (the GPT's context length).
     pub seq_len: usize,
-    /// The GPT's training text (any file: bytes are tokens); `None`: the seeded synthetic
-    /// addition task generated in process.
+    /// The GPT's training text (any file: bytes are tokens); `None`: the synthetic `task`,
+    /// generated in process.
     pub data: Option<PathBuf>,
+    /// The synthetic text when `data` is `None`.
+    pub task: Task,
     /// The share of the text, at its end, held out for validation (in `[0, 1)`).
     pub validation_fraction: f64,
     /// Evaluate on the validation text every this many steps (0: only after the last step).
@@ -198,7 +235,7 @@ pub struct TrainConfig {
 
 impl TrainConfig {
     /// The default run: the GPT (d_model 64, 4 heads, 2 blocks per stage, sequences of 32
-    /// bytes) learning the seeded addition task, DualPipe on 4 ranks, 16 micro-batches of 8
+    /// bytes) learning the seeded Markov text, DualPipe on 4 ranks, 16 micro-batches of 8
     /// sequences, AdamW at lr 3e-3, f32, seed 0, 300 steps, validation every 50, a 60 s
     /// receive timeout.
     pub const DEFAULT: TrainConfig = TrainConfig {
@@ -214,6 +251,7 @@ impl TrainConfig {
         heads: 4,
         seq_len: 32,
         data: None,
+        task: Task::Markov,
         validation_fraction: 0.1,
         eval_every: 50,
         shuffle: true,

@@ -56,7 +56,7 @@ pub mod summary;
 pub mod trainer;
 pub mod workload;
 
-pub use config::{DType, Field, ModelKind, Naming, TrainConfig, MAX_STEPS};
+pub use config::{DType, Field, ModelKind, Naming, Task, TrainConfig, MAX_STEPS};
 pub use data_parallel::{DataParallel, ReplicaExchange, ReplicaLinks};
 pub use driver::{Driver, LocalThreads, MAX_LOCAL_RANKS};
 pub use dualpipe_dp as dp;

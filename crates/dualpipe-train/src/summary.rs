@@ -24,7 +24,8 @@ pub struct RunSummary {
     pub heads: Option<usize>,
     /// The GPT's tokens per sequence.
     pub seq_len: Option<usize>,
-    /// What the GPT learned: the data file, or `"addition task"` (`null` for the MLP).
+    /// What the GPT learned: the data file, or `"the markov task"` / `"the addition task"`
+    /// (`null` for the MLP).
     pub data: Option<String>,
     /// Schedule kind.
     pub schedule: String,
@@ -60,9 +61,11 @@ pub struct RunSummary {
     pub tokens_per_second: Option<f64>,
     /// The last validation loss (mean next-token cross-entropy on the held-out text, nats).
     pub eval_loss: Option<f64>,
-    /// The last validation's exact-match accuracy on held-out problems (the synthetic task
+    /// The last validation's exact-match accuracy on held-out problems (the addition task
     /// only).
     pub accuracy: Option<f64>,
+    /// The best possible validation loss, when the text's entropy is known (the Markov task).
+    pub best_loss: Option<f64>,
     /// Every validation of the run, in order.
     pub evaluations: Vec<Evaluation>,
     /// Greedy continuations by the final model (the GPT).
@@ -73,8 +76,20 @@ pub struct RunSummary {
     pub step_seconds_median: f64,
     /// Median measured pipeline makespan (first op start to last op end).
     pub pipeline_seconds_median: f64,
-    /// Measured bubble ratio (the simulator's metric on the measured timelines; median).
+    /// Measured bubble ratio: the share of rank time spent waiting for a message (or with
+    /// the rank's program done while others still ran), out of ranks × pipeline time; time a
+    /// rank waited for a core is not counted (see `core_wait_ratio`). Median over steps.
     pub bubble_ratio: f64,
+    /// Share of rank time a rank was runnable but waited for a core (thread CPU time against
+    /// wall time; median over steps). Above zero when busy threads outnumber cores.
+    pub core_wait_ratio: f64,
+    /// Share of rank time not inside a compute op on the measured timelines (the simulator's
+    /// bubble metric applied to them; it counts core waits between ops as idle; median).
+    pub timeline_idle_ratio: f64,
+    /// Rank threads this process ran at the same time.
+    pub rank_threads: usize,
+    /// Cores this process could use.
+    pub cores: usize,
     /// Seconds per step a rank's compute thread waited for messages (mean over ranks,
     /// median over steps).
     pub comm_wait_seconds: f64,
@@ -112,6 +127,10 @@ pub struct SummaryBuilder {
     walls: Vec<f64>,
     makespans: Vec<f64>,
     bubbles: Vec<f64>,
+    core_waits: Vec<f64>,
+    idles: Vec<f64>,
+    threads: usize,
+    cores: usize,
     comm_waits: Vec<f64>,
     ops: OpTally,
     evaluations: Vec<Evaluation>,
@@ -128,6 +147,10 @@ impl SummaryBuilder {
             walls: Vec::new(),
             makespans: Vec::new(),
             bubbles: Vec::new(),
+            core_waits: Vec::new(),
+            idles: Vec::new(),
+            threads: 0,
+            cores: 0,
             comm_waits: Vec::new(),
             ops: OpTally::default(),
             evaluations: Vec::new(),
@@ -143,7 +166,12 @@ impl SummaryBuilder {
         if let Some(timeline) = report.timeline {
             let measured = metrics(&timeline, &self.schedule.placement);
             self.makespans.push(measured.makespan);
-            self.bubbles.push(measured.bubble_ratio);
+            let split = report.rank_times.split(measured.makespan);
+            self.bubbles.push(split.bubble_ratio);
+            self.core_waits.push(split.core_wait_ratio);
+            self.idles.push(measured.bubble_ratio);
+            self.threads = self.threads.max(report.rank_times.threads);
+            self.cores = self.cores.max(report.rank_times.cores);
             self.comm_waits.push(
                 timeline.comm_wait.iter().sum::<f64>() / timeline.comm_wait.len().max(1) as f64,
             );
@@ -179,7 +207,7 @@ impl SummaryBuilder {
             seq_len: gpt.then_some(config.seq_len),
             data: gpt.then(|| match &config.data {
                 Some(path) => path.display().to_string(),
-                None => "addition task".into(),
+                None => format!("the {} task", config.task.name()),
             }),
             schedule: config.schedule.name().into(),
             ranks: config.ranks,
@@ -200,12 +228,17 @@ impl SummaryBuilder {
                 .then(|| config.samples_per_step() * steps as f64 / total_seconds.max(1e-9)),
             eval_loss: last_eval.map(|e| e.loss),
             accuracy: last_eval.and_then(|e| e.accuracy),
+            best_loss: last_eval.and_then(|e| e.best_loss),
             evaluations: self.evaluations,
             samples,
             total_seconds,
             step_seconds_median: median(self.walls),
             pipeline_seconds_median: median(self.makespans),
             bubble_ratio: median(self.bubbles),
+            core_wait_ratio: median(self.core_waits),
+            timeline_idle_ratio: median(self.idles),
+            rank_threads: self.threads,
+            cores: self.cores,
             comm_wait_seconds: median(self.comm_waits),
             op_seconds: times,
             simulated_pipeline_seconds: simulated.as_ref().map(|m| m.makespan),
@@ -315,16 +348,26 @@ impl RunSummary {
             }
         }
         if !quiet && !s.evaluations.is_empty() {
-            out.push_str("\n  step  validation loss  bits/byte  accuracy\n");
+            let score = match (s.best_loss, s.accuracy) {
+                (Some(_), _) => "gap to best",
+                (None, Some(_)) => "accuracy",
+                (None, None) => "",
+            };
+            out.push_str(&format!("\n  step  validation loss  bits/byte  {score}\n"));
             for e in &s.evaluations {
-                out.push_str(&format!(
-                    "  {:>4}  {:<15.6}  {:<9.4}  {}\n",
-                    e.step,
-                    e.loss,
-                    e.bits_per_byte,
-                    e.accuracy
-                        .map_or("-".into(), |a| format!("{:.1}%", 100.0 * a))
-                ));
+                let score = match (e.best_loss, e.accuracy) {
+                    (Some(best), _) => format!("{:.4}", e.loss - best),
+                    (None, Some(a)) => format!("{:.1}%", 100.0 * a),
+                    (None, None) => String::new(),
+                };
+                out.push_str(
+                    format!(
+                        "  {:>4}  {:<15.6}  {:<9.4}  {score}",
+                        e.step, e.loss, e.bits_per_byte
+                    )
+                    .trim_end(),
+                );
+                out.push('\n');
             }
         }
         let pct = |x: f64| format!("{:.1}%", 100.0 * x);
@@ -355,9 +398,18 @@ impl RunSummary {
             (
                 "bubble ratio",
                 format!(
-                    "{} measured, {} simulated",
+                    "{} measured (message waits), {} simulated",
                     pct(s.bubble_ratio),
                     s.simulated_bubble_ratio.map_or("-".into(), pct)
+                ),
+            ),
+            (
+                "core contention",
+                format!(
+                    "{} of rank time waiting for a core ({} rank threads on {} cores)",
+                    pct(s.core_wait_ratio),
+                    s.rank_threads,
+                    s.cores
                 ),
             ),
             (
@@ -406,9 +458,11 @@ impl RunSummary {
             ));
         }
         if let Some(e) = s.evaluations.last() {
-            let accuracy = e
-                .accuracy
-                .map_or(String::new(), |a| format!(", accuracy {:.1}%", 100.0 * a));
+            let accuracy = match (e.best_loss, e.accuracy) {
+                (Some(best), _) => format!(", best possible {best:.6} (gap {:.4})", e.loss - best),
+                (None, Some(a)) => format!(", accuracy {:.1}%", 100.0 * a),
+                (None, None) => String::new(),
+            };
             rows.insert(
                 1,
                 (
@@ -424,11 +478,25 @@ impl RunSummary {
         for (name, value) in rows {
             out.push_str(&format!("  {name:<24}{value}\n"));
         }
+        if s.rank_threads > s.cores {
+            out.push_str(&format!(
+                "\n  note: {} busy rank threads share {} cores, so ranks also wait for a core;\n  \
+                 the bubble counts only waits for a message ({} of rank time was idle\n  \
+                 between compute ops on the timeline)\n",
+                s.rank_threads,
+                s.cores,
+                pct(s.timeline_idle_ratio)
+            ));
+        }
         if !s.samples.is_empty() {
-            out.push_str("\n  samples (greedy, by the final model)\n");
+            out.push_str("\n  samples by the final model\n");
             for sample in &s.samples {
+                let how = match sample.temperature {
+                    0.0 => "greedy".to_string(),
+                    t => format!("T={t}"),
+                };
                 out.push_str(&format!(
-                    "    {:?} -> {:?}\n",
+                    "    {how:<7}{:?} -> {:?}\n",
                     sample.prompt, sample.completion
                 ));
             }
@@ -440,6 +508,71 @@ impl RunSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bubble_counts_message_waits_and_core_waits_are_reported_apart() {
+        use dualpipe_runtime::{RankTime, RankTimes};
+        use dualpipe_schedule::{Chunk, Op, ScheduleKind};
+        use dualpipe_sim::ComputeInterval;
+
+        let config = TrainConfig {
+            schedule: ScheduleKind::OneFOneB,
+            ranks: 2,
+            micro_batches: 2,
+            ..TrainConfig::default()
+        };
+        let schedule = dualpipe_schedule::build(ScheduleKind::OneFOneB, 2, 2, 1).unwrap();
+        let mut timeline = Timeline::new(2);
+        for rank in 0..2 {
+            timeline.compute[rank].push(ComputeInterval {
+                op: Op::F(Chunk::new(0, rank, 0)),
+                start: 0.0,
+                end: 0.5,
+            });
+        }
+        timeline.compute[0][0].end = 1.0;
+        let mut builder = SummaryBuilder::new(&config, &schedule);
+        builder.add(StepReport {
+            step: 0,
+            losses: vec![1.0, 1.0],
+            loss: 1.0,
+            timeline: Some(timeline),
+            wall: Duration::from_secs(1),
+            rank_times: RankTimes {
+                // Rank 0: 0.5 s of CPU, 0.5 s waiting for a core; rank 1: 0.5 s of CPU, then
+                // 0.5 s blocked on a message.
+                ranks: vec![
+                    RankTime::new(1.0, 0.0, Some(0.5)),
+                    RankTime::new(1.0, 0.5, Some(0.5)),
+                ],
+                threads: 4,
+                cores: 2,
+            },
+            grad_norm: None,
+            evaluation: None,
+        });
+        let summary = builder.finish(Duration::from_secs(1), Vec::new());
+        assert_eq!(summary.bubble_ratio, 0.25);
+        assert_eq!(summary.core_wait_ratio, 0.25);
+        assert_eq!(summary.timeline_idle_ratio, 0.25);
+        assert_eq!((summary.rank_threads, summary.cores), (4, 2));
+        let table = summary.table(true);
+        assert!(table.contains("25.0% measured (message waits)"), "{table}");
+        assert!(table.contains("25.0% of rank time waiting for a core (4 rank threads on 2 cores)"));
+        assert!(
+            table.contains("note: 4 busy rank threads share 2 cores"),
+            "{table}"
+        );
+        let json = summary.json();
+        for key in [
+            "\"bubble_ratio\"",
+            "\"core_wait_ratio\"",
+            "\"timeline_idle_ratio\"",
+            "\"cores\"",
+        ] {
+            assert!(json.contains(key), "{key}");
+        }
+    }
 
     #[test]
     fn median_of_even_and_odd_counts() {

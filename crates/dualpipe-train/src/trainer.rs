@@ -6,7 +6,7 @@ use candle_core::Tensor;
 use dualpipe_nn::gpt::GptWeights;
 use dualpipe_nn::{ModelStage, Optimizer, StagePosition, StepBatch};
 use dualpipe_runtime::transport::wire::WireData;
-use dualpipe_runtime::{ExecOptions, RankStages};
+use dualpipe_runtime::{ExecOptions, RankStages, RankTimes};
 use dualpipe_schedule::{Schedule, ScheduleError};
 use dualpipe_sim::Timeline;
 
@@ -41,6 +41,8 @@ pub struct StepReport {
     /// The validation after this step, when one was due (the GPT every
     /// [`TrainConfig::eval_every`] steps and after the last; on the reporting process).
     pub evaluation: Option<Evaluation>,
+    /// Where each rank's pipeline time went: CPU, waiting for a message, waiting for a core.
+    pub rank_times: RankTimes,
 }
 
 /// What [`Trainer::run`] tells its callback.
@@ -351,6 +353,7 @@ impl<D: Driver> Trainer<D> {
             wall: start.elapsed(),
             grad_norm,
             evaluation: None,
+            rank_times: outcome.rank_times,
         })
     }
 
@@ -411,7 +414,7 @@ impl<D: Driver> Trainer<D> {
         }
     }
 
-    /// A few greedy continuations by the GPT as it is now (empty for the MLP and on processes
+    /// A few continuations by the GPT as it is now (empty for the MLP and on processes
     /// that do not report); a collective call ([`Trainer::weights`]).
     pub fn samples(&mut self) -> Result<Vec<Sample>, TrainError> {
         let reports = self.reports();
@@ -420,7 +423,7 @@ impl<D: Driver> Trainer<D> {
         };
         let weights = weights.clone();
         match self.workload.gpt() {
-            Some(gpt) if reports => gpt.samples(&weights),
+            Some(gpt) if reports => gpt.samples(&weights, self.config.seed),
             _ => Ok(Vec::new()),
         }
     }

@@ -2,21 +2,24 @@
 //! validation — for either model, so the trainer is written once.
 //!
 //! - the MLP regresses a seeded random teacher ([`dualpipe_nn::data::DataSet`]);
-//! - the GPT learns a text: a file's bytes (`data`) or, by default, the seeded addition task
-//!   ([`AdditionTask`]), validated on the text's held-out end (loss, bits per byte) and, for
-//!   the task, on held-out problems (exact-match accuracy of greedy answers).
+//! - the GPT learns a text: a file's bytes (`data`) or a synthetic [`Task`] — by default a
+//!   seeded Markov source ([`MarkovSource`]) whose entropy rate is the best possible loss, or
+//!   the addition task ([`AdditionTask`]) — validated on the text's held-out end (loss, bits
+//!   per byte) and, for the addition task, on held-out problems (exact-match accuracy of
+//!   greedy answers).
 
 use std::path::Path;
 
 use dualpipe_nn::data::DataSet;
 use dualpipe_nn::gpt::data::{AdditionTask, Problem, TextData};
 use dualpipe_nn::gpt::eval::{self, Sampling};
+use dualpipe_nn::gpt::markov::MarkovSource;
 use dualpipe_nn::gpt::{GptConfig, GptStage, GptWeights};
 use dualpipe_nn::{MlpStage, ModelStage, NnError, StagePosition, StepBatch};
 use dualpipe_runtime::RankStages;
 use serde::Serialize;
 
-use crate::config::{Field, ModelKind, Naming, TrainConfig};
+use crate::config::{Field, ModelKind, Naming, Task, TrainConfig};
 use crate::error::TrainError;
 use crate::memory;
 
@@ -26,7 +29,9 @@ pub const TASK_DIGITS: u32 = 2;
 pub const TASK_PROBLEMS: usize = 20_000;
 /// Held-out problems the accuracy is measured on.
 pub const TASK_HELD_OUT: usize = 100;
-/// Generated samples shown at the end of a GPT run.
+/// Bytes of the default Markov text (the last tenth validates, by default).
+pub const MARKOV_BYTES: usize = 200_000;
+/// Continuations shown at the end of a GPT run.
 pub const SAMPLES: usize = 4;
 
 /// A validation of the GPT on the held-out text (and problems).
@@ -38,17 +43,22 @@ pub struct Evaluation {
     pub loss: f64,
     /// The same in bits per byte.
     pub bits_per_byte: f64,
-    /// Exact-match accuracy of greedy answers on held-out problems (the synthetic task only).
+    /// Exact-match accuracy of greedy answers on held-out problems (the addition task only).
     pub accuracy: Option<f64>,
+    /// The best possible validation loss (the Markov source's entropy rate; `None` for other
+    /// texts).
+    pub best_loss: Option<f64>,
 }
 
-/// A prompt and the model's greedy continuation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// A prompt and the model's continuation.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Sample {
     /// The prompt.
     pub prompt: String,
     /// What the model wrote after it (bytes that are not UTF-8 shown as U+FFFD).
     pub completion: String,
+    /// 0 for greedy decoding, else the sampling temperature.
+    pub temperature: f64,
 }
 
 /// The GPT's part of a workload.
@@ -59,8 +69,10 @@ pub struct GptWorkload {
     pub weights: GptWeights,
     /// Training and validation windows.
     pub text: TextData,
-    /// The held-out problems of the synthetic task (empty for a data file).
+    /// The held-out problems of the addition task (empty otherwise).
     pub problems: Vec<Problem>,
+    /// The Markov source's entropy rate, the best possible loss (`None` otherwise).
+    pub best_loss: Option<f64>,
 }
 
 /// What a run trains: the model and its data.
@@ -69,7 +81,7 @@ pub struct GptWorkload {
 #[allow(clippy::large_enum_variant)]
 pub enum Workload {
     /// The residual MLP and its teacher's data.
-    Mlp(DataSet),
+    Mlp(Box<DataSet>),
     /// The GPT and its text.
     Gpt(Box<GptWorkload>),
 }
@@ -78,12 +90,12 @@ impl Workload {
     /// The workload `config` describes: reads `data` and `init_from` when given.
     pub fn new(config: &TrainConfig) -> Result<Self, TrainError> {
         match config.model {
-            ModelKind::Mlp => Ok(Workload::Mlp(DataSet::new(
+            ModelKind::Mlp => Ok(Workload::Mlp(Box::new(DataSet::new(
                 config.seed,
                 config.hidden,
                 config.micro_batch_size,
                 config.dtype.candle(),
-            )?)),
+            )?))),
             ModelKind::Gpt => Ok(Workload::Gpt(Box::new(GptWorkload::new(config)?))),
         }
     }
@@ -97,7 +109,9 @@ impl Workload {
     ) -> Result<ModelStage, TrainError> {
         Ok(match self {
             Workload::Mlp(_) => ModelStage::Mlp(MlpStage::new(&config.model(), position)?),
-            Workload::Gpt(gpt) => ModelStage::Gpt(GptStage::new(&gpt.weights, stages, position)?),
+            Workload::Gpt(gpt) => {
+                ModelStage::Gpt(Box::new(GptStage::new(&gpt.weights, stages, position)?))
+            }
         })
     }
 
@@ -149,9 +163,9 @@ impl GptWorkload {
             }
             None => GptWeights::random(&config.gpt(), config.seed)?,
         };
-        let (bytes, problems) = match &config.data {
-            Some(path) => (read_text(path)?, Vec::new()),
-            None => {
+        let (bytes, problems, best_loss) = match (&config.data, config.task) {
+            (Some(path), _) => (read_text(path)?, Vec::new(), None),
+            (None, Task::Addition) => {
                 let task = AdditionTask {
                     digits: TASK_DIGITS,
                     seed: config.seed,
@@ -159,6 +173,15 @@ impl GptWorkload {
                 (
                     task.training_text(TASK_PROBLEMS),
                     task.held_out(TASK_HELD_OUT, TASK_PROBLEMS),
+                    None,
+                )
+            }
+            (None, Task::Markov) => {
+                let source = MarkovSource::new(config.seed);
+                (
+                    source.text(config.seed, MARKOV_BYTES),
+                    Vec::new(),
+                    Some(source.entropy_rate()),
                 )
             }
         };
@@ -178,6 +201,7 @@ impl GptWorkload {
             weights,
             text,
             problems,
+            best_loss,
         })
     }
 
@@ -215,19 +239,15 @@ impl GptWorkload {
             loss,
             bits_per_byte,
             accuracy,
+            best_loss: self.best_loss,
         })
     }
 
-    /// A few greedy continuations: held-out problems for the task, else the validation
-    /// text's (or the training text's) first bytes continued by 80 bytes.
-    pub fn samples(&self, weights: &GptWeights) -> Result<Vec<Sample>, TrainError> {
+    /// A few continuations by `weights`: for the addition task, the greedy answers to
+    /// held-out problems; for a text, the validation text's (or the training text's) first
+    /// windows' first bytes continued by 80 bytes, greedily and sampled at temperature 1.
+    pub fn samples(&self, weights: &GptWeights, seed: u64) -> Result<Vec<Sample>, TrainError> {
         let model = GptStage::whole(weights)?;
-        let greedy = |max_tokens, stop| Sampling {
-            max_tokens,
-            temperature: 0.0,
-            seed: 0,
-            stop,
-        };
         let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
         if !self.problems.is_empty() {
             return self
@@ -235,22 +255,41 @@ impl GptWorkload {
                 .iter()
                 .take(SAMPLES)
                 .map(|p| {
-                    let out = eval::generate(&model, p.prompt.as_bytes(), greedy(8, Some(b'\n')))?;
+                    let greedy = Sampling {
+                        max_tokens: 8,
+                        temperature: 0.0,
+                        seed,
+                        stop: Some(b'\n'),
+                    };
+                    let out = eval::generate(&model, p.prompt.as_bytes(), greedy)?;
                     Ok(Sample {
                         prompt: p.prompt.clone(),
                         completion: text(out.strip_suffix(b"\n").unwrap_or(&out)),
+                        temperature: 0.0,
                     })
                 })
                 .collect();
         }
         let windows = self.text.validation.as_ref().unwrap_or(&self.text.train);
         let prompt_len = windows.seq_len().min(24);
-        let prompt = &windows.window(0)[..prompt_len];
-        let out = eval::generate(&model, prompt, greedy(80, None))?;
-        Ok(vec![Sample {
-            prompt: text(prompt),
-            completion: text(&out),
-        }])
+        (0..SAMPLES)
+            .map(|i| {
+                let prompt = &windows.window(i % windows.len())[..prompt_len];
+                let temperature = if i == 0 { 0.0 } else { 1.0 };
+                let sampling = Sampling {
+                    max_tokens: 80,
+                    temperature,
+                    seed: seed.wrapping_add(i as u64),
+                    stop: None,
+                };
+                let out = eval::generate(&model, prompt, sampling)?;
+                Ok(Sample {
+                    prompt: text(prompt),
+                    completion: text(&out),
+                    temperature,
+                })
+            })
+            .collect()
     }
 }
 

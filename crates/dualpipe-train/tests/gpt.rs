@@ -11,7 +11,7 @@ use dualpipe_nn::gpt::GptStage;
 use dualpipe_nn::stage::to_f64_vec;
 use dualpipe_nn::{ModelStage, Optimizer, OptimizerKind, StagePosition, StepBatch};
 use dualpipe_schedule::ScheduleKind;
-use dualpipe_train::{DType, ModelKind, TrainConfig, Trainer};
+use dualpipe_train::{DType, ModelKind, Task, TrainConfig, Trainer};
 
 /// A tiny GPT: width 16, 2 heads, sequences of 8 bytes, one block per stage, f64, SGD with
 /// momentum (so the optimizer's state matters from the second step on).
@@ -144,16 +144,39 @@ fn validation_runs_when_due_and_the_run_learns() {
         micro_batch_size: 4,
         ..tiny(ScheduleKind::DualPipe, 2, 4)
     };
-    let summary = Trainer::new(config).unwrap().run(|_| Ok(())).unwrap();
+    let summary = Trainer::new(config.clone())
+        .unwrap()
+        .run(|_| Ok(()))
+        .unwrap();
     let steps: Vec<usize> = summary.evaluations.iter().map(|e| e.step).collect();
     assert_eq!(steps, [2, 4, 6]);
     let first = summary.evaluations.first().unwrap();
     let last = summary.evaluations.last().unwrap();
     assert!(last.loss < first.loss, "{first:?} -> {last:?}");
-    assert!(last.accuracy.is_some_and(|a| (0.0..=1.0).contains(&a)));
+    // The default text is the Markov source: scored against its entropy rate.
+    let best = last
+        .best_loss
+        .expect("the Markov source's entropy is known");
+    assert!(best > 0.5 && last.loss > best, "{best} {last:?}");
+    assert_eq!(last.accuracy, None);
     assert_eq!(summary.eval_loss, Some(last.loss));
+    assert_eq!(summary.best_loss, Some(best));
     assert!(summary.tokens_per_second.unwrap() > 0.0);
     assert_eq!(summary.samples.len(), dualpipe_train::workload::SAMPLES);
+    // The addition task is scored by held-out accuracy instead.
+    let addition = TrainConfig {
+        task: Task::Addition,
+        steps: 1,
+        ..config
+    };
+    let summary = Trainer::new(addition).unwrap().run(|_| Ok(())).unwrap();
+    let e = summary.evaluations.last().unwrap();
+    assert!(
+        e.accuracy.is_some_and(|a| (0.0..=1.0).contains(&a)),
+        "{e:?}"
+    );
+    assert_eq!(e.best_loss, None);
+    assert!(summary.samples.iter().all(|s| s.prompt.ends_with('=')));
 }
 
 #[test]

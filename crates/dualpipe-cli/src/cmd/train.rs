@@ -3,19 +3,17 @@
 //! checks, the validation and the summary are `dualpipe_train`'s; this module parses, shows
 //! progress and prints.
 
-use std::io::IsTerminal;
-
 use dualpipe_schedule::{Schedule, ScheduleError};
-use dualpipe_train::{
-    DataParallel, Driver, RunSummary, StepEvent, TrainConfig, TrainError, Trainer,
-};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use dualpipe_train::{DataParallel, Driver, RunSummary, TrainConfig, TrainError, Trainer};
 
 use super::output::{check_outputs, write_together};
 use super::UsageError;
 
 #[cfg(feature = "mpi")]
 mod mpi;
+pub mod observe;
+
+use observe::Observe;
 
 mod args;
 
@@ -67,14 +65,11 @@ fn execute(args: &Args) -> anyhow::Result<Option<Finished>> {
                 None => Trainer::new(config.clone()),
             }
             .map_err(setup_error)?;
-            let progress = progress_bar(args, config.steps);
+            let mut observe = Observe::start(&args.observe, &config, trainer.schedule(), 0, true)?;
             let summary = trainer
-                .run(|event| {
-                    show(&progress, &config, event);
-                    Ok(())
-                })
+                .run(|event| observe.on_event(event))
                 .map_err(|e| run_error(e, &config))?;
-            progress.finish_and_clear();
+            observe.finish();
             finished(args, &mut trainer, summary).map(Some)
         }
         Transport::Mpi => execute_mpi(args, config, given),
@@ -92,14 +87,12 @@ fn execute_replicas(
         None => DataParallel::new(config.clone()),
     }
     .map_err(setup_error)?;
-    let progress = progress_bar(args, config.steps);
+    let schedule = replicas.replicas()[0].schedule().clone();
+    let mut observe = Observe::start(&args.observe, config, &schedule, 0, true)?;
     let summary = replicas
-        .run(|event| {
-            show(&progress, config, event);
-            Ok(())
-        })
+        .run(|event| observe.on_event(event))
         .map_err(|e| run_error(e, config))?;
-    progress.finish_and_clear();
+    observe.finish();
     finished(args, replicas.replica_mut(0), summary)
 }
 
@@ -136,7 +129,7 @@ fn write(args: &Args, finished: &Finished) -> anyhow::Result<()> {
     }
     let text = match args.format {
         Format::Json => summary.json(),
-        Format::Table => summary.table(args.quiet),
+        Format::Table => summary.table(args.observe.quiet),
     };
     files.push((args.output.clone(), text.into_bytes()));
     write_together(files)
@@ -164,32 +157,6 @@ fn execute_mpi(
             .into(),
     )
     .into())
-}
-
-/// Shows a step on the progress bar.
-fn show(progress: &ProgressBar, config: &TrainConfig, event: StepEvent<'_>) {
-    if let StepEvent::Finished { report, elapsed } = event {
-        let rate =
-            config.samples_per_step() * (report.step + 1) as f64 / elapsed.as_secs_f64().max(1e-9);
-        let unit = match config.model {
-            dualpipe_train::ModelKind::Gpt => "tokens",
-            dualpipe_train::ModelKind::Mlp => "samples",
-        };
-        progress.set_message(format!("loss {:.5} · {rate:.0} {unit}/s", report.loss));
-        progress.set_position(report.step as u64 + 1);
-    }
-}
-
-/// A progress bar on stderr, hidden with `--quiet` or when stderr is not a terminal.
-fn progress_bar(args: &Args, steps: usize) -> ProgressBar {
-    if args.quiet || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(Some(steps as u64), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("step {pos}/{len} [{bar:20}] {msg} eta {eta}") {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
 }
 
 /// Maps a set-up error: a configuration the schedule or the model rejects is a usage error.

@@ -2,7 +2,7 @@
 
 use crate::dualpipe;
 
-const SUBCOMMANDS: [&str; 5] = ["schedule", "simulate", "compare", "eplb", "train"];
+const SUBCOMMANDS: [&str; 6] = ["schedule", "simulate", "compare", "eplb", "train", "report"];
 
 #[test]
 fn help_lists_every_subcommand() {
@@ -57,8 +57,12 @@ fn every_subcommand_has_help_naming_format_and_its_flags() {
                 "--hidden",
                 "--trace",
                 "--svg",
+                "--metrics-addr",
+                "--log",
+                "--quiet",
             ][..],
         ),
+        ("report", &["--svg", "--output"][..]),
     ] {
         let run = dualpipe([cmd, "--help"]);
         run.ok();

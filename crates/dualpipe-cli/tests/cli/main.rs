@@ -10,9 +10,11 @@ mod gpt;
 mod help;
 mod output;
 mod output_targets;
+mod report;
 mod schedule;
 mod simulate;
 mod train;
+mod train_gpt;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

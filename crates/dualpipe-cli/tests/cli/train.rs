@@ -441,7 +441,12 @@ fn help_shows_the_real_defaults() {
         .nth(1)
         .and_then(|rest| rest.split("--lr").next())
         .unwrap_or_default();
-    assert!(steps.contains("[default: 600]"), "{}", run.stdout);
+    // The GPT's default, and the MLP's beside it.
+    assert!(
+        steps.contains("[default: 300; 600 with --model mlp]"),
+        "{}",
+        run.stdout
+    );
     assert!(run.stdout.contains("[default: dualpipe]"), "{}", run.stdout);
 }
 

@@ -7,11 +7,13 @@
 //! - [`GptStage`]: one pipeline stage (stage 0 the embeddings, the last the final norm and the
 //!   head), implementing [`dualpipe_runtime::Stage`];
 //! - [`data`]: windows over any file's bytes and the seeded addition task;
+//! - [`markov`]: a seeded Markov text whose entropy rate (the best possible loss) is known;
 //! - [`eval`]: the loss over a file and text generation.
 
 mod block;
 pub mod data;
 pub mod eval;
+pub mod markov;
 pub mod pipeline;
 mod stage;
 mod weights;

@@ -1,6 +1,8 @@
 //! The executor: interprets a lowered schedule's programs against real stages.
 //!
 //! * [`types`]: what every executor shares: [`RankStages`], [`ExecOptions`], [`StepOutcome`].
+//! * [`cpu`]: thread CPU time against wall time: [`RankTimes`] splits idle time into
+//!   message waits (the bubble) and core waits.
 //! * `check`: before anything runs, that the schedule and the stages fit together.
 //! * `worker`: one rank's interpreter, op by op, over any transport.
 //! * [`threads`]: [`run_step`], every rank on its own thread of this process.
@@ -10,12 +12,14 @@
 //!   exchanges.
 
 mod check;
+pub mod cpu;
 pub mod process;
 mod report;
 pub mod threads;
 pub mod types;
 mod worker;
 
+pub use cpu::{RankTime, RankTimes, TimeSplit};
 pub use process::{all_gather, barrier, run_rank_step, sum_stage_copies_remote};
 pub use threads::run_step;
 pub use types::{

@@ -24,6 +24,7 @@ use dualpipe_schedule::{Placement, Schedule};
 use dualpipe_sim::{MessageKind, Timeline};
 
 use super::check::check_rank_setup;
+use super::cpu::{available_cores, RankTimes};
 use super::report::{decode_report, encode_report};
 use super::types::{ExecOptions, MicroBatchLoss, RankStages, StepOutcome};
 use super::worker::Worker;
@@ -222,10 +223,16 @@ pub fn run_rank_step<S: WireStage, L: Link>(
     // Every rank's losses and timeline to every rank.
     let mut timeline = Timeline::new(schedule.ranks);
     let mut losses = Vec::new();
+    let mut rank_times = RankTimes {
+        ranks: Vec::with_capacity(schedule.ranks),
+        threads: 1,
+        cores: available_cores(),
+    };
     let report = encode_report(
         &record.losses,
         &record.compute,
         &record.messages,
+        record.time(),
         record.comm_wait,
     );
     let stamp = |src: usize| Stamp::chunk(step, Class::Losses, 0, src, 0);
@@ -241,11 +248,12 @@ pub fn run_rank_step<S: WireStage, L: Link>(
         }
     }
     for src in 0..schedule.ranks {
-        let (losses_of, compute, messages, comm_wait) = if src == rank {
+        let (losses_of, compute, messages, time, comm_wait) = if src == rank {
             (
                 record.losses.clone(),
                 record.compute.clone(),
                 record.messages.clone(),
+                record.time(),
                 record.comm_wait,
             )
         } else {
@@ -279,12 +287,14 @@ pub fn run_rank_step<S: WireStage, L: Link>(
         timeline.compute[src] = compute;
         timeline.messages.extend(messages);
         timeline.comm_wait[src] = comm_wait;
+        rank_times.ranks.push(time);
     }
     losses.sort_by_key(|l: &MicroBatchLoss| l.global_mb);
     Ok(StepOutcome {
         losses,
         timeline,
         wall_seconds,
+        rank_times,
     })
 }
 

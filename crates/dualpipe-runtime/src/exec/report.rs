@@ -1,9 +1,11 @@
 //! The per-rank report a multi-process step exchanges: this rank's losses, compute intervals,
-//! messages and time blocked on receives, as four tensors of f64s.
+//! messages and where its time went (blocked on receives, active, CPU), as four tensors of
+//! f64s.
 
 use dualpipe_schedule::{Chunk, Op};
 use dualpipe_sim::{ComputeInterval, MessageInterval, MessageKind};
 
+use super::cpu::RankTime;
 use super::types::MicroBatchLoss;
 use crate::transport::wire::{WireData, WireError};
 
@@ -23,6 +25,7 @@ pub(super) fn encode_report(
     losses: &[MicroBatchLoss],
     compute: &[ComputeInterval],
     messages: &[MessageInterval],
+    time: RankTime,
     comm_wait: f64,
 ) -> Vec<WireData> {
     let loss_values: Vec<f64> = losses
@@ -60,7 +63,16 @@ pub(super) fn encode_report(
         WireData::from_f64s(&loss_values),
         WireData::from_f64s(&compute_values),
         WireData::from_f64s(&message_values),
-        WireData::from_f64s(&[comm_wait]),
+        WireData::from_f64s(&[
+            time.message_wait_seconds,
+            time.active_seconds,
+            if time.cpu_measured {
+                time.cpu_seconds
+            } else {
+                f64::NAN
+            },
+            comm_wait,
+        ]),
     ]
 }
 
@@ -68,6 +80,7 @@ pub(super) type Report = (
     Vec<MicroBatchLoss>,
     Vec<ComputeInterval>,
     Vec<MessageInterval>,
+    RankTime,
     f64,
 );
 
@@ -85,7 +98,7 @@ pub(super) fn decode_report(tensors: &[WireData]) -> Result<Report, WireError> {
     if !fits(&losses, LOSS_FIELDS)
         || !fits(&compute, COMPUTE_FIELDS)
         || !fits(&messages, MESSAGE_FIELDS)
-        || wait.len() != 1
+        || wait.len() != 4
     {
         return Err(WireError("report fields of the wrong length".into()));
     }
@@ -132,7 +145,14 @@ pub(super) fn decode_report(tensors: &[WireData]) -> Result<Report, WireError> {
             end: v[10],
         })
         .collect();
-    Ok((losses, compute, messages, wait[0]))
+    let cpu = Some(wait[2]).filter(|c| !c.is_nan());
+    Ok((
+        losses,
+        compute,
+        messages,
+        RankTime::new(wait[1], wait[0], cpu),
+        wait[3],
+    ))
 }
 
 #[cfg(test)]
@@ -177,9 +197,13 @@ mod tests {
             start: 0.25,
             end: 0.3,
         }];
-        let wire = encode_report(&losses, &compute, &messages, 0.01);
-        let (l, co, m, w) = decode_report(&wire).unwrap();
-        assert_eq!((l, co, m, w), (losses, compute, messages, 0.01));
+        let time = RankTime::new(2.5, 0.01, Some(1.5));
+        let wire = encode_report(&losses, &compute, &messages, time, 0.02);
+        let (l, co, m, w, c) = decode_report(&wire).unwrap();
+        assert_eq!((l, co, m, w, c), (losses, compute, messages, time, 0.02));
+        let unmeasured = RankTime::new(2.5, 0.01, None);
+        let wire2 = encode_report(&[], &[], &[], unmeasured, 0.01);
+        assert_eq!(decode_report(&wire2).unwrap().3, unmeasured);
         assert!(decode_report(&wire[..3]).is_err());
     }
 }

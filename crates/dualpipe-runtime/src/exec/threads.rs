@@ -7,6 +7,7 @@ use dualpipe_schedule::Schedule;
 use dualpipe_sim::Timeline;
 
 use super::check::check_setup;
+use super::cpu::{available_cores, RankTimes};
 use super::types::{ExecOptions, MicroBatchLoss, RankStages, StepOutcome};
 use super::worker::{RankRecord, Worker};
 use crate::transport::local::{LocalTransport, Shared};
@@ -68,6 +69,11 @@ pub fn run_step<S: Stage>(
     }
     let mut timeline = Timeline::new(schedule.ranks);
     let mut losses = Vec::new();
+    let mut rank_times = RankTimes {
+        ranks: Vec::with_capacity(schedule.ranks),
+        threads: schedule.ranks,
+        cores: available_cores(),
+    };
     for (rank, record) in records.into_iter().enumerate() {
         // A rank without a record failed, and failures are recorded above.
         let record = record.ok_or_else(|| RuntimeError::Protocol {
@@ -75,6 +81,7 @@ pub fn run_step<S: Stage>(
             op: "step".into(),
             message: "the rank stopped without a result".into(),
         })?;
+        rank_times.ranks.push(record.time());
         timeline.compute[rank] = record.compute;
         timeline.messages.extend(record.messages);
         timeline.comm_wait[rank] = record.comm_wait;
@@ -85,5 +92,6 @@ pub fn run_step<S: Stage>(
         losses,
         timeline,
         wall_seconds,
+        rank_times,
     })
 }

@@ -7,6 +7,8 @@ use std::time::Duration;
 use dualpipe_schedule::{Op, Placement};
 use dualpipe_sim::Timeline;
 
+use super::cpu::RankTimes;
+
 /// The stages one rank runs, keyed by (`dir`, `stage`).
 ///
 /// DualPipe puts two stages on every rank ((0, r) and (1, ranks-1-r)), DualPipeV two stages of
@@ -169,6 +171,8 @@ pub struct StepOutcome {
     pub timeline: Timeline,
     /// Wall-clock seconds from the step start until every rank had finished.
     pub wall_seconds: f64,
+    /// Where each rank's time went: CPU, waiting for a message, waiting for a core.
+    pub rank_times: RankTimes,
 }
 
 impl StepOutcome {

@@ -8,6 +8,7 @@ use dualpipe_schedule::ir::Neighbour;
 use dualpipe_schedule::{Chunk, Op, Schedule};
 use dualpipe_sim::{ComputeInterval, MessageInterval, MessageKind};
 
+use super::cpu::{thread_cpu_seconds, thread_run_delay_seconds, RankTime};
 use super::types::{describe, ExecOptions, MicroBatchLoss, RankStages};
 use crate::error::panic_message;
 use crate::transport::{Key, Transport, WaitError};
@@ -21,8 +22,26 @@ pub(crate) struct RankRecord {
     pub messages: Vec<MessageInterval>,
     /// Seconds the rank spent blocked on receives.
     pub comm_wait: f64,
+    /// Seconds the thread was runnable but waited for a core while running the program
+    /// (`None` where the kernel does not say).
+    pub run_delay: Option<f64>,
     /// Losses of the micro-batches whose last stage ran here.
     pub losses: Vec<MicroBatchLoss>,
+    /// Seconds from the step start until the program ended.
+    pub active: f64,
+    /// CPU seconds this rank's thread used while running the program (`None`: no thread CPU
+    /// clock on this platform).
+    pub cpu: Option<f64>,
+}
+
+impl RankRecord {
+    /// Where this rank's time went.
+    pub fn time(&self) -> RankTime {
+        match (self.cpu, self.run_delay) {
+            (Some(cpu), Some(delay)) => RankTime::from_run_delay(self.active, cpu, delay),
+            _ => RankTime::new(self.active, self.comm_wait, self.cpu),
+        }
+    }
 }
 
 /// Why a rank stopped early.
@@ -100,7 +119,10 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
                 compute: Vec::new(),
                 messages: Vec::new(),
                 comm_wait: 0.0,
+                run_delay: None,
                 losses: Vec::new(),
+                active: 0.0,
+                cpu: None,
             },
         }
     }
@@ -111,9 +133,20 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
     /// shared state holds that error).
     pub fn run(mut self) -> Result<RankRecord, Option<RuntimeError>> {
         let rank = self.rank;
+        let cpu_start = thread_cpu_seconds();
+        let delay_start = thread_run_delay_seconds();
         let outcome = catch_unwind(AssertUnwindSafe(|| self.run_program()));
         let err = match outcome {
-            Ok(Ok(())) => return Ok(self.record),
+            Ok(Ok(())) => {
+                self.record.active = self.now();
+                self.record.cpu = cpu_start
+                    .zip(thread_cpu_seconds())
+                    .map(|(start, end)| end - start);
+                self.record.run_delay = delay_start
+                    .zip(thread_run_delay_seconds())
+                    .map(|(start, end)| end - start);
+                return Ok(self.record);
+            }
             Ok(Err(Fail::Aborted)) => return Err(None),
             Ok(Err(Fail::PeerFailed {
                 rank: failed_rank,

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use dualpipe_schedule::Schedule;
 use dualpipe_train::workload::read_weights;
 use dualpipe_train::{
-    DType, Driver, LocalThreads, ModelKind, Naming, OptimizerKind, TrainConfig, TrainError,
+    DType, Driver, LocalThreads, ModelKind, Naming, OptimizerKind, Task, TrainConfig, TrainError,
 };
 
 use crate::cmd::{count, UsageError};
@@ -88,6 +88,11 @@ pub struct Args {
     /// addition task.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
+    /// The GPT's synthetic text when no --data is given: markov (a seeded Markov source
+    /// whose entropy, the best possible loss, is known) or addition (two-digit sums, scored
+    /// by held-out accuracy).
+    #[arg(long, default_value_t = D.task.name().to_string())]
+    pub task: String,
     /// The share of the text, at its end, held out for validation.
     #[arg(long, default_value_t = D.validation_fraction, allow_negative_numbers = true)]
     pub validation_fraction: f64,
@@ -138,9 +143,9 @@ pub struct Args {
     /// Draw the last step's measured timeline as an SVG picture into FILE.
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
-    /// No progress bar and no per-step lines (the summary is still printed).
-    #[arg(long)]
-    pub quiet: bool,
+    /// Progress bar, metrics server and run log.
+    #[command(flatten)]
+    pub observe: super::observe::ObserveArgs,
     /// local: one thread per rank; mpi: one process per rank, e.g.
     /// `mpirun -n 4 dualpipe train --transport mpi` (rank 0 prints the summary).
     #[arg(long, value_enum, default_value_t = Transport::Local)]
@@ -195,6 +200,7 @@ impl Args {
                     ("--heads", self.heads.is_some()),
                     ("--seq-len", self.seq_len.is_some()),
                     ("--data", self.data.is_some()),
+                    ("--task", self.task != D.task.name()),
                     ("--save", self.save.is_some()),
                     ("--init-from", self.init_from.is_some()),
                 ];
@@ -261,6 +267,8 @@ pub fn config_and_schedule(args: &Args) -> Result<(TrainConfig, Option<Schedule>
             )));
         }
     }
+    let task = Task::from_name(&args.task)
+        .ok_or_else(|| unknown("task", "--task", &args.task, &Task::NAMES))?;
     let dtype = DType::from_name(&args.dtype)
         .ok_or_else(|| unknown("dtype", "--dtype", &args.dtype, &DType::NAMES))?;
     let gradient_compression = args
@@ -293,6 +301,7 @@ pub fn config_and_schedule(args: &Args) -> Result<(TrainConfig, Option<Schedule>
         heads: args.heads.unwrap_or(base.heads),
         seq_len: args.seq_len.unwrap_or(base.seq_len),
         data: args.data.clone(),
+        task,
         validation_fraction: args.validation_fraction,
         eval_every: args.eval_every,
         shuffle: args.shuffle,

@@ -17,7 +17,8 @@ use dualpipe_train::data_parallel::GroupTransport;
 use dualpipe_train::dp::LinkTransport;
 use dualpipe_train::{OneRank, ReplicaLinks, StepEvent, TrainConfig, TrainError, Trainer};
 
-use super::{finished, progress_bar, run_error, setup_error, show, Args, Finished};
+use super::observe::Observe;
+use super::{finished, run_error, setup_error, Args, Finished};
 use crate::cmd::UsageError;
 
 /// How `--inject-failure` makes a rank fail.
@@ -96,7 +97,7 @@ pub(super) fn execute(
         std::thread::sleep(Duration::from_millis(500));
         std::process::exit(2);
     }
-    if !args.quiet {
+    if !args.observe.quiet {
         eprintln!("dualpipe train: MPI transport, {info}");
     }
     let rank = info.rank;
@@ -119,11 +120,11 @@ pub(super) fn execute(
             leave_after_failure(world, err)
         }
     };
-    let progress = if rank == 0 {
-        progress_bar(args, config.steps)
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let mut observe =
+        match Observe::start(&args.observe, &config, trainer.schedule(), rank, rank == 0) {
+            Ok(observe) => observe,
+            Err(err) => leave_after_failure(world, err),
+        };
     let result = trainer.run(|event| {
         if let (StepEvent::Starting { step }, Some((r, s, how))) = (event, injection) {
             if r == rank && s == step + 1 {
@@ -134,10 +135,9 @@ pub(super) fn execute(
                 }
             }
         }
-        show(&progress, &config, event);
-        Ok(())
+        observe.on_event(event)
     });
-    progress.finish_and_clear();
+    observe.finish();
     let summary = match result {
         Ok(summary) => summary,
         // Every rank computes the same losses, so every rank sees the divergence.

@@ -1,0 +1,163 @@
+//! What `dualpipe train` shows and exports while it trains: the progress bar, the Prometheus
+//! metrics server (`--metrics-addr`) and the JSONL run log (`--log`). The figures and the
+//! formats are `dualpipe_metrics`'s; this module holds the flags and the terminal.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use dualpipe_metrics::{MetricsServer, RunLog, RunObserver, StepRecord, TrainingMetrics};
+use dualpipe_schedule::Schedule;
+use dualpipe_train::{StepEvent, TrainConfig};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::cmd::output::check_output;
+use crate::cmd::UsageError;
+
+/// The flags of what a run shows and exports while it trains.
+#[derive(clap::Args, Debug, Default)]
+pub struct ObserveArgs {
+    /// Serve Prometheus metrics on HOST:PORT while training (port 0 picks a free one; the
+    /// address is printed as `metrics: http://HOST:PORT/metrics`). With --transport mpi each
+    /// process serves PORT + its rank.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
+    /// Write one JSON line per step (every metric) into FILE, as the run goes; read it back
+    /// with `dualpipe report FILE`. With --transport mpi rank 0 writes it (every rank sees
+    /// every rank's figures).
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub log: Option<PathBuf>,
+    /// No progress bar and no per-step lines (the summary is still printed).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The address process `rank` serves on: `addr` with its port moved up by `rank` (port 0
+/// stays 0: every process picks its own free port).
+pub fn rank_addr(addr: &str, rank: usize) -> Result<String, UsageError> {
+    let bad = |why: &str| {
+        UsageError(format!(
+            "--metrics-addr {addr}: {why}; give HOST:PORT such as 127.0.0.1:9400 (port 0 picks \
+             a free one)"
+        ))
+    };
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    let port: u16 = port.parse().map_err(|_| bad("the port is not 0-65535"))?;
+    if host.is_empty() {
+        return Err(bad("no host"));
+    }
+    if port == 0 || rank == 0 {
+        return Ok(addr.to_string());
+    }
+    let shifted = u16::try_from(rank)
+        .ok()
+        .and_then(|r| port.checked_add(r))
+        .ok_or_else(|| bad(&format!("port {port} + rank {rank} passes 65535")))?;
+    Ok(format!("{host}:{shifted}"))
+}
+
+/// Watches one run: the metrics server and the log (when asked for) and the progress bar.
+pub struct Observe {
+    observer: RunObserver,
+    progress: ProgressBar,
+    /// Serves until the run's end (dropped with this).
+    _server: Option<MetricsServer>,
+}
+
+impl Observe {
+    /// Starts what `args` asks for, for process `rank` (0 locally); the progress bar only when
+    /// `progress` (rank 0), not `--quiet` and stderr is a terminal. A bad address or log path
+    /// is a usage error, found before the first step.
+    pub fn start(
+        args: &ObserveArgs,
+        config: &TrainConfig,
+        schedule: &Schedule,
+        rank: usize,
+        progress: bool,
+    ) -> anyhow::Result<Self> {
+        let mut observer = RunObserver::new(config, schedule);
+        let mut server = None;
+        if let Some(addr) = &args.metrics_addr {
+            let addr = rank_addr(addr, rank)?;
+            let metrics = TrainingMetrics::new(config.ranks);
+            let started = MetricsServer::start(&addr, metrics.clone())
+                .map_err(|e| UsageError(format!("--metrics-addr: {e}")))?;
+            eprintln!("metrics: {}", started.url());
+            observer = observer.with_metrics(metrics);
+            server = Some(started);
+        }
+        if let Some(path) = args.log.as_ref().filter(|_| rank == 0) {
+            check_output(path)?;
+            let log = RunLog::create(path).map_err(|e| UsageError(format!("--log: {e}")))?;
+            observer = observer.with_log(log);
+        }
+        let progress = if progress {
+            progress_bar(args.quiet, config.steps)
+        } else {
+            ProgressBar::hidden()
+        };
+        Ok(Observe {
+            observer,
+            progress,
+            _server: server,
+        })
+    }
+
+    /// Takes in one event of the run (an `Err` stops the run: the log cannot be written).
+    pub fn on_event(&mut self, event: StepEvent<'_>) -> Result<(), String> {
+        let record = self.observer.observe(event).map_err(|e| e.to_string())?;
+        if let Some(record) = record {
+            show(&self.progress, &record);
+        }
+        Ok(())
+    }
+
+    /// Clears the progress bar (the server stops when this is dropped).
+    pub fn finish(&self) {
+        self.progress.finish_and_clear();
+    }
+}
+
+/// Shows a finished step on the progress bar.
+fn show(progress: &ProgressBar, record: &StepRecord) {
+    progress.set_message(format!(
+        "loss {:.5} · {:.0} tokens/s",
+        record.loss,
+        record.tokens_total as f64 / record.elapsed_seconds.max(1e-9)
+    ));
+    progress.set_position(record.step as u64);
+}
+
+/// A progress bar on stderr: step, loss, tokens/s and time left; hidden with `--quiet` or
+/// when stderr is not a terminal.
+fn progress_bar(quiet: bool, steps: usize) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(steps as u64), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("step {pos}/{len} [{bar:20}] {msg} · eta {eta}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_rank_serves_its_own_port() {
+        assert_eq!(rank_addr("127.0.0.1:9400", 0).unwrap(), "127.0.0.1:9400");
+        assert_eq!(rank_addr("127.0.0.1:9400", 3).unwrap(), "127.0.0.1:9403");
+        assert_eq!(rank_addr("0.0.0.0:0", 3).unwrap(), "0.0.0.0:0");
+        assert_eq!(rank_addr("[::1]:9400", 1).unwrap(), "[::1]:9401");
+        for bad in ["9400", "host:port", ":9400", "h:70000"] {
+            let err = rank_addr(bad, 1).unwrap_err().0;
+            assert!(err.contains("HOST:PORT"), "{bad}: {err}");
+        }
+        assert!(rank_addr("h:65535", 1)
+            .unwrap_err()
+            .0
+            .contains("passes 65535"));
+    }
+}

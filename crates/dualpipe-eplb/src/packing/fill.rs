@@ -1,0 +1,237 @@
+//! Filling a domain: replica counts (D'Hondt) and duplicate-free packing, heaviest replica
+//! first onto the least-loaded GPU that may take it; and, from a previous placement, freeing the
+//! slots that a fresh plan would use otherwise.
+
+use std::collections::BTreeSet;
+
+use super::{Domain, Total, EMPTY};
+
+impl Domain {
+    /// Frees slots until every expert without a replica can get one: evicts the surplus replica
+    /// whose removal raises its expert's per-replica load the least.
+    fn make_room_for_missing(&mut self) {
+        let missing = self.count.iter().filter(|&&c| c == 0).count();
+        let mut free = self.slot.iter().filter(|&&e| e == EMPTY).count();
+        while free < missing {
+            let victim = (0..self.slot.len())
+                .filter(|&s| self.slot[s] != EMPTY && self.count[self.slot[s]] >= 2)
+                .min_by(|&a, &b| {
+                    let ea = self.slot[a];
+                    let eb = self.slot[b];
+                    let ka = self.share(ea, self.count[ea] - 1);
+                    let kb = self.share(eb, self.count[eb] - 1);
+                    ka.total_cmp(&kb).then(a.cmp(&b))
+                });
+            match victim {
+                Some(s) => {
+                    self.take(s);
+                    free += 1;
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Frees the surplus replicas of experts that have more than a fresh plan would give them
+    /// (one each, then the extra slots by highest load per replica), taking each from the
+    /// hottest GPU that holds one.
+    pub fn trim_to_fair_counts(&mut self) {
+        let n = self.experts();
+        let mut fair = vec![0usize; n];
+        for _ in 0..self.slot.len() {
+            let e = (0..n)
+                .max_by(|&a, &b| {
+                    let key = |e: usize| {
+                        if fair[e] == 0 {
+                            (1u8, self.load[e])
+                        } else {
+                            (0u8, self.load[e] / fair[e] as f64)
+                        }
+                    };
+                    let (ka, kb) = (key(a), key(b));
+                    ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(b.cmp(&a))
+                })
+                .expect("a domain has at least one expert");
+            fair[e] += 1;
+        }
+        for (e, &keep) in fair.iter().enumerate() {
+            while self.count[e] > keep {
+                let loads = self.gpu_loads();
+                let s = (0..self.slot.len())
+                    .filter(|&s| self.slot[s] == e)
+                    .max_by(|&a, &b| {
+                        loads[a / self.slots]
+                            .total_cmp(&loads[b / self.slots])
+                            .then(b.cmp(&a))
+                    })
+                    .expect("the expert has replicas");
+                self.take(s);
+            }
+        }
+    }
+
+    /// Fills every empty slot: first one replica for each expert without one, then extra replicas
+    /// for the experts with the highest per-replica load (D'Hondt), each placed on the
+    /// least-loaded GPU with room that does not already hold its cap of that expert. Among GPUs
+    /// within `near_equal` of the least-loaded one, a GPU that held the expert before wins.
+    pub fn fill(&mut self) {
+        self.make_room_for_missing();
+        let free = self.slot.iter().filter(|&&e| e == EMPTY).count();
+        if free == 0 {
+            return;
+        }
+        // Decide the replica counts: each extra slot to the expert with the highest load per
+        // replica (an expert without one first; ties to the lower index).
+        let mut final_count = self.count.clone();
+        let mut extra = Vec::with_capacity(free);
+        let key = |e: usize, count: usize, load: &[f64]| {
+            if count == 0 {
+                (1u8, Total(load[e]), std::cmp::Reverse(e))
+            } else {
+                (0u8, Total(load[e] / count as f64), std::cmp::Reverse(e))
+            }
+        };
+        let mut heap: std::collections::BinaryHeap<_> = (0..self.experts())
+            .map(|e| key(e, final_count[e], &self.load))
+            .collect();
+        for _ in 0..free {
+            let (_, _, std::cmp::Reverse(e)) =
+                heap.pop().expect("a domain has at least one expert");
+            final_count[e] += 1;
+            extra.push(e);
+            heap.push(key(e, final_count[e], &self.load));
+        }
+        // Heaviest replicas first (longest-processing-time order).
+        extra.sort_by(|&a, &b| {
+            let la = self.share(a, final_count[a]);
+            let lb = self.share(b, final_count[b]);
+            lb.total_cmp(&la).then(a.cmp(&b))
+        });
+        // Loads as they will be once every replica is in: kept replicas already count at their
+        // final share.
+        let mut loads = vec![0.0; self.gpus];
+        for (s, &e) in self.slot.iter().enumerate() {
+            if e != EMPTY {
+                loads[s / self.slots] += self.share(e, final_count[e]);
+            }
+        }
+        // GPUs with room, by (load, index): the least-loaded one that may take a replica is
+        // found without scanning every GPU.
+        let rebuild = |d: &Domain, loads: &[f64]| -> BTreeSet<(Total, usize)> {
+            (0..d.gpus)
+                .filter(|&g| d.has_room(g))
+                .map(|g| (Total(loads[g]), g))
+                .collect()
+        };
+        let mut ready = rebuild(self, &loads);
+        for e in extra {
+            let cap = self.cap(final_count[e]);
+            let share = self.share(e, final_count[e]);
+            let g = self.pick_gpu(e, cap, &loads, &ready);
+            let s = match g {
+                Some(g) => self.first_free(g).expect("picked GPU has room"),
+                None => self.swap_in(e, cap, &final_count, &mut loads),
+            };
+            self.put(s, e);
+            let h = s / self.slots;
+            if g.is_some() {
+                ready.remove(&(Total(loads[h]), h));
+                loads[h] += share;
+                if self.has_room(h) {
+                    ready.insert((Total(loads[h]), h));
+                }
+            } else {
+                loads[h] += share;
+                ready = rebuild(self, &loads);
+            }
+        }
+    }
+
+    fn first_free(&self, g: usize) -> Option<usize> {
+        if self.free[g] == 0 {
+            return None;
+        }
+        (self.first_empty[g]..(g + 1) * self.slots).find(|&s| self.slot[s] == EMPTY)
+    }
+
+    fn has_room(&self, g: usize) -> bool {
+        self.free[g] > 0
+    }
+
+    /// The GPU for a new replica of `e`, if one has room and is under the cap.
+    /// `ready` holds every GPU with room, keyed by its load in `loads`.
+    fn pick_gpu(
+        &self,
+        e: usize,
+        cap: u32,
+        loads: &[f64],
+        ready: &BTreeSet<(Total, usize)>,
+    ) -> Option<usize> {
+        let ok = |g: usize| self.has_room(g) && self.on(g, e) < cap;
+        let best = ready
+            .iter()
+            .map(|&(_, g)| g)
+            .find(|&g| self.on(g, e) < cap)?;
+        if !self.any_orig {
+            return Some(best);
+        }
+        let preferred = (0..self.gpus)
+            .filter(|&g| ok(g) && self.was_on(g, e) && loads[g] <= loads[best] + self.prefer_slack)
+            .min_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b)));
+        Some(preferred.unwrap_or(best))
+    }
+
+    /// No GPU with room may take `e`: move some replica `x` from a full GPU `h` that may take `e`
+    /// into a free slot elsewhere, and return `x`'s old slot for `e`. Falls back to any free slot
+    /// (breaking the cap) only if no such exchange exists.
+    fn swap_in(&mut self, e: usize, cap: u32, final_count: &[usize], loads: &mut [f64]) -> usize {
+        let mut with_room: Vec<usize> = (0..self.gpus).filter(|&g| self.has_room(g)).collect();
+        with_room.sort_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b)));
+        let mut takers: Vec<usize> = (0..self.gpus).filter(|&h| self.on(h, e) < cap).collect();
+        takers.sort_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b)));
+        for &g in &with_room {
+            for &h in &takers {
+                for s in h * self.slots..(h + 1) * self.slots {
+                    let x = self.slot[s];
+                    if x == EMPTY || x == e || self.on(g, x) >= self.cap(final_count[x]) {
+                        continue;
+                    }
+                    let dst = self.first_free(g).expect("GPU has room");
+                    self.take(s);
+                    self.put(dst, x);
+                    let share = self.share(x, final_count[x]);
+                    loads[h] -= share;
+                    loads[g] += share;
+                    return s;
+                }
+            }
+        }
+        self.first_free(with_room[0]).expect("GPU has room")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{assert_capped, domain};
+    use super::*;
+
+    #[test]
+    fn fill_gives_every_expert_a_replica_and_no_duplicates() {
+        let loads = [100.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+        let mut d = domain(&loads, 4, 2);
+        d.fill();
+        assert!(d.slot.iter().all(|&e| e != EMPTY));
+        assert!(d.count.iter().all(|&c| c >= 1));
+        assert_eq!(d.count[0], 3);
+        assert_capped(&d);
+    }
+
+    #[test]
+    fn more_replicas_than_gpus_spread_evenly() {
+        let loads = [100.0, 1.0];
+        let mut d = domain(&loads, 2, 3);
+        d.fill();
+        assert_eq!(d.count[0], 5);
+        assert_capped(&d);
+    }
+}

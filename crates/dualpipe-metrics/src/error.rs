@@ -1,0 +1,32 @@
+//! [`MetricsError`]: what can go wrong serving metrics, writing the run log or reading it back.
+
+use std::path::PathBuf;
+
+/// An error of this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The metrics address is not `HOST:PORT`, or cannot be listened on.
+    #[error("cannot serve metrics on {addr}: {reason}")]
+    Listen {
+        /// The address asked for.
+        addr: String,
+        /// Why not.
+        reason: String,
+    },
+    /// The run log cannot be created or written.
+    #[error("cannot write the run log {}: {reason}", path.display())]
+    LogWrite {
+        /// The log's path.
+        path: PathBuf,
+        /// Why not.
+        reason: String,
+    },
+    /// The run log cannot be read, or a line of it is not a step record.
+    #[error("{}: {reason}", path.display())]
+    LogRead {
+        /// The log's path (`-` for standard input).
+        path: PathBuf,
+        /// What is wrong, and where.
+        reason: String,
+    },
+}

@@ -1,0 +1,72 @@
+//! Operating a training run: Prometheus metrics served over HTTP while it trains, a JSONL log
+//! of every step, and the run report read back from that log.
+//!
+//! - [`record`] — [`StepRecord`]: every figure of one step (serde; one JSON line per step);
+//! - [`registry`] — [`TrainingMetrics`]: the `dualpipe_*` metrics (prometheus-client), in the
+//!   OpenMetrics or the Prometheus text format;
+//! - [`server`] — [`MetricsServer`]: `/metrics` on a thread of its own (tiny_http; no async
+//!   runtime), the format chosen by the `Accept` header, port 0 for a free port;
+//! - [`log`] — [`RunLog`]: the JSONL run log, each line flushed whole;
+//! - [`observer`] — [`RunObserver`]: turns the trainer's step events into records and feeds
+//!   the metrics and the log;
+//! - [`report`] — [`read_log`] and [`RunReport`]: the summary text and the SVG of a run.
+//!
+//! The metrics (names by Prometheus's rules: one prefix, base units, `_total` counters,
+//! ratios 0-1): `dualpipe_pipeline_bubble_ratio` (measured, last step: waits for a message
+//! only), `dualpipe_pipeline_bubble_ratio_simulated`, `dualpipe_core_wait_ratio`,
+//! `dualpipe_communication_overhead_ratio` (0 until data parallelism exists: pipeline
+//! messages are part of the bubble, and no other communication happens yet),
+//! `dualpipe_step_duration_seconds` (histogram), `dualpipe_steps_total`,
+//! `dualpipe_tokens_total`, `dualpipe_tokens_per_second`, `dualpipe_loss`,
+//! `dualpipe_validation_loss`, `dualpipe_rank_busy_seconds_total{rank}`,
+//! `dualpipe_rank_wait_seconds_total{rank,reason}` (reason: `message`, `core`),
+//! `dualpipe_bytes_sent_total{kind}` (kind: `activation`, `gradient`, `expert`).
+//!
+//! Under MPI every process serves its own metrics on `base port + rank` (port 0: each picks
+//! a free port and prints it), so each pod or host is scraped alone and a failed rank's
+//! series stop on their own. Every process sees every rank's times (the step's timeline is
+//! exchanged), so `rank_*` series of rank 0's endpoint already cover the whole pipeline;
+//! sum or pick by the `instance` label.
+//!
+//! ```
+//! use dualpipe_metrics::{MetricsServer, RunObserver, TrainingMetrics};
+//! use dualpipe_train::{DType, TrainConfig, Trainer};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = TrainConfig {
+//!     ranks: 2,
+//!     micro_batches: 4,
+//!     micro_batch_size: 4,
+//!     hidden: 8,
+//!     layers_per_stage: 1,
+//!     steps: 3,
+//!     dtype: DType::F64,
+//!     ..TrainConfig::default()
+//! };
+//! let mut trainer = Trainer::new(config.clone())?;
+//! let metrics = TrainingMetrics::new(config.ranks);
+//! let server = MetricsServer::start("127.0.0.1:0", metrics.clone())?;
+//! eprintln!("metrics: {}", server.url());
+//! let mut observer = RunObserver::new(&config, trainer.schedule()).with_metrics(metrics.clone());
+//! trainer.run(|event| observer.observe(event).map(drop).map_err(|e| e.to_string()))?;
+//! assert_eq!(metrics.steps(), 3);
+//! # Ok(())
+//! # }
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod log;
+pub mod observer;
+pub mod record;
+pub mod registry;
+pub mod report;
+pub mod server;
+
+pub use error::MetricsError;
+pub use log::RunLog;
+pub use observer::{message_bytes, tokens_per_step, RunObserver};
+pub use record::{BytesSent, RankRecord, StepRecord};
+pub use registry::{to_prometheus_text, TrainingMetrics};
+pub use report::{read_log, RunReport};
+pub use server::MetricsServer;

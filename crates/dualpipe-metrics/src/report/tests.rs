@@ -1,0 +1,135 @@
+use super::*;
+use crate::record::{BytesSent, RankRecord};
+
+fn record(step: usize, loss: f64, validation: Option<f64>) -> StepRecord {
+    StepRecord {
+        step,
+        elapsed_seconds: step as f64 * 0.01,
+        step_seconds: 0.01,
+        pipeline_seconds: 0.008,
+        loss,
+        validation_loss: validation,
+        tokens: 100,
+        tokens_total: 100 * step as u64,
+        tokens_per_second: 10_000.0,
+        bubble_ratio: 0.1 * step as f64,
+        bubble_ratio_simulated: Some(0.05),
+        core_wait_ratio: 0.2,
+        communication_overhead_ratio: 0.0,
+        rank_threads: 4,
+        cores: 2,
+        ranks: vec![RankRecord::default()],
+        bytes_sent: BytesSent {
+            activation: 1500,
+            gradient: 1500,
+            expert: 0,
+        },
+    }
+}
+
+fn write_log(records: &[StepRecord]) -> tempfile::NamedTempFile {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    for r in records {
+        use std::io::Write;
+        writeln!(file, "{}", serde_json::to_string(r).unwrap()).unwrap();
+    }
+    file
+}
+
+#[test]
+fn a_log_reads_back_and_sums_up() {
+    let records = vec![
+        record(1, 2.0, None),
+        record(2, 1.0, Some(1.5)),
+        record(3, 1.25, None),
+    ];
+    let file = write_log(&records);
+    let read = read_log(file.path()).unwrap();
+    assert_eq!(read, records);
+    let report = RunReport::new(read);
+    assert_eq!(report.steps, 3);
+    assert_eq!(report.best_loss, (1.0, 2));
+    assert_eq!(report.final_validation_loss, Some((1.5, 2)));
+    assert_eq!(report.tokens_total, 300);
+    assert!((report.total_seconds - 0.03).abs() < 1e-12);
+    assert!((report.bubble_ratio_median - 0.2).abs() < 1e-12);
+    assert_eq!(report.bytes_sent, [4500, 4500, 0]);
+    let text = report.text("run.jsonl");
+    assert!(
+        text.starts_with("dualpipe report: run.jsonl, 3 steps in 0.03 s\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("2.000000 -> 1.250000 (best 1.000000 at step 2)"),
+        "{text}"
+    );
+    assert!(text.contains("1.500000 at step 2"), "{text}");
+    assert!(text.contains("activation 4.5 kB"), "{text}");
+    assert!(text.contains("(4 rank threads on 2 cores)"), "{text}");
+}
+
+#[test]
+fn the_svg_has_every_panel_and_line() {
+    let records: Vec<_> = (1..=50)
+        .map(|s| record(s, 1.0 / s as f64, (s % 10 == 0).then_some(0.5)))
+        .collect();
+    let svg = RunReport::new(records).svg("a <run>");
+    assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    assert!(svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("a &lt;run&gt;"));
+    for label in [
+        "training loss",
+        "validation loss",
+        "tokens/s",
+        "bubble (measured)",
+        "bubble (simulated)",
+        "core contention",
+    ] {
+        assert!(
+            svg.contains(&format!(">{label}</text>")),
+            "no legend {label}"
+        );
+    }
+    // One polyline per series with data: loss, validation, throughput and the three ratios.
+    assert_eq!(svg.matches("<polyline").count(), 6);
+    let loss_line = svg.lines().find(|l| l.contains("<polyline")).unwrap();
+    assert_eq!(loss_line.matches(',').count(), 50);
+}
+
+#[test]
+fn a_run_without_validation_says_so_in_the_legend() {
+    let svg = RunReport::new(vec![record(1, 1.0, None)]).svg("x");
+    assert!(svg.contains(">validation loss (none)</text>"));
+}
+
+#[test]
+fn bad_logs_name_the_line() {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    use std::io::Write;
+    writeln!(
+        file,
+        "{}",
+        serde_json::to_string(&record(1, 1.0, None)).unwrap()
+    )
+    .unwrap();
+    writeln!(file, "{{\"step\": 2}}").unwrap();
+    let err = read_log(file.path()).unwrap_err().to_string();
+    assert!(err.contains("line 2: not a step record"), "{err}");
+    let empty = tempfile::NamedTempFile::new().unwrap();
+    let err = read_log(empty.path()).unwrap_err().to_string();
+    assert!(err.contains("holds no step record"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    assert!(read_log(dir.path())
+        .unwrap_err()
+        .to_string()
+        .contains("directory"));
+    assert!(read_log(&dir.path().join("missing")).is_err());
+}
+
+#[test]
+fn long_runs_are_thinned() {
+    let records: Vec<_> = (1..=5000).map(|s| record(s, 1.0, None)).collect();
+    let svg = RunReport::new(records).svg("x");
+    let loss_line = svg.lines().find(|l| l.contains("<polyline")).unwrap();
+    assert!(loss_line.matches(',').count() <= 1201);
+}
