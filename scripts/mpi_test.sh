@@ -23,7 +23,10 @@
 #   2. a rank that fails with an error stops every rank within a bound, each naming rank 2,
 #      and mpiexec exits non-zero; a rank that exits or dies by a signal ends the job non-zero
 #      within a bound (no hang, no exit 0);
-#   3. a world size that does not match --ranks, or no launcher, is one clear usage error.
+#   3. a world size that does not match --ranks, or no launcher, is one clear usage error;
+#   4. 8 processes train 4 ranks x 2 data-parallel replicas (dualpipe, 1f1b, zb1p, dualpipev,
+#      f64): their losses equal the local run's (threads) to 1e-12; 6 processes for that grid
+#      are one error naming both numbers.
 # Ends with "N passed, N failed"; exits non-zero if any check failed.
 set -u
 cd "$(dirname "$0")/.."
@@ -154,6 +157,44 @@ EOF
     else
         fail "no launcher: exit $rc:"
         sed 's/^/     /' "$TMP/none.out" | head -10
+    fi
+
+    # 4. Data parallelism: 4 ranks x 2 replicas = 8 processes; the losses equal the local run of the
+    #    same flags (threads) to 1e-12 relative, and a world that is not ranks x replicas is one
+    #    error naming both numbers.
+    DP=(--model mlp --ranks 4 --micro-batches 8 --micro-batch-size 4 --hidden 16
+        --layers-per-stage 1 --dtype f64 --seed 7 --format json --quiet --steps 3 --data-parallel 2)
+    for schedule in dualpipe 1f1b zb1p dualpipev; do
+        "$BIN" train --schedule "$schedule" "${DP[@]}" >"$TMP/dp-local.json" 2>"$TMP/dp-local.err"
+        timeout 180 "${LAUNCH[@]}" -n 8 "$BIN" train --transport mpi --schedule "$schedule" "${DP[@]}" \
+            >"$TMP/dp-mpi.json" 2>"$TMP/dp-mpi.err"
+        rc=$?
+        if [ $rc -ne 0 ]; then
+            fail "$schedule x 2 replicas: mpiexec -n 8 exited $rc: $(tail -3 "$TMP/dp-mpi.err")"
+            continue
+        fi
+        if python3 - "$TMP/dp-local.json" "$TMP/dp-mpi.json" <<'EOF'
+import json, sys
+local = json.load(open(sys.argv[1]))["losses"]
+mpi = json.load(open(sys.argv[2]))["losses"]
+assert len(local) == len(mpi) == 3, (local, mpi)
+worst = max(abs(a - b) / max(abs(a), 1e-300) for a, b in zip(local, mpi))
+print(f"     local {local}\n     mpi   {mpi}\n     worst relative difference {worst:.1e}"
+      + (" (bit-identical)" if local == mpi else ""))
+sys.exit(0 if worst <= 1e-12 else 1)
+EOF
+        then pass "$schedule: 8 MPI processes (4 ranks x 2 replicas) give the local run's losses"
+        else fail "$schedule x 2 replicas: losses differ from the local run"
+        fi
+    done
+    timeout 60 "${LAUNCH[@]}" -n 6 "$BIN" train --transport mpi "${DP[@]}" >"$TMP/dp-size.out" 2>&1
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] \
+        && [ "$(grep -c "6 processes were started for --ranks 4 x --data-parallel 2 = 8" "$TMP/dp-size.out")" -eq 1 ]; then
+        pass "6 processes for 4 ranks x 2 replicas: one usage error naming both (exit $rc)"
+    else
+        fail "data-parallel world size mismatch: exit $rc:"
+        sed 's/^/     /' "$TMP/dp-size.out" | head -10
     fi
 }
 

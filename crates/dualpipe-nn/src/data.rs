@@ -83,6 +83,17 @@ impl DataSet {
 
     /// All `micro_batches` micro-batches of step `step`.
     pub fn batch(&self, step: usize, micro_batches: usize) -> Result<Batch, NnError> {
+        self.batch_from(step, 0, micro_batches)
+    }
+
+    /// Micro-batches `first .. first + micro_batches` of step `step` (a data-parallel
+    /// replica's share of the global batch), as micro-batches `0 .. micro_batches`.
+    pub fn batch_from(
+        &self,
+        step: usize,
+        first: usize,
+        micro_batches: usize,
+    ) -> Result<Batch, NnError> {
         // Micro-batches are independent: draw them on a few threads (same result in any order).
         let threads = std::thread::available_parallelism()
             .map_or(1, usize::from)
@@ -92,7 +103,8 @@ impl DataSet {
             let handles: Vec<_> = (0..threads)
                 .map(|t| {
                     let range = t * per_thread..((t + 1) * per_thread).min(micro_batches);
-                    scope.spawn(move || range.map(|mb| self.micro_batch(step, mb)).collect())
+                    scope
+                        .spawn(move || range.map(|mb| self.micro_batch(step, first + mb)).collect())
                 })
                 .collect();
             handles
@@ -127,5 +139,13 @@ mod tests {
         assert_eq!(v(&a.targets), v(&b.targets));
         assert_ne!(v(&a.inputs), v(&c.inputs));
         assert_eq!(a.inputs.dims(), &[2, 4]);
+        // A replica's share: micro-batches 2.. of the step are batch_from(step, 2, ..).
+        let whole = d.batch(1, 4).unwrap();
+        let share = d.batch_from(1, 2, 2).unwrap();
+        assert_eq!(share.len(), 2);
+        for m in 0..2 {
+            assert_eq!(v(&share[m].inputs), v(&whole[2 + m].inputs));
+            assert_eq!(v(&share[m].targets), v(&whole[2 + m].targets));
+        }
     }
 }

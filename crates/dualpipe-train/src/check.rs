@@ -6,6 +6,11 @@ use crate::config::{Field, ModelKind, Naming, TrainConfig, MAX_STEPS};
 use crate::error::TrainError;
 use crate::memory::{self, MemoryEstimate, MEMORY_LIMIT_BYTES};
 
+/// The most data-parallel replicas of a run.
+pub const MAX_DATA_PARALLEL: usize = 1024;
+/// The largest gradient bucket, in MiB.
+pub const MAX_BUCKET_MB: f64 = 1024.0 * 1024.0;
+
 impl TrainConfig {
     /// [`TrainConfig::check`] in field names, for a process that holds every rank.
     pub fn validate(&self) -> Result<(), TrainError> {
@@ -29,6 +34,7 @@ impl TrainConfig {
             (Field::DModel, self.d_model),
             (Field::Heads, self.heads),
             (Field::SeqLen, self.seq_len),
+            (Field::DataParallel, self.data_parallel),
         ];
         for (field, value) in positive {
             if value == 0 {
@@ -60,8 +66,31 @@ impl TrainConfig {
                 self.recv_timeout
             )));
         }
+        self.check_data_parallel(naming)?;
         self.check_model(naming)?;
         self.check_memory(naming, processes, memory::available_bytes())
+    }
+
+    /// The data-parallel sizes: the worker count and the bucket budget.
+    fn check_data_parallel(&self, naming: Naming) -> Result<(), TrainError> {
+        let name = |field: Field| field.name(naming);
+        if self.data_parallel > MAX_DATA_PARALLEL {
+            return Err(TrainError::Config(format!(
+                "{} {} is more than {MAX_DATA_PARALLEL} replicas; use fewer",
+                name(Field::DataParallel),
+                self.data_parallel
+            )));
+        }
+        if !(self.bucket_mb.is_finite() && self.bucket_mb > 0.0 && self.bucket_mb <= MAX_BUCKET_MB)
+        {
+            return Err(TrainError::Config(format!(
+                "{} {}: the bucket size must be a positive number of MiB up to {MAX_BUCKET_MB}, \
+                 such as 25",
+                name(Field::BucketMb),
+                self.bucket_mb
+            )));
+        }
+        Ok(())
     }
 
     /// The GPT's own checks: the architecture, the validation share, the clipping norm.

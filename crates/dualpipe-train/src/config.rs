@@ -4,6 +4,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use dualpipe_dp::Compression;
 use dualpipe_nn::gpt::GptConfig;
 use dualpipe_nn::{ModelConfig, OptimizerKind};
 use dualpipe_schedule::ScheduleKind;
@@ -213,6 +214,23 @@ pub struct TrainConfig {
     /// Seconds a rank waits for a message from another rank (a neighbour's activation or
     /// gradient, locally or across processes) before the step fails naming both.
     pub recv_timeout: f64,
+    /// Data-parallel replicas of the whole pipeline (`--data-parallel`): a run has
+    /// `ranks × data_parallel` workers; replica `d` trains on global micro-batches
+    /// `d·micro_batches .. (d+1)·micro_batches` of every step (see `docs/distributed.md`).
+    pub data_parallel: usize,
+    /// Gradient bucket budget in MiB of uncompressed gradients (`--bucket-mb`).
+    pub bucket_mb: f64,
+    /// Start each stage's exchange without waiting for the others (`false`:
+    /// `--no-overlap`, one stage's plain all-reduce after another).
+    pub overlap: bool,
+    /// The wire format of the gradient exchange after the warm-up (`--gradient-compression`).
+    #[serde(with = "compression_name")]
+    pub gradient_compression: Compression,
+    /// Steps exchanged uncompressed before the compression starts (`--compression-warmup`).
+    pub compression_warmup: u64,
+    /// Keep what a lossy compression dropped and add it to the next step's gradient
+    /// (`false`: `--no-error-feedback`).
+    pub error_feedback: bool,
 }
 
 impl TrainConfig {
@@ -245,6 +263,12 @@ impl TrainConfig {
         dtype: DType::F32,
         seed: 0,
         recv_timeout: 60.0,
+        data_parallel: 1,
+        bucket_mb: 25.0,
+        overlap: true,
+        gradient_compression: Compression::None,
+        compression_warmup: 0,
+        error_feedback: true,
     };
 
     /// The MLP's run (`--model mlp`, compared with DeepSeek's reference): DualPipe on 4 ranks,
@@ -313,6 +337,10 @@ pub enum Field {
     InitFrom,
     /// [`TrainConfig::clip_grad`].
     ClipGrad,
+    /// [`TrainConfig::data_parallel`].
+    DataParallel,
+    /// [`TrainConfig::bucket_mb`].
+    BucketMb,
 }
 
 /// How messages name a [`Field`].
@@ -346,6 +374,8 @@ impl Field {
             Field::ValidationFraction => "validation_fraction",
             Field::InitFrom => "init_from",
             Field::ClipGrad => "clip_grad",
+            Field::DataParallel => "data_parallel",
+            Field::BucketMb => "bucket_mb",
         }
     }
 
@@ -392,12 +422,26 @@ impl TrainConfig {
         }
     }
 
-    /// Tokens (GPT) or rows (MLP) one step trains on.
+    /// Tokens (GPT) or rows (MLP) one step trains on (over every data-parallel replica).
     pub fn samples_per_step(&self) -> f64 {
-        let rows = self.micro_batches as f64 * self.micro_batch_size as f64;
+        let rows = self.micro_batches as f64
+            * self.micro_batch_size as f64
+            * self.data_parallel.max(1) as f64;
         match self.model {
             ModelKind::Gpt => rows * self.seq_len as f64,
             ModelKind::Mlp => rows,
+        }
+    }
+
+    /// The gradient exchange's settings for one stage's data-parallel group.
+    pub fn exchange_config(&self) -> dualpipe_dp::ExchangeConfig {
+        dualpipe_dp::ExchangeConfig {
+            compression: self.gradient_compression,
+            error_feedback: self.error_feedback,
+            compression_warmup: self.compression_warmup,
+            bucket_bytes: (self.bucket_mb * (1u64 << 20) as f64).round().max(1.0) as usize,
+            timeout: std::time::Duration::from_secs_f64(self.recv_timeout),
+            ..dualpipe_dp::ExchangeConfig::default()
         }
     }
 }
@@ -420,6 +464,22 @@ mod schedule_name {
                 names.join(", ")
             ))
         })
+    }
+}
+
+/// `Compression` as its flag value (`"none"`, `"bf16"`, `"int8"`, `"1bit"`).
+mod compression_name {
+    use dualpipe_dp::Compression;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(c: &Compression, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(c.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Compression, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse::<Compression>()
+            .map_err(|e| serde::de::Error::custom(e.to_string()))
     }
 }
 

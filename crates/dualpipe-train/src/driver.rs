@@ -94,6 +94,17 @@ impl Driver for LocalThreads {
                 config.ranks
             )));
         }
+        let workers = config.ranks.saturating_mul(config.data_parallel);
+        if workers > MAX_LOCAL_RANKS {
+            return Err(TrainError::Config(format!(
+                "{} {} x {} {} is {workers} workers: one process runs at most \
+                 {MAX_LOCAL_RANKS} (a thread each); use fewer replicas or ranks",
+                Field::Ranks.name(naming),
+                config.ranks,
+                Field::DataParallel.name(naming),
+                config.data_parallel
+            )));
+        }
         Ok(())
     }
 

@@ -32,6 +32,10 @@ pub enum TrainError {
     /// The run's step callback asked it to stop, with this reason (the other ranks are told).
     #[error("{0}")]
     Stopped(String),
+    /// The data-parallel gradient exchange failed (a replica that stopped, a timeout, a
+    /// message of the wrong step).
+    #[error("gradient exchange failed: {0}")]
+    Exchange(#[from] dualpipe_dp::DpError),
 }
 
 /// A loss that is no longer a finite number, and what it says about the cause.

@@ -9,6 +9,8 @@
 //!   [`RankTrainer`];
 //! - [`workload`] — [`Workload`]: the model (the GPT by default, or the MLP), its data and
 //!   its validation;
+//! - [`data_parallel`] — [`DataParallel`]: `data_parallel` replicas of the pipeline, their
+//!   gradients averaged per stage over a bucketed, optionally compressed exchange;
 //! - [`collective`] — the whole-model operations across processes (gradient norm, weights);
 //! - [`trainer`] — [`Trainer`], whose [`Trainer::step`] is the one step (data, pipeline,
 //!   gradient sum of DualPipe's copies, optimizer) and [`Trainer::run`] the run loop with its
@@ -44,6 +46,7 @@
 mod check;
 pub mod collective;
 pub mod config;
+pub mod data_parallel;
 pub mod driver;
 pub mod error;
 pub mod memory;
@@ -54,7 +57,10 @@ pub mod trainer;
 pub mod workload;
 
 pub use config::{DType, Field, ModelKind, Naming, Task, TrainConfig, MAX_STEPS};
+pub use data_parallel::{DataParallel, ReplicaExchange, ReplicaLinks};
 pub use driver::{Driver, LocalThreads, MAX_LOCAL_RANKS};
+pub use dualpipe_dp as dp;
+pub use dualpipe_dp::Compression;
 pub use dualpipe_nn::{Optimizer, OptimizerKind};
 pub use error::{Divergence, TrainError};
 pub use memory::{MemoryEstimate, MEMORY_LIMIT_BYTES};

@@ -64,6 +64,8 @@ impl<L: Link> Trainer<OneRank<L>> {
 impl<L: Link> Driver for OneRank<L> {
     fn check(&self, config: &TrainConfig, naming: Naming) -> Result<(), TrainError> {
         let world = self.endpoint.ranks();
+        // With data parallelism the endpoint joins one replica's pipeline (its own
+        // communicator), so its world is still `ranks` processes.
         if world != config.ranks {
             return Err(TrainError::Config(format!(
                 "{world} processes were started for {} {}; start one process per rank \

@@ -103,6 +103,18 @@ pub struct RunSummary {
     /// [`RunSummary::trace`] and [`RunSummary::svg`]).
     #[serde(skip)]
     pub last_step: Option<(Timeline, Metrics)>,
+    /// Data-parallel replicas of the pipeline.
+    pub data_parallel: usize,
+    /// The gradient exchange's wire format after the warm-up.
+    pub gradient_compression: String,
+    /// Gradient bytes the exchange's transports sent over the run, all workers (0 with one
+    /// replica).
+    pub grad_bytes_sent: u64,
+    /// What the same messages would have carried uncompressed.
+    pub grad_bytes_uncompressed: u64,
+    /// The share of the run's time spent in the gradient exchange that compute did not hide
+    /// (mean over replicas; the exchange follows the pipeline, so none of it is hidden).
+    pub communication_overhead: f64,
 }
 
 /// Builds a [`RunSummary`] one step at a time, keeping a few numbers per step and the last
@@ -173,7 +185,9 @@ impl SummaryBuilder {
     pub fn finish(self, total: Duration, samples: Vec<Sample>) -> RunSummary {
         let config = &self.config;
         let total_seconds = total.as_secs_f64();
-        let samples_per_step = (config.micro_batches as f64) * (config.micro_batch_size as f64);
+        let samples_per_step = (config.micro_batches as f64)
+            * (config.micro_batch_size as f64)
+            * config.data_parallel.max(1) as f64;
         let gpt = config.model == ModelKind::Gpt;
         let last_eval = self.evaluations.last().copied();
         let times = self.ops.means();
@@ -230,6 +244,11 @@ impl SummaryBuilder {
             simulated_pipeline_seconds: simulated.as_ref().map(|m| m.makespan),
             simulated_bubble_ratio: simulated.as_ref().map(|m| m.bubble_ratio),
             last_step: self.last_step,
+            data_parallel: config.data_parallel,
+            gradient_compression: config.gradient_compression.name().into(),
+            grad_bytes_sent: 0,
+            grad_bytes_uncompressed: 0,
+            communication_overhead: 0.0,
         }
     }
 }
@@ -413,6 +432,31 @@ impl RunSummary {
                 format!("{} steps in {:.2} s", s.steps, s.total_seconds),
             ),
         ];
+        if s.data_parallel > 1 {
+            let saved = if s.grad_bytes_uncompressed > 0 {
+                format!(
+                    " ({:.1}% of uncompressed {})",
+                    100.0 * s.grad_bytes_sent as f64 / s.grad_bytes_uncompressed as f64,
+                    s.grad_bytes_uncompressed
+                )
+            } else {
+                String::new()
+            };
+            rows.push((
+                "data parallel",
+                format!(
+                    "{} replicas, gradients {}: {} bytes sent{saved}",
+                    s.data_parallel, s.gradient_compression, s.grad_bytes_sent
+                ),
+            ));
+            rows.push((
+                "communication overhead",
+                format!(
+                    "{} of the run in gradient exchange",
+                    pct(s.communication_overhead)
+                ),
+            ));
+        }
         if let Some(e) = s.evaluations.last() {
             let accuracy = match (e.best_loss, e.accuracy) {
                 (Some(best), _) => format!(", best possible {best:.6} (gap {:.4})", e.loss - best),

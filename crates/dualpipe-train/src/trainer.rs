@@ -5,16 +5,22 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use dualpipe_nn::gpt::GptWeights;
 use dualpipe_nn::{ModelStage, Optimizer, StagePosition, StepBatch};
+use dualpipe_runtime::transport::wire::WireData;
 use dualpipe_runtime::{ExecOptions, RankStages, RankTimes};
 use dualpipe_schedule::{Schedule, ScheduleError};
 use dualpipe_sim::Timeline;
 
 use crate::collective;
-use crate::config::{Naming, TrainConfig};
+use crate::config::{Field, Naming, TrainConfig};
+use crate::data_parallel::{ReplicaExchange, ReplicaLinks};
 use crate::driver::{Driver, LocalThreads};
 use crate::error::{Divergence, TrainError};
 use crate::summary::{RunSummary, SummaryBuilder};
 use crate::workload::{Evaluation, Sample, Workload};
+
+/// The all-gather round of the exchange's figures after the last step (the collective
+/// module's gathers use 0 and 1).
+const TOTALS_ROUND: usize = 2;
 
 /// What one training step did.
 #[derive(Clone, Debug)]
@@ -81,6 +87,8 @@ pub struct Trainer<D: Driver = LocalThreads> {
     prefetched: Option<(usize, StepBatch)>,
     /// The GPT's weights gathered after this many steps, for validation and saving.
     gathered: Option<(usize, GptWeights)>,
+    /// This replica's end of the data-parallel exchange (`None`: a single replica).
+    dp: Option<ReplicaExchange>,
 }
 
 impl Trainer<LocalThreads> {
@@ -137,10 +145,46 @@ impl<D: Driver> Trainer<D> {
     pub fn with_driver(
         config: TrainConfig,
         schedule: Option<Schedule>,
-        mut driver: D,
+        driver: D,
     ) -> Result<Self, TrainError> {
-        match Self::build(&config, schedule, &driver) {
-            Ok((schedule, workload, held, stages)) => {
+        Self::with_parts(config, schedule, driver, None)
+    }
+
+    /// Replica `links.replica` of a data-parallel run (see
+    /// [`DataParallel`](crate::DataParallel), which builds every replica of a local run):
+    /// its stages, data share and exchange ends.
+    pub fn for_replica(
+        config: TrainConfig,
+        schedule: Option<Schedule>,
+        driver: D,
+        links: ReplicaLinks,
+    ) -> Result<Self, TrainError> {
+        Self::with_parts(config, schedule, driver, Some(links))
+    }
+
+    fn with_parts(
+        config: TrainConfig,
+        schedule: Option<Schedule>,
+        mut driver: D,
+        links: Option<ReplicaLinks>,
+    ) -> Result<Self, TrainError> {
+        let built = Self::build(&config, schedule, &driver).and_then(|mut parts| {
+            let dp = match links {
+                Some(links) => Some(ReplicaExchange::new(&config, links, &mut parts.3)?),
+                None if config.data_parallel > 1 => {
+                    return Err(TrainError::Config(format!(
+                        "{} {}: a Trainer holds one replica; build the replicas with \
+                         DataParallel::new",
+                        Field::DataParallel.name(Naming::Fields),
+                        config.data_parallel
+                    )))
+                }
+                None => None,
+            };
+            Ok((parts, dp))
+        });
+        match built {
+            Ok(((schedule, workload, held, stages), dp)) => {
                 let optimizers = stages
                     .iter()
                     .map(|rank| {
@@ -164,6 +208,7 @@ impl<D: Driver> Trainer<D> {
                     failed: false,
                     prefetched: None,
                     gathered: None,
+                    dp,
                 })
             }
             Err(err) => {
@@ -286,12 +331,19 @@ impl<D: Driver> Trainer<D> {
         self.own(step, drained)?;
         self.driver
             .sum_stage_copies(&self.schedule, &mut self.stages, step, &self.exec_options)?;
+        let mut losses: Vec<f64> = outcome.losses.iter().map(|l| l.loss).collect();
+        if let Some(mut dp) = self.dp.take() {
+            let exchanged = dp
+                .exchange(step, &mut self.stages)
+                .and_then(|()| dp.gather_losses(step, &losses));
+            self.dp = Some(dp);
+            losses = self.own(step, exchanged)?;
+        }
         let grad_norm = self.clip_gradients(step)?;
         let updated = self.optimizer_step();
         self.own(step, updated)?;
         self.steps_done += 1;
         self.failed = false;
-        let losses: Vec<f64> = outcome.losses.iter().map(|l| l.loss).collect();
         let loss = losses.iter().sum::<f64>() / losses.len() as f64;
         Ok(StepReport {
             step,
@@ -351,7 +403,7 @@ impl<D: Driver> Trainer<D> {
     /// not report.
     pub fn evaluate(&mut self) -> Result<Option<Evaluation>, TrainError> {
         let done = self.steps_done;
-        let reports = self.driver.reports();
+        let reports = self.reports();
         let Some(weights) = self.weights()? else {
             return Ok(None);
         };
@@ -365,7 +417,7 @@ impl<D: Driver> Trainer<D> {
     /// A few continuations by the GPT as it is now (empty for the MLP and on processes
     /// that do not report); a collective call ([`Trainer::weights`]).
     pub fn samples(&mut self) -> Result<Vec<Sample>, TrainError> {
-        let reports = self.driver.reports();
+        let reports = self.reports();
         let Some(weights) = self.weights()? else {
             return Ok(Vec::new());
         };
@@ -374,6 +426,22 @@ impl<D: Driver> Trainer<D> {
             Some(gpt) if reports => gpt.samples(&weights, self.config.seed),
             _ => Ok(Vec::new()),
         }
+    }
+
+    /// Whether this process reports the run: the driver's say, and replica 0 only of a
+    /// data-parallel run.
+    pub fn reports(&self) -> bool {
+        self.driver.reports() && self.replica_index() == 0
+    }
+
+    /// This trainer's data-parallel replica (0 for a single replica).
+    pub fn replica_index(&self) -> usize {
+        self.dp.as_ref().map_or(0, ReplicaExchange::replica)
+    }
+
+    /// This replica's end of the gradient exchange (`None`: a single replica).
+    pub fn exchange(&self) -> Option<&ReplicaExchange> {
+        self.dp.as_ref()
     }
 
     /// Whether a validation is due after step `step` (0-based) of the run.
@@ -400,6 +468,7 @@ impl<D: Driver> Trainer<D> {
         let prepared = self.prepare(step);
         self.own(step, prepared)?;
         let prefetch = step + 1 < self.config.steps;
+        let replica = self.replica_index();
         let (config, workload, schedule, stages, options, driver) = (
             &self.config,
             &self.workload,
@@ -409,7 +478,8 @@ impl<D: Driver> Trainer<D> {
             &mut self.driver,
         );
         let (outcome, next) = std::thread::scope(|scope| {
-            let next = prefetch.then(|| scope.spawn(move || workload.batch(config, step + 1)));
+            let next = prefetch
+                .then(|| scope.spawn(move || workload.replica_batch(config, step + 1, replica)));
             let outcome = driver.run_pipeline(schedule, stages, step, options);
             let next = next.map(|h| {
                 h.join().unwrap_or_else(|_| {
@@ -431,7 +501,9 @@ impl<D: Driver> Trainer<D> {
     fn prepare(&mut self, step: usize) -> Result<(), TrainError> {
         let batch = match self.prefetched.take() {
             Some((s, batch)) if s == step => batch,
-            _ => self.workload.batch(&self.config, step)?,
+            _ => self
+                .workload
+                .replica_batch(&self.config, step, self.replica_index())?,
         };
         for (_, stage) in self.stages.iter_mut().flat_map(RankStages::iter_mut) {
             stage.set_batch(batch.clone())?;
@@ -531,8 +603,51 @@ impl<D: Driver> Trainer<D> {
         }
         let total = began.elapsed();
         let samples = self.samples()?;
+        let exchanged = self.exchange_totals(total.as_secs_f64())?;
         self.finish()?;
-        Ok(summary.finish(total, samples))
+        let mut summary = summary.finish(total, samples);
+        if let Some([sent, uncompressed, overhead, workers]) = exchanged {
+            summary.grad_bytes_sent = sent as u64;
+            summary.grad_bytes_uncompressed = uncompressed as u64;
+            summary.communication_overhead = overhead / workers.max(1.0);
+        }
+        Ok(summary)
+    }
+
+    /// The gradient exchange's figures over every worker of the run, the same on every
+    /// process (a collective call after the last step): bytes sent, bytes uncompressed, the
+    /// sum of the processes' exchange shares of `seconds`, and the number of processes.
+    fn exchange_totals(&mut self, seconds: f64) -> Result<Option<[f64; 4]>, TrainError> {
+        let Some(dp) = &self.dp else {
+            return Ok(None);
+        };
+        let t = dp.totals();
+        let mine = [
+            t.grad_bytes_sent as f64,
+            t.grad_bytes_uncompressed as f64,
+            dp.seconds() / seconds.max(1e-9),
+            1.0,
+        ];
+        let done = self.steps_done;
+        let parts = self.driver.all_gather(
+            done,
+            TOTALS_ROUND,
+            vec![WireData::from_f64s(&mine)],
+            &self.exec_options,
+        )?;
+        let mut pipeline = [0.0; 4];
+        for part in parts.iter().flatten() {
+            let values = part.to_f64s().map_err(|e| {
+                TrainError::Execution(format!("gathering the exchange's figures: {e}"))
+            })?;
+            for (acc, v) in pipeline.iter_mut().zip(values) {
+                *acc += v;
+            }
+        }
+        let Some(dp) = self.dp.as_mut() else {
+            return Ok(None);
+        };
+        Ok(Some(dp.sum_over_replicas(done, pipeline)?))
     }
 
     /// Stops the run at the callback's request: the other ranks are told `reason` in its own

@@ -77,6 +77,8 @@ pub struct GptWorkload {
 
 /// What a run trains: the model and its data.
 #[derive(Debug)]
+// One workload per trainer: the MLP's data set inline costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Workload {
     /// The residual MLP and its teacher's data.
     Mlp(Box<DataSet>),
@@ -113,13 +115,29 @@ impl Workload {
         })
     }
 
-    /// Every micro-batch of step `step` (0-based).
+    /// Every micro-batch of step `step` (0-based) of a single-replica run (replica 0's).
     pub fn batch(&self, config: &TrainConfig, step: usize) -> Result<StepBatch, TrainError> {
+        self.replica_batch(config, step, 0)
+    }
+
+    /// Replica `replica`'s micro-batches of step `step`: its micro-batch `m` is global
+    /// micro-batch `replica · micro_batches + m` of the step's
+    /// `data_parallel · micro_batches`, drawn from the seed and those global indices only.
+    pub fn replica_batch(
+        &self,
+        config: &TrainConfig,
+        step: usize,
+        replica: usize,
+    ) -> Result<StepBatch, TrainError> {
+        let m = config.micro_batches;
+        let first = replica * m;
+        let global = config.data_parallel.max(1) * m;
         Ok(match self {
-            Workload::Mlp(data) => StepBatch::Mlp(data.batch(step, config.micro_batches)?),
-            Workload::Gpt(gpt) => StepBatch::Gpt(gpt.text.batch(
+            Workload::Mlp(data) => StepBatch::Mlp(data.batch_from(step, first, m)?),
+            Workload::Gpt(gpt) => StepBatch::Gpt(gpt.text.batch_range(
                 step,
-                config.micro_batches,
+                global,
+                first..first + m,
                 config.micro_batch_size,
             )),
         })

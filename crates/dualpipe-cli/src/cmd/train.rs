@@ -4,7 +4,7 @@
 //! progress and prints.
 
 use dualpipe_schedule::{Schedule, ScheduleError};
-use dualpipe_train::{Driver, RunSummary, TrainConfig, TrainError, Trainer};
+use dualpipe_train::{DataParallel, Driver, RunSummary, TrainConfig, TrainError, Trainer};
 
 use super::output::{check_outputs, write_together};
 use super::UsageError;
@@ -57,6 +57,9 @@ fn execute(args: &Args) -> anyhow::Result<Option<Finished>> {
                 )
                 .into());
             }
+            if config.data_parallel > 1 {
+                return execute_replicas(args, &config, given).map(Some);
+            }
             let mut trainer = match given {
                 Some(schedule) => Trainer::with_schedule(config.clone(), schedule),
                 None => Trainer::new(config.clone()),
@@ -71,6 +74,26 @@ fn execute(args: &Args) -> anyhow::Result<Option<Finished>> {
         }
         Transport::Mpi => execute_mpi(args, config, given),
     }
+}
+
+/// A local run of `--data-parallel` replicas (every replica's ranks on threads).
+fn execute_replicas(
+    args: &Args,
+    config: &TrainConfig,
+    given: Option<Schedule>,
+) -> anyhow::Result<Finished> {
+    let mut replicas = match given {
+        Some(schedule) => DataParallel::with_schedule(config.clone(), schedule),
+        None => DataParallel::new(config.clone()),
+    }
+    .map_err(setup_error)?;
+    let schedule = replicas.replicas()[0].schedule().clone();
+    let mut observe = Observe::start(&args.observe, config, &schedule, 0, true)?;
+    let summary = replicas
+        .run(|event| observe.on_event(event))
+        .map_err(|e| run_error(e, config))?;
+    observe.finish();
+    finished(args, replicas.replica_mut(0), summary)
 }
 
 /// The summary and, with `--save`, the final weights as safetensors bytes (a collective call

@@ -199,7 +199,17 @@ fn trace_and_svg_files_are_written() {
 
 #[test]
 fn bad_flags_are_one_line_usage_errors() {
-    let cases: [(&[&str], &[&str]); 11] = [
+    let cases: [(&[&str], &[&str]); 15] = [
+        (&["--data-parallel", "0"], &["--data-parallel", "0"]),
+        (&["--bucket-mb", "0"], &["--bucket-mb", "0"]),
+        (
+            &["--gradient-compression", "2bit"],
+            &["2bit", "--gradient-compression"],
+        ),
+        (
+            &["--ranks", "64", "--data-parallel", "8"],
+            &["--ranks", "--data-parallel", "512"],
+        ),
         (&["--ranks", "3"], &["even", "ranks", "3"]),
         (&["--ranks", "0"], &["--ranks", "0"]),
         (&["--micro-batches", "0"], &["--micro-batches", "0"]),
@@ -507,4 +517,34 @@ fn a_broken_schedule_file_is_refused_before_training() {
         "{}",
         both.stderr
     );
+}
+
+#[test]
+fn data_parallel_runs_report_the_exchange() {
+    let run = train(&[
+        "--model",
+        "mlp",
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+        "--hidden",
+        "8",
+        "--steps",
+        "2",
+        "--data-parallel",
+        "2",
+        "--gradient-compression",
+        "int8",
+        "--format",
+        "json",
+    ]);
+    run.ok();
+    let doc = run.json();
+    assert_eq!(doc["data_parallel"], 2);
+    assert_eq!(doc["gradient_compression"], "int8");
+    let sent = doc["grad_bytes_sent"].as_u64().unwrap();
+    let full = doc["grad_bytes_uncompressed"].as_u64().unwrap();
+    assert!(sent > 0 && sent < full, "{sent} of {full}");
+    assert!(doc["communication_overhead"].as_f64().unwrap() >= 0.0);
 }

@@ -137,11 +137,23 @@ impl TextData {
 
     /// Every micro-batch of step `step`: `micro_batches` of `rows` sequences.
     pub fn batch(&self, step: usize, micro_batches: usize, rows: usize) -> TokenBatch {
+        self.batch_range(step, micro_batches, 0..micro_batches, rows)
+    }
+
+    /// Global micro-batches `range` of step `step`, of `global` in the step (a data-parallel
+    /// replica's share), as micro-batches `0 .. range.len()`.
+    pub fn batch_range(
+        &self,
+        step: usize,
+        global: usize,
+        range: std::ops::Range<usize>,
+        rows: usize,
+    ) -> TokenBatch {
         Arc::new(
-            (0..micro_batches)
+            range
                 .map(|mb| {
                     let windows: Vec<usize> = (0..rows)
-                        .map(|r| self.window_index(step, micro_batches, mb, rows, r))
+                        .map(|r| self.window_index(step, global, mb, rows, r))
                         .collect();
                     self.train.micro_batch(&windows)
                 })
@@ -231,6 +243,21 @@ mod tests {
         assert_eq!(&batch[1].inputs[..4], &[5, 6, 7, 8]);
         assert_eq!(&batch[1].targets[..4], &[6, 7, 8, 9]);
         assert!(TextData::new(&bytes[..4], 4, 0.0, None).is_err());
+    }
+
+    #[test]
+    fn a_replicas_range_is_its_share_of_the_global_batch() {
+        let bytes: Vec<u8> = (0..200u8).collect();
+        for seed in [None, Some(4)] {
+            let data = TextData::new(&bytes, 4, 0.1, seed).unwrap();
+            let whole = data.batch(3, 6, 2);
+            let second = data.batch_range(3, 6, 3..6, 2);
+            assert_eq!(second.len(), 3);
+            for (m, mb) in second.iter().enumerate() {
+                assert_eq!(mb.inputs, whole[3 + m].inputs, "{seed:?} {m}");
+                assert_eq!(mb.targets, whole[3 + m].targets);
+            }
+        }
     }
 
     #[test]

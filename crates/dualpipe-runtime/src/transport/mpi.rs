@@ -96,6 +96,18 @@ impl MpiWorld {
         MpiLink::new(comm)
     }
 
+    /// A link on the part of `MPI_COMM_WORLD` that passes the same `color` (`MPI_Comm_split`;
+    /// members keep their world order). Collective: every process calls it, in the same order.
+    pub fn split_link(&self, color: usize) -> MpiLink {
+        let color = mpi::topology::Color::with_value(color as i32);
+        let comm = self
+            .universe
+            .world()
+            .split_by_color(color)
+            .unwrap_or_else(|| self.universe.world().duplicate());
+        MpiLink::new(comm)
+    }
+
     /// Stops every process of the job at once with `code` (`MPI_Abort`): the last resort
     /// when a rank cannot tell its peers in an orderly way.
     pub fn abort(&self, code: i32) -> ! {

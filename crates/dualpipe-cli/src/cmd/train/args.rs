@@ -159,6 +159,27 @@ pub struct Args {
     /// code 3) or `RANK:STEP:abort` (the process dies of SIGABRT). Needs --transport mpi.
     #[arg(long, value_name = "RANK:STEP:HOW", hide = true)]
     pub inject_failure: Option<String>,
+    /// Data-parallel replicas of the whole pipeline (ranks x D workers: threads locally);
+    /// each trains on its own share of the global batch of D x --micro-batches.
+    #[arg(long, value_name = "D", default_value_t = D.data_parallel, value_parser = count, allow_negative_numbers = true)]
+    pub data_parallel: usize,
+    /// Gradient bucket size in MiB (uncompressed gradients per exchange message group).
+    #[arg(long, value_name = "MB", default_value_t = D.bucket_mb, allow_negative_numbers = true)]
+    pub bucket_mb: f64,
+    /// Exchange one stage's gradients after another (a plain all-reduce each) instead of
+    /// starting every stage's buckets before waiting for any.
+    #[arg(long)]
+    pub no_overlap: bool,
+    /// Wire format of the gradient exchange: none, bf16, int8 or 1bit.
+    #[arg(long, default_value_t = D.gradient_compression.name().to_string())]
+    pub gradient_compression: String,
+    /// Steps exchanged uncompressed before --gradient-compression starts.
+    #[arg(long, value_name = "N", default_value_t = D.compression_warmup)]
+    pub compression_warmup: u64,
+    /// Drop what a lossy compression loses instead of adding it to the next step (the
+    /// ablation of error feedback).
+    #[arg(long)]
+    pub no_error_feedback: bool,
 }
 
 fn unknown(what: &str, flag: &str, value: &str, names: &[&str]) -> UsageError {
@@ -250,6 +271,21 @@ pub fn config_and_schedule(args: &Args) -> Result<(TrainConfig, Option<Schedule>
         .ok_or_else(|| unknown("task", "--task", &args.task, &Task::NAMES))?;
     let dtype = DType::from_name(&args.dtype)
         .ok_or_else(|| unknown("dtype", "--dtype", &args.dtype, &DType::NAMES))?;
+    let gradient_compression = args
+        .gradient_compression
+        .parse::<dualpipe_train::Compression>()
+        .map_err(|_| {
+            let names: Vec<&str> = dualpipe_train::Compression::ALL
+                .iter()
+                .map(|c| c.name())
+                .collect();
+            unknown(
+                "compression",
+                "--gradient-compression",
+                &args.gradient_compression,
+                &names,
+            )
+        })?;
     let mut config = TrainConfig {
         model,
         schedule,
@@ -277,6 +313,12 @@ pub fn config_and_schedule(args: &Args) -> Result<(TrainConfig, Option<Schedule>
         dtype,
         seed: args.seed,
         recv_timeout: args.recv_timeout,
+        data_parallel: args.data_parallel,
+        bucket_mb: args.bucket_mb,
+        overlap: !args.no_overlap,
+        gradient_compression,
+        compression_warmup: args.compression_warmup,
+        error_feedback: !args.no_error_feedback,
     };
     if let Some(s) = &given {
         (config.ranks, config.micro_batches) = (s.ranks, s.micro_batches);
