@@ -13,8 +13,6 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-// Parsed once per process: the train flags' size is not worth a box.
-#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Generate, lower and validate a schedule; print it as a table, JSON or torch CSV.
     Schedule(cmd::schedule::Args),

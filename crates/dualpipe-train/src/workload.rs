@@ -77,8 +77,6 @@ pub struct GptWorkload {
 
 /// What a run trains: the model and its data.
 #[derive(Debug)]
-// One workload per trainer: the MLP's data set inline costs nothing worth a box.
-#[allow(clippy::large_enum_variant)]
 pub enum Workload {
     /// The residual MLP and its teacher's data.
     Mlp(Box<DataSet>),
