@@ -345,7 +345,8 @@ fn adopt_architecture(
     config: &mut TrainConfig,
     path: &std::path::Path,
 ) -> Result<(), UsageError> {
-    let weights = read_weights(path, config).map_err(|e| UsageError(format!("--init-from {e}")))?;
+    let weights = read_weights(path, config)
+        .map_err(|e| UsageError(format!("--init-from {}", usage(e).0)))?;
     let file = *weights.config();
     let stages = config.model_stages();
     let check = |flag: &str, given: Option<usize>| {
