@@ -40,7 +40,7 @@
 //!     layers_per_stage: 1,
 //!     steps: 3,
 //!     dtype: DType::F64,
-//!     ..TrainConfig::default()
+//!     ..TrainConfig::MLP
 //! };
 //! let mut trainer = Trainer::new(config.clone())?;
 //! let metrics = TrainingMetrics::new(config.ranks);

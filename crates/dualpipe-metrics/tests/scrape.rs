@@ -38,7 +38,7 @@ fn config(steps: usize) -> TrainConfig {
         layers_per_stage: 1,
         steps,
         dtype: DType::F64,
-        ..TrainConfig::default()
+        ..TrainConfig::MLP
     }
 }
 
