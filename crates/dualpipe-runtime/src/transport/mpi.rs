@@ -152,6 +152,13 @@ pub struct MpiLink {
     spare: Vec<Vec<u8>>,
 }
 
+// SAFETY: an `MpiLink` owns its communicator and its requests (never shared: no `Sync`), and
+// is only moved whole into the value that uses it. Every MPI call it makes happens on whichever
+// one thread holds it, which the trainer keeps to the thread that initialised MPI. Under MPICH
+// the handles are integers and the type is `Send` already; under Open MPI they are pointers,
+// which alone keep the compiler from seeing the same thing.
+unsafe impl Send for MpiLink {}
+
 impl std::fmt::Debug for MpiLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MpiLink")

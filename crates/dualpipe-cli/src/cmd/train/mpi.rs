@@ -98,7 +98,10 @@ pub(super) fn execute(
         std::process::exit(2);
     }
     if !args.observe.quiet {
-        eprintln!("dualpipe train: MPI transport, {info}");
+        // One write: launchers that tag each write with its rank would split the line.
+        use std::io::Write;
+        let line = format!("dualpipe train: MPI transport, {info}\n");
+        let _ = std::io::stderr().write_all(line.as_bytes());
     }
     let rank = info.rank;
     let built = if replicas > 1 {
