@@ -212,6 +212,11 @@ for impl in $IMPLS; do
         bin=${DUALPIPE_BIN:-}
         if [ -z "$bin" ]; then
             MPICC=mpicc.mpich cargo build -p dualpipe-cli --features mpi --quiet || { fail "build"; continue; }
+            # Bindings left built for Open MPI (an interrupted earlier run): rebuild them once.
+            if ! links target/debug/dualpipe "libmpich\.so"; then
+                cargo clean -p mpi-sys -p mpi --quiet 2>/dev/null
+                MPICC=mpicc.mpich cargo build -p dualpipe-cli --features mpi --quiet || { fail "build"; continue; }
+            fi
             cp target/debug/dualpipe "$TMP/dualpipe-mpich"
             bin=$TMP/dualpipe-mpich
         fi
@@ -241,10 +246,11 @@ for impl in $IMPLS; do
             # in the shared target directory, keep that binary, and clean them again so the
             # next build probes MPICH, the default, afresh.
             cargo clean -p mpi-sys -p mpi --quiet 2>/dev/null
-            MPICC=mpicc.openmpi cargo build -p dualpipe-cli --features mpi --quiet \
-                || { fail "build"; continue; }
-            cp target/debug/dualpipe "$TMP/dualpipe-openmpi"
+            built=0
+            MPICC=mpicc.openmpi cargo build -p dualpipe-cli --features mpi --quiet && built=1
+            [ $built -eq 1 ] && cp target/debug/dualpipe "$TMP/dualpipe-openmpi"
             cargo clean -p mpi-sys -p mpi --quiet 2>/dev/null
+            [ $built -eq 1 ] || { fail "build"; continue; }
             echo "     built the Open MPI dualpipe in $(($(date +%s) - start))s"
             bin=$TMP/dualpipe-openmpi
         fi
