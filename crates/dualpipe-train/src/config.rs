@@ -411,6 +411,17 @@ impl TrainConfig {
         }
     }
 
+    /// The schedule this configuration generates (`dualpipe_schedule::build` of its kind,
+    /// ranks, micro-batches and virtual stages): lowered and validated.
+    pub fn build_schedule(&self) -> Result<dualpipe_schedule::Schedule, crate::TrainError> {
+        Ok(dualpipe_schedule::build(
+            self.schedule,
+            self.ranks,
+            self.micro_batches,
+            self.virtual_stages,
+        )?)
+    }
+
     /// The GPT's architecture: `layers_per_stage × model_stages` blocks (saturating).
     pub fn gpt(&self) -> GptConfig {
         GptConfig {

@@ -232,12 +232,7 @@ impl<D: Driver> Trainer<D> {
                 check_given_schedule(config, &schedule)?;
                 schedule
             }
-            None => dualpipe_schedule::build(
-                config.schedule,
-                config.ranks,
-                config.micro_batches,
-                config.virtual_stages,
-            )?,
+            None => config.build_schedule()?,
         };
         let stages_expected = config.model_stages();
         if schedule.placement.stages() != stages_expected {

@@ -176,12 +176,7 @@ fn replica_trainer(
     let pipeline = world.split_link(replica);
     let schedule = match &given {
         Some(s) => s.clone(),
-        None => dualpipe_schedule::build(
-            config.schedule,
-            config.ranks,
-            config.micro_batches,
-            config.virtual_stages,
-        )?,
+        None => config.build_schedule()?,
     };
     let held = |r: usize| {
         let mut stages: Vec<usize> = schedule
