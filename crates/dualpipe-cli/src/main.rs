@@ -31,6 +31,8 @@ enum Command {
     Generate(cmd::generate::Args),
     /// Summarise a run from its `train --log` file; draw its loss, throughput and bubble.
     Report(cmd::report::Args),
+    /// Inspect training checkpoints (`dualpipe checkpoint inspect DIR`).
+    Checkpoint(cmd::checkpoint::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -44,6 +46,7 @@ fn main() -> std::process::ExitCode {
         Command::Eval(args) => cmd::eval::run(args),
         Command::Generate(args) => cmd::generate::run(args),
         Command::Report(args) => cmd::report::run(args),
+        Command::Checkpoint(args) => cmd::checkpoint::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

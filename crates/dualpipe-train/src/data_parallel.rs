@@ -21,8 +21,8 @@ use std::time::Instant;
 
 use candle_core::{Tensor, WithDType};
 use dualpipe_dp::{
-    BucketLayout, ChannelTransport, ExchangeConfig, ExchangeStats, GradExchange, GradFloat,
-    GradTransport, Reduce,
+    BucketLayout, ChannelTransport, ErrorFeedbackState, ExchangeConfig, ExchangeStats,
+    GradExchange, GradFloat, GradTransport, Reduce,
 };
 use dualpipe_nn::ModelStage;
 use dualpipe_runtime::RankStages;
@@ -283,6 +283,63 @@ impl ReplicaExchange {
         Ok([all[0], all[1], all[2], all[3]])
     }
 
+    /// The error-feedback buffers of every held model stage (what a lossy compression
+    /// dropped, to add to the next step), as `f64` (exact for `f32` runs): checkpoints save
+    /// them.
+    pub fn error_feedback(&self) -> Vec<(usize, ErrorFeedbackState<f64>)> {
+        fn widen<T: GradFloat>(state: &ErrorFeedbackState<T>) -> ErrorFeedbackState<f64> {
+            let wide = |b: &Vec<Vec<T>>| -> Vec<Vec<f64>> {
+                b.iter()
+                    .map(|v| v.iter().map(|x| x.to_f64()).collect())
+                    .collect()
+            };
+            ErrorFeedbackState {
+                worker: wide(&state.worker),
+                server: wide(&state.server),
+            }
+        }
+        self.stages
+            .iter()
+            .map(|(s, g)| {
+                let state = match g {
+                    StageGrads::F32(ex) => widen(ex.error_feedback()),
+                    StageGrads::F64(ex) => widen(ex.error_feedback()),
+                };
+                (*s, state)
+            })
+            .collect()
+    }
+
+    /// Restores model stage `stage`'s error-feedback buffers (from
+    /// [`ReplicaExchange::error_feedback`]); refused when they do not fit its buckets. A
+    /// stage this replica does not hold is ignored.
+    pub fn set_error_feedback(
+        &mut self,
+        stage: usize,
+        state: &ErrorFeedbackState<f64>,
+    ) -> Result<(), TrainError> {
+        fn narrow<T: GradFloat>(state: &ErrorFeedbackState<f64>) -> ErrorFeedbackState<T> {
+            let narrow = |b: &Vec<Vec<f64>>| -> Vec<Vec<T>> {
+                b.iter()
+                    .map(|v| v.iter().map(|&x| T::from_f64(x)).collect())
+                    .collect()
+            };
+            ErrorFeedbackState {
+                worker: narrow(&state.worker),
+                server: narrow(&state.server),
+            }
+        }
+        for (s, g) in &mut self.stages {
+            if *s == stage {
+                match g {
+                    StageGrads::F32(ex) => ex.set_error_feedback(narrow(state))?,
+                    StageGrads::F64(ex) => ex.set_error_feedback(narrow(state))?,
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// What this replica's gradient exchanges sent over the run (the losses not included).
     pub fn totals(&self) -> ExchangeStats {
         let mut total = ExchangeStats::default();
@@ -381,6 +438,33 @@ impl DataParallel {
     /// replica).
     pub fn replica_mut(&mut self, d: usize) -> &mut Trainer<LocalThreads> {
         &mut self.replicas[d]
+    }
+
+    /// Gives every replica a handle on `writer` (which must expect one part per replica).
+    pub fn set_checkpoints(&mut self, writer: &crate::checkpoint::CheckpointWriter) {
+        for t in &mut self.replicas {
+            if let Some(sink) = writer.sink() {
+                t.set_checkpoints(sink);
+            }
+        }
+    }
+
+    /// Stops every replica's checkpoints (so the writer can finish).
+    pub fn clear_checkpoints(&mut self) {
+        self.replicas.iter_mut().for_each(Trainer::clear_checkpoints);
+    }
+
+    /// [`Trainer::restore`] on every replica (replica 0's report).
+    pub fn restore(
+        &mut self,
+        checkpoint: &crate::checkpoint::Checkpoint,
+    ) -> Result<crate::trainer::Restored, TrainError> {
+        let mut first = None;
+        for t in &mut self.replicas {
+            let restored = t.restore(checkpoint)?;
+            first.get_or_insert(restored);
+        }
+        first.ok_or_else(|| TrainError::Execution("no replica".into()))
     }
 
     /// One step of every replica, concurrently; returns replica 0's report (its losses are

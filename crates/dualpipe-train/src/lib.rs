@@ -18,7 +18,9 @@
 //! - [`summary`] — [`RunSummary`], the predicted-vs-measured comparison (JSON and table);
 //! - [`reference`](mod@reference) — the sequential single-thread oracle every schedule must
 //!   match;
-//! - [`memory`] — the documented memory cap and this machine's available memory.
+//! - [`memory`] — the documented memory cap and this machine's available memory;
+//! - [`checkpoint`] — checkpoints: written in the background, named by model layer, read
+//!   back by any grid shape ([`Trainer::set_checkpoints`], [`Trainer::restore`]).
 //!
 //! ```
 //! use dualpipe_train::{DType, TrainConfig, Trainer};
@@ -43,6 +45,7 @@
 
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 mod check;
 pub mod collective;
 pub mod config;
@@ -56,6 +59,7 @@ pub mod summary;
 pub mod trainer;
 pub mod workload;
 
+pub use checkpoint::{Checkpoint, CheckpointError, CheckpointOptions, CheckpointWriter};
 pub use config::{DType, Field, ModelKind, Naming, Task, TrainConfig, MAX_STEPS};
 pub use data_parallel::{DataParallel, ReplicaExchange, ReplicaLinks};
 pub use driver::{Driver, LocalThreads, MAX_LOCAL_RANKS};
@@ -67,5 +71,5 @@ pub use memory::{MemoryEstimate, MEMORY_LIMIT_BYTES};
 pub use rank::{OneRank, RankTrainer};
 pub use reference::{Reference, ReferenceStep};
 pub use summary::{RunSummary, SummaryBuilder};
-pub use trainer::{StepEvent, StepReport, Trainer};
+pub use trainer::{Restored, StepEvent, StepReport, Trainer};
 pub use workload::{Evaluation, Sample, Workload};

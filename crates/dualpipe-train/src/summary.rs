@@ -51,6 +51,9 @@ pub struct RunSummary {
     pub seed: u64,
     /// Steps run.
     pub steps: usize,
+    /// The number (1-based) of the first step this run ran: 1 for a fresh run, `N + 1` after
+    /// resuming from a checkpoint of step `N`; `losses[i]` is step `first_step + i`'s.
+    pub first_step: usize,
     /// The loss of every step (mean over its micro-batches).
     pub losses: Vec<f64>,
     /// The last step's loss.
@@ -135,6 +138,7 @@ pub struct SummaryBuilder {
     ops: OpTally,
     evaluations: Vec<Evaluation>,
     last_step: Option<(Timeline, Metrics)>,
+    first_step: Option<usize>,
 }
 
 impl SummaryBuilder {
@@ -155,11 +159,13 @@ impl SummaryBuilder {
             ops: OpTally::default(),
             evaluations: Vec::new(),
             last_step: None,
+            first_step: None,
         }
     }
 
     /// Adds one step.
     pub fn add(&mut self, report: StepReport) {
+        self.first_step.get_or_insert(report.step + 1);
         self.losses.push(report.loss);
         self.walls.push(report.wall.as_secs_f64());
         self.evaluations.extend(report.evaluation);
@@ -221,6 +227,7 @@ impl SummaryBuilder {
             dtype: config.dtype.name().into(),
             seed: config.seed,
             steps,
+            first_step: self.first_step.unwrap_or(1),
             final_loss: self.losses.last().copied().unwrap_or(f64::NAN),
             losses: self.losses,
             samples_per_second: samples_per_step * steps as f64 / total_seconds.max(1e-9),
@@ -343,7 +350,7 @@ impl RunSummary {
             let every = n.div_ceil(10).max(1);
             for (i, loss) in s.losses.iter().enumerate() {
                 if i % every == 0 || i + 1 == n {
-                    out.push_str(&format!("  {:>4}  {loss:.6}\n", i + 1));
+                    out.push_str(&format!("  {:>4}  {loss:.6}\n", s.first_step + i));
                 }
             }
         }

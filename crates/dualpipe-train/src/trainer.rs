@@ -17,7 +17,10 @@ use crate::error::{Divergence, TrainError};
 use crate::summary::{RunSummary, SummaryBuilder};
 use crate::workload::{Evaluation, Workload};
 
+mod checkpoint;
 mod model;
+
+pub use checkpoint::Restored;
 
 /// The all-gather round of the exchange's figures after the last step (the collective
 /// module's gathers use 0 and 1).
@@ -90,6 +93,8 @@ pub struct Trainer<D: Driver = LocalThreads> {
     gathered: Option<(usize, GptWeights)>,
     /// This replica's end of the data-parallel exchange (`None`: a single replica).
     dp: Option<ReplicaExchange>,
+    /// Where due checkpoints go (`None`: no checkpoints).
+    checkpoints: Option<crate::checkpoint::CheckpointSink>,
 }
 
 impl Trainer<LocalThreads> {
@@ -210,6 +215,7 @@ impl<D: Driver> Trainer<D> {
                     prefetched: None,
                     gathered: None,
                     dp,
+                    checkpoints: None,
                 })
             }
             Err(err) => {
@@ -494,6 +500,7 @@ impl<D: Driver> Trainer<D> {
             if self.evaluation_due(step) {
                 report.evaluation = self.evaluate()?;
             }
+            self.save_due_checkpoint(step)?;
             let elapsed = began.elapsed();
             if let Err(reason) = on_step(StepEvent::Finished {
                 report: &report,

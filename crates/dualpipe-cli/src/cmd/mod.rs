@@ -1,5 +1,6 @@
 //! One module per subcommand; each parses its flags, calls the library crates and prints.
 
+pub mod checkpoint;
 pub mod compare;
 pub mod eplb;
 pub mod eval;
