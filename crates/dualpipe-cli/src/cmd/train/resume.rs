@@ -29,10 +29,13 @@ pub fn check(args: &Args) -> Result<(), UsageError> {
 /// The checkpoint `--resume` or `--resume-from` asks for (`None`: a fresh run), each damaged
 /// newer checkpoint reported on stderr.
 pub fn point(args: &Args) -> Result<Option<Checkpoint>, UsageError> {
+    if !args.resume && args.resume_from.is_none() {
+        return Ok(None);
+    }
     let bad = |flag: &str, e: checkpoint::CheckpointError| UsageError(format!("{flag}: {e}"));
     let found = if let Some(path) = &args.resume_from {
         Some(checkpoint::open(path).map_err(|e| bad("--resume-from", e))?)
-    } else if args.resume {
+    } else {
         let Some(dir) = &args.checkpoint_dir else {
             return Ok(None);
         };
@@ -44,8 +47,6 @@ pub fn point(args: &Args) -> Result<Option<Checkpoint>, UsageError> {
             )));
         }
         checkpoint::find_latest(dir).map_err(|e| bad("--resume", e))?
-    } else {
-        None
     };
     let Some(found) = found else {
         if !args.observe.quiet {
