@@ -228,7 +228,7 @@ fn damage_is_reported_and_the_previous_checkpoint_used() {
     let mut args = tiny("mlp");
     args.extend(base.iter().map(|a| a.to_string()));
     args.extend(
-        ["--steps", "7", "--checkpoint-dir", s(&ckpt), "--resume"]
+        ["--steps", "7", "--checkpoint-dir", s(&ckpt), "--checkpoint-every", "1", "--resume"]
             .iter()
             .map(|a| a.to_string()),
     );
@@ -242,11 +242,10 @@ fn damage_is_reported_and_the_previous_checkpoint_used() {
     let doc = run.json();
     assert_eq!(doc["first_step"], 6);
     assert_eq!(floats(&doc["losses"])[0].to_bits(), full[5].to_bits());
-    // A wrong hash and a missing manifest on the others: nothing left to fall back to.
-    for step in ["step-000004", "step-000005"] {
-        std::fs::remove_file(ckpt.join(step).join("manifest.json")).unwrap();
-    }
-    // (step 6 is still truncated; step 7 was written by the resumed run: damage it too.)
+    // The resumed run wrote step 7 and pruned step 4. A missing manifest (step 5), a
+    // truncated file (step 6, still) and a wrong hash (step 7): nothing left to fall back to.
+    assert!(!ckpt.join("step-000004").exists());
+    std::fs::remove_file(ckpt.join("step-000005/manifest.json")).unwrap();
     let seven = ckpt.join("step-000007/block-0000.safetensors");
     let mut bytes = std::fs::read(&seven).unwrap();
     bytes[100] ^= 0xff;
@@ -279,8 +278,11 @@ fn bad_resumes_are_one_line_and_exit_two() {
     let mut gpt = tiny("gpt");
     gpt.extend(["--steps", "3", "--resume-from", s(&ckpt)].map(String::from));
     dualpipe(&gpt).usage_error(&["does not fit", "model mlp"]);
-    let mut wide = tiny("mlp");
-    wide.extend(["--hidden", "16", "--steps", "3", "--resume-from", s(&ckpt)].map(String::from));
+    let mut wide: Vec<String> = tiny("mlp")
+        .into_iter()
+        .map(|a| if a == "8" { "16".to_string() } else { a })
+        .collect();
+    wide.extend(["--steps", "3", "--resume-from", s(&ckpt)].map(String::from));
     dualpipe(&wide).usage_error(&["does not fit", "hidden 8"]);
     let mut done = tiny("mlp");
     done.extend(["--ranks", "2", "--micro-batches", "4", "--steps", "2", "--resume-from", s(&ckpt)].map(String::from));
@@ -327,6 +329,7 @@ fn inspect_lists_steps_shapes_sizes_and_init_from_reads_the_weights() {
     run.ok();
     let doc = run.json();
     assert_eq!(doc["d_model"], 16);
-    assert_eq!(doc["layers_per_stage"], 2);
+    // 4 model stages of 2 blocks written, 2 stages of 4 read.
+    assert_eq!(doc["layers_per_stage"], 4);
     assert_eq!(doc["first_step"], 1);
 }
