@@ -451,7 +451,9 @@ impl DataParallel {
 
     /// Stops every replica's checkpoints (so the writer can finish).
     pub fn clear_checkpoints(&mut self) {
-        self.replicas.iter_mut().for_each(Trainer::clear_checkpoints);
+        self.replicas
+            .iter_mut()
+            .for_each(Trainer::clear_checkpoints);
     }
 
     /// [`Trainer::restore`] on every replica (replica 0's report).

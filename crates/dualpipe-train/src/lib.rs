@@ -45,8 +45,8 @@
 
 #![warn(missing_docs)]
 
-pub mod checkpoint;
 mod check;
+pub mod checkpoint;
 pub mod collective;
 pub mod config;
 pub mod data_parallel;

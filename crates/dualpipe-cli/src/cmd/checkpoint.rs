@@ -61,7 +61,9 @@ fn listing(dir: &std::path::Path) -> Result<Vec<Listed>, UsageError> {
         .and_then(|n| n.to_str())
         .and_then(checkpoint::writer::parse_dir_name);
     match own {
-        Some(step) if dir.join(checkpoint::format::MANIFEST).exists() || !dir.join("latest").exists() => {
+        Some(step)
+            if dir.join(checkpoint::format::MANIFEST).exists() || !dir.join("latest").exists() =>
+        {
             let status = checkpoint::Checkpoint::read(dir).map(|c| (c.state, c.manifest));
             Ok(vec![Listed {
                 step,

@@ -47,7 +47,14 @@ fn check_resume(model: &str, flags: &[&str]) {
     let dir = TempDir::new("ckpt-resume");
     let ckpt = dir.join("ckpt");
     let mut full_flags = flags.to_vec();
-    full_flags.extend(["--steps", "4", "--checkpoint-dir", s(&ckpt), "--checkpoint-every", "2"]);
+    full_flags.extend([
+        "--steps",
+        "4",
+        "--checkpoint-dir",
+        s(&ckpt),
+        "--checkpoint-every",
+        "2",
+    ]);
     let full = run_json(tiny(model), &full_flags);
     let full_losses = floats(&full["losses"]);
     assert_eq!(full_losses.len(), 4);
@@ -76,12 +83,40 @@ fn check_resume(model: &str, flags: &[&str]) {
 }
 
 const SCHEDULES: [&[&str]; 6] = [
-    &["--schedule", "dualpipe", "--ranks", "2", "--micro-batches", "4"],
-    &["--schedule", "dualpipev", "--ranks", "2", "--micro-batches", "4"],
+    &[
+        "--schedule",
+        "dualpipe",
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+    ],
+    &[
+        "--schedule",
+        "dualpipev",
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+    ],
     &["--schedule", "1f1b", "--ranks", "2", "--micro-batches", "4"],
-    &["--schedule", "gpipe", "--ranks", "2", "--micro-batches", "4"],
+    &[
+        "--schedule",
+        "gpipe",
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+    ],
     &["--schedule", "zb1p", "--ranks", "2", "--micro-batches", "4"],
-    &["--schedule", "interleaved", "--ranks", "2", "--micro-batches", "4"],
+    &[
+        "--schedule",
+        "interleaved",
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+    ],
 ];
 
 #[test]
@@ -134,7 +169,14 @@ fn resume_is_bit_identical_with_sgd_and_with_data_parallel_one_bit_compression()
     let dir = TempDir::new("ckpt-feedback");
     let ckpt = dir.join("ckpt");
     let mut flags = dp.to_vec();
-    flags.extend(["--steps", "2", "--checkpoint-dir", s(&ckpt), "--checkpoint-every", "2"]);
+    flags.extend([
+        "--steps",
+        "2",
+        "--checkpoint-dir",
+        s(&ckpt),
+        "--checkpoint-every",
+        "2",
+    ]);
     run_json(tiny("mlp"), &flags);
     assert!(ckpt.join("step-000002/feedback.safetensors").is_file());
 }
@@ -219,7 +261,13 @@ fn damage_is_reported_and_the_previous_checkpoint_used() {
     names.sort();
     assert_eq!(
         names,
-        ["latest", "notes.txt", "step-000004", "step-000005", "step-000006"]
+        [
+            "latest",
+            "notes.txt",
+            "step-000004",
+            "step-000005",
+            "step-000006"
+        ]
     );
     // Damage the latest (a truncated file): --resume reports it and uses step 5.
     let file = ckpt.join("step-000006/block-0001.safetensors");
@@ -228,9 +276,17 @@ fn damage_is_reported_and_the_previous_checkpoint_used() {
     let mut args = tiny("mlp");
     args.extend(base.iter().map(|a| a.to_string()));
     args.extend(
-        ["--steps", "7", "--checkpoint-dir", s(&ckpt), "--checkpoint-every", "1", "--resume"]
-            .iter()
-            .map(|a| a.to_string()),
+        [
+            "--steps",
+            "7",
+            "--checkpoint-dir",
+            s(&ckpt),
+            "--checkpoint-every",
+            "1",
+            "--resume",
+        ]
+        .iter()
+        .map(|a| a.to_string()),
     );
     let run = dualpipe(&args);
     run.ok();
@@ -242,10 +298,13 @@ fn damage_is_reported_and_the_previous_checkpoint_used() {
     let doc = run.json();
     assert_eq!(doc["first_step"], 6);
     assert_eq!(floats(&doc["losses"])[0].to_bits(), full[5].to_bits());
-    // The resumed run wrote step 7 and pruned step 4. A missing manifest (step 5), a
-    // truncated file (step 6, still) and a wrong hash (step 7): nothing left to fall back to.
+    // The resumed run rewrote step 6, wrote step 7 and pruned step 4. A missing manifest
+    // (step 5), a truncated file (step 6) and a wrong hash (step 7): nothing left to fall
+    // back to.
     assert!(!ckpt.join("step-000004").exists());
     std::fs::remove_file(ckpt.join("step-000005/manifest.json")).unwrap();
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() - 8]).unwrap();
     let seven = ckpt.join("step-000007/block-0000.safetensors");
     let mut bytes = std::fs::read(&seven).unwrap();
     bytes[100] ^= 0xff;
@@ -256,7 +315,12 @@ fn damage_is_reported_and_the_previous_checkpoint_used() {
     // inspect names the damage of each.
     let inspect = dualpipe(["checkpoint", "inspect", s(&ckpt)]);
     inspect.ok();
-    assert_eq!(inspect.stdout.matches("DAMAGED").count(), 3, "{}", inspect.stdout);
+    assert_eq!(
+        inspect.stdout.matches("DAMAGED").count(),
+        3,
+        "{}",
+        inspect.stdout
+    );
 }
 
 #[test]
@@ -273,7 +337,18 @@ fn bad_resumes_are_one_line_and_exit_two() {
     let ckpt = dir.join("ckpt");
     run_json(
         tiny("mlp"),
-        &["--ranks", "2", "--micro-batches", "4", "--steps", "2", "--checkpoint-dir", s(&ckpt), "--checkpoint-every", "1"],
+        &[
+            "--ranks",
+            "2",
+            "--micro-batches",
+            "4",
+            "--steps",
+            "2",
+            "--checkpoint-dir",
+            s(&ckpt),
+            "--checkpoint-every",
+            "1",
+        ],
     );
     let mut gpt = tiny("gpt");
     gpt.extend(["--steps", "3", "--resume-from", s(&ckpt)].map(String::from));
@@ -282,10 +357,34 @@ fn bad_resumes_are_one_line_and_exit_two() {
         .into_iter()
         .map(|a| if a == "8" { "16".to_string() } else { a })
         .collect();
-    wide.extend(["--steps", "3", "--resume-from", s(&ckpt)].map(String::from));
+    wide.extend(
+        [
+            "--ranks",
+            "2",
+            "--micro-batches",
+            "4",
+            "--steps",
+            "3",
+            "--resume-from",
+            s(&ckpt),
+        ]
+        .map(String::from),
+    );
     dualpipe(&wide).usage_error(&["does not fit", "hidden 8"]);
     let mut done = tiny("mlp");
-    done.extend(["--ranks", "2", "--micro-batches", "4", "--steps", "2", "--resume-from", s(&ckpt)].map(String::from));
+    done.extend(
+        [
+            "--ranks",
+            "2",
+            "--micro-batches",
+            "4",
+            "--steps",
+            "2",
+            "--resume-from",
+            s(&ckpt),
+        ]
+        .map(String::from),
+    );
     dualpipe(&done).usage_error(&["raise --steps"]);
     // A directory without checkpoints under --resume: a fresh start.
     let empty = dir.join("empty");
@@ -303,8 +402,20 @@ fn inspect_lists_steps_shapes_sizes_and_init_from_reads_the_weights() {
     let ckpt = dir.join("ckpt");
     run_json(
         tiny("gpt"),
-        &["--schedule", "dualpipev", "--ranks", "2", "--micro-batches", "4", "--steps", "2",
-          "--checkpoint-dir", s(&ckpt), "--checkpoint-every", "1"],
+        &[
+            "--schedule",
+            "dualpipev",
+            "--ranks",
+            "2",
+            "--micro-batches",
+            "4",
+            "--steps",
+            "2",
+            "--checkpoint-dir",
+            s(&ckpt),
+            "--checkpoint-every",
+            "1",
+        ],
     );
     let run = dualpipe(["checkpoint", "inspect", s(&ckpt), "--format", "json"]);
     run.ok();
@@ -319,12 +430,28 @@ fn inspect_lists_steps_shapes_sizes_and_init_from_reads_the_weights() {
     assert!(list[1]["bytes"].as_u64().unwrap() > 0);
     let table = dualpipe(["checkpoint", "inspect", s(&ckpt)]);
     table.ok();
-    assert!(table.stdout.contains("dualpipev") && table.stdout.contains("gpt d16 h2"), "{}", table.stdout);
+    assert!(
+        table.stdout.contains("dualpipev") && table.stdout.contains("gpt d16 h2"),
+        "{}",
+        table.stdout
+    );
     dualpipe(["checkpoint", "inspect", s(&dir.join("nope"))]).usage_error(&["not a directory"]);
     // --init-from a checkpoint: its weights (4 blocks), on another shape.
     let mut args = tiny("gpt");
     args.truncate(args.len() - 6); // the architecture comes from the checkpoint
-    args.extend(["--schedule", "1f1b", "--ranks", "2", "--steps", "1", "--init-from", s(&ckpt)].map(String::from));
+    args.extend(
+        [
+            "--schedule",
+            "1f1b",
+            "--ranks",
+            "2",
+            "--steps",
+            "1",
+            "--init-from",
+            s(&ckpt),
+        ]
+        .map(String::from),
+    );
     let run = dualpipe(&args);
     run.ok();
     let doc = run.json();

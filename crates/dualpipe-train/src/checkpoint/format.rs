@@ -189,8 +189,9 @@ pub fn encode_files(tensors: &[HostTensor]) -> Result<Vec<(String, Vec<u8>)>, Ch
         .into_iter()
         .map(|(file, mut items)| {
             items.sort_by(|a, b| a.name.cmp(&b.name));
-            let bytes = safetensors::serialize(items.into_iter().map(|t| (t.name.as_str(), t)), None)
-                .map_err(|e| CheckpointError::Writer(format!("encoding {file}: {e}")))?;
+            let bytes =
+                safetensors::serialize(items.into_iter().map(|t| (t.name.as_str(), t)), None)
+                    .map_err(|e| CheckpointError::Writer(format!("encoding {file}: {e}")))?;
             Ok((file, bytes))
         })
         .collect()
@@ -204,7 +205,11 @@ pub fn decode_file(bytes: &[u8], file: &str) -> Result<Vec<HostTensor>, String> 
         let dtype = match view.dtype() {
             Dtype::F32 => DType::F32,
             Dtype::F64 => DType::F64,
-            other => return Err(format!("{file}: tensor {name} is {other:?}, not f32 or f64")),
+            other => {
+                return Err(format!(
+                    "{file}: tensor {name} is {other:?}, not f32 or f64"
+                ))
+            }
         };
         out.push(HostTensor {
             name,
@@ -362,8 +367,11 @@ mod tests {
 
     #[test]
     fn tensors_round_trip_through_the_files_bit_for_bit() {
-        let t = Tensor::new(&[[1.5f32, -0.0], [f32::MIN_POSITIVE, 3.0e-40]], &Device::Cpu)
-            .unwrap();
+        let t = Tensor::new(
+            &[[1.5f32, -0.0], [f32::MIN_POSITIVE, 3.0e-40]],
+            &Device::Cpu,
+        )
+        .unwrap();
         let a = HostTensor::from_tensor("blocks.0.up.weight".into(), &t).unwrap();
         let b = HostTensor::from_f64s("blocks.0.up.bias".into(), &[0.1, -2.0]);
         let files = encode_files(&[a.clone(), b.clone()]).unwrap();

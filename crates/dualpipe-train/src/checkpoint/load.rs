@@ -61,8 +61,8 @@ fn read_listed(dir: &Path, entry: &format::FileEntry) -> Result<Vec<u8>, Checkpo
         return Err(damaged(dir, format!("the manifest lists `{}`", entry.name)));
     }
     let path = dir.join(&entry.name);
-    let meta = std::fs::metadata(&path)
-        .map_err(|e| damaged(dir, format!("{}: {e}", entry.name)))?;
+    let meta =
+        std::fs::metadata(&path).map_err(|e| damaged(dir, format!("{}: {e}", entry.name)))?;
     if meta.len() != entry.bytes {
         return Err(damaged(
             dir,
@@ -137,10 +137,12 @@ impl Checkpoint {
 
     /// The tensor `name`, or an error saying the checkpoint lacks it.
     pub fn tensor(&self, name: &str) -> Result<&HostTensor, CheckpointError> {
-        self.tensors.get(name).ok_or_else(|| CheckpointError::Mismatch {
-            path: self.path.clone(),
-            problem: format!("it holds no tensor `{name}` (a checkpoint of another model?)"),
-        })
+        self.tensors
+            .get(name)
+            .ok_or_else(|| CheckpointError::Mismatch {
+                path: self.path.clone(),
+                problem: format!("it holds no tensor `{name}` (a checkpoint of another model?)"),
+            })
     }
 }
 
@@ -186,7 +188,12 @@ pub fn find_latest(root: &Path) -> Result<Option<Found>, CheckpointError> {
     let mut skipped = Vec::new();
     for dir in candidates(root)? {
         match Checkpoint::read(&dir) {
-            Ok(checkpoint) => return Ok(Some(Found { checkpoint, skipped })),
+            Ok(checkpoint) => {
+                return Ok(Some(Found {
+                    checkpoint,
+                    skipped,
+                }))
+            }
             Err(e @ CheckpointError::Damaged { .. }) => skipped.push(e),
             Err(e) => return Err(e),
         }
@@ -291,7 +298,11 @@ mod tests {
         std::fs::write(&file, &bytes).unwrap();
         let found = find_latest(root.path()).unwrap().unwrap();
         assert_eq!(found.checkpoint.state.step, 2);
-        assert!(found.skipped[0].to_string().contains("CRC-32"), "{}", found.skipped[0]);
+        assert!(
+            found.skipped[0].to_string().contains("CRC-32"),
+            "{}",
+            found.skipped[0]
+        );
         // A truncated file.
         let second = root.path().join(dir_name(2));
         let file = second.join("block-0000.safetensors");
@@ -301,7 +312,10 @@ mod tests {
         let first = root.path().join(dir_name(1));
         std::fs::remove_file(first.join(MANIFEST)).unwrap();
         let err = find_latest(root.path()).unwrap_err().to_string();
-        assert!(err.contains("step-000003") && err.contains("damaged"), "{err}");
+        assert!(
+            err.contains("step-000003") && err.contains("damaged"),
+            "{err}"
+        );
         let listed = list(root.path()).unwrap();
         assert_eq!(listed.len(), 3);
         let problems: Vec<String> = listed

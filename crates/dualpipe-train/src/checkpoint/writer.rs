@@ -89,7 +89,11 @@ pub fn write_dir(
     Ok(target)
 }
 
-fn write_files(dir: &Path, step: usize, files: &[(String, Vec<u8>)]) -> Result<(), CheckpointError> {
+fn write_files(
+    dir: &Path,
+    step: usize,
+    files: &[(String, Vec<u8>)],
+) -> Result<(), CheckpointError> {
     let put = |name: &str, bytes: &[u8]| {
         let path = dir.join(name);
         File::create_new(&path)
@@ -125,8 +129,7 @@ pub fn prune(root: &Path, keep: usize) -> Result<(), CheckpointError> {
 
 /// The `step-NNNNNN` directories of `root` with their steps (unsorted).
 pub fn checkpoint_dirs(root: &Path) -> Result<Vec<(usize, PathBuf)>, CheckpointError> {
-    let entries =
-        std::fs::read_dir(root).map_err(|e| CheckpointError::io(root, "list", &e))?;
+    let entries = std::fs::read_dir(root).map_err(|e| CheckpointError::io(root, "list", &e))?;
     let mut out = Vec::new();
     for entry in entries.flatten() {
         let Some(step) = entry.file_name().to_str().and_then(parse_dir_name) else {
@@ -303,8 +306,8 @@ fn save(
         state = state.or(part.state);
         tensors.extend(part.tensors);
     }
-    let state =
-        state.ok_or_else(|| CheckpointError::Writer(format!("step {step}: no part held the state")))?;
+    let state = state
+        .ok_or_else(|| CheckpointError::Writer(format!("step {step}: no part held the state")))?;
     let mut files = format::encode_files(&tensors)?;
     drop(tensors);
     let text = serde_json::to_vec_pretty(&state)
@@ -344,14 +347,24 @@ mod tests {
         names.sort();
         assert_eq!(
             names,
-            ["latest", "notes.txt", "step-000300", "step-000400", "step-old"]
+            [
+                "latest",
+                "notes.txt",
+                "step-000300",
+                "step-000400",
+                "step-old"
+            ]
         );
         let latest = std::fs::read_to_string(root.path().join(LATEST)).unwrap();
         assert_eq!(latest, "step-000400\n");
         assert!(root.path().join("step-000400").join(MANIFEST).is_file());
         // The same step again replaces it.
         write_dir(root.path(), 400, &files(), 2).unwrap();
-        assert!(root.path().join("step-000400").join("a.safetensors").is_file());
+        assert!(root
+            .path()
+            .join("step-000400")
+            .join("a.safetensors")
+            .is_file());
     }
 
     #[test]

@@ -40,7 +40,11 @@ fn check_model(ckpt: &Checkpoint, config: &TrainConfig) -> Result<(), TrainError
     let blocks = |c: &TrainConfig| c.layers_per_stage.saturating_mul(c.model_stages());
     let mut pairs: Vec<(&str, String, String)> = vec![
         ("model", saved.model.to_string(), config.model.to_string()),
-        ("blocks", blocks(saved).to_string(), blocks(config).to_string()),
+        (
+            "blocks",
+            blocks(saved).to_string(),
+            blocks(config).to_string(),
+        ),
         (
             "optimizer",
             saved.optimizer.to_string(),
@@ -49,12 +53,24 @@ fn check_model(ckpt: &Checkpoint, config: &TrainConfig) -> Result<(), TrainError
     ];
     match config.model {
         ModelKind::Gpt => {
-            pairs.push(("d_model", saved.d_model.to_string(), config.d_model.to_string()));
+            pairs.push((
+                "d_model",
+                saved.d_model.to_string(),
+                config.d_model.to_string(),
+            ));
             pairs.push(("heads", saved.heads.to_string(), config.heads.to_string()));
-            pairs.push(("seq_len", saved.seq_len.to_string(), config.seq_len.to_string()));
+            pairs.push((
+                "seq_len",
+                saved.seq_len.to_string(),
+                config.seq_len.to_string(),
+            ));
         }
         ModelKind::Mlp => {
-            pairs.push(("hidden", saved.hidden.to_string(), config.hidden.to_string()));
+            pairs.push((
+                "hidden",
+                saved.hidden.to_string(),
+                config.hidden.to_string(),
+            ));
         }
     }
     for (what, theirs, ours) in pairs {
@@ -133,9 +149,8 @@ impl<D: Driver> Trainer<D> {
                 }
             }
         }
-        let state = (replica == 0).then(|| {
-            CheckpointState::new(&self.config, self.schedule_shape(), self.steps_done)
-        });
+        let state = (replica == 0)
+            .then(|| CheckpointState::new(&self.config, self.schedule_shape(), self.steps_done));
         Ok(CheckpointPart {
             step: self.steps_done,
             tensors,

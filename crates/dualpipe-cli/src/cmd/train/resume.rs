@@ -88,8 +88,7 @@ pub fn writer(args: &Args, parts: usize) -> anyhow::Result<Option<CheckpointWrit
         every: args.checkpoint_every.unwrap_or(DEFAULT_EVERY),
         keep: args.keep_checkpoints,
     };
-    let writer =
-        CheckpointWriter::start(&options, parts).map_err(|e| UsageError(e.to_string()))?;
+    let writer = CheckpointWriter::start(&options, parts).map_err(|e| UsageError(e.to_string()))?;
     Ok(Some(writer))
 }
 
