@@ -159,7 +159,7 @@ pub struct Found {
 /// step.
 fn candidates(root: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
     let mut dirs = checkpoint_dirs(root)?;
-    dirs.sort_by(|a, b| b.0.cmp(&a.0));
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.0));
     let mut out: Vec<PathBuf> = Vec::new();
     if let Ok(text) = std::fs::read_to_string(root.join(LATEST)) {
         let name = text.trim();

@@ -119,7 +119,7 @@ pub fn prune(root: &Path, keep: usize) -> Result<(), CheckpointError> {
         return Ok(());
     }
     let mut steps = checkpoint_dirs(root)?;
-    steps.sort_by(|a, b| b.0.cmp(&a.0));
+    steps.sort_by_key(|d| std::cmp::Reverse(d.0));
     for (_, path) in steps.into_iter().skip(keep) {
         std::fs::remove_dir_all(&path)
             .map_err(|e| CheckpointError::io(&path, "remove an old checkpoint", &e))?;
