@@ -8,6 +8,9 @@
 //!   [`CommCost::message_time`](crate::CommCost::message_time) and arrives at its end. Sends
 //!   never hold up the compute stream, unless communication is blocking, in which case the
 //!   compute stream waits for each of its own sends.
+//!   With a [`Network`](crate::Network) in the cost model the sender is busy for
+//!   `bytes / bandwidth` of the link the message crosses and the message arrives a latency
+//!   after that; per-rank speeds divide the compute durations.
 //! - A `RECV` posts a receive; a message that arrives before it is posted is buffered.
 //! - A compute op starts when the previous compute op of its rank has ended and its inputs
 //!   are ready: the messages of its receives have arrived, and its producers on the same
