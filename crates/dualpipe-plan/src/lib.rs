@@ -37,6 +37,7 @@ pub mod partition;
 pub mod plan;
 pub mod previous;
 pub mod profile;
+pub mod study;
 
 pub use error::PlanError;
 pub use partition::{min_max, Partition, StageSlot};

@@ -285,62 +285,93 @@ pub fn evaluate(
             }
         }
     }
-    let mut device_of_rank: Vec<usize> = (0..ranks).collect();
     let mut best: Option<Evaluated> = None;
-    let mut seen: Vec<Vec<usize>> = Vec::new();
-    for _ in 0..ROUNDS {
-        let slots = stage_slots(&schedule, &devices, &device_of_rank, &peaks);
-        let part = if options.even {
-            Partition::even(profile.layers.len(), stages)
-                .filter(|p| p.bottleneck(profile, &slots).is_some())
-        } else {
-            min_max(profile, &slots).map(|(p, _)| p)
-        };
-        let Some(part) = part else {
-            return Err(PlanError::NoPlan(format!(
+    // Two starting placements: topology order, and (for the even split, only that one) the
+    // devices sorted by speed with each rank and its mirror `ranks - 1 - r` on two devices of
+    // neighbouring speed, so that DualPipe's pairs, which hold the same stages, are matched.
+    let starts: Vec<Vec<usize>> = if options.even {
+        vec![(0..ranks).collect()]
+    } else {
+        vec![(0..ranks).collect(), mirror_paired(&devices)]
+    };
+    for start in starts {
+        let mut device_of_rank = start;
+        let mut seen: Vec<Vec<usize>> = Vec::new();
+        for _ in 0..ROUNDS {
+            let slots = stage_slots(&schedule, &devices, &device_of_rank, &peaks);
+            let part = if options.even {
+                Partition::even(profile.layers.len(), stages)
+                    .filter(|p| p.bottleneck(profile, &slots).is_some())
+            } else {
+                min_max(profile, &slots).map(|(p, _)| p)
+            };
+            let Some(part) = part else {
+                return Err(PlanError::NoPlan(format!(
                 "{kind} with {micro_batches} micro-batches: no {} partition of the {} layers into {stages} stages fits the devices' memory",
                 if options.even { "even" } else { "contiguous" },
                 profile.layers.len()
             )));
-        };
-        if !options.even {
-            // The partition was cut for the devices the ranks sat on; place the ranks for
-            // it (the next turn cuts again for the new devices).
-            let needs = rank_needs(&schedule, profile, &part, &peaks);
-            device_of_rank = place(
+            };
+            if !options.even {
+                // The partition was cut for the devices the ranks sat on; place the ranks for
+                // it (the next turn cuts again for the new devices).
+                let needs = rank_needs(&schedule, profile, &part, &peaks);
+                device_of_rank = place(
+                    topology,
+                    &devices,
+                    &schedule,
+                    profile,
+                    &part,
+                    &needs,
+                    &sends,
+                    &device_of_rank,
+                    options,
+                )?;
+            }
+            let e = simulate_plan(
                 topology,
                 &devices,
                 &schedule,
                 profile,
                 &part,
-                &needs,
-                &sends,
                 &device_of_rank,
+                &peaks,
                 options,
             )?;
+            let better = best.as_ref().is_none_or(|b| {
+                (e.plan.step_time, e.plan.layer_moves) < (b.plan.step_time, b.plan.layer_moves)
+            });
+            if better {
+                best = Some(e);
+            }
+            if options.even || seen.contains(&device_of_rank) {
+                break;
+            }
+            seen.push(device_of_rank.clone());
         }
-        let e = simulate_plan(
-            topology,
-            &devices,
-            &schedule,
-            profile,
-            &part,
-            &device_of_rank,
-            &peaks,
-            options,
-        )?;
-        let better = best.as_ref().is_none_or(|b| {
-            (e.plan.step_time, e.plan.layer_moves) < (b.plan.step_time, b.plan.layer_moves)
-        });
-        if better {
-            best = Some(e);
-        }
-        if options.even || seen.contains(&device_of_rank) {
-            break;
-        }
-        seen.push(device_of_rank.clone());
     }
     best.ok_or_else(|| PlanError::NoPlan(format!("{kind}: no placement found")))
+}
+
+/// Devices sorted by speed (fastest first, then topology order), dealt to the rank pairs
+/// `(0, ranks - 1)`, `(1, ranks - 2)`, ...
+fn mirror_paired(devices: &[DeviceSlot]) -> Vec<usize> {
+    let ranks = devices.len();
+    let mut order: Vec<usize> = (0..ranks).collect();
+    order.sort_by(|&a, &b| {
+        devices[b]
+            .speed
+            .total_cmp(&devices[a].speed)
+            .then(a.cmp(&b))
+    });
+    let mut device_of_rank = vec![0; ranks];
+    for (k, pair) in order.chunks(2).enumerate() {
+        device_of_rank[k] = pair[0];
+        if let Some(&d) = pair.get(1) {
+            device_of_rank[ranks - 1 - k] = d;
+        }
+    }
+    device_of_rank
 }
 
 /// Places ranks on devices for a partition (bottleneck, then kept layers, then messages).

@@ -10,6 +10,7 @@ mod gpt;
 mod help;
 mod output;
 mod output_targets;
+mod plan;
 mod report;
 mod schedule;
 mod simulate;
