@@ -331,7 +331,8 @@ pub fn cross_chart(rows: &[CrossRow]) -> String {
         left + plot_w / 2.0,
         top + plot_h + 40.0
     );
-    let series: [(&str, &str, fn(&CrossRow) -> f64); 3] = [
+    type Series = (&'static str, &'static str, fn(&CrossRow) -> f64);
+    let series: [Series; 3] = [
         ("DualPipe split", "#1F77B4", |r| r.dualpipe),
         ("1F1B split", "#FF7F0E", |r| r.one_f_one_b),
         ("DP + 1-bit", "#2CA02C", |r| r.data_parallel),
