@@ -383,3 +383,39 @@ pub fn run_all() -> Result<(String, Vec<StudyFile>), PlanError> {
     files.push(("planning-study.md".into(), md.clone()));
     Ok((md, files))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_planned_partition_beats_the_even_one_on_mixed_speeds() {
+        let topology = hetero_topology();
+        let profile = study_profile();
+        for kind in [ScheduleKind::OneFOneB, ScheduleKind::DualPipe] {
+            let even = evaluate(&topology, &profile, kind, 16, &even_options(kind)).unwrap();
+            let planned = evaluate(&topology, &profile, kind, 16, &planned_options(kind)).unwrap();
+            assert!(
+                planned.plan.step_time < 0.9 * even.plan.step_time,
+                "{kind}: planned {} vs even {}",
+                planned.plan.step_time,
+                even.plan.step_time
+            );
+        }
+    }
+
+    #[test]
+    fn cross_datacenter_efficiencies_are_shares_and_data_parallelism_gains_with_micro_batches() {
+        let rows = cross_datacenter(&[16, 64]).unwrap();
+        assert_eq!(rows.len(), 4);
+        for r in &rows {
+            for e in [r.dualpipe, r.one_f_one_b, r.data_parallel] {
+                assert!(e > 0.0 && e <= 1.0 + 1e-12, "{r:?}");
+            }
+        }
+        assert!(rows[1].data_parallel > rows[0].data_parallel);
+        assert!(rows[2].data_parallel > rows[0].data_parallel);
+        let chart = cross_chart(&rows);
+        assert_eq!(chart.matches("<polyline").count(), 6);
+    }
+}
