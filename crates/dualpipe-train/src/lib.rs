@@ -18,7 +18,9 @@
 //! - [`summary`] — [`RunSummary`], the predicted-vs-measured comparison (JSON and table);
 //! - [`reference`](mod@reference) — the sequential single-thread oracle every schedule must
 //!   match;
-//! - [`memory`] — the documented memory cap and this machine's available memory.
+//! - [`memory`] — the documented memory cap and this machine's available memory;
+//! - `mpi` (feature `mpi`) — one worker per process under an MPI launcher: the grid's check
+//!   and this process's trainer.
 //!
 //! ```
 //! use dualpipe_train::{DType, TrainConfig, Trainer};
@@ -50,6 +52,8 @@ pub mod data_parallel;
 pub mod driver;
 pub mod error;
 pub mod memory;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod rank;
 pub mod reference;
 pub mod summary;
@@ -57,7 +61,7 @@ pub mod trainer;
 pub mod workload;
 
 pub use config::{DType, Field, ModelKind, Naming, Task, TrainConfig, MAX_STEPS};
-pub use data_parallel::{DataParallel, ReplicaExchange, ReplicaLinks};
+pub use data_parallel::{DataParallel, ReplicaExchange, ReplicaLinks, StepExchange};
 pub use driver::{Driver, LocalThreads, MAX_LOCAL_RANKS};
 pub use dualpipe_dp as dp;
 pub use dualpipe_dp::Compression;

@@ -548,6 +548,7 @@ mod tests {
                 threads: 4,
                 cores: 2,
             },
+            exchange: None,
             grad_norm: None,
             evaluation: None,
         });
