@@ -17,8 +17,13 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch --index-url https://download.pytorch.org/whl/cpu)")
-if not torch.distributed.is_available():  # pragma: no cover
+if os.environ.get("DUALPIPE_REQUIRE_TORCH"):  # CI: torch is installed, so these tests must run
+    import torch
+else:
+    torch = pytest.importorskip(
+        "torch", reason="torch is not installed (pip install torch --index-url https://download.pytorch.org/whl/cpu)"
+    )
+if not torch.distributed.is_available() and not os.environ.get("DUALPIPE_REQUIRE_TORCH"):  # pragma: no cover
     pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
 
 import dualpipe_rs  # noqa: E402
@@ -107,8 +112,11 @@ def test_torch_runs_our_actions_op_for_op(runs, world, kind, mbs, local):
         assert r["torch"] == ours[rank], f"rank {rank}"
         comms = [a for a in r["torch_with_comms"] if "SEND" in a or "RECV" in a]
         assert comms, "torch added no communication"
+        if kind == "dualpipev" and mbs >= 2 * world:
+            # torch's own ScheduleDualPipeV, at the counts it accepts, runs the same program.
+            assert r["torch_own"] == ours[rank], f"rank {rank}"
     if kind == "dualpipev":
-        assert any("OVERLAP_F_B" in a for row in ours for a in row) or mbs < 2 * world
+        assert any("OVERLAP_F_B" in a for row in ours for a in row)
 
 
 def test_bad_calls_fail_in_our_words(runs):

@@ -85,8 +85,14 @@ def run_case(rank, ranks, kind, micro_batches, local, out_dir):
         for b, block in zip(stage_blocks(s.stage_index, ranks * local), s.submod):
             for name, p in block.named_parameters():
                 grads[f"{b}.{name}"] = p.grad.clone()
+    torch_own = None
+    if kind == "dualpipev" and micro_batches >= ranks * local:  # where torch's own accepts the count
+        from torch.distributed.pipelining import ScheduleDualPipeV
+
+        torch_own = dpt.torch_actions(ScheduleDualPipeV(stages, n_microbatches=micro_batches, loss_fn=loss_fn))
     torch.save(
         {
+            "torch_own": torch_own,
             "grads": grads,
             "ours": ours,
             "torch": theirs,
