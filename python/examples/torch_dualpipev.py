@@ -35,10 +35,12 @@ def make_model() -> nn.Sequential:
     return nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU()) for _ in range(BLOCKS)])
 
 
-def make_batch(step: int, micro_batches: int):
-    """A regression batch: y = sin(x @ A), A fixed, x fresh each step."""
-    a = torch.randn(WIDTH, WIDTH, generator=torch.Generator().manual_seed(1)) / WIDTH**0.5
-    x = torch.randn(micro_batches * ROWS, WIDTH, generator=torch.Generator().manual_seed(100 + step))
+def make_batch(micro_batches: int):
+    """The training set, one batch of ``micro_batches x ROWS`` rows, fitted by every step:
+    y = sin(x @ A), A and x fixed."""
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(WIDTH, WIDTH, generator=g) / WIDTH**0.5
+    x = torch.randn(micro_batches * ROWS, WIDTH, generator=g)
     return x, torch.sin(x @ a)
 
 
@@ -56,7 +58,7 @@ def v_stages(model, rank, ranks):
 
 
 def timed_step(sched, stages, opt, x, y):
-    """One training step (zero grads, step, SGD update); returns (seconds, mean loss or None)."""
+    """One training step (zero grads, step, Adam update); returns (seconds, mean loss or None)."""
     dist.barrier()
     start = time.perf_counter()
     opt.zero_grad()
@@ -83,7 +85,7 @@ def worker(rank, ranks, port, args):
 
     # Simulation before the run: profile one stage (a 1/(2 x ranks) share), predict each kind.
     model = make_model()
-    x, y = make_batch(0, 1)
+    x, y = make_batch(1)
     per = BLOCKS // (2 * ranks)
     prof = dpt.profile(model[:per], x, repeats=5)
     say(f"profile of one stage ({per} blocks, one micro-batch of {ROWS} rows): "
@@ -100,11 +102,11 @@ def worker(rank, ranks, port, args):
     same = dpt.torch_actions(ours) == dpt.torch_actions(theirs)
     say(f"dualpipev, {ranks} ranks, {mbs} micro-batches: our program and torch's ScheduleDualPipeV "
         f"{'execute the same actions' if same else 'execute different action orders'} on rank 0")
-    opts = [torch.optim.SGD(m.parameters(), lr=args.lr) for m in (ours_model, torch_model)]
+    opts = [torch.optim.Adam(m.parameters(), lr=args.lr) for m in (ours_model, torch_model)]
     times = {"ours": [], "torch": []}
     say(f"{'step':>4} | {'loss (ours)':>11} | {'loss (torch)':>12} | {'ms (ours)':>9} | {'ms (torch)':>10}")
+    x, y = make_batch(mbs)
     for step in range(args.steps):
-        x, y = make_batch(step, mbs)
         t_ours, l_ours = timed_step(ours, ours_stages, opts[0], x, y)
         t_theirs, l_theirs = timed_step(theirs, torch_stages, opts[1], x, y)
         if step >= args.warmup:
@@ -121,8 +123,8 @@ def worker(rank, ranks, port, args):
     small_model = make_model()
     small_stages = v_stages(small_model, rank, ranks)
     small = dpt.schedule("dualpipev", small_stages, few, loss_fn=loss_fn)
-    x, y = make_batch(0, few)
-    t_small, l_small = timed_step(small, small_stages, torch.optim.SGD(small_model.parameters(), lr=args.lr), x, y)
+    x, y = make_batch(few)
+    t_small, l_small = timed_step(small, small_stages, torch.optim.Adam(small_model.parameters(), lr=args.lr), x, y)
     say(f"{few} micro-batches: ours runs (loss {l_small:.6f}, {t_small * 1e3:.1f} ms); torch's says: ", end="")
     try:
         ScheduleDualPipeV(v_stages(make_model(), rank, ranks), n_microbatches=few, loss_fn=loss_fn)
@@ -138,7 +140,7 @@ def main():
     ap.add_argument("--micro-batches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=0.5)
+    ap.add_argument("--lr", type=float, default=3e-3)
     args = ap.parse_args()
     if BLOCKS % (2 * args.ranks):
         ap.error(f"--ranks {args.ranks}: {BLOCKS} blocks do not split into {2 * args.ranks} stages; use 1, 2 or 4")
