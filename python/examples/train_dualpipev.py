@@ -30,7 +30,8 @@ def train(rank):
     x = torch.randn(MICRO_BATCHES * 16, 64, generator=g)
     y = torch.tanh(x @ torch.randn(64, 64, generator=g) / 8)
     if rank == 0:
-        print(sched.dualpipe_schedule, "\nrank 0 runs:", " ".join(dpt.torch_actions(sched)))
+        print(sched.dualpipe_schedule)
+        print("rank 0 runs:", " ".join(dpt.torch_actions(sched)))
     for step in range(STEPS):
         opt.zero_grad()
         losses = []
