@@ -63,8 +63,16 @@ struct State {
     ranked: BTreeSet<(Reverse<Total>, usize)>,
     /// Load per replica of every expert at its current count.
     rep: Vec<f64>,
+    /// Load per replica of every expert with one replica less (0 without any).
+    rep_less: Vec<f64>,
+    /// Load per replica of every expert with one replica more.
+    rep_more: Vec<f64>,
     /// Per-GPU cap of every expert at its current count.
     cap: Vec<u32>,
+    /// Per-GPU cap of every expert with one replica less.
+    cap_less: Vec<u32>,
+    /// Per-GPU cap of every expert with one replica more.
+    cap_more: Vec<u32>,
     /// Scratch per GPU (all false between uses).
     mark: Vec<bool>,
     /// Scratch per GPU: replicas of one expert (all zero between uses).
@@ -94,7 +102,15 @@ impl State {
             loads,
             ranked,
             rep: (0..n).map(|e| d.share(e, d.count[e])).collect(),
+            rep_less: (0..n)
+                .map(|e| d.share(e, d.count[e].saturating_sub(1)))
+                .collect(),
+            rep_more: (0..n).map(|e| d.share(e, d.count[e] + 1)).collect(),
             cap: (0..n).map(|e| d.cap(d.count[e])).collect(),
+            cap_less: (0..n)
+                .map(|e| d.cap(d.count[e].saturating_sub(1)))
+                .collect(),
+            cap_more: (0..n).map(|e| d.cap(d.count[e] + 1)).collect(),
             mark: vec![false; d.gpus],
             on_x: vec![0; d.gpus],
             on_y: vec![0; d.gpus],
@@ -118,6 +134,17 @@ impl State {
         let first = seen[e] != visit;
         seen[e] = visit;
         first
+    }
+
+    /// Refreshes the per-replica loads and caps of `e` after its count changed.
+    fn recount(&mut self, d: &Domain, e: usize) {
+        let c = d.count[e];
+        self.rep[e] = d.share(e, c);
+        self.rep_less[e] = d.share(e, c.saturating_sub(1));
+        self.rep_more[e] = d.share(e, c + 1);
+        self.cap[e] = d.cap(c);
+        self.cap_less[e] = d.cap(c.saturating_sub(1));
+        self.cap_more[e] = d.cap(c + 1);
     }
 
     fn set_load(&mut self, g: usize, load: f64) {
@@ -337,7 +364,7 @@ impl Domain {
                     if dm > best.budget {
                         continue;
                     }
-                    let Some(new_max) = self.reassign_max(s, y, &mut st) else {
+                    let Some(new_max) = self.reassign_max(s, g, y, &top, &mut st) else {
                         continue;
                     };
                     let ssq_gain = if new_max < cur_max - eps {
@@ -385,8 +412,7 @@ impl Domain {
                     self.take(s);
                     self.put(s, y);
                     for e in [x, y] {
-                        st.rep[e] = self.share(e, self.count[e]);
-                        st.cap[e] = self.cap(self.count[e]);
+                        st.recount(self, e);
                     }
                     for h in touched {
                         let load = self.gpu_load(h as usize, &st.rep);
@@ -398,19 +424,24 @@ impl Domain {
         self.max_load() <= limits.target + eps
     }
 
-    /// The hottest load after slot `s` switches to expert `y`, or `None` when a cap would be
-    /// broken. Reads the GPUs holding either expert, then the hottest GPU holding neither.
-    fn reassign_max(&self, s: usize, y: usize, st: &mut State) -> Option<f64> {
-        let g0 = s / self.slots;
+    /// The hottest load after slot `s` (on GPU `g0`) switches to expert `y`, or `None` when a
+    /// cap would be broken. Reads the GPUs holding either expert, then the hottest GPU holding
+    /// neither (among `top`, the hottest GPUs in rank order, before the whole ranking).
+    fn reassign_max(
+        &self,
+        s: usize,
+        g0: usize,
+        y: usize,
+        top: &[usize],
+        st: &mut State,
+    ) -> Option<f64> {
         let x = self.slot[s];
-        let (cx, cy) = (self.count[x], self.count[y]);
-        let cap_x = self.cap(cx - 1);
-        let cap_y = self.cap(cy + 1);
-        if self.on(g0, y) + 1 > cap_y {
+        let cap_x = st.cap_less[x];
+        if self.on(g0, y) + 1 > st.cap_more[y] {
             return None;
         }
-        let (rx_old, rx_new) = (self.share(x, cx), self.share(x, cx - 1));
-        let (ry_old, ry_new) = (self.share(y, cy), self.share(y, cy + 1));
+        let (rx_old, rx_new) = (st.rep[x], st.rep_less[x]);
+        let (ry_old, ry_new) = (st.rep[y], st.rep_more[y]);
         let mut max = 0.0f64;
         let mut ok = true;
         for &h in &self.holders[x] {
@@ -441,7 +472,15 @@ impl Domain {
                 let ny = f64::from(self.on(g, y));
                 max = max.max(st.loads[g] - ny * ry_old + ny * ry_new);
             }
-            if let Some(&(_, g)) = st.ranked.iter().find(|&&(_, g)| !st.mark[g]) {
+            let hottest_unread = match top.iter().find(|&&g| !st.mark[g]) {
+                Some(&g) => Some(g),
+                None => st
+                    .ranked
+                    .iter()
+                    .map(|&(_, g)| g)
+                    .find(|&g| !st.mark[g]),
+            };
+            if let Some(g) = hottest_unread {
                 max = max.max(st.loads[g]);
             }
         }
@@ -456,9 +495,8 @@ impl Domain {
     fn reassign_ssq(&self, s: usize, y: usize, st: &mut State) -> f64 {
         let g0 = s / self.slots;
         let x = self.slot[s];
-        let (cx, cy) = (self.count[x], self.count[y]);
-        let (rx_old, rx_new) = (self.share(x, cx), self.share(x, cx - 1));
-        let (ry_old, ry_new) = (self.share(y, cy), self.share(y, cy + 1));
+        let (rx_old, rx_new) = (st.rep[x], st.rep_less[x]);
+        let (ry_old, ry_new) = (st.rep[y], st.rep_more[y]);
         for &h in &self.holders[x] {
             st.on_x[h as usize] = self.on(h as usize, x);
         }
@@ -520,7 +558,8 @@ mod tests {
                 continue;
             }
             for y in (0..loads.len()).filter(|&y| y != d.slot[s]) {
-                let fast = d.reassign_max(s, y, &mut st);
+                let top: Vec<usize> = st.ranked.iter().take(3).map(|&(_, g)| g).collect();
+                let fast = d.reassign_max(s, s / d.slots, y, &top, &mut st);
                 let full = switched_max(&d, s, y);
                 match (fast, full) {
                     (Some(a), Some(b)) => assert!((a - b).abs() <= 1e-9 * b, "slot {s} to {y}"),
