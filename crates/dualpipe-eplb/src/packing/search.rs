@@ -269,6 +269,7 @@ impl Domain {
                     continue;
                 }
                 let rx = st.rep[x];
+                let lh = st.loads[hot];
                 for &h in &self.holders[x] {
                     st.on_x[h as usize] = self.on(h as usize, x);
                 }
@@ -289,6 +290,13 @@ impl Domain {
                     if work > work_budget {
                         exhausted = true;
                         break;
+                    }
+                    // Charged as read, but skipped when no exchange with b can win: one of the
+                    // two GPUs ends at their mean or above (less `eps` for rounding), the
+                    // hottest at `lh - rx` or above.
+                    let mean = 0.5 * (lh + st.loads[b]) - eps;
+                    if best.beats_all_above(rest.max(mean).max(lh - rx)) {
+                        continue;
                     }
                     let (lh, lb) = (st.loads[hot], st.loads[b]);
                     let visit = st.next_visit();
@@ -355,6 +363,8 @@ impl Domain {
                     if y == x {
                         continue;
                     }
+                    // Charged in full even when the bound below skips the reading, so that
+                    // the budget runs out where it would without the bound.
                     work += (1 + self.holders[x].len() + self.holders[y].len()) as u64;
                     if work > work_budget {
                         exhausted = true;
@@ -362,6 +372,15 @@ impl Domain {
                     }
                     let dm = self.cost(g, y, free) - self.cost(g, x, free);
                     if dm > best.budget {
+                        continue;
+                    }
+                    // A lower bound on the new hottest load, in constant time: most candidates
+                    // cannot beat the best step found so far.
+                    let floor = self.reassign_floor(s, g, y, &top, &st);
+                    if floor > cur_max
+                        || best.primary() && floor >= cur_max - eps
+                        || best.beats_all_above(floor)
+                    {
                         continue;
                     }
                     let Some(new_max) = self.reassign_max(s, g, y, &top, &mut st) else {
@@ -488,6 +507,40 @@ impl Domain {
             st.mark[h as usize] = false;
         }
         ok.then_some(max)
+    }
+
+    /// A lower bound on [`Domain::reassign_max`] read in constant time: the new load of the
+    /// hottest GPU, and the load of the second hottest when it holds neither expert (each
+    /// computed as `reassign_max` computes it, so the bound is exact, not rounded).
+    fn reassign_floor(&self, s: usize, g0: usize, y: usize, top: &[usize], st: &State) -> f64 {
+        let x = self.slot[s];
+        let (rx_old, rx_new) = (st.rep[x], st.rep_less[x]);
+        let (ry_old, ry_new) = (st.rep[y], st.rep_more[y]);
+        let new_load = |g: usize| -> f64 {
+            let mut nx = self.on(g, x);
+            let mut ny = self.on(g, y);
+            if nx > 0 {
+                let mut l = st.loads[g] - f64::from(nx) * rx_old - f64::from(ny) * ry_old;
+                if g == g0 {
+                    nx -= 1;
+                    ny += 1;
+                }
+                l += f64::from(nx) * rx_new + f64::from(ny) * ry_new;
+                l
+            } else if ny > 0 {
+                let ny = f64::from(ny);
+                st.loads[g] - ny * ry_old + ny * ry_new
+            } else {
+                st.loads[g]
+            }
+        };
+        let mut floor = new_load(top[0]);
+        if let Some(&second) = top.get(1) {
+            if self.on(second, x) == 0 && self.on(second, y) == 0 {
+                floor = floor.max(st.loads[second]);
+            }
+        }
+        floor
     }
 
     /// The sum of squared GPU loads after slot `s` switches to expert `y` (a switch
