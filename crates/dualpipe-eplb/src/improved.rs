@@ -211,6 +211,11 @@ fn relabel_groups(node_of: &[usize], prev: &[usize], layout: &Layout) -> Vec<usi
 /// starts from the previous replicas of its experts (at most one per GPU) and the search is
 /// charged for moves; without it, it starts empty and moves are free. Returns the layer's
 /// placement and whether every domain reached `target`.
+///
+/// The layer's hottest GPU is the hottest of its domains' GPUs, so no domain is searched
+/// further than the hottest load another domain was left at: the domains are searched hottest
+/// first (after filling), each stopping at `target` or at the hottest load of the domains
+/// before it. The layer's hottest load is the one searching every domain to `target` gives.
 fn pack_layer(
     load: &[f64],
     layout: &Layout,
@@ -223,13 +228,13 @@ fn pack_layer(
     let (domains, gpd) = layout.domains();
     let slots = layout.slots_per_gpu();
     let size = layout.experts / node_of.len();
-    let mut out = vec![0; layout.replicas];
-    let mut reached = true;
-    for d in 0..domains {
-        let experts: Vec<usize> = (0..layout.experts)
-            .filter(|&e| node_of[e / size] == d)
-            .collect();
-        let mut local = vec![usize::MAX; layout.experts];
+    let mut members: Vec<Vec<usize>> = vec![Vec::new(); domains];
+    for e in 0..layout.experts {
+        members[node_of[e / size]].push(e);
+    }
+    let mut local = vec![usize::MAX; layout.experts];
+    let mut filled = Vec::with_capacity(domains);
+    for (d, experts) in members.iter().enumerate() {
         for (i, &e) in experts.iter().enumerate() {
             local[e] = i;
         }
@@ -261,9 +266,23 @@ fn pack_layer(
             dom.trim_to_fair_counts();
         }
         dom.fill();
-        if dom.max_load() > target {
+        for &e in experts {
+            local[e] = usize::MAX;
+        }
+        let max = dom.max_load();
+        filled.push((dom, max));
+    }
+    let mut order: Vec<usize> = (0..domains).collect();
+    order.sort_by(|&a, &b| filled[b].1.total_cmp(&filled[a].1).then(a.cmp(&b)));
+    let mut reached = true;
+    // The hottest load of the domains searched so far.
+    let mut enough = f64::NEG_INFINITY;
+    for d in order {
+        let (dom, max) = &mut filled[d];
+        if *max > target && *max > enough {
             let limits = SearchLimits {
                 target,
+                enough,
                 max_moves: if prev.is_some() {
                     (opts.max_move_fraction * (gpd * slots) as f64).floor() as usize
                 } else {
@@ -273,7 +292,13 @@ fn pack_layer(
                 free_moves: prev.is_none(),
             };
             reached &= dom.improve(&limits);
+            *max = dom.max_load();
         }
+        enough = enough.max(*max);
+    }
+    let mut out = vec![0; layout.replicas];
+    for (d, ((dom, _), experts)) in filled.iter().zip(&members).enumerate() {
+        let base = d * gpd * slots;
         for (s, &e) in dom.slot.iter().enumerate() {
             out[base + s] = experts[e];
         }

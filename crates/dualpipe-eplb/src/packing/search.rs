@@ -15,8 +15,11 @@ use super::{Domain, Total, EMPTY};
 /// Tuning of the local search; see [`crate::improved::PlannerOptions`] for the public knobs.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SearchLimits {
-    /// Stop once the domain's hottest GPU is at or below this load.
+    /// Stop once the domain's hottest GPU is at or below this load (within rounding).
     pub target: f64,
+    /// Also stop (without having reached `target`) once the hottest GPU is at or below this
+    /// load: another domain of the layer is left at it (`f64::NEG_INFINITY` for none).
+    pub enough: f64,
     /// Give up before the number of moved replicas (slots whose expert was not on that GPU
     /// before) would exceed this.
     pub max_moves: usize,
@@ -250,6 +253,9 @@ impl Domain {
             let cur_max = st.loads[hot];
             if cur_max <= limits.target + eps {
                 return true;
+            }
+            if cur_max <= limits.enough {
+                return false;
             }
             let mut best = Best {
                 cur_max,
@@ -653,6 +659,7 @@ mod tests {
         let mut unbounded = d.clone();
         let limits = SearchLimits {
             target: 0.0,
+            enough: f64::NEG_INFINITY,
             max_moves: usize::MAX,
             max_steps: 256,
             free_moves: true,
@@ -673,6 +680,7 @@ mod tests {
         let before = d.max_load();
         d.improve(&SearchLimits {
             target: 0.0,
+            enough: f64::NEG_INFINITY,
             max_moves: usize::MAX,
             max_steps: 200,
             free_moves: true,
@@ -697,6 +705,7 @@ mod tests {
         assert_eq!(d.moves(), 0);
         d.improve(&SearchLimits {
             target: 0.0,
+            enough: f64::NEG_INFINITY,
             max_moves: 2,
             max_steps: 100,
             free_moves: false,
