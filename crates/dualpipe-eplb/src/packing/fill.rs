@@ -38,39 +38,57 @@ impl Domain {
     /// Frees the surplus replicas of experts that have more than a fresh plan would give them
     /// (one each, then the extra slots by highest load per replica), taking each from the
     /// hottest GPU that holds one.
+    ///
+    /// Reads each removal's GPUs only: the loads are kept, and after a removal only the GPUs
+    /// holding the expert (whose share changed) and the emptied one are summed again, each in
+    /// slot order as [`Domain::gpu_loads`] sums it.
     pub fn trim_to_fair_counts(&mut self) {
-        let n = self.experts();
-        let mut fair = vec![0usize; n];
-        for _ in 0..self.slot.len() {
-            let e = (0..n)
-                .max_by(|&a, &b| {
-                    let key = |e: usize| {
-                        if fair[e] == 0 {
-                            (1u8, self.load[e])
-                        } else {
-                            (0u8, self.load[e] / fair[e] as f64)
-                        }
-                    };
-                    let (ka, kb) = (key(a), key(b));
-                    ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(b.cmp(&a))
-                })
-                .expect("a domain has at least one expert");
-            fair[e] += 1;
-        }
+        let (fair, _) = dhondt(&self.load, vec![0; self.experts()], self.slot.len());
+        let mut loads = self.gpu_loads();
+        let mut rep: Vec<f64> = (0..self.experts())
+            .map(|x| self.share(x, self.count[x]))
+            .collect();
         for (e, &keep) in fair.iter().enumerate() {
             while self.count[e] > keep {
-                let loads = self.gpu_loads();
-                let s = (0..self.slot.len())
-                    .filter(|&s| self.slot[s] == e)
-                    .max_by(|&a, &b| {
-                        loads[a / self.slots]
-                            .total_cmp(&loads[b / self.slots])
-                            .then(b.cmp(&a))
-                    })
-                    .expect("the expert has replicas");
+                // The slot of e on the hottest GPU (ties to the lower slot).
+                let mut pick: Option<usize> = None;
+                for &h in &self.holders[e] {
+                    let g = h as usize;
+                    for s in g * self.slots..(g + 1) * self.slots {
+                        if self.slot[s] != e {
+                            continue;
+                        }
+                        let better = pick.is_none_or(|p| {
+                            loads[g]
+                                .total_cmp(&loads[p / self.slots])
+                                .then(p.cmp(&s))
+                                .is_gt()
+                        });
+                        if better {
+                            pick = Some(s);
+                        }
+                    }
+                }
+                let s = pick.expect("the expert has replicas");
                 self.take(s);
+                rep[e] = self.share(e, self.count[e]);
+                let emptied = (s / self.slots) as u32;
+                for &g in self.holders[e].iter().chain(std::iter::once(&emptied)) {
+                    loads[g as usize] = self.summed_load(g as usize, &rep);
+                }
             }
         }
+    }
+
+    /// Load of GPU `g` with `rep` per replica, summed in slot order.
+    fn summed_load(&self, g: usize, rep: &[f64]) -> f64 {
+        let mut load = 0.0;
+        for &e in &self.slot[g * self.slots..(g + 1) * self.slots] {
+            if e != EMPTY {
+                load += rep[e];
+            }
+        }
+        load
     }
 
     /// Fills every empty slot: first one replica for each expert without one, then extra replicas
@@ -146,45 +164,9 @@ impl Domain {
     }
 
     /// The replica count of every expert once `free` more replicas are given out, and the
-    /// experts that get them (one entry per replica): first one replica for each expert
-    /// without one, heaviest first, then each further replica to the expert with the highest
-    /// load per replica (D'Hondt; ties to the lower index).
+    /// experts that get them: see [`dhondt`].
     fn replica_counts(&self, free: usize) -> (Vec<usize>, Vec<usize>) {
-        let mut final_count = self.count.clone();
-        let mut extra = Vec::with_capacity(free);
-        let mut missing: Vec<usize> = (0..self.experts())
-            .filter(|&e| final_count[e] == 0)
-            .collect();
-        if missing.len() > free {
-            // Not every expert gets one: the heaviest do (ties to the lower index).
-            missing.sort_unstable_by(|&a, &b| self.load[b].total_cmp(&self.load[a]).then(a.cmp(&b)));
-            missing.truncate(free);
-        }
-        for &e in &missing {
-            final_count[e] += 1;
-            extra.push(e);
-        }
-        let key = |e: usize, count: usize| {
-            (
-                Total(self.load[e] / count as f64),
-                std::cmp::Reverse(e),
-            )
-        };
-        let more = free - extra.len();
-        if more > 0 {
-            let mut heap: std::collections::BinaryHeap<_> = (0..self.experts())
-                .filter(|&e| final_count[e] > 0)
-                .map(|e| key(e, final_count[e]))
-                .collect();
-            for _ in 0..more {
-                let (_, std::cmp::Reverse(e)) =
-                    heap.pop().expect("a domain has at least one expert");
-                final_count[e] += 1;
-                extra.push(e);
-                heap.push(key(e, final_count[e]));
-            }
-        }
-        (final_count, extra)
+        dhondt(&self.load, self.count.clone(), free)
     }
 
     /// [`Domain::pick_gpu`] by a scan of every GPU: the least-loaded GPU (ties to the lower
@@ -266,6 +248,40 @@ impl Domain {
         }
         self.first_free(with_room[0]).expect("GPU has room")
     }
+}
+
+/// The replica count of every expert (from `count`) once `free` more replicas are given out,
+/// and the experts that get them (one entry per replica): first one replica for each expert
+/// without one, heaviest first, then each further replica to the expert with the highest load
+/// per replica (D'Hondt; ties to the lower index).
+fn dhondt(load: &[f64], count: Vec<usize>, free: usize) -> (Vec<usize>, Vec<usize>) {
+    let mut final_count = count;
+    let mut extra = Vec::with_capacity(free);
+    let mut missing: Vec<usize> = (0..load.len()).filter(|&e| final_count[e] == 0).collect();
+    if missing.len() > free {
+        // Not every expert gets one: the heaviest do (ties to the lower index).
+        missing.sort_unstable_by(|&a, &b| load[b].total_cmp(&load[a]).then(a.cmp(&b)));
+        missing.truncate(free);
+    }
+    for &e in &missing {
+        final_count[e] += 1;
+        extra.push(e);
+    }
+    let key = |e: usize, count: usize| (Total(load[e] / count as f64), std::cmp::Reverse(e));
+    let more = free - extra.len();
+    if more > 0 {
+        let mut heap: std::collections::BinaryHeap<_> = (0..load.len())
+            .filter(|&e| final_count[e] > 0)
+            .map(|e| key(e, final_count[e]))
+            .collect();
+        for _ in 0..more {
+            let (_, std::cmp::Reverse(e)) = heap.pop().expect("a domain has at least one expert");
+            final_count[e] += 1;
+            extra.push(e);
+            heap.push(key(e, final_count[e]));
+        }
+    }
+    (final_count, extra)
 }
 
 #[cfg(test)]

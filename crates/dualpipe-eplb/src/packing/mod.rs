@@ -13,6 +13,7 @@
 mod counts;
 mod fill;
 mod reduce;
+mod score;
 mod search;
 
 use counts::Counts;
