@@ -38,7 +38,7 @@
 
 use rayon::prelude::*;
 
-use crate::migrate::{assign_max, relabel};
+use crate::migrate::{assign_max, matching_work, relabel, MATCHING_MAX_WORK};
 use crate::previous::Placement;
 use crate::{EplbError, Layout, LoadMatrix};
 
@@ -179,10 +179,14 @@ fn pack_groups(load: &[f64], layout: &Layout) -> Vec<usize> {
     node_of
 }
 
-/// Node of every group that keeps the most of `prev`'s replicas on their node.
-fn groups_from_previous(prev: &[usize], layout: &Layout) -> Vec<usize> {
+/// Node of every group that keeps the most of `prev`'s replicas on their node; the fresh
+/// packing of `load` when that matching would take more than [`MATCHING_MAX_WORK`].
+fn groups_from_previous(prev: &[usize], load: &[f64], layout: &Layout) -> Vec<usize> {
     let (domains, gpd) = layout.domains();
     let groups = layout.policy_groups();
+    if matching_work(groups) > MATCHING_MAX_WORK {
+        return pack_groups(load, layout);
+    }
     let size = layout.experts / groups;
     let per_node = groups / domains;
     let slots_per_domain = gpd * layout.slots_per_gpu();
@@ -200,9 +204,13 @@ fn groups_from_previous(prev: &[usize], layout: &Layout) -> Vec<usize> {
         .collect()
 }
 
-/// Relabels the nodes of a group packing so it keeps the most of `prev`'s replicas in place.
+/// Relabels the nodes of a group packing so it keeps the most of `prev`'s replicas in place
+/// (unchanged when that matching would take more than [`MATCHING_MAX_WORK`]).
 fn relabel_groups(node_of: &[usize], prev: &[usize], layout: &Layout) -> Vec<usize> {
     let (domains, gpd) = layout.domains();
+    if matching_work(domains) > MATCHING_MAX_WORK {
+        return node_of.to_vec();
+    }
     let size = layout.experts / node_of.len();
     let slots_per_domain = gpd * layout.slots_per_gpu();
     let mut profit = vec![vec![0i64; domains]; domains];
@@ -305,7 +313,7 @@ pub fn plan_layer(
         return plan(prev.to_vec(), Decision::Kept);
     }
     let mut candidates = Vec::new();
-    let kept_groups = groups_from_previous(prev, layout);
+    let kept_groups = groups_from_previous(prev, load, layout);
     // From the previous placement: as it is, then with surplus replicas freed first.
     for trim in [false, true] {
         let (repaired, ok) = pack_layer(load, layout, &kept_groups, Some(prev), trim, budget, opts);

@@ -341,4 +341,154 @@ mod tests {
             }
         }
     }
+
+    /// The move plan and rounds as first written (a scan of every GPU per transfer, the lowest
+    /// free colour found a colour at a time): the oracle of the indexed versions.
+    fn direct_plan_moves(
+        old: &[Vec<usize>],
+        new: &[Vec<usize>],
+        gpus: usize,
+        nodes: usize,
+    ) -> Vec<Move> {
+        let gpn = (gpus / nodes.max(1)).max(1);
+        let mut sent = vec![0usize; gpus];
+        let mut moves = Vec::new();
+        for (layer, (before, after)) in old.iter().zip(new).enumerate() {
+            let slots = after.len() / gpus;
+            for dst in 0..gpus {
+                let held = &before[dst * slots..(dst + 1) * slots];
+                for dst_slot in 0..slots {
+                    let expert = after[dst * slots + dst_slot];
+                    if held.contains(&expert) {
+                        continue;
+                    }
+                    let holders: Vec<usize> = (0..gpus)
+                        .filter(|&g| before[g * slots..(g + 1) * slots].contains(&expert))
+                        .collect();
+                    let near: Vec<usize> = holders
+                        .iter()
+                        .copied()
+                        .filter(|&g| g / gpn == dst / gpn)
+                        .collect();
+                    let pool = if near.is_empty() { &holders } else { &near };
+                    let Some(&src) = pool.iter().min_by_key(|&&g| (sent[g], g)) else {
+                        // The old placement had no replica of this expert; nothing can send it.
+                        continue;
+                    };
+                    sent[src] += 1;
+                    let src_slot = before[src * slots..(src + 1) * slots]
+                        .iter()
+                        .position(|&e| e == expert)
+                        .expect("holder holds the expert");
+                    moves.push(Move {
+                        layer,
+                        expert,
+                        src_gpu: src,
+                        src_slot,
+                        dst_gpu: dst,
+                        dst_slot,
+                        inter_node: src / gpn != dst / gpn,
+                    });
+                }
+            }
+        }
+        moves
+    }
+
+    fn direct_schedule_rounds(moves: &[Move], gpus: usize) -> Vec<usize> {
+        const NONE: usize = usize::MAX;
+        let mut deg_send = vec![0usize; gpus];
+        let mut deg_recv = vec![0usize; gpus];
+        for m in moves {
+            deg_send[m.src_gpu] += 1;
+            deg_recv[m.dst_gpu] += 1;
+        }
+        let colours = deg_send.iter().chain(&deg_recv).copied().max().unwrap_or(0);
+        let mut send = vec![NONE; gpus * colours];
+        let mut recv = vec![NONE; gpus * colours];
+        let mut colour = vec![NONE; moves.len()];
+        for (i, m) in moves.iter().enumerate() {
+            let (u, v) = (m.src_gpu, m.dst_gpu);
+            let a = (0..colours)
+                .find(|&c| send[u * colours + c] == NONE)
+                .expect("degree bound");
+            let b = (0..colours)
+                .find(|&c| recv[v * colours + c] == NONE)
+                .expect("degree bound");
+            let c = if recv[v * colours + a] == NONE {
+                a
+            } else if send[u * colours + b] == NONE {
+                b
+            } else {
+                // Swap colours a and b along the path that leaves v by colour a; afterwards a is
+                // free at v, and the path cannot reach u, which has no edge of colour a.
+                let mut path = Vec::new();
+                let mut at_recv = v;
+                loop {
+                    let e = recv[at_recv * colours + a];
+                    if e == NONE {
+                        break;
+                    }
+                    path.push(e);
+                    let s = moves[e].src_gpu;
+                    let f = send[s * colours + b];
+                    if f == NONE {
+                        break;
+                    }
+                    path.push(f);
+                    at_recv = moves[f].dst_gpu;
+                }
+                for &e in &path {
+                    send[moves[e].src_gpu * colours + colour[e]] = NONE;
+                    recv[moves[e].dst_gpu * colours + colour[e]] = NONE;
+                }
+                for &e in &path {
+                    colour[e] = if colour[e] == a { b } else { a };
+                    send[moves[e].src_gpu * colours + colour[e]] = e;
+                    recv[moves[e].dst_gpu * colours + colour[e]] = e;
+                }
+                a
+            };
+            colour[i] = c;
+            send[u * colours + c] = i;
+            recv[v * colours + c] = i;
+        }
+        colour
+    }
+
+    #[test]
+    fn indexed_moves_and_rounds_equal_the_direct_ones() {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        };
+        for case in 0..60 {
+            let (gpus, nodes) = [(4, 2), (8, 2), (6, 3), (16, 4), (5, 1)][case % 5];
+            let slots = 1 + case % 7;
+            let experts = 2 + next(3 * gpus);
+            let layers = 1 + case % 3;
+            let layer = |next: &mut dyn FnMut(usize) -> usize| -> Vec<usize> {
+                let mut v: Vec<usize> = (0..gpus * slots).map(|s| s % experts).collect();
+                for s in 0..v.len() {
+                    if next(3) == 0 {
+                        v[s] = next(experts);
+                    }
+                }
+                v
+            };
+            let old: Vec<Vec<usize>> = (0..layers).map(|_| layer(&mut next)).collect();
+            let new: Vec<Vec<usize>> = (0..layers).map(|_| layer(&mut next)).collect();
+            let moves = plan_moves(&old, &new, gpus, nodes);
+            let direct = direct_plan_moves(&old, &new, gpus, nodes);
+            assert_eq!(moves, direct, "case {case}");
+            assert_eq!(
+                schedule_rounds(&moves, gpus),
+                direct_schedule_rounds(&moves, gpus),
+                "case {case}"
+            );
+        }
+    }
 }

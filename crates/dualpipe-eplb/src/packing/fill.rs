@@ -181,9 +181,12 @@ impl Domain {
         if !self.any_orig {
             return Some(best);
         }
-        let preferred = least(&mut (0..self.gpus).filter(|&g| {
-            ok(g) && self.was_on(g, e) && loads[g] <= loads[best] + self.prefer_slack
-        }));
+        let preferred = least(
+            &mut self.orig_gpus[e]
+                .iter()
+                .map(|&g| g as usize)
+                .filter(|&g| ok(g) && loads[g] <= loads[best] + self.prefer_slack),
+        );
         Some(preferred.unwrap_or(best))
     }
 
@@ -215,8 +218,10 @@ impl Domain {
         if !self.any_orig {
             return Some(best);
         }
-        let preferred = (0..self.gpus)
-            .filter(|&g| ok(g) && self.was_on(g, e) && loads[g] <= loads[best] + self.prefer_slack)
+        let preferred = self.orig_gpus[e]
+            .iter()
+            .map(|&g| g as usize)
+            .filter(|&g| ok(g) && loads[g] <= loads[best] + self.prefer_slack)
             .min_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b)));
         Some(preferred.unwrap_or(best))
     }

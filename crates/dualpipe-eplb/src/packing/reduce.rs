@@ -27,17 +27,7 @@ impl Domain {
         let mut done = 0;
         let mut work: u64 = 0;
         // The GPUs that held each expert before, ascending.
-        let n = self.experts();
-        let mut held_by: Vec<Vec<u32>> = vec![Vec::new(); n];
-        if self.any_orig {
-            for g in 0..self.gpus {
-                for (e, list) in held_by.iter_mut().enumerate() {
-                    if self.orig[g * n + e] {
-                        list.push(g as u32);
-                    }
-                }
-            }
-        }
+        let held_by = std::mem::take(&mut self.orig_gpus);
         'sweeps: for _ in 0..max_sweeps {
             let mut changed = false;
             for a in 0..self.slot.len() {
@@ -96,6 +86,7 @@ impl Domain {
                 break;
             }
         }
+        self.orig_gpus = held_by;
         done
     }
 }
