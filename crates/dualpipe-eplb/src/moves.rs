@@ -472,9 +472,9 @@ mod tests {
             let layers = 1 + case % 3;
             let layer = |next: &mut dyn FnMut(usize) -> usize| -> Vec<usize> {
                 let mut v: Vec<usize> = (0..gpus * slots).map(|s| s % experts).collect();
-                for s in 0..v.len() {
+                for e in v.iter_mut() {
                     if next(3) == 0 {
-                        v[s] = next(experts);
+                        *e = next(experts);
                     }
                 }
                 v
