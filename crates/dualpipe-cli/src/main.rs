@@ -33,6 +33,12 @@ enum Command {
     Report(cmd::report::Args),
     /// Inspect training checkpoints (`dualpipe checkpoint inspect DIR`).
     Checkpoint(cmd::checkpoint::Args),
+    /// Plan a job for a topology and a cost profile: schedule, micro-batches, layer
+    /// partition and stage-to-device placement, scored by simulation.
+    Plan(cmd::plan::Args),
+    /// Regenerate docs/planning.md's studies (heterogeneous devices, two datacenters) and
+    /// their pictures from the simulator.
+    PlanStudy(cmd::plan::StudyArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -47,6 +53,8 @@ fn main() -> std::process::ExitCode {
         Command::Generate(args) => cmd::generate::run(args),
         Command::Report(args) => cmd::report::run(args),
         Command::Checkpoint(args) => cmd::checkpoint::run(args),
+        Command::Plan(args) => cmd::plan::run(args),
+        Command::PlanStudy(args) => cmd::plan::run_study(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

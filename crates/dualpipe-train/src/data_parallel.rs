@@ -73,6 +73,17 @@ impl StageGrads {
     }
 }
 
+/// What one step's gradient exchange cost one replica (the losses' exchange not included).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepExchange {
+    /// Wall-clock seconds of the exchange (after the pipeline: nothing hides it).
+    pub seconds: f64,
+    /// Bytes this replica sent: gradient bodies and message headers.
+    pub bytes_sent: u64,
+    /// What the gradient bodies would have carried uncompressed.
+    pub bytes_uncompressed: u64,
+}
+
 /// One replica's end of the gradient exchange (see the [module](self) documentation).
 pub struct ReplicaExchange {
     replica: usize,
@@ -212,13 +223,14 @@ impl ReplicaExchange {
     }
 
     /// Replaces every held stage's gradients (both DualPipe copies, already summed) by their
-    /// mean over the replicas.
+    /// mean over the replicas; returns what this replica's exchange of the step cost.
     pub fn exchange(
         &mut self,
         step: usize,
         stages: &mut [RankStages<ModelStage>],
-    ) -> Result<(), TrainError> {
+    ) -> Result<StepExchange, TrainError> {
         let began = Instant::now();
+        let before = self.totals();
         let step = step as u64;
         if self.overlap {
             for (s, grads) in &mut self.stages {
@@ -255,8 +267,17 @@ impl ReplicaExchange {
                 }
             }
         }
-        self.seconds += began.elapsed().as_secs_f64();
-        Ok(())
+        let seconds = began.elapsed().as_secs_f64();
+        self.seconds += seconds;
+        let after = self.totals();
+        let sent = |t: &ExchangeStats| t.grad_bytes_sent.saturating_add(t.header_bytes_sent);
+        Ok(StepExchange {
+            seconds,
+            bytes_sent: sent(&after).saturating_sub(sent(&before)),
+            bytes_uncompressed: after
+                .grad_bytes_uncompressed
+                .saturating_sub(before.grad_bytes_uncompressed),
+        })
     }
 
     /// Every replica's micro-batch losses of step `step`, in global micro-batch order

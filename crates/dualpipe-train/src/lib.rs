@@ -20,7 +20,9 @@
 //!   match;
 //! - [`memory`] — the documented memory cap and this machine's available memory;
 //! - [`checkpoint`] — checkpoints: written in the background, named by model layer, read
-//!   back by any grid shape ([`Trainer::set_checkpoints`], [`Trainer::restore`]).
+//!   back by any grid shape ([`Trainer::set_checkpoints`], [`Trainer::restore`]);
+//! - `mpi` (feature `mpi`) — one worker per process under an MPI launcher: the grid's check
+//!   and this process's trainer.
 //!
 //! ```
 //! use dualpipe_train::{DType, TrainConfig, Trainer};
@@ -53,6 +55,8 @@ pub mod data_parallel;
 pub mod driver;
 pub mod error;
 pub mod memory;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod rank;
 pub mod reference;
 pub mod summary;
@@ -61,7 +65,7 @@ pub mod workload;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointOptions, CheckpointWriter};
 pub use config::{DType, Field, ModelKind, Naming, Task, TrainConfig, MAX_STEPS};
-pub use data_parallel::{DataParallel, ReplicaExchange, ReplicaLinks};
+pub use data_parallel::{DataParallel, ReplicaExchange, ReplicaLinks, StepExchange};
 pub use driver::{Driver, LocalThreads, MAX_LOCAL_RANKS};
 pub use dualpipe_dp as dp;
 pub use dualpipe_dp::Compression;

@@ -555,6 +555,7 @@ mod tests {
                 threads: 4,
                 cores: 2,
             },
+            exchange: None,
             grad_norm: None,
             evaluation: None,
         });

@@ -11,7 +11,7 @@ use dualpipe_schedule::{Schedule, ScheduleError};
 use dualpipe_sim::Timeline;
 
 use crate::config::{Field, Naming, TrainConfig};
-use crate::data_parallel::{ReplicaExchange, ReplicaLinks};
+use crate::data_parallel::{ReplicaExchange, ReplicaLinks, StepExchange};
 use crate::driver::{Driver, LocalThreads};
 use crate::error::{Divergence, TrainError};
 use crate::summary::{RunSummary, SummaryBuilder};
@@ -47,6 +47,8 @@ pub struct StepReport {
     pub evaluation: Option<Evaluation>,
     /// Where each rank's pipeline time went: CPU, waiting for a message, waiting for a core.
     pub rank_times: RankTimes,
+    /// What this replica's data-parallel gradient exchange cost (`None`: one replica).
+    pub exchange: Option<StepExchange>,
 }
 
 /// What [`Trainer::run`] tells its callback.
@@ -334,12 +336,14 @@ impl<D: Driver> Trainer<D> {
         self.driver
             .sum_stage_copies(&self.schedule, &mut self.stages, step, &self.exec_options)?;
         let mut losses: Vec<f64> = outcome.losses.iter().map(|l| l.loss).collect();
+        let mut exchange = None;
         if let Some(mut dp) = self.dp.take() {
             let exchanged = dp
                 .exchange(step, &mut self.stages)
-                .and_then(|()| dp.gather_losses(step, &losses));
+                .and_then(|cost| Ok((cost, dp.gather_losses(step, &losses)?)));
             self.dp = Some(dp);
-            losses = self.own(step, exchanged)?;
+            let (cost, all) = self.own(step, exchanged)?;
+            (exchange, losses) = (Some(cost), all);
         }
         let grad_norm = self.clip_gradients(step)?;
         let updated = self.optimizer_step();
@@ -356,6 +360,7 @@ impl<D: Driver> Trainer<D> {
             grad_norm,
             evaluation: None,
             rank_times: outcome.rank_times,
+            exchange,
         })
     }
 

@@ -6,6 +6,7 @@ pub mod eplb;
 pub mod eval;
 pub mod generate;
 pub mod output;
+pub mod plan;
 pub mod report;
 pub mod schedule;
 pub mod simulate;

@@ -11,6 +11,7 @@ mod gpt;
 mod help;
 mod output;
 mod output_targets;
+mod plan;
 mod report;
 mod schedule;
 mod simulate;
