@@ -184,3 +184,36 @@ def test_profile_measures_every_op_and_predicts_every_kind():
     with pytest.raises(ValueError, match="repeats must be a positive integer"):
         dpt.profile(model, x, repeats=0)
 
+
+def test_plan_profile_feeds_dualpipe_plan(tmp_path):
+    import dualpipe_rs.torch as dpt
+    from test_cli_parity import CLI
+    from conftest import REPO_ROOT
+
+    model = worker.build_model()
+    x, y = worker.batch(1)
+    path = tmp_path / "profile.json"
+    doc = dpt.plan_profile(model, x, loss_fn=worker.loss_fn, target=y, repeats=1, warmup=0, path=str(path))
+    assert json.loads(path.read_text()) == doc
+    assert len(doc["layers"]) == worker.BLOCKS
+    # A block's boundary: one micro-batch's [rows, width] f64 activations.
+    assert doc["message_bytes"] == worker.ROWS_PER_MB * worker.WIDTH * 8
+    for layer in doc["layers"]:
+        assert min(layer["f"], layer["i"], layer["w"]) > 0
+        # Weights, their gradients and Adam's two moments, in f64.
+        assert layer["parameter_bytes"] == (worker.WIDTH * worker.WIDTH + worker.WIDTH) * 8 * 4
+        # Autograd keeps at least the block's input and its tanh output.
+        assert layer["activation_bytes"] >= 2 * worker.ROWS_PER_MB * worker.WIDTH * 8
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError, match="layers is empty"):
+        dpt.plan_profile([], x)
+    if CLI is None:
+        pytest.skip("no built dualpipe CLI to plan with (set DUALPIPE_BIN)")
+    run = subprocess.run(
+        [str(CLI), "plan", "--topology", str(REPO_ROOT / "testdata" / "plan" / "hetero.json"),
+         "--profile", str(path), "--schedules", "1f1b", "--micro-batches", "8", "--format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)
+

@@ -25,8 +25,8 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test wi
     ) from e
 
 from ._runtime import TORCH_KINDS, schedule, torch_actions  # noqa: E402
-from ._profile import StageProfile, predict, profile  # noqa: E402
+from ._profile import StageProfile, plan_profile, predict, profile  # noqa: E402
 
 del _torch
 
-__all__ = ["TORCH_KINDS", "StageProfile", "predict", "profile", "schedule", "torch_actions"]
+__all__ = ["TORCH_KINDS", "StageProfile", "plan_profile", "predict", "profile", "schedule", "torch_actions"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight
@@ -197,3 +197,86 @@ def predict(
         split = any(op["op"] in ("I", "W") for row in plan.compute_programs() for op in row)
         out[kind] = plan.simulate(**measured.cost(scale, split=split), **comm)
     return out
+
+
+def _tensor_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def _saved_bytes(module: torch.nn.Module, args: Sequence[Any], loss_fn, target) -> int:
+    """Bytes autograd keeps from one forward of ``module`` until its backward (the activations)."""
+    seen: Dict[int, int] = {}
+
+    def pack(t):
+        seen[id(t)] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _Forward(module, args, loss_fn, target)
+    return sum(seen.values())
+
+
+def plan_profile(
+    layers: Iterable[torch.nn.Module],
+    sample: Any,
+    *,
+    loss_fn: Optional[Callable[..., Any]] = None,
+    target: Any = None,
+    repeats: int = 5,
+    warmup: int = 1,
+    optimizer_states: int = 2,
+    path: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The cost profile ``dualpipe plan --profile`` reads (docs/planning.md), measured layer by layer.
+
+    ``layers`` are the model's layers in order (an ``nn.Sequential`` works): each is measured
+    by :func:`profile` on the previous one's output, starting from ``sample``; the last one with
+    ``loss_fn`` and ``target``. Per layer: ``f``, ``i``, ``w`` (torch's split backward halves),
+    ``activation_bytes`` (what autograd saves between the forward and the backward, counted by
+    a saved-tensors hook) and ``parameter_bytes`` (weights, their gradients and
+    ``optimizer_states`` more copies: 2 for Adam's moments, 1 for SGD with momentum).
+    ``message_bytes`` is the largest output of a layer but the last (what a stage boundary
+    carries per micro-batch). Written as JSON to ``path`` when given.
+    """
+    if isinstance(optimizer_states, bool) or not isinstance(optimizer_states, int) or optimizer_states < 0:
+        raise ValueError(f"optimizer_states must be a non-negative integer, got {optimizer_states!r}")
+    mods = list(layers)
+    if not mods:
+        raise ValueError("layers is empty: give the model's layers in order (an nn.Sequential works)")
+    x: Any = sample
+    message = 0
+    costs = []
+    for k, module in enumerate(mods):
+        last = k == len(mods) - 1
+        fn, tgt = (loss_fn, target) if last else (None, None)
+        args = _as_args(x)
+        measured = profile(module, x, loss_fn=fn, target=tgt, repeats=repeats, warmup=warmup)
+        module.zero_grad(set_to_none=True)
+        params = sum(p.numel() * p.element_size() for p in module.parameters())
+        costs.append(
+            {
+                "f": measured.f,
+                "i": measured.i,
+                "w": measured.w,
+                "activation_bytes": float(_saved_bytes(module, args, fn, tgt)),
+                "parameter_bytes": float(params * (2 + optimizer_states)),
+            }
+        )
+        module.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            x = module(*args)
+        if not last:
+            message = max(message, _tensor_bytes(x))
+    doc = {"message_bytes": message, "layers": costs}
+    if path is not None:
+        import json
+
+        with open(path, "w", encoding="utf-8") as out:
+            json.dump(doc, out, indent=1)
+            out.write("\n")
+    return doc
+
