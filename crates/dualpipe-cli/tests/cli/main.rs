@@ -15,6 +15,7 @@ mod schedule;
 mod simulate;
 mod train;
 mod train_gpt;
+mod train_moe;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
