@@ -45,7 +45,9 @@ fn layer_weights(seed: u64) -> Weights {
     Weights {
         router: rand_tensor(seed, &[EXPERTS, D_MODEL]),
         bias: vec![0.0, 0.05, -0.03, 0.02],
-        experts: (0..EXPERTS as u64).map(|e| pair(seed + 10 + 2 * e)).collect(),
+        experts: (0..EXPERTS as u64)
+            .map(|e| pair(seed + 10 + 2 * e))
+            .collect(),
         shared: vec![pair(seed + 40)],
     }
 }
@@ -180,7 +182,13 @@ fn check_layer(aux_coef: f64) {
 
     let objective = |x: &Tensor, w: &Weights| {
         let (y, aux) = layer_oracle(x, w, aux_coef);
-        (y * &r).unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap() + aux
+        (y * &r)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+            + aux
     };
     let fd = finite_diff(&x, |x| objective(x, &w));
     assert!(rel_err(&values(&dx), &fd) < FD_TOL, "MoE dx");
@@ -262,7 +270,13 @@ fn routing_is_deterministic_and_the_bias_balances() {
         .collect();
     let w = layer_weights(3);
     let mut moe = build(&w);
-    let worst = |bias: &[f64]| *route(&logits, EXPERTS, K, bias).counts().iter().max().unwrap();
+    let worst = |bias: &[f64]| {
+        *route(&logits, EXPERTS, K, bias)
+            .counts()
+            .iter()
+            .max()
+            .unwrap()
+    };
     let before = worst(moe.selection_bias());
     let mut late = 0;
     for i in 0..200 {
@@ -366,7 +380,10 @@ fn moe_model_gradients_match_finite_differences() {
     stage.backward_weight(KEY).unwrap();
     assert_eq!(stage.pending(), 0);
     let names = stage.param_names();
-    assert_eq!(names.len() + stage.buffer_names().len(), tensor_names(&c).len());
+    assert_eq!(
+        names.len() + stage.buffer_names().len(),
+        tensor_names(&c).len()
+    );
     let model_loss = |w: &GptWeights| {
         let s = whole(w);
         let logits = s.logits(&mb.inputs, mb.seq).unwrap();
@@ -425,7 +442,9 @@ fn moe_weights_round_trip_with_their_names() {
     // The stage writes its bias back beside its parameters.
     let mut stage = whole(&w);
     let layer = stage.moe_layers()[0].0;
-    stage.update_selection_bias(layer, &[9, 1, 1, 1], 0.5).unwrap();
+    stage
+        .update_selection_bias(layer, &[9, 1, 1, 1], 0.5)
+        .unwrap();
     let mut out = w.clone();
     stage.write_into(&mut out).unwrap();
     let bias = values(out.get("blocks.1.moe.router.selection_bias").unwrap());

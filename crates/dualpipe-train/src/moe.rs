@@ -91,7 +91,11 @@ impl MoeSettings {
         }
         for (flag, field, v) in [
             ("aux-loss", "aux_loss", self.aux_loss),
-            ("bias-update-rate", "bias_update_rate", self.bias_update_rate),
+            (
+                "bias-update-rate",
+                "bias_update_rate",
+                self.bias_update_rate,
+            ),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(TrainError::Config(format!(
@@ -187,12 +191,19 @@ mod tests {
             ..MoeSettings::DEFAULT
         };
         let msg = bad.check(true).unwrap_err().to_string();
-        assert!(msg.contains("--top-k 9") && msg.contains("--experts 8"), "{msg}");
+        assert!(
+            msg.contains("--top-k 9") && msg.contains("--experts 8"),
+            "{msg}"
+        );
         let bad = MoeSettings {
             aux_loss: -1.0,
             ..MoeSettings::DEFAULT
         };
-        assert!(bad.check(false).unwrap_err().to_string().contains("moe.aux_loss"));
+        assert!(bad
+            .check(false)
+            .unwrap_err()
+            .to_string()
+            .contains("moe.aux_loss"));
         assert_eq!(MoeSettings::DEFAULT.architecture(64).expert_hidden, 128);
     }
 }

@@ -131,5 +131,9 @@ fn bad_moe_flags_are_one_line_errors() {
     assert!(run.stderr.contains("add --experts"), "{}", run.stderr);
     let run = dualpipe(["train", "--model", "mlp", "--experts", "2", "--steps", "1"]);
     assert_eq!(run.code, Some(2));
-    assert!(run.stderr.contains("--experts applies to --model gpt"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("--experts applies to --model gpt"),
+        "{}",
+        run.stderr
+    );
 }

@@ -13,7 +13,10 @@ use crate::moe::{sum_by_layer, ExpertLoad};
 impl<D: Driver> Trainer<D> {
     /// With MoE: the step's counts over every held copy, and the bias step from them on each
     /// copy (the copies stay equal: each takes the same sums). `None` for a dense model.
-    pub(super) fn balance_experts(&mut self, step: usize) -> Result<Option<ExpertLoad>, TrainError> {
+    pub(super) fn balance_experts(
+        &mut self,
+        step: usize,
+    ) -> Result<Option<ExpertLoad>, TrainError> {
         let Some(moe) = self.config.moe else {
             return Ok(None);
         };

@@ -79,7 +79,11 @@ impl MoeArgs {
 
     /// With --init-from: the file's experts, unless a flag given disagrees (an error naming
     /// both); the balancing flags apply as given.
-    pub fn adopt(&self, file: &GptConfig, path: &std::path::Path) -> Result<Option<MoeSettings>, UsageError> {
+    pub fn adopt(
+        &self,
+        file: &GptConfig,
+        path: &std::path::Path,
+    ) -> Result<Option<MoeSettings>, UsageError> {
         let check = |flag: &str, given: Option<usize>| {
             file.check_flag(flag, given)
                 .map_err(|e| UsageError(format!("--init-from {}: {e}", path.display())))

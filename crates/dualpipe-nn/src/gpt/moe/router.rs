@@ -109,10 +109,7 @@ impl Routing {
         (0..e)
             .map(|j| {
                 let f = self.rows[j].len() as f64 / assigned;
-                let mean_p = (0..self.tokens)
-                    .map(|t| self.probs[t * e + j])
-                    .sum::<f64>()
-                    / n;
+                let mean_p = (0..self.tokens).map(|t| self.probs[t * e + j]).sum::<f64>() / n;
                 f * mean_p
             })
             .sum::<f64>()
@@ -192,7 +189,10 @@ mod tests {
         }
         let biased = route(&logits, 4, 2, &[0.0, 0.0, 0.0, 1.0]);
         assert_eq!(biased.chosen, vec![3, 0, 3, 2]);
-        assert_eq!(biased.probs, r.probs, "the bias does not change the probabilities");
+        assert_eq!(
+            biased.probs, r.probs,
+            "the bias does not change the probabilities"
+        );
         let p = &r.probs[..4];
         assert!((biased.gates[0] - p[3] / (p[3] + p[0])).abs() < 1e-15);
         assert_eq!(r.counts(), vec![2, 1, 1, 0]);
