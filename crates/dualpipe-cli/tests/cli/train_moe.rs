@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::{dualpipe, TempDir};
 
-/// A small MoE GPT on DualPipe (2 ranks, 4 model stages of one block).
+/// A small MoE GPT on DualPipe (2 ranks, 2 model stages of one block).
 const MOE: [&str; 24] = [
     "train",
     "--experts",
@@ -59,7 +59,11 @@ fn moe_training_learns_and_reports_the_expert_load() {
     for (i, load) in loads.iter().enumerate() {
         assert_eq!(load["step"], i);
         let layers = load["layers"].as_array().unwrap();
-        assert_eq!(layers.len(), 4, "every block is an MoE block");
+        assert_eq!(
+            layers.len(),
+            2,
+            "every block is an MoE block (2 stages of one)"
+        );
         let counts = load["counts"].as_array().unwrap();
         for c in counts {
             let c: Vec<u64> = c
@@ -113,12 +117,16 @@ fn moe_weights_round_trip_through_save_and_init_from() {
 #[test]
 fn bad_moe_flags_are_one_line_errors() {
     for (extra, needle) in [
-        (vec!["--top-k", "5"], "--top-k 5"),
+        (vec!["--experts", "4", "--top-k", "5"], "--top-k 5"),
         (vec!["--experts", "0"], "--experts is 0"),
-        (vec!["--aux-loss", "-1"], "--aux-loss -1"),
-        (vec!["--data-parallel", "2"], "one pipeline replica"),
+        (vec!["--experts", "4", "--aux-loss", "-1"], "--aux-loss -1"),
+        (
+            vec!["--experts", "4", "--data-parallel", "2"],
+            "one pipeline replica",
+        ),
     ] {
         let mut args: Vec<&str> = MOE.to_vec();
+        args.drain(1..5);
         args.extend_from_slice(&extra);
         args.extend_from_slice(&["--steps", "1"]);
         let run = dualpipe(args);
