@@ -31,6 +31,14 @@ enum Command {
     Generate(cmd::generate::Args),
     /// Summarise a run from its `train --log` file; draw its loss, throughput and bubble.
     Report(cmd::report::Args),
+    /// Inspect training checkpoints (`dualpipe checkpoint inspect DIR`).
+    Checkpoint(cmd::checkpoint::Args),
+    /// Plan a job for a topology and a cost profile: schedule, micro-batches, layer
+    /// partition and stage-to-device placement, scored by simulation.
+    Plan(cmd::plan::Args),
+    /// Regenerate docs/planning.md's studies (heterogeneous devices, two datacenters) and
+    /// their pictures from the simulator.
+    PlanStudy(cmd::plan::StudyArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -44,6 +52,9 @@ fn main() -> std::process::ExitCode {
         Command::Eval(args) => cmd::eval::run(args),
         Command::Generate(args) => cmd::generate::run(args),
         Command::Report(args) => cmd::report::run(args),
+        Command::Checkpoint(args) => cmd::checkpoint::run(args),
+        Command::Plan(args) => cmd::plan::run(args),
+        Command::PlanStudy(args) => cmd::plan::run_study(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -10,12 +10,14 @@
 //!
 //! `cargo run --release -p dualpipe-eplb --example side_by_side [RUNS [NAME_PART [POLICY]]]`
 //! (`POLICY` `improved` or `deepseek` runs only that one, e.g. under `perf stat`; `dump`
-//! writes each input's loads as JSON, `NAME.json`, for the CLI.)
+//! writes each input's loads as JSON, `NAME.json`, for the CLI; `previous` times the improved
+//! policy's migration-aware path instead: a plan for other loads of the same shape is the
+//! previous placement of both policies, so both also plan the moves from it.)
 
 use std::time::Instant;
 
 use dualpipe_eplb::improved::gpu_loads;
-use dualpipe_eplb::{plan, Layout, LoadMatrix, Planner, Policy};
+use dualpipe_eplb::{plan, Layout, LoadMatrix, Placement, Planner, Policy};
 
 #[path = "../benches/support/shapes.rs"]
 mod shapes;
@@ -31,7 +33,7 @@ fn main() {
         "| input | improved | deepseek | ratio | max/mean improved | max/mean deepseek | plan fingerprint |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for shape in shapes::SCALE.iter().filter(|s| s.name.contains(&only)) {
+    'shapes: for shape in shapes::SCALE.iter().filter(|s| s.name.contains(&only)) {
         let w = shapes::loads(shape.layers, shape.experts, 42);
         let layout = Layout::of_loads(&w, shape.replicas, shape.groups, shape.nodes, shape.gpus);
         if policy == "dump" {
@@ -40,10 +42,16 @@ fn main() {
             std::fs::write(format!("{}.json", shape.name), text).expect("writable directory");
             continue;
         }
+        // The previous placement, for `previous`: the improved plan of other loads.
+        let previous = (policy == "previous").then(|| {
+            let before = shapes::loads(shape.layers, shape.experts, 7);
+            let out = plan(&before, &layout, &Planner::default(), None, 0).expect("valid shape");
+            Placement::from_rows(out.plan.phy2log_rows().expect("expert indices"))
+        });
         let mut row = Vec::new();
         let mut fingerprint = 0;
         for planner in [Planner::default(), Planner::Reference(Policy::Auto)] {
-            if !policy.is_empty() && planner.name() != policy {
+            if !policy.is_empty() && policy != "previous" && planner.name() != policy {
                 row.push((f64::NAN, f64::NAN));
                 continue;
             }
@@ -51,7 +59,13 @@ fn main() {
             let mut quality = 0.0;
             for _ in 0..runs {
                 let (start, cpu) = (Instant::now(), cpu_seconds());
-                let out = plan(&w, &layout, &planner, None, 0).expect("valid shape");
+                let out = match plan(&w, &layout, &planner, previous.as_ref(), 0) {
+                    Ok(out) => out,
+                    Err(e) => {
+                        println!("| {} | refused: {e} |", shape.name);
+                        continue 'shapes;
+                    }
+                };
                 let took = match (cpu, cpu_seconds()) {
                     (Some(a), Some(b)) => b - a,
                     _ => start.elapsed().as_secs_f64(),
@@ -66,7 +80,7 @@ fn main() {
             row.push((best, quality));
         }
         println!(
-            "| {} | {:.4} s | {:.4} s | {:.1}x | {:.5} | {:.5} | {:016x} |",
+            "| {} | {:.4} s | {:.4} s | {:.1}x | {:.8} | {:.8} | {:016x} |",
             shape.name,
             row[0].0,
             row[1].0,

@@ -38,12 +38,13 @@
 
 use rayon::prelude::*;
 
-use crate::migrate::{assign_max, preserve_slots, relabel};
-use crate::packing::{Domain, SearchLimits};
+use crate::migrate::{assign_max, matching_work, relabel, MATCHING_MAX_WORK};
 use crate::previous::Placement;
 use crate::{EplbError, Layout, LoadMatrix};
 
+mod domains;
 mod options;
+use domains::{pack_layer, reduce_moves};
 pub use options::PlannerOptions;
 
 /// From this many physical slots in total (layers x replicas), layers are planned in parallel.
@@ -110,12 +111,17 @@ pub fn balancedness(phy2log: &[usize], load: &[f64], gpus: usize) -> f64 {
 /// Replicas of `new` whose logical expert was not on the same GPU in `old` (one layer each).
 pub fn moved_replicas(old: &[usize], new: &[usize], gpus: usize) -> usize {
     let slots = new.len() / gpus.max(1);
+    let experts = old.iter().chain(new).copied().max().map_or(0, |e| e + 1);
+    // Whether GPU `g` held the expert: stamped with `g + 1`.
+    let mut held = vec![0usize; experts];
     (0..gpus)
         .map(|g| {
-            let before = &old[g * slots..(g + 1) * slots];
+            for &e in &old[g * slots..(g + 1) * slots] {
+                held[e] = g + 1;
+            }
             new[g * slots..(g + 1) * slots]
                 .iter()
-                .filter(|e| !before.contains(e))
+                .filter(|&&e| held[e] != g + 1)
                 .count()
         })
         .sum()
@@ -173,10 +179,14 @@ fn pack_groups(load: &[f64], layout: &Layout) -> Vec<usize> {
     node_of
 }
 
-/// Node of every group that keeps the most of `prev`'s replicas on their node.
-fn groups_from_previous(prev: &[usize], layout: &Layout) -> Vec<usize> {
+/// Node of every group that keeps the most of `prev`'s replicas on their node; the fresh
+/// packing of `load` when that matching would take more than [`MATCHING_MAX_WORK`].
+fn groups_from_previous(prev: &[usize], load: &[f64], layout: &Layout) -> Vec<usize> {
     let (domains, gpd) = layout.domains();
     let groups = layout.policy_groups();
+    if matching_work(groups) > MATCHING_MAX_WORK {
+        return pack_groups(load, layout);
+    }
     let size = layout.experts / groups;
     let per_node = groups / domains;
     let slots_per_domain = gpd * layout.slots_per_gpu();
@@ -194,9 +204,13 @@ fn groups_from_previous(prev: &[usize], layout: &Layout) -> Vec<usize> {
         .collect()
 }
 
-/// Relabels the nodes of a group packing so it keeps the most of `prev`'s replicas in place.
+/// Relabels the nodes of a group packing so it keeps the most of `prev`'s replicas in place
+/// (unchanged when that matching would take more than [`MATCHING_MAX_WORK`]).
 fn relabel_groups(node_of: &[usize], prev: &[usize], layout: &Layout) -> Vec<usize> {
     let (domains, gpd) = layout.domains();
+    if matching_work(domains) > MATCHING_MAX_WORK {
+        return node_of.to_vec();
+    }
     let size = layout.experts / node_of.len();
     let slots_per_domain = gpd * layout.slots_per_gpu();
     let mut profit = vec![vec![0i64; domains]; domains];
@@ -205,126 +219,6 @@ fn relabel_groups(node_of: &[usize], prev: &[usize], layout: &Layout) -> Vec<usi
     }
     let to = assign_max(&profit);
     node_of.iter().map(|&n| to[n]).collect()
-}
-
-/// Builds and packs every domain for the given group placement. With `prev`, each domain
-/// starts from the previous replicas of its experts (at most one per GPU) and the search is
-/// charged for moves; without it, it starts empty and moves are free. Returns the layer's
-/// placement and whether every domain reached `target`.
-fn pack_layer(
-    load: &[f64],
-    layout: &Layout,
-    node_of: &[usize],
-    prev: Option<&[usize]>,
-    trim: bool,
-    target: f64,
-    opts: &PlannerOptions,
-) -> (Vec<usize>, bool) {
-    let (domains, gpd) = layout.domains();
-    let slots = layout.slots_per_gpu();
-    let size = layout.experts / node_of.len();
-    let mut out = vec![0; layout.replicas];
-    let mut reached = true;
-    for d in 0..domains {
-        let experts: Vec<usize> = (0..layout.experts)
-            .filter(|&e| node_of[e / size] == d)
-            .collect();
-        let mut local = vec![usize::MAX; layout.experts];
-        for (i, &e) in experts.iter().enumerate() {
-            local[e] = i;
-        }
-        let n = experts.len();
-        let base = d * gpd * slots;
-        let loads: Vec<f64> = experts.iter().map(|&e| load[e]).collect();
-        let mut dom = match prev {
-            None => Domain::fresh(gpd, slots, loads, opts.near_equal),
-            Some(prev) => {
-                let mut orig = vec![false; gpd * n];
-                for s in 0..gpd * slots {
-                    let e = prev[base + s];
-                    if local[e] != usize::MAX {
-                        orig[(s / slots) * n + local[e]] = true;
-                    }
-                }
-                Domain::new(gpd, slots, loads, orig, opts.near_equal)
-            }
-        };
-        if let Some(prev) = prev {
-            for s in 0..gpd * slots {
-                let e = local[prev[base + s]];
-                if e != usize::MAX && dom.on(s / slots, e) == 0 {
-                    dom.put(s, e);
-                }
-            }
-        }
-        if trim {
-            dom.trim_to_fair_counts();
-        }
-        dom.fill();
-        if dom.max_load() > target {
-            let limits = SearchLimits {
-                target,
-                max_moves: if prev.is_some() {
-                    (opts.max_move_fraction * (gpd * slots) as f64).floor() as usize
-                } else {
-                    usize::MAX
-                },
-                max_steps: opts.search_steps,
-                free_moves: prev.is_none(),
-            };
-            reached &= dom.improve(&limits);
-        }
-        for (s, &e) in dom.slot.iter().enumerate() {
-            out[base + s] = experts[e];
-        }
-    }
-    (out, reached)
-}
-
-/// Brings moved replicas of a layer's placement back to GPUs that held them before, by
-/// exchanges inside each domain that keep every GPU at or below `cap_load` (see
-/// [`Domain::reduce_moves`]); then preserves slots.
-fn reduce_moves(
-    phy2log: &[usize],
-    prev: &[usize],
-    load: &[f64],
-    layout: &Layout,
-    cap_load: f64,
-) -> Vec<usize> {
-    let (domains, gpd) = layout.domains();
-    let slots = layout.slots_per_gpu();
-    let per_domain = gpd * slots;
-    let mut out = phy2log.to_vec();
-    for d in 0..domains {
-        let base = d * per_domain;
-        let mut experts: Vec<usize> = phy2log[base..base + per_domain].to_vec();
-        experts.sort_unstable();
-        experts.dedup();
-        let mut local = vec![usize::MAX; layout.experts];
-        for (i, &e) in experts.iter().enumerate() {
-            local[e] = i;
-        }
-        let n = experts.len();
-        let mut orig = vec![false; gpd * n];
-        for s in 0..per_domain {
-            let e = local[prev[base + s]];
-            if e != usize::MAX {
-                orig[(s / slots) * n + e] = true;
-            }
-        }
-        let loads: Vec<f64> = experts.iter().map(|&e| load[e]).collect();
-        let mut dom = Domain::new(gpd, slots, loads, orig, 0.0);
-        for s in 0..per_domain {
-            dom.put(s, local[phy2log[base + s]]);
-        }
-        if dom.moves() == 0 || dom.reduce_moves(cap_load, 8) == 0 {
-            continue;
-        }
-        for (s, &e) in dom.slot.iter().enumerate() {
-            out[base + s] = experts[e];
-        }
-    }
-    preserve_slots(&out, prev, layout.gpus)
 }
 
 /// A fresh plan of the improved policy for one layer.
@@ -419,7 +313,7 @@ pub fn plan_layer(
         return plan(prev.to_vec(), Decision::Kept);
     }
     let mut candidates = Vec::new();
-    let kept_groups = groups_from_previous(prev, layout);
+    let kept_groups = groups_from_previous(prev, load, layout);
     // From the previous placement: as it is, then with surplus replicas freed first.
     for trim in [false, true] {
         let (repaired, ok) = pack_layer(load, layout, &kept_groups, Some(prev), trim, budget, opts);

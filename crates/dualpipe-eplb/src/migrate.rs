@@ -8,6 +8,18 @@
 use pathfinding::kuhn_munkres::kuhn_munkres;
 use pathfinding::matrix::Matrix;
 
+/// The most work the matchings of one call may take, counted as `n^3` for an `n x n`
+/// matching (the Hungarian method's bound): 2^27, well under a second. Larger problems are not
+/// matched: [`relabel`] keeps the GPUs as they are, and the improved policy keeps its fresh
+/// packing of groups onto nodes, so the migration-aware path stays bounded on any shape (the
+/// plan is as balanced, and may move more replicas).
+pub const MATCHING_MAX_WORK: u128 = 1 << 27;
+
+/// The work of one `n x n` matching, `n^3`.
+pub fn matching_work(n: usize) -> u128 {
+    (n as u128).pow(3)
+}
+
 /// Maximum-weight perfect matching of a square profit matrix: `result[row] = column`.
 pub fn assign_max(profit: &[Vec<i64>]) -> Vec<usize> {
     if profit.is_empty() {
@@ -35,9 +47,16 @@ fn common(new: &[usize], old: &[usize]) -> i64 {
 /// node, old node), then the best matching of nodes. Loads are unchanged since GPUs of a
 /// placement are interchangeable (and nodes with them). Slots are then arranged with
 /// [`preserve_slots`].
+///
+/// When the matchings would take more than [`MATCHING_MAX_WORK`], the GPUs keep their names
+/// (only the slots are arranged).
 pub fn relabel(new: &[usize], old: &[usize], num_gpus: usize, num_nodes: usize) -> Vec<usize> {
     let slots = new.len() / num_gpus;
     let gpn = num_gpus / num_nodes;
+    let nodes = num_nodes as u128;
+    if nodes * nodes * matching_work(gpn) + matching_work(num_nodes) > MATCHING_MAX_WORK {
+        return preserve_slots(new, old, num_gpus);
+    }
     let new_sets: Vec<Vec<usize>> = (0..num_gpus).map(|g| gpu_experts(new, g, slots)).collect();
     let old_sets: Vec<Vec<usize>> = (0..num_gpus).map(|g| gpu_experts(old, g, slots)).collect();
     // gpu_of[new gpu] = old (physical) gpu it becomes.
@@ -124,6 +143,27 @@ mod tests {
         let node = |e: usize| out.iter().position(|&x| x == e).unwrap() / 4;
         assert_eq!(node(0), node(4));
         assert_eq!(node(2), node(6));
+    }
+
+    #[test]
+    fn a_matching_too_large_keeps_the_gpus() {
+        // 1,024 GPUs in one node: 2^30 steps of matching, over the bound.
+        let gpus = 1024;
+        assert!(matching_work(gpus) > MATCHING_MAX_WORK);
+        let old: Vec<usize> = (0..2 * gpus).map(|s| s % gpus).collect();
+        let new: Vec<usize> = (0..2 * gpus).map(|s| (s + 2) % gpus).collect();
+        assert_eq!(
+            relabel(&new, &old, gpus, 1),
+            preserve_slots(&new, &old, gpus)
+        );
+        // Under the bound the same kind of shift is undone.
+        let (old, new) = (
+            &old[..64],
+            &new[..64].iter().map(|&e| e % 32).collect::<Vec<_>>(),
+        );
+        let old: Vec<usize> = old.iter().map(|&e| e % 32).collect();
+        let out = relabel(new, &old, 32, 1);
+        assert_eq!(crate::improved::moved_replicas(&old, &out, 32), 0);
     }
 
     #[test]

@@ -14,13 +14,14 @@
 //! The metrics (names by Prometheus's rules: one prefix, base units, `_total` counters,
 //! ratios 0-1): `dualpipe_pipeline_bubble_ratio` (measured, last step: waits for a message
 //! only), `dualpipe_pipeline_bubble_ratio_simulated`, `dualpipe_core_wait_ratio`,
-//! `dualpipe_communication_overhead_ratio` (0 until data parallelism exists: pipeline
-//! messages are part of the bubble, and no other communication happens yet),
+//! `dualpipe_communication_overhead_ratio` (the share of the step this replica spent in the
+//! data-parallel gradient exchange; pipeline messages are part of the bubble),
 //! `dualpipe_step_duration_seconds` (histogram), `dualpipe_steps_total`,
 //! `dualpipe_tokens_total`, `dualpipe_tokens_per_second`, `dualpipe_loss`,
 //! `dualpipe_validation_loss`, `dualpipe_rank_busy_seconds_total{rank}`,
 //! `dualpipe_rank_wait_seconds_total{rank,reason}` (reason: `message`, `core`),
-//! `dualpipe_bytes_sent_total{kind}` (kind: `activation`, `gradient`, `expert`).
+//! `dualpipe_bytes_sent_total{kind}` (kind: `activation`, `gradient`, `expert`,
+//! `data_parallel`).
 //!
 //! Under MPI every process serves its own metrics on `base port + rank` (port 0: each picks
 //! a free port and prints it), so each pod or host is scraped alone and a failed rank's

@@ -105,6 +105,8 @@ impl RunObserver {
                 *slot = slot.saturating_add(self.message_bytes);
             }
         }
+        let exchange = report.exchange.unwrap_or_default();
+        bytes.data_parallel = exchange.bytes_sent;
         let split = times.split(pipeline_seconds);
         let simulated = self
             .ops
@@ -129,7 +131,8 @@ impl RunObserver {
             bubble_ratio: split.bubble_ratio,
             bubble_ratio_simulated: simulated,
             core_wait_ratio: split.core_wait_ratio,
-            communication_overhead_ratio: 0.0,
+            communication_overhead_ratio: (exchange.seconds / step_seconds.max(1e-9))
+                .clamp(0.0, 1.0),
             rank_threads: times.threads,
             cores: times.cores,
             ranks: times

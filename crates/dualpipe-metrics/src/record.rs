@@ -25,6 +25,10 @@ pub struct BytesSent {
     pub gradient: u64,
     /// MoE expert traffic (dispatch and combine; 0 until MoE layers exist).
     pub expert: u64,
+    /// Data-parallel gradient exchange: what this replica sent, compressed, headers included
+    /// (0 with one replica; absent in logs written before it existed).
+    #[serde(default)]
+    pub data_parallel: u64,
 }
 
 /// Every figure of one finished step (one line of the JSONL run log).
@@ -54,8 +58,9 @@ pub struct StepRecord {
     pub bubble_ratio_simulated: Option<f64>,
     /// Share of rank time spent waiting for a core, 0-1.
     pub core_wait_ratio: f64,
-    /// Share of the step spent in data-parallel communication, 0-1: 0 until data parallelism
-    /// exists (pipeline messages overlap compute and are part of the bubble).
+    /// Share of the step's wall-clock time this replica spent in the data-parallel gradient
+    /// exchange, 0-1 (0 with one replica; pipeline messages overlap compute and are part of
+    /// the bubble).
     pub communication_overhead_ratio: f64,
     /// Rank threads this process ran at once.
     pub rank_threads: usize,

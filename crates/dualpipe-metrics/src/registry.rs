@@ -20,7 +20,7 @@ pub const PREFIX: &str = "dualpipe";
 pub const WAIT_REASONS: [&str; 2] = ["message", "core"];
 
 /// What bytes carried (the `kind` label of `dualpipe_bytes_sent_total`).
-pub const BYTE_KINDS: [&str; 3] = ["activation", "gradient", "expert"];
+pub const BYTE_KINDS: [&str; 4] = ["activation", "gradient", "expert", "data_parallel"];
 
 type Labels = Vec<(String, String)>;
 type F64Gauge = Gauge<f64, AtomicU64>;
@@ -101,7 +101,7 @@ impl TrainingMetrics {
         );
         registry.register(
             "communication_overhead_ratio",
-            "Share of the last step spent in data-parallel communication (0-1; 0 until data parallelism exists)",
+            "Share of the last step this replica spent in the data-parallel gradient exchange (0-1; 0 with one replica)",
             m.overhead.clone(),
         );
         registry.register(
@@ -138,7 +138,7 @@ impl TrainingMetrics {
         );
         registry.register(
             "bytes_sent",
-            "Bytes sent between ranks, by kind: activation, gradient, expert",
+            "Bytes sent between workers, by kind: activation, gradient, expert, data_parallel",
             m.bytes_sent.clone(),
         );
         for rank in 0..ranks {
@@ -202,6 +202,7 @@ impl TrainingMetrics {
             ("activation", b.activation),
             ("gradient", b.gradient),
             ("expert", b.expert),
+            ("data_parallel", b.data_parallel),
         ] {
             self.bytes_sent
                 .get_or_create(&label(&[("kind", kind.to_string())]))
@@ -282,7 +283,7 @@ mod tests {
             bubble_ratio: 0.2,
             bubble_ratio_simulated: Some(0.1),
             core_wait_ratio: 0.3,
-            communication_overhead_ratio: 0.0,
+            communication_overhead_ratio: 0.25,
             rank_threads: 2,
             cores: 2,
             ranks: vec![RankRecord {
@@ -295,6 +296,7 @@ mod tests {
                 activation: 1000,
                 gradient: 500,
                 expert: 0,
+                data_parallel: 300,
             },
         }
     }
@@ -308,7 +310,7 @@ mod tests {
         for needle in [
             "dualpipe_pipeline_bubble_ratio 0.2",
             "dualpipe_pipeline_bubble_ratio_simulated 0.1",
-            "dualpipe_communication_overhead_ratio 0.0",
+            "dualpipe_communication_overhead_ratio 0.25",
             "dualpipe_steps_total 2",
             "dualpipe_tokens_total 128",
             "dualpipe_step_duration_seconds_count 2",
@@ -317,6 +319,7 @@ mod tests {
             "dualpipe_rank_wait_seconds_total{rank=\"1\",reason=\"core\"} 0.04",
             "dualpipe_bytes_sent_total{kind=\"activation\"} 2000",
             "dualpipe_bytes_sent_total{kind=\"expert\"} 0",
+            "dualpipe_bytes_sent_total{kind=\"data_parallel\"} 600",
             "dualpipe_validation_loss NaN",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");

@@ -80,6 +80,13 @@ impl ModelStage {
         each!(self, s => s.params())
     }
 
+    /// The parameters' names by model layer (never by rank), in the order of
+    /// [`ModelStage::params`]: the GPT's documented tensor names, the MLP's
+    /// `blocks.{l}.{up,down}.{weight,bias}`.
+    pub fn param_names(&self) -> Vec<String> {
+        each!(self, s => s.param_names())
+    }
+
     /// Parameters mutably, in the order of [`ModelStage::params`].
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
         each!(self, s => s.params_mut())

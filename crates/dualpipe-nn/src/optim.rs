@@ -76,12 +76,42 @@ impl fmt::Display for OptimizerKind {
     }
 }
 
-/// Per-parameter optimizer state.
+/// One parameter's optimizer state (what a checkpoint saves beside the parameter).
 #[derive(Clone, Debug)]
-enum State {
-    Sgd { buf: Tensor },
-    AdamW { m: Tensor, v: Tensor },
+pub enum ParamState {
+    /// SGD's momentum buffer.
+    Sgd {
+        /// The momentum buffer `buf` (same shape as the parameter).
+        momentum: Tensor,
+    },
+    /// AdamW's moments.
+    AdamW {
+        /// The first moment `m`.
+        m: Tensor,
+        /// The second moment `v`.
+        v: Tensor,
+    },
 }
+
+impl ParamState {
+    /// The state's tensors with their names (`"momentum"`, or `"m"` and `"v"`).
+    pub fn tensors(&self) -> Vec<(&'static str, &Tensor)> {
+        match self {
+            ParamState::Sgd { momentum } => vec![("momentum", momentum)],
+            ParamState::AdamW { m, v } => vec![("m", m), ("v", v)],
+        }
+    }
+
+    /// The names [`ParamState::tensors`] gives for `kind`.
+    pub fn names(kind: OptimizerKind) -> &'static [&'static str] {
+        match kind {
+            OptimizerKind::Sgd { .. } => &["momentum"],
+            OptimizerKind::AdamW { .. } => &["m", "v"],
+        }
+    }
+}
+
+use ParamState as State;
 
 /// An optimizer for one stage copy's parameters (always passed in the same order).
 #[derive(Clone, Debug)]
@@ -108,6 +138,46 @@ impl Optimizer {
         self.steps
     }
 
+    /// The optimizer and its hyper-parameters.
+    pub fn kind(&self) -> OptimizerKind {
+        self.kind
+    }
+
+    /// The per-parameter state, in the order of the parameters given to
+    /// [`Optimizer::step`] (empty before the first step).
+    pub fn state(&self) -> &[ParamState] {
+        &self.state
+    }
+
+    /// Restores a saved state: `steps` steps taken and `state` per parameter (empty with
+    /// `steps` 0). Refused when a state is of the other optimizer, or the count disagrees
+    /// with `steps`.
+    pub fn set_state(&mut self, steps: u64, state: Vec<ParamState>) -> Result<(), NnError> {
+        if (steps == 0) != state.is_empty() {
+            return Err(NnError::Stage(format!(
+                "optimizer state of {} parameters after {steps} steps: a state is kept from \
+                 the first step on",
+                state.len()
+            )));
+        }
+        let fits = state.iter().all(|s| {
+            matches!(
+                (s, self.kind),
+                (ParamState::Sgd { .. }, OptimizerKind::Sgd { .. })
+                    | (ParamState::AdamW { .. }, OptimizerKind::AdamW { .. })
+            )
+        });
+        if !fits {
+            return Err(NnError::Stage(format!(
+                "the saved optimizer state is not {}'s",
+                self.kind
+            )));
+        }
+        self.steps = steps;
+        self.state = state;
+        Ok(())
+    }
+
     /// Updates every parameter from its accumulated gradient (gradients are left as they are).
     pub fn step(&mut self, params: &mut [&mut Param]) -> Result<(), NnError> {
         if self.steps > 0 && self.state.len() != params.len() {
@@ -124,15 +194,15 @@ impl Optimizer {
             match self.kind {
                 OptimizerKind::Sgd { momentum } => {
                     let old = match self.state.get(i) {
-                        Some(State::Sgd { buf }) => Some(buf),
+                        Some(State::Sgd { momentum }) => Some(momentum),
                         _ => None,
                     };
                     let (value, buf) = kernels::sgd(&p.value, &p.grad, old, momentum, lr)?;
                     p.value = value;
                     if first {
-                        self.state.push(State::Sgd { buf });
+                        self.state.push(State::Sgd { momentum: buf });
                     } else {
-                        self.state[i] = State::Sgd { buf };
+                        self.state[i] = State::Sgd { momentum: buf };
                     }
                 }
                 OptimizerKind::AdamW {
@@ -221,6 +291,35 @@ mod tests {
                 value(&p)
             );
         }
+    }
+
+    #[test]
+    fn a_restored_state_continues_bit_identically() {
+        for kind in [OptimizerKind::sgd(), OptimizerKind::adamw()] {
+            let mut p = param(1.0, 0.5);
+            let mut opt = Optimizer::new(kind, 0.1);
+            opt.step(&mut [&mut p]).unwrap();
+            opt.step(&mut [&mut p]).unwrap();
+            let (steps, state) = (opt.steps(), opt.state().to_vec());
+            let mut q = param(value(&p), 0.5);
+            let mut restored = Optimizer::new(kind, 0.1);
+            restored.set_state(steps, state).unwrap();
+            opt.step(&mut [&mut p]).unwrap();
+            restored.step(&mut [&mut q]).unwrap();
+            assert_eq!(value(&p).to_bits(), value(&q).to_bits(), "{kind}");
+            assert_eq!(
+                ParamState::names(kind).len(),
+                opt.state()[0].tensors().len()
+            );
+        }
+        let adam = Optimizer::new(OptimizerKind::adamw(), 0.1);
+        let mut sgd = Optimizer::new(OptimizerKind::sgd(), 0.1);
+        let mut p = param(1.0, 0.5);
+        let mut other = Optimizer::new(OptimizerKind::adamw(), 0.1);
+        other.step(&mut [&mut p]).unwrap();
+        assert!(sgd.set_state(1, other.state().to_vec()).is_err());
+        assert!(sgd.set_state(1, Vec::new()).is_err());
+        assert_eq!(adam.state().len(), 0);
     }
 
     #[test]

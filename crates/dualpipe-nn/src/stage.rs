@@ -145,6 +145,19 @@ impl MlpStage {
         self.blocks.iter().flat_map(MlpBlock::params).collect()
     }
 
+    /// The names of this stage's parameters, in the order of [`MlpStage::params`], by model
+    /// layer: `blocks.{l}.up.weight`, `blocks.{l}.up.bias`, `blocks.{l}.down.weight`,
+    /// `blocks.{l}.down.bias` with `l` the block's index in the whole model.
+    pub fn param_names(&self) -> Vec<String> {
+        let first = self.position.model_stage * self.model.layers_per_stage;
+        (first..first + self.blocks.len())
+            .flat_map(|l| {
+                ["up.weight", "up.bias", "down.weight", "down.bias"]
+                    .map(|p| format!("blocks.{l}.{p}"))
+            })
+            .collect()
+    }
+
     /// Parameters mutably, in the order of [`MlpStage::params`].
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
         self.blocks

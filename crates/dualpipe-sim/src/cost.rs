@@ -10,6 +10,7 @@ use dualpipe_schedule::Op;
 use serde::{Deserialize, Serialize};
 
 use crate::error::SimError;
+use crate::topology::Network;
 
 /// Durations of the compute ops of one stage, in seconds (or any unit, used consistently).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -145,6 +146,14 @@ pub struct CostModel {
     pub per_stage: Vec<StageCost>,
     /// Message costs.
     pub comm: CommCost,
+    /// Optional relative compute speed of each rank (op durations are divided by it); empty
+    /// means every rank runs at speed 1.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_speed: Vec<f64>,
+    /// Optional links between the ranks: when set, every message is charged by the link it
+    /// crosses (see [`Network`]) instead of by `comm`'s latency and bandwidth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
 }
 
 impl CostModel {
@@ -154,7 +163,26 @@ impl CostModel {
             compute: StageCost::new(f, b, w, fb),
             per_stage: Vec::new(),
             comm: CommCost::FREE,
+            rank_speed: Vec::new(),
+            network: None,
         }
+    }
+
+    /// The same model with per-rank relative speeds.
+    pub fn with_rank_speed(mut self, rank_speed: Vec<f64>) -> Self {
+        self.rank_speed = rank_speed;
+        self
+    }
+
+    /// The same model with messages charged by the links of `network`.
+    pub fn with_network(mut self, network: Network) -> Self {
+        self.network = Some(network);
+        self
+    }
+
+    /// The relative speed of `rank` (1 when no speeds are given).
+    pub fn speed(&self, rank: usize) -> f64 {
+        self.rank_speed.get(rank).copied().unwrap_or(1.0)
     }
 
     /// The same model with communication costs `comm`.
@@ -174,6 +202,13 @@ impl CostModel {
         self.compute.check("cost model")?;
         for (stage, cost) in self.per_stage.iter().enumerate() {
             cost.check(&format!("cost of stage {stage}"))?;
+        }
+        for (rank, &speed) in self.rank_speed.iter().enumerate() {
+            if !speed.is_finite() || speed <= 0.0 {
+                return Err(SimError::Cost(format!(
+                    "speed of rank {rank} = {speed} is invalid; relative speeds must be finite numbers > 0"
+                )));
+            }
         }
         self.comm.check()
     }

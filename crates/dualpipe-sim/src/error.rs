@@ -15,4 +15,7 @@ pub enum SimError {
     /// names the first op or message that ends at infinity.
     #[error("{0}")]
     Overflow(String),
+    /// A topology file or network is malformed. The message names the field and the fix.
+    #[error("{0}")]
+    Topology(String),
 }

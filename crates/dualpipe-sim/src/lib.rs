@@ -36,6 +36,7 @@ pub mod report;
 pub mod simulate;
 pub mod svg;
 pub mod timeline;
+pub mod topology;
 pub mod trace;
 
 pub use cost::{CommCost, CostModel, StageCost};
@@ -44,3 +45,4 @@ pub use measure::{OpTally, OpTimes};
 pub use metrics::{metrics, Metrics};
 pub use simulate::simulate;
 pub use timeline::{ComputeInterval, MessageInterval, MessageKind, Timeline};
+pub use topology::{Link, LinkClass, Links, Network, Topology};

@@ -83,6 +83,8 @@ impl CostModel {
             compute: scale(&self.compute),
             per_stage: self.per_stage.iter().map(scale).collect(),
             comm: self.comm,
+            rank_speed: self.rank_speed.clone(),
+            network: self.network.clone(),
         }
     }
 }

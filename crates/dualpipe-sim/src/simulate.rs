@@ -8,6 +8,9 @@
 //!   [`CommCost::message_time`](crate::CommCost::message_time) and arrives at its end. Sends
 //!   never hold up the compute stream, unless communication is blocking, in which case the
 //!   compute stream waits for each of its own sends.
+//!   With a [`Network`](crate::Network) in the cost model the sender is busy for
+//!   `bytes / bandwidth` of the link the message crosses and the message arrives a latency
+//!   after that; per-rank speeds divide the compute durations.
 //! - A `RECV` posts a receive; a message that arrives before it is posted is buffered.
 //! - A compute op starts when the previous compute op of its rank has ended and its inputs
 //!   are ready: the messages of its receives have arrived, and its producers on the same
@@ -39,6 +42,9 @@ use crate::timeline::{ComputeInterval, MessageInterval, MessageKind, Timeline};
 /// whose makespan is `inf` and whose bubble ratio is meaningless.
 pub fn simulate(schedule: &Schedule, cost: &CostModel) -> Result<Timeline, SimError> {
     cost.check()?;
+    if let Some(network) = &cost.network {
+        network.check(schedule.ranks)?;
+    }
     let timeline = Simulator::new(schedule, cost)?.run()?;
     check_finite(&timeline)?;
     Ok(timeline)
@@ -393,10 +399,19 @@ impl<'a> Simulator<'a> {
                             self.err(rank, format!("the message for {dst} was already sent"))
                         );
                     }
+                    // With a network, the sender is busy for the transfer and the message
+                    // arrives a latency later; without, the single message time does both.
+                    let (busy, travel) = match &self.cost.network {
+                        Some(net) => {
+                            let boundary = if forward { chunk.stage } else { dst.stage };
+                            net.message(rank, peer, boundary, self.cost.comm.message_bytes)
+                        }
+                        None => (self.message_time, self.message_time),
+                    };
                     let state = &mut self.ranks[rank];
                     let start = state.time.max(state.comm_free);
-                    let end = start + self.message_time;
-                    state.comm_free = end;
+                    let end = start + travel;
+                    state.comm_free = start + busy;
                     if self.cost.comm.blocking {
                         self.timeline.comm_wait[rank] += end - state.time;
                         state.time = end;
@@ -514,7 +529,11 @@ impl<'a> Simulator<'a> {
                             }
                         }
                     }
-                    let duration = self.cost.duration(&op);
+                    let duration = if self.cost.rank_speed.is_empty() {
+                        self.cost.duration(&op)
+                    } else {
+                        self.cost.duration(&op) / self.cost.speed(rank)
+                    };
                     let state = &mut self.ranks[rank];
                     self.timeline.comm_wait[rank] += ready - state.time;
                     let end = ready + duration;

@@ -21,8 +21,8 @@ use std::time::Instant;
 
 use candle_core::{Tensor, WithDType};
 use dualpipe_dp::{
-    BucketLayout, ChannelTransport, ExchangeConfig, ExchangeStats, GradExchange, GradFloat,
-    GradTransport, Reduce,
+    BucketLayout, ChannelTransport, ErrorFeedbackState, ExchangeConfig, ExchangeStats,
+    GradExchange, GradFloat, GradTransport, Reduce,
 };
 use dualpipe_nn::ModelStage;
 use dualpipe_runtime::RankStages;
@@ -71,6 +71,17 @@ impl StageGrads {
             StageGrads::F64(ex) => ex.totals(),
         }
     }
+}
+
+/// What one step's gradient exchange cost one replica (the losses' exchange not included).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepExchange {
+    /// Wall-clock seconds of the exchange (after the pipeline: nothing hides it).
+    pub seconds: f64,
+    /// Bytes this replica sent: gradient bodies and message headers.
+    pub bytes_sent: u64,
+    /// What the gradient bodies would have carried uncompressed.
+    pub bytes_uncompressed: u64,
 }
 
 /// One replica's end of the gradient exchange (see the [module](self) documentation).
@@ -212,13 +223,14 @@ impl ReplicaExchange {
     }
 
     /// Replaces every held stage's gradients (both DualPipe copies, already summed) by their
-    /// mean over the replicas.
+    /// mean over the replicas; returns what this replica's exchange of the step cost.
     pub fn exchange(
         &mut self,
         step: usize,
         stages: &mut [RankStages<ModelStage>],
-    ) -> Result<(), TrainError> {
+    ) -> Result<StepExchange, TrainError> {
         let began = Instant::now();
+        let before = self.totals();
         let step = step as u64;
         if self.overlap {
             for (s, grads) in &mut self.stages {
@@ -255,8 +267,17 @@ impl ReplicaExchange {
                 }
             }
         }
-        self.seconds += began.elapsed().as_secs_f64();
-        Ok(())
+        let seconds = began.elapsed().as_secs_f64();
+        self.seconds += seconds;
+        let after = self.totals();
+        let sent = |t: &ExchangeStats| t.grad_bytes_sent.saturating_add(t.header_bytes_sent);
+        Ok(StepExchange {
+            seconds,
+            bytes_sent: sent(&after).saturating_sub(sent(&before)),
+            bytes_uncompressed: after
+                .grad_bytes_uncompressed
+                .saturating_sub(before.grad_bytes_uncompressed),
+        })
     }
 
     /// Every replica's micro-batch losses of step `step`, in global micro-batch order
@@ -281,6 +302,63 @@ impl ReplicaExchange {
         all[..4].copy_from_slice(&values);
         self.losses.all_reduce(step as u64, &mut all)?;
         Ok([all[0], all[1], all[2], all[3]])
+    }
+
+    /// The error-feedback buffers of every held model stage (what a lossy compression
+    /// dropped, to add to the next step), as `f64` (exact for `f32` runs): checkpoints save
+    /// them.
+    pub fn error_feedback(&self) -> Vec<(usize, ErrorFeedbackState<f64>)> {
+        fn widen<T: GradFloat>(state: &ErrorFeedbackState<T>) -> ErrorFeedbackState<f64> {
+            let wide = |b: &Vec<Vec<T>>| -> Vec<Vec<f64>> {
+                b.iter()
+                    .map(|v| v.iter().map(|x| x.to_f64()).collect())
+                    .collect()
+            };
+            ErrorFeedbackState {
+                worker: wide(&state.worker),
+                server: wide(&state.server),
+            }
+        }
+        self.stages
+            .iter()
+            .map(|(s, g)| {
+                let state = match g {
+                    StageGrads::F32(ex) => widen(ex.error_feedback()),
+                    StageGrads::F64(ex) => widen(ex.error_feedback()),
+                };
+                (*s, state)
+            })
+            .collect()
+    }
+
+    /// Restores model stage `stage`'s error-feedback buffers (from
+    /// [`ReplicaExchange::error_feedback`]); refused when they do not fit its buckets. A
+    /// stage this replica does not hold is ignored.
+    pub fn set_error_feedback(
+        &mut self,
+        stage: usize,
+        state: &ErrorFeedbackState<f64>,
+    ) -> Result<(), TrainError> {
+        fn narrow<T: GradFloat>(state: &ErrorFeedbackState<f64>) -> ErrorFeedbackState<T> {
+            let narrow = |b: &Vec<Vec<f64>>| -> Vec<Vec<T>> {
+                b.iter()
+                    .map(|v| v.iter().map(|&x| T::from_f64(x)).collect())
+                    .collect()
+            };
+            ErrorFeedbackState {
+                worker: narrow(&state.worker),
+                server: narrow(&state.server),
+            }
+        }
+        for (s, g) in &mut self.stages {
+            if *s == stage {
+                match g {
+                    StageGrads::F32(ex) => ex.set_error_feedback(narrow(state))?,
+                    StageGrads::F64(ex) => ex.set_error_feedback(narrow(state))?,
+                }
+            }
+        }
+        Ok(())
     }
 
     /// What this replica's gradient exchanges sent over the run (the losses not included).
@@ -381,6 +459,35 @@ impl DataParallel {
     /// replica).
     pub fn replica_mut(&mut self, d: usize) -> &mut Trainer<LocalThreads> {
         &mut self.replicas[d]
+    }
+
+    /// Gives every replica a handle on `writer` (which must expect one part per replica).
+    pub fn set_checkpoints(&mut self, writer: &crate::checkpoint::CheckpointWriter) {
+        for t in &mut self.replicas {
+            if let Some(sink) = writer.sink() {
+                t.set_checkpoints(sink);
+            }
+        }
+    }
+
+    /// Stops every replica's checkpoints (so the writer can finish).
+    pub fn clear_checkpoints(&mut self) {
+        self.replicas
+            .iter_mut()
+            .for_each(Trainer::clear_checkpoints);
+    }
+
+    /// [`Trainer::restore`] on every replica (replica 0's report).
+    pub fn restore(
+        &mut self,
+        checkpoint: &crate::checkpoint::Checkpoint,
+    ) -> Result<crate::trainer::Restored, TrainError> {
+        let mut first = None;
+        for t in &mut self.replicas {
+            let restored = t.restore(checkpoint)?;
+            first.get_or_insert(restored);
+        }
+        first.ok_or_else(|| TrainError::Execution("no replica".into()))
     }
 
     /// One step of every replica, concurrently; returns replica 0's report (its losses are

@@ -36,6 +36,9 @@ pub enum TrainError {
     /// message of the wrong step).
     #[error("gradient exchange failed: {0}")]
     Exchange(#[from] dualpipe_dp::DpError),
+    /// A checkpoint could not be written, found or read, or does not fit the run.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
 }
 
 /// A loss that is no longer a finite number, and what it says about the cause.

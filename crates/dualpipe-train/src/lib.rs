@@ -19,7 +19,11 @@
 //! - [`reference`](mod@reference) — the sequential single-thread oracle every schedule must
 //!   match;
 //! - [`moe`] — the GPT's mixture-of-experts settings and the per-step expert load;
-//! - [`memory`] — the documented memory cap and this machine's available memory.
+//! - [`memory`] — the documented memory cap and this machine's available memory;
+//! - [`checkpoint`] — checkpoints: written in the background, named by model layer, read
+//!   back by any grid shape ([`Trainer::set_checkpoints`], [`Trainer::restore`]);
+//! - `mpi` (feature `mpi`) — one worker per process under an MPI launcher: the grid's check
+//!   and this process's trainer.
 //!
 //! ```
 //! use dualpipe_train::{DType, TrainConfig, Trainer};
@@ -45,6 +49,7 @@
 #![warn(missing_docs)]
 
 mod check;
+pub mod checkpoint;
 pub mod collective;
 pub mod config;
 pub mod data_parallel;
@@ -52,14 +57,17 @@ pub mod driver;
 pub mod error;
 pub mod memory;
 pub mod moe;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod rank;
 pub mod reference;
 pub mod summary;
 pub mod trainer;
 pub mod workload;
 
+pub use checkpoint::{Checkpoint, CheckpointError, CheckpointOptions, CheckpointWriter};
 pub use config::{DType, Field, ModelKind, Naming, Task, TrainConfig, MAX_STEPS};
-pub use data_parallel::{DataParallel, ReplicaExchange, ReplicaLinks};
+pub use data_parallel::{DataParallel, ReplicaExchange, ReplicaLinks, StepExchange};
 pub use driver::{Driver, LocalThreads, MAX_LOCAL_RANKS};
 pub use dualpipe_dp as dp;
 pub use dualpipe_dp::Compression;
@@ -70,5 +78,5 @@ pub use moe::{ExpertLoad, MoeSettings};
 pub use rank::{OneRank, RankTrainer};
 pub use reference::{Reference, ReferenceStep};
 pub use summary::{RunSummary, SummaryBuilder};
-pub use trainer::{StepEvent, StepReport, Trainer};
+pub use trainer::{Restored, StepEvent, StepReport, Trainer};
 pub use workload::{Evaluation, Sample, Workload};

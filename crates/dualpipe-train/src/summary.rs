@@ -51,6 +51,9 @@ pub struct RunSummary {
     pub seed: u64,
     /// Steps run.
     pub steps: usize,
+    /// The number (1-based) of the first step this run ran: 1 for a fresh run, `N + 1` after
+    /// resuming from a checkpoint of step `N`; `losses[i]` is step `first_step + i`'s.
+    pub first_step: usize,
     /// The loss of every step (mean over its micro-batches).
     pub losses: Vec<f64>,
     /// The last step's loss.
@@ -140,6 +143,7 @@ pub struct SummaryBuilder {
     evaluations: Vec<Evaluation>,
     last_step: Option<(Timeline, Metrics)>,
     expert_loads: Vec<crate::moe::ExpertLoad>,
+    first_step: Option<usize>,
 }
 
 impl SummaryBuilder {
@@ -161,11 +165,13 @@ impl SummaryBuilder {
             evaluations: Vec::new(),
             last_step: None,
             expert_loads: Vec::new(),
+            first_step: None,
         }
     }
 
     /// Adds one step.
     pub fn add(&mut self, report: StepReport) {
+        self.first_step.get_or_insert(report.step + 1);
         self.losses.push(report.loss);
         self.walls.push(report.wall.as_secs_f64());
         self.evaluations.extend(report.evaluation);
@@ -228,6 +234,7 @@ impl SummaryBuilder {
             dtype: config.dtype.name().into(),
             seed: config.seed,
             steps,
+            first_step: self.first_step.unwrap_or(1),
             final_loss: self.losses.last().copied().unwrap_or(f64::NAN),
             losses: self.losses,
             samples_per_second: samples_per_step * steps as f64 / total_seconds.max(1e-9),
@@ -351,7 +358,7 @@ impl RunSummary {
             let every = n.div_ceil(10).max(1);
             for (i, loss) in s.losses.iter().enumerate() {
                 if i % every == 0 || i + 1 == n {
-                    out.push_str(&format!("  {:>4}  {loss:.6}\n", i + 1));
+                    out.push_str(&format!("  {:>4}  {loss:.6}\n", s.first_step + i));
                 }
             }
         }
@@ -556,6 +563,7 @@ mod tests {
                 threads: 4,
                 cores: 2,
             },
+            exchange: None,
             grad_norm: None,
             evaluation: None,
             expert_load: None,

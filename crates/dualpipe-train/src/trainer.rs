@@ -11,14 +11,17 @@ use dualpipe_schedule::{Schedule, ScheduleError};
 use dualpipe_sim::Timeline;
 
 use crate::config::{Field, Naming, TrainConfig};
-use crate::data_parallel::{ReplicaExchange, ReplicaLinks};
+use crate::data_parallel::{ReplicaExchange, ReplicaLinks, StepExchange};
 use crate::driver::{Driver, LocalThreads};
 use crate::error::{Divergence, TrainError};
 use crate::summary::{RunSummary, SummaryBuilder};
 use crate::workload::{Evaluation, Workload};
 
 mod experts;
+mod checkpoint;
 mod model;
+
+pub use checkpoint::Restored;
 
 /// The all-gather round of the exchange's figures after the last step (the collective
 /// module's gathers use 0 and 1).
@@ -47,6 +50,8 @@ pub struct StepReport {
     pub rank_times: RankTimes,
     /// The MoE router's tokens per (block, expert) of the step (`None` for a dense model).
     pub expert_load: Option<crate::moe::ExpertLoad>,
+    /// What this replica's data-parallel gradient exchange cost (`None`: one replica).
+    pub exchange: Option<StepExchange>,
 }
 
 /// What [`Trainer::run`] tells its callback.
@@ -93,6 +98,8 @@ pub struct Trainer<D: Driver = LocalThreads> {
     gathered: Option<(usize, GptWeights)>,
     /// This replica's end of the data-parallel exchange (`None`: a single replica).
     dp: Option<ReplicaExchange>,
+    /// Where due checkpoints go (`None`: no checkpoints).
+    checkpoints: Option<crate::checkpoint::CheckpointSink>,
 }
 
 impl Trainer<LocalThreads> {
@@ -213,6 +220,7 @@ impl<D: Driver> Trainer<D> {
                     prefetched: None,
                     gathered: None,
                     dp,
+                    checkpoints: None,
                 })
             }
             Err(err) => {
@@ -338,12 +346,14 @@ impl<D: Driver> Trainer<D> {
         self.driver
             .sum_stage_copies(&self.schedule, &mut self.stages, step, &self.exec_options)?;
         let mut losses: Vec<f64> = outcome.losses.iter().map(|l| l.loss).collect();
+        let mut exchange = None;
         if let Some(mut dp) = self.dp.take() {
             let exchanged = dp
                 .exchange(step, &mut self.stages)
-                .and_then(|()| dp.gather_losses(step, &losses));
+                .and_then(|cost| Ok((cost, dp.gather_losses(step, &losses)?)));
             self.dp = Some(dp);
-            losses = self.own(step, exchanged)?;
+            let (cost, all) = self.own(step, exchanged)?;
+            (exchange, losses) = (Some(cost), all);
         }
         let grad_norm = self.clip_gradients(step)?;
         let updated = self.optimizer_step();
@@ -363,6 +373,7 @@ impl<D: Driver> Trainer<D> {
             evaluation: None,
             rank_times: outcome.rank_times,
             expert_load,
+            exchange,
         })
     }
 
@@ -507,6 +518,7 @@ impl<D: Driver> Trainer<D> {
             if self.evaluation_due(step) {
                 report.evaluation = self.evaluate()?;
             }
+            self.save_due_checkpoint(step)?;
             let elapsed = began.elapsed();
             if let Err(reason) = on_step(StepEvent::Finished {
                 report: &report,

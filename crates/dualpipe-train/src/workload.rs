@@ -343,8 +343,16 @@ fn check_architecture(
     Ok(())
 }
 
-/// Reads safetensors weights for `config`'s element type.
+/// Reads safetensors weights for `config`'s element type; a directory is read as a
+/// checkpoint (a `step-*` directory, or a checkpoint directory's latest), weights only.
 pub fn read_weights(path: &Path, config: &TrainConfig) -> Result<GptWeights, TrainError> {
+    if path.is_dir() {
+        let found = crate::checkpoint::open(path)?;
+        return Ok(crate::checkpoint::gpt_weights(
+            &found.checkpoint,
+            config.dtype.candle(),
+        )?);
+    }
     let bytes = read_file(path, "the weights")?;
     GptWeights::from_safetensors(&bytes, config.dtype.candle())
         .map_err(|e| TrainError::Config(format!("{}: {e}", path.display())))

@@ -1,10 +1,12 @@
 //! One module per subcommand; each parses its flags, calls the library crates and prints.
 
+pub mod checkpoint;
 pub mod compare;
 pub mod eplb;
 pub mod eval;
 pub mod generate;
 pub mod output;
+pub mod plan;
 pub mod report;
 pub mod schedule;
 pub mod simulate;

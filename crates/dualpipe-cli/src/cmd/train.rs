@@ -17,6 +17,7 @@ use observe::Observe;
 
 mod args;
 mod moe;
+mod resume;
 
 pub use args::{config_and_schedule, Args, Format, Transport};
 
@@ -40,6 +41,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// not report. Every output path is checked first, so a bad one is found before training.
 fn execute(args: &Args) -> anyhow::Result<Option<Finished>> {
     let (config, given) = config_and_schedule(args)?;
+    resume::check(args)?;
     check_outputs(
         args.output.as_deref(),
         &[
@@ -61,15 +63,26 @@ fn execute(args: &Args) -> anyhow::Result<Option<Finished>> {
             if config.data_parallel > 1 {
                 return execute_replicas(args, &config, given).map(Some);
             }
+            let resume_from = resume::point(args)?;
             let mut trainer = match given {
                 Some(schedule) => Trainer::with_schedule(config.clone(), schedule),
                 None => Trainer::new(config.clone()),
             }
             .map_err(setup_error)?;
+            if let Some(checkpoint) = &resume_from {
+                let restored = trainer.restore(checkpoint).map_err(setup_error)?;
+                resume::note(args, checkpoint, &restored);
+            }
+            let writer = resume::writer(args, 1)?;
+            if let Some(sink) = writer.as_ref().and_then(|w| w.sink()) {
+                trainer.set_checkpoints(sink);
+            }
             let mut observe = Observe::start(&args.observe, &config, trainer.schedule(), 0, true)?;
-            let summary = trainer
-                .run(|event| observe.on_event(event))
-                .map_err(|e| run_error(e, &config))?;
+            let outcome = trainer.run(|event| observe.on_event(event));
+            trainer.clear_checkpoints();
+            let saved = resume::finish(args, writer);
+            let summary = outcome.map_err(|e| run_error(e, &config))?;
+            saved?;
             observe.finish();
             finished(args, &mut trainer, summary).map(Some)
         }
@@ -83,16 +96,27 @@ fn execute_replicas(
     config: &TrainConfig,
     given: Option<Schedule>,
 ) -> anyhow::Result<Finished> {
+    let resume_from = resume::point(args)?;
     let mut replicas = match given {
         Some(schedule) => DataParallel::with_schedule(config.clone(), schedule),
         None => DataParallel::new(config.clone()),
     }
     .map_err(setup_error)?;
+    if let Some(checkpoint) = &resume_from {
+        let restored = replicas.restore(checkpoint).map_err(setup_error)?;
+        resume::note(args, checkpoint, &restored);
+    }
+    let writer = resume::writer(args, config.data_parallel)?;
+    if let Some(writer) = &writer {
+        replicas.set_checkpoints(writer);
+    }
     let schedule = replicas.replicas()[0].schedule().clone();
     let mut observe = Observe::start(&args.observe, config, &schedule, 0, true)?;
-    let summary = replicas
-        .run(|event| observe.on_event(event))
-        .map_err(|e| run_error(e, config))?;
+    let outcome = replicas.run(|event| observe.on_event(event));
+    replicas.clear_checkpoints();
+    let saved = resume::finish(args, writer);
+    let summary = outcome.map_err(|e| run_error(e, config))?;
+    saved?;
     observe.finish();
     finished(args, replicas.replica_mut(0), summary)
 }
@@ -164,6 +188,7 @@ fn execute_mpi(
 fn setup_error(err: TrainError) -> anyhow::Error {
     match err {
         TrainError::Config(msg) => UsageError(msg).into(),
+        TrainError::Checkpoint(e) => UsageError(e.to_string()).into(),
         TrainError::Schedule(ScheduleError::InvalidConfig(msg)) => UsageError(msg).into(),
         other => anyhow::Error::new(other).context("cannot set up training"),
     }

@@ -3,6 +3,7 @@
 //!
 //! One test binary (this folder) keeps link time down; each subcommand has its own module.
 
+mod checkpoint;
 mod compare;
 mod eplb;
 mod eplb_previous;
@@ -10,6 +11,7 @@ mod gpt;
 mod help;
 mod output;
 mod output_targets;
+mod plan;
 mod report;
 mod schedule;
 mod simulate;

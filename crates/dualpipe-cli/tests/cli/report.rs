@@ -60,6 +60,7 @@ fn train_logs_every_step_and_report_reads_it_back() {
         let bubble = line["bubble_ratio"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&bubble), "{bubble}");
         assert_eq!(line["communication_overhead_ratio"], 0.0);
+        assert_eq!(line["bytes_sent"]["data_parallel"], 0);
         assert_eq!(line["ranks"].as_array().unwrap().len(), 2);
     }
 
@@ -93,6 +94,46 @@ fn train_logs_every_step_and_report_reads_it_back() {
     json.ok();
     assert_eq!(json.json()["steps"], 4);
     assert_eq!(json.json()["tokens_total"], 64);
+}
+
+#[test]
+fn a_data_parallel_run_logs_its_exchange_per_step() {
+    let dir = TempDir::new("report-dp");
+    let log = dir.join("run.jsonl");
+    let log_s = log.to_str().unwrap();
+    let run = tiny_train(&[
+        "--log",
+        log_s,
+        "--data-parallel",
+        "2",
+        "--gradient-compression",
+        "int8",
+        "--format",
+        "json",
+    ]);
+    run.ok();
+    let summary = run.json();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut logged = 0;
+    for line in text.lines() {
+        let line: serde_json::Value = serde_json::from_str(line).unwrap();
+        let overhead = line["communication_overhead_ratio"].as_f64().unwrap();
+        assert!(overhead > 0.0 && overhead < 1.0, "{overhead}");
+        let sent = line["bytes_sent"]["data_parallel"].as_u64().unwrap();
+        assert!(sent > 0, "{line}");
+        logged += sent;
+    }
+    // The log holds replica 0's exchange; the summary sums both replicas' (equal in size).
+    assert_eq!(2 * logged, summary["grad_bytes_sent"].as_u64().unwrap());
+    let report = dualpipe(["report", log_s]);
+    report.ok();
+    assert!(
+        report
+            .stdout
+            .contains("of the step in the gradient exchange"),
+        "{}",
+        report.stdout
+    );
 }
 
 #[test]

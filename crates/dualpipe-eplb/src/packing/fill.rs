@@ -6,6 +6,9 @@ use std::collections::BTreeSet;
 
 use super::{Domain, Total, EMPTY};
 
+/// Up to this many GPUs a domain finds the GPU for each replica by a scan, not a tree.
+const SCAN_MAX_GPUS: usize = 64;
+
 impl Domain {
     /// Frees slots until every expert without a replica can get one: evicts the surplus replica
     /// whose removal raises its expert's per-replica load the least.
@@ -35,39 +38,57 @@ impl Domain {
     /// Frees the surplus replicas of experts that have more than a fresh plan would give them
     /// (one each, then the extra slots by highest load per replica), taking each from the
     /// hottest GPU that holds one.
+    ///
+    /// Reads each removal's GPUs only: the loads are kept, and after a removal only the GPUs
+    /// holding the expert (whose share changed) and the emptied one are summed again, each in
+    /// slot order as [`Domain::gpu_loads`] sums it.
     pub fn trim_to_fair_counts(&mut self) {
-        let n = self.experts();
-        let mut fair = vec![0usize; n];
-        for _ in 0..self.slot.len() {
-            let e = (0..n)
-                .max_by(|&a, &b| {
-                    let key = |e: usize| {
-                        if fair[e] == 0 {
-                            (1u8, self.load[e])
-                        } else {
-                            (0u8, self.load[e] / fair[e] as f64)
-                        }
-                    };
-                    let (ka, kb) = (key(a), key(b));
-                    ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(b.cmp(&a))
-                })
-                .expect("a domain has at least one expert");
-            fair[e] += 1;
-        }
+        let (fair, _) = dhondt(&self.load, vec![0; self.experts()], self.slot.len());
+        let mut loads = self.gpu_loads();
+        let mut rep: Vec<f64> = (0..self.experts())
+            .map(|x| self.share(x, self.count[x]))
+            .collect();
         for (e, &keep) in fair.iter().enumerate() {
             while self.count[e] > keep {
-                let loads = self.gpu_loads();
-                let s = (0..self.slot.len())
-                    .filter(|&s| self.slot[s] == e)
-                    .max_by(|&a, &b| {
-                        loads[a / self.slots]
-                            .total_cmp(&loads[b / self.slots])
-                            .then(b.cmp(&a))
-                    })
-                    .expect("the expert has replicas");
+                // The slot of e on the hottest GPU (ties to the lower slot).
+                let mut pick: Option<usize> = None;
+                for &h in &self.holders[e] {
+                    let g = h as usize;
+                    for s in g * self.slots..(g + 1) * self.slots {
+                        if self.slot[s] != e {
+                            continue;
+                        }
+                        let better = pick.is_none_or(|p| {
+                            loads[g]
+                                .total_cmp(&loads[p / self.slots])
+                                .then(p.cmp(&s))
+                                .is_gt()
+                        });
+                        if better {
+                            pick = Some(s);
+                        }
+                    }
+                }
+                let s = pick.expect("the expert has replicas");
                 self.take(s);
+                rep[e] = self.share(e, self.count[e]);
+                let emptied = (s / self.slots) as u32;
+                for &g in self.holders[e].iter().chain(std::iter::once(&emptied)) {
+                    loads[g as usize] = self.summed_load(g as usize, &rep);
+                }
             }
         }
+    }
+
+    /// Load of GPU `g` with `rep` per replica, summed in slot order.
+    fn summed_load(&self, g: usize, rep: &[f64]) -> f64 {
+        let mut load = 0.0;
+        for &e in &self.slot[g * self.slots..(g + 1) * self.slots] {
+            if e != EMPTY {
+                load += rep[e];
+            }
+        }
+        load
     }
 
     /// Fills every empty slot: first one replica for each expert without one, then extra replicas
@@ -80,39 +101,22 @@ impl Domain {
         if free == 0 {
             return;
         }
-        // Decide the replica counts: each extra slot to the expert with the highest load per
-        // replica (an expert without one first; ties to the lower index).
-        let mut final_count = self.count.clone();
-        let mut extra = Vec::with_capacity(free);
-        let key = |e: usize, count: usize, load: &[f64]| {
-            if count == 0 {
-                (1u8, Total(load[e]), std::cmp::Reverse(e))
-            } else {
-                (0u8, Total(load[e] / count as f64), std::cmp::Reverse(e))
-            }
-        };
-        let mut heap: std::collections::BinaryHeap<_> = (0..self.experts())
-            .map(|e| key(e, final_count[e], &self.load))
+        let (final_count, extra) = self.replica_counts(free);
+        let final_share: Vec<f64> = (0..self.experts())
+            .map(|e| self.share(e, final_count[e]))
             .collect();
-        for _ in 0..free {
-            let (_, _, std::cmp::Reverse(e)) =
-                heap.pop().expect("a domain has at least one expert");
-            final_count[e] += 1;
-            extra.push(e);
-            heap.push(key(e, final_count[e], &self.load));
-        }
-        // Heaviest replicas first (longest-processing-time order).
-        extra.sort_by(|&a, &b| {
-            let la = self.share(a, final_count[a]);
-            let lb = self.share(b, final_count[b]);
-            lb.total_cmp(&la).then(a.cmp(&b))
-        });
+        // Heaviest replicas first (longest-processing-time order; ties to the lower index).
+        let mut extra: Vec<(std::cmp::Reverse<Total>, usize)> = extra
+            .into_iter()
+            .map(|e| (std::cmp::Reverse(Total(final_share[e])), e))
+            .collect();
+        extra.sort_unstable();
         // Loads as they will be once every replica is in: kept replicas already count at their
         // final share.
         let mut loads = vec![0.0; self.gpus];
         for (s, &e) in self.slot.iter().enumerate() {
             if e != EMPTY {
-                loads[s / self.slots] += self.share(e, final_count[e]);
+                loads[s / self.slots] += final_share[e];
             }
         }
         // GPUs with room, by (load, index): the least-loaded one that may take a replica is
@@ -123,18 +127,30 @@ impl Domain {
                 .map(|g| (Total(loads[g]), g))
                 .collect()
         };
-        let mut ready = rebuild(self, &loads);
-        for e in extra {
+        // A small domain scans its GPUs instead (the same choice, without the tree).
+        let scan = self.gpus <= SCAN_MAX_GPUS;
+        let mut ready = if scan {
+            BTreeSet::new()
+        } else {
+            rebuild(self, &loads)
+        };
+        for (_, e) in extra {
             let cap = self.cap(final_count[e]);
-            let share = self.share(e, final_count[e]);
-            let g = self.pick_gpu(e, cap, &loads, &ready);
+            let share = final_share[e];
+            let g = if scan {
+                self.pick_gpu_scan(e, cap, &loads)
+            } else {
+                self.pick_gpu(e, cap, &loads, &ready)
+            };
             let s = match g {
                 Some(g) => self.first_free(g).expect("picked GPU has room"),
                 None => self.swap_in(e, cap, &final_count, &mut loads),
             };
             self.put(s, e);
             let h = s / self.slots;
-            if g.is_some() {
+            if scan {
+                loads[h] += share;
+            } else if g.is_some() {
                 ready.remove(&(Total(loads[h]), h));
                 loads[h] += share;
                 if self.has_room(h) {
@@ -145,6 +161,33 @@ impl Domain {
                 ready = rebuild(self, &loads);
             }
         }
+    }
+
+    /// The replica count of every expert once `free` more replicas are given out, and the
+    /// experts that get them: see [`dhondt`].
+    fn replica_counts(&self, free: usize) -> (Vec<usize>, Vec<usize>) {
+        dhondt(&self.load, self.count.clone(), free)
+    }
+
+    /// [`Domain::pick_gpu`] by a scan of every GPU: the least-loaded GPU (ties to the lower
+    /// index) with room and under the cap of `e`, unless a GPU that held `e` before is within
+    /// the packing slack of it.
+    fn pick_gpu_scan(&self, e: usize, cap: u32, loads: &[f64]) -> Option<usize> {
+        let ok = |g: usize| self.has_room(g) && self.on(g, e) < cap;
+        let least = |pool: &mut dyn Iterator<Item = usize>| {
+            pool.min_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b)))
+        };
+        let best = least(&mut (0..self.gpus).filter(|&g| ok(g)))?;
+        if !self.any_orig {
+            return Some(best);
+        }
+        let preferred = least(
+            &mut self.orig_gpus[e]
+                .iter()
+                .map(|&g| g as usize)
+                .filter(|&g| ok(g) && loads[g] <= loads[best] + self.prefer_slack),
+        );
+        Some(preferred.unwrap_or(best))
     }
 
     fn first_free(&self, g: usize) -> Option<usize> {
@@ -175,8 +218,10 @@ impl Domain {
         if !self.any_orig {
             return Some(best);
         }
-        let preferred = (0..self.gpus)
-            .filter(|&g| ok(g) && self.was_on(g, e) && loads[g] <= loads[best] + self.prefer_slack)
+        let preferred = self.orig_gpus[e]
+            .iter()
+            .map(|&g| g as usize)
+            .filter(|&g| ok(g) && loads[g] <= loads[best] + self.prefer_slack)
             .min_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b)));
         Some(preferred.unwrap_or(best))
     }
@@ -208,6 +253,40 @@ impl Domain {
         }
         self.first_free(with_room[0]).expect("GPU has room")
     }
+}
+
+/// The replica count of every expert (from `count`) once `free` more replicas are given out,
+/// and the experts that get them (one entry per replica): first one replica for each expert
+/// without one, heaviest first, then each further replica to the expert with the highest load
+/// per replica (D'Hondt; ties to the lower index).
+fn dhondt(load: &[f64], count: Vec<usize>, free: usize) -> (Vec<usize>, Vec<usize>) {
+    let mut final_count = count;
+    let mut extra = Vec::with_capacity(free);
+    let mut missing: Vec<usize> = (0..load.len()).filter(|&e| final_count[e] == 0).collect();
+    if missing.len() > free {
+        // Not every expert gets one: the heaviest do (ties to the lower index).
+        missing.sort_unstable_by(|&a, &b| load[b].total_cmp(&load[a]).then(a.cmp(&b)));
+        missing.truncate(free);
+    }
+    for &e in &missing {
+        final_count[e] += 1;
+        extra.push(e);
+    }
+    let key = |e: usize, count: usize| (Total(load[e] / count as f64), std::cmp::Reverse(e));
+    let more = free - extra.len();
+    if more > 0 {
+        let mut heap: std::collections::BinaryHeap<_> = (0..load.len())
+            .filter(|&e| final_count[e] > 0)
+            .map(|e| key(e, final_count[e]))
+            .collect();
+        for _ in 0..more {
+            let (_, std::cmp::Reverse(e)) = heap.pop().expect("a domain has at least one expert");
+            final_count[e] += 1;
+            extra.push(e);
+            heap.push(key(e, final_count[e]));
+        }
+    }
+    (final_count, extra)
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 mod counts;
 mod fill;
 mod reduce;
+mod score;
 mod search;
 
 use counts::Counts;
@@ -45,6 +46,8 @@ pub(crate) struct Domain {
     prefer_slack: f64,
     /// Whether any expert was on any GPU before (else no packing tie goes to a previous GPU).
     any_orig: bool,
+    /// The GPUs each expert was on before, ascending (empty lists without `any_orig`).
+    orig_gpus: Vec<Vec<u32>>,
     /// Empty slots of each GPU.
     free: Vec<usize>,
     /// Per GPU, a slot index at or below its first empty slot (every slot before it is full).
@@ -101,7 +104,14 @@ impl Domain {
     ) -> Self {
         let experts = load.len();
         let total: f64 = load.iter().sum();
+        let mut orig_gpus = vec![Vec::new(); experts];
+        if any_orig {
+            for (i, _) in orig.iter().enumerate().filter(|&(_, &was)| was) {
+                orig_gpus[i % experts].push((i / experts) as u32);
+            }
+        }
         Domain {
+            orig_gpus,
             gpus,
             slots,
             count: vec![0; experts],

@@ -1,17 +1,34 @@
 //! Bringing moved replicas back: exchanges that return a replica to a GPU that held its expert
 //! before, within a load cap.
 
+use super::search::work_budget;
 use super::Domain;
+
+/// The exchanges' work allowance, in sweeps' worth of the local search's (see
+/// [`work_budget`]): as many as the sweeps the caller allows at most.
+const SWEEPS_OF_WORK: u64 = 8;
 
 impl Domain {
     /// Lowers the number of moved replicas by exchanging replicas between GPUs, each exchange
     /// bringing a moved replica back to a GPU that held its expert before, while no GPU goes
     /// above `cap_load` and no expert above its per-GPU cap. First-improvement sweeps, at most
-    /// `max_sweeps`. Returns the number of exchanges made.
+    /// `max_sweeps`, and bounded by work as the local search is: every moved slot costs one
+    /// read per GPU that held its expert, every GPU examined one per slot; past
+    /// `SWEEPS_OF_WORK` times the search's [`work_budget`] no further exchange is looked for.
+    /// Returns the number of exchanges made.
     pub fn reduce_moves(&mut self, cap_load: f64, max_sweeps: usize) -> usize {
+        let budget = SWEEPS_OF_WORK.saturating_mul(work_budget(self.slot.len(), self.experts()));
+        self.reduce_moves_within(cap_load, max_sweeps, budget)
+    }
+
+    /// [`Domain::reduce_moves`] with an explicit work budget.
+    fn reduce_moves_within(&mut self, cap_load: f64, max_sweeps: usize, budget: u64) -> usize {
         let mut loads = self.gpu_loads();
         let mut done = 0;
-        for _ in 0..max_sweeps {
+        let mut work: u64 = 0;
+        // The GPUs that held each expert before, ascending.
+        let held_by = std::mem::take(&mut self.orig_gpus);
+        'sweeps: for _ in 0..max_sweeps {
             let mut changed = false;
             for a in 0..self.slot.len() {
                 let ga = a / self.slots;
@@ -19,12 +36,17 @@ impl Domain {
                 if self.was_on(ga, x) {
                     continue;
                 }
+                work += 1 + held_by[x].len() as u64;
+                if work > budget {
+                    break 'sweeps;
+                }
                 let rx = self.share(x, self.count[x]);
                 let mut best: Option<(i64, f64, usize)> = None;
-                for h in (0..self.gpus).filter(|&h| h != ga && self.was_on(h, x)) {
+                for h in held_by[x].iter().map(|&h| h as usize).filter(|&h| h != ga) {
                     if self.on(h, x) >= self.cap(self.count[x]) {
                         continue;
                     }
+                    work += self.slots as u64;
                     for b in h * self.slots..(h + 1) * self.slots {
                         let y = self.slot[b];
                         if y == x || self.on(ga, y) >= self.cap(self.count[y]) {
@@ -64,6 +86,7 @@ impl Domain {
                 break;
             }
         }
+        self.orig_gpus = held_by;
         done
     }
 }

@@ -7,16 +7,17 @@
 //! experts plus the hottest GPU that holds neither; the whole domain is read only when the
 //! sum of squares must break a tie on the hottest load.
 
-use std::cmp::Reverse;
-use std::collections::BTreeSet;
-
-use super::{Domain, Total, EMPTY};
+use super::score::State;
+use super::{Domain, EMPTY};
 
 /// Tuning of the local search; see [`crate::improved::PlannerOptions`] for the public knobs.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SearchLimits {
-    /// Stop once the domain's hottest GPU is at or below this load.
+    /// Stop once the domain's hottest GPU is at or below this load (within rounding).
     pub target: f64,
+    /// Also stop (without having reached `target`) once the hottest GPU is at or below this
+    /// load: another domain of the layer is left at it (`f64::NEG_INFINITY` for none).
+    pub enough: f64,
     /// Give up before the number of moved replicas (slots whose expert was not on that GPU
     /// before) would exceed this.
     pub max_moves: usize,
@@ -37,7 +38,7 @@ const WORK_FLOOR: u64 = 1 << 14;
 
 /// The work one domain's search may spend: `max(WORK_FLOOR, WORK_PER_N_LOG_N x n x
 /// (floor(log2 n) + 1))` for `n` = slots + experts.
-fn work_budget(slots: usize, experts: usize) -> u64 {
+pub(super) fn work_budget(slots: usize, experts: usize) -> u64 {
     let n = (slots + experts) as u64;
     let log = u64::from(n.max(1).ilog2() + 1);
     WORK_FLOOR.max(WORK_PER_N_LOG_N.saturating_mul(n).saturating_mul(log))
@@ -53,78 +54,6 @@ enum Step {
     Swap(usize, usize),
     /// Give a slot (holding a surplus replica) to another expert.
     Reassign(usize, usize),
-}
-
-/// What the search keeps up to date between steps.
-struct State {
-    /// Load of every GPU, equal to what [`Domain::gpu_loads`] computes.
-    loads: Vec<f64>,
-    /// GPUs by load, hottest first (ties to the lower index).
-    ranked: BTreeSet<(Reverse<Total>, usize)>,
-    /// Load per replica of every expert at its current count.
-    rep: Vec<f64>,
-    /// Per-GPU cap of every expert at its current count.
-    cap: Vec<u32>,
-    /// Scratch per GPU (all false between uses).
-    mark: Vec<bool>,
-    /// Scratch per GPU: replicas of one expert (all zero between uses).
-    on_x: Vec<u32>,
-    /// Scratch per GPU: replicas of another expert (all zero between uses).
-    on_y: Vec<u32>,
-    /// Scratch per expert: replicas on the hottest GPU (all zero between steps).
-    on_hot: Vec<u32>,
-    /// Scratch per expert: the last visit (of a GPU's slots) that met the expert.
-    seen: Vec<u64>,
-    /// The same for the hottest GPU's slots, whose visits nest the others.
-    seen_hot: Vec<u64>,
-    /// The last visit handed out.
-    visit: u64,
-}
-
-impl State {
-    fn new(d: &Domain) -> Self {
-        let n = d.experts();
-        let loads = d.gpu_loads();
-        let ranked = loads
-            .iter()
-            .enumerate()
-            .map(|(g, &l)| (Reverse(Total(l)), g))
-            .collect();
-        State {
-            loads,
-            ranked,
-            rep: (0..n).map(|e| d.share(e, d.count[e])).collect(),
-            cap: (0..n).map(|e| d.cap(d.count[e])).collect(),
-            mark: vec![false; d.gpus],
-            on_x: vec![0; d.gpus],
-            on_y: vec![0; d.gpus],
-            on_hot: vec![0; n],
-            seen: vec![0; n],
-            seen_hot: vec![0; n],
-            visit: 0,
-        }
-    }
-
-    /// A new visit, for [`State::first_in`].
-    fn next_visit(&mut self) -> u64 {
-        self.visit += 1;
-        self.visit
-    }
-
-    /// Whether expert `e` is met for the first time in `visit` (and records it): a second
-    /// slot of the same expert on the same GPU gives the same candidates as the first, so only
-    /// the first is scored (a later equal score never wins).
-    fn first_in(seen: &mut [u64], visit: u64, e: usize) -> bool {
-        let first = seen[e] != visit;
-        seen[e] = visit;
-        first
-    }
-
-    fn set_load(&mut self, g: usize, load: f64) {
-        self.ranked.remove(&(Reverse(Total(self.loads[g])), g));
-        self.loads[g] = load;
-        self.ranked.insert((Reverse(Total(load)), g));
-    }
 }
 
 /// The best step found so far in one round.
@@ -224,6 +153,9 @@ impl Domain {
             if cur_max <= limits.target + eps {
                 return true;
             }
+            if cur_max <= limits.enough {
+                return false;
+            }
             let mut best = Best {
                 cur_max,
                 eps,
@@ -242,6 +174,7 @@ impl Domain {
                     continue;
                 }
                 let rx = st.rep[x];
+                let lh = st.loads[hot];
                 for &h in &self.holders[x] {
                     st.on_x[h as usize] = self.on(h as usize, x);
                 }
@@ -262,6 +195,13 @@ impl Domain {
                     if work > work_budget {
                         exhausted = true;
                         break;
+                    }
+                    // Charged as read, but skipped when no exchange with b can win: one of the
+                    // two GPUs ends at their mean or above (less `eps` for rounding), the
+                    // hottest at `lh - rx` or above.
+                    let mean = 0.5 * (lh + st.loads[b]) - eps;
+                    if best.beats_all_above(rest.max(mean).max(lh - rx)) {
+                        continue;
                     }
                     let (lh, lb) = (st.loads[hot], st.loads[b]);
                     let visit = st.next_visit();
@@ -328,6 +268,8 @@ impl Domain {
                     if y == x {
                         continue;
                     }
+                    // Charged in full even when the bound below skips the reading, so that
+                    // the budget runs out where it would without the bound.
                     work += (1 + self.holders[x].len() + self.holders[y].len()) as u64;
                     if work > work_budget {
                         exhausted = true;
@@ -337,7 +279,16 @@ impl Domain {
                     if dm > best.budget {
                         continue;
                     }
-                    let Some(new_max) = self.reassign_max(s, y, &mut st) else {
+                    // A lower bound on the new hottest load, in constant time: most candidates
+                    // cannot beat the best step found so far.
+                    let floor = self.reassign_floor(s, g, y, &top, &st);
+                    if floor > cur_max
+                        || best.primary() && floor >= cur_max - eps
+                        || best.beats_all_above(floor)
+                    {
+                        continue;
+                    }
+                    let Some(new_max) = self.reassign_max(s, g, y, &top, &mut st) else {
                         continue;
                     };
                     let ssq_gain = if new_max < cur_max - eps {
@@ -385,8 +336,7 @@ impl Domain {
                     self.take(s);
                     self.put(s, y);
                     for e in [x, y] {
-                        st.rep[e] = self.share(e, self.count[e]);
-                        st.cap[e] = self.cap(self.count[e]);
+                        st.recount(self, e);
                     }
                     for h in touched {
                         let load = self.gpu_load(h as usize, &st.rep);
@@ -397,151 +347,12 @@ impl Domain {
         }
         self.max_load() <= limits.target + eps
     }
-
-    /// The hottest load after slot `s` switches to expert `y`, or `None` when a cap would be
-    /// broken. Reads the GPUs holding either expert, then the hottest GPU holding neither.
-    fn reassign_max(&self, s: usize, y: usize, st: &mut State) -> Option<f64> {
-        let g0 = s / self.slots;
-        let x = self.slot[s];
-        let (cx, cy) = (self.count[x], self.count[y]);
-        let cap_x = self.cap(cx - 1);
-        let cap_y = self.cap(cy + 1);
-        if self.on(g0, y) + 1 > cap_y {
-            return None;
-        }
-        let (rx_old, rx_new) = (self.share(x, cx), self.share(x, cx - 1));
-        let (ry_old, ry_new) = (self.share(y, cy), self.share(y, cy + 1));
-        let mut max = 0.0f64;
-        let mut ok = true;
-        for &h in &self.holders[x] {
-            let g = h as usize;
-            st.mark[g] = true;
-            let mut nx = self.on(g, x);
-            let mut ny = self.on(g, y);
-            let mut l = st.loads[g] - f64::from(nx) * rx_old - f64::from(ny) * ry_old;
-            if g == g0 {
-                nx -= 1;
-                ny += 1;
-            }
-            if nx > cap_x {
-                ok = false;
-                break;
-            }
-            l += f64::from(nx) * rx_new + f64::from(ny) * ry_new;
-            max = max.max(l);
-        }
-        if ok {
-            for &h in &self.holders[y] {
-                let g = h as usize;
-                if st.mark[g] {
-                    continue;
-                }
-                st.mark[g] = true;
-                // No replica of x here: the formula above with nx = 0.
-                let ny = f64::from(self.on(g, y));
-                max = max.max(st.loads[g] - ny * ry_old + ny * ry_new);
-            }
-            if let Some(&(_, g)) = st.ranked.iter().find(|&&(_, g)| !st.mark[g]) {
-                max = max.max(st.loads[g]);
-            }
-        }
-        for &h in self.holders[x].iter().chain(&self.holders[y]) {
-            st.mark[h as usize] = false;
-        }
-        ok.then_some(max)
-    }
-
-    /// The sum of squared GPU loads after slot `s` switches to expert `y` (a switch
-    /// [`Domain::reassign_max`] allows), summed over every GPU in order.
-    fn reassign_ssq(&self, s: usize, y: usize, st: &mut State) -> f64 {
-        let g0 = s / self.slots;
-        let x = self.slot[s];
-        let (cx, cy) = (self.count[x], self.count[y]);
-        let (rx_old, rx_new) = (self.share(x, cx), self.share(x, cx - 1));
-        let (ry_old, ry_new) = (self.share(y, cy), self.share(y, cy + 1));
-        for &h in &self.holders[x] {
-            st.on_x[h as usize] = self.on(h as usize, x);
-        }
-        for &h in &self.holders[y] {
-            st.on_y[h as usize] = self.on(h as usize, y);
-        }
-        let mut ssq = 0.0;
-        for g in 0..self.gpus {
-            let mut nx = st.on_x[g];
-            let mut ny = st.on_y[g];
-            let mut l = st.loads[g] - f64::from(nx) * rx_old - f64::from(ny) * ry_old;
-            if g == g0 {
-                nx -= 1;
-                ny += 1;
-            }
-            l += f64::from(nx) * rx_new + f64::from(ny) * ry_new;
-            ssq += l * l;
-        }
-        for &h in &self.holders[x] {
-            st.on_x[h as usize] = 0;
-        }
-        for &h in &self.holders[y] {
-            st.on_y[h as usize] = 0;
-        }
-        ssq
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::tests::{assert_capped, domain};
     use super::*;
-
-    /// Hottest load after slot `s` switches to `y`, recomputed from scratch on a copy, or
-    /// `None` when the switch breaks a cap.
-    fn switched_max(d: &Domain, s: usize, y: usize) -> Option<f64> {
-        let mut c = d.clone();
-        let x = c.take(s);
-        c.put(s, y);
-        let broken = (0..c.gpus).any(|g| c.on(g, x) > c.cap(c.count[x]))
-            || c.on(s / c.slots, y) > c.cap(c.count[y]);
-        (!broken).then(|| c.max_load())
-    }
-
-    #[test]
-    fn a_reassignment_is_scored_as_a_full_recomputation_would() {
-        // 5 GPUs x 4 slots, 7 experts: the heavy ones get more replicas than there are GPUs.
-        let loads = [90.0, 50.0, 7.0, 3.0, 2.0, 1.5, 1.0];
-        let mut d = domain(&loads, 5, 4);
-        d.fill();
-        assert!(
-            d.count[0] > d.gpus,
-            "the case covers two replicas of one expert on a GPU"
-        );
-        let mut st = State::new(&d);
-        let mut checked = 0;
-        for s in 0..d.slot.len() {
-            if d.count[d.slot[s]] < 2 {
-                continue;
-            }
-            for y in (0..loads.len()).filter(|&y| y != d.slot[s]) {
-                let fast = d.reassign_max(s, y, &mut st);
-                let full = switched_max(&d, s, y);
-                match (fast, full) {
-                    (Some(a), Some(b)) => assert!((a - b).abs() <= 1e-9 * b, "slot {s} to {y}"),
-                    (None, None) => {}
-                    other => panic!("slot {s} to {y}: {other:?}"),
-                }
-                // The sum of squares is the one a recomputation gives.
-                if fast.is_some() {
-                    let mut c = d.clone();
-                    c.take(s);
-                    c.put(s, y);
-                    let want: f64 = c.gpu_loads().iter().map(|l| l * l).sum();
-                    let got = d.reassign_ssq(s, y, &mut st);
-                    assert!((got - want).abs() <= 1e-9 * want, "slot {s} to {y}");
-                }
-                checked += 1;
-            }
-        }
-        assert!(checked > 20);
-        assert!(st.mark.iter().all(|&m| !m) && st.on_x.iter().all(|&c| c == 0));
-    }
 
     #[test]
     fn the_work_bound_grows_as_n_log_n_above_a_floor() {
@@ -561,6 +372,7 @@ mod tests {
         let mut unbounded = d.clone();
         let limits = SearchLimits {
             target: 0.0,
+            enough: f64::NEG_INFINITY,
             max_moves: usize::MAX,
             max_steps: 256,
             free_moves: true,
@@ -581,6 +393,7 @@ mod tests {
         let before = d.max_load();
         d.improve(&SearchLimits {
             target: 0.0,
+            enough: f64::NEG_INFINITY,
             max_moves: usize::MAX,
             max_steps: 200,
             free_moves: true,
@@ -605,6 +418,7 @@ mod tests {
         assert_eq!(d.moves(), 0);
         d.improve(&SearchLimits {
             target: 0.0,
+            enough: f64::NEG_INFINITY,
             max_moves: 2,
             max_steps: 100,
             free_moves: false,

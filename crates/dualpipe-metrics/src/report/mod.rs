@@ -97,8 +97,10 @@ pub struct RunReport {
     pub rank_threads: usize,
     /// Cores the process could use (of the last step).
     pub cores: usize,
-    /// Bytes sent over the run: activation, gradient, expert.
-    pub bytes_sent: [u64; 3],
+    /// Median share of the step spent in the data-parallel gradient exchange.
+    pub communication_overhead_ratio_median: f64,
+    /// Bytes sent over the run: activation, gradient, expert, data-parallel.
+    pub bytes_sent: [u64; 4],
     /// The records, for the pictures.
     #[serde(skip)]
     pub records: Vec<StepRecord>,
@@ -133,10 +135,11 @@ impl RunReport {
         let start = first.map_or(0.0, |r| r.elapsed_seconds - r.step_seconds);
         let total_seconds = last.map_or(0.0, |r| r.elapsed_seconds) - start.max(0.0);
         let tokens_total: u64 = records.iter().map(|r| r.tokens).sum();
-        let mut bytes = [0u64; 3];
+        let mut bytes = [0u64; 4];
         for r in &records {
             let b = r.bytes_sent;
-            for (slot, v) in bytes.iter_mut().zip([b.activation, b.gradient, b.expert]) {
+            let kinds = [b.activation, b.gradient, b.expert, b.data_parallel];
+            for (slot, v) in bytes.iter_mut().zip(kinds) {
                 *slot = slot.saturating_add(v);
             }
         }
@@ -154,6 +157,10 @@ impl RunReport {
             bubble_ratio_median: quantile(records.iter().map(|r| r.bubble_ratio), 0.5),
             bubble_ratio_simulated: last.and_then(|r| r.bubble_ratio_simulated),
             core_wait_ratio_median: quantile(records.iter().map(|r| r.core_wait_ratio), 0.5),
+            communication_overhead_ratio_median: quantile(
+                records.iter().map(|r| r.communication_overhead_ratio),
+                0.5,
+            ),
             rank_threads: last.map_or(0, |r| r.rank_threads),
             cores: last.map_or(0, |r| r.cores),
             bytes_sent: bytes,
@@ -214,10 +221,18 @@ impl RunReport {
             (
                 "bytes sent",
                 format!(
-                    "activation {}, gradient {}, expert {}",
+                    "activation {}, gradient {}, expert {}, data-parallel {}",
                     bytes(self.bytes_sent[0]),
                     bytes(self.bytes_sent[1]),
-                    bytes(self.bytes_sent[2])
+                    bytes(self.bytes_sent[2]),
+                    bytes(self.bytes_sent[3])
+                ),
+            ),
+            (
+                "data parallelism",
+                format!(
+                    "median {} of the step in the gradient exchange",
+                    pct(self.communication_overhead_ratio_median)
                 ),
             ),
         ];

@@ -15,7 +15,7 @@ fn record(step: usize, loss: f64, validation: Option<f64>) -> StepRecord {
         bubble_ratio: 0.1 * step as f64,
         bubble_ratio_simulated: Some(0.05),
         core_wait_ratio: 0.2,
-        communication_overhead_ratio: 0.0,
+        communication_overhead_ratio: 0.01 * step as f64,
         rank_threads: 4,
         cores: 2,
         ranks: vec![RankRecord::default()],
@@ -23,6 +23,7 @@ fn record(step: usize, loss: f64, validation: Option<f64>) -> StepRecord {
             activation: 1500,
             gradient: 1500,
             expert: 0,
+            data_parallel: 200,
         },
     }
 }
@@ -53,7 +54,8 @@ fn a_log_reads_back_and_sums_up() {
     assert_eq!(report.tokens_total, 300);
     assert!((report.total_seconds - 0.03).abs() < 1e-12);
     assert!((report.bubble_ratio_median - 0.2).abs() < 1e-12);
-    assert_eq!(report.bytes_sent, [4500, 4500, 0]);
+    assert_eq!(report.bytes_sent, [4500, 4500, 0, 600]);
+    assert!((report.communication_overhead_ratio_median - 0.02).abs() < 1e-12);
     let text = report.text("run.jsonl");
     assert!(
         text.starts_with("dualpipe report: run.jsonl, 3 steps in 0.03 s\n"),
@@ -132,4 +134,21 @@ fn long_runs_are_thinned() {
     let svg = RunReport::new(records).svg("x");
     let loss_line = svg.lines().find(|l| l.contains("<polyline")).unwrap();
     assert!(loss_line.matches(',').count() <= 1201);
+}
+
+#[test]
+fn a_log_written_before_the_data_parallel_bytes_still_reads() {
+    let mut line = serde_json::to_value(record(1, 2.0, None)).unwrap();
+    line["bytes_sent"]
+        .as_object_mut()
+        .unwrap()
+        .remove("data_parallel");
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    {
+        use std::io::Write;
+        writeln!(file, "{line}").unwrap();
+    }
+    let read = read_log(file.path()).unwrap();
+    assert_eq!(read[0].bytes_sent.data_parallel, 0);
+    assert_eq!(read[0].bytes_sent.activation, 1500);
 }

@@ -107,7 +107,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE.safetensors")]
     pub save: Option<PathBuf>,
     /// Start the GPT from FILE's weights (safetensors; its metadata fixes the architecture,
-    /// and a flag that disagrees is an error).
+    /// and a flag that disagrees is an error), or from a checkpoint directory's weights.
     #[arg(long, value_name = "FILE.safetensors")]
     pub init_from: Option<PathBuf>,
     #[arg(long, value_parser = count, allow_negative_numbers = true,
@@ -183,6 +183,26 @@ pub struct Args {
     /// The GPT's mixture of experts.
     #[command(flatten)]
     pub moe: super::moe::MoeArgs,
+    /// Save a checkpoint (a step-NNNNNN directory: weights, optimizer state, error feedback,
+    /// data position; see docs/checkpoints.md) into DIR every --checkpoint-every steps.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Steps between checkpoints [default: 500 with --checkpoint-dir].
+    #[arg(long, value_name = "N", requires = "checkpoint_dir", value_parser = count, allow_negative_numbers = true)]
+    pub checkpoint_every: Option<usize>,
+    /// Checkpoints kept in --checkpoint-dir: the newest K (0 keeps every one); nothing but
+    /// its step-* directories is ever removed.
+    #[arg(long, value_name = "K", default_value_t = dualpipe_train::checkpoint::DEFAULT_KEEP)]
+    pub keep_checkpoints: usize,
+    /// Continue from the latest complete checkpoint in --checkpoint-dir (a damaged one is
+    /// reported and the previous used; none yet: start at step 1). --steps stays the total.
+    #[arg(long, requires = "checkpoint_dir", conflicts_with = "resume_from")]
+    pub resume: bool,
+    /// Continue from the checkpoint at PATH: a step-NNNNNN directory, or a checkpoint
+    /// directory (its latest complete checkpoint). Any schedule, ranks, layers per stage or
+    /// data-parallel degree that gives the same model can read it.
+    #[arg(long, value_name = "PATH")]
+    pub resume_from: Option<PathBuf>,
 }
 
 fn unknown(what: &str, flag: &str, value: &str, names: &[&str]) -> UsageError {

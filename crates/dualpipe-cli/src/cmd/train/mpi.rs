@@ -10,12 +10,10 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use dualpipe_runtime::transport::mpi::{MpiLink, MpiWorld};
-use dualpipe_runtime::{Endpoint, RuntimeError};
+use dualpipe_runtime::transport::mpi::MpiWorld;
+use dualpipe_runtime::RuntimeError;
 use dualpipe_schedule::Schedule;
-use dualpipe_train::data_parallel::GroupTransport;
-use dualpipe_train::dp::LinkTransport;
-use dualpipe_train::{OneRank, ReplicaLinks, StepEvent, TrainConfig, TrainError, Trainer};
+use dualpipe_train::{StepEvent, TrainConfig, TrainError};
 
 use super::observe::Observe;
 use super::{finished, run_error, setup_error, Args, Finished};
@@ -72,27 +70,12 @@ pub(super) fn execute(
         .transpose()?;
     let world = MpiWorld::init().context("cannot start MPI")?;
     let info = world.info().clone();
-    let replicas = config.data_parallel;
-    let grid = if replicas > 1 && info.world_size != config.ranks * replicas {
-        Err(format!(
-            "{} processes were started for --ranks {} x --data-parallel {replicas} = {} \
-             workers; start {} (mpiexec -n {})",
-            info.world_size,
-            config.ranks,
-            config.ranks * replicas,
-            config.ranks * replicas,
-            config.ranks * replicas
-        ))
-    } else if replicas > 1 {
-        Ok(())
-    } else {
-        info.check_world(config.ranks).map_err(|e| e.to_string())
-    };
+    let grid = dualpipe_train::mpi::check_grid(&info, &config);
     if let Err(err) = grid {
         // Every process sees the same world; rank 0 says it once, the others leave quietly
         // after it (a launcher ends the job when the first process exits non-zero).
         if info.rank == 0 {
-            exit_now(&UsageError(err).into(), Duration::ZERO);
+            exit_now(&setup_error(err), Duration::ZERO);
         }
         std::thread::sleep(Duration::from_millis(500));
         std::process::exit(2);
@@ -104,12 +87,7 @@ pub(super) fn execute(
         let _ = std::io::stderr().write_all(line.as_bytes());
     }
     let rank = info.rank;
-    let built = if replicas > 1 {
-        replica_trainer(&world, &config, given)
-    } else {
-        let driver = OneRank::new(Endpoint::new(world.link()));
-        Trainer::with_driver(config.clone(), given, driver)
-    };
+    let built = dualpipe_train::mpi::mpi_trainer(&world, &config, given);
     let mut trainer = match built {
         Ok(trainer) => trainer,
         Err(err) => {
@@ -159,59 +137,6 @@ pub(super) fn execute(
     drop(trainer);
     drop(world);
     Ok((rank == 0).then_some(finished))
-}
-
-/// This process's trainer in a grid of `ranks x data_parallel` processes: world rank `w` is
-/// pipeline rank `w % ranks` of replica `w / ranks` (docs/distributed.md). Its pipeline runs on
-/// its replica's own communicator; each model stage it holds exchanges gradients over a
-/// communicator of that pipeline rank in every replica, and the losses over one more.
-fn replica_trainer(
-    world: &MpiWorld,
-    config: &TrainConfig,
-    given: Option<Schedule>,
-) -> Result<Trainer<OneRank<MpiLink>>, TrainError> {
-    let info = world.info();
-    let (replica, p) = (info.rank / config.ranks, info.rank % config.ranks);
-    // Every split is collective: every process makes the same calls in the same order.
-    let pipeline = world.split_link(replica);
-    let schedule = match &given {
-        Some(s) => s.clone(),
-        None => config.build_schedule()?,
-    };
-    let held = |r: usize| {
-        let mut stages: Vec<usize> = schedule
-            .placement
-            .stages_of(r)
-            .into_iter()
-            .map(|(_, s)| s)
-            .collect();
-        stages.sort_unstable();
-        stages.dedup();
-        stages
-    };
-    let splits = (0..config.ranks).map(|r| held(r).len()).max().unwrap_or(0);
-    let mine = held(p);
-    let group = |link: MpiLink| -> Result<GroupTransport, TrainError> {
-        let t = LinkTransport::new(link, (0..config.data_parallel).collect())
-            .map_err(|e| TrainError::Config(format!("the data-parallel group: {e}")))?;
-        Ok(Box::new(t))
-    };
-    let mut stages = Vec::new();
-    for i in 0..splits {
-        let link = world.split_link(p);
-        if let Some(&s) = mine.get(i) {
-            stages.push((s, group(link)?));
-        }
-    }
-    let losses = group(world.split_link(p))?;
-    let links = ReplicaLinks {
-        replica,
-        replicas: config.data_parallel,
-        stages,
-        losses,
-    };
-    let driver = OneRank::new(Endpoint::new(pipeline));
-    Trainer::for_replica(config.clone(), given, driver, links)
 }
 
 /// How long a failing process waits before it exits (see [`leave_after_failure`]).

@@ -1,0 +1,146 @@
+//! The cost profile: what each model layer costs, measured or written by hand.
+//!
+//! JSON (documented in docs/planning.md):
+//!
+//! ```json
+//! { "message_bytes": 33554432,
+//!   "layers": [ { "f": 0.004, "i": 0.004, "w": 0.004,
+//!                 "activation_bytes": 1.2e9, "parameter_bytes": 2.4e9 } ] }
+//! ```
+//!
+//! Times are seconds on a device of speed 1, per micro-batch; `activation_bytes` is what one
+//! micro-batch leaves alive in the layer between its forward and its backward;
+//! `parameter_bytes` is everything the layer keeps for the whole step (weights, gradients,
+//! optimizer state); `message_bytes` is what crosses a stage boundary per micro-batch (the
+//! activations forwards, their gradients backwards).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::PlanError;
+
+/// The most layers a profile may list (checked before anything per layer is allocated).
+pub const MAX_LAYERS: usize = 4096;
+
+/// The cost of one layer for one micro-batch.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerCost {
+    /// Forward time, in seconds.
+    pub f: f64,
+    /// Input-gradient backward time (`I`), in seconds.
+    pub i: f64,
+    /// Weight-gradient backward time (`W`), in seconds.
+    pub w: f64,
+    /// Bytes of activations one micro-batch keeps alive in this layer.
+    pub activation_bytes: f64,
+    /// Bytes this layer keeps for the whole step (weights, gradients, optimizer state).
+    pub parameter_bytes: f64,
+}
+
+impl LayerCost {
+    /// Compute time of one micro-batch through the layer: `F + I + W`.
+    pub fn work(&self) -> f64 {
+        self.f + self.i + self.w
+    }
+}
+
+/// Per-layer costs of a model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Bytes crossing a stage boundary per micro-batch.
+    pub message_bytes: u64,
+    /// The layers, input to output.
+    pub layers: Vec<LayerCost>,
+}
+
+impl Profile {
+    /// Parses and checks a profile from JSON text. Errors name the field and the fix.
+    pub fn from_json(text: &str) -> Result<Profile, PlanError> {
+        let profile: Profile = serde_json::from_str(text).map_err(|e| {
+            PlanError::Profile(format!(
+                "not a valid cost profile ({e}); see docs/planning.md for the format"
+            ))
+        })?;
+        profile.check()?;
+        Ok(profile)
+    }
+
+    /// Checks every value: at least one and at most [`MAX_LAYERS`] layers, times finite and
+    /// `>= 0`, byte counts finite and `>= 0`.
+    pub fn check(&self) -> Result<(), PlanError> {
+        if self.layers.is_empty() || self.layers.len() > MAX_LAYERS {
+            return Err(PlanError::Profile(format!(
+                "layers: {} layers listed; give between 1 and {MAX_LAYERS}",
+                self.layers.len()
+            )));
+        }
+        for (l, layer) in self.layers.iter().enumerate() {
+            for (name, value) in [
+                ("f", layer.f),
+                ("i", layer.i),
+                ("w", layer.w),
+                ("activation_bytes", layer.activation_bytes),
+                ("parameter_bytes", layer.parameter_bytes),
+            ] {
+                if !value.is_finite() || value < 0.0 {
+                    return Err(PlanError::Profile(format!(
+                        "layers[{l}].{name} = {value}: give a finite number >= 0"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A profile of `layers` identical layers.
+    pub fn uniform(layers: usize, layer: LayerCost, message_bytes: u64) -> Profile {
+        Profile {
+            message_bytes,
+            layers: vec![layer; layers],
+        }
+    }
+
+    /// Sum of `F`, `I`, `W`, activation and parameter bytes over `range`.
+    pub fn sum(&self, range: std::ops::Range<usize>) -> LayerCost {
+        let mut s = LayerCost {
+            f: 0.0,
+            i: 0.0,
+            w: 0.0,
+            activation_bytes: 0.0,
+            parameter_bytes: 0.0,
+        };
+        for l in &self.layers[range] {
+            s.f += l.f;
+            s.i += l.i;
+            s.w += l.w;
+            s.activation_bytes += l.activation_bytes;
+            s.parameter_bytes += l.parameter_bytes;
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_names_bad_fields() {
+        let ok = r#"{"message_bytes": 8, "layers": [
+            {"f": 1, "i": 1, "w": 1, "activation_bytes": 4, "parameter_bytes": 2}]}"#;
+        let p = Profile::from_json(ok).unwrap();
+        assert_eq!(p.layers[0].work(), 3.0);
+        let bad = ok.replace("\"i\": 1", "\"i\": -1");
+        let err = Profile::from_json(&bad).unwrap_err().to_string();
+        assert!(err.contains("layers[0].i = -1"), "{err}");
+        let err = Profile::from_json(r#"{"message_bytes": 8, "layers": []}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("0 layers"), "{err}");
+        let err = Profile::from_json(r#"{"message_bytes": 8}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("missing field `layers`"), "{err}");
+    }
+}

@@ -1,0 +1,377 @@
+//! Writing checkpoints: one directory, atomically ([`write_dir`]), the `latest` pointer,
+//! pruning to the newest `keep`, and [`CheckpointWriter`], the background thread that does it
+//! while training goes on.
+//!
+//! The step that triggers a checkpoint copies the state into host memory
+//! ([`CheckpointPart`]) and hands it to a [`CheckpointSink`]; the writer thread waits for
+//! every part of that step (one per data-parallel replica of a local run), encodes the files,
+//! writes them and moves `latest`. The queue holds at most two checkpoints' parts: a disk
+//! slower than the interval makes the training wait rather than fill the memory.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use super::format::{self, CheckpointState, HostTensor, Manifest, MANIFEST, STATE};
+use super::{CheckpointError, CheckpointOptions};
+
+/// The `latest` pointer's file name.
+pub const LATEST: &str = "latest";
+
+/// A checkpoint's directory name: `step-` and the steps done, 6 digits or more.
+pub fn dir_name(step: usize) -> String {
+    format!("step-{step:06}")
+}
+
+/// The step of a checkpoint directory's name (`None` for anything that is not ours).
+pub fn parse_dir_name(name: &str) -> Option<usize> {
+    let digits = name.strip_prefix("step-")?;
+    if digits.len() < 6 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+fn sync_dir(path: &Path) -> Result<(), CheckpointError> {
+    File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| CheckpointError::io(path, "sync the directory", &e))
+}
+
+/// Writes checkpoint `step` into `root` (created when missing): the files under a temp
+/// directory, each synced, the manifest last, the directory synced and renamed to
+/// `step-NNNNNN` (replacing an older one of the same step), `latest` moved to it, and all
+/// but the newest `keep` `step-*` directories removed (0: none). Returns the checkpoint's
+/// directory.
+pub fn write_dir(
+    root: &Path,
+    step: usize,
+    files: &[(String, Vec<u8>)],
+    keep: usize,
+) -> Result<PathBuf, CheckpointError> {
+    std::fs::create_dir_all(root)
+        .map_err(|e| CheckpointError::io(root, "create the checkpoint directory", &e))?;
+    let name = dir_name(step);
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = root.join(format!(".{name}.tmp-{}-{nonce}", std::process::id()));
+    std::fs::create_dir(&tmp).map_err(|e| CheckpointError::io(&tmp, "create", &e))?;
+    let written = write_files(&tmp, step, files);
+    if let Err(e) = written {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    let target = root.join(&name);
+    let old = root.join(format!(".{name}.old-{}-{nonce}", std::process::id()));
+    let replaced = target.exists();
+    if replaced {
+        std::fs::rename(&target, &old)
+            .map_err(|e| CheckpointError::io(&target, "move the older checkpoint aside", &e))?;
+    }
+    std::fs::rename(&tmp, &target).map_err(|e| CheckpointError::io(&target, "rename", &e))?;
+    sync_dir(root)?;
+    if replaced {
+        let _ = std::fs::remove_dir_all(&old);
+    }
+    dualpipe_io::write(&root.join(LATEST), format!("{name}\n").as_bytes()).map_err(|e| {
+        CheckpointError::Io {
+            path: root.join(LATEST),
+            message: e.to_string(),
+        }
+    })?;
+    prune(root, keep)?;
+    Ok(target)
+}
+
+fn write_files(
+    dir: &Path,
+    step: usize,
+    files: &[(String, Vec<u8>)],
+) -> Result<(), CheckpointError> {
+    let put = |name: &str, bytes: &[u8]| {
+        let path = dir.join(name);
+        File::create_new(&path)
+            .and_then(|mut f| {
+                f.write_all(bytes)?;
+                f.sync_all()
+            })
+            .map_err(|e| CheckpointError::io(&path, "write", &e))
+    };
+    for (name, bytes) in files {
+        put(name, bytes)?;
+    }
+    let manifest = serde_json::to_vec_pretty(&Manifest::of(step, files))
+        .map_err(|e| CheckpointError::Writer(format!("encoding the manifest: {e}")))?;
+    put(MANIFEST, &manifest)?;
+    sync_dir(dir)
+}
+
+/// Removes all but the newest `keep` checkpoint directories of `root` (0: keeps all). Only
+/// `step-NNNNNN` directories are candidates.
+pub fn prune(root: &Path, keep: usize) -> Result<(), CheckpointError> {
+    if keep == 0 {
+        return Ok(());
+    }
+    let mut steps = checkpoint_dirs(root)?;
+    steps.sort_by_key(|d| std::cmp::Reverse(d.0));
+    for (_, path) in steps.into_iter().skip(keep) {
+        std::fs::remove_dir_all(&path)
+            .map_err(|e| CheckpointError::io(&path, "remove an old checkpoint", &e))?;
+    }
+    Ok(())
+}
+
+/// The `step-NNNNNN` directories of `root` with their steps (unsorted).
+pub fn checkpoint_dirs(root: &Path) -> Result<Vec<(usize, PathBuf)>, CheckpointError> {
+    let entries = std::fs::read_dir(root).map_err(|e| CheckpointError::io(root, "list", &e))?;
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let Some(step) = entry.file_name().to_str().and_then(parse_dir_name) else {
+            continue;
+        };
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            out.push((step, entry.path()));
+        }
+    }
+    Ok(out)
+}
+
+/// What one process (or one data-parallel replica of a local run) contributes to the
+/// checkpoint of a step.
+#[derive(Clone, Debug)]
+pub struct CheckpointPart {
+    /// Steps done.
+    pub step: usize,
+    /// Its tensors, copied to host memory.
+    pub tensors: Vec<HostTensor>,
+    /// `state.json`, from the part that reports (one per checkpoint).
+    pub state: Option<CheckpointState>,
+}
+
+impl CheckpointPart {
+    /// Bytes of tensor data it holds (the host copy's cost).
+    pub fn bytes(&self) -> usize {
+        self.tensors.iter().map(|t| t.data.len()).sum()
+    }
+}
+
+/// One checkpoint the writer saved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SaveRecord {
+    /// Steps done.
+    pub step: usize,
+    /// Its directory.
+    pub path: PathBuf,
+    /// Bytes written.
+    pub bytes: u64,
+    /// Seconds to encode and write it (on the writer thread).
+    pub seconds: f64,
+    /// Bytes of the host copy its parts held.
+    pub host_bytes: usize,
+}
+
+/// A trainer's handle on the writer: hands it parts, says when one is due.
+#[derive(Clone, Debug)]
+pub struct CheckpointSink {
+    tx: SyncSender<CheckpointPart>,
+    failed: Arc<Mutex<Option<String>>>,
+    every: usize,
+}
+
+impl CheckpointSink {
+    /// Whether a checkpoint is due after `done` steps.
+    pub fn due(&self, done: usize) -> bool {
+        self.every > 0 && done > 0 && done.is_multiple_of(self.every)
+    }
+
+    /// Hands `part` to the writer (waiting only when two checkpoints are already queued);
+    /// fails when the writer has failed.
+    pub fn send(&self, part: CheckpointPart) -> Result<(), CheckpointError> {
+        if let Some(message) = self.failed.lock().ok().and_then(|f| f.clone()) {
+            return Err(CheckpointError::Writer(message));
+        }
+        self.tx
+            .send(part)
+            .map_err(|_| CheckpointError::Writer("the writer thread stopped".into()))
+    }
+}
+
+/// The background writer of a run's checkpoints (see the [module](self) documentation).
+#[derive(Debug)]
+pub struct CheckpointWriter {
+    sink: Option<CheckpointSink>,
+    handle: Option<JoinHandle<Vec<SaveRecord>>>,
+    failed: Arc<Mutex<Option<String>>>,
+}
+
+impl CheckpointWriter {
+    /// Starts the writer thread for `options`, expecting `parts` parts per checkpoint (the
+    /// data-parallel replicas of a local run; 1 otherwise).
+    pub fn start(options: &CheckpointOptions, parts: usize) -> Result<Self, CheckpointError> {
+        std::fs::create_dir_all(&options.dir).map_err(|e| {
+            CheckpointError::io(&options.dir, "create the checkpoint directory", &e)
+        })?;
+        let parts = parts.max(1);
+        let (tx, rx) = mpsc::sync_channel(2 * parts);
+        let failed = Arc::new(Mutex::new(None));
+        let root = options.dir.clone();
+        let keep = options.keep;
+        let flag = Arc::clone(&failed);
+        let handle = std::thread::Builder::new()
+            .name("checkpoint-writer".into())
+            .spawn(move || writer_loop(&rx, &root, keep, parts, &flag))
+            .map_err(|e| CheckpointError::Writer(format!("cannot start the thread: {e}")))?;
+        Ok(CheckpointWriter {
+            sink: Some(CheckpointSink {
+                tx,
+                failed: Arc::clone(&failed),
+                every: options.every,
+            }),
+            handle: Some(handle),
+            failed,
+        })
+    }
+
+    /// A handle for a trainer.
+    pub fn sink(&self) -> Option<CheckpointSink> {
+        self.sink.clone()
+    }
+
+    /// Waits for every queued checkpoint to be written and stops the thread: what it saved,
+    /// or its first error. Call it after the trainers (and their sinks) are done.
+    pub fn finish(mut self) -> Result<Vec<SaveRecord>, CheckpointError> {
+        self.sink = None;
+        let records = match self.handle.take() {
+            Some(h) => h
+                .join()
+                .map_err(|_| CheckpointError::Writer("the writer thread panicked".into()))?,
+            None => Vec::new(),
+        };
+        match self.failed.lock().ok().and_then(|f| f.clone()) {
+            Some(message) => Err(CheckpointError::Writer(message)),
+            None => Ok(records),
+        }
+    }
+}
+
+fn writer_loop(
+    rx: &Receiver<CheckpointPart>,
+    root: &Path,
+    keep: usize,
+    parts: usize,
+    failed: &Mutex<Option<String>>,
+) -> Vec<SaveRecord> {
+    let mut pending: BTreeMap<usize, Vec<CheckpointPart>> = BTreeMap::new();
+    let mut records = Vec::new();
+    while let Ok(part) = rx.recv() {
+        let step = part.step;
+        let got = pending.entry(step).or_default();
+        got.push(part);
+        if got.len() < parts {
+            continue;
+        }
+        let Some(group) = pending.remove(&step) else {
+            continue;
+        };
+        match save(root, step, group, keep) {
+            Ok(record) => records.push(record),
+            Err(e) => {
+                if let Ok(mut f) = failed.lock() {
+                    *f = Some(e.to_string());
+                }
+                break;
+            }
+        }
+    }
+    records
+}
+
+fn save(
+    root: &Path,
+    step: usize,
+    parts: Vec<CheckpointPart>,
+    keep: usize,
+) -> Result<SaveRecord, CheckpointError> {
+    let began = Instant::now();
+    let host_bytes = parts.iter().map(CheckpointPart::bytes).sum();
+    let mut state = None;
+    let mut tensors = Vec::new();
+    for part in parts {
+        state = state.or(part.state);
+        tensors.extend(part.tensors);
+    }
+    let state = state
+        .ok_or_else(|| CheckpointError::Writer(format!("step {step}: no part held the state")))?;
+    let mut files = format::encode_files(&tensors)?;
+    drop(tensors);
+    let text = serde_json::to_vec_pretty(&state)
+        .map_err(|e| CheckpointError::Writer(format!("encoding {STATE}: {e}")))?;
+    files.push((STATE.into(), text));
+    let bytes = files.iter().map(|(_, b)| b.len() as u64).sum();
+    let path = write_dir(root, step, &files, keep)?;
+    Ok(SaveRecord {
+        step,
+        path,
+        bytes,
+        seconds: began.elapsed().as_secs_f64(),
+        host_bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files() -> Vec<(String, Vec<u8>)> {
+        vec![("a.safetensors".into(), vec![1, 2, 3])]
+    }
+
+    #[test]
+    fn directories_appear_whole_and_only_ours_are_pruned() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("notes.txt"), "mine").unwrap();
+        std::fs::create_dir(root.path().join("step-old")).unwrap();
+        for step in [100, 200, 300, 400] {
+            write_dir(root.path(), step, &files(), 2).unwrap();
+        }
+        let mut names: Vec<String> = std::fs::read_dir(root.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "latest",
+                "notes.txt",
+                "step-000300",
+                "step-000400",
+                "step-old"
+            ]
+        );
+        let latest = std::fs::read_to_string(root.path().join(LATEST)).unwrap();
+        assert_eq!(latest, "step-000400\n");
+        assert!(root.path().join("step-000400").join(MANIFEST).is_file());
+        // The same step again replaces it.
+        write_dir(root.path(), 400, &files(), 2).unwrap();
+        assert!(root
+            .path()
+            .join("step-000400")
+            .join("a.safetensors")
+            .is_file());
+    }
+
+    #[test]
+    fn names_parse_back() {
+        assert_eq!(parse_dir_name(&dir_name(42)), Some(42));
+        assert_eq!(parse_dir_name(&dir_name(12_345_678)), Some(12_345_678));
+        assert_eq!(parse_dir_name("step-12"), None);
+        assert_eq!(parse_dir_name("step-00001x"), None);
+    }
+}

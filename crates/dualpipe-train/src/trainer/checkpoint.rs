@@ -1,0 +1,289 @@
+//! The trainer's checkpoint hooks: its part of a checkpoint (copied to host memory) and the
+//! restore of a checkpoint into whatever stages this trainer holds, by name.
+
+use dualpipe_dp::ErrorFeedbackState;
+use dualpipe_nn::{OptimizerKind, ParamState};
+
+use super::Trainer;
+use crate::checkpoint::format::{feedback_name, optim_name};
+use crate::checkpoint::{
+    Checkpoint, CheckpointError, CheckpointPart, CheckpointSink, CheckpointState, HostTensor,
+    ScheduleShape,
+};
+use crate::config::{ModelKind, TrainConfig};
+use crate::driver::Driver;
+use crate::error::TrainError;
+
+/// What [`Trainer::restore`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restored {
+    /// Steps done in the checkpoint: the run continues with step `step + 1`.
+    pub step: usize,
+    /// Whether the checkpoint's error-feedback buffers were restored (`false`: there were
+    /// none, or the grid changed and they start from zeros).
+    pub feedback_restored: bool,
+    /// Whether the checkpoint held error feedback that a change of grid dropped.
+    pub feedback_dropped: bool,
+}
+
+fn mismatch(ckpt: &Checkpoint, problem: String) -> TrainError {
+    CheckpointError::Mismatch {
+        path: ckpt.path.clone(),
+        problem,
+    }
+    .into()
+}
+
+/// The model the checkpoint holds must be `config`'s: same model, shape and optimizer.
+fn check_model(ckpt: &Checkpoint, config: &TrainConfig) -> Result<(), TrainError> {
+    let saved = &ckpt.state.config;
+    let blocks = |c: &TrainConfig| c.layers_per_stage.saturating_mul(c.model_stages());
+    let mut pairs: Vec<(&str, String, String)> = vec![
+        ("model", saved.model.to_string(), config.model.to_string()),
+        (
+            "blocks",
+            blocks(saved).to_string(),
+            blocks(config).to_string(),
+        ),
+        (
+            "optimizer",
+            saved.optimizer.to_string(),
+            config.optimizer.to_string(),
+        ),
+    ];
+    match config.model {
+        ModelKind::Gpt => {
+            pairs.push((
+                "d_model",
+                saved.d_model.to_string(),
+                config.d_model.to_string(),
+            ));
+            pairs.push(("heads", saved.heads.to_string(), config.heads.to_string()));
+            pairs.push((
+                "seq_len",
+                saved.seq_len.to_string(),
+                config.seq_len.to_string(),
+            ));
+        }
+        ModelKind::Mlp => {
+            pairs.push((
+                "hidden",
+                saved.hidden.to_string(),
+                config.hidden.to_string(),
+            ));
+        }
+    }
+    for (what, theirs, ours) in pairs {
+        if theirs != ours {
+            return Err(mismatch(
+                ckpt,
+                format!(
+                    "it holds {what} {theirs}, this run asks for {ours}; give the flags of the \
+                     run that wrote it"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl<D: Driver> Trainer<D> {
+    /// Saves a checkpoint through `sink` whenever [`CheckpointSink::due`] says so after a
+    /// step of [`Trainer::run`].
+    pub fn set_checkpoints(&mut self, sink: CheckpointSink) {
+        self.checkpoints = Some(sink);
+    }
+
+    /// Stops saving checkpoints (drops the handle, so the writer can finish).
+    pub fn clear_checkpoints(&mut self) {
+        self.checkpoints = None;
+    }
+
+    /// The shape of the schedule this trainer runs, as a checkpoint records it.
+    pub fn schedule_shape(&self) -> ScheduleShape {
+        ScheduleShape {
+            kind: self.config.schedule.name().into(),
+            ranks: self.config.ranks,
+            micro_batches: self.config.micro_batches,
+            virtual_stages: self.config.virtual_stages,
+            model_stages: self.config.model_stages(),
+        }
+    }
+
+    /// This trainer's part of a checkpoint of now, copied into host memory: with replica 0,
+    /// the parameters and optimizer state of one copy of every model stage it holds and the
+    /// state; with every replica, its error-feedback buffers.
+    pub fn checkpoint_part(&self) -> Result<CheckpointPart, TrainError> {
+        let replica = self.replica_index();
+        let mut tensors = Vec::new();
+        if replica == 0 {
+            for (rank, opts) in self.stages.iter().zip(&self.optimizers) {
+                for ((_, stage), opt) in rank.iter().zip(opts) {
+                    let canonical = self
+                        .canonical_copy(stage.model_stage())
+                        .is_some_and(|c| std::ptr::eq(c, stage));
+                    if !canonical {
+                        continue;
+                    }
+                    for (k, (name, p)) in stage.param_names().iter().zip(stage.params()).enumerate()
+                    {
+                        tensors.push(HostTensor::from_tensor(name.clone(), &p.value)?);
+                        if let Some(state) = opt.state().get(k) {
+                            for (part, t) in state.tensors() {
+                                tensors.push(HostTensor::from_tensor(optim_name(name, part), t)?);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(dp) = &self.dp {
+            for (s, fb) in dp.error_feedback() {
+                for (server, buffers) in [(false, &fb.worker), (true, &fb.server)] {
+                    for (b, values) in buffers.iter().enumerate() {
+                        if !values.is_empty() {
+                            let name = feedback_name(s, replica, b, server);
+                            tensors.push(HostTensor::from_f64s(name, values));
+                        }
+                    }
+                }
+            }
+        }
+        let state = (replica == 0)
+            .then(|| CheckpointState::new(&self.config, self.schedule_shape(), self.steps_done));
+        Ok(CheckpointPart {
+            step: self.steps_done,
+            tensors,
+            state,
+        })
+    }
+
+    /// Continues from `ckpt`: every held copy's parameters and optimizer state by name (any
+    /// schedule, rank count or layers-per-stage that gives the same model), the error
+    /// feedback when the grid is the checkpoint's (model stages, replicas, buckets,
+    /// compression; otherwise it starts from zeros), and the step count. A checkpoint of
+    /// another model, or one at or past the configured steps, is refused.
+    pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<Restored, TrainError> {
+        check_model(ckpt, &self.config)?;
+        let step = ckpt.state.step;
+        if step >= self.config.steps {
+            return Err(mismatch(
+                ckpt,
+                format!(
+                    "it is of step {step} and this run has {} steps in all; raise --steps \
+                     (the total, counting the steps before the checkpoint)",
+                    self.config.steps
+                ),
+            ));
+        }
+        let dtype = self.config.dtype.candle();
+        let kind = self.config.optimizer;
+        for (rank, opts) in self.stages.iter_mut().zip(&mut self.optimizers) {
+            for ((_, stage), opt) in rank.iter_mut().zip(opts.iter_mut()) {
+                let names = stage.param_names();
+                let mut states = Vec::with_capacity(names.len());
+                for (name, p) in names.iter().zip(stage.params_mut()) {
+                    let saved = ckpt.tensor(name)?;
+                    if saved.shape != p.value.dims() {
+                        return Err(mismatch(
+                            ckpt,
+                            format!(
+                                "`{name}` has shape {:?}, this run's {:?}",
+                                saved.shape,
+                                p.value.dims()
+                            ),
+                        ));
+                    }
+                    p.value = saved.to_tensor(dtype)?;
+                    if step > 0 {
+                        states.push(param_state(ckpt, name, kind, dtype)?);
+                    }
+                }
+                opt.set_state(step as u64, states)?;
+            }
+        }
+        let (feedback_restored, feedback_dropped) = self.restore_feedback(ckpt)?;
+        self.steps_done = step;
+        self.prefetched = None;
+        self.gathered = None;
+        self.failed = false;
+        Ok(Restored {
+            step,
+            feedback_restored,
+            feedback_dropped,
+        })
+    }
+
+    /// Restores the error feedback when the grid is the checkpoint's; (restored, dropped).
+    fn restore_feedback(&mut self, ckpt: &Checkpoint) -> Result<(bool, bool), TrainError> {
+        let held = ckpt.tensors.keys().any(|k| k.starts_with("feedback."));
+        let saved = &ckpt.state.config;
+        let same_grid = saved.model_stages() == self.config.model_stages()
+            && saved.data_parallel == self.config.data_parallel
+            && saved.bucket_mb.to_bits() == self.config.bucket_mb.to_bits()
+            && saved.gradient_compression == self.config.gradient_compression
+            && saved.error_feedback == self.config.error_feedback;
+        let replica = self.replica_index();
+        let Some(dp) = self.dp.as_mut() else {
+            return Ok((false, held));
+        };
+        if !held {
+            return Ok((false, false));
+        }
+        if !same_grid {
+            return Ok((false, true));
+        }
+        for (s, current) in dp.error_feedback() {
+            let side = |server: bool, count: usize| -> Vec<Vec<f64>> {
+                (0..count)
+                    .map(|b| {
+                        ckpt.tensors
+                            .get(&feedback_name(s, replica, b, server))
+                            .map(HostTensor::to_f64s)
+                            .unwrap_or_default()
+                    })
+                    .collect()
+            };
+            let state = ErrorFeedbackState {
+                worker: side(false, current.worker.len()),
+                server: side(true, current.server.len()),
+            };
+            dp.set_error_feedback(s, &state)?;
+        }
+        Ok((true, false))
+    }
+
+    pub(super) fn save_due_checkpoint(&mut self, step: usize) -> Result<(), TrainError> {
+        let Some(sink) = self.checkpoints.clone() else {
+            return Ok(());
+        };
+        if !sink.due(self.steps_done) {
+            return Ok(());
+        }
+        let sent = self
+            .checkpoint_part()
+            .and_then(|part| sink.send(part).map_err(TrainError::from));
+        self.own(step, sent)
+    }
+}
+
+/// Parameter `name`'s optimizer state from the checkpoint.
+fn param_state(
+    ckpt: &Checkpoint,
+    name: &str,
+    kind: OptimizerKind,
+    dtype: candle_core::DType,
+) -> Result<ParamState, TrainError> {
+    let get = |part: &str| -> Result<candle_core::Tensor, TrainError> {
+        Ok(ckpt.tensor(&optim_name(name, part))?.to_tensor(dtype)?)
+    };
+    Ok(match kind {
+        OptimizerKind::Sgd { .. } => ParamState::Sgd {
+            momentum: get("momentum")?,
+        },
+        OptimizerKind::AdamW { .. } => ParamState::AdamW {
+            m: get("m")?,
+            v: get("v")?,
+        },
+    })
+}
