@@ -102,6 +102,7 @@ fn config() -> GptConfig {
         layers: LAYERS,
         seq_len: SEQ,
         dtype: DType::F32,
+        moe: None,
     }
 }
 

@@ -16,6 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         layers: 8,
         seq_len: 64,
         dtype: DType::F32,
+        moe: None,
     };
     let (micro_batches, rows, steps) = (8, 16, 3);
     let text = AdditionTask { digits: 3, seed: 0 }.training_text(20_000);

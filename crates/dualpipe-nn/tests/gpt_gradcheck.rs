@@ -28,6 +28,7 @@ fn config() -> GptConfig {
         layers: 2,
         seq_len: 5,
         dtype: DType::F64,
+        moe: None,
     }
 }
 

@@ -33,6 +33,7 @@ fn check(kind: ScheduleKind, ranks: usize) {
         layers: stages,
         seq_len: 6,
         dtype: DType::F64,
+        moe: None,
     };
     let weights = GptWeights::random(&config, 21).unwrap();
     let data = TextData::new(&text(), config.seq_len, 0.1, None).unwrap();
@@ -114,6 +115,7 @@ fn saved_bytes_follow_the_split_backward() {
         layers: 3,
         seq_len: seq,
         dtype: DType::F64,
+        moe: None,
     };
     let weights = GptWeights::random(&config, 3).unwrap();
     let data = TextData::new(&text(), seq, 0.0, None).unwrap();

@@ -17,6 +17,7 @@ fn validation_loss_falls_on_the_addition_task() {
         layers: 2,
         seq_len: 32,
         dtype: DType::F32,
+        moe: None,
     };
     let task = AdditionTask { digits: 2, seed: 1 };
     let data = TextData::new(&task.training_text(2000), config.seq_len, 0.1, None).unwrap();

@@ -13,6 +13,7 @@ fn config() -> GptConfig {
         layers: 3,
         seq_len: 7,
         dtype: DType::F64,
+        moe: None,
     }
 }
 

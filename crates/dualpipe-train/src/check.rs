@@ -104,6 +104,22 @@ impl TrainConfig {
                 )));
             }
         }
+        if let Some(moe) = &self.moe {
+            if self.model != ModelKind::Gpt {
+                return Err(TrainError::Config(
+                    "the mixture of experts is a GPT feed-forward; drop it or use the GPT".into(),
+                ));
+            }
+            moe.check(matches!(naming, Naming::Flags))?;
+            if self.data_parallel > 1 {
+                return Err(TrainError::Config(format!(
+                    "the mixture of experts trains on one pipeline replica for now; drop {} {} \
+                     or the experts",
+                    name(Field::DataParallel),
+                    self.data_parallel
+                )));
+            }
+        }
         if self.model != ModelKind::Gpt {
             return Ok(());
         }

@@ -123,7 +123,12 @@ pub fn gather_weights<D: Driver>(
         }
     }
     by_stage.sort_by_key(|(s, _)| *s);
-    let names = tensor_names(template.config());
+    // The parameters travel; the MoE selection biases (buffers) are written below from the
+    // stages held here (MoE runs hold every rank in one process).
+    let names: Vec<_> = tensor_names(template.config())
+        .into_iter()
+        .filter(|(n, _)| !n.ends_with(".selection_bias"))
+        .collect();
     let tensors: Vec<WireData> = by_stage.into_iter().flat_map(|(_, t)| t).collect();
     if tensors.len() != names.len() {
         return Err(wire_error(format!(
@@ -135,6 +140,15 @@ pub fn gather_weights<D: Driver>(
     let mut weights = template.clone();
     for ((name, _), data) in names.iter().zip(tensors) {
         weights.set(name, tensor_from_wire(data).map_err(wire_error)?)?;
+    }
+    for stage in counted(stages) {
+        if let ModelStage::Gpt(g) = stage {
+            for (l, m) in g.moe_layers() {
+                let bias = candle_core::Tensor::new(m.selection_bias(), &candle_core::Device::Cpu)
+                    .map_err(wire_error)?;
+                weights.set(&format!("blocks.{l}.moe.router.selection_bias"), bias)?;
+            }
+        }
     }
     Ok(weights)
 }

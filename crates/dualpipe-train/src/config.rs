@@ -231,6 +231,8 @@ pub struct TrainConfig {
     /// Keep what a lossy compression dropped and add it to the next step's gradient
     /// (`false`: `--no-error-feedback`).
     pub error_feedback: bool,
+    /// The GPT's mixture-of-experts feed-forward (`--experts` and friends; `None`: dense).
+    pub moe: Option<crate::moe::MoeSettings>,
 }
 
 impl TrainConfig {
@@ -269,6 +271,7 @@ impl TrainConfig {
         gradient_compression: Compression::None,
         compression_warmup: 0,
         error_feedback: true,
+        moe: None,
     };
 
     /// The MLP's run (`--model mlp`, compared with DeepSeek's reference): DualPipe on 4 ranks,
@@ -430,6 +433,7 @@ impl TrainConfig {
             layers: self.layers_per_stage.saturating_mul(self.model_stages()),
             seq_len: self.seq_len,
             dtype: self.dtype.candle(),
+            moe: self.moe.map(|m| m.architecture(self.d_model)),
         }
     }
 

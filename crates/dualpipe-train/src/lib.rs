@@ -18,6 +18,7 @@
 //! - [`summary`] — [`RunSummary`], the predicted-vs-measured comparison (JSON and table);
 //! - [`reference`](mod@reference) — the sequential single-thread oracle every schedule must
 //!   match;
+//! - [`moe`] — the GPT's mixture-of-experts settings and the per-step expert load;
 //! - [`memory`] — the documented memory cap and this machine's available memory;
 //! - [`checkpoint`] — checkpoints: written in the background, named by model layer, read
 //!   back by any grid shape ([`Trainer::set_checkpoints`], [`Trainer::restore`]);
@@ -55,6 +56,7 @@ pub mod data_parallel;
 pub mod driver;
 pub mod error;
 pub mod memory;
+pub mod moe;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod rank;
@@ -72,6 +74,7 @@ pub use dualpipe_dp::Compression;
 pub use dualpipe_nn::{Optimizer, OptimizerKind};
 pub use error::{Divergence, TrainError};
 pub use memory::{MemoryEstimate, MEMORY_LIMIT_BYTES};
+pub use moe::{ExpertLoad, MoeSettings};
 pub use rank::{OneRank, RankTrainer};
 pub use reference::{Reference, ReferenceStep};
 pub use summary::{RunSummary, SummaryBuilder};

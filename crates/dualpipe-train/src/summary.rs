@@ -118,6 +118,10 @@ pub struct RunSummary {
     /// The share of the run's time spent in the gradient exchange that compute did not hide
     /// (mean over replicas; the exchange follows the pipeline, so none of it is hidden).
     pub communication_overhead: f64,
+    /// With MoE: every step's router load (tokens per block and expert, the worst block's
+    /// max/mean); absent from the JSON for a dense model.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub expert_load_imbalance: Vec<crate::moe::ExpertLoad>,
 }
 
 /// Builds a [`RunSummary`] one step at a time, keeping a few numbers per step and the last
@@ -138,6 +142,7 @@ pub struct SummaryBuilder {
     ops: OpTally,
     evaluations: Vec<Evaluation>,
     last_step: Option<(Timeline, Metrics)>,
+    expert_loads: Vec<crate::moe::ExpertLoad>,
     first_step: Option<usize>,
 }
 
@@ -159,6 +164,7 @@ impl SummaryBuilder {
             ops: OpTally::default(),
             evaluations: Vec::new(),
             last_step: None,
+            expert_loads: Vec::new(),
             first_step: None,
         }
     }
@@ -169,6 +175,7 @@ impl SummaryBuilder {
         self.losses.push(report.loss);
         self.walls.push(report.wall.as_secs_f64());
         self.evaluations.extend(report.evaluation);
+        self.expert_loads.extend(report.expert_load);
         if let Some(timeline) = report.timeline {
             let measured = metrics(&timeline, &self.schedule.placement);
             self.makespans.push(measured.makespan);
@@ -256,6 +263,7 @@ impl SummaryBuilder {
             grad_bytes_sent: 0,
             grad_bytes_uncompressed: 0,
             communication_overhead: 0.0,
+            expert_load_imbalance: self.expert_loads,
         }
     }
 }
@@ -558,6 +566,7 @@ mod tests {
             exchange: None,
             grad_norm: None,
             evaluation: None,
+            expert_load: None,
         });
         let summary = builder.finish(Duration::from_secs(1), Vec::new());
         assert_eq!(summary.bubble_ratio, 0.25);

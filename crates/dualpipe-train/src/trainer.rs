@@ -17,6 +17,7 @@ use crate::error::{Divergence, TrainError};
 use crate::summary::{RunSummary, SummaryBuilder};
 use crate::workload::{Evaluation, Workload};
 
+mod experts;
 mod checkpoint;
 mod model;
 
@@ -47,6 +48,8 @@ pub struct StepReport {
     pub evaluation: Option<Evaluation>,
     /// Where each rank's pipeline time went: CPU, waiting for a message, waiting for a core.
     pub rank_times: RankTimes,
+    /// The MoE router's tokens per (block, expert) of the step (`None` for a dense model).
+    pub expert_load: Option<crate::moe::ExpertLoad>,
     /// What this replica's data-parallel gradient exchange cost (`None`: one replica).
     pub exchange: Option<StepExchange>,
 }
@@ -253,6 +256,13 @@ impl<D: Driver> Trainer<D> {
         let workload = Workload::new(config)?;
         let per_dir = schedule.micro_batches_per_dir();
         let held = driver.held_ranks(&schedule);
+        if config.moe.is_some() && held.len() != config.ranks {
+            return Err(TrainError::Config(
+                "the mixture of experts trains with every rank in one process for now (the \
+                 router counts of every copy meet there); use the local transport"
+                    .into(),
+            ));
+        }
         let mut stages = Vec::with_capacity(held.len());
         for &rank in &held {
             let mut copies = RankStages::new();
@@ -348,6 +358,8 @@ impl<D: Driver> Trainer<D> {
         let grad_norm = self.clip_gradients(step)?;
         let updated = self.optimizer_step();
         self.own(step, updated)?;
+        let balanced = self.balance_experts(step);
+        let expert_load = self.own(step, balanced)?;
         self.steps_done += 1;
         self.failed = false;
         let loss = losses.iter().sum::<f64>() / losses.len() as f64;
@@ -360,6 +372,7 @@ impl<D: Driver> Trainer<D> {
             grad_norm,
             evaluation: None,
             rank_times: outcome.rank_times,
+            expert_load,
             exchange,
         })
     }

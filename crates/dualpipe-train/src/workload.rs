@@ -108,7 +108,11 @@ impl Workload {
         Ok(match self {
             Workload::Mlp(_) => ModelStage::Mlp(MlpStage::new(&config.model(), position)?),
             Workload::Gpt(gpt) => {
-                ModelStage::Gpt(Box::new(GptStage::new(&gpt.weights, stages, position)?))
+                let mut stage = GptStage::new(&gpt.weights, stages, position)?;
+                if let Some(moe) = &config.moe {
+                    stage.set_aux_loss(moe.aux_loss);
+                }
+                ModelStage::Gpt(Box::new(stage))
             }
         })
     }
@@ -310,6 +314,20 @@ fn check_architecture(
                 field.key()
             )));
         }
+    }
+    if found.moe != expected.moe {
+        let show = |m: &Option<dualpipe_nn::gpt::MoeConfig>| match m {
+            Some(m) => format!(
+                "{} experts (top-{}, hidden {}, {} shared, every {} blocks)",
+                m.experts, m.top_k, m.expert_hidden, m.shared_experts, m.every
+            ),
+            None => "a dense feed-forward".to_string(),
+        };
+        return Err(TrainError::Config(format!(
+            "the weights have {}, the configuration {}; make them agree",
+            show(&found.moe),
+            show(&expected.moe)
+        )));
     }
     if found.layers != expected.layers {
         return Err(TrainError::Config(format!(

@@ -16,6 +16,7 @@ pub mod observe;
 use observe::Observe;
 
 mod args;
+mod moe;
 mod resume;
 
 pub use args::{config_and_schedule, Args, Format, Transport};

@@ -13,6 +13,7 @@ fn weights(dir: &TempDir) -> (std::path::PathBuf, GptWeights) {
         layers: 2,
         seq_len: 8,
         dtype: DType::F64,
+        moe: None,
     };
     let w = GptWeights::random(&config, 3).unwrap();
     (

@@ -17,6 +17,7 @@ mod schedule;
 mod simulate;
 mod train;
 mod train_gpt;
+mod train_moe;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

@@ -3,18 +3,87 @@
 use candle_core::Tensor;
 use dualpipe_schedule::Chunk;
 
-use super::GptWeights;
-use crate::error::NnError;
+use super::weights::moe_bias_name;
+use super::{GptWeights, MoeLayer};
+use crate::error::{NnError, TensorContext};
 use crate::layers::{CausalSelfAttention, Linear, Mlp, Param, RmsNorm};
 
-/// `h₁ = h + attn(norm1(h))`, `y = h₁ + mlp(norm2(h₁))`. The residual sums are folded into
-/// the output projections' GEMMs (forward) and the norms' input-gradient passes (backward).
+/// A block's feed-forward part: the dense MLP or a mixture of experts.
+#[derive(Debug)]
+pub enum FeedForward {
+    /// `fc2(gelu(fc1(x)))`.
+    Dense(Mlp),
+    /// Routed (and shared) experts.
+    Moe(MoeLayer),
+}
+
+impl FeedForward {
+    fn params(&self) -> Vec<&Param> {
+        match self {
+            FeedForward::Dense(m) => m.params(),
+            FeedForward::Moe(m) => m.params(),
+        }
+    }
+
+    fn params_mut(&mut self) -> Vec<&mut Param> {
+        match self {
+            FeedForward::Dense(m) => m.params_mut(),
+            FeedForward::Moe(m) => m.params_mut(),
+        }
+    }
+
+    fn apply(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor, NnError> {
+        match self {
+            FeedForward::Dense(m) => m.apply(x, Some(residual)),
+            FeedForward::Moe(m) => m.apply(x, Some(residual)),
+        }
+    }
+
+    fn forward(&mut self, key: Chunk, x: &Tensor, residual: &Tensor) -> Result<Tensor, NnError> {
+        match self {
+            FeedForward::Dense(m) => m.forward(key, x, Some(residual)),
+            FeedForward::Moe(m) => m.forward(key, x, Some(residual)),
+        }
+    }
+
+    fn backward_input(&mut self, key: Chunk, dy: &Tensor) -> Result<Tensor, NnError> {
+        match self {
+            FeedForward::Dense(m) => m.backward_input(key, dy),
+            FeedForward::Moe(m) => m.backward_input(key, dy),
+        }
+    }
+
+    fn backward_weight(&mut self, key: Chunk) -> Result<(), NnError> {
+        match self {
+            FeedForward::Dense(m) => m.backward_weight(key),
+            FeedForward::Moe(m) => m.backward_weight(key),
+        }
+    }
+
+    fn pending(&self) -> usize {
+        match self {
+            FeedForward::Dense(m) => m.pending(),
+            FeedForward::Moe(m) => m.pending(),
+        }
+    }
+
+    fn saved_bytes(&self) -> usize {
+        match self {
+            FeedForward::Dense(m) => m.saved_bytes(),
+            FeedForward::Moe(m) => m.saved_bytes(),
+        }
+    }
+}
+
+/// `h₁ = h + attn(norm1(h))`, `y = h₁ + ff(norm2(h₁))` with `ff` the dense MLP or the MoE
+/// layer. The residual sums are folded into the output projections' GEMMs (forward) and the
+/// norms' input-gradient passes (backward).
 #[derive(Debug)]
 pub struct Block {
     norm1: RmsNorm,
     attn: CausalSelfAttention,
     norm2: RmsNorm,
-    mlp: Mlp,
+    mlp: FeedForward,
 }
 
 impl Block {
@@ -31,11 +100,56 @@ impl Block {
                 c.heads,
             )?,
             norm2: RmsNorm::from_tensor(w("norm2")?)?,
-            mlp: Mlp::from_layers(linear("mlp.fc1")?, linear("mlp.fc2")?)?,
+            mlp: match c.moe {
+                Some(m) if m.is_moe_block(l) => {
+                    let expert = |prefix: String| {
+                        Mlp::from_layers(
+                            linear(&format!("{prefix}.fc1"))?,
+                            linear(&format!("{prefix}.fc2"))?,
+                        )
+                    };
+                    let routed = (0..m.experts)
+                        .map(|e| expert(format!("moe.experts.{e}")))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let shared = (0..m.shared_experts)
+                        .map(|s| expert(format!("moe.shared.{s}")))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let bias = weights
+                        .get(&moe_bias_name(l))?
+                        .to_dtype(candle_core::DType::F64)
+                        .and_then(|t| t.to_vec1::<f64>())
+                        .ctx("the selection bias")?;
+                    FeedForward::Moe(MoeLayer::new(
+                        linear("moe.router")?,
+                        bias,
+                        routed,
+                        shared,
+                        m.top_k,
+                    )?)
+                }
+                _ => FeedForward::Dense(Mlp::from_layers(linear("mlp.fc1")?, linear("mlp.fc2")?)?),
+            },
         })
     }
 
-    /// Parameters in the order of the block's tensor names: norm1, qkv, proj, norm2, fc1, fc2.
+    /// The MoE layer, if this block has one.
+    pub fn moe(&self) -> Option<&MoeLayer> {
+        match &self.mlp {
+            FeedForward::Moe(m) => Some(m),
+            FeedForward::Dense(_) => None,
+        }
+    }
+
+    /// The MoE layer mutably, if this block has one.
+    pub fn moe_mut(&mut self) -> Option<&mut MoeLayer> {
+        match &mut self.mlp {
+            FeedForward::Moe(m) => Some(m),
+            FeedForward::Dense(_) => None,
+        }
+    }
+
+    /// Parameters in the order of the block's tensor names: norm1, qkv, proj, norm2, then
+    /// fc1, fc2 (dense) or the MoE layer's ([`MoeLayer::params`]).
     pub fn params(&self) -> Vec<&Param> {
         let mut p = self.norm1.params();
         p.extend(self.attn.params());
@@ -56,7 +170,7 @@ impl Block {
     /// The block's output on sequences of `seq` rows, without saving anything.
     pub fn apply(&self, h: &Tensor, seq: usize) -> Result<Tensor, NnError> {
         let h1 = self.attn.apply(&self.norm1.apply(h)?, seq, Some(h))?;
-        self.mlp.apply(&self.norm2.apply(&h1)?, Some(&h1))
+        self.mlp.apply(&self.norm2.apply(&h1)?, &h1)
     }
 
     /// Forward of the chunk, saving what its backward needs.
@@ -64,7 +178,7 @@ impl Block {
         let a = self.norm1.forward(key, h)?;
         let h1 = self.attn.forward(key, &a, seq, Some(h))?;
         let b = self.norm2.forward(key, &h1)?;
-        self.mlp.forward(key, &b, Some(&h1))
+        self.mlp.forward(key, &b, &h1)
     }
 
     /// The input gradient of the chunk; weight gradients wait for [`Block::backward_weight`].

@@ -14,11 +14,13 @@ mod block;
 pub mod data;
 pub mod eval;
 pub mod markov;
+pub mod moe;
 pub mod pipeline;
 mod stage;
 mod weights;
 
-pub use block::Block;
+pub use block::{Block, FeedForward};
+pub use moe::{MoeConfig, MoeLayer};
 pub use stage::{GptStage, TokenBatch, TokenMicroBatch};
 pub use weights::{tensor_names, GptWeights, WeightsError};
 
@@ -34,7 +36,8 @@ pub const VOCAB: usize = 256;
 pub const MAX_PARAMETERS: usize = 1 << 31;
 
 /// The architecture of the model: pre-norm blocks `h + attn(norm1(h))`, `h + mlp(norm2(h))`
-/// over `tok_emb + pos_emb`, then `lm_head(norm_f(h))`; no biases.
+/// over `tok_emb + pos_emb`, then `lm_head(norm_f(h))`; no biases. With [`GptConfig::moe`],
+/// the MoE blocks' `mlp` is a mixture of experts ([`MoeLayer`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GptConfig {
     /// Width of the hidden states.
@@ -47,6 +50,9 @@ pub struct GptConfig {
     pub seq_len: usize,
     /// Element type of parameters and activations (F32 or F64).
     pub dtype: DType,
+    /// The mixture-of-experts feed-forward and which blocks have it (`None`: every block
+    /// dense).
+    pub moe: Option<MoeConfig>,
 }
 
 impl GptConfig {
@@ -69,6 +75,9 @@ impl GptConfig {
                 self.heads, self.d_model
             )));
         }
+        if let Some(moe) = &self.moe {
+            moe.validate()?;
+        }
         if !matches!(self.dtype, DType::F32 | DType::F64) {
             return Err(NnError::Config(format!(
                 "dtype {:?} is not supported; use f32 or f64",
@@ -88,13 +97,29 @@ impl GptConfig {
         let d = self.d_model;
         let dd = d.checked_mul(d)?;
         let block = dd.checked_mul(12)?.checked_add(2 * d)?;
-        let blocks = block.checked_mul(self.layers)?;
+        let mut blocks = block.checked_mul(self.layers)?;
+        if let Some(m) = &self.moe {
+            // An MoE block swaps the dense MLP (8d²) for the router (E·d), the selection bias
+            // (E) and E + S experts of 2·H·d.
+            let experts = m.experts.checked_add(m.shared_experts)?;
+            let moe = experts
+                .checked_mul(m.expert_hidden)?
+                .checked_mul(d)?
+                .checked_mul(2)?
+                .checked_add(m.experts.checked_mul(d)?)?
+                .checked_add(m.experts)?;
+            let n = (0..self.layers).filter(|&l| m.is_moe_block(l)).count();
+            blocks = blocks
+                .checked_sub(dd.checked_mul(8)?.checked_mul(n)?)?
+                .checked_add(moe.checked_mul(n)?)?;
+        }
         let emb = VOCAB.checked_mul(d)?.checked_mul(2)?;
         let pos = self.seq_len.checked_mul(d)?;
         blocks.checked_add(emb)?.checked_add(pos)?.checked_add(d)
     }
 
-    /// Scalars in the model: per block `12 d² + 2d`, plus `2·256·d + seq_len·d + d`.
+    /// Scalars in the model: per dense block `12 d² + 2d`, per MoE block `4 d² + 2d + E·d + E
+    /// + (E + S)·2·H·d`, plus `2·256·d + seq_len·d + d`.
     pub fn parameter_count(&self) -> usize {
         self.checked_parameter_count().unwrap_or(usize::MAX)
     }

@@ -8,8 +8,8 @@ use candle_core::Tensor;
 use dualpipe_runtime::{ForwardInput, ForwardOutput};
 use dualpipe_schedule::Chunk;
 
-use super::weights::block_tensor_names;
-use super::{stage_layers, Block, GptConfig, GptWeights};
+use super::weights::{block_buffer_names, block_tensor_names, moe_bias_name};
+use super::{stage_layers, Block, GptConfig, GptWeights, MoeLayer};
 use crate::error::NnError;
 use crate::layers::{cross_entropy, tensor_bytes, Embedding, Linear, Param, RmsNorm};
 use crate::stage::StagePosition;
@@ -167,7 +167,7 @@ impl GptStage {
         }
         for l in self.layers.clone() {
             names.extend(
-                block_tensor_names(l, self.config.d_model)
+                block_tensor_names(l, &self.config)
                     .into_iter()
                     .map(|(n, _)| n),
             );
@@ -205,17 +205,89 @@ impl GptStage {
         p
     }
 
-    /// Resets every accumulated gradient to zero (call before each step).
+    /// Resets every accumulated gradient, and the MoE layers' token counts, to zero (call
+    /// before each step).
     pub fn zero_grad(&mut self) -> Result<(), NnError> {
+        for block in &mut self.blocks {
+            if let Some(m) = block.moe_mut() {
+                m.reset_counts();
+            }
+        }
         self.params_mut().into_iter().try_for_each(Param::zero_grad)
     }
 
-    /// Copies this stage's current parameter values into `weights` (by name).
+    /// Copies this stage's current parameter values, and its MoE selection biases, into
+    /// `weights` (by name).
     pub fn write_into(&self, weights: &mut GptWeights) -> Result<(), NnError> {
         for (name, p) in self.param_names().iter().zip(self.params()) {
             weights.set(name, p.value.clone())?;
         }
+        for (l, block) in self.layers.clone().zip(&self.blocks) {
+            if let Some(m) = block.moe() {
+                let bias = Tensor::new(m.selection_bias(), &candle_core::Device::Cpu)
+                    .map_err(|e| NnError::tensor("the selection bias", e))?;
+                weights.set(&moe_bias_name(l), bias)?;
+            }
+        }
         Ok(())
+    }
+
+    /// The names of this stage's buffers (the MoE selection biases), written by
+    /// [`GptStage::write_into`] beside the parameters.
+    pub fn buffer_names(&self) -> Vec<String> {
+        self.layers
+            .clone()
+            .flat_map(|l| block_buffer_names(l, &self.config))
+            .map(|(n, _)| n)
+            .collect()
+    }
+
+    /// Per MoE block of this stage: its model-wide index and the tokens its forwards routed
+    /// to each expert since the last [`GptStage::zero_grad`].
+    pub fn router_counts(&self) -> Vec<(usize, Vec<u64>)> {
+        self.layers
+            .clone()
+            .zip(&self.blocks)
+            .filter_map(|(l, b)| b.moe().map(|m| (l, m.token_counts().to_vec())))
+            .collect()
+    }
+
+    /// The auxiliary-loss-free bias step of MoE block `layer` (model-wide index) from
+    /// `loads`, the step's counts over every copy of the block.
+    pub fn update_selection_bias(
+        &mut self,
+        layer: usize,
+        loads: &[u64],
+        rate: f64,
+    ) -> Result<(), NnError> {
+        let i = layer
+            .checked_sub(self.layers.start)
+            .filter(|&i| i < self.blocks.len())
+            .ok_or_else(|| NnError::Stage(format!("block {layer} is not in this stage")))?;
+        self.blocks[i]
+            .moe_mut()
+            .ok_or_else(|| NnError::Stage(format!("block {layer} has no MoE layer")))?
+            .update_selection_bias(loads, rate)
+    }
+
+    /// Turns the MoE layers' auxiliary balance loss on with coefficient `coef` (0: off); its
+    /// gradient is scaled by `1 / micro_batches` as the cross-entropy's is.
+    pub fn set_aux_loss(&mut self, coef: f64) {
+        let scale = 1.0 / self.position.micro_batches as f64;
+        for block in &mut self.blocks {
+            if let Some(m) = block.moe_mut() {
+                m.set_aux_loss(coef, scale);
+            }
+        }
+    }
+
+    /// The MoE blocks of this stage (model-wide index, layer).
+    pub fn moe_layers(&self) -> Vec<(usize, &MoeLayer)> {
+        self.layers
+            .clone()
+            .zip(&self.blocks)
+            .filter_map(|(l, b)| b.moe().map(|m| (l, m)))
+            .collect()
     }
 
     /// Saved tensors of chunks whose backward has not run yet; 0 after a complete step.

@@ -53,7 +53,9 @@ impl From<WeightsError> for NnError {
 
 /// The names and shapes of every tensor, in the model's fixed order: `tok_emb.weight`,
 /// `pos_emb.weight`, then per block `norm1`, `attn.qkv`, `attn.proj`, `norm2`, `mlp.fc1`,
-/// `mlp.fc2`, then `norm_f.weight`, `lm_head.weight`.
+/// `mlp.fc2` (an MoE block: `moe.router.weight`, `moe.experts.{e}.fc1`/`fc2`,
+/// `moe.shared.{s}.fc1`/`fc2`, then `moe.router.selection_bias`), then `norm_f.weight`,
+/// `lm_head.weight`.
 pub fn tensor_names(c: &GptConfig) -> Vec<(String, Vec<usize>)> {
     let d = c.d_model;
     let mut v = vec![
@@ -61,24 +63,56 @@ pub fn tensor_names(c: &GptConfig) -> Vec<(String, Vec<usize>)> {
         ("pos_emb.weight".to_string(), vec![c.seq_len, d]),
     ];
     for l in 0..c.layers {
-        v.extend(block_tensor_names(l, d));
+        v.extend(block_tensor_names(l, c));
+        v.extend(block_buffer_names(l, c));
     }
     v.push(("norm_f.weight".into(), vec![d]));
     v.push(("lm_head.weight".into(), vec![VOCAB, d]));
     v
 }
 
-/// The names and shapes of block `l`'s tensors, in order.
-pub(crate) fn block_tensor_names(l: usize, d: usize) -> Vec<(String, Vec<usize>)> {
+/// The name of MoE block `l`'s selection bias (a buffer, not trained by gradients).
+pub(crate) fn moe_bias_name(l: usize) -> String {
+    format!("blocks.{l}.moe.router.selection_bias")
+}
+
+/// The names and shapes of block `l`'s trainable tensors, in the order of its parameters.
+pub(crate) fn block_tensor_names(l: usize, c: &GptConfig) -> Vec<(String, Vec<usize>)> {
+    let d = c.d_model;
     let p = |s: &str| format!("blocks.{l}.{s}.weight");
-    vec![
+    let mut v = vec![
         (p("norm1"), vec![d]),
         (p("attn.qkv"), vec![3 * d, d]),
         (p("attn.proj"), vec![d, d]),
         (p("norm2"), vec![d]),
-        (p("mlp.fc1"), vec![4 * d, d]),
-        (p("mlp.fc2"), vec![d, 4 * d]),
-    ]
+    ];
+    match c.moe {
+        Some(m) if m.is_moe_block(l) => {
+            let h = m.expert_hidden;
+            v.push((p("moe.router"), vec![m.experts, d]));
+            let experts = (0..m.experts)
+                .map(|e| format!("moe.experts.{e}"))
+                .chain((0..m.shared_experts).map(|s| format!("moe.shared.{s}")));
+            for e in experts {
+                v.push((p(&format!("{e}.fc1")), vec![h, d]));
+                v.push((p(&format!("{e}.fc2")), vec![d, h]));
+            }
+        }
+        _ => {
+            v.push((p("mlp.fc1"), vec![4 * d, d]));
+            v.push((p("mlp.fc2"), vec![d, 4 * d]));
+        }
+    }
+    v
+}
+
+/// The names and shapes of block `l`'s buffers (state that gradients do not train): an MoE
+/// block's selection bias.
+pub(crate) fn block_buffer_names(l: usize, c: &GptConfig) -> Vec<(String, Vec<usize>)> {
+    match c.moe {
+        Some(m) if m.is_moe_block(l) => vec![(moe_bias_name(l), vec![m.experts])],
+        _ => Vec::new(),
+    }
 }
 
 /// The whole model's tensors by name, with the architecture they belong to.
@@ -90,7 +124,7 @@ pub struct GptWeights {
 
 impl GptWeights {
     /// Seeded initialisation: embeddings uniform with standard deviation 0.02, norm weights
-    /// one, linear weights uniform in `±1/√in` (PyTorch's default), the residual projections
+    /// one, MoE selection biases zero, linear weights uniform in `±1/√in` (PyTorch's default), the residual projections
     /// (`attn.proj`, `mlp.fc2`) scaled by `1/√(2·layers)`. Tensor `i` of [`tensor_names`] is
     /// drawn in f64 from the stream (seed, `i`) and cast, so it depends only on the seed and
     /// the shapes, never on the pipeline split.
@@ -101,7 +135,9 @@ impl GptWeights {
         let mut tensors = HashMap::new();
         for (i, (name, shape)) in tensor_names(config).into_iter().enumerate() {
             let count: usize = shape.iter().product();
-            let values = if shape.len() == 1 {
+            let values = if name.ends_with(".selection_bias") {
+                vec![0.0; count]
+            } else if shape.len() == 1 {
                 vec![1.0; count]
             } else {
                 let bound = if name.ends_with("_emb.weight") {
@@ -204,9 +240,20 @@ impl GptWeights {
     }
 
     /// The metadata stored with the tensors: `model` = "gpt", `d_model`, `heads`, `layers`,
-    /// `seq_len`, `vocab` (numbers as decimal strings).
+    /// `seq_len`, `vocab` (numbers as decimal strings); with MoE also `experts`, `top_k`,
+    /// `expert_hidden`, `shared_experts`, `moe_every`.
     pub fn metadata(&self) -> HashMap<String, String> {
         let c = &self.config;
+        let moe = c.moe.map(|m| {
+            [
+                ("experts", m.experts),
+                ("top_k", m.top_k),
+                ("expert_hidden", m.expert_hidden),
+                ("shared_experts", m.shared_experts),
+                ("moe_every", m.every),
+            ]
+            .map(|(k, v)| (k, v.to_string()))
+        });
         [
             ("model", "gpt".to_string()),
             ("d_model", c.d_model.to_string()),
@@ -216,6 +263,7 @@ impl GptWeights {
             ("vocab", VOCAB.to_string()),
         ]
         .into_iter()
+        .chain(moe.into_iter().flatten())
         .map(|(k, v)| (k.to_string(), v))
         .collect()
     }
@@ -263,12 +311,24 @@ impl GptWeights {
                 problem: format!("{}, expected {VOCAB} (bytes)", num("vocab")?),
             });
         }
+        let moe = if md.contains_key("experts") {
+            Some(super::MoeConfig {
+                experts: num("experts")?,
+                top_k: num("top_k")?,
+                expert_hidden: num("expert_hidden")?,
+                shared_experts: num("shared_experts")?,
+                every: num("moe_every")?,
+            })
+        } else {
+            None
+        };
         let config = GptConfig {
             d_model: num("d_model")?,
             heads: num("heads")?,
             layers: num("layers")?,
             seq_len: num("seq_len")?,
             dtype,
+            moe,
         };
         config.validate().map_err(|e| WeightsError::Metadata {
             key: "d_model".into(),
@@ -333,6 +393,11 @@ impl GptConfig {
             "heads" => ("heads", self.heads),
             "layers" => ("layers", self.layers),
             "seq-len" => ("seq_len", self.seq_len),
+            "experts" => ("experts", self.moe.map_or(0, |m| m.experts)),
+            "top-k" => ("top_k", self.moe.map_or(0, |m| m.top_k)),
+            "expert-hidden" => ("expert_hidden", self.moe.map_or(0, |m| m.expert_hidden)),
+            "shared-experts" => ("shared_experts", self.moe.map_or(0, |m| m.shared_experts)),
+            "moe-every" => ("moe_every", self.moe.map_or(0, |m| m.every)),
             other => {
                 return Err(WeightsError::Metadata {
                     key: other.into(),

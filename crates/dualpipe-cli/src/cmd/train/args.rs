@@ -180,6 +180,9 @@ pub struct Args {
     /// ablation of error feedback).
     #[arg(long)]
     pub no_error_feedback: bool,
+    /// The GPT's mixture of experts.
+    #[command(flatten)]
+    pub moe: super::moe::MoeArgs,
     /// Save a checkpoint (a step-NNNNNN directory: weights, optimizer state, error feedback,
     /// data position; see docs/checkpoints.md) into DIR every --checkpoint-every steps.
     #[arg(long, value_name = "DIR")]
@@ -223,6 +226,7 @@ impl Args {
                     ("--task", self.task != D.task.name()),
                     ("--save", self.save.is_some()),
                     ("--init-from", self.init_from.is_some()),
+                    ("--experts", self.moe.experts.is_some()),
                 ];
                 given.extend(gpt_only.iter().filter(|(_, g)| *g).map(|(f, _)| *f));
             }
@@ -339,6 +343,7 @@ pub fn config_and_schedule(args: &Args) -> Result<(TrainConfig, Option<Schedule>
         gradient_compression,
         compression_warmup: args.compression_warmup,
         error_feedback: !args.no_error_feedback,
+        moe: args.moe.settings()?,
     };
     if let Some(s) = &given {
         (config.ranks, config.micro_batches) = (s.ranks, s.micro_batches);
@@ -399,6 +404,7 @@ fn adopt_architecture(
     config.heads = file.heads;
     config.seq_len = file.seq_len;
     config.layers_per_stage = file.layers / stages;
+    config.moe = args.moe.adopt(&file, path)?;
     Ok(())
 }
 

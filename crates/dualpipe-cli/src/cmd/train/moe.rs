@@ -1,0 +1,109 @@
+//! The mixture-of-experts flags of `dualpipe train` and the [`MoeSettings`] they ask for.
+
+use dualpipe_nn::gpt::GptConfig;
+use dualpipe_train::MoeSettings;
+
+use crate::cmd::{count, UsageError};
+
+/// The defaults.
+const M: MoeSettings = MoeSettings::DEFAULT;
+
+/// The GPT's mixture of experts (off unless --experts is given).
+#[derive(clap::Args, Debug, Default)]
+pub struct MoeArgs {
+    /// Make the GPT's feed-forward a mixture of E routed experts (dropless top-k routing;
+    /// see docs/models.md) [default: dense, or --init-from's].
+    #[arg(long, value_name = "E", value_parser = count, allow_negative_numbers = true)]
+    pub experts: Option<usize>,
+    /// Experts each token is routed to [default: 2].
+    #[arg(long, value_name = "K", value_parser = count, allow_negative_numbers = true)]
+    pub top_k: Option<usize>,
+    /// Hidden width of each expert [default: 4 x d-model / top-k].
+    #[arg(long, value_name = "H", value_parser = count, allow_negative_numbers = true)]
+    pub expert_hidden: Option<usize>,
+    /// Shared experts every token also passes through [default: 0].
+    #[arg(long, value_name = "S", value_parser = count, allow_negative_numbers = true)]
+    pub shared_experts: Option<usize>,
+    /// Every N-th block is an MoE block (blocks N-1, 2N-1, ...) [default: 1, every block].
+    #[arg(long, value_name = "N", value_parser = count, allow_negative_numbers = true)]
+    pub moe_every: Option<usize>,
+    /// Coefficient of the standard auxiliary balance loss [default: 0, off].
+    #[arg(long, value_name = "COEF", allow_negative_numbers = true)]
+    pub aux_loss: Option<f64>,
+    /// γ of the auxiliary-loss-free balancing: after each step every expert's selection
+    /// bias moves by ±γ towards the mean load [default: 0.001; 0 turns it off].
+    #[arg(long, value_name = "GAMMA", allow_negative_numbers = true)]
+    pub bias_update_rate: Option<f64>,
+}
+
+impl MoeArgs {
+    /// The MoE flags given.
+    pub fn given(&self) -> Vec<&'static str> {
+        [
+            ("--experts", self.experts.is_some()),
+            ("--top-k", self.top_k.is_some()),
+            ("--expert-hidden", self.expert_hidden.is_some()),
+            ("--shared-experts", self.shared_experts.is_some()),
+            ("--moe-every", self.moe_every.is_some()),
+            ("--aux-loss", self.aux_loss.is_some()),
+            ("--bias-update-rate", self.bias_update_rate.is_some()),
+        ]
+        .into_iter()
+        .filter(|(_, g)| *g)
+        .map(|(f, _)| f)
+        .collect()
+    }
+
+    /// The settings the flags ask for (`None`: dense); a tuning flag without --experts is an
+    /// error.
+    pub fn settings(&self) -> Result<Option<MoeSettings>, UsageError> {
+        let Some(experts) = self.experts else {
+            return match self.given().first() {
+                Some(flag) => Err(UsageError(format!(
+                    "{flag} tunes the mixture of experts; add --experts E (such as --experts 4) \
+                     or drop it"
+                ))),
+                None => Ok(None),
+            };
+        };
+        Ok(Some(MoeSettings {
+            experts,
+            top_k: self.top_k.unwrap_or(M.top_k),
+            expert_hidden: self.expert_hidden,
+            shared_experts: self.shared_experts.unwrap_or(M.shared_experts),
+            every: self.moe_every.unwrap_or(M.every),
+            aux_loss: self.aux_loss.unwrap_or(M.aux_loss),
+            bias_update_rate: self.bias_update_rate.unwrap_or(M.bias_update_rate),
+        }))
+    }
+
+    /// With --init-from: the file's experts, unless a flag given disagrees (an error naming
+    /// both); the balancing flags apply as given.
+    pub fn adopt(
+        &self,
+        file: &GptConfig,
+        path: &std::path::Path,
+    ) -> Result<Option<MoeSettings>, UsageError> {
+        let check = |flag: &str, given: Option<usize>| {
+            file.check_flag(flag, given)
+                .map_err(|e| UsageError(format!("--init-from {}: {e}", path.display())))
+        };
+        check("experts", self.experts)?;
+        let Some(m) = file.moe else {
+            return self.settings();
+        };
+        check("top-k", self.top_k)?;
+        check("expert-hidden", self.expert_hidden)?;
+        check("shared-experts", self.shared_experts)?;
+        check("moe-every", self.moe_every)?;
+        Ok(Some(MoeSettings {
+            experts: m.experts,
+            top_k: m.top_k,
+            expert_hidden: Some(m.expert_hidden),
+            shared_experts: m.shared_experts,
+            every: m.every,
+            aux_loss: self.aux_loss.unwrap_or(M.aux_loss),
+            bias_update_rate: self.bias_update_rate.unwrap_or(M.bias_update_rate),
+        }))
+    }
+}

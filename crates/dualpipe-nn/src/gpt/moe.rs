@@ -1,0 +1,366 @@
+//! The mixture-of-experts feed-forward layer: a router (linear `d → E`, softmax), top-k
+//! selection steered by DeepSeek-V3's auxiliary-loss-free bias, gates renormalised over the
+//! chosen experts, routed experts and always-on shared experts (MLPs as in the dense block);
+//! dropless (every token reaches its `k` experts). The backward is split as every layer's:
+//! I through the experts, the gates and the softmax; W for router and expert weights.
+
+pub mod router;
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor};
+use dualpipe_schedule::Chunk;
+
+use crate::error::{NnError, TensorContext};
+use crate::layers::{tensor_bytes, Linear, Mlp, Param};
+pub use router::Routing;
+
+/// The MoE part of the architecture (stored in [`super::GptConfig::moe`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    /// Routed experts per MoE block.
+    pub experts: usize,
+    /// Experts each token is routed to.
+    pub top_k: usize,
+    /// Hidden width of every expert's MLP (routed and shared).
+    pub expert_hidden: usize,
+    /// Shared experts every token passes through (0 for none).
+    pub shared_experts: usize,
+    /// Every `every`-th block is an MoE block (blocks `every-1, 2·every-1, ...`); 1: all.
+    pub every: usize,
+}
+
+impl MoeConfig {
+    /// Whether block `l` has the MoE feed-forward.
+    pub fn is_moe_block(&self, l: usize) -> bool {
+        self.every > 0 && l % self.every == self.every - 1
+    }
+
+    /// Checks the sizes: experts, `top_k` (at most `experts`), `expert_hidden`, `every`
+    /// positive.
+    pub fn validate(&self) -> Result<(), NnError> {
+        for (name, v) in [
+            ("experts", self.experts),
+            ("top_k", self.top_k),
+            ("expert_hidden", self.expert_hidden),
+            ("moe_every", self.every),
+        ] {
+            if v == 0 {
+                return Err(NnError::Config(format!("{name} must be at least 1")));
+            }
+        }
+        if self.top_k > self.experts {
+            return Err(NnError::Config(format!(
+                "top_k ({}) is more than the experts ({}); choose at most {}",
+                self.top_k, self.experts, self.experts
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What a chunk's forward leaves for its backward.
+#[derive(Debug)]
+struct Saved {
+    routing: Routing,
+    /// Per routed expert: its output on its rows (before the gates), when it had rows.
+    outputs: Vec<Option<Tensor>>,
+}
+
+/// `y = residual + Σ_{j ∈ top-k} gⱼ · expertⱼ(x) + Σₛ sharedₛ(x)`.
+#[derive(Debug)]
+pub struct MoeLayer {
+    router: Linear,
+    bias: Vec<f64>,
+    experts: Vec<Mlp>,
+    shared: Vec<Mlp>,
+    top_k: usize,
+    /// Coefficient of the auxiliary loss times its scale (0: off).
+    aux: f64,
+    saved: HashMap<Chunk, Saved>,
+    /// Per chunk after its input backward: the routed experts that had rows.
+    active: HashMap<Chunk, Vec<usize>>,
+    counts: Vec<u64>,
+}
+
+fn host(t: &Tensor, what: &str) -> Result<Vec<f64>, NnError> {
+    t.to_dtype(DType::F64)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f64>())
+        .ctx(what)
+}
+
+fn device(v: Vec<f64>, shape: (usize, usize), dtype: DType, what: &str) -> Result<Tensor, NnError> {
+    Tensor::from_vec(v, shape, &Device::Cpu)
+        .and_then(|t| t.to_dtype(dtype))
+        .ctx(what)
+}
+
+impl MoeLayer {
+    /// The layer from its router (`d → E`), selection bias (`E`), routed experts (`E`) and
+    /// shared experts, routing each token to `top_k` experts.
+    pub fn new(
+        router: Linear,
+        selection_bias: Vec<f64>,
+        experts: Vec<Mlp>,
+        shared: Vec<Mlp>,
+        top_k: usize,
+    ) -> Result<Self, NnError> {
+        let e = router.output_dim();
+        if experts.len() != e || selection_bias.len() != e || top_k == 0 || top_k > e {
+            return Err(NnError::Config(format!(
+                "MoE layer: router for {e} experts, {} experts, {} biases, top_k {top_k}",
+                experts.len(),
+                selection_bias.len()
+            )));
+        }
+        Ok(MoeLayer {
+            router,
+            bias: selection_bias,
+            experts,
+            shared,
+            top_k,
+            aux: 0.0,
+            saved: HashMap::new(),
+            active: HashMap::new(),
+            counts: vec![0; e],
+        })
+    }
+
+    /// Turns the auxiliary balance loss on with coefficient `coef`, its gradient scaled by
+    /// `scale` (the stage's `1 / micro_batches`); 0 turns it off.
+    pub fn set_aux_loss(&mut self, coef: f64, scale: f64) {
+        self.aux = coef * scale;
+    }
+
+    /// Routed experts.
+    pub fn experts(&self) -> usize {
+        self.experts.len()
+    }
+
+    /// Router weight, then each routed expert's fc1 and fc2, then each shared expert's.
+    pub fn params(&self) -> Vec<&Param> {
+        let mut p = self.router.params();
+        p.extend(self.experts.iter().flat_map(Mlp::params));
+        p.extend(self.shared.iter().flat_map(Mlp::params));
+        p
+    }
+
+    /// The parameters mutably, in the order of [`MoeLayer::params`].
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        let mut p = self.router.params_mut();
+        p.extend(self.experts.iter_mut().flat_map(Mlp::params_mut));
+        p.extend(self.shared.iter_mut().flat_map(Mlp::params_mut));
+        p
+    }
+
+    /// The selection bias (added to the probabilities for top-k selection only).
+    pub fn selection_bias(&self) -> &[f64] {
+        &self.bias
+    }
+
+    /// Tokens routed to each expert by forwards since the last [`MoeLayer::reset_counts`].
+    pub fn token_counts(&self) -> &[u64] {
+        &self.counts
+    }
+
+    /// Zeroes the token counts.
+    pub fn reset_counts(&mut self) {
+        self.counts.iter_mut().for_each(|c| *c = 0);
+    }
+
+    /// The auxiliary-loss-free step: `bⱼ += rate · sign(mean − loadⱼ)` from `loads` (the
+    /// step's counts summed over every copy of the layer, so the copies stay equal).
+    pub fn update_selection_bias(&mut self, loads: &[u64], rate: f64) -> Result<(), NnError> {
+        if loads.len() != self.bias.len() {
+            return Err(NnError::Config(format!(
+                "{} loads for {} experts",
+                loads.len(),
+                self.bias.len()
+            )));
+        }
+        router::update_bias(&mut self.bias, loads, rate);
+        Ok(())
+    }
+
+    /// The routing of rows `x` (`[n, d]`) by the current router and bias.
+    pub fn route(&self, x: &Tensor) -> Result<Routing, NnError> {
+        let logits = host(&self.router.apply(x)?, "MoE router")?;
+        Ok(router::route(
+            &logits,
+            self.experts.len(),
+            self.top_k,
+            &self.bias,
+        ))
+    }
+
+    fn index(rows: &[u32]) -> Result<Tensor, NnError> {
+        Tensor::from_slice(rows, rows.len(), &Device::Cpu).ctx("MoE rows")
+    }
+
+    fn gate_column(routing: &Routing, j: usize, dtype: DType) -> Result<Tensor, NnError> {
+        let g: Vec<f64> = routing.slots[j].iter().map(|&s| routing.gates[s]).collect();
+        device(g, (routing.slots[j].len(), 1), dtype, "MoE gates")
+    }
+
+    /// Sums the gated expert outputs into `y`.
+    fn combine(
+        y: Tensor,
+        routing: &Routing,
+        outputs: &[Option<Tensor>],
+        dtype: DType,
+    ) -> Result<Tensor, NnError> {
+        let mut y = y;
+        for (j, o) in outputs.iter().enumerate() {
+            if let Some(o) = o {
+                let gated = o
+                    .broadcast_mul(&Self::gate_column(routing, j, dtype)?)
+                    .ctx("MoE gating")?;
+                y = y
+                    .index_add(&Self::index(&routing.rows[j])?, &gated, 0)
+                    .ctx("MoE combine")?;
+            }
+        }
+        Ok(y)
+    }
+
+    /// `moe(x) (+ residual)` without saving or counting anything.
+    pub fn apply(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor, NnError> {
+        let routing = self.route(x)?;
+        let mut y = match residual {
+            Some(r) => r.clone(),
+            None => x.zeros_like().ctx("MoE output")?,
+        };
+        for s in &self.shared {
+            y = s.apply(x, Some(&y))?;
+        }
+        let outputs = self
+            .experts
+            .iter()
+            .zip(&routing.rows)
+            .map(|(e, rows)| {
+                (!rows.is_empty())
+                    .then(|| {
+                        let xj = x.index_select(&Self::index(rows)?, 0).ctx("MoE dispatch")?;
+                        e.apply(&xj, None)
+                    })
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::combine(y, &routing, &outputs, x.dtype())
+    }
+
+    /// `moe(x) (+ residual)`, saving what the chunk's backward needs and counting the tokens
+    /// each expert received.
+    pub fn forward(
+        &mut self,
+        key: Chunk,
+        x: &Tensor,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor, NnError> {
+        let logits = host(&self.router.forward(key, x)?, "MoE router")?;
+        let routing = router::route(&logits, self.experts.len(), self.top_k, &self.bias);
+        let mut y = match residual {
+            Some(r) => r.clone(),
+            None => x.zeros_like().ctx("MoE output")?,
+        };
+        for s in &mut self.shared {
+            y = s.forward(key, x, Some(&y))?;
+        }
+        let mut outputs = Vec::with_capacity(self.experts.len());
+        for (e, rows) in self.experts.iter_mut().zip(&routing.rows) {
+            outputs.push(if rows.is_empty() {
+                None
+            } else {
+                let xj = x.index_select(&Self::index(rows)?, 0).ctx("MoE dispatch")?;
+                Some(e.forward(key, &xj, None)?)
+            });
+        }
+        let y = Self::combine(y, &routing, &outputs, x.dtype())?;
+        for (c, n) in self.counts.iter_mut().zip(routing.counts()) {
+            *c += n;
+        }
+        self.saved.insert(key, Saved { routing, outputs });
+        Ok(y)
+    }
+
+    /// The input gradient through the experts, the gates and the router (weight gradients
+    /// wait for [`MoeLayer::backward_weight`]).
+    pub fn backward_input(&mut self, key: Chunk, dy: &Tensor) -> Result<Tensor, NnError> {
+        let Saved { routing, outputs } = self.saved.remove(&key).ok_or_else(|| {
+            NnError::Stage(format!("MoE: backward_input of {key} before its forward"))
+        })?;
+        let dtype = dy.dtype();
+        let mut dx = dy.zeros_like().ctx("MoE input gradient")?;
+        for s in &mut self.shared {
+            dx = (dx + s.backward_input(key, dy)?).ctx("MoE shared gradient")?;
+        }
+        let mut gate_grads = vec![0.0; routing.tokens * routing.top_k];
+        let mut active = Vec::new();
+        for (j, o) in outputs.iter().enumerate() {
+            let Some(o) = o else { continue };
+            let idx = Self::index(&routing.rows[j])?;
+            let dyj = dy.index_select(&idx, 0).ctx("MoE gradient dispatch")?;
+            let dg = host(
+                &(&dyj * o).and_then(|t| t.sum(1)).ctx("MoE gate gradient")?,
+                "MoE gate gradient",
+            )?;
+            for (&s, g) in routing.slots[j].iter().zip(dg) {
+                gate_grads[s] = g;
+            }
+            let doj = dyj
+                .broadcast_mul(&Self::gate_column(&routing, j, dtype)?)
+                .ctx("MoE gated gradient")?;
+            let dxj = self.experts[j].backward_input(key, &doj)?;
+            dx = dx.index_add(&idx, &dxj, 0).ctx("MoE gradient combine")?;
+            active.push(j);
+        }
+        let ds = device(
+            routing.logit_grads(&gate_grads, self.aux),
+            (routing.tokens, routing.experts),
+            dtype,
+            "MoE router gradient",
+        )?;
+        let dx = self.router.backward_input_plus(key, &ds, Some(&dx))?;
+        self.active.insert(key, active);
+        Ok(dx)
+    }
+
+    /// The router's and the experts' weight gradients of the chunk.
+    pub fn backward_weight(&mut self, key: Chunk) -> Result<(), NnError> {
+        let active = self.active.remove(&key).ok_or_else(|| {
+            NnError::Stage(format!(
+                "MoE: backward_weight of {key} before its backward_input"
+            ))
+        })?;
+        self.router.backward_weight(key)?;
+        for j in active {
+            self.experts[j].backward_weight(key)?;
+        }
+        for s in &mut self.shared {
+            s.backward_weight(key)?;
+        }
+        Ok(())
+    }
+
+    /// Saved per-chunk state not yet consumed.
+    pub fn pending(&self) -> usize {
+        self.saved.len()
+            + self.active.len()
+            + self.router.pending()
+            + self.experts.iter().map(Mlp::pending).sum::<usize>()
+            + self.shared.iter().map(Mlp::pending).sum::<usize>()
+    }
+
+    /// Bytes of the saved tensors (expert outputs and its layers' saved tensors).
+    pub fn saved_bytes(&self) -> usize {
+        self.saved
+            .values()
+            .flat_map(|s| s.outputs.iter().flatten())
+            .map(tensor_bytes)
+            .sum::<usize>()
+            + self.router.saved_bytes()
+            + self.experts.iter().map(Mlp::saved_bytes).sum::<usize>()
+            + self.shared.iter().map(Mlp::saved_bytes).sum::<usize>()
+    }
+}

@@ -1,0 +1,209 @@
+//! The GPT's mixture-of-experts settings ([`MoeSettings`], `--experts` and friends) and the
+//! per-step expert load figures ([`ExpertLoad`], `expert_load_imbalance` in the JSON).
+
+use dualpipe_nn::gpt::MoeConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::error::TrainError;
+
+/// The MoE feed-forward of the GPT and its balancing. `TrainConfig::moe = None` is the dense
+/// model.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MoeSettings {
+    /// Routed experts per MoE block (`--experts`).
+    pub experts: usize,
+    /// Experts per token (`--top-k`).
+    pub top_k: usize,
+    /// Hidden width of each expert (`--expert-hidden`; `None`: `4·d_model / top_k`, so the
+    /// routed compute per token matches the dense MLP's).
+    pub expert_hidden: Option<usize>,
+    /// Shared experts every token passes through (`--shared-experts`).
+    pub shared_experts: usize,
+    /// Every `every`-th block is an MoE block (`--moe-every`; 1: every block).
+    pub every: usize,
+    /// Coefficient of the standard auxiliary balance loss (`--aux-loss`; 0: off).
+    pub aux_loss: f64,
+    /// γ of the auxiliary-loss-free bias step `bⱼ += γ·sign(mean − loadⱼ)` after every step
+    /// (`--bias-update-rate`; 0: the bias stays zero).
+    pub bias_update_rate: f64,
+}
+
+impl MoeSettings {
+    /// 8 experts, top-2, no shared expert, every block, no auxiliary loss, γ = 1e-3.
+    pub const DEFAULT: MoeSettings = MoeSettings {
+        experts: 8,
+        top_k: 2,
+        expert_hidden: None,
+        shared_experts: 0,
+        every: 1,
+        aux_loss: 0.0,
+        bias_update_rate: 1e-3,
+    };
+
+    /// The architecture part, for a model of width `d_model`.
+    pub fn architecture(&self, d_model: usize) -> MoeConfig {
+        MoeConfig {
+            experts: self.experts,
+            top_k: self.top_k,
+            expert_hidden: self
+                .expert_hidden
+                .unwrap_or_else(|| (4 * d_model / self.top_k.max(1)).max(1)),
+            shared_experts: self.shared_experts,
+            every: self.every,
+        }
+    }
+
+    /// Checks the sizes and rates; `flags` words the message in flags, else in fields.
+    pub fn check(&self, flags: bool) -> Result<(), TrainError> {
+        let name = |flag: &str, field: &str| {
+            if flags {
+                format!("--{flag}")
+            } else {
+                format!("moe.{field}")
+            }
+        };
+        for (flag, field, v) in [
+            ("experts", "experts", self.experts),
+            ("top-k", "top_k", self.top_k),
+            ("moe-every", "every", self.every),
+            (
+                "expert-hidden",
+                "expert_hidden",
+                self.expert_hidden.unwrap_or(1),
+            ),
+        ] {
+            if v == 0 {
+                return Err(TrainError::Config(format!(
+                    "{} is 0; it must be at least 1",
+                    name(flag, field)
+                )));
+            }
+        }
+        if self.top_k > self.experts {
+            return Err(TrainError::Config(format!(
+                "{} {} is more than {} {}; route to at most every expert",
+                name("top-k", "top_k"),
+                self.top_k,
+                name("experts", "experts"),
+                self.experts
+            )));
+        }
+        for (flag, field, v) in [
+            ("aux-loss", "aux_loss", self.aux_loss),
+            (
+                "bias-update-rate",
+                "bias_update_rate",
+                self.bias_update_rate,
+            ),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(TrainError::Config(format!(
+                    "{} {v}: it must be a number at least 0, such as 0.001",
+                    name(flag, field)
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for MoeSettings {
+    /// [`MoeSettings::DEFAULT`].
+    fn default() -> Self {
+        MoeSettings::DEFAULT
+    }
+}
+
+/// One step's router load: tokens per (MoE block, expert), summed over every copy of the
+/// block (both directions of DualPipe), and how uneven it was.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ExpertLoad {
+    /// The step (0-based).
+    pub step: usize,
+    /// The worst block's max/mean tokens per expert (1: perfectly balanced).
+    pub max_over_mean: f64,
+    /// The model-wide index of that block.
+    pub worst_layer: usize,
+    /// The MoE blocks' model-wide indices, in the order of `counts`.
+    pub layers: Vec<usize>,
+    /// Tokens per expert of each MoE block.
+    pub counts: Vec<Vec<u64>>,
+}
+
+impl ExpertLoad {
+    /// The figures of `counts` (per MoE block: its index and tokens per expert).
+    pub fn new(step: usize, mut counts: Vec<(usize, Vec<u64>)>) -> Self {
+        counts.sort_by_key(|(l, _)| *l);
+        let ratio = |c: &[u64]| {
+            let total: u64 = c.iter().sum();
+            if total == 0 {
+                1.0
+            } else {
+                let mean = total as f64 / c.len() as f64;
+                *c.iter().max().unwrap_or(&0) as f64 / mean
+            }
+        };
+        let (worst_layer, max_over_mean) = counts
+            .iter()
+            .map(|(l, c)| (*l, ratio(c)))
+            .fold((0, 0.0), |best, x| if x.1 > best.1 { x } else { best });
+        ExpertLoad {
+            step,
+            max_over_mean,
+            worst_layer,
+            layers: counts.iter().map(|(l, _)| *l).collect(),
+            counts: counts.into_iter().map(|(_, c)| c).collect(),
+        }
+    }
+}
+
+/// Sums per-copy counts by block: copies of the same block (DualPipe's two directions) add.
+pub fn sum_by_layer(copies: impl IntoIterator<Item = (usize, Vec<u64>)>) -> Vec<(usize, Vec<u64>)> {
+    let mut out: std::collections::BTreeMap<usize, Vec<u64>> = Default::default();
+    for (l, c) in copies {
+        let e = out.entry(l).or_insert_with(|| vec![0; c.len()]);
+        for (a, b) in e.iter_mut().zip(&c) {
+            *a += b;
+        }
+    }
+    out.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worst_block_is_reported() {
+        let load = ExpertLoad::new(3, vec![(3, vec![4, 4, 4, 4]), (1, vec![10, 2, 2, 2])]);
+        assert_eq!(load.layers, vec![1, 3]);
+        assert_eq!(load.worst_layer, 1);
+        assert!((load.max_over_mean - 2.5).abs() < 1e-15);
+        let summed = sum_by_layer(vec![(1, vec![1, 2]), (0, vec![5, 5]), (1, vec![3, 0])]);
+        assert_eq!(summed, vec![(0, vec![5, 5]), (1, vec![4, 2])]);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_by_flag() {
+        let bad = MoeSettings {
+            top_k: 9,
+            ..MoeSettings::DEFAULT
+        };
+        let msg = bad.check(true).unwrap_err().to_string();
+        assert!(
+            msg.contains("--top-k 9") && msg.contains("--experts 8"),
+            "{msg}"
+        );
+        let bad = MoeSettings {
+            aux_loss: -1.0,
+            ..MoeSettings::DEFAULT
+        };
+        assert!(bad
+            .check(false)
+            .unwrap_err()
+            .to_string()
+            .contains("moe.aux_loss"));
+        assert_eq!(MoeSettings::DEFAULT.architecture(64).expert_hidden, 128);
+    }
+}
