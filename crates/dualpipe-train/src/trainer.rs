@@ -17,8 +17,8 @@ use crate::error::{Divergence, TrainError};
 use crate::summary::{RunSummary, SummaryBuilder};
 use crate::workload::{Evaluation, Workload};
 
-mod experts;
 mod checkpoint;
+mod experts;
 mod model;
 
 pub use checkpoint::Restored;
