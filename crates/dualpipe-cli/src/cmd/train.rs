@@ -41,7 +41,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// not report. Every output path is checked first, so a bad one is found before training.
 fn execute(args: &Args) -> anyhow::Result<Option<Finished>> {
     let (config, given) = config_and_schedule(args)?;
-    resume::check(args)?;
+    resume::check(args, &config)?;
     check_outputs(
         args.output.as_deref(),
         &[

@@ -3,14 +3,24 @@
 //! `dualpipe_train::checkpoint`'s.
 
 use dualpipe_train::checkpoint::{self, CheckpointOptions, DEFAULT_EVERY};
-use dualpipe_train::{Checkpoint, CheckpointWriter, Restored};
+use dualpipe_train::{Checkpoint, CheckpointWriter, Restored, TrainConfig};
 
 use super::{Args, Transport};
 use crate::cmd::UsageError;
 
 /// Refuses the checkpoint flags where they are not supported yet.
-pub fn check(args: &Args) -> Result<(), UsageError> {
+pub fn check(args: &Args, config: &TrainConfig) -> Result<(), UsageError> {
     let asked = args.checkpoint_dir.is_some() || args.resume || args.resume_from.is_some();
+    if asked && config.moe.is_some() {
+        // The routers' selection biases are model state outside the parameters; a resume
+        // without them would not continue the run bit for bit.
+        return Err(UsageError(
+            "--checkpoint-dir, --resume and --resume-from do not save the MoE routers' \
+             selection biases yet; train the MoE model without them (--save keeps its final \
+             weights)"
+                .into(),
+        ));
+    }
     if asked && args.transport == Transport::Mpi {
         return Err(UsageError(
             "--checkpoint-dir, --resume and --resume-from work with --transport local for now; \
