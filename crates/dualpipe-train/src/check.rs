@@ -111,14 +111,7 @@ impl TrainConfig {
                 ));
             }
             moe.check(matches!(naming, Naming::Flags))?;
-            if self.data_parallel > 1 {
-                return Err(TrainError::Config(format!(
-                    "the mixture of experts trains on one pipeline replica for now; drop {} {} \
-                     or the experts",
-                    name(Field::DataParallel),
-                    self.data_parallel
-                )));
-            }
+            moe.check_parallel(self.data_parallel, matches!(naming, Naming::Flags))?;
         }
         if self.model != ModelKind::Gpt {
             return Ok(());

@@ -423,6 +423,7 @@ impl DataParallel {
             .map(|_| ChannelTransport::group(replicas).into_iter())
             .collect();
         let mut loss_group = ChannelTransport::group(replicas).into_iter();
+        let mut expert_links = crate::expert_parallel::links_for(&config, replicas).into_iter();
         let mut trainers = Vec::with_capacity(replicas);
         for replica in 0..replicas {
             let stages = stage_groups
@@ -440,12 +441,12 @@ impl DataParallel {
                 stages,
                 losses,
             };
-            trainers.push(Trainer::for_replica(
-                config.clone(),
-                schedule.clone(),
-                LocalThreads,
-                links,
-            )?);
+            let mut trainer =
+                Trainer::for_replica(config.clone(), schedule.clone(), LocalThreads, links)?;
+            if let Some(links) = expert_links.next() {
+                trainer.join_expert_group(replica, links)?;
+            }
+            trainers.push(trainer);
         }
         Ok(DataParallel { replicas: trainers })
     }

@@ -19,6 +19,9 @@
 //! - [`reference`](mod@reference) — the sequential single-thread oracle every schedule must
 //!   match;
 //! - [`moe`] — the GPT's mixture-of-experts settings and the per-step expert load;
+//! - [`expert_parallel`], [`eplb_runtime`] — MoE over the data-parallel group: the counts
+//!   summed over replicas, expert parallelism (all-to-all dispatch and combine), EPLB in
+//!   training;
 //! - [`memory`] — the documented memory cap and this machine's available memory;
 //! - [`checkpoint`] — checkpoints: written in the background, named by model layer, read
 //!   back by any grid shape ([`Trainer::set_checkpoints`], [`Trainer::restore`]);
@@ -54,7 +57,9 @@ pub mod collective;
 pub mod config;
 pub mod data_parallel;
 pub mod driver;
+pub mod eplb_runtime;
 pub mod error;
+pub mod expert_parallel;
 pub mod memory;
 pub mod moe;
 #[cfg(feature = "mpi")]

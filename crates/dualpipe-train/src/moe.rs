@@ -27,6 +27,16 @@ pub struct MoeSettings {
     /// γ of the auxiliary-loss-free bias step `bⱼ += γ·sign(mean − loadⱼ)` after every step
     /// (`--bias-update-rate`; 0: the bias stays zero).
     pub bias_update_rate: f64,
+    /// Spread the routed experts over the data-parallel group (`--expert-parallel`): each
+    /// worker computes its placed experts for every worker's tokens (all-to-all dispatch and
+    /// combine).
+    pub expert_parallel: bool,
+    /// Extra expert slots per MoE block beyond one per logical expert
+    /// (`--redundant-experts`; with expert parallelism: `experts + R` a multiple of the
+    /// data-parallel size).
+    pub redundant_experts: usize,
+    /// Re-place the experts by EPLB every this many steps (`--eplb-every`; 0: never).
+    pub eplb_every: usize,
 }
 
 impl MoeSettings {
@@ -39,6 +49,9 @@ impl MoeSettings {
         every: 1,
         aux_loss: 0.0,
         bias_update_rate: 1e-3,
+        expert_parallel: false,
+        redundant_experts: 0,
+        eplb_every: 0,
     };
 
     /// The architecture part, for a model of width `d_model`.
@@ -108,6 +121,59 @@ impl MoeSettings {
     }
 }
 
+impl MoeSettings {
+    /// Checks expert parallelism and EPLB against `data_parallel` replicas; `flags` words
+    /// the message in flags, else in fields.
+    pub fn check_parallel(&self, data_parallel: usize, flags: bool) -> Result<(), TrainError> {
+        let name = |flag: &str, field: &str| {
+            if flags {
+                format!("--{flag}")
+            } else {
+                format!("moe.{field}")
+            }
+        };
+        let ep = name("expert-parallel", "expert_parallel");
+        if !self.expert_parallel {
+            for (flag, field, v) in [
+                (
+                    "redundant-experts",
+                    "redundant_experts",
+                    self.redundant_experts,
+                ),
+                ("eplb-every", "eplb_every", self.eplb_every),
+            ] {
+                if v > 0 {
+                    return Err(TrainError::Config(format!(
+                        "{} {v} places experts over workers; add {ep} or drop it",
+                        name(flag, field)
+                    )));
+                }
+            }
+            return Ok(());
+        }
+        let slots = self.experts.saturating_add(self.redundant_experts);
+        let replicated = self.redundant_experts > 0 || self.eplb_every > 0;
+        if replicated && slots % data_parallel.max(1) != 0 {
+            return Err(TrainError::Config(format!(
+                "{} {} + {} {} = {slots} expert slots do not split over {data_parallel}                  data-parallel workers; make the sum a multiple of {data_parallel}",
+                name("experts", "experts"),
+                self.experts,
+                name("redundant-experts", "redundant_experts"),
+                self.redundant_experts
+            )));
+        }
+        if self.redundant_experts > self.experts.saturating_mul(data_parallel.max(1)) {
+            return Err(TrainError::Config(format!(
+                "{} {} is more than one replica of every expert on every worker ({}); use fewer",
+                name("redundant-experts", "redundant_experts"),
+                self.redundant_experts,
+                self.experts.saturating_mul(data_parallel.max(1))
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Default for MoeSettings {
     /// [`MoeSettings::DEFAULT`].
     fn default() -> Self {
@@ -129,33 +195,64 @@ pub struct ExpertLoad {
     pub layers: Vec<usize>,
     /// Tokens per expert of each MoE block.
     pub counts: Vec<Vec<u64>>,
+    /// With expert parallelism: the worst block's max/mean rows per worker (the rows each
+    /// worker's experts computed; 1: perfectly balanced).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_max_over_mean: Option<f64>,
+    /// With expert parallelism: the block of that worst ratio.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_worst_layer: Option<usize>,
+    /// With expert parallelism: rows per worker of each MoE block (in the order of `layers`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_rows: Option<Vec<Vec<u64>>>,
 }
 
 impl ExpertLoad {
     /// The figures of `counts` (per MoE block: its index and tokens per expert).
     pub fn new(step: usize, mut counts: Vec<(usize, Vec<u64>)>) -> Self {
         counts.sort_by_key(|(l, _)| *l);
-        let ratio = |c: &[u64]| {
-            let total: u64 = c.iter().sum();
-            if total == 0 {
-                1.0
-            } else {
-                let mean = total as f64 / c.len() as f64;
-                *c.iter().max().unwrap_or(&0) as f64 / mean
-            }
-        };
-        let (worst_layer, max_over_mean) = counts
-            .iter()
-            .map(|(l, c)| (*l, ratio(c)))
-            .fold((0, 0.0), |best, x| if x.1 > best.1 { x } else { best });
+        let (worst_layer, max_over_mean) = worst(&counts);
         ExpertLoad {
             step,
             max_over_mean,
             worst_layer,
             layers: counts.iter().map(|(l, _)| *l).collect(),
             counts: counts.into_iter().map(|(_, c)| c).collect(),
+            worker_max_over_mean: None,
+            worker_worst_layer: None,
+            worker_rows: None,
         }
     }
+
+    /// Adds the per-worker figures of expert parallelism from `rows` (per MoE block: rows
+    /// each worker's experts computed).
+    pub fn with_worker_rows(mut self, mut rows: Vec<(usize, Vec<u64>)>) -> Self {
+        rows.sort_by_key(|(l, _)| *l);
+        let (layer, ratio) = worst(&rows);
+        self.worker_max_over_mean = Some(ratio);
+        self.worker_worst_layer = Some(layer);
+        self.worker_rows = Some(rows.into_iter().map(|(_, r)| r).collect());
+        self
+    }
+}
+
+/// max/mean of `c` (1 when empty or all zero).
+fn ratio(c: &[u64]) -> f64 {
+    let total: u64 = c.iter().sum();
+    if total == 0 {
+        1.0
+    } else {
+        let mean = total as f64 / c.len() as f64;
+        *c.iter().max().unwrap_or(&0) as f64 / mean
+    }
+}
+
+/// The block with the largest max/mean, and that ratio.
+fn worst(counts: &[(usize, Vec<u64>)]) -> (usize, f64) {
+    counts
+        .iter()
+        .map(|(l, c)| (*l, ratio(c)))
+        .fold((0, 0.0), |best, x| if x.1 > best.1 { x } else { best })
 }
 
 /// Sums per-copy counts by block: copies of the same block (DualPipe's two directions) add.

@@ -75,6 +75,14 @@ impl<L: Link> Driver for OneRank<L> {
                 config.ranks
             )));
         }
+        if config.moe.is_some() && config.data_parallel > 1 {
+            return Err(TrainError::Config(format!(
+                "the mixture of experts trains data-parallel in one process only for now (its \
+                 expert groups are in-process); drop {} {} or run without MPI",
+                Field::DataParallel.name(naming),
+                config.data_parallel
+            )));
+        }
         Ok(())
     }
 

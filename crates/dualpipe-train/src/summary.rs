@@ -122,6 +122,17 @@ pub struct RunSummary {
     /// max/mean); absent from the JSON for a dense model.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub expert_load_imbalance: Vec<crate::moe::ExpertLoad>,
+    /// With expert parallelism: EPLB's re-placements over the run (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eplb_rebalances: Option<usize>,
+    /// With expert parallelism: expert replicas that changed worker over the run's
+    /// re-placements.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts_moved: Option<usize>,
+    /// With expert parallelism: the replicas the same re-placements would have moved had each
+    /// been planned from scratch (without the placement in force).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts_moved_from_scratch: Option<u64>,
 }
 
 /// Builds a [`RunSummary`] one step at a time, keeping a few numbers per step and the last
@@ -264,6 +275,9 @@ impl SummaryBuilder {
             grad_bytes_uncompressed: 0,
             communication_overhead: 0.0,
             expert_load_imbalance: self.expert_loads,
+            eplb_rebalances: None,
+            experts_moved: None,
+            experts_moved_from_scratch: None,
         }
     }
 }

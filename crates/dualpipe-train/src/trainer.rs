@@ -100,6 +100,8 @@ pub struct Trainer<D: Driver = LocalThreads> {
     dp: Option<ReplicaExchange>,
     /// Where due checkpoints go (`None`: no checkpoints).
     checkpoints: Option<crate::checkpoint::CheckpointSink>,
+    /// With MoE over several replicas: this replica's part in the group.
+    expert_group: Option<crate::expert_parallel::ExpertGroup>,
 }
 
 impl Trainer<LocalThreads> {
@@ -221,6 +223,7 @@ impl<D: Driver> Trainer<D> {
                     gathered: None,
                     dp,
                     checkpoints: None,
+                    expert_group: None,
                 })
             }
             Err(err) => {
@@ -533,6 +536,11 @@ impl<D: Driver> Trainer<D> {
         let exchanged = self.exchange_totals(total.as_secs_f64())?;
         self.finish()?;
         let mut summary = summary.finish(total, samples);
+        if let Some((rebalances, moved, scratch)) = self.rebalance_totals() {
+            summary.eplb_rebalances = Some(rebalances);
+            summary.experts_moved = Some(moved);
+            summary.experts_moved_from_scratch = Some(scratch);
+        }
         if let Some([sent, uncompressed, overhead, workers]) = exchanged {
             summary.grad_bytes_sent = sent as u64;
             summary.grad_bytes_uncompressed = uncompressed as u64;

@@ -124,8 +124,20 @@ fn bad_moe_flags_are_one_line_errors() {
         (vec!["--experts", "0"], "--experts is 0"),
         (vec!["--experts", "4", "--aux-loss", "-1"], "--aux-loss -1"),
         (
-            vec!["--experts", "4", "--data-parallel", "2"],
-            "one pipeline replica",
+            vec!["--experts", "4", "--data-parallel", "2", "--eplb-every", "5"],
+            "add --expert-parallel",
+        ),
+        (
+            vec![
+                "--experts",
+                "4",
+                "--data-parallel",
+                "2",
+                "--expert-parallel",
+                "--redundant-experts",
+                "1",
+            ],
+            "multiple of 2",
         ),
         (
             vec!["--experts", "4", "--checkpoint-dir", checkpoints],
@@ -155,4 +167,33 @@ fn bad_moe_flags_are_one_line_errors() {
         "{}",
         run.stderr
     );
+}
+
+#[test]
+fn expert_parallel_runs_report_the_load_per_worker_and_the_rebalances() {
+    let doc = moe_run(&[
+        "--steps",
+        "4",
+        "--data-parallel",
+        "2",
+        "--expert-parallel",
+        "--redundant-experts",
+        "2",
+        "--eplb-every",
+        "2",
+    ]);
+    assert_eq!(doc["eplb_rebalances"], 2);
+    assert!(doc["experts_moved"].as_u64().is_some());
+    assert!(doc["experts_moved_from_scratch"].as_u64().is_some());
+    for load in doc["expert_load_imbalance"].as_array().unwrap() {
+        let ratio = load["worker_max_over_mean"].as_f64().unwrap();
+        assert!((1.0..=2.0).contains(&ratio), "{ratio}");
+        for rows in load["worker_rows"].as_array().unwrap() {
+            assert_eq!(rows.as_array().unwrap().len(), 2, "one entry per worker");
+        }
+    }
+    // Without expert parallelism the JSON has neither figure.
+    let plain = moe_run(&["--steps", "1", "--data-parallel", "2"]);
+    assert!(plain.get("eplb_rebalances").is_none());
+    assert!(plain["expert_load_imbalance"][0].get("worker_rows").is_none());
 }

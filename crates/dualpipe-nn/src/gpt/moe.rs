@@ -4,7 +4,9 @@
 //! dropless (every token reaches its `k` experts). The backward is split as every layer's:
 //! I through the experts, the gates and the softmax; W for router and expert weights.
 
+pub mod parallel;
 pub mod router;
+mod serve;
 
 use std::collections::HashMap;
 
@@ -14,6 +16,7 @@ use dualpipe_schedule::Chunk;
 use crate::error::{NnError, TensorContext};
 use crate::layers::{tensor_bytes, Linear, Mlp, Param};
 pub use router::Routing;
+pub use serve::ExpertParallel;
 
 /// The MoE part of the architecture (stored in [`super::GptConfig::moe`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +84,8 @@ pub struct MoeLayer {
     /// Per chunk after its input backward: the routed experts that had rows.
     active: HashMap<Chunk, Vec<usize>>,
     counts: Vec<u64>,
+    /// With expert parallelism: this worker's group and the experts it serves.
+    parallel: Option<ExpertParallel>,
 }
 
 fn host(t: &Tensor, what: &str) -> Result<Vec<f64>, NnError> {
@@ -124,6 +129,7 @@ impl MoeLayer {
             saved: HashMap::new(),
             active: HashMap::new(),
             counts: vec![0; e],
+            parallel: None,
         })
     }
 
@@ -167,6 +173,7 @@ impl MoeLayer {
     /// Zeroes the token counts.
     pub fn reset_counts(&mut self) {
         self.counts.iter_mut().for_each(|c| *c = 0);
+        self.reset_served();
     }
 
     /// The auxiliary-loss-free step: `bⱼ += rate · sign(mean − loadⱼ)` from `loads` (the
@@ -267,15 +274,20 @@ impl MoeLayer {
         for s in &mut self.shared {
             y = s.forward(key, x, Some(&y))?;
         }
-        let mut outputs = Vec::with_capacity(self.experts.len());
-        for (e, rows) in self.experts.iter_mut().zip(&routing.rows) {
-            outputs.push(if rows.is_empty() {
-                None
-            } else {
-                let xj = x.index_select(&Self::index(rows)?, 0).ctx("MoE dispatch")?;
-                Some(e.forward(key, &xj, None)?)
-            });
-        }
+        let outputs = if self.parallel.is_some() {
+            self.parallel_forward(key, x, &routing)?
+        } else {
+            let mut outputs = Vec::with_capacity(self.experts.len());
+            for (e, rows) in self.experts.iter_mut().zip(&routing.rows) {
+                outputs.push(if rows.is_empty() {
+                    None
+                } else {
+                    let xj = x.index_select(&Self::index(rows)?, 0).ctx("MoE dispatch")?;
+                    Some(e.forward(key, &xj, None)?)
+                });
+            }
+            outputs
+        };
         let y = Self::combine(y, &routing, &outputs, x.dtype())?;
         for (c, n) in self.counts.iter_mut().zip(routing.counts()) {
             *c += n;
@@ -296,9 +308,12 @@ impl MoeLayer {
             dx = (dx + s.backward_input(key, dy)?).ctx("MoE shared gradient")?;
         }
         let mut gate_grads = vec![0.0; routing.tokens * routing.top_k];
-        let mut active = Vec::new();
+        let mut gated = Vec::with_capacity(outputs.len());
         for (j, o) in outputs.iter().enumerate() {
-            let Some(o) = o else { continue };
+            let Some(o) = o else {
+                gated.push(None);
+                continue;
+            };
             let idx = Self::index(&routing.rows[j])?;
             let dyj = dy.index_select(&idx, 0).ctx("MoE gradient dispatch")?;
             let dg = host(
@@ -308,12 +323,32 @@ impl MoeLayer {
             for (&s, g) in routing.slots[j].iter().zip(dg) {
                 gate_grads[s] = g;
             }
-            let doj = dyj
-                .broadcast_mul(&Self::gate_column(&routing, j, dtype)?)
-                .ctx("MoE gated gradient")?;
-            let dxj = self.experts[j].backward_input(key, &doj)?;
-            dx = dx.index_add(&idx, &dxj, 0).ctx("MoE gradient combine")?;
-            active.push(j);
+            gated.push(Some(
+                dyj.broadcast_mul(&Self::gate_column(&routing, j, dtype)?)
+                    .ctx("MoE gated gradient")?,
+            ));
+        }
+        let (input_grads, active) = if self.parallel.is_some() {
+            self.parallel_backward(key, &gated, dy.dim(1).ctx("MoE gradient")?, dtype)?
+        } else {
+            let mut grads = Vec::with_capacity(gated.len());
+            let mut active = Vec::new();
+            for (j, g) in gated.iter().enumerate() {
+                grads.push(match g {
+                    Some(doj) => {
+                        active.push(j);
+                        Some(self.experts[j].backward_input(key, doj)?)
+                    }
+                    None => None,
+                });
+            }
+            (grads, active)
+        };
+        for (j, dxj) in input_grads.iter().enumerate() {
+            if let Some(dxj) = dxj {
+                let idx = Self::index(&routing.rows[j])?;
+                dx = dx.index_add(&idx, dxj, 0).ctx("MoE gradient combine")?;
+            }
         }
         let ds = device(
             routing.logit_grads(&gate_grads, self.aux),
@@ -347,6 +382,7 @@ impl MoeLayer {
     pub fn pending(&self) -> usize {
         self.saved.len()
             + self.active.len()
+            + self.parallel_pending()
             + self.router.pending()
             + self.experts.iter().map(Mlp::pending).sum::<usize>()
             + self.shared.iter().map(Mlp::pending).sum::<usize>()

@@ -290,6 +290,16 @@ impl GptStage {
             .collect()
     }
 
+    /// The MoE blocks of this stage mutably (model-wide index, layer): e.g. to give them
+    /// their expert parallelism ([`MoeLayer::set_expert_parallel`]).
+    pub fn moe_layers_mut(&mut self) -> Vec<(usize, &mut MoeLayer)> {
+        self.layers
+            .clone()
+            .zip(&mut self.blocks)
+            .filter_map(|(l, b)| b.moe_mut().map(|m| (l, m)))
+            .collect()
+    }
+
     /// Saved tensors of chunks whose backward has not run yet; 0 after a complete step.
     pub fn pending(&self) -> usize {
         self.loss_grads.len()

@@ -8,6 +8,7 @@ use dualpipe_runtime::RankStages;
 use super::Trainer;
 use crate::driver::Driver;
 use crate::error::TrainError;
+use crate::expert_parallel::{ExpertGroup, ExpertLinks};
 use crate::moe::{sum_by_layer, ExpertLoad};
 
 impl<D: Driver> Trainer<D> {
@@ -29,7 +30,31 @@ impl<D: Driver> Trainer<D> {
                 ModelStage::Mlp(_) => None,
             })
             .flatten();
-        let totals = sum_by_layer(copies);
+        let mut totals = sum_by_layer(copies);
+        let mut worker_rows = None;
+        if let Some(group) = &mut self.expert_group {
+            let served = self
+                .stages
+                .iter()
+                .flat_map(RankStages::iter)
+                .filter_map(|(_, s)| match s {
+                    ModelStage::Gpt(g) => Some(
+                        g.moe_layers()
+                            .into_iter()
+                            .map(|(l, m)| (l, vec![m.served_rows()]))
+                            .collect::<Vec<_>>(),
+                    ),
+                    ModelStage::Mlp(_) => None,
+                })
+                .flatten();
+            let served: Vec<(usize, u64)> = sum_by_layer(served)
+                .into_iter()
+                .map(|(l, v)| (l, v[0]))
+                .collect();
+            let out = group.step(step, &totals, &served, &mut self.stages)?;
+            totals = out.totals;
+            worker_rows = out.worker_rows;
+        }
         if moe.bias_update_rate > 0.0 {
             for (_, stage) in self.stages.iter_mut().flat_map(RankStages::iter_mut) {
                 if let ModelStage::Gpt(g) = stage {
@@ -44,6 +69,36 @@ impl<D: Driver> Trainer<D> {
                 }
             }
         }
-        Ok(Some(ExpertLoad::new(step, totals)))
+        let load = ExpertLoad::new(step, totals);
+        Ok(Some(match worker_rows {
+            Some(rows) => load.with_worker_rows(rows),
+            None => load,
+        }))
+    }
+
+    /// Joins replica `replica` to its MoE group over `links` (called once, before the first
+    /// step, by [`DataParallel`](crate::DataParallel)): the counts are summed over the group
+    /// and, with expert parallelism, the experts are served where the placement says.
+    pub fn join_expert_group(
+        &mut self,
+        replica: usize,
+        links: ExpertLinks,
+    ) -> Result<(), TrainError> {
+        self.expert_group = Some(ExpertGroup::new(
+            &self.config,
+            replica,
+            links,
+            &mut self.stages,
+        )?);
+        Ok(())
+    }
+
+    /// EPLB's figures of the run so far: rebalances, expert replicas moved, and the replicas
+    /// re-planning from scratch would have moved (`None`: no expert parallelism).
+    pub fn rebalance_totals(&self) -> Option<(usize, usize, u64)> {
+        self.expert_group
+            .as_ref()
+            .filter(|_| self.config.moe.is_some_and(|m| m.expert_parallel))
+            .map(ExpertGroup::rebalance_totals)
     }
 }

@@ -34,6 +34,19 @@ pub struct MoeArgs {
     /// bias moves by ±γ towards the mean load [default: 0.001; 0 turns it off].
     #[arg(long, value_name = "GAMMA", allow_negative_numbers = true)]
     pub bias_update_rate: Option<f64>,
+    /// Spread the routed experts over the --data-parallel group: each worker computes E/D
+    /// experts for every worker's tokens, reached by all-to-all dispatch and combine
+    /// (docs/moe.md).
+    #[arg(long)]
+    pub expert_parallel: bool,
+    /// Extra expert slots per MoE block for EPLB's replicas (with --expert-parallel;
+    /// experts + R a multiple of --data-parallel) [default: 0].
+    #[arg(long, value_name = "R", value_parser = count, allow_negative_numbers = true)]
+    pub redundant_experts: Option<usize>,
+    /// Re-place the experts by EPLB from the router's counts every N steps (with
+    /// --expert-parallel) [default: 0, never].
+    #[arg(long, value_name = "N", value_parser = count, allow_negative_numbers = true)]
+    pub eplb_every: Option<usize>,
 }
 
 impl MoeArgs {
@@ -47,6 +60,9 @@ impl MoeArgs {
             ("--moe-every", self.moe_every.is_some()),
             ("--aux-loss", self.aux_loss.is_some()),
             ("--bias-update-rate", self.bias_update_rate.is_some()),
+            ("--expert-parallel", self.expert_parallel),
+            ("--redundant-experts", self.redundant_experts.is_some()),
+            ("--eplb-every", self.eplb_every.is_some()),
         ]
         .into_iter()
         .filter(|(_, g)| *g)
@@ -74,6 +90,9 @@ impl MoeArgs {
             every: self.moe_every.unwrap_or(M.every),
             aux_loss: self.aux_loss.unwrap_or(M.aux_loss),
             bias_update_rate: self.bias_update_rate.unwrap_or(M.bias_update_rate),
+            expert_parallel: self.expert_parallel,
+            redundant_experts: self.redundant_experts.unwrap_or(M.redundant_experts),
+            eplb_every: self.eplb_every.unwrap_or(M.eplb_every),
         }))
     }
 
@@ -104,6 +123,9 @@ impl MoeArgs {
             every: m.every,
             aux_loss: self.aux_loss.unwrap_or(M.aux_loss),
             bias_update_rate: self.bias_update_rate.unwrap_or(M.bias_update_rate),
+            expert_parallel: self.expert_parallel,
+            redundant_experts: self.redundant_experts.unwrap_or(M.redundant_experts),
+            eplb_every: self.eplb_every.unwrap_or(M.eplb_every),
         }))
     }
 }

@@ -1,0 +1,163 @@
+//! EPLB inside training: an exponential moving average of the router's tokens per (block,
+//! expert), and every [`MoeSettings::eplb_every`] steps a new placement from our
+//! migration-aware planner ([`dualpipe_eplb::plan`] with the previous placement), taking effect
+//! on every copy of every MoE block at once, stamped with its version (the step it took effect
+//! from). Every replica computes the same plan from the same group-wide counts, so no plan
+//! travels.
+
+use dualpipe_eplb::moves::move_plan;
+use dualpipe_eplb::{Layout, LoadMatrix, Placement, Planner};
+use dualpipe_nn::ModelStage;
+use dualpipe_runtime::RankStages;
+
+use crate::error::TrainError;
+use crate::expert_parallel::placement_of_slots;
+use crate::moe::MoeSettings;
+
+/// Weight of the history in the moving average of the counts (`ema = 0.9·ema + 0.1·counts`).
+pub const EMA_DECAY: f64 = 0.9;
+
+/// The rebalancer of one replica (see the [module](self) documentation).
+#[derive(Debug)]
+pub struct Rebalancer {
+    every: usize,
+    workers: usize,
+    experts: usize,
+    slots: usize,
+    /// The MoE blocks, ascending: row `i` of every matrix is block `layers[i]`.
+    layers: Vec<usize>,
+    ema: Option<Vec<Vec<f64>>>,
+    phy2log: Vec<Vec<usize>>,
+    rebalances: usize,
+    moved: usize,
+    moved_from_scratch: usize,
+}
+
+fn eplb_error(e: dualpipe_eplb::EplbError) -> TrainError {
+    TrainError::Execution(format!("EPLB in training: {e}"))
+}
+
+impl Rebalancer {
+    /// The rebalancer of `layers` (every MoE block of the model this replica holds a copy
+    /// of), starting from the slots of `initial` over `workers` workers.
+    pub fn new(
+        settings: &MoeSettings,
+        workers: usize,
+        layers: &[usize],
+        initial: &dualpipe_nn::gpt::moe::parallel::ExpertPlacement,
+    ) -> Self {
+        let experts = settings.experts;
+        let slots = experts + settings.redundant_experts;
+        let row: Vec<usize> = if settings.redundant_experts == 0 {
+            // One slot per expert, in the contiguous runs of the initial placement.
+            let mut row: Vec<usize> = (0..experts).collect();
+            row.sort_by_key(|&j| initial.replicas[j][0]);
+            row
+        } else {
+            (0..slots).map(|p| p % experts).collect()
+        };
+        Rebalancer {
+            every: settings.eplb_every,
+            workers,
+            experts,
+            slots,
+            layers: layers.to_vec(),
+            ema: None,
+            phy2log: vec![row; layers.len()],
+            rebalances: 0,
+            moved: 0,
+            moved_from_scratch: 0,
+        }
+    }
+
+    /// Folds step `step`'s group-wide `totals` (per block) into the average; when a
+    /// rebalance is due after this step, plans, re-places every MoE copy in `stages` (version
+    /// `step + 1`) and returns the replicas moved.
+    pub fn observe(
+        &mut self,
+        step: usize,
+        totals: &[(usize, Vec<u64>)],
+        stages: &mut [RankStages<ModelStage>],
+    ) -> Result<Option<usize>, TrainError> {
+        let rows: Vec<Vec<f64>> = self
+            .layers
+            .iter()
+            .map(|l| {
+                totals
+                    .iter()
+                    .find(|(b, _)| b == l)
+                    .map(|(_, c)| c.iter().map(|&v| v as f64).collect())
+                    .unwrap_or_else(|| vec![0.0; self.experts])
+            })
+            .collect();
+        let ema = match self.ema.take() {
+            None => rows,
+            Some(old) => old
+                .iter()
+                .zip(&rows)
+                .map(|(o, n)| {
+                    o.iter()
+                        .zip(n)
+                        .map(|(a, b)| EMA_DECAY * a + (1.0 - EMA_DECAY) * b)
+                        .collect()
+                })
+                .collect(),
+        };
+        self.ema = Some(ema);
+        if self.every == 0 || (step + 1) % self.every != 0 || self.layers.is_empty() {
+            return Ok(None);
+        }
+        let ema = self.ema.as_ref().map(Clone::clone).unwrap_or_default();
+        // A load of zero everywhere would plan nothing useful: one token each keeps the plan
+        // defined (and changes no expert's order).
+        let loads = LoadMatrix::from_rows(
+            ema.iter()
+                .map(|r| r.iter().map(|v| v + 1.0).collect())
+                .collect(),
+        )
+        .map_err(eplb_error)?;
+        let layout = Layout::new(self.experts, self.slots, 1, 1, self.workers);
+        let previous = Placement::from_rows(self.phy2log.clone());
+        let planner = Planner::default();
+        let outcome = dualpipe_eplb::plan(&loads, &layout, &planner, Some(&previous), 0)
+            .map_err(eplb_error)?;
+        let new = outcome
+            .plan
+            .phy2log_rows()
+            .ok_or_else(|| TrainError::Execution("EPLB in training: no placement".into()))?;
+        let moved = outcome.moves.as_ref().map_or(0, |m| m.moves.len());
+        let scratch =
+            dualpipe_eplb::plan(&loads, &layout, &planner, None, 0).map_err(eplb_error)?;
+        if let Some(rows) = scratch.plan.phy2log_rows() {
+            self.moved_from_scratch += move_plan(&self.phy2log, &rows, self.workers, 1, 0)
+                .moves
+                .len();
+        }
+        let version = step as u64 + 1;
+        for (_, stage) in stages.iter_mut().flat_map(RankStages::iter_mut) {
+            if let ModelStage::Gpt(g) = stage {
+                for (l, m) in g.moe_layers_mut() {
+                    let i = self.layers.iter().position(|&b| b == l).ok_or_else(|| {
+                        TrainError::Execution(format!("EPLB in training: block {l} unknown"))
+                    })?;
+                    m.set_placement(placement_of_slots(&new[i], self.workers, version))?;
+                }
+            }
+        }
+        self.phy2log = new;
+        self.rebalances += 1;
+        self.moved += moved;
+        Ok(Some(moved))
+    }
+
+    /// Rebalances so far, expert replicas moved in them, and the replicas the same plans
+    /// re-made from scratch (without the previous placement) would have moved.
+    pub fn totals(&self) -> (usize, usize, u64) {
+        (self.rebalances, self.moved, self.moved_from_scratch as u64)
+    }
+
+    /// The slots in force: per MoE block, the logical expert of each physical slot.
+    pub fn phy2log(&self) -> &[Vec<usize>] {
+        &self.phy2log
+    }
+}

@@ -1,0 +1,270 @@
+//! MoE training over a data-parallel group (`--data-parallel D`), one replica's part:
+//!
+//! - the group's router counts summed over the replicas every step, so every replica takes
+//!   the same selection-bias step (and with [`MoeSettings::expert_parallel`] the per-worker
+//!   load);
+//! - with expert parallelism, the group's all-to-all ends of every MoE block copy
+//!   ([`ExpertLinks`]) and the [`ExpertPlacement`] each block serves by: `E / D` logical
+//!   experts per worker at first (plus [`MoeSettings::redundant_experts`] slots per block);
+//! - EPLB in training ([`crate::eplb_runtime`]).
+//!
+//! Every worker still stores every expert's weights (the dense exchange keeps them equal):
+//! a worker computes only the experts its placement gives it, and the group mean of the
+//! gradients sums each expert's replicas (the others hold zeros). See `docs/moe.md`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use dualpipe_nn::gpt::moe::parallel::{
+    ChannelExpertLink, ExchangeTag, ExpertLink, ExpertPlacement, Phase,
+};
+use dualpipe_nn::gpt::moe::ExpertParallel;
+use dualpipe_nn::ModelStage;
+use dualpipe_runtime::RankStages;
+use dualpipe_schedule::Chunk;
+
+use crate::config::TrainConfig;
+use crate::eplb_runtime::Rebalancer;
+use crate::error::TrainError;
+use crate::moe::MoeSettings;
+
+/// One replica's ends of the all-to-alls of every MoE block copy, keyed by (model-wide
+/// block, direction), plus the group's end for the step's counts.
+#[derive(Debug)]
+pub struct ExpertLinks {
+    /// Per (block, direction) copy: this replica's end of the copy's group.
+    pub blocks: BTreeMap<(usize, usize), ChannelExpertLink>,
+    /// The group's end for the router counts.
+    pub counts: ChannelExpertLink,
+}
+
+/// Builds the in-process links of `replicas` replicas for the MoE blocks `blocks` in
+/// `directions` directions; entry `d` is replica `d`'s.
+pub fn local_links(
+    replicas: usize,
+    blocks: &[usize],
+    directions: usize,
+    timeout: Duration,
+) -> Vec<ExpertLinks> {
+    let mut per: Vec<ExpertLinks> = ChannelExpertLink::group(replicas, timeout)
+        .into_iter()
+        .map(|counts| ExpertLinks {
+            blocks: BTreeMap::new(),
+            counts,
+        })
+        .collect();
+    for &l in blocks {
+        for dir in 0..directions {
+            for (d, link) in ChannelExpertLink::group(replicas, timeout)
+                .into_iter()
+                .enumerate()
+            {
+                per[d].blocks.insert((l, dir), link);
+            }
+        }
+    }
+    per
+}
+
+/// The local links of `config`'s replicas (entry `d`: replica `d`'s), or none for a dense
+/// model or a single replica.
+pub fn links_for(config: &TrainConfig, replicas: usize) -> Vec<ExpertLinks> {
+    let Some(moe) = config.gpt().moe.filter(|_| replicas > 1) else {
+        return Vec::new();
+    };
+    let layers = config
+        .layers_per_stage
+        .saturating_mul(config.model_stages());
+    let blocks: Vec<usize> = (0..layers).filter(|&l| moe.is_moe_block(l)).collect();
+    let timeout = Duration::from_secs_f64(config.recv_timeout);
+    local_links(replicas, &blocks, 2, timeout)
+}
+
+/// The initial placement of `experts` logical experts with `redundant` extra slots over
+/// `workers`: slot `p` holds expert `p mod E`, slots in runs of `(E + R) / D` per worker.
+pub fn initial_placement(experts: usize, redundant: usize, workers: usize) -> ExpertPlacement {
+    if redundant == 0 {
+        return ExpertPlacement::contiguous(experts, workers);
+    }
+    let slots = experts + redundant;
+    let row: Vec<usize> = (0..slots).map(|p| p % experts).collect();
+    placement_of_slots(&row, workers, 0)
+}
+
+/// The placement of one block's slots (`phy2log`: the logical expert of each physical slot,
+/// `slots / workers` consecutive slots per worker), at `version`.
+pub fn placement_of_slots(phy2log: &[usize], workers: usize, version: u64) -> ExpertPlacement {
+    let experts = phy2log.iter().copied().max().map_or(0, |m| m + 1);
+    let per = (phy2log.len() / workers.max(1)).max(1);
+    let mut replicas = vec![Vec::new(); experts];
+    for (p, &j) in phy2log.iter().enumerate() {
+        let w = (p / per).min(workers.saturating_sub(1));
+        if !replicas[j].contains(&w) {
+            replicas[j].push(w);
+        }
+    }
+    replicas.iter_mut().for_each(|r| r.sort_unstable());
+    ExpertPlacement {
+        version,
+        workers,
+        replicas,
+    }
+}
+
+/// One replica's part in its group's MoE training (see the [module](self) documentation).
+#[derive(Debug)]
+pub struct ExpertGroup {
+    replica: usize,
+    replicas: usize,
+    settings: MoeSettings,
+    counts: ChannelExpertLink,
+    /// With expert parallelism: the rebalancer (placements, EMA, moves).
+    rebalancer: Option<Rebalancer>,
+}
+
+/// What the group's step tells the trainer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GroupStep {
+    /// Per MoE block: tokens per expert over every replica.
+    pub totals: Vec<(usize, Vec<u64>)>,
+    /// With expert parallelism, per MoE block: rows each worker's experts computed.
+    pub worker_rows: Option<Vec<(usize, Vec<u64>)>>,
+    /// Whether EPLB re-placed the experts after this step.
+    pub rebalanced: bool,
+    /// Expert replicas that changed worker in that rebalance.
+    pub moved: usize,
+}
+
+fn exchange_error(e: dualpipe_nn::NnError) -> TrainError {
+    TrainError::Execution(format!("MoE counts: {e}"))
+}
+
+impl ExpertGroup {
+    /// Replica `replica`'s part, installing the links and the initial placements in its
+    /// `stages` (with expert parallelism).
+    pub fn new(
+        config: &TrainConfig,
+        replica: usize,
+        links: ExpertLinks,
+        stages: &mut [RankStages<ModelStage>],
+    ) -> Result<Self, TrainError> {
+        let settings = config.moe.ok_or_else(|| {
+            TrainError::Config("expert groups need the mixture of experts".into())
+        })?;
+        let replicas = config.data_parallel.max(1);
+        let mut rebalancer = None;
+        if settings.expert_parallel {
+            let placement =
+                initial_placement(settings.experts, settings.redundant_experts, replicas);
+            let mut blocks = links.blocks;
+            let mut layers = Vec::new();
+            for (_, stage) in stages.iter_mut().flat_map(RankStages::iter_mut) {
+                let dir = stage.dir();
+                if let ModelStage::Gpt(g) = stage {
+                    for (l, m) in g.moe_layers_mut() {
+                        let link = blocks.remove(&(l, dir)).ok_or_else(|| {
+                            TrainError::Execution(format!("no expert link for block {l}"))
+                        })?;
+                        m.set_expert_parallel(Some(ExpertParallel::new(
+                            Box::new(link),
+                            placement.clone(),
+                        )?))?;
+                        layers.push(l);
+                    }
+                }
+            }
+            layers.sort_unstable();
+            layers.dedup();
+            rebalancer = Some(Rebalancer::new(&settings, replicas, &layers, &placement));
+        }
+        Ok(ExpertGroup {
+            replica,
+            replicas,
+            settings,
+            counts: links.counts,
+            rebalancer,
+        })
+    }
+
+    /// `mine` (per block, equal lengths everywhere) summed over the group in replica order.
+    fn sum(
+        &mut self,
+        step: usize,
+        phase: Phase,
+        mine: &[(usize, Vec<u64>)],
+    ) -> Result<Vec<(usize, Vec<u64>)>, TrainError> {
+        let flat: Vec<f64> = mine
+            .iter()
+            .flat_map(|(_, c)| c.iter().map(|&v| v as f64))
+            .collect();
+        let tag = ExchangeTag {
+            chunk: Chunk::new(0, 0, step),
+            phase,
+            version: 0,
+        };
+        let got = self
+            .counts
+            .all_to_all(tag, vec![flat.clone(); self.replicas])
+            .map_err(exchange_error)?;
+        let mut out: Vec<(usize, Vec<u64>)> =
+            mine.iter().map(|(l, c)| (*l, vec![0; c.len()])).collect();
+        for part in &got {
+            if part.len() != flat.len() {
+                return Err(TrainError::Execution(format!(
+                    "MoE counts: a replica sent {} counts, this one has {}",
+                    part.len(),
+                    flat.len()
+                )));
+            }
+            let mut it = part.iter();
+            for (_, c) in &mut out {
+                for v in c.iter_mut() {
+                    *v += it.next().map_or(0, |&x| x as u64);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The step's group figures from this replica's `local` counts (per block, over its
+    /// copies) and `served` rows (per block, over its copies); with EPLB due, re-places
+    /// every copy in `stages` (the same new placement on every replica).
+    pub fn step(
+        &mut self,
+        step: usize,
+        local: &[(usize, Vec<u64>)],
+        served: &[(usize, u64)],
+        stages: &mut [RankStages<ModelStage>],
+    ) -> Result<GroupStep, TrainError> {
+        let totals = self.sum(step, Phase::Dispatch, local)?;
+        let mut out = GroupStep {
+            totals,
+            ..GroupStep::default()
+        };
+        if self.settings.expert_parallel {
+            let mine: Vec<(usize, Vec<u64>)> = served
+                .iter()
+                .map(|(l, n)| {
+                    let mut v = vec![0; self.replicas];
+                    v[self.replica] = *n;
+                    (*l, v)
+                })
+                .collect();
+            out.worker_rows = Some(self.sum(step, Phase::Combine, &mine)?);
+        }
+        if let Some(r) = &mut self.rebalancer {
+            if let Some(moved) = r.observe(step, &out.totals, stages)? {
+                out.rebalanced = true;
+                out.moved = moved;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The rebalancer's running figures: rebalances, expert replicas moved, bytes moved.
+    pub fn rebalance_totals(&self) -> (usize, usize, u64) {
+        self.rebalancer
+            .as_ref()
+            .map_or((0, 0, 0), Rebalancer::totals)
+    }
+}

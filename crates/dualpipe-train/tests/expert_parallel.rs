@@ -1,0 +1,181 @@
+//! MoE over the data-parallel group, f64: two replicas with expert parallelism (each worker
+//! computes its placed experts for both workers' tokens) train like two replicas without it
+//! and like one replica on twice the micro-batches (the same global batch), to 1e-10, for
+//! DualPipe, 1F1B, ZB1P and DualPipeV; EPLB re-placing the experts (with redundant slots)
+//! changes no loss; the placement really moves the work between workers.
+
+use dualpipe_nn::OptimizerKind;
+use dualpipe_schedule::ScheduleKind;
+use dualpipe_train::{DType, DataParallel, ModelKind, MoeSettings, TrainConfig, Trainer};
+
+const SCHEDULES: [ScheduleKind; 4] = [
+    ScheduleKind::DualPipe,
+    ScheduleKind::OneFOneB,
+    ScheduleKind::Zb1p,
+    ScheduleKind::DualPipeV,
+];
+
+/// A tiny MoE GPT on 2 ranks, f64, SGD with momentum, the selection bias moving.
+fn tiny(kind: ScheduleKind, micro_batches: usize, moe: MoeSettings) -> TrainConfig {
+    TrainConfig {
+        model: ModelKind::Gpt,
+        schedule: kind,
+        ranks: 2,
+        micro_batches,
+        micro_batch_size: 2,
+        virtual_stages: kind.default_virtual_stages(),
+        layers_per_stage: 1,
+        d_model: 16,
+        heads: 2,
+        seq_len: 8,
+        steps: 4,
+        lr: 0.05,
+        optimizer: OptimizerKind::Sgd { momentum: 0.9 },
+        dtype: DType::F64,
+        eval_every: 0,
+        moe: Some(moe),
+        ..TrainConfig::defaults_for(ModelKind::Gpt)
+    }
+}
+
+fn moe(expert_parallel: bool) -> MoeSettings {
+    MoeSettings {
+        experts: 4,
+        top_k: 2,
+        bias_update_rate: 0.01,
+        expert_parallel,
+        ..MoeSettings::DEFAULT
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-10 * a.abs().max(b.abs()).max(1.0)
+}
+
+fn losses_of(mut run: impl FnMut() -> Vec<f64>, steps: usize) -> Vec<Vec<f64>> {
+    (0..steps).map(|_| run()).collect()
+}
+
+fn assert_same(what: &str, a: &[Vec<f64>], b: &[Vec<f64>]) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (step, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(x.len(), y.len(), "{what} step {step}");
+        for (m, (p, q)) in x.iter().zip(y).enumerate() {
+            assert!(close(*p, *q), "{what} step {step} micro-batch {m}: {p} vs {q}");
+        }
+    }
+    assert!(a.first() != a.last(), "{what}: the losses never moved");
+}
+
+#[test]
+fn expert_parallel_losses_equal_the_same_global_batch_without_it() {
+    for kind in SCHEDULES {
+        let what = kind.to_string();
+        let single = tiny(kind, 8, moe(false));
+        let mut one = Trainer::new(single.clone()).unwrap();
+        let reference = losses_of(|| one.step().unwrap().losses, single.steps);
+        let dp = TrainConfig {
+            micro_batches: 4,
+            data_parallel: 2,
+            ..single.clone()
+        };
+        let mut plain = DataParallel::new(dp.clone()).unwrap();
+        let replicated = losses_of(|| plain.step().unwrap().losses, dp.steps);
+        assert_same(&format!("{what}: D=2 vs D=1"), &replicated, &reference);
+        let ep = TrainConfig {
+            moe: Some(moe(true)),
+            ..dp
+        };
+        let mut parallel = DataParallel::new(ep.clone()).unwrap();
+        let mut served = Vec::new();
+        let spread = losses_of(
+            || {
+                let report = parallel.step().unwrap();
+                served.push(report.expert_load.unwrap().worker_rows.unwrap());
+                report.losses
+            },
+            ep.steps,
+        );
+        assert_same(&format!("{what}: expert-parallel vs D=1"), &spread, &reference);
+        // Both workers computed experts: the rows were really spread.
+        for rows in &served {
+            for per_worker in rows {
+                assert_eq!(per_worker.len(), 2, "{what}");
+                assert!(per_worker.iter().all(|&r| r > 0), "{what}: {per_worker:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn eplb_with_redundant_experts_changes_no_loss() {
+    for kind in [ScheduleKind::DualPipe, ScheduleKind::Zb1p] {
+        let what = kind.to_string();
+        let redundant = MoeSettings {
+            redundant_experts: 2,
+            ..moe(true)
+        };
+        let base = TrainConfig {
+            data_parallel: 2,
+            steps: 6,
+            ..tiny(kind, 4, redundant)
+        };
+        let mut fixed = DataParallel::new(base.clone()).unwrap();
+        let mut fixed_rows = Vec::new();
+        let reference = losses_of(
+            || {
+                let r = fixed.step().unwrap();
+                fixed_rows.push(r.expert_load.unwrap().worker_rows.unwrap());
+                r.losses
+            },
+            base.steps,
+        );
+        let balanced = TrainConfig {
+            moe: Some(MoeSettings {
+                eplb_every: 2,
+                ..redundant
+            }),
+            ..base.clone()
+        };
+        let mut moving = DataParallel::new(balanced.clone()).unwrap();
+        let mut rows = Vec::new();
+        let rebalanced = losses_of(
+            || {
+                let r = moving.step().unwrap();
+                rows.push(r.expert_load.unwrap().worker_rows.unwrap());
+                r.losses
+            },
+            balanced.steps,
+        );
+        assert_same(&format!("{what}: EPLB vs fixed"), &rebalanced, &reference);
+        assert_eq!(rows[..2], fixed_rows[..2], "{what}: the same placement until the first");
+        assert_ne!(rows, fixed_rows, "{what}: the re-placement changed who computes");
+        let summary = DataParallel::new(balanced).unwrap().run(|_| Ok(())).unwrap();
+        assert_eq!(summary.eplb_rebalances, Some(3), "{what}");
+        assert!(summary.experts_moved.unwrap() > 0, "{what}");
+    }
+}
+
+#[test]
+fn placement_flags_without_expert_parallelism_are_refused() {
+    let config = TrainConfig {
+        data_parallel: 2,
+        moe: Some(MoeSettings {
+            eplb_every: 5,
+            ..moe(false)
+        }),
+        ..tiny(ScheduleKind::OneFOneB, 4, moe(false))
+    };
+    let err = DataParallel::new(config).unwrap_err().to_string();
+    assert!(err.contains("moe.eplb_every") && err.contains("expert_parallel"), "{err}");
+    let config = TrainConfig {
+        data_parallel: 2,
+        moe: Some(MoeSettings {
+            redundant_experts: 1,
+            ..moe(true)
+        }),
+        ..tiny(ScheduleKind::OneFOneB, 4, moe(false))
+    };
+    let err = DataParallel::new(config).unwrap_err().to_string();
+    assert!(err.contains("multiple of 2"), "{err}");
+}
