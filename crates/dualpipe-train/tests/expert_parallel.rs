@@ -97,13 +97,19 @@ fn expert_parallel_losses_equal_the_same_global_batch_without_it() {
             ep.steps,
         );
         assert_same(&format!("{what}: expert-parallel vs D=1"), &spread, &reference);
-        // Both workers computed experts: the rows were really spread.
+        // Every block's assignments were computed somewhere (dropless: 8 micro-batches of 2
+        // sequences of 8 tokens, 2 experts each, both DualPipe copies together), and both
+        // workers computed experts over the run: the rows were really spread.
+        let mut per_worker = [0u64; 2];
         for rows in &served {
-            for per_worker in rows {
-                assert_eq!(per_worker.len(), 2, "{what}");
-                assert!(per_worker.iter().all(|&r| r > 0), "{what}: {per_worker:?}");
+            for block in rows {
+                assert_eq!(block.len(), 2, "{what}");
+                assert_eq!(block.iter().sum::<u64>(), 8 * 2 * 8 * 2, "{what}: {block:?}");
+                per_worker[0] += block[0];
+                per_worker[1] += block[1];
             }
         }
+        assert!(per_worker.iter().all(|&r| r > 0), "{what}: {per_worker:?}");
     }
 }
 
