@@ -61,7 +61,10 @@ fn assert_same(what: &str, a: &[Vec<f64>], b: &[Vec<f64>]) {
     for (step, (x, y)) in a.iter().zip(b).enumerate() {
         assert_eq!(x.len(), y.len(), "{what} step {step}");
         for (m, (p, q)) in x.iter().zip(y).enumerate() {
-            assert!(close(*p, *q), "{what} step {step} micro-batch {m}: {p} vs {q}");
+            assert!(
+                close(*p, *q),
+                "{what} step {step} micro-batch {m}: {p} vs {q}"
+            );
         }
     }
     assert!(a.first() != a.last(), "{what}: the losses never moved");
@@ -96,7 +99,11 @@ fn expert_parallel_losses_equal_the_same_global_batch_without_it() {
             },
             ep.steps,
         );
-        assert_same(&format!("{what}: expert-parallel vs D=1"), &spread, &reference);
+        assert_same(
+            &format!("{what}: expert-parallel vs D=1"),
+            &spread,
+            &reference,
+        );
         // Every block's assignments were computed somewhere (dropless: 8 micro-batches of 2
         // sequences of 8 tokens, 2 experts each, both DualPipe copies together), and both
         // workers computed experts over the run: the rows were really spread.
@@ -104,7 +111,11 @@ fn expert_parallel_losses_equal_the_same_global_batch_without_it() {
         for rows in &served {
             for block in rows {
                 assert_eq!(block.len(), 2, "{what}");
-                assert_eq!(block.iter().sum::<u64>(), 8 * 2 * 8 * 2, "{what}: {block:?}");
+                assert_eq!(
+                    block.iter().sum::<u64>(),
+                    8 * 2 * 8 * 2,
+                    "{what}: {block:?}"
+                );
                 per_worker[0] += block[0];
                 per_worker[1] += block[1];
             }
@@ -154,9 +165,19 @@ fn eplb_with_redundant_experts_changes_no_loss() {
             balanced.steps,
         );
         assert_same(&format!("{what}: EPLB vs fixed"), &rebalanced, &reference);
-        assert_eq!(rows[..2], fixed_rows[..2], "{what}: the same placement until the first");
-        assert_ne!(rows, fixed_rows, "{what}: the re-placement changed who computes");
-        let summary = DataParallel::new(balanced).unwrap().run(|_| Ok(())).unwrap();
+        assert_eq!(
+            rows[..2],
+            fixed_rows[..2],
+            "{what}: the same placement until the first"
+        );
+        assert_ne!(
+            rows, fixed_rows,
+            "{what}: the re-placement changed who computes"
+        );
+        let summary = DataParallel::new(balanced)
+            .unwrap()
+            .run(|_| Ok(()))
+            .unwrap();
         assert_eq!(summary.eplb_rebalances, Some(3), "{what}");
         assert!(summary.experts_moved.unwrap() > 0, "{what}");
     }
@@ -173,7 +194,10 @@ fn placement_flags_without_expert_parallelism_are_refused() {
         ..tiny(ScheduleKind::OneFOneB, 4, moe(false))
     };
     let err = DataParallel::new(config).unwrap_err().to_string();
-    assert!(err.contains("moe.eplb_every") && err.contains("expert_parallel"), "{err}");
+    assert!(
+        err.contains("moe.eplb_every") && err.contains("expert_parallel"),
+        "{err}"
+    );
     let config = TrainConfig {
         data_parallel: 2,
         moe: Some(MoeSettings {

@@ -124,7 +124,14 @@ fn bad_moe_flags_are_one_line_errors() {
         (vec!["--experts", "0"], "--experts is 0"),
         (vec!["--experts", "4", "--aux-loss", "-1"], "--aux-loss -1"),
         (
-            vec!["--experts", "4", "--data-parallel", "2", "--eplb-every", "5"],
+            vec![
+                "--experts",
+                "4",
+                "--data-parallel",
+                "2",
+                "--eplb-every",
+                "5",
+            ],
             "add --expert-parallel",
         ),
         (
@@ -195,5 +202,7 @@ fn expert_parallel_runs_report_the_load_per_worker_and_the_rebalances() {
     // Without expert parallelism the JSON has neither figure.
     let plain = moe_run(&["--steps", "1", "--data-parallel", "2"]);
     assert!(plain.get("eplb_rebalances").is_none());
-    assert!(plain["expert_load_imbalance"][0].get("worker_rows").is_none());
+    assert!(plain["expert_load_imbalance"][0]
+        .get("worker_rows")
+        .is_none());
 }
