@@ -104,10 +104,10 @@ impl Rebalancer {
                 .collect(),
         };
         self.ema = Some(ema);
-        if self.every == 0 || (step + 1) % self.every != 0 || self.layers.is_empty() {
+        if self.every == 0 || !(step + 1).is_multiple_of(self.every) || self.layers.is_empty() {
             return Ok(None);
         }
-        let ema = self.ema.as_ref().map(Clone::clone).unwrap_or_default();
+        let ema = self.ema.clone().unwrap_or_default();
         // A load of zero everywhere would plan nothing useful: one token each keeps the plan
         // defined (and changes no expert's order).
         let loads = LoadMatrix::from_rows(

@@ -259,6 +259,9 @@ impl ExpertLink for ChannelExpertLink {
 /// Per source worker, per logical expert: how many rows it sent this worker.
 pub(crate) type RowCounts = Vec<Vec<usize>>;
 
+/// Per source worker, per logical expert: the rows it sent this worker, flattened.
+pub(crate) type SourceRows = Vec<Vec<Vec<f64>>>;
+
 /// The rows of one all-to-all, split by destination: `counts[w][j]` rows of expert `j` for
 /// worker `w` (in ascending order of the expert's rows), and each part's payload (a header
 /// of the `E` counts, then the rows).
@@ -285,7 +288,7 @@ pub(crate) fn read_parts(
     parts: &[Vec<f64>],
     experts: usize,
     width: usize,
-) -> Result<(RowCounts, Vec<Vec<Vec<f64>>>), NnError> {
+) -> Result<(RowCounts, SourceRows), NnError> {
     let mut counts = Vec::with_capacity(parts.len());
     let mut rows = Vec::with_capacity(parts.len());
     for (s, p) in parts.iter().enumerate() {
