@@ -300,7 +300,11 @@ pub(crate) fn read_parts(
         }
         let c: Vec<usize> = p[..experts].iter().map(|&v| v as usize).collect();
         let total: usize = c.iter().sum();
-        if p.len() != experts + total * width {
+        if total
+            .checked_mul(width)
+            .and_then(|n| n.checked_add(experts))
+            != Some(p.len())
+        {
             return Err(NnError::Execution(format!(
                 "expert all-to-all: worker {s} sent {} values for {total} rows of width {width}",
                 p.len() - experts
