@@ -303,14 +303,14 @@ impl Domain {
                     }
                     // A lower bound on the new hottest load, in constant time: most candidates
                     // cannot beat the best step found so far.
-                    let floor = self.reassign_floor(s, g, y, &top, &st);
+                    let floor = self.reassign_floor(s, g, y, top, &st);
                     if floor > cur_max
                         || best.primary() && floor >= cur_max - eps
                         || best.beats_all_above(floor)
                     {
                         continue;
                     }
-                    let Some(new_max) = self.reassign_max(s, g, y, &top, &mut st) else {
+                    let Some(new_max) = self.reassign_max(s, g, y, top, &mut st) else {
                         continue;
                     };
                     let ssq_gain = if new_max < cur_max - eps {
