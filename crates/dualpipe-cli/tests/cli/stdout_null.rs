@@ -51,6 +51,36 @@ fn commands(dir: &TempDir) -> Vec<(&'static str, Vec<String>)> {
         "1",
     ]))
     .ok();
+    // The weights `eval` and `generate` read: a tiny GPT, one step.
+    let weights = dir.join("gpt.safetensors");
+    dualpipe([
+        "train",
+        "--model",
+        "gpt",
+        "--ranks",
+        "2",
+        "--steps",
+        "1",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--seq-len",
+        "8",
+        "--layers-per-stage",
+        "1",
+        "--micro-batches",
+        "4",
+        "--micro-batch-size",
+        "2",
+        "--eval-every",
+        "0",
+        "--quiet",
+        "--save",
+        s(&weights),
+    ])
+    .ok();
+    let text = dir.write("text.txt", "the quick brown fox jumps over the lazy dog\n");
     let testdata = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/plan");
     let v = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
     vec![
@@ -117,6 +147,22 @@ fn commands(dir: &TempDir) -> Vec<(&'static str, Vec<String>)> {
         (
             "checkpoint inspect",
             v(&["checkpoint", "inspect", s(&ckpt)]),
+        ),
+        (
+            "eval",
+            v(&["eval", "--weights", s(&weights), "--data", s(&text)]),
+        ),
+        (
+            "generate",
+            v(&[
+                "generate",
+                "--weights",
+                s(&weights),
+                "--prompt",
+                "the ",
+                "--max-tokens",
+                "8",
+            ]),
         ),
     ]
 }
