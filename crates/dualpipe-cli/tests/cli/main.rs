@@ -18,6 +18,7 @@ mod simulate;
 mod train;
 mod train_gpt;
 mod train_moe;
+mod train_plan;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
