@@ -27,9 +27,10 @@ cat > "$dir/topo.json" <<EOF
 EOF
 
 median() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.1f" % (d["step_seconds_median"]*1e3))' "$1"; }
+corewait() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.0f%%" % (d["core_wait_ratio"]*100))' "$1"; }
 throughput() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.0f" % (d["micro_batches"]*d["micro_batch_size"]*d["seq_len"]/d["step_seconds_median"]))' "$1"; }
 
-printf '| schedule | run | partition | step median (ms) | tokens/s |\n|---|---|---|---|---|\n'
+printf '| schedule | run | partition | step median (ms) | tokens/s | core wait |\n|---|---|---|---:|---:|---:|\n'
 for s in $SCHEDULES; do
   "$B" train --schedule "$s" "${common[@]}" > "$dir/plain.json"
   "$B" train --schedule "$s" --slow-rank $SLOW:2 "${common[@]}" > "$dir/even.json"
@@ -47,10 +48,10 @@ part=",".join(str(x["end_layer"]-x["first_layer"]) for x in p["stages"])
 rank=[r["rank"] for r in p["placement"] if r["device"].endswith("gpu1")][0]
 print(part, rank)' "$dir/plan.json")
   "$B" train --plan "$dir/plan.json" --slow-rank "$prank:2" "${common[@]}" > "$dir/plan_run.json"
-  echo "| $s | no slow rank | 2,2,2,2 | $(median "$dir/plain.json") | $(throughput "$dir/plain.json") |"
-  echo "| $s | rank $SLOW 2x slower, even (before) | 2,2,2,2 | $(median "$dir/even.json") | $(throughput "$dir/even.json") |"
-  echo "| $s | --rebalance-stages (whole run) | 2,2,2,2 -> $moved | $(median "$dir/re.json") | $(throughput "$dir/re.json") |"
-  echo "| $s | after re-partitioning | $moved | $(median "$dir/after.json") | $(throughput "$dir/after.json") |"
-  echo "| $s | best static plan (slow device on rank $prank) | $planned | $(median "$dir/plan_run.json") | $(throughput "$dir/plan_run.json") |"
+  echo "| $s | no slow rank | 2,2,2,2 | $(median "$dir/plain.json") | $(throughput "$dir/plain.json") | $(corewait "$dir/plain.json") |"
+  echo "| $s | rank $SLOW 2x slower, even (before) | 2,2,2,2 | $(median "$dir/even.json") | $(throughput "$dir/even.json") | $(corewait "$dir/even.json") |"
+  echo "| $s | --rebalance-stages (whole run) | 2,2,2,2 -> $moved | $(median "$dir/re.json") | $(throughput "$dir/re.json") | $(corewait "$dir/re.json") |"
+  echo "| $s | after re-partitioning | $moved | $(median "$dir/after.json") | $(throughput "$dir/after.json") | $(corewait "$dir/after.json") |"
+  echo "| $s | best static plan (slow device on rank $prank) | $planned | $(median "$dir/plan_run.json") | $(throughput "$dir/plan_run.json") | $(corewait "$dir/plan_run.json") |"
   grep 'rebalanced' "$dir/re.err" | sed 's/^/  /' >&2 || true
 done

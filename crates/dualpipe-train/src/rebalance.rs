@@ -238,6 +238,17 @@ pub fn propose(counts: &[Vec<usize>], blocks: &[usize], head: f64, slowness: &[f
     best
 }
 
+/// What [`Rebalancer::observe`] proposes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Proposal {
+    /// The blocks per stage to move to.
+    pub to: Vec<usize>,
+    /// Measured compute per rank over the window, in seconds.
+    pub rank_seconds: Vec<f64>,
+    /// The predicted compute of the slowest rank before and after, in seconds.
+    pub predicted: (f64, f64),
+}
+
 /// Measures each rank's compute over a window of steps and decides when to re-partition.
 #[derive(Clone, Debug)]
 pub struct Rebalancer {
@@ -265,13 +276,8 @@ impl Rebalancer {
 
     /// Adds a step's measured timeline. When a window is complete and the slowest rank's
     /// compute exceeds the mean by more than the threshold, returns the partition to move
-    /// to (when it predicts a gain of more than half the threshold), with the window's
-    /// per-rank seconds and the predicted slowest rank before and after.
-    pub fn observe(
-        &mut self,
-        timeline: &Timeline,
-        blocks: &[usize],
-    ) -> Option<(Vec<usize>, Vec<f64>, (f64, f64))> {
+    /// to (when it predicts a gain of more than half the threshold).
+    pub fn observe(&mut self, timeline: &Timeline, blocks: &[usize]) -> Option<Proposal> {
         if self.skip > 0 {
             self.skip -= 1;
             return None;
@@ -306,7 +312,11 @@ impl Rebalancer {
             return None;
         }
         self.skip = 1;
-        Some((proposal, seconds, (before, after)))
+        Some(Proposal {
+            to: proposal,
+            rank_seconds: seconds,
+            predicted: (before, after),
+        })
     }
 }
 

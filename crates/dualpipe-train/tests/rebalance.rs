@@ -29,11 +29,11 @@ fn bits(losses: &[f64]) -> Vec<u64> {
     losses.iter().map(|l| l.to_bits()).collect()
 }
 
+/// Every step's micro-batch losses as f64 bits, and the final weights' bits by name.
+type Outcome = (Vec<Vec<u64>>, Vec<(String, Vec<u64>)>);
+
 /// Every step's micro-batch losses, and the final weights as f64 bits by name.
-fn run(
-    mut trainer: Trainer,
-    moves: &[(usize, Vec<usize>)],
-) -> (Vec<Vec<u64>>, Vec<(String, Vec<u64>)>) {
+fn run(mut trainer: Trainer, moves: &[(usize, Vec<usize>)]) -> Outcome {
     let mut losses = Vec::new();
     while trainer.steps_done() < trainer.config().steps {
         for (after, blocks) in moves {

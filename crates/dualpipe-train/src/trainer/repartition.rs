@@ -148,15 +148,15 @@ impl<D: Driver> Trainer<D> {
             return Ok(());
         };
         let from = self.config.stage_blocks();
-        if let Some((to, rank_seconds, predicted)) = r.observe(timeline, &from) {
-            let moved = self.repartition(to.clone());
+        if let Some(p) = r.observe(timeline, &from) {
+            let moved = self.repartition(p.to.clone());
             self.own(report.step, moved)?;
             self.repartitions.push(Repartition {
                 after_steps: self.steps_done,
                 from,
-                to,
-                rank_seconds,
-                predicted,
+                to: p.to,
+                rank_seconds: p.rank_seconds,
+                predicted: p.predicted,
             });
         }
         Ok(())
