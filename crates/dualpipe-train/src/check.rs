@@ -120,6 +120,7 @@ impl TrainConfig {
                 )));
             }
         }
+        self.check_partition(naming)?;
         if self.model != ModelKind::Gpt {
             return Ok(());
         }
@@ -287,7 +288,7 @@ impl TrainConfig {
         let bytes_per_value = self.dtype.size_in_bytes();
         let d = self.d_model as u128;
         let seq = self.seq_len as u128;
-        let blocks = (self.model_stages() as u128).saturating_mul(self.layers_per_stage as u128);
+        let blocks = self.blocks() as u128;
         let parameters = blocks
             .saturating_mul(d.saturating_mul(d).saturating_mul(12).saturating_add(2 * d))
             .saturating_add((2 * 256u128 + 1).saturating_mul(d))

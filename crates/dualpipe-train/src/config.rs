@@ -233,6 +233,17 @@ pub struct TrainConfig {
     pub error_feedback: bool,
     /// The GPT's mixture-of-experts feed-forward (`--experts` and friends; `None`: dense).
     pub moe: Option<crate::moe::MoeSettings>,
+    /// Blocks of each model stage, input to output (`--partition 3,2,2,1`; `None`: every
+    /// stage holds `layers_per_stage`). The GPT only; see [`crate::partition`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<Vec<usize>>,
+    /// For tests and demonstrations: one rank's compute made slower (`--slow-rank R:F`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slow_rank: Option<crate::rebalance::SlowRank>,
+    /// Re-partition the stages while training when they drift apart
+    /// (`--rebalance-stages`; `None`: the partition stays).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rebalance: Option<crate::rebalance::RebalanceSettings>,
 }
 
 impl TrainConfig {
@@ -272,6 +283,9 @@ impl TrainConfig {
         compression_warmup: 0,
         error_feedback: true,
         moe: None,
+        partition: None,
+        slow_rank: None,
+        rebalance: None,
     };
 
     /// The MLP's run (`--model mlp`, compared with DeepSeek's reference): DualPipe on 4 ranks,
@@ -425,12 +439,12 @@ impl TrainConfig {
         )?)
     }
 
-    /// The GPT's architecture: `layers_per_stage × model_stages` blocks (saturating).
+    /// The GPT's architecture: [`TrainConfig::blocks`] blocks.
     pub fn gpt(&self) -> GptConfig {
         GptConfig {
             d_model: self.d_model,
             heads: self.heads,
-            layers: self.layers_per_stage.saturating_mul(self.model_stages()),
+            layers: self.blocks(),
             seq_len: self.seq_len,
             dtype: self.dtype.candle(),
             moe: self.moe.map(|m| m.architecture(self.d_model)),

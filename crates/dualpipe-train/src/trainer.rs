@@ -20,6 +20,7 @@ use crate::workload::{Evaluation, Workload};
 mod checkpoint;
 mod experts;
 mod model;
+mod repartition;
 
 pub use checkpoint::Restored;
 
@@ -100,6 +101,8 @@ pub struct Trainer<D: Driver = LocalThreads> {
     dp: Option<ReplicaExchange>,
     /// Where due checkpoints go (`None`: no checkpoints).
     checkpoints: Option<crate::checkpoint::CheckpointSink>,
+    /// The re-partitionings made so far (`--rebalance-stages`).
+    repartitions: Vec<crate::rebalance::Repartition>,
 }
 
 impl Trainer<LocalThreads> {
@@ -204,8 +207,11 @@ impl<D: Driver> Trainer<D> {
                             .collect()
                     })
                     .collect();
-                let exec_options = ExecOptions::default()
+                let mut exec_options = ExecOptions::default()
                     .with_recv_timeout(Duration::from_secs_f64(config.recv_timeout));
+                if let Some(slow) = config.slow_rank {
+                    exec_options = exec_options.with_slow_rank(slow.rank, slow.factor);
+                }
                 Ok(Trainer {
                     config,
                     schedule,
@@ -221,6 +227,7 @@ impl<D: Driver> Trainer<D> {
                     gathered: None,
                     dp,
                     checkpoints: None,
+                    repartitions: Vec::new(),
                 })
             }
             Err(err) => {
@@ -256,6 +263,7 @@ impl<D: Driver> Trainer<D> {
         let workload = Workload::new(config)?;
         let per_dir = schedule.micro_batches_per_dir();
         let held = driver.held_ranks(&schedule);
+        crate::rebalance::check_held(config, held.len())?;
         if config.moe.is_some() && held.len() != config.ranks {
             return Err(TrainError::Config(
                 "the mixture of experts trains with every rank in one process for now (the \
@@ -502,6 +510,7 @@ impl<D: Driver> Trainer<D> {
     ) -> Result<RunSummary, TrainError> {
         let mut summary = SummaryBuilder::new(&self.config, &self.schedule);
         let began = Instant::now();
+        let mut rebalancer = None;
         while self.steps_done < self.config.steps {
             let step = self.steps_done;
             if let Err(reason) = on_step(StepEvent::Starting { step }) {
@@ -519,6 +528,9 @@ impl<D: Driver> Trainer<D> {
                 report.evaluation = self.evaluate()?;
             }
             self.save_due_checkpoint(step)?;
+            if self.steps_done < self.config.steps {
+                self.rebalance_after(&mut rebalancer, &report)?;
+            }
             let elapsed = began.elapsed();
             if let Err(reason) = on_step(StepEvent::Finished {
                 report: &report,

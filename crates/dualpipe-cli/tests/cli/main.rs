@@ -19,6 +19,7 @@ mod stdout_null;
 mod train;
 mod train_gpt;
 mod train_moe;
+mod train_plan;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
