@@ -104,6 +104,15 @@ impl TrainConfig {
                 )));
             }
         }
+        if let (Some(clip), Some(warmup)) = (self.clip_grad, self.one_bit_adam_from()) {
+            return Err(TrainError::Config(format!(
+                "{} {clip} with 1bit compression after {warmup} warm-up steps: 1-bit Adam \
+                 exchanges AdamW's momentum, not the gradient, so there is no gradient norm \
+                 to clip; drop {} or the warm-up",
+                name(Field::ClipGrad),
+                name(Field::ClipGrad)
+            )));
+        }
         if let Some(moe) = &self.moe {
             if self.model != ModelKind::Gpt {
                 return Err(TrainError::Config(

@@ -462,6 +462,19 @@ impl TrainConfig {
         }
     }
 
+    /// The step from which training runs 1-bit Adam (`None`: it does not): with `--gradient-
+    /// compression 1bit`, AdamW and more than one replica, the steps after the
+    /// `--compression-warmup` exchange AdamW's momentum, not the gradient, and keep the second
+    /// moment frozen ([`crate::Optimizer::with_variance_frozen_from`]).
+    pub fn one_bit_adam_from(&self) -> Option<u64> {
+        let adam = matches!(self.optimizer, OptimizerKind::AdamW { .. });
+        (adam
+            && self.data_parallel > 1
+            && self.gradient_compression == Compression::OneBit
+            && self.compression_warmup > 0)
+            .then_some(self.compression_warmup)
+    }
+
     /// The gradient exchange's settings for one stage's data-parallel group.
     pub fn exchange_config(&self) -> dualpipe_dp::ExchangeConfig {
         dualpipe_dp::ExchangeConfig {

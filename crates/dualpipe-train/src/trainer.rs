@@ -203,7 +203,13 @@ impl<D: Driver> Trainer<D> {
                     .iter()
                     .map(|rank| {
                         (0..rank.len())
-                            .map(|_| Optimizer::new(config.optimizer, config.lr))
+                            .map(|_| {
+                                let opt = Optimizer::new(config.optimizer, config.lr);
+                                match config.one_bit_adam_from() {
+                                    Some(w) => opt.with_variance_frozen_from(w),
+                                    None => opt,
+                                }
+                            })
                             .collect()
                     })
                     .collect();
@@ -356,6 +362,8 @@ impl<D: Driver> Trainer<D> {
         let mut losses: Vec<f64> = outcome.losses.iter().map(|l| l.loss).collect();
         let mut exchange = None;
         if let Some(mut dp) = self.dp.take() {
+            let folded = self.fold_momentum();
+            self.own(step, folded)?;
             let exchanged = dp
                 .exchange(step, &mut self.stages)
                 .and_then(|cost| Ok((cost, dp.gather_losses(step, &losses)?)));
@@ -463,6 +471,17 @@ impl<D: Driver> Trainer<D> {
                 "the step reported {losses} losses for {} micro-batches",
                 self.config.micro_batches
             )));
+        }
+        Ok(())
+    }
+
+    /// 1-bit Adam's compression phase: each copy's gradients become its optimizer's next
+    /// momentum, the value the replicas then average (a no-op in every other step).
+    fn fold_momentum(&mut self) -> Result<(), TrainError> {
+        for (rank_stages, rank_opts) in self.stages.iter_mut().zip(&self.optimizers) {
+            for ((_, stage), opt) in rank_stages.iter_mut().zip(rank_opts) {
+                opt.fold_momentum(&mut stage.params_mut())?;
+            }
         }
         Ok(())
     }
