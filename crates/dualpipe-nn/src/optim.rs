@@ -120,6 +120,8 @@ pub struct Optimizer {
     lr: f64,
     steps: u64,
     state: Vec<State>,
+    /// 1-bit Adam: AdamW's second moment stops at this many steps ([`Optimizer::step`]).
+    variance_frozen_from: Option<u64>,
 }
 
 impl Optimizer {
@@ -130,7 +132,47 @@ impl Optimizer {
             lr,
             steps: 0,
             state: Vec::new(),
+            variance_frozen_from: None,
         }
+    }
+
+    /// 1-bit Adam's two phases (Tang et al., 2021) for AdamW: the first `warmup` steps are
+    /// AdamW's; from then on the second moment stays as it was after step `warmup`, and each
+    /// step's "gradient" is the new first moment itself, the replicas' averaged momentum that
+    /// [`Optimizer::fold_momentum`] started. Nothing changes for SGD, or with `warmup` 0 (a
+    /// second moment needs at least one step).
+    pub fn with_variance_frozen_from(mut self, warmup: u64) -> Self {
+        self.variance_frozen_from = (warmup > 0).then_some(warmup);
+        self
+    }
+
+    /// Whether the next [`Optimizer::step`] keeps the second moment frozen and takes the
+    /// gradients as the new first moment.
+    pub fn variance_frozen(&self) -> bool {
+        matches!(self.kind, OptimizerKind::AdamW { .. })
+            && !self.state.is_empty()
+            && self.variance_frozen_from.is_some_and(|w| self.steps >= w)
+    }
+
+    /// In 1-bit Adam's compression phase ([`Optimizer::variance_frozen`]; a no-op otherwise),
+    /// replaces each gradient `g` by this optimizer's next momentum `β₁ m + (1 − β₁) g`, the
+    /// value 1-bit Adam exchanges between replicas instead of the gradient.
+    pub fn fold_momentum(&self, params: &mut [&mut Param]) -> Result<(), NnError> {
+        let OptimizerKind::AdamW { beta1, .. } = self.kind else {
+            return Ok(());
+        };
+        if !self.variance_frozen() {
+            return Ok(());
+        }
+        for (p, state) in params.iter_mut().zip(&self.state) {
+            if let State::AdamW { m, .. } = state {
+                let folded = m
+                    .affine(beta1, 0.0)
+                    .and_then(|m| m + p.grad.affine(1.0 - beta1, 0.0)?);
+                p.grad = folded.map_err(|e| NnError::tensor("1-bit Adam's momentum", e))?;
+            }
+        }
+        Ok(())
     }
 
     /// Steps taken so far.
@@ -187,6 +229,7 @@ impl Optimizer {
                 params.len()
             )));
         }
+        let frozen = self.variance_frozen();
         self.steps += 1;
         let first = self.state.is_empty();
         let lr = self.lr;
@@ -212,13 +255,18 @@ impl Optimizer {
                     weight_decay,
                 } => {
                     let t = self.steps as i32;
+                    let t2 = match self.variance_frozen_from {
+                        Some(w) if frozen => w as i32,
+                        _ => t,
+                    };
                     let step = AdamWStep {
                         beta1,
                         beta2,
                         eps,
                         decay: 1.0 - lr * weight_decay,
-                        inv_bc2: 1.0 / (1.0 - beta2.powi(t)),
+                        inv_bc2: 1.0 / (1.0 - beta2.powi(t2)),
                         step_size: lr / (1.0 - beta1.powi(t)),
+                        frozen_variance: frozen,
                     };
                     let old = match self.state.get(i) {
                         Some(State::AdamW { m, v }) => Some((m, v)),
@@ -290,6 +338,58 @@ mod tests {
                 "step {t}: {} vs {x}",
                 value(&p)
             );
+        }
+    }
+
+    #[test]
+    fn one_bit_adam_freezes_the_variance_and_takes_the_momentum_after_the_warmup() {
+        let (b1, b2, eps, wd, lr) = (0.9, 0.999, 1e-8, 0.01, 0.1);
+        let kind = OptimizerKind::AdamW {
+            beta1: b1,
+            beta2: b2,
+            eps,
+            weight_decay: wd,
+        };
+        let mut p = param(1.0, 0.5);
+        let mut opt = Optimizer::new(kind, lr).with_variance_frozen_from(2);
+        let (mut x, mut m, mut v) = (1.0f64, 0.0f64, 0.0f64);
+        for (t, g) in [(1, 0.5), (2, -0.25), (3, 0.75), (4, 0.125)] {
+            p.grad = Tensor::new(&[g], &Device::Cpu).unwrap();
+            assert_eq!(opt.variance_frozen(), t > 2, "step {t}");
+            // The replicas would average the folded momentum here; one replica keeps it.
+            opt.fold_momentum(&mut [&mut p]).unwrap();
+            opt.step(&mut [&mut p]).unwrap();
+            x *= 1.0 - lr * wd;
+            m = b1 * m + (1.0 - b1) * g;
+            if t <= 2 {
+                v = b2 * v + (1.0 - b2) * g * g;
+            }
+            let mhat = m / (1.0 - b1.powi(t));
+            let vhat = v / (1.0 - b2.powi(t.min(2)));
+            x -= lr * mhat / (vhat.sqrt() + eps);
+            assert!(
+                (value(&p) - x).abs() < 1e-14,
+                "step {t}: {} vs {x}",
+                value(&p)
+            );
+        }
+        let ParamState::AdamW { v: kept, .. } = &opt.state()[0] else {
+            panic!("AdamW keeps m and v");
+        };
+        assert_eq!(kept.to_vec1::<f64>().unwrap()[0], v);
+    }
+
+    #[test]
+    fn without_a_warmup_or_under_sgd_nothing_is_frozen() {
+        for (kind, warmup) in [(OptimizerKind::adamw(), 0), (OptimizerKind::sgd(), 1)] {
+            let mut opt = Optimizer::new(kind, 0.1).with_variance_frozen_from(warmup);
+            let mut p = param(1.0, 0.5);
+            for _ in 0..3 {
+                assert!(!opt.variance_frozen());
+                opt.fold_momentum(&mut [&mut p]).unwrap();
+                assert_eq!(p.grad.to_vec1::<f64>().unwrap()[0], 0.5);
+                opt.step(&mut [&mut p]).unwrap();
+            }
         }
     }
 

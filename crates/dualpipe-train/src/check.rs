@@ -104,6 +104,15 @@ impl TrainConfig {
                 )));
             }
         }
+        if let (Some(clip), Some(warmup)) = (self.clip_grad, self.one_bit_adam_from()) {
+            return Err(TrainError::Config(format!(
+                "{} {clip} with 1bit compression after {warmup} warm-up steps: 1-bit Adam \
+                 exchanges AdamW's momentum, not the gradient, so there is no gradient norm \
+                 to clip; drop {} or the warm-up",
+                name(Field::ClipGrad),
+                name(Field::ClipGrad)
+            )));
+        }
         if let Some(moe) = &self.moe {
             if self.model != ModelKind::Gpt {
                 return Err(TrainError::Config(
@@ -112,7 +121,15 @@ impl TrainConfig {
             }
             moe.check(matches!(naming, Naming::Flags))?;
             moe.check_parallel(self.data_parallel, matches!(naming, Naming::Flags))?;
+            if moe.expert_parallel && self.data_parallel > 1 && self.rebalance.is_some() {
+                return Err(TrainError::Config(
+                    "re-partitioning the stages rebuilds them without their expert groups; \
+                     drop the stage rebalancing or the expert parallelism"
+                        .into(),
+                ));
+            }
         }
+        self.check_partition(naming)?;
         if self.model != ModelKind::Gpt {
             return Ok(());
         }
@@ -280,7 +297,7 @@ impl TrainConfig {
         let bytes_per_value = self.dtype.size_in_bytes();
         let d = self.d_model as u128;
         let seq = self.seq_len as u128;
-        let blocks = (self.model_stages() as u128).saturating_mul(self.layers_per_stage as u128);
+        let blocks = self.blocks() as u128;
         let parameters = blocks
             .saturating_mul(d.saturating_mul(d).saturating_mul(12).saturating_add(2 * d))
             .saturating_add((2 * 256u128 + 1).saturating_mul(d))

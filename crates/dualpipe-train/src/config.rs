@@ -233,6 +233,17 @@ pub struct TrainConfig {
     pub error_feedback: bool,
     /// The GPT's mixture-of-experts feed-forward (`--experts` and friends; `None`: dense).
     pub moe: Option<crate::moe::MoeSettings>,
+    /// Blocks of each model stage, input to output (`--partition 3,2,2,1`; `None`: every
+    /// stage holds `layers_per_stage`). The GPT only; see [`crate::partition`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<Vec<usize>>,
+    /// For tests and demonstrations: one rank's compute made slower (`--slow-rank R:F`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slow_rank: Option<crate::rebalance::SlowRank>,
+    /// Re-partition the stages while training when they drift apart
+    /// (`--rebalance-stages`; `None`: the partition stays).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rebalance: Option<crate::rebalance::RebalanceSettings>,
 }
 
 impl TrainConfig {
@@ -272,6 +283,9 @@ impl TrainConfig {
         compression_warmup: 0,
         error_feedback: true,
         moe: None,
+        partition: None,
+        slow_rank: None,
+        rebalance: None,
     };
 
     /// The MLP's run (`--model mlp`, compared with DeepSeek's reference): DualPipe on 4 ranks,
@@ -425,12 +439,12 @@ impl TrainConfig {
         )?)
     }
 
-    /// The GPT's architecture: `layers_per_stage × model_stages` blocks (saturating).
+    /// The GPT's architecture: [`TrainConfig::blocks`] blocks.
     pub fn gpt(&self) -> GptConfig {
         GptConfig {
             d_model: self.d_model,
             heads: self.heads,
-            layers: self.layers_per_stage.saturating_mul(self.model_stages()),
+            layers: self.blocks(),
             seq_len: self.seq_len,
             dtype: self.dtype.candle(),
             moe: self.moe.map(|m| m.architecture(self.d_model)),
@@ -446,6 +460,19 @@ impl TrainConfig {
             ModelKind::Gpt => rows * self.seq_len as f64,
             ModelKind::Mlp => rows,
         }
+    }
+
+    /// The step from which training runs 1-bit Adam (`None`: it does not): with `--gradient-
+    /// compression 1bit`, AdamW and more than one replica, the steps after the
+    /// `--compression-warmup` exchange AdamW's momentum, not the gradient, and keep the second
+    /// moment frozen ([`crate::Optimizer::with_variance_frozen_from`]).
+    pub fn one_bit_adam_from(&self) -> Option<u64> {
+        let adam = matches!(self.optimizer, OptimizerKind::AdamW { .. });
+        (adam
+            && self.data_parallel > 1
+            && self.gradient_compression == Compression::OneBit
+            && self.compression_warmup > 0)
+            .then_some(self.compression_warmup)
     }
 
     /// The gradient exchange's settings for one stage's data-parallel group.

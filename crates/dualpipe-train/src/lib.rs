@@ -64,7 +64,11 @@ pub mod memory;
 pub mod moe;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod partition;
+pub mod plan_file;
+pub mod profile;
 pub mod rank;
+pub mod rebalance;
 pub mod reference;
 pub mod summary;
 pub mod trainer;

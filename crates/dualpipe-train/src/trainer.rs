@@ -20,6 +20,7 @@ use crate::workload::{Evaluation, Workload};
 mod checkpoint;
 mod experts;
 mod model;
+mod repartition;
 
 pub use checkpoint::Restored;
 
@@ -102,6 +103,8 @@ pub struct Trainer<D: Driver = LocalThreads> {
     checkpoints: Option<crate::checkpoint::CheckpointSink>,
     /// With MoE over several replicas: this replica's part in the group.
     expert_group: Option<crate::expert_parallel::ExpertGroup>,
+    /// The re-partitionings made so far (`--rebalance-stages`).
+    repartitions: Vec<crate::rebalance::Repartition>,
 }
 
 impl Trainer<LocalThreads> {
@@ -202,12 +205,21 @@ impl<D: Driver> Trainer<D> {
                     .iter()
                     .map(|rank| {
                         (0..rank.len())
-                            .map(|_| Optimizer::new(config.optimizer, config.lr))
+                            .map(|_| {
+                                let opt = Optimizer::new(config.optimizer, config.lr);
+                                match config.one_bit_adam_from() {
+                                    Some(w) => opt.with_variance_frozen_from(w),
+                                    None => opt,
+                                }
+                            })
                             .collect()
                     })
                     .collect();
-                let exec_options = ExecOptions::default()
+                let mut exec_options = ExecOptions::default()
                     .with_recv_timeout(Duration::from_secs_f64(config.recv_timeout));
+                if let Some(slow) = config.slow_rank {
+                    exec_options = exec_options.with_slow_rank(slow.rank, slow.factor);
+                }
                 Ok(Trainer {
                     config,
                     schedule,
@@ -224,6 +236,7 @@ impl<D: Driver> Trainer<D> {
                     dp,
                     checkpoints: None,
                     expert_group: None,
+                    repartitions: Vec::new(),
                 })
             }
             Err(err) => {
@@ -259,6 +272,7 @@ impl<D: Driver> Trainer<D> {
         let workload = Workload::new(config)?;
         let per_dir = schedule.micro_batches_per_dir();
         let held = driver.held_ranks(&schedule);
+        crate::rebalance::check_held(config, held.len())?;
         if config.moe.is_some() && held.len() != config.ranks {
             return Err(TrainError::Config(
                 "the mixture of experts trains with every rank in one process for now (the \
@@ -351,6 +365,8 @@ impl<D: Driver> Trainer<D> {
         let mut losses: Vec<f64> = outcome.losses.iter().map(|l| l.loss).collect();
         let mut exchange = None;
         if let Some(mut dp) = self.dp.take() {
+            let folded = self.fold_momentum();
+            self.own(step, folded)?;
             let exchanged = dp
                 .exchange(step, &mut self.stages)
                 .and_then(|cost| Ok((cost, dp.gather_losses(step, &losses)?)));
@@ -462,6 +478,17 @@ impl<D: Driver> Trainer<D> {
         Ok(())
     }
 
+    /// 1-bit Adam's compression phase: each copy's gradients become its optimizer's next
+    /// momentum, the value the replicas then average (a no-op in every other step).
+    fn fold_momentum(&mut self) -> Result<(), TrainError> {
+        for (rank_stages, rank_opts) in self.stages.iter_mut().zip(&self.optimizers) {
+            for ((_, stage), opt) in rank_stages.iter_mut().zip(rank_opts) {
+                opt.fold_momentum(&mut stage.params_mut())?;
+            }
+        }
+        Ok(())
+    }
+
     /// Every held rank updates its own copies, on its own thread when this process holds
     /// several, as ranks of a real run would.
     fn optimizer_step(&mut self) -> Result<(), TrainError> {
@@ -505,6 +532,7 @@ impl<D: Driver> Trainer<D> {
     ) -> Result<RunSummary, TrainError> {
         let mut summary = SummaryBuilder::new(&self.config, &self.schedule);
         let began = Instant::now();
+        let mut rebalancer = None;
         while self.steps_done < self.config.steps {
             let step = self.steps_done;
             if let Err(reason) = on_step(StepEvent::Starting { step }) {
@@ -522,6 +550,9 @@ impl<D: Driver> Trainer<D> {
                 report.evaluation = self.evaluate()?;
             }
             self.save_due_checkpoint(step)?;
+            if self.steps_done < self.config.steps {
+                self.rebalance_after(&mut rebalancer, &report)?;
+            }
             let elapsed = began.elapsed();
             if let Err(reason) = on_step(StepEvent::Finished {
                 report: &report,

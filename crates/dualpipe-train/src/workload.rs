@@ -108,7 +108,8 @@ impl Workload {
         Ok(match self {
             Workload::Mlp(_) => ModelStage::Mlp(MlpStage::new(&config.model(), position)?),
             Workload::Gpt(gpt) => {
-                let mut stage = GptStage::new(&gpt.weights, stages, position)?;
+                let layers = config.stage_layers(position.model_stage);
+                let mut stage = GptStage::with_layers(&gpt.weights, stages, position, layers)?;
                 if let Some(moe) = &config.moe {
                     stage.set_aux_loss(moe.aux_loss);
                 }

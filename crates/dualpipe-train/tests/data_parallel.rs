@@ -132,6 +132,50 @@ fn without_overlap_the_losses_are_the_same_bits() {
     assert_eq!(overlapped.grad_bytes_sent, plain.grad_bytes_sent);
 }
 
+/// 1-bit Adam (1bit, AdamW, a warm-up): the replicas exchange the momentum after the warm-up
+/// and stay bit-identical; it trains differently from compressing the gradient (no warm-up),
+/// and the warm-up steps are the uncompressed run's.
+#[test]
+fn one_bit_adam_keeps_the_replicas_identical_and_its_warmup_is_uncompressed() {
+    let run = |compression: Compression, warmup: u64| {
+        let config = TrainConfig {
+            data_parallel: 2,
+            gradient_compression: compression,
+            compression_warmup: warmup,
+            optimizer: OptimizerKind::adamw(),
+            lr: 0.01,
+            steps: 5,
+            ..tiny(ModelKind::Gpt, ScheduleKind::DualPipe, 4)
+        };
+        assert_eq!(
+            config.one_bit_adam_from().is_some(),
+            warmup > 0 && compression == Compression::OneBit
+        );
+        let mut dp = DataParallel::new(config).unwrap();
+        let losses: Vec<f64> = (0..5).map(|_| dp.step().unwrap().loss).collect();
+        let [a, b] = dp.replicas() else {
+            panic!("two replicas")
+        };
+        let values = |t: &Trainer<_>| -> Vec<Vec<f64>> {
+            let flat = |p: &candle_core::Tensor| p.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+            t.parameters().iter().flatten().map(flat).collect()
+        };
+        assert_eq!(values(a), values(b), "the replicas' weights");
+        losses
+    };
+    let adam = run(Compression::OneBit, 2);
+    let gradients = run(Compression::OneBit, 0);
+    let none = run(Compression::None, 2);
+    assert!(adam.iter().all(|l| l.is_finite()));
+    assert_eq!(
+        adam[..3],
+        none[..3],
+        "steps 1-2 are uncompressed, step 3's loss is theirs"
+    );
+    assert_ne!(adam[3..], none[3..]);
+    assert_ne!(adam[3..], gradients[3..]);
+}
+
 #[test]
 fn the_transport_counts_fewer_bytes_for_each_compression() {
     let mut sent = Vec::new();

@@ -6,6 +6,7 @@ use dualpipe_nn::gpt::eval::evaluate;
 use dualpipe_nn::gpt::{DType, GptStage, GptWeights};
 use dualpipe_nn::NnError;
 
+use super::output::{check_outputs, write_output};
 use super::simulate::Format;
 use super::UsageError;
 
@@ -70,6 +71,7 @@ pub fn load_model(path: &Path, dtype: DType) -> Result<GptStage, UsageError> {
 /// Runs `dualpipe eval`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let dtype = parse_dtype(&args.dtype)?;
+    check_outputs(None, &[])?;
     let model = load_model(&args.weights, dtype)?;
     let seq_len = args.seq_len.unwrap_or(model.config().seq_len);
     let bytes = read_input(&args.data, "--data")?;
@@ -82,9 +84,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let report = evaluate(&model, &bytes, seq_len)
         .map_err(|e| UsageError(format!("{} (--data): {}", args.data.display(), plain(e))))?;
-    match args.format {
-        Format::Json => println!(
-            "{}",
+    let text = match args.format {
+        Format::Json => format!(
+            "{}\n",
             serde_json::json!({
                 "loss": report.loss,
                 "bits_per_byte": report.bits_per_byte,
@@ -93,16 +95,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "seq_len": seq_len,
             })
         ),
-        Format::Table => {
-            println!("loss           {:.6}", report.loss);
-            println!("bits_per_byte  {:.6}", report.bits_per_byte);
-            println!(
-                "windows        {} of {} bytes ({} tokens)",
-                report.windows,
-                seq_len + 1,
-                report.tokens
-            );
-        }
-    }
-    Ok(())
+        Format::Table => format!(
+            "loss           {:.6}\nbits_per_byte  {:.6}\nwindows        {} of {} bytes ({} tokens)\n",
+            report.loss,
+            report.bits_per_byte,
+            report.windows,
+            seq_len + 1,
+            report.tokens
+        ),
+    };
+    write_output(None, &text)
 }

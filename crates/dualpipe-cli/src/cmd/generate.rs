@@ -1,11 +1,11 @@
 //! `dualpipe generate`: continue a prompt with a GPT weights file.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use dualpipe_nn::gpt::eval::{generate, Sampling};
 
 use super::eval::{load_model, parse_dtype};
+use super::output::{check_outputs, write_output};
 use super::UsageError;
 
 /// Flags of `dualpipe generate`.
@@ -44,6 +44,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ))
         .into());
     }
+    check_outputs(None, &[])?;
     let model = load_model(&args.weights, dtype)?;
     let out = generate(
         &model,
@@ -55,11 +56,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             stop: None,
         },
     )?;
-    let mut stdout = std::io::stdout().lock();
-    stdout.write_all(args.prompt.as_bytes())?;
     // Bytes that are not UTF-8 (a byte model can produce any) print as U+FFFD.
-    stdout.write_all(String::from_utf8_lossy(&out).as_bytes())?;
-    stdout.write_all(b"\n")?;
-    stdout.flush()?;
+    let text = format!("{}{}\n", args.prompt, String::from_utf8_lossy(&out));
+    write_output(None, &text)?;
     Ok(())
 }

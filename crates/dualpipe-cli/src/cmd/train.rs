@@ -16,6 +16,7 @@ pub mod observe;
 use observe::Observe;
 
 mod args;
+mod layout;
 mod moe;
 mod resume;
 
@@ -41,6 +42,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// not report. Every output path is checked first, so a bad one is found before training.
 fn execute(args: &Args) -> anyhow::Result<Option<Finished>> {
     let (config, given) = config_and_schedule(args)?;
+    if args.layout.profile_run(&config, args.observe.quiet)? {
+        return Ok(None);
+    }
     resume::check(args, &config)?;
     check_outputs(
         args.output.as_deref(),
@@ -84,6 +88,7 @@ fn execute(args: &Args) -> anyhow::Result<Option<Finished>> {
             let summary = outcome.map_err(|e| run_error(e, &config))?;
             saved?;
             observe.finish();
+            layout::report_moves(trainer.repartitions(), args.observe.quiet);
             finished(args, &mut trainer, summary).map(Some)
         }
         Transport::Mpi => execute_mpi(args, config, given),

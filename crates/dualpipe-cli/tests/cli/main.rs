@@ -15,9 +15,11 @@ mod plan;
 mod report;
 mod schedule;
 mod simulate;
+mod stdout_null;
 mod train;
 mod train_gpt;
 mod train_moe;
+mod train_plan;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

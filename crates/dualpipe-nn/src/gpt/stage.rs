@@ -64,8 +64,27 @@ impl GptStage {
         stages: usize,
         position: StagePosition,
     ) -> Result<Self, NnError> {
+        let layers = stage_layers(weights.config().layers, stages, position.model_stage)?;
+        Self::with_layers(weights, stages, position, layers)
+    }
+
+    /// The copy of model stage `position.model_stage` (of `stages`) holding the blocks
+    /// `layers` (any contiguous run, possibly empty: uneven partitions), serving direction
+    /// `position.dir`, with its tensors taken from `weights`.
+    pub fn with_layers(
+        weights: &GptWeights,
+        stages: usize,
+        position: StagePosition,
+        layers: Range<usize>,
+    ) -> Result<Self, NnError> {
         let config = *weights.config();
-        let layers = stage_layers(config.layers, stages, position.model_stage)?;
+        if layers.start > layers.end || layers.end > config.layers || position.model_stage >= stages
+        {
+            return Err(NnError::Config(format!(
+                "stage {} of {stages} cannot hold blocks {}..{} of a model of {} blocks",
+                position.model_stage, layers.start, layers.end, config.layers
+            )));
+        }
         if position.micro_batches == 0 || position.micro_batches_per_dir == 0 {
             return Err(NnError::Config(
                 "a step needs at least one micro-batch".into(),

@@ -129,6 +129,11 @@ pub struct ExecOptions {
     /// How often a rank blocked on a receive wakes to check whether another rank failed
     /// (failures also wake it at once through an abort message). Default 50 ms.
     pub poll_interval: Duration,
+    /// For tests and demonstrations of imbalance: `Some((rank, factor))` makes that rank's
+    /// compute `factor` times slower: after each compute op it sleeps `factor - 1` times the
+    /// CPU time the op used (its wall time where no thread CPU clock exists). `None`: no
+    /// slowdown.
+    pub slow_rank: Option<(usize, f64)>,
 }
 
 impl Default for ExecOptions {
@@ -136,6 +141,7 @@ impl Default for ExecOptions {
         ExecOptions {
             recv_timeout: Duration::from_secs(60),
             poll_interval: Duration::from_millis(50),
+            slow_rank: None,
         }
     }
 }
@@ -144,6 +150,13 @@ impl ExecOptions {
     /// These options with another receive timeout.
     pub fn with_recv_timeout(mut self, timeout: Duration) -> Self {
         self.recv_timeout = timeout;
+        self
+    }
+
+    /// These options with rank `rank`'s compute made `factor` times slower (see
+    /// [`ExecOptions::slow_rank`]).
+    pub fn with_slow_rank(mut self, rank: usize, factor: f64) -> Self {
+        self.slow_rank = Some((rank, factor));
         self
     }
 }

@@ -254,9 +254,26 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
         call: impl FnOnce(&mut RankStages<S>) -> Result<R, StageError>,
     ) -> Result<R, Fail> {
         self.op_start = self.now();
+        let slow = self
+            .options
+            .slow_rank
+            .filter(|&(rank, factor)| rank == self.rank && factor > 1.0)
+            .map(|(_, factor)| (factor, thread_cpu_seconds()));
         let stages = &mut *self.stages;
         match catch_unwind(AssertUnwindSafe(|| call(stages))) {
-            Ok(Ok(value)) => Ok(value),
+            Ok(Ok(value)) => {
+                if let Some((factor, cpu_start)) = slow {
+                    let used = match (cpu_start, thread_cpu_seconds()) {
+                        (Some(a), Some(b)) => b - a,
+                        _ => self.now() - self.op_start,
+                    };
+                    let pause = (factor - 1.0) * used.max(0.0);
+                    if pause.is_finite() {
+                        std::thread::sleep(std::time::Duration::from_secs_f64(pause.min(3600.0)));
+                    }
+                }
+                Ok(value)
+            }
             Ok(Err(err)) => Err(Fail::Error(RuntimeError::StageFailed {
                 rank: self.rank,
                 op: describe(op),

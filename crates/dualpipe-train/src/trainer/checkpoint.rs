@@ -37,7 +37,7 @@ fn mismatch(ckpt: &Checkpoint, problem: String) -> TrainError {
 /// The model the checkpoint holds must be `config`'s: same model, shape and optimizer.
 fn check_model(ckpt: &Checkpoint, config: &TrainConfig) -> Result<(), TrainError> {
     let saved = &ckpt.state.config;
-    let blocks = |c: &TrainConfig| c.layers_per_stage.saturating_mul(c.model_stages());
+    let blocks = |c: &TrainConfig| c.blocks();
     let mut pairs: Vec<(&str, String, String)> = vec![
         ("model", saved.model.to_string(), config.model.to_string()),
         (

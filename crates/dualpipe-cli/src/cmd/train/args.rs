@@ -203,6 +203,9 @@ pub struct Args {
     /// data-parallel degree that gives the same model can read it.
     #[arg(long, value_name = "PATH")]
     pub resume_from: Option<PathBuf>,
+    /// Uneven stages, plans, profiling and re-balancing.
+    #[command(flatten)]
+    pub layout: super::layout::LayoutArgs,
 }
 
 fn unknown(what: &str, flag: &str, value: &str, names: &[&str]) -> UsageError {
@@ -344,11 +347,15 @@ pub fn config_and_schedule(args: &Args) -> Result<(TrainConfig, Option<Schedule>
         compression_warmup: args.compression_warmup,
         error_feedback: !args.no_error_feedback,
         moe: args.moe.settings()?,
+        partition: None,
+        slow_rank: None,
+        rebalance: None,
     };
     if let Some(s) = &given {
         (config.ranks, config.micro_batches) = (s.ranks, s.micro_batches);
         config.virtual_stages = s.virtual_stages;
     }
+    args.layout.apply(&mut config, &base)?;
     if let Some(path) = &args.init_from {
         adopt_architecture(args, &mut config, path)?;
     }
@@ -392,7 +399,18 @@ fn adopt_architecture(
             )));
         }
     }
-    if stages == 0 || !file.layers.is_multiple_of(stages) {
+    if let Some(p) = &config.partition {
+        let blocks: usize = p.iter().sum();
+        if blocks != file.layers {
+            return Err(UsageError(format!(
+                "--init-from {}: the partition {} holds {blocks} blocks but the weights file                  has layers = {}; give a partition of {} blocks",
+                path.display(),
+                dualpipe_train::partition::format_partition(p),
+                file.layers,
+                file.layers
+            )));
+        }
+    } else if stages == 0 || !file.layers.is_multiple_of(stages) {
         return Err(UsageError(format!(
             "--init-from {}: its {} blocks do not split evenly over the {stages} model stages \
              of this schedule; choose --ranks (or --schedule) so that they do",

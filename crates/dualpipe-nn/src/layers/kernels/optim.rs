@@ -17,6 +17,9 @@ pub(crate) struct AdamWStep {
     pub(crate) inv_bc2: f64,
     /// `lr / (1 - β₁ᵗ)`.
     pub(crate) step_size: f64,
+    /// 1-bit Adam's compression phase: the gradient slot holds the new first moment (the
+    /// replicas' averaged momentum), and the second moment is left as it is.
+    pub(crate) frozen_variance: bool,
 }
 
 /// One fused AdamW pass: returns the new `(p, m, v)`; `m` and `v` are `None` on the first step
@@ -43,9 +46,10 @@ fn adamw_t<T: Elem>(
     let (eps, decay, inv_bc2, step_size) = (c(s.eps), c(s.decay), c(s.inv_bc2), c(s.step_size));
     // Three streaming passes, each writing its result once (no zero-filled or copied buffers):
     // the optimizer is memory-bound at width 512.
+    let frozen = s.frozen_variance;
     let (m, v) = read::<T, _>(g, WHAT, |g| {
-        let m_of = |m: T, g: T| m * b1 + g * nb1;
-        let v_of = |v: T, g: T| v * b2 + (g * g) * nb2;
+        let m_of = |m: T, g: T| if frozen { g } else { m * b1 + g * nb1 };
+        let v_of = |v: T, g: T| if frozen { v } else { v * b2 + (g * g) * nb2 };
         Ok::<_, NnError>(match mv {
             Some((m, v)) => {
                 same_shape(p, m, WHAT)?;

@@ -1,0 +1,262 @@
+//! `dualpipe train --plan FILE`: training with the best plan of `dualpipe plan --format json`
+//! (its schedule kind, ranks, micro-batches, stages per rank and layer partition).
+//!
+//! The plan's rank-to-device map is kept for the report ([`PlanChoice::placement`]): local
+//! threads and MPI processes run where they are started, so the map says where to start them.
+
+use dualpipe_plan::{Plan, PlanReport};
+use dualpipe_schedule::ScheduleKind;
+
+use crate::config::{Field, Naming, TrainConfig};
+use crate::error::TrainError;
+use crate::partition::format_partition;
+
+/// What training takes from a plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanChoice {
+    /// The schedule kind.
+    pub schedule: ScheduleKind,
+    /// Pipeline ranks.
+    pub ranks: usize,
+    /// Micro-batches per step.
+    pub micro_batches: usize,
+    /// Stages per rank (interleaved).
+    pub virtual_stages: usize,
+    /// Blocks per model stage, input to output.
+    pub partition: Vec<usize>,
+    /// `(rank, device path)` of every rank, in rank order.
+    pub placement: Vec<(usize, String)>,
+}
+
+impl PlanChoice {
+    /// The best (first) plan of `dualpipe plan --format json` output; `source` names the
+    /// file in errors.
+    pub fn from_json(text: &str, source: &str) -> Result<PlanChoice, TrainError> {
+        let report: PlanReport = serde_json::from_str(text).map_err(|e| {
+            TrainError::Config(format!(
+                "{source}: not the JSON of `dualpipe plan --format json` ({e})"
+            ))
+        })?;
+        let Some(plan) = report.plans.first() else {
+            return Err(TrainError::Config(format!(
+                "{source}: the plan file holds no plan (every candidate was rejected); plan \
+                 again with other --schedules or --micro-batches"
+            )));
+        };
+        Self::from_plan(plan, source)
+    }
+
+    /// What training takes from `plan`; the stages must be contiguous from layer 0, one per
+    /// model stage of the schedule, each with at least one layer.
+    pub fn from_plan(plan: &Plan, source: &str) -> Result<PlanChoice, TrainError> {
+        let schedule = ScheduleKind::from_name(&plan.schedule).ok_or_else(|| {
+            TrainError::Config(format!(
+                "{source}: unknown schedule '{}' in the plan",
+                plan.schedule
+            ))
+        })?;
+        let mut stages = plan.stages.clone();
+        stages.sort_by_key(|s| s.stage);
+        let mut partition = Vec::with_capacity(stages.len());
+        let mut next = 0;
+        for (i, s) in stages.iter().enumerate() {
+            if s.stage != i || s.first_layer != next || s.end_layer <= s.first_layer {
+                return Err(TrainError::Config(format!(
+                    "{source}: stages[{i}] holds layers {}..{}; the stages must cover the \
+                     layers in order from 0, each with at least one layer",
+                    s.first_layer, s.end_layer
+                )));
+            }
+            partition.push(s.end_layer - s.first_layer);
+            next = s.end_layer;
+        }
+        let mut placement: Vec<(usize, String)> = plan
+            .placement
+            .iter()
+            .map(|r| (r.rank, r.device.clone()))
+            .collect();
+        placement.sort();
+        Ok(PlanChoice {
+            schedule,
+            ranks: plan.ranks,
+            micro_batches: plan.micro_batches,
+            virtual_stages: plan.virtual_stages.max(1),
+            partition,
+            placement,
+        })
+    }
+
+    /// Sets `config`'s schedule, ranks, micro-batches, stages per rank and partition from
+    /// the plan. A value of `config` that differs from `defaults` (so the user set it) and from
+    /// the plan is an error naming both.
+    pub fn apply(
+        &self,
+        config: &mut TrainConfig,
+        defaults: &TrainConfig,
+        naming: Naming,
+    ) -> Result<(), TrainError> {
+        let flag = |field: &str| match naming {
+            Naming::Fields => field.to_string(),
+            Naming::Flags => format!("--{}", field.replace('_', "-")),
+        };
+        let clash = |what: String, given: String, planned: String| {
+            TrainError::Config(format!(
+                "{what} {given} disagrees with the plan's {planned}; drop the flag or plan again"
+            ))
+        };
+        if config.schedule != defaults.schedule && config.schedule != self.schedule {
+            return Err(clash(
+                flag("schedule"),
+                config.schedule.to_string(),
+                self.schedule.to_string(),
+            ));
+        }
+        for (field, given, default, planned) in [
+            (Field::Ranks, config.ranks, defaults.ranks, self.ranks),
+            (
+                Field::MicroBatches,
+                config.micro_batches,
+                defaults.micro_batches,
+                self.micro_batches,
+            ),
+        ] {
+            if given != default && given != planned {
+                return Err(clash(
+                    field.name(naming),
+                    given.to_string(),
+                    planned.to_string(),
+                ));
+            }
+        }
+        if self.schedule == ScheduleKind::Interleaved
+            && config.virtual_stages != config.schedule.default_virtual_stages()
+            && config.virtual_stages != self.virtual_stages
+        {
+            return Err(clash(
+                Field::VirtualStages.name(naming),
+                config.virtual_stages.to_string(),
+                self.virtual_stages.to_string(),
+            ));
+        }
+        if let Some(p) = &config.partition {
+            if *p != self.partition {
+                return Err(clash(
+                    flag("partition"),
+                    format_partition(p),
+                    format_partition(&self.partition),
+                ));
+            }
+        }
+        let blocks: usize = self.partition.iter().sum();
+        if config.layers_per_stage != defaults.layers_per_stage
+            && config.layers_per_stage.saturating_mul(self.partition.len()) != blocks
+        {
+            return Err(clash(
+                Field::LayersPerStage.name(naming),
+                config.layers_per_stage.to_string(),
+                format!(
+                    "{blocks} blocks over {} stages ({})",
+                    self.partition.len(),
+                    format_partition(&self.partition)
+                ),
+            ));
+        }
+        config.schedule = self.schedule;
+        config.ranks = self.ranks;
+        config.micro_batches = self.micro_batches;
+        config.virtual_stages = if self.schedule == ScheduleKind::Interleaved {
+            self.virtual_stages
+        } else {
+            self.schedule.default_virtual_stages()
+        };
+        if config.model_stages() != self.partition.len() {
+            return Err(TrainError::Config(format!(
+                "the plan's {} on {} ranks has {} model stages but lists {} stages; plan again",
+                self.schedule,
+                self.ranks,
+                config.model_stages(),
+                self.partition.len()
+            )));
+        }
+        config.partition = Some(self.partition.clone());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan_json(schedule: &str, stages: &[(usize, usize)]) -> String {
+        let stages: Vec<String> = stages
+            .iter()
+            .enumerate()
+            .map(|(i, (a, b))| format!(r#"{{"stage": {i}, "first_layer": {a}, "end_layer": {b}}}"#))
+            .collect();
+        format!(
+            r#"{{"plans": [{{"schedule": "{schedule}", "ranks": 4, "micro_batches": 8,
+            "virtual_stages": 1, "partition": "min-max", "step_time": 1, "throughput": 8,
+            "bubble_ratio": 0.1, "peak_memory_share": 0.5, "stages": [{}], "placement": []}}],
+            "rejected": []}}"#,
+            stages.join(",")
+        )
+    }
+
+    #[test]
+    fn takes_the_best_plan_and_refuses_flags_that_disagree() {
+        let text = plan_json("1f1b", &[(0, 3), (3, 5), (5, 7), (7, 8)]);
+        let choice = PlanChoice::from_json(&text, "p.json").unwrap();
+        assert_eq!(choice.partition, vec![3, 2, 2, 1]);
+        let mut c = TrainConfig::DEFAULT;
+        choice
+            .apply(&mut c, &TrainConfig::DEFAULT, Naming::Flags)
+            .unwrap();
+        assert_eq!((c.schedule, c.micro_batches), (ScheduleKind::OneFOneB, 8));
+        assert_eq!(c.partition.as_deref(), Some(&[3, 2, 2, 1][..]));
+        let mut c = TrainConfig {
+            micro_batches: 32,
+            ..TrainConfig::DEFAULT
+        };
+        let err = choice
+            .apply(&mut c, &TrainConfig::DEFAULT, Naming::Flags)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--micro-batches 32 disagrees with the plan's 8"),
+            "{err}"
+        );
+        let mut c = TrainConfig {
+            schedule: ScheduleKind::GPipe,
+            ..TrainConfig::DEFAULT
+        };
+        let err = choice
+            .apply(&mut c, &TrainConfig::DEFAULT, Naming::Flags)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--schedule gpipe disagrees with the plan's 1f1b"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_plan_files_are_one_clear_line() {
+        let err = PlanChoice::from_json("{", "p.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("p.json: not the JSON of `dualpipe plan"),
+            "{err}"
+        );
+        let gap = plan_json("1f1b", &[(0, 3), (4, 5), (5, 7), (7, 8)]);
+        let err = PlanChoice::from_json(&gap, "p.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("stages[1] holds layers 4..5"), "{err}");
+        let none = r#"{"plans": [], "rejected": []}"#;
+        let err = PlanChoice::from_json(none, "p.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("holds no plan"), "{err}");
+    }
+}

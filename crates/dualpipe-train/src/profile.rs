@@ -1,0 +1,180 @@
+//! `dualpipe train --profile FILE`: a short profiling run of the GPT that measures every
+//! block's forward (`F`), input backward (`I`) and weight backward (`W`), the activations one
+//! micro-batch keeps alive in it and the bytes it keeps for the step, in the cost profile
+//! format `dualpipe plan --profile` reads ([`dualpipe_plan::Profile`]).
+//!
+//! The model of the configuration is cut into `blocks + 2` one-piece stages (the embeddings
+//! alone, each block alone, the final norm and head alone) run one after another on this
+//! thread with one micro-batch of the configuration's size (step 0's first micro-batch). Each
+//! op is timed `repeats` times after one warm-up and the median kept; the embeddings' times
+//! are added to the first block's and the head's to the last block's, so the profile lists
+//! exactly the model's blocks. Times are of this machine's one core (speed 1 in a topology).
+
+use std::time::Instant;
+
+use dualpipe_nn::gpt::GptStage;
+use dualpipe_nn::{StagePosition, StepBatch};
+use dualpipe_plan::{LayerCost, Profile};
+use dualpipe_runtime::{ForwardInput, ForwardOutput, Stage};
+use dualpipe_schedule::Chunk;
+
+use dualpipe_nn::OptimizerKind;
+
+use crate::config::{ModelKind, TrainConfig};
+use crate::error::TrainError;
+use crate::workload::Workload;
+
+/// The most timed repetitions of a profiling run.
+pub const MAX_REPEATS: usize = 1000;
+
+/// One piece's medians: F, I, W seconds and the bytes its forward saved.
+struct Measured {
+    f: f64,
+    i: f64,
+    w: f64,
+    activation_bytes: f64,
+    parameter_bytes: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Measures the GPT of `config` (see the module documentation): `repeats` timed passes
+/// (1 to [`MAX_REPEATS`]) after one warm-up.
+pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, TrainError> {
+    if config.model != ModelKind::Gpt {
+        return Err(TrainError::Config(
+            "--profile measures the GPT's blocks; drop --model mlp".into(),
+        ));
+    }
+    if !(1..=MAX_REPEATS).contains(&repeats) {
+        return Err(TrainError::Config(format!(
+            "profile repeats {repeats}: give 1 to {MAX_REPEATS}"
+        )));
+    }
+    config.validate()?;
+    let workload = Workload::new(config)?;
+    let Some(gpt) = workload.gpt() else {
+        return Err(TrainError::Config("--profile measures the GPT".into()));
+    };
+    let blocks = gpt.weights.config().layers;
+    let pieces = blocks + 2;
+    let one = TrainConfig {
+        micro_batches: 1,
+        data_parallel: 1,
+        ..config.clone()
+    };
+    let StepBatch::Gpt(batch) = workload.batch(&one, 0)? else {
+        return Err(TrainError::Config("--profile measures the GPT".into()));
+    };
+    let mut stages = (0..pieces)
+        .map(|s| {
+            let layers = match s {
+                0 => 0..0,
+                s if s == pieces - 1 => blocks..blocks,
+                s => s - 1..s,
+            };
+            let position = StagePosition {
+                dir: 0,
+                model_stage: s,
+                micro_batches: 1,
+                micro_batches_per_dir: 1,
+            };
+            let mut stage = GptStage::with_layers(&gpt.weights, pieces, position, layers)?;
+            stage.set_batch(batch.clone());
+            Ok(stage)
+        })
+        .collect::<Result<Vec<_>, TrainError>>()?;
+    let state_tensors = match config.optimizer {
+        OptimizerKind::Sgd { .. } => 1.0,
+        OptimizerKind::AdamW { .. } => 2.0,
+    };
+    let value_bytes = config.dtype.size_in_bytes() as f64;
+    let mut times = vec![[Vec::new(), Vec::new(), Vec::new()]; pieces];
+    let mut saved = vec![0.0; pieces];
+    let fail =
+        |e: dualpipe_runtime::StageError| TrainError::Execution(format!("profiling: {}", e.0));
+    for pass in 0..=repeats {
+        let mut input = ForwardInput::MicroBatch { global_mb: 0 };
+        for (s, stage) in stages.iter_mut().enumerate() {
+            let c = Chunk::new(0, s, 0);
+            let t = Instant::now();
+            let out = stage.forward(c, input).map_err(fail)?;
+            let f = t.elapsed().as_secs_f64();
+            saved[s] = stage.saved_bytes() as f64;
+            if pass > 0 {
+                times[s][0].push(f);
+            }
+            input = match out {
+                ForwardOutput::Activation(a) => ForwardInput::Activation(a),
+                ForwardOutput::Loss(_) => ForwardInput::MicroBatch { global_mb: 0 },
+            };
+        }
+        let mut grad = None;
+        for (s, stage) in stages.iter_mut().enumerate().rev() {
+            let c = Chunk::new(0, s, 0);
+            let t = Instant::now();
+            let g = stage.backward_input(c, grad.take()).map_err(fail)?;
+            let i = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            stage.backward_weight(c).map_err(fail)?;
+            let w = t.elapsed().as_secs_f64();
+            if pass > 0 {
+                times[s][1].push(i);
+                times[s][2].push(w);
+            }
+            grad = g;
+        }
+        for stage in &mut stages {
+            stage.zero_grad()?;
+        }
+    }
+    let measured: Vec<Measured> = stages
+        .iter()
+        .zip(times)
+        .zip(&saved)
+        .map(|((stage, [f, i, w]), &bytes)| {
+            let values: usize = stage.params().iter().map(|p| p.value.elem_count()).sum();
+            Measured {
+                f: median(f),
+                i: median(i),
+                w: median(w),
+                activation_bytes: bytes,
+                parameter_bytes: values as f64 * value_bytes * (2.0 + state_tensors),
+            }
+        })
+        .collect();
+    let mut layers: Vec<LayerCost> = measured[1..pieces - 1]
+        .iter()
+        .map(|m| LayerCost {
+            f: m.f,
+            i: m.i,
+            w: m.w,
+            activation_bytes: m.activation_bytes,
+            parameter_bytes: m.parameter_bytes,
+        })
+        .collect();
+    for (edge, layer) in [(&measured[0], 0), (&measured[pieces - 1], blocks - 1)] {
+        let l = &mut layers[layer];
+        l.f += edge.f;
+        l.i += edge.i;
+        l.w += edge.w;
+        l.activation_bytes += edge.activation_bytes;
+        l.parameter_bytes += edge.parameter_bytes;
+    }
+    let message_bytes = (config.micro_batch_size as u64)
+        .saturating_mul(config.seq_len as u64)
+        .saturating_mul(config.d_model as u64)
+        .saturating_mul(config.dtype.size_in_bytes() as u64);
+    // (the activations forwards; their gradients, of the same size, backwards)
+    let profile = Profile {
+        message_bytes,
+        layers,
+    };
+    profile
+        .check()
+        .map_err(|e| TrainError::Execution(format!("profiling: {e}")))?;
+    Ok(profile)
+}

@@ -1,0 +1,174 @@
+//! Moving whole blocks between stages at a step boundary: [`Trainer::repartition`] and the
+//! run loop's [`Rebalancer`](crate::rebalance::Rebalancer) hook.
+
+use std::collections::HashMap;
+
+use dualpipe_nn::gpt::GptStage;
+use dualpipe_nn::{ModelStage, Optimizer, ParamState, StagePosition};
+use dualpipe_runtime::RankStages;
+
+use super::{StepReport, Trainer};
+use crate::config::{ModelKind, Naming};
+use crate::driver::Driver;
+use crate::error::TrainError;
+use crate::partition::format_partition;
+use crate::rebalance::{head_units, Rebalancer, Repartition};
+
+impl<D: Driver> Trainer<D> {
+    /// Moves to the partition `blocks` (blocks per model stage) between steps: every held
+    /// copy is rebuilt with its new blocks from the current weights (and the MoE selection
+    /// biases), and every parameter's optimizer state (AdamW moments, SGD momentum) and the
+    /// step count go with it, by name. The next steps compute exactly what they would have
+    /// computed without the move. Needs the GPT, every rank in this process and one replica.
+    pub fn repartition(&mut self, blocks: Vec<usize>) -> Result<(), TrainError> {
+        self.check_movable("re-partitioning")?;
+        let mut config = self.config.clone();
+        config.partition = Some(blocks);
+        config.check_partition(Naming::Fields)?;
+        let Some(gpt) = self.workload.gpt() else {
+            return Err(TrainError::Config(
+                "only the GPT's stages re-partition".into(),
+            ));
+        };
+        let mut weights = gpt.weights.clone();
+        let mut states: HashMap<String, ParamState> = HashMap::new();
+        let mut steps = 0;
+        for s in 0..self.config.model_stages() {
+            let (Some(ModelStage::Gpt(stage)), Some(opt)) =
+                (self.canonical_copy(s), self.optimizer_of(s))
+            else {
+                return Err(TrainError::Execution(format!(
+                    "re-partitioning: model stage {s} is not held here"
+                )));
+            };
+            stage.write_into(&mut weights)?;
+            steps = opt.steps();
+            for (name, state) in stage.param_names().into_iter().zip(opt.state()) {
+                states.insert(name, state.clone());
+            }
+        }
+        let stages = config.model_stages();
+        let per_dir = self.schedule.micro_batches_per_dir();
+        let mut new_stages = Vec::with_capacity(self.held.len());
+        let mut new_optimizers = Vec::with_capacity(self.held.len());
+        for &rank in &self.held {
+            let mut copies = RankStages::new();
+            for (dir, stage) in self.schedule.placement.stages_of(rank) {
+                let position = StagePosition {
+                    dir,
+                    model_stage: stage,
+                    micro_batches: config.micro_batches,
+                    micro_batches_per_dir: per_dir,
+                };
+                let layers = config.stage_layers(stage);
+                let mut copy = GptStage::with_layers(&weights, stages, position, layers)?;
+                if let Some(moe) = &config.moe {
+                    copy.set_aux_loss(moe.aux_loss);
+                }
+                copies.insert(dir, stage, ModelStage::Gpt(Box::new(copy)));
+            }
+            // `optimizers[i][j]` updates the `j`-th copy of `stages[i]` in iteration order.
+            let mut optimizers = Vec::with_capacity(copies.len());
+            for (_, copy) in copies.iter() {
+                let mut opt = Optimizer::new(config.optimizer, config.lr);
+                if steps > 0 {
+                    let state = copy
+                        .param_names()
+                        .iter()
+                        .map(|n| {
+                            states.get(n).cloned().ok_or_else(|| {
+                                TrainError::Execution(format!(
+                                    "re-partitioning: no optimizer state for `{n}`"
+                                ))
+                            })
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    opt.set_state(steps, state)?;
+                }
+                optimizers.push(opt);
+            }
+            new_stages.push(copies);
+            new_optimizers.push(optimizers);
+        }
+        self.stages = new_stages;
+        self.optimizers = new_optimizers;
+        self.config = config;
+        self.gathered = None;
+        Ok(())
+    }
+
+    /// The optimizer of the canonical copy of model stage `s`.
+    fn optimizer_of(&self, s: usize) -> Option<&Optimizer> {
+        let canonical = self.canonical_copy(s)?;
+        self.stages
+            .iter()
+            .zip(&self.optimizers)
+            .flat_map(|(rank, opts)| rank.iter().map(|(_, st)| st).zip(opts))
+            .find(|(st, _)| std::ptr::eq(*st, canonical))
+            .map(|(_, o)| o)
+    }
+
+    /// Refuses what cannot move blocks: the MLP, ranks in other processes, replicas.
+    pub(super) fn check_movable(&self, what: &str) -> Result<(), TrainError> {
+        if self.config.model != ModelKind::Gpt {
+            return Err(TrainError::Config(format!(
+                "{what} moves the GPT's blocks; the MLP's stages stay as they are"
+            )));
+        }
+        if self.held.len() != self.config.ranks {
+            return Err(TrainError::Config(format!(
+                "{what} moves blocks between the ranks of one process; under --transport mpi \
+                 train with a static --partition (or --plan) instead"
+            )));
+        }
+        if self.config.data_parallel > 1 || self.dp.is_some() {
+            return Err(TrainError::Config(format!(
+                "{what} works on one pipeline replica for now; drop --data-parallel {} or \
+                 --rebalance-stages",
+                self.config.data_parallel
+            )));
+        }
+        Ok(())
+    }
+
+    /// After a finished step of a run with [`TrainConfig::rebalance`](crate::TrainConfig):
+    /// measures, and moves blocks when the rebalancer says so.
+    pub(super) fn rebalance_after(
+        &mut self,
+        rebalancer: &mut Option<Rebalancer>,
+        report: &StepReport,
+    ) -> Result<(), TrainError> {
+        let Some(settings) = self.config.rebalance else {
+            return Ok(());
+        };
+        let r = rebalancer.get_or_insert_with(|| {
+            Rebalancer::new(settings, &self.schedule, head_units(self.config.d_model))
+        });
+        let Some(timeline) = &report.timeline else {
+            return Ok(());
+        };
+        let from = self.config.stage_blocks();
+        if let Some(p) = r.observe(timeline, &from) {
+            let moved = self.repartition(p.to.clone());
+            self.own(report.step, moved)?;
+            self.repartitions.push(Repartition {
+                after_steps: self.steps_done,
+                from,
+                to: p.to,
+                rank_seconds: p.rank_seconds,
+                predicted: p.predicted,
+            });
+        }
+        Ok(())
+    }
+
+    /// The re-partitionings this trainer made, in order.
+    pub fn repartitions(&self) -> &[Repartition] {
+        &self.repartitions
+    }
+
+    /// The blocks per model stage now, as the flag writes them (`3,2,2,1`).
+    pub fn partition_text(&self) -> String {
+        format_partition(&self.config.stage_blocks())
+    }
+}
