@@ -257,7 +257,8 @@ kill_and_resume() {
     rm -rf "$D"
     timeout 300 "${LAUNCH[@]}" -n 4 "$BIN" train --transport mpi "${CK[@]}" --quiet >"$TMP/full.json" 2>"$TMP/full.err" \
         || { fail "kill and resume: the uninterrupted run failed: $(tail -3 "$TMP/full.err")"; return; }
-    "${LAUNCH[@]}" -n 4 "$BIN" train --transport mpi "${CK[@]}" --quiet --checkpoint-dir "$D" \
+    # Not --quiet: each process's start line names its rank and pid.
+    "${LAUNCH[@]}" -n 4 "$BIN" train --transport mpi "${CK[@]}" --checkpoint-dir "$D" \
         --checkpoint-every 20 >"$TMP/killed.json" 2>"$TMP/killed.err" &
     local job=$! waited=0 victim="" start end rc secs t
     while [ ! -f "$D/latest" ] && [ $waited -lt 3000 ]; do sleep 0.01; waited=$((waited + 1)); done
@@ -279,12 +280,23 @@ kill_and_resume() {
     secs=$(python3 -c "print(f'{$end - $start:.2f}')")
     local kept
     kept=$(cat "$D/latest")
-    if [ $rc -ne 0 ] && python3 -c "import sys; sys.exit(0 if $secs <= 5 else 1)" \
-        && grep -qE "RANK 2 |rank 2 " "$TMP/killed.err"; then
-        pass "rank 2 killed (SIGKILL) after $kept was saved: the job exits $rc in ${secs}s, naming it: \"$(grep -m1 -oE ".{0,24}(RANK 2 |rank 2 ).{0,40}" "$TMP/killed.err" | sed 's/^ *//')\""
+    # Open MPI's launcher names the rank ("process rank 2 with PID ..."). MPICH's hydra names
+    # one PID ("PID 1234 RUNNING AT host"), not always the killed one's (with several processes
+    # failing at once it may report a survivor): the start lines tie that PID to a rank, and the
+    # log says which; only Open MPI's report is held to rank 2.
+    local named reported
+    named=$(cat "$TMP/killed.json" "$TMP/killed.err" | grep -m1 -oE "process rank 2 with PID [0-9]+[^.]*")
+    if [ -z "$named" ] && [ "${LAUNCH[0]}" = mpiexec.mpich ]; then
+        reported=$(cat "$TMP/killed.json" "$TMP/killed.err" | grep -m1 -oE "PID [0-9]+ RUNNING" | grep -oE "[0-9]+")
+        if [ -n "$reported" ]; then
+            named="hydra reports PID $reported, which is $(grep -m1 -oE "rank [0-9]+ of 4 .*, pid $reported\$" "$TMP/killed.err" | grep -oE "^rank [0-9]+") (the killed rank 2 was pid $victim)"
+        fi
+    fi
+    if [ $rc -ne 0 ] && python3 -c "import sys; sys.exit(0 if $secs <= 5 else 1)" && [ -n "$named" ]; then
+        pass "rank 2 killed (SIGKILL) after $kept was saved: the job exits $rc in ${secs}s; $named"
     else
-        fail "kill: exit $rc after ${secs}s:"
-        sed 's/^/     /' "$TMP/killed.err" | head -20
+        fail "kill: exit $rc after ${secs}s (victim pid $victim), named: ${named:-nothing}:"
+        cat "$TMP/killed.json" "$TMP/killed.err" | sed 's/^/     /' | head -20
     fi
     # The same command with --resume; the first new step timed from the relaunch.
     start=$(date +%s.%N)

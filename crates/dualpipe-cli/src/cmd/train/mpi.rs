@@ -83,7 +83,12 @@ pub(super) fn execute(
     if !args.observe.quiet {
         // One write: launchers that tag each write with its rank would split the line.
         use std::io::Write;
-        let line = format!("dualpipe train: MPI transport, {info}\n");
+        // The pid lets a launcher's report of a lost process (MPICH's names its PID) be read
+        // as the rank it was.
+        let line = format!(
+            "dualpipe train: MPI transport, {info}, pid {}\n",
+            std::process::id()
+        );
         let _ = std::io::stderr().write_all(line.as_bytes());
     }
     let rank = info.rank;
