@@ -41,6 +41,7 @@ mod batch;
 mod cleanup;
 mod error;
 mod replace;
+mod startup;
 mod stdout;
 mod target;
 

@@ -4,30 +4,49 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::error::WriteError;
+use crate::startup::{stdout_at_start, AtStart};
 
 /// Checks that standard output is open, so a command run with `>&-` fails before its work
 /// instead of losing the result.
 ///
 /// Rust's runtime reopens a descriptor 0, 1 or 2 that is closed at start on `/dev/null`,
 /// read-write, before `main` runs (and its standard library drops writes to a closed standard
-/// output silently). A shell's `> /dev/null` opens it write-only, so descriptor 1 on
-/// `/dev/null` opened read-write is taken as "closed at start" (the rare `1<> /dev/null` is
-/// refused too).
+/// output silently), so by then a closed standard output looks like a read-write `/dev/null`,
+/// which is also what a parent gives on purpose (Python's `subprocess.DEVNULL`). The state of
+/// descriptor 1 is therefore recorded before the runtime starts, by a constructor the loader
+/// runs before `main` (`.init_array` on Linux and the BSDs, `__mod_init_func` on Apple
+/// systems): closed then is refused, open then (`/dev/null` included) is accepted as long as
+/// it is still open now. Where no such record exists (another Unix), a read-write `/dev/null`
+/// is taken as closed at start.
 pub fn check_stdout() -> Result<(), WriteError> {
-    // SAFETY: fcntl F_GETFL on a descriptor number only reads its status flags.
-    let flags = unsafe { libc::fcntl(libc::STDOUT_FILENO, libc::F_GETFL) };
-    if flags == -1 {
+    if !is_open_now(libc::STDOUT_FILENO) {
         return Err(WriteError::StdoutClosed);
     }
-    if flags & libc::O_ACCMODE == libc::O_RDWR && is_dev_null(libc::STDOUT_FILENO) {
-        return Err(WriteError::StdoutClosed);
+    match stdout_at_start() {
+        AtStart::Closed => Err(WriteError::StdoutClosed),
+        AtStart::Open => Ok(()),
+        AtStart::Unknown if is_read_write_dev_null(libc::STDOUT_FILENO) => {
+            Err(WriteError::StdoutClosed)
+        }
+        AtStart::Unknown => Ok(()),
     }
-    Ok(())
 }
 
-/// Whether descriptor `fd` is the character device of `/dev/null`.
-fn is_dev_null(fd: libc::c_int) -> bool {
+/// Whether descriptor `fd` is open at this moment.
+fn is_open_now(fd: libc::c_int) -> bool {
+    // SAFETY: fcntl F_GETFL on a descriptor number only reads its status flags.
+    unsafe { libc::fcntl(fd, libc::F_GETFL) != -1 }
+}
+
+/// Whether descriptor `fd` is the character device of `/dev/null`, opened read-write (the
+/// way Rust's runtime reopens a descriptor that was closed at start).
+fn is_read_write_dev_null(fd: libc::c_int) -> bool {
     use std::os::unix::fs::MetadataExt;
+    // SAFETY: fcntl F_GETFL on a descriptor number only reads its status flags.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags == -1 || flags & libc::O_ACCMODE != libc::O_RDWR {
+        return false;
+    }
     let Ok(null) = std::fs::metadata("/dev/null") else {
         return false;
     };

@@ -15,6 +15,7 @@ mod plan;
 mod report;
 mod schedule;
 mod simulate;
+mod stdout_null;
 mod train;
 mod train_gpt;
 mod train_moe;

@@ -2,12 +2,11 @@
 //! first onto the least-loaded GPU that may take it; and, from a previous placement, freeing the
 //! slots that a fresh plan would use otherwise.
 
-use std::collections::BTreeSet;
-
+use super::ready::{Ready, SORTED_MAX_GPUS};
 use super::{Domain, Total, EMPTY};
 
-/// Up to this many GPUs a domain finds the GPU for each replica by a scan, not a tree.
-const SCAN_MAX_GPUS: usize = 64;
+/// Up to this many GPUs a domain finds the GPU for each replica by a scan, not an ordered set.
+const SCAN_MAX_GPUS: usize = 16;
 
 impl Domain {
     /// Frees slots until every expert without a replica can get one: evicts the surplus replica
@@ -121,16 +120,17 @@ impl Domain {
         }
         // GPUs with room, by (load, index): the least-loaded one that may take a replica is
         // found without scanning every GPU.
-        let rebuild = |d: &Domain, loads: &[f64]| -> BTreeSet<(Total, usize)> {
-            (0..d.gpus)
+        let sorted = self.gpus <= SORTED_MAX_GPUS;
+        let rebuild = |d: &Domain, loads: &[f64]| -> Ready {
+            let keys = (0..d.gpus)
                 .filter(|&g| d.has_room(g))
-                .map(|g| (Total(loads[g]), g))
-                .collect()
+                .map(|g| (Total(loads[g]), g));
+            Ready::new(keys, sorted)
         };
-        // A small domain scans its GPUs instead (the same choice, without the tree).
+        // A small domain scans its GPUs instead (the same choice, without the ordered set).
         let scan = self.gpus <= SCAN_MAX_GPUS;
         let mut ready = if scan {
-            BTreeSet::new()
+            Ready::Sorted(Vec::new())
         } else {
             rebuild(self, &loads)
         };
@@ -203,18 +203,9 @@ impl Domain {
 
     /// The GPU for a new replica of `e`, if one has room and is under the cap.
     /// `ready` holds every GPU with room, keyed by its load in `loads`.
-    fn pick_gpu(
-        &self,
-        e: usize,
-        cap: u32,
-        loads: &[f64],
-        ready: &BTreeSet<(Total, usize)>,
-    ) -> Option<usize> {
+    fn pick_gpu(&self, e: usize, cap: u32, loads: &[f64], ready: &Ready) -> Option<usize> {
         let ok = |g: usize| self.has_room(g) && self.on(g, e) < cap;
-        let best = ready
-            .iter()
-            .map(|&(_, g)| g)
-            .find(|&g| self.on(g, e) < cap)?;
+        let best = ready.first(|g| self.on(g, e) < cap)?;
         if !self.any_orig {
             return Some(best);
         }

@@ -12,11 +12,14 @@
 
 mod counts;
 mod fill;
+mod holders;
+mod ready;
 mod reduce;
 mod score;
 mod search;
 
 use counts::Counts;
+use holders::Holders;
 pub(crate) use search::SearchLimits;
 
 /// Whether a value is exactly "no expert" in a slot being filled.
@@ -38,7 +41,7 @@ pub(crate) struct Domain {
     /// Replicas of every expert on every GPU.
     on: Counts,
     /// The GPUs holding at least one replica of each expert (in no particular order).
-    holders: Vec<Vec<u32>>,
+    holders: Holders,
     /// Whether expert `e` was on GPU `g` before this rebalance, at `g * experts + e`; empty
     /// when no expert was on any GPU before.
     orig: Vec<bool>,
@@ -116,7 +119,7 @@ impl Domain {
             slots,
             count: vec![0; experts],
             on: Counts::new(gpus, experts),
-            holders: vec![Vec::new(); experts],
+            holders: Holders::new(experts),
             slot: vec![EMPTY; gpus * slots],
             any_orig,
             orig,
@@ -138,7 +141,7 @@ impl Domain {
         self.slot[s] = e;
         self.count[e] += 1;
         if self.on.add(g, e) == 1 {
-            self.holders[e].push(g as u32);
+            self.holders.push(e, g as u32);
         }
         self.free[g] -= 1;
         let end = (g + 1) * self.slots;
@@ -155,12 +158,7 @@ impl Domain {
         self.slot[s] = EMPTY;
         self.count[e] -= 1;
         if self.on.remove(g, e) == 0 {
-            let list = &mut self.holders[e];
-            let i = list
-                .iter()
-                .position(|&h| h as usize == g)
-                .expect("the GPU is listed as a holder");
-            list.swap_remove(i);
+            self.holders.remove(e, g as u32);
         }
         self.free[g] += 1;
         self.first_empty[g] = self.first_empty[g].min(s);

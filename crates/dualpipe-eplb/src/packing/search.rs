@@ -96,7 +96,12 @@ impl Best {
         } else {
             ssq_gain
         };
-        let score = gain / (dmoves.max(0) as f64 + 0.25);
+        // gain / 0.25 is gain x 4 exactly (a power of two), without the division.
+        let score = if dmoves <= 0 {
+            gain * 4.0
+        } else {
+            gain / (dmoves as f64 + 0.25)
+        };
         let better = match &self.found {
             None => true,
             Some((p, s, _)) => (primary, score) > (*p, *s),
@@ -142,12 +147,23 @@ impl Domain {
         let mut moves = if free { 0 } else { self.moves() as i64 };
         let mut st = State::new(self);
         let mut heavy: Vec<usize> = Vec::with_capacity(n);
+        // The heavy experts depend only on the per-replica loads, which only a re-assignment
+        // changes: they are chosen again after one.
+        let mut heavy_stale = true;
+        let mut hot_experts: Vec<usize> = Vec::new();
+        let mut touched: Vec<u32> = Vec::new();
         for _ in 0..limits.max_steps {
             if exhausted {
                 break;
             }
             work += (self.slot.len() + self.gpus + n) as u64;
-            let top: Vec<usize> = st.ranked.iter().take(3).map(|&(_, g)| g).collect();
+            let mut top_buf = [0usize; 3];
+            let mut ranked_top = 0;
+            for &(_, g) in st.ranked.iter().take(3) {
+                top_buf[ranked_top] = g;
+                ranked_top += 1;
+            }
+            let top = &top_buf[..ranked_top];
             let hot = top[0];
             let cur_max = st.loads[hot];
             if cur_max <= limits.target + eps {
@@ -236,19 +252,25 @@ impl Domain {
             }
             // Re-assign a surplus replica: one on the hottest GPU to a heavy expert, or one
             // anywhere to an expert on the hottest GPU.
-            heavy.clear();
-            heavy.extend(0..n);
-            let by_rep = |a: &usize, b: &usize| st.rep[*b].total_cmp(&st.rep[*a]).then(a.cmp(b));
-            if heavy.len() > HEAVY {
-                heavy.select_nth_unstable_by(HEAVY - 1, by_rep);
-                heavy.truncate(HEAVY);
+            if heavy_stale {
+                heavy.clear();
+                heavy.extend(0..n);
+                let by_rep =
+                    |a: &usize, b: &usize| st.rep[*b].total_cmp(&st.rep[*a]).then(a.cmp(b));
+                if heavy.len() > HEAVY {
+                    heavy.select_nth_unstable_by(HEAVY - 1, by_rep);
+                    heavy.truncate(HEAVY);
+                }
+                heavy.sort_by(by_rep);
+                heavy_stale = false;
             }
-            heavy.sort_by(by_rep);
             let visit = st.next_visit();
-            let hot_experts: Vec<usize> = hot_slots
-                .map(|s| self.slot[s])
-                .filter(|&e| State::first_in(&mut st.seen, visit, e))
-                .collect();
+            hot_experts.clear();
+            hot_experts.extend(
+                hot_slots
+                    .map(|s| self.slot[s])
+                    .filter(|&e| State::first_in(&mut st.seen, visit, e)),
+            );
             let mut cur_ssq: Option<f64> = None;
             let mut visit = 0;
             'reassign: for s in 0..self.slot.len() {
@@ -281,14 +303,14 @@ impl Domain {
                     }
                     // A lower bound on the new hottest load, in constant time: most candidates
                     // cannot beat the best step found so far.
-                    let floor = self.reassign_floor(s, g, y, &top, &st);
+                    let floor = self.reassign_floor(s, g, y, top, &st);
                     if floor > cur_max
                         || best.primary() && floor >= cur_max - eps
                         || best.beats_all_above(floor)
                     {
                         continue;
                     }
-                    let Some(new_max) = self.reassign_max(s, g, y, &top, &mut st) else {
+                    let Some(new_max) = self.reassign_max(s, g, y, top, &mut st) else {
                         continue;
                     };
                     let ssq_gain = if new_max < cur_max - eps {
@@ -327,18 +349,16 @@ impl Domain {
                     let g = s / self.slots;
                     let x = self.slot[s];
                     // Every GPU holding x or y changes load (their shares change).
-                    let touched: Vec<u32> = self.holders[x]
-                        .iter()
-                        .chain(&self.holders[y])
-                        .copied()
-                        .collect();
+                    touched.clear();
+                    touched.extend(self.holders[x].iter().chain(&self.holders[y]).copied());
                     moves += self.cost(g, y, free) - self.cost(g, x, free);
                     self.take(s);
                     self.put(s, y);
                     for e in [x, y] {
                         st.recount(self, e);
                     }
-                    for h in touched {
+                    heavy_stale = true;
+                    for &h in &touched {
                         let load = self.gpu_load(h as usize, &st.rep);
                         st.set_load(h as usize, load);
                     }
