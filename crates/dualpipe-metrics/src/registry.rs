@@ -44,6 +44,8 @@ pub struct TrainingMetrics {
     rank_busy: Family<Labels, F64Counter>,
     rank_wait: Family<Labels, F64Counter>,
     bytes_sent: Family<Labels, Counter>,
+    checkpoint_save: Histogram,
+    checkpoints: Counter,
 }
 
 impl std::fmt::Debug for TrainingMetrics {
@@ -80,6 +82,9 @@ impl TrainingMetrics {
             rank_busy: Default::default(),
             rank_wait: Default::default(),
             bytes_sent: Default::default(),
+            // 1 ms to about 65 s.
+            checkpoint_save: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+            checkpoints: Default::default(),
         };
         m.loss.set(f64::NAN);
         m.validation_loss.set(f64::NAN);
@@ -140,6 +145,16 @@ impl TrainingMetrics {
             "bytes_sent",
             "Bytes sent between workers, by kind: activation, gradient, expert, data_parallel",
             m.bytes_sent.clone(),
+        );
+        registry.register(
+            "checkpoint_save_seconds",
+            "Time the background writer took to encode, write and sync a checkpoint (this process's share under MPI)",
+            m.checkpoint_save.clone(),
+        );
+        registry.register(
+            "checkpoints",
+            "Checkpoints written (this process's shares under MPI)",
+            m.checkpoints.clone(),
         );
         for rank in 0..ranks {
             drop(
@@ -208,6 +223,12 @@ impl TrainingMetrics {
                 .get_or_create(&label(&[("kind", kind.to_string())]))
                 .inc_by(bytes);
         }
+    }
+
+    /// Takes in one checkpoint written in `seconds` (on the checkpoint writer's thread).
+    pub fn record_checkpoint(&self, seconds: f64) {
+        self.checkpoint_save.observe(seconds.max(0.0));
+        self.checkpoints.inc();
     }
 
     /// Records a validation loss measured outside a step record.
@@ -330,6 +351,21 @@ mod tests {
         }
         m.set_validation_loss(0.75);
         assert!(m.openmetrics().contains("dualpipe_validation_loss 0.75"));
+        assert!(m.openmetrics().contains("dualpipe_checkpoints_total 0\n"));
+        let writer = m.clone();
+        std::thread::spawn(move || writer.record_checkpoint(0.003))
+            .join()
+            .unwrap();
+        let text = m.openmetrics();
+        for needle in [
+            "dualpipe_checkpoints_total 1\n",
+            "dualpipe_checkpoint_save_seconds_count 1\n",
+            "dualpipe_checkpoint_save_seconds_sum 0.003\n",
+            "dualpipe_checkpoint_save_seconds_bucket{le=\"0.004\"} 1\n",
+            "dualpipe_checkpoint_save_seconds_bucket{le=\"0.002\"} 0\n",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
     }
 
     #[test]

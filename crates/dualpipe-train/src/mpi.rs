@@ -5,6 +5,11 @@
 //! With one replica the pipeline runs on the world communicator; with several, each replica's
 //! pipeline runs on its own communicator, each model stage a process holds exchanges gradients
 //! over a communicator of that pipeline rank in every replica, and the losses over one more.
+//!
+//! Checkpoints: every process writes its layers' share ([`checkpoint_share`],
+//! [`checkpoint::shared`](crate::checkpoint::shared)); on resume process 0 chooses the
+//! checkpoint (verifying it whole, falling back past damaged ones), tells the others
+//! ([`agree_resume`]), and each reads only its layers ([`read_share`]).
 
 use dualpipe_dp::LinkTransport;
 use dualpipe_runtime::launch::LaunchInfo;
@@ -12,7 +17,9 @@ use dualpipe_runtime::transport::mpi::{MpiLink, MpiWorld};
 use dualpipe_runtime::Endpoint;
 use dualpipe_schedule::Schedule;
 
+use crate::checkpoint::{shared, Checkpoint, Share};
 use crate::data_parallel::{GroupTransport, ReplicaLinks};
+use crate::driver::Driver;
 use crate::{OneRank, TrainConfig, TrainError, Trainer};
 
 /// Checks that the launcher started one process per worker of `config`'s grid
@@ -89,4 +96,61 @@ pub fn mpi_trainer(
     };
     let driver = OneRank::new(Endpoint::new(pipeline));
     Trainer::for_replica(config.clone(), given, driver, links)
+}
+
+/// This process's share of the checkpoints of the job on `world`: its place, and the job's
+/// number (process 0's, broadcast). Collective: every process calls it.
+pub fn checkpoint_share(world: &MpiWorld) -> Share {
+    let info = world.info();
+    let mine =
+        (u64::from(std::process::id()) << 32) | u64::from(crate::checkpoint::writer::nonce());
+    Share {
+        process: info.rank,
+        processes: info.world_size,
+        job: world.broadcast_u64(mine),
+        wait: shared::DEFAULT_WAIT,
+    }
+}
+
+/// The checkpoint process 0 chose to resume from, as every process learns it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResumeChoice {
+    /// No checkpoint: a fresh run.
+    Fresh,
+    /// The checkpoint of this step.
+    Step(usize),
+    /// Process 0 could not open one (it reports why; the others stop quietly).
+    Failed,
+}
+
+const FRESH: u64 = u64::MAX;
+const FAILED: u64 = u64::MAX - 1;
+
+/// Tells every process process 0's `choice` (the others' is ignored). Collective: every
+/// process calls it.
+pub fn agree_resume(world: &MpiWorld, choice: ResumeChoice) -> ResumeChoice {
+    let code = match choice {
+        ResumeChoice::Fresh => FRESH,
+        ResumeChoice::Failed => FAILED,
+        ResumeChoice::Step(s) => s as u64,
+    };
+    match world.broadcast_u64(code) {
+        FRESH => ResumeChoice::Fresh,
+        FAILED => ResumeChoice::Failed,
+        s => ResumeChoice::Step(usize::try_from(s).unwrap_or(usize::MAX)),
+    }
+}
+
+/// Reads checkpoint `step` of `path` (a checkpoint's own directory, or a checkpoint
+/// directory: [`step_dir`](crate::checkpoint::step_dir)) for `trainer`: only the files of
+/// the layers it holds, its error feedback and the state, each verified.
+pub fn read_share<D: Driver>(
+    trainer: &Trainer<D>,
+    path: &std::path::Path,
+    step: usize,
+) -> Result<Checkpoint, TrainError> {
+    let dir = crate::checkpoint::step_dir(path, step);
+    Ok(Checkpoint::read_files(&dir, |f| {
+        trainer.needs_checkpoint_file(f)
+    })?)
 }

@@ -37,8 +37,12 @@ pub struct RunSummary {
     pub micro_batch_size: usize,
     /// Model width.
     pub hidden: usize,
-    /// Blocks per model stage.
+    /// Blocks per model stage (of an even split).
     pub layers_per_stage: usize,
+    /// The blocks of each model stage when they are not split evenly (`--partition`, a plan),
+    /// as configured at the start of the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<Vec<usize>>,
     /// Model stages along one pipeline.
     pub model_stages: usize,
     /// Optimizer name.
@@ -239,6 +243,7 @@ impl SummaryBuilder {
             micro_batch_size: config.micro_batch_size,
             hidden: config.hidden,
             layers_per_stage: config.layers_per_stage,
+            partition: config.partition.clone(),
             model_stages: config.model_stages(),
             optimizer: config.optimizer.name().into(),
             lr: config.lr,
@@ -333,13 +338,26 @@ impl RunSummary {
     /// The human summary: a few loss lines (unless `quiet`), then the figures.
     pub fn table(&self, quiet: bool) -> String {
         let s = self;
+        let blocks = match &s.partition {
+            Some(p) => {
+                let split: Vec<String> = p.iter().map(usize::to_string).collect();
+                format!(
+                    "{} blocks, split {}",
+                    p.iter().sum::<usize>(),
+                    split.join(",")
+                )
+            }
+            None => format!(
+                "{} blocks, {} per stage",
+                s.layers_per_stage * s.model_stages,
+                s.layers_per_stage
+            ),
+        };
         let mut out = match (s.d_model, s.heads, s.seq_len, &s.data) {
             (Some(d), Some(heads), Some(seq), Some(data)) => format!(
-                "dualpipe train: gpt (d_model {d}, {heads} heads, {} blocks, {} per stage, seq \
-                 {seq}) on {data}; {} on {} ranks ({} model stages), {} micro-batches x {} \
-                 sequences, {} lr {}, {}, seed {}\n",
-                s.layers_per_stage * s.model_stages,
-                s.layers_per_stage,
+                "dualpipe train: gpt (d_model {d}, {heads} heads, {blocks}, seq {seq}) on \
+                 {data}; {} on {} ranks ({} model stages), {} micro-batches x {} sequences, {} \
+                 lr {}, {}, seed {}\n",
                 s.schedule,
                 s.ranks,
                 s.model_stages,

@@ -77,11 +77,11 @@ fn execute(args: &Args) -> anyhow::Result<Option<Finished>> {
                 let restored = trainer.restore(checkpoint).map_err(setup_error)?;
                 resume::note(args, checkpoint, &restored);
             }
-            let writer = resume::writer(args, 1)?;
+            let mut observe = Observe::start(&args.observe, &config, trainer.schedule(), 0, true)?;
+            let writer = resume::writer(args, 1, observe.on_checkpoint())?;
             if let Some(sink) = writer.as_ref().and_then(|w| w.sink()) {
                 trainer.set_checkpoints(sink);
             }
-            let mut observe = Observe::start(&args.observe, &config, trainer.schedule(), 0, true)?;
             let outcome = trainer.run(|event| observe.on_event(event));
             trainer.clear_checkpoints();
             let saved = resume::finish(args, writer);
@@ -111,12 +111,12 @@ fn execute_replicas(
         let restored = replicas.restore(checkpoint).map_err(setup_error)?;
         resume::note(args, checkpoint, &restored);
     }
-    let writer = resume::writer(args, config.data_parallel)?;
+    let schedule = replicas.replicas()[0].schedule().clone();
+    let mut observe = Observe::start(&args.observe, config, &schedule, 0, true)?;
+    let writer = resume::writer(args, config.data_parallel, observe.on_checkpoint())?;
     if let Some(writer) = &writer {
         replicas.set_checkpoints(writer);
     }
-    let schedule = replicas.replicas()[0].schedule().clone();
-    let mut observe = Observe::start(&args.observe, config, &schedule, 0, true)?;
     let outcome = replicas.run(|event| observe.on_event(event));
     replicas.clear_checkpoints();
     let saved = resume::finish(args, writer);

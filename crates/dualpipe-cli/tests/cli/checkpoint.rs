@@ -181,6 +181,51 @@ fn resume_is_bit_identical_with_sgd_and_with_data_parallel_one_bit_compression()
     assert!(ckpt.join("step-000002/feedback.safetensors").is_file());
 }
 
+/// An MoE model's checkpoint holds the routers' selection biases (model state beside the
+/// weights), so its resume is bit-identical too; the bias moves fast here so that a resume
+/// without it would show.
+#[test]
+fn an_moe_resume_is_bit_identical_with_its_selection_biases() {
+    let moe = [
+        "--experts",
+        "4",
+        "--top-k",
+        "2",
+        "--bias-update-rate",
+        "0.05",
+    ];
+    for schedule in [SCHEDULES[0], SCHEDULES[2]] {
+        for dtype in ["f32", "f64"] {
+            let mut flags = schedule.to_vec();
+            flags.extend(moe);
+            flags.extend(["--dtype", dtype]);
+            check_resume("gpt", &flags);
+        }
+    }
+    let dir = TempDir::new("ckpt-moe");
+    let ckpt = dir.join("ckpt");
+    let mut flags = SCHEDULES[0].to_vec();
+    flags.extend(moe);
+    flags.extend([
+        "--steps",
+        "2",
+        "--checkpoint-dir",
+        s(&ckpt),
+        "--checkpoint-every",
+        "2",
+    ]);
+    run_json(tiny("gpt"), &flags);
+    for l in 0..2 {
+        let file =
+            std::fs::read(ckpt.join(format!("step-000002/block-{l:04}.safetensors"))).unwrap();
+        let name = format!("blocks.{l}.moe.router.selection_bias");
+        assert!(
+            file.windows(name.len()).any(|w| w == name.as_bytes()),
+            "block {l}'s file lacks {name}"
+        );
+    }
+}
+
 /// Written under DualPipe on 4 ranks (2 blocks per stage, 2 replicas), resumed under 1F1B on 2
 /// ranks (4 blocks per stage, 1 replica, twice the micro-batches): the same model and the same
 /// global batches, so the losses continue within 1e-10 (f64).

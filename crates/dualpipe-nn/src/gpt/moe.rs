@@ -165,6 +165,20 @@ impl MoeLayer {
         &self.bias
     }
 
+    /// Replaces the selection bias (a checkpoint's); refused unless it has one value per
+    /// routed expert.
+    pub fn set_selection_bias(&mut self, bias: &[f64]) -> Result<(), NnError> {
+        if bias.len() != self.bias.len() {
+            return Err(NnError::Config(format!(
+                "a selection bias of {} values for {} experts",
+                bias.len(),
+                self.bias.len()
+            )));
+        }
+        self.bias.copy_from_slice(bias);
+        Ok(())
+    }
+
     /// Tokens routed to each expert by forwards since the last [`MoeLayer::reset_counts`].
     pub fn token_counts(&self) -> &[u64] {
         &self.counts

@@ -289,6 +289,31 @@ impl GptStage {
             .update_selection_bias(loads, rate)
     }
 
+    /// The MoE selection biases of this stage, each under its name
+    /// (`blocks.{l}.moe.router.selection_bias`, as [`GptStage::buffer_names`]): model state
+    /// beside the parameters, saved in checkpoints.
+    pub fn selection_biases(&self) -> Vec<(String, Vec<f64>)> {
+        self.moe_layers()
+            .into_iter()
+            .map(|(l, m)| (moe_bias_name(l), m.selection_bias().to_vec()))
+            .collect()
+    }
+
+    /// Sets the selection bias named `name` (one of [`GptStage::selection_biases`]) to `bias`
+    /// (a checkpoint's).
+    pub fn set_selection_bias(&mut self, name: &str, bias: &[f64]) -> Result<(), NnError> {
+        let layers = self.layers.clone();
+        let block = layers
+            .zip(&mut self.blocks)
+            .find(|(l, b)| b.moe().is_some() && moe_bias_name(*l) == name)
+            .map(|(_, b)| b)
+            .ok_or_else(|| NnError::Stage(format!("this stage has no selection bias `{name}`")))?;
+        block
+            .moe_mut()
+            .ok_or_else(|| NnError::Stage(format!("`{name}` is not an MoE layer's")))?
+            .set_selection_bias(bias)
+    }
+
     /// Turns the MoE layers' auxiliary balance loss on with coefficient `coef` (0: off); its
     /// gradient is scaled by `1 / micro_batches` as the cross-entropy's is.
     pub fn set_aux_loss(&mut self, coef: f64) {

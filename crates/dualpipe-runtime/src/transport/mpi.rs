@@ -108,6 +108,18 @@ impl MpiWorld {
         MpiLink::new(comm)
     }
 
+    /// Every process gets process 0's `value` (`MPI_Bcast` on `MPI_COMM_WORLD`; the others'
+    /// `value` is ignored). Collective: every process calls it, in the same order.
+    pub fn broadcast_u64(&self, value: u64) -> u64 {
+        use mpi::collective::Root;
+        let mut v = value;
+        self.universe
+            .world()
+            .process_at_rank(0)
+            .broadcast_into(&mut v);
+        v
+    }
+
     /// Stops every process of the job at once with `code` (`MPI_Abort`): the last resort
     /// when a rank cannot tell its peers in an orderly way.
     pub fn abort(&self, code: i32) -> ! {

@@ -22,6 +22,9 @@ pub const MANIFEST: &str = "manifest.json";
 pub const STATE: &str = "state.json";
 /// The error-feedback file's name.
 pub const FEEDBACK_FILE: &str = "feedback.safetensors";
+/// How every error-feedback file's name begins ([`FEEDBACK_FILE`] of a one-process run, and
+/// `feedback-WWWW.safetensors`, one per worker, of a multi-process one).
+pub const FEEDBACK_PREFIX: &str = "feedback";
 /// What an optimizer-state tensor's name adds to its parameter's: `{param}.optim.{m,v,momentum}`.
 pub const OPTIM_INFIX: &str = ".optim.";
 

@@ -102,10 +102,20 @@ fn read_listed(dir: &Path, entry: &format::FileEntry) -> Result<Vec<u8>, Checkpo
 impl Checkpoint {
     /// Reads the checkpoint in `dir`, verifying every file against the manifest.
     pub fn read(dir: &Path) -> Result<Self, CheckpointError> {
+        Checkpoint::read_files(dir, |_| true)
+    }
+
+    /// Reads the checkpoint in `dir`, but of its files only `state.json` and those `wanted`
+    /// accepts (each verified against the manifest): a process of a multi-process run reads
+    /// the layers it holds and nothing else.
+    pub fn read_files(dir: &Path, wanted: impl Fn(&str) -> bool) -> Result<Self, CheckpointError> {
         let manifest = read_manifest(dir)?;
         let mut state = None;
         let mut tensors = HashMap::new();
         for entry in &manifest.files {
+            if entry.name != STATE && !wanted(&entry.name) {
+                continue;
+            }
             let bytes = read_listed(dir, entry)?;
             if entry.name == STATE {
                 let s: CheckpointState = serde_json::from_slice(&bytes)
@@ -204,16 +214,32 @@ pub fn find_latest(root: &Path) -> Result<Option<Found>, CheckpointError> {
     }
 }
 
-/// The checkpoint at `path`: a checkpoint's own directory (read as it is: no fallback), or a
-/// checkpoint directory (its latest complete one, [`find_latest`]).
-pub fn open(path: &Path) -> Result<Found, CheckpointError> {
-    let own = path.join(MANIFEST).exists()
+/// Whether `path` is a checkpoint's own directory (it holds a manifest, or is named
+/// `step-NNNNNN`) rather than a checkpoint directory.
+fn is_own(path: &Path) -> bool {
+    path.join(MANIFEST).exists()
         || path
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(parse_dir_name)
-            .is_some();
-    if own {
+            .is_some()
+}
+
+/// The directory of checkpoint `step` where `path` is what [`open`] or [`find_latest`] was
+/// given: `path` itself when it is a checkpoint's own directory, else its `step-NNNNNN`. The
+/// processes of a multi-process run find the checkpoint one of them chose this way.
+pub fn step_dir(path: &Path, step: usize) -> PathBuf {
+    if is_own(path) {
+        path.to_path_buf()
+    } else {
+        path.join(super::writer::dir_name(step))
+    }
+}
+
+/// The checkpoint at `path`: a checkpoint's own directory (read as it is: no fallback), or a
+/// checkpoint directory (its latest complete one, [`find_latest`]).
+pub fn open(path: &Path) -> Result<Found, CheckpointError> {
+    if is_own(path) {
         return Ok(Found {
             checkpoint: Checkpoint::read(path)?,
             skipped: Vec::new(),

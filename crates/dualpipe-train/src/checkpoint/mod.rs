@@ -24,17 +24,21 @@
 //!   [`CheckpointWriter`], the background thread the trainers hand their state to;
 //! - [`load`] — finding the latest complete checkpoint (damaged ones are reported and
 //!   skipped), verifying it, reading it ([`Checkpoint`]), and listing ([`list`]);
+//! - [`shared`] — a checkpoint several processes write together (one process per rank
+//!   under MPI): each its own layers' files and a part-manifest, process 0 the manifest;
 //! - [`weights`] — a checkpoint's GPT weights alone (`--init-from`).
 
 pub mod format;
 pub mod load;
+pub mod shared;
 pub mod weights;
 pub mod writer;
 
 pub use format::{CheckpointState, HostTensor, Manifest, ScheduleShape};
-pub use load::{find_latest, list, open, Checkpoint, Found, Listed};
+pub use load::{find_latest, list, open, step_dir, Checkpoint, Found, Listed};
+pub use shared::Share;
 pub use weights::gpt_weights;
-pub use writer::{CheckpointPart, CheckpointSink, CheckpointWriter, SaveRecord};
+pub use writer::{CheckpointPart, CheckpointSink, CheckpointWriter, Layout, OnSaved, SaveRecord};
 
 use std::path::PathBuf;
 

@@ -37,7 +37,7 @@ pub fn parse_dir_name(name: &str) -> Option<usize> {
     digits.parse().ok()
 }
 
-fn sync_dir(path: &Path) -> Result<(), CheckpointError> {
+pub(crate) fn sync_dir(path: &Path) -> Result<(), CheckpointError> {
     File::open(path)
         .and_then(|d| d.sync_all())
         .map_err(|e| CheckpointError::io(path, "sync the directory", &e))
@@ -57,24 +57,44 @@ pub fn write_dir(
     std::fs::create_dir_all(root)
         .map_err(|e| CheckpointError::io(root, "create the checkpoint directory", &e))?;
     let name = dir_name(step);
-    let nonce = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let tmp = root.join(format!(".{name}.tmp-{}-{nonce}", std::process::id()));
+    let tmp = root.join(format!(".{name}.tmp-{}-{}", std::process::id(), nonce()));
     std::fs::create_dir(&tmp).map_err(|e| CheckpointError::io(&tmp, "create", &e))?;
-    let written = write_files(&tmp, step, files);
+    let written = write_files(&tmp, files).and_then(|()| {
+        let manifest = Manifest::of(step, files);
+        write_manifest(&tmp, &manifest)
+    });
     if let Err(e) = written {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e);
     }
+    publish(root, step, &tmp, keep)
+}
+
+/// A number that differs from run to run (the clock's nanoseconds), for temp names.
+pub(crate) fn nonce() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
+}
+
+/// Moves the complete temp directory `tmp` (its manifest written and synced) into place as
+/// checkpoint `step` of `root`, replacing an older one of the same step, syncs `root`, moves
+/// `latest` and prunes to `keep`.
+pub(crate) fn publish(
+    root: &Path,
+    step: usize,
+    tmp: &Path,
+    keep: usize,
+) -> Result<PathBuf, CheckpointError> {
+    let name = dir_name(step);
     let target = root.join(&name);
-    let old = root.join(format!(".{name}.old-{}-{nonce}", std::process::id()));
+    let old = root.join(format!(".{name}.old-{}-{}", std::process::id(), nonce()));
     let replaced = target.exists();
     if replaced {
         std::fs::rename(&target, &old)
             .map_err(|e| CheckpointError::io(&target, "move the older checkpoint aside", &e))?;
     }
-    std::fs::rename(&tmp, &target).map_err(|e| CheckpointError::io(&target, "rename", &e))?;
+    std::fs::rename(tmp, &target).map_err(|e| CheckpointError::io(&target, "rename", &e))?;
     sync_dir(root)?;
     if replaced {
         let _ = std::fs::remove_dir_all(&old);
@@ -89,26 +109,30 @@ pub fn write_dir(
     Ok(target)
 }
 
-fn write_files(
-    dir: &Path,
-    step: usize,
-    files: &[(String, Vec<u8>)],
-) -> Result<(), CheckpointError> {
-    let put = |name: &str, bytes: &[u8]| {
-        let path = dir.join(name);
-        File::create_new(&path)
-            .and_then(|mut f| {
-                f.write_all(bytes)?;
-                f.sync_all()
-            })
-            .map_err(|e| CheckpointError::io(&path, "write", &e))
-    };
+/// Creates `dir/name` (it must not exist) holding `bytes`, synced.
+pub(crate) fn put(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let path = dir.join(name);
+    File::create_new(&path)
+        .and_then(|mut f| {
+            f.write_all(bytes)?;
+            f.sync_all()
+        })
+        .map_err(|e| CheckpointError::io(&path, "write", &e))
+}
+
+/// Writes every file into `dir`, each synced.
+pub(crate) fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<(), CheckpointError> {
     for (name, bytes) in files {
-        put(name, bytes)?;
+        put(dir, name, bytes)?;
     }
-    let manifest = serde_json::to_vec_pretty(&Manifest::of(step, files))
+    Ok(())
+}
+
+/// Writes the manifest into `dir` (last: the files it lists are synced) and syncs `dir`.
+pub(crate) fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<(), CheckpointError> {
+    let text = serde_json::to_vec_pretty(manifest)
         .map_err(|e| CheckpointError::Writer(format!("encoding the manifest: {e}")))?;
-    put(MANIFEST, &manifest)?;
+    put(dir, MANIFEST, &text)?;
     sync_dir(dir)
 }
 
@@ -214,10 +238,29 @@ impl CheckpointWriter {
     /// Starts the writer thread for `options`, expecting `parts` parts per checkpoint (the
     /// data-parallel replicas of a local run; 1 otherwise).
     pub fn start(options: &CheckpointOptions, parts: usize) -> Result<Self, CheckpointError> {
+        CheckpointWriter::start_with(options, Layout::Whole { parts }, None)
+    }
+
+    /// Starts the writer thread for `options` in `layout` (the whole checkpoint from this
+    /// process's parts, or this process's share of one several processes write); `on_saved`
+    /// is told of every checkpoint written (on the writer thread; e.g. for metrics).
+    pub fn start_with(
+        options: &CheckpointOptions,
+        layout: Layout,
+        on_saved: Option<OnSaved>,
+    ) -> Result<Self, CheckpointError> {
         std::fs::create_dir_all(&options.dir).map_err(|e| {
             CheckpointError::io(&options.dir, "create the checkpoint directory", &e)
         })?;
-        let parts = parts.max(1);
+        if let Layout::Shared(share) = &layout {
+            if share.process == 0 {
+                super::shared::remove_stale(&options.dir, share.job);
+            }
+        }
+        let parts = match &layout {
+            Layout::Whole { parts } => (*parts).max(1),
+            Layout::Shared(_) => 1,
+        };
         let (tx, rx) = mpsc::sync_channel(2 * parts);
         let failed = Arc::new(Mutex::new(None));
         let root = options.dir.clone();
@@ -225,7 +268,15 @@ impl CheckpointWriter {
         let flag = Arc::clone(&failed);
         let handle = std::thread::Builder::new()
             .name("checkpoint-writer".into())
-            .spawn(move || writer_loop(&rx, &root, keep, parts, &flag))
+            .spawn(move || {
+                let save = |step: usize, group: Vec<CheckpointPart>| match &layout {
+                    Layout::Whole { .. } => save(&root, step, group, keep),
+                    Layout::Shared(share) => {
+                        super::shared::save_share(&root, step, group, keep, share)
+                    }
+                };
+                writer_loop(&rx, parts, &flag, save, on_saved.as_deref())
+            })
             .map_err(|e| CheckpointError::Writer(format!("cannot start the thread: {e}")))?;
         Ok(CheckpointWriter {
             sink: Some(CheckpointSink {
@@ -260,12 +311,29 @@ impl CheckpointWriter {
     }
 }
 
+/// A callback told of every checkpoint the writer saved.
+pub type OnSaved = Box<dyn Fn(&SaveRecord) + Send>;
+
+/// What a writer writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// The whole checkpoint, from `parts` parts per step (the data-parallel replicas of a
+    /// local run; 1 otherwise).
+    Whole {
+        /// Parts per checkpoint.
+        parts: usize,
+    },
+    /// This process's share of a checkpoint several processes write
+    /// ([`shared`](super::shared)), one part per step.
+    Shared(super::shared::Share),
+}
+
 fn writer_loop(
     rx: &Receiver<CheckpointPart>,
-    root: &Path,
-    keep: usize,
     parts: usize,
     failed: &Mutex<Option<String>>,
+    save: impl Fn(usize, Vec<CheckpointPart>) -> Result<SaveRecord, CheckpointError>,
+    on_saved: Option<&(dyn Fn(&SaveRecord) + Send)>,
 ) -> Vec<SaveRecord> {
     let mut pending: BTreeMap<usize, Vec<CheckpointPart>> = BTreeMap::new();
     let mut records = Vec::new();
@@ -279,8 +347,13 @@ fn writer_loop(
         let Some(group) = pending.remove(&step) else {
             continue;
         };
-        match save(root, step, group, keep) {
-            Ok(record) => records.push(record),
+        match save(step, group) {
+            Ok(record) => {
+                if let Some(tell) = on_saved {
+                    tell(&record);
+                }
+                records.push(record);
+            }
             Err(e) => {
                 if let Ok(mut f) = failed.lock() {
                     *f = Some(e.to_string());

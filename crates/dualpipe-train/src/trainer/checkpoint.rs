@@ -2,10 +2,12 @@
 //! restore of a checkpoint into whatever stages this trainer holds, by name.
 
 use dualpipe_dp::ErrorFeedbackState;
-use dualpipe_nn::{OptimizerKind, ParamState};
+use dualpipe_nn::{ModelStage, OptimizerKind, ParamState};
 
 use super::Trainer;
-use crate::checkpoint::format::{feedback_name, optim_name};
+use dualpipe_runtime::RankStages;
+
+use crate::checkpoint::format::{feedback_name, file_of, optim_name, FEEDBACK_PREFIX, STATE};
 use crate::checkpoint::{
     Checkpoint, CheckpointError, CheckpointPart, CheckpointSink, CheckpointState, HostTensor,
     ScheduleShape,
@@ -118,11 +120,8 @@ impl<D: Driver> Trainer<D> {
         let mut tensors = Vec::new();
         if replica == 0 {
             for (rank, opts) in self.stages.iter().zip(&self.optimizers) {
-                for ((_, stage), opt) in rank.iter().zip(opts) {
-                    let canonical = self
-                        .canonical_copy(stage.model_stage())
-                        .is_some_and(|c| std::ptr::eq(c, stage));
-                    if !canonical {
+                for (((dir, _), stage), opt) in rank.iter().zip(opts) {
+                    if !self.writes_copy(dir, stage.model_stage()) {
                         continue;
                     }
                     for (k, (name, p)) in stage.param_names().iter().zip(stage.params()).enumerate()
@@ -134,11 +133,19 @@ impl<D: Driver> Trainer<D> {
                             }
                         }
                     }
+                    if let ModelStage::Gpt(g) = stage {
+                        for (name, bias) in g.selection_biases() {
+                            tensors.push(HostTensor::from_f64s(name, &bias));
+                        }
+                    }
                 }
             }
         }
         if let Some(dp) = &self.dp {
             for (s, fb) in dp.error_feedback() {
+                if !self.holds_writer_of(s) {
+                    continue;
+                }
                 for (server, buffers) in [(false, &fb.worker), (true, &fb.server)] {
                     for (b, values) in buffers.iter().enumerate() {
                         if !values.is_empty() {
@@ -156,6 +163,44 @@ impl<D: Driver> Trainer<D> {
             tensors,
             state,
         })
+    }
+
+    /// The lowest direction with a copy of model stage `stage` in the schedule (its copy in
+    /// that direction is the one a checkpoint saves: one writer per layer, whichever process
+    /// holds it).
+    fn writer_dir(&self, stage: usize) -> Option<usize> {
+        (0..self.config.ranks)
+            .flat_map(|r| self.schedule.placement.stages_of(r))
+            .filter(|&(_, s)| s == stage)
+            .map(|(d, _)| d)
+            .min()
+    }
+
+    /// Whether the copy (`dir`, `stage`) is the one a checkpoint saves.
+    fn writes_copy(&self, dir: usize, stage: usize) -> bool {
+        self.writer_dir(stage) == Some(dir)
+    }
+
+    /// Whether this trainer holds the copy of model stage `stage` a checkpoint saves (it then
+    /// also saves that stage's error feedback of its replica).
+    fn holds_writer_of(&self, stage: usize) -> bool {
+        self.stages.iter().any(|rank| {
+            rank.iter()
+                .any(|((dir, s), _)| s == stage && self.writes_copy(dir, s))
+        })
+    }
+
+    /// Whether a restore of this trainer needs checkpoint file `file`: the files of the
+    /// layers it holds (named by [`file_of`]), the error feedback and the state. A process of
+    /// a multi-process run reads only these ([`Checkpoint::read_files`]).
+    pub fn needs_checkpoint_file(&self, file: &str) -> bool {
+        if file == STATE || file.starts_with(FEEDBACK_PREFIX) {
+            return true;
+        }
+        self.stages
+            .iter()
+            .flat_map(RankStages::iter)
+            .any(|(_, stage)| stage.param_names().iter().any(|name| file_of(name) == file))
     }
 
     /// Continues from `ckpt`: every held copy's parameters and optimizer state by name (any
@@ -200,6 +245,12 @@ impl<D: Driver> Trainer<D> {
                     }
                 }
                 opt.set_state(step as u64, states)?;
+                if let ModelStage::Gpt(g) = stage {
+                    for (name, _) in g.selection_biases() {
+                        let saved = ckpt.tensor(&name)?.to_f64s();
+                        g.set_selection_bias(&name, &saved)?;
+                    }
+                }
             }
         }
         let (feedback_restored, feedback_dropped) = self.restore_feedback(ckpt)?;

@@ -83,7 +83,12 @@ pub(super) fn execute(
     if !args.observe.quiet {
         // One write: launchers that tag each write with its rank would split the line.
         use std::io::Write;
-        let line = format!("dualpipe train: MPI transport, {info}\n");
+        // The pid lets a launcher's report of a lost process (MPICH's names its PID) be read
+        // as the rank it was.
+        let line = format!(
+            "dualpipe train: MPI transport, {info}, pid {}\n",
+            std::process::id()
+        );
         let _ = std::io::stderr().write_all(line.as_bytes());
     }
     let rank = info.rank;
@@ -106,6 +111,17 @@ pub(super) fn execute(
             Ok(observe) => observe,
             Err(err) => leave_after_failure(world, err),
         };
+    let on_saved = observe.on_checkpoint();
+    let writer = match super::resume::mpi_setup(args, &world, &mut trainer, on_saved) {
+        Ok(writer) => writer,
+        Err(err) if rank != 0 && err.downcast_ref::<UsageError>().is_some() => {
+            // Process 0 reports the checkpoint's problem once.
+            std::mem::forget(world);
+            std::thread::sleep(LINGER);
+            std::process::exit(2);
+        }
+        Err(err) => leave_after_failure(world, err),
+    };
     let result = trainer.run(|event| {
         if let (StepEvent::Starting { step }, Some((r, s, how))) = (event, injection) {
             if r == rank && s == step + 1 {
@@ -129,6 +145,12 @@ pub(super) fn execute(
             leave_after_failure(world, err)
         }
     };
+    // The last checkpoint is published before the summary (process 0 waits for every part).
+    trainer.clear_checkpoints();
+    let say = rank == 0 && !args.observe.quiet;
+    if let Err(err) = super::resume::finish_saying(writer, say) {
+        leave_after_failure(world, err);
+    }
     // Every rank takes part in gathering the weights for --save; rank 0 writes them.
     let finished = match finished(args, &mut trainer, summary) {
         Ok(finished) => finished,

@@ -59,6 +59,8 @@ pub fn rank_addr(addr: &str, rank: usize) -> Result<String, UsageError> {
 pub struct Observe {
     observer: RunObserver,
     progress: ProgressBar,
+    /// The metrics `--metrics-addr` serves (for the checkpoint writer's figures).
+    metrics: Option<TrainingMetrics>,
     /// Serves until the run's end (dropped with this).
     _server: Option<MetricsServer>,
 }
@@ -76,12 +78,14 @@ impl Observe {
     ) -> anyhow::Result<Self> {
         let mut observer = RunObserver::new(config, schedule);
         let mut server = None;
+        let mut served = None;
         if let Some(addr) = &args.metrics_addr {
             let addr = rank_addr(addr, rank)?;
             let metrics = TrainingMetrics::new(config.ranks);
             let started = MetricsServer::start(&addr, metrics.clone())
                 .map_err(|e| UsageError(format!("--metrics-addr: {e}")))?;
             eprintln!("metrics: {}", started.url());
+            served = Some(metrics.clone());
             observer = observer.with_metrics(metrics);
             server = Some(started);
         }
@@ -98,6 +102,7 @@ impl Observe {
         Ok(Observe {
             observer,
             progress,
+            metrics: served,
             _server: server,
         })
     }
@@ -109,6 +114,15 @@ impl Observe {
             show(&self.progress, &record);
         }
         Ok(())
+    }
+
+    /// What the checkpoint writer tells of each checkpoint it saved: its time and count into
+    /// the served metrics (`None` without `--metrics-addr`).
+    pub fn on_checkpoint(&self) -> Option<dualpipe_train::checkpoint::OnSaved> {
+        let metrics = self.metrics.clone()?;
+        Some(Box::new(move |saved| {
+            metrics.record_checkpoint(saved.seconds)
+        }))
     }
 
     /// Clears the progress bar (the server stops when this is dropped).
