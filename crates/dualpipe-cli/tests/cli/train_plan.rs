@@ -156,7 +156,10 @@ fn a_measured_profile_plans_and_its_plan_trains() {
     assert_eq!(losses(&planned), losses(&even.json()));
     let split: Vec<Value> = stages.iter().map(|&b| Value::from(b)).collect();
     assert_eq!(by_hand["partition"], Value::Array(split));
-    assert!(even.json().get("partition").is_none(), "an even split has none");
+    assert!(
+        even.json().get("partition").is_none(),
+        "an even split has none"
+    );
     // A flag that disagrees with the plan names both values.
     dualpipe(gpt(&["--plan", s(&plan), "--micro-batches", "4"]))
         .usage_error(&["--micro-batches 4 disagrees with the plan's 8"]);
