@@ -525,8 +525,14 @@ impl DataParallel {
         });
         let mut results = vec![head];
         results.extend(tail);
-        // Every replica's summary already holds the figures over every worker.
-        first_error(results).map(|mut summaries| summaries.swap_remove(0))
+        // Every replica's summary already holds the figures over every worker; the replicas'
+        // rank threads ran at the same time.
+        let replicas = self.replicas.len();
+        first_error(results).map(|mut summaries| {
+            let mut summary = summaries.swap_remove(0);
+            summary.rank_threads = summary.rank_threads.saturating_mul(replicas);
+            summary
+        })
     }
 
     fn on_every_replica<R: Send>(

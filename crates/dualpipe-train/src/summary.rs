@@ -504,6 +504,38 @@ impl RunSummary {
                 ),
             ));
         }
+        if let (Some(first), Some(last)) = (
+            s.expert_load_imbalance.first(),
+            s.expert_load_imbalance.last(),
+        ) {
+            rows.push((
+                "expert load",
+                format!(
+                    "max/mean tokens per expert {:.3} in the first step, {:.3} in the last \
+                     (worst block)",
+                    first.max_over_mean, last.max_over_mean
+                ),
+            ));
+            if let (Some(a), Some(b)) = (first.worker_max_over_mean, last.worker_max_over_mean) {
+                rows.push((
+                    "expert parallelism",
+                    format!(
+                        "max/mean rows per worker {a:.3} in the first step, {b:.3} in the last"
+                    ),
+                ));
+            }
+        }
+        if let Some(n) = s.eplb_rebalances {
+            rows.push((
+                "eplb",
+                format!(
+                    "{n} re-placements, {} expert replicas moved ({} had each plan been made \
+                     from scratch)",
+                    s.experts_moved.unwrap_or(0),
+                    s.experts_moved_from_scratch.unwrap_or(0)
+                ),
+            ));
+        }
         if let Some(e) = s.evaluations.last() {
             let accuracy = match (e.best_loss, e.accuracy) {
                 (Some(best), _) => format!(", best possible {best:.6} (gap {:.4})", e.loss - best),
@@ -612,6 +644,10 @@ mod tests {
             table.contains("note: 4 busy rank threads share 2 cores"),
             "{table}"
         );
+        assert!(
+            !table.contains("expert load") && !table.contains("eplb"),
+            "{table}"
+        );
         let json = summary.json();
         for key in [
             "\"bubble_ratio\"",
@@ -629,5 +665,49 @@ mod tests {
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(median(vec![f64::NAN, 1.0]), 1.0);
         assert!(median(Vec::new()).is_nan());
+    }
+
+    #[test]
+    fn an_moe_run_shows_its_expert_load_and_re_placements() {
+        use dualpipe_runtime::RankTimes;
+        use dualpipe_schedule::ScheduleKind;
+
+        let config = TrainConfig {
+            schedule: ScheduleKind::OneFOneB,
+            ranks: 2,
+            micro_batches: 2,
+            ..TrainConfig::default()
+        };
+        let schedule = dualpipe_schedule::build(ScheduleKind::OneFOneB, 2, 2, 1).unwrap();
+        let mut builder = SummaryBuilder::new(&config, &schedule);
+        for (step, counts, rows) in [(0, [9, 1, 1, 1], [12, 2]), (1, [4, 3, 3, 2], [6, 6])] {
+            builder.add(StepReport {
+                step,
+                losses: vec![1.0, 1.0],
+                loss: 1.0,
+                timeline: None,
+                wall: Duration::from_secs(1),
+                rank_times: RankTimes::default(),
+                exchange: None,
+                grad_norm: None,
+                evaluation: None,
+                expert_load: Some(
+                    crate::moe::ExpertLoad::new(step, vec![(0, counts.to_vec())])
+                        .with_worker_rows(vec![(0, rows.to_vec())]),
+                ),
+            });
+        }
+        let mut summary = builder.finish(Duration::from_secs(2), Vec::new());
+        summary.eplb_rebalances = Some(1);
+        summary.experts_moved = Some(2);
+        summary.experts_moved_from_scratch = Some(5);
+        let table = summary.table(true);
+        for row in [
+            "max/mean tokens per expert 3.000 in the first step, 1.333 in the last",
+            "max/mean rows per worker 1.714 in the first step, 1.000 in the last",
+            "1 re-placements, 2 expert replicas moved (5 had each plan been made from scratch)",
+        ] {
+            assert!(table.contains(row), "{row} in {table}");
+        }
     }
 }
