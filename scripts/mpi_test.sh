@@ -299,7 +299,9 @@ kill_and_resume() {
         fail "kill: exit $rc after ${secs}s (victim pid $victim), named: ${named:-nothing}:"
         cat "$TMP/killed.json" "$TMP/killed.err" | sed 's/^/     /' | head -20
     fi
-    # The same command with --resume; the first new step timed from the relaunch.
+    # The same command with --resume; the first new step timed from the relaunch (the log of
+    # the other MPI's run is removed first, or its lines would stop the clock at once).
+    rm -f "$TMP/resumed.jsonl"
     start=$(date +%s.%N)
     "${LAUNCH[@]}" -n 4 "$BIN" train --transport mpi "${CK[@]}" --checkpoint-dir "$D" --checkpoint-every 20 \
         --resume --log "$TMP/resumed.jsonl" >"$TMP/resumed.json" 2>"$TMP/resumed.err" &
