@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::format::{self, FileEntry, Manifest, FEEDBACK_FILE, STATE};
-use super::writer::{dir_name, publish, put, sync_dir, write_files, write_manifest};
+use super::writer::{
+    dir_name, encode_parts, publish, put, state_file, sync_dir, write_files, write_manifest,
+};
 use super::{CheckpointError, CheckpointPart, SaveRecord};
 
 /// How long process 0 waits for the other processes' parts of a checkpoint by default.
@@ -90,15 +92,7 @@ pub fn save_share(
     share: &Share,
 ) -> Result<SaveRecord, CheckpointError> {
     let began = Instant::now();
-    let host_bytes = parts.iter().map(CheckpointPart::bytes).sum();
-    let mut state = None;
-    let mut tensors = Vec::new();
-    for part in parts {
-        state = state.or(part.state);
-        tensors.extend(part.tensors);
-    }
-    let mut files = format::encode_files(&tensors)?;
-    drop(tensors);
+    let (mut files, state, host_bytes) = encode_parts(parts)?;
     for (name, _) in &mut files {
         if name == FEEDBACK_FILE {
             *name = feedback_file(share.process);
@@ -108,9 +102,7 @@ pub fn save_share(
         let state = state.ok_or_else(|| {
             CheckpointError::Writer(format!("step {step}: process 0's part held no state"))
         })?;
-        let text = serde_json::to_vec_pretty(&state)
-            .map_err(|e| CheckpointError::Writer(format!("encoding {STATE}: {e}")))?;
-        files.push((STATE.into(), text));
+        files.push(state_file(&state)?);
     }
     let tmp = temp_dir(root, step, share.job);
     std::fs::create_dir_all(&tmp).map_err(|e| CheckpointError::io(&tmp, "create", &e))?;

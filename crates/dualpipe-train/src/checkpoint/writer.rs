@@ -365,13 +365,14 @@ fn writer_loop(
     records
 }
 
-fn save(
-    root: &Path,
-    step: usize,
+/// A checkpoint's files: names and bytes.
+pub(super) type Files = Vec<(String, Vec<u8>)>;
+
+/// The parts' tensors encoded as safetensors files, the state one of them reports, and the
+/// bytes of tensor data they held in host memory.
+pub(super) fn encode_parts(
     parts: Vec<CheckpointPart>,
-    keep: usize,
-) -> Result<SaveRecord, CheckpointError> {
-    let began = Instant::now();
+) -> Result<(Files, Option<CheckpointState>, usize), CheckpointError> {
     let host_bytes = parts.iter().map(CheckpointPart::bytes).sum();
     let mut state = None;
     let mut tensors = Vec::new();
@@ -379,13 +380,28 @@ fn save(
         state = state.or(part.state);
         tensors.extend(part.tensors);
     }
+    let files = format::encode_files(&tensors)?;
+    Ok((files, state, host_bytes))
+}
+
+/// `state.json` of `state`.
+pub(super) fn state_file(state: &CheckpointState) -> Result<(String, Vec<u8>), CheckpointError> {
+    let text = serde_json::to_vec_pretty(state)
+        .map_err(|e| CheckpointError::Writer(format!("encoding {STATE}: {e}")))?;
+    Ok((STATE.into(), text))
+}
+
+fn save(
+    root: &Path,
+    step: usize,
+    parts: Vec<CheckpointPart>,
+    keep: usize,
+) -> Result<SaveRecord, CheckpointError> {
+    let began = Instant::now();
+    let (mut files, state, host_bytes) = encode_parts(parts)?;
     let state = state
         .ok_or_else(|| CheckpointError::Writer(format!("step {step}: no part held the state")))?;
-    let mut files = format::encode_files(&tensors)?;
-    drop(tensors);
-    let text = serde_json::to_vec_pretty(&state)
-        .map_err(|e| CheckpointError::Writer(format!("encoding {STATE}: {e}")))?;
-    files.push((STATE.into(), text));
+    files.push(state_file(&state)?);
     let bytes = files.iter().map(|(_, b)| b.len() as u64).sum();
     let path = write_dir(root, step, &files, keep)?;
     Ok(SaveRecord {
