@@ -28,7 +28,8 @@
 #      f64): their losses equal the local run's (threads) to 1e-12; 6 processes for that grid
 #      are one error naming both numbers.
 #   5. kill and resume: 4 processes train with --checkpoint-dir; once a checkpoint exists, one
-#      worker (rank 2) is killed with SIGKILL: the job exits non-zero within 5 s naming rank 2;
+#      worker (rank 2) is killed with SIGKILL: the job exits non-zero within 5 s, a survivor
+#      naming rank 2 and its pid;
 #      the same command with --resume continues from the last complete checkpoint with the
 #      uninterrupted run's per-step losses, bit for bit (printed side by side), and the time
 #      from the relaunch to its first new step is printed; --resume-from under MPI is
@@ -281,18 +282,14 @@ kill_and_resume() {
     secs=$(python3 -c "print(f'{$end - $start:.2f}')")
     local kept
     kept=$(cat "$D/latest")
-    # Open MPI's launcher names the rank ("process rank 2 with PID ..."). MPICH's hydra names
-    # one PID ("PID 1234 RUNNING AT host"), not always the killed one's (with several processes
-    # failing at once it may report a survivor): the start lines tie that PID to a rank, and the
-    # log says which; only Open MPI's report is held to rank 2.
-    local named reported
-    named=$(cat "$TMP/killed.json" "$TMP/killed.err" | grep -m1 -oE "process rank 2 with PID [0-9]+[^.]*")
-    if [ -z "$named" ] && [ "${LAUNCH[0]}" = mpiexec.mpich ]; then
-        reported=$(cat "$TMP/killed.json" "$TMP/killed.err" | grep -m1 -oE "PID [0-9]+ RUNNING" | grep -oE "[0-9]+")
-        if [ -n "$reported" ]; then
-            named="hydra reports PID $reported, which is $(grep -m1 -oE "rank [0-9]+ of 4 .*, pid $reported\$" "$TMP/killed.err" | grep -oE "^rank [0-9]+") (the killed rank 2 was pid $victim)"
-        fi
-    fi
+    # The survivors name the lost rank themselves (dualpipe_runtime's peer watch: a pidfd per
+    # peer on the machine): "rank 0 of 4: lost rank 2 (its process, pid 1234 ...". Launchers
+    # differ: Open MPI's also names the rank, MPICH's hydra only a PID (not always the killed
+    # one's); the check holds both to our line and shows the launcher's beside it.
+    local named launcher
+    named=$(cat "$TMP/killed.json" "$TMP/killed.err" | grep -m1 -oE "rank [0-9]+ of 4: lost rank 2 \(its process, pid $victim [^)]*\)")
+    launcher=$(cat "$TMP/killed.json" "$TMP/killed.err" | grep -m1 -oE "process rank 2 with PID [0-9]+|PID [0-9]+ RUNNING AT [^ ]+")
+    [ -n "$named" ] && named="$named; the launcher: ${launcher:-nothing}"
     if [ $rc -ne 0 ] && python3 -c "import sys; sys.exit(0 if $secs <= 5 else 1)" && [ -n "$named" ]; then
         pass "rank 2 killed (SIGKILL) after $kept was saved: the job exits $rc in ${secs}s; $named"
     else

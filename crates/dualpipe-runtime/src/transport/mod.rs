@@ -10,6 +10,9 @@
 //!   [`wire`] is the byte format of those messages (stamps, tensors as dtype, shape and bytes);
 //!   `mpi` (feature `mpi`) is the link over MPI point-to-point, and
 //!   [`ChannelLink`](endpoint::ChannelLink) an in-memory link for tests.
+//!
+//! [`peer_watch`] names a lost process: each process of a job watches its peers on the same
+//! machine and says which rank ended.
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +25,7 @@ pub mod endpoint;
 pub(crate) mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod peer_watch;
 pub mod wire;
 
 /// What a message carries, named by the chunk that consumes it.

@@ -17,6 +17,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
+use mpi::collective::CommunicatorCollectives;
 use mpi::environment::Universe;
 use mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
 use mpi::request::{Request, StaticScope};
@@ -24,6 +25,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::Threading;
 
 use super::endpoint::{Link, LinkError, Packet};
+use super::peer_watch::{self, Beacon, Identity, PeerWatch};
 use crate::launch::{LaunchError, LaunchInfo};
 
 /// MPI tag of message heads.
@@ -53,9 +55,18 @@ pub enum MpiError {
 }
 
 /// MPI for this process: initialised on creation, finalised when dropped.
+///
+/// Once [`MpiWorld::watch_peers`] has armed the watch, dropping is collective: it disarms the
+/// watch and waits at a barrier, so no process ends (normally) while another still watches it.
 pub struct MpiWorld {
     universe: Universe,
     info: LaunchInfo,
+    /// Every rank's pid and machine identity, gathered at start.
+    identities: Vec<Identity>,
+    /// This process's beacon, listening from start (so every peer's exists before any
+    /// connects) until [`MpiWorld::watch_peers`] hands it to the watch.
+    beacon: Option<Beacon>,
+    watch: Option<PeerWatch>,
 }
 
 impl std::fmt::Debug for MpiWorld {
@@ -81,7 +92,43 @@ impl MpiWorld {
             world_size: size,
             ..env
         };
-        Ok(MpiWorld { universe, info })
+        let beacon = Beacon::listen();
+        let mut gathered = vec![0u64; 3 * size];
+        world.all_gather_into(&peer_watch::identity()[..], &mut gathered[..]);
+        let identities = gathered
+            .chunks_exact(3)
+            .map(|id| [id[0], id[1], id[2]])
+            .collect();
+        Ok(MpiWorld {
+            universe,
+            info,
+            identities,
+            beacon,
+            watch: None,
+        })
+    }
+
+    /// Starts watching the other processes of the job on this machine (see
+    /// [`peer_watch`]): from now on, one that ends is named on standard error and this process
+    /// exits with code 1. Not collective; once per process (later calls change nothing).
+    /// Returns how many peers are watched.
+    pub fn watch_peers(&mut self) -> usize {
+        let (me, ranks) = (self.info.rank, self.info.world_size);
+        let (identities, beacon) = (&self.identities, &mut self.beacon);
+        self.watch
+            .get_or_insert_with(|| {
+                let peers = peer_watch::neighbours(identities, me);
+                PeerWatch::start(me, ranks, &peers, beacon.take())
+            })
+            .watched()
+    }
+
+    /// Stops watching the peers (before leaving after a failure that the peers are told of:
+    /// their ending is then expected, not a loss).
+    pub fn stop_watching(&self) {
+        if let Some(watch) = &self.watch {
+            watch.disarm();
+        }
     }
 
     /// Rank, world size and launcher.
@@ -124,6 +171,17 @@ impl MpiWorld {
     /// when a rank cannot tell its peers in an orderly way.
     pub fn abort(&self, code: i32) -> ! {
         self.universe.world().abort(code)
+    }
+}
+
+impl Drop for MpiWorld {
+    /// With the watch armed: disarm it, then `MPI_Barrier`, so every process has stopped
+    /// watching before any ends. `MPI_Finalize` follows (the universe's own drop).
+    fn drop(&mut self) {
+        if let Some(watch) = &self.watch {
+            watch.disarm();
+            self.universe.world().barrier();
+        }
     }
 }
 

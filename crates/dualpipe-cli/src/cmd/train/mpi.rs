@@ -68,7 +68,7 @@ pub(super) fn execute(
         .as_deref()
         .map(parse_injection)
         .transpose()?;
-    let world = MpiWorld::init().context("cannot start MPI")?;
+    let mut world = MpiWorld::init().context("cannot start MPI")?;
     let info = world.info().clone();
     let grid = dualpipe_train::mpi::check_grid(&info, &config);
     if let Err(err) = grid {
@@ -122,6 +122,9 @@ pub(super) fn execute(
         }
         Err(err) => leave_after_failure(world, err),
     };
+    // From here a peer on this machine that ends is named at once (MPICH's launcher names
+    // only a PID); every process reaches its end through a barrier or `leave_after_failure`.
+    world.watch_peers();
     let result = trainer.run(|event| {
         if let (StepEvent::Starting { step }, Some((r, s, how))) = (event, injection) {
             if r == rank && s == step + 1 {
@@ -179,6 +182,8 @@ fn leave_after_failure(world: MpiWorld, err: anyhow::Error) -> ! {
                 _ => None,
             },
         });
+    // The peers are told of this failure (or told us of theirs): their ending is no news.
+    world.stop_watching();
     std::mem::forget(world);
     match peer {
         // "rank 1: stopped because rank 2 failed: <rank 2's error>" says it all.
