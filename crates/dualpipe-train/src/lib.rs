@@ -25,6 +25,8 @@
 //! - [`memory`] — the documented memory cap and this machine's available memory;
 //! - [`checkpoint`] — checkpoints: written in the background, named by model layer, read
 //!   back by any grid shape ([`Trainer::set_checkpoints`], [`Trainer::restore`]);
+//! - `cli` (feature `clap`) — the flags of `dualpipe train` as clap arguments and the one
+//!   place they become a [`TrainConfig`] (defaults read from it, so help cannot drift);
 //! - `mpi` (feature `mpi`) — one worker per process under an MPI launcher: the grid's check
 //!   and this process's trainer.
 //!
@@ -53,6 +55,8 @@
 
 mod check;
 pub mod checkpoint;
+#[cfg(feature = "clap")]
+pub mod cli;
 pub mod collective;
 pub mod config;
 pub mod data_parallel;
