@@ -28,10 +28,7 @@ fn config_error(err: TrainError) -> String {
 
 #[test]
 fn defaults_come_from_the_train_config() {
-    assert_eq!(
-        parse(&[]).config().unwrap().0,
-        TrainConfig::default()
-    );
+    assert_eq!(parse(&[]).config().unwrap().0, TrainConfig::default());
 }
 
 #[test]
@@ -141,7 +138,11 @@ fn the_flags_the_configuration_cannot_hold_are_checked_with_it() {
             .unwrap_err(),
     );
     assert!(err.contains("--checkpoint-every 0"), "{err}");
-    let err = config_error(parse(&["--inject-failure", "1:1:error"]).config().unwrap_err());
+    let err = config_error(
+        parse(&["--inject-failure", "1:1:error"])
+            .config()
+            .unwrap_err(),
+    );
     assert!(err.contains("--transport mpi"), "{err}");
 }
 
@@ -200,11 +201,17 @@ fn an_sgd_momentum_outside_zero_to_one_is_refused_by_the_one_check() {
             .config()
             .unwrap_err(),
     );
-    assert!(err.starts_with("--momentum 1.5: it must be in [0, 1)"), "{err}");
+    assert!(
+        err.starts_with("--momentum 1.5: it must be in [0, 1)"),
+        "{err}"
+    );
     let config = TrainConfig {
         optimizer: OptimizerKind::Sgd { momentum: -0.1 },
         ..TrainConfig::default()
     };
     let err = config_error(config.validate().unwrap_err());
-    assert!(err.starts_with("momentum -0.1: it must be in [0, 1)"), "{err}");
+    assert!(
+        err.starts_with("momentum -0.1: it must be in [0, 1)"),
+        "{err}"
+    );
 }

@@ -55,8 +55,8 @@ impl LayoutArgs {
         defaults: &TrainConfig,
     ) -> Result<(), TrainError> {
         if let Some(text) = &self.partition {
-            let blocks =
-                parse_partition(text).map_err(|e| TrainError::Config(format!("--partition {e}")))?;
+            let blocks = parse_partition(text)
+                .map_err(|e| TrainError::Config(format!("--partition {e}")))?;
             config.partition = Some(blocks);
         }
         if let Some(path) = &self.plan {
@@ -74,7 +74,8 @@ impl LayoutArgs {
                 .map_err(|e| TrainError::Config(format!("{source}: {}", message(e))))?;
         }
         if let Some(text) = &self.slow_rank {
-            let slow = SlowRank::parse(text).map_err(|e| TrainError::Config(format!("--slow-rank {e}")))?;
+            let slow = SlowRank::parse(text)
+                .map_err(|e| TrainError::Config(format!("--slow-rank {e}")))?;
             config.slow_rank = Some(slow);
         }
         if self.rebalance_stages {

@@ -101,11 +101,7 @@ impl MoeArgs {
 
     /// With --init-from: the file's experts, unless a flag given disagrees (an error naming
     /// both); the balancing flags apply as given.
-    pub fn adopt(
-        &self,
-        file: &GptConfig,
-        path: &Path,
-    ) -> Result<Option<MoeSettings>, TrainError> {
+    pub fn adopt(&self, file: &GptConfig, path: &Path) -> Result<Option<MoeSettings>, TrainError> {
         let check = |flag: &str, given: Option<usize>| {
             file.check_flag(flag, given)
                 .map_err(|e| TrainError::Config(format!("--init-from {}: {e}", path.display())))

@@ -118,10 +118,7 @@ fn config_and_schedule(args: &TrainArgs) -> Result<(TrainConfig, Option<Schedule
         .gradient_compression
         .parse::<Compression>()
         .map_err(|_| {
-            let names: Vec<&str> = Compression::ALL
-                .iter()
-                .map(|c| c.name())
-                .collect();
+            let names: Vec<&str> = Compression::ALL.iter().map(|c| c.name()).collect();
             unknown(
                 "compression",
                 "--gradient-compression",
@@ -177,7 +174,9 @@ fn config_and_schedule(args: &TrainArgs) -> Result<(TrainConfig, Option<Schedule
     }
     let processes = match args.transport {
         Transport::Local => {
-            LocalThreads.check(&config, Naming::Flags).map_err(reworded)?;
+            LocalThreads
+                .check(&config, Naming::Flags)
+                .map_err(reworded)?;
             1
         }
         Transport::Mpi => config.ranks,

@@ -11,9 +11,8 @@ impl TrainArgs {
     /// was skipped. `None`: a fresh run (neither flag, or `--resume` on a directory that
     /// holds no checkpoint yet). A path that cannot be used is a [`TrainError::Config`].
     pub fn resume_point(&self) -> Result<Option<Found>, TrainError> {
-        let bad = |flag: &str, e: checkpoint::CheckpointError| {
-            TrainError::Config(format!("{flag}: {e}"))
-        };
+        let bad =
+            |flag: &str, e: checkpoint::CheckpointError| TrainError::Config(format!("{flag}: {e}"));
         if let Some(path) = &self.resume_from {
             return checkpoint::open(path)
                 .map(Some)

@@ -93,4 +93,3 @@ pub(super) mod optimizer_repr {
         })
     }
 }
-

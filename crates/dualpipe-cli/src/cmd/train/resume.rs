@@ -84,7 +84,10 @@ pub fn mpi_setup<D: dualpipe_train::Driver>(
             0 => point(args).map_err(|e| dualpipe_train::TrainError::Config(e.0)),
             _ => Ok(None),
         };
-        let source = args.resume_from.as_deref().or(args.checkpoint_dir.as_deref());
+        let source = args
+            .resume_from
+            .as_deref()
+            .or(args.checkpoint_dir.as_deref());
         let restored = dualpipe_train::mpi::restore_agreed(world, trainer, chosen, source)
             .map_err(super::setup_error)?;
         if let Some((checkpoint, restored)) = restored.filter(|_| rank == 0) {
