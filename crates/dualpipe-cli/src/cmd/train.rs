@@ -12,7 +12,7 @@ use super::UsageError;
 
 #[cfg(feature = "mpi")]
 mod mpi;
-pub mod observe;
+mod observe;
 
 use observe::Observe;
 
