@@ -5,7 +5,7 @@
 
 use dualpipe_schedule::{Schedule, ScheduleError};
 use dualpipe_train::cli::{Format, TrainArgs, Transport};
-use dualpipe_train::{DataParallel, Driver, RunSummary, TrainConfig, TrainError, Trainer};
+use dualpipe_train::{Driver, LocalRun, RunSummary, TrainConfig, TrainError, Trainer};
 
 use super::output::{check_outputs, write_together};
 use super::UsageError;
@@ -51,67 +51,36 @@ fn execute(args: &TrainArgs) -> anyhow::Result<Option<Finished>> {
         ],
     )?;
     match args.transport {
-        Transport::Local => {
-            if config.data_parallel > 1 {
-                return execute_replicas(args, &config, given).map(Some);
-            }
-            let resume_from = resume::point(args)?;
-            let mut trainer = match given {
-                Some(schedule) => Trainer::with_schedule(config.clone(), schedule),
-                None => Trainer::new(config.clone()),
-            }
-            .map_err(setup_error)?;
-            if let Some(checkpoint) = &resume_from {
-                let restored = trainer.restore(checkpoint).map_err(setup_error)?;
-                resume::note(args, checkpoint, &restored);
-            }
-            let mut observe = Observe::start(&args.observe, &config, trainer.schedule(), 0, true)?;
-            let writer = resume::writer(args, 1, observe.on_checkpoint())?;
-            if let Some(sink) = writer.as_ref().and_then(|w| w.sink()) {
-                trainer.set_checkpoints(sink);
-            }
-            let outcome = trainer.run(|event| observe.on_event(event));
-            trainer.clear_checkpoints();
-            let saved = resume::finish(args, writer);
-            let summary = outcome.map_err(|e| run_error(e, &config))?;
-            saved?;
-            observe.finish();
-            layout::report_moves(trainer.repartitions(), args.observe.quiet);
-            finished(args, &mut trainer, summary).map(Some)
-        }
+        Transport::Local => execute_local(args, config, given).map(Some),
         Transport::Mpi => execute_mpi(args, config, given),
     }
 }
 
-/// A local run of `--data-parallel` replicas (every replica's ranks on threads).
-fn execute_replicas(
+/// A local run: every rank of the pipeline, or of its `--data-parallel` replicas, on a thread.
+fn execute_local(
     args: &TrainArgs,
-    config: &TrainConfig,
+    config: TrainConfig,
     given: Option<Schedule>,
 ) -> anyhow::Result<Finished> {
     let resume_from = resume::point(args)?;
-    let mut replicas = match given {
-        Some(schedule) => DataParallel::with_schedule(config.clone(), schedule),
-        None => DataParallel::new(config.clone()),
-    }
-    .map_err(setup_error)?;
+    let mut local = LocalRun::new(config.clone(), given).map_err(setup_error)?;
     if let Some(checkpoint) = &resume_from {
-        let restored = replicas.restore(checkpoint).map_err(setup_error)?;
+        let restored = local.restore(checkpoint).map_err(setup_error)?;
         resume::note(args, checkpoint, &restored);
     }
-    let schedule = replicas.replicas()[0].schedule().clone();
-    let mut observe = Observe::start(&args.observe, config, &schedule, 0, true)?;
-    let writer = resume::writer(args, config.data_parallel, observe.on_checkpoint())?;
+    let mut observe = Observe::start(&args.observe, &config, local.schedule(), 0, true)?;
+    let writer = resume::writer(args, local.checkpoint_parts(), observe.on_checkpoint())?;
     if let Some(writer) = &writer {
-        replicas.set_checkpoints(writer);
+        local.set_checkpoints(writer);
     }
-    let outcome = replicas.run(|event| observe.on_event(event));
-    replicas.clear_checkpoints();
+    let outcome = local.run(|event| observe.on_event(event));
+    local.clear_checkpoints();
     let saved = resume::finish(args, writer);
-    let summary = outcome.map_err(|e| run_error(e, config))?;
+    let summary = outcome.map_err(|e| run_error(e, &config))?;
     saved?;
     observe.finish();
-    finished(args, replicas.replica_mut(0), summary)
+    layout::report_moves(local.repartitions(), args.observe.quiet);
+    finished(args, local.lead(), summary)
 }
 
 /// The summary and, with `--save`, the final weights as safetensors bytes (a collective call
