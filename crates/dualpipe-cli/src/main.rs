@@ -24,7 +24,7 @@ enum Command {
     Eplb(cmd::eplb::Args),
     /// Train a model (the GPT by default) with a pipeline schedule: local ranks, or one
     /// process per rank under MPI (the main job).
-    Train(Box<cmd::train::Args>),
+    Train(Box<dualpipe_train::cli::TrainArgs>),
     /// Mean next-token cross-entropy of GPT weights over a file (loss, bits per byte).
     Eval(cmd::eval::Args),
     /// Continue a prompt with GPT weights (greedy, or sampled with a temperature).

@@ -1,6 +1,7 @@
 //! The one check of a [`TrainConfig`]'s sizes ([`TrainConfig::check`]) and its memory estimate.
 
 use dualpipe_nn::gpt::MAX_PARAMETERS;
+use dualpipe_nn::OptimizerKind;
 
 use crate::config::{Field, ModelKind, Naming, TrainConfig, MAX_STEPS};
 use crate::error::TrainError;
@@ -58,6 +59,14 @@ impl TrainConfig {
                 name(Field::Lr),
                 self.lr
             )));
+        }
+        if let OptimizerKind::Sgd { momentum: m } = self.optimizer {
+            if !(m.is_finite() && (0.0..1.0).contains(&m)) {
+                return Err(TrainError::Config(format!(
+                    "{} {m}: it must be in [0, 1), such as 0.9",
+                    name(Field::Momentum)
+                )));
+            }
         }
         if !(self.recv_timeout.is_finite() && self.recv_timeout > 0.0 && self.recv_timeout < 1e9) {
             return Err(TrainError::Config(format!(

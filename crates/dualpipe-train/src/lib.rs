@@ -11,6 +11,8 @@
 //!   its validation;
 //! - [`data_parallel`] — [`DataParallel`]: `data_parallel` replicas of the pipeline, their
 //!   gradients averaged per stage over a bucketed, optionally compressed exchange;
+//! - [`local`] — [`LocalRun`]: one pipeline or its data-parallel replicas, every rank on a
+//!   thread of this process, behind one set of calls;
 //! - [`collective`] — the whole-model operations across processes (gradient norm, weights);
 //! - [`trainer`] — [`Trainer`], whose [`Trainer::step`] is the one step (data, pipeline,
 //!   gradient sum of DualPipe's copies, optimizer) and [`Trainer::run`] the run loop with its
@@ -25,6 +27,8 @@
 //! - [`memory`] — the documented memory cap and this machine's available memory;
 //! - [`checkpoint`] — checkpoints: written in the background, named by model layer, read
 //!   back by any grid shape ([`Trainer::set_checkpoints`], [`Trainer::restore`]);
+//! - `cli` (feature `clap`) — the flags of `dualpipe train` as clap arguments and the one
+//!   place they become a [`TrainConfig`] (defaults read from it, so help cannot drift);
 //! - `mpi` (feature `mpi`) — one worker per process under an MPI launcher: the grid's check
 //!   and this process's trainer.
 //!
@@ -53,6 +57,8 @@
 
 mod check;
 pub mod checkpoint;
+#[cfg(feature = "clap")]
+pub mod cli;
 pub mod collective;
 pub mod config;
 pub mod data_parallel;
@@ -60,6 +66,7 @@ pub mod driver;
 pub mod eplb_runtime;
 pub mod error;
 pub mod expert_parallel;
+pub mod local;
 pub mod memory;
 pub mod moe;
 #[cfg(feature = "mpi")]
@@ -82,6 +89,7 @@ pub use dualpipe_dp as dp;
 pub use dualpipe_dp::Compression;
 pub use dualpipe_nn::{Optimizer, OptimizerKind};
 pub use error::{Divergence, TrainError};
+pub use local::LocalRun;
 pub use memory::{MemoryEstimate, MEMORY_LIMIT_BYTES};
 pub use moe::{ExpertLoad, MoeSettings};
 pub use rank::{OneRank, RankTrainer};

@@ -9,7 +9,8 @@
 //! Checkpoints: every process writes its layers' share ([`checkpoint_share`],
 //! [`checkpoint::shared`](crate::checkpoint::shared)); on resume process 0 chooses the
 //! checkpoint (verifying it whole, falling back past damaged ones), tells the others
-//! ([`agree_resume`]), and each reads only its layers ([`read_share`]).
+//! ([`agree_resume`]), and each reads only its layers ([`read_share`]); [`restore_agreed`]
+//! does the three.
 
 use dualpipe_dp::LinkTransport;
 use dualpipe_runtime::launch::LaunchInfo;
@@ -20,7 +21,7 @@ use dualpipe_schedule::Schedule;
 use crate::checkpoint::{shared, Checkpoint, Share};
 use crate::data_parallel::{GroupTransport, ReplicaLinks};
 use crate::driver::Driver;
-use crate::{OneRank, TrainConfig, TrainError, Trainer};
+use crate::{OneRank, Restored, TrainConfig, TrainError, Trainer};
 
 /// Checks that the launcher started one process per worker of `config`'s grid
 /// (`ranks x data_parallel`); the error names the count to start.
@@ -153,4 +154,40 @@ pub fn read_share<D: Driver>(
     Ok(Checkpoint::read_files(&dir, |f| {
         trainer.needs_checkpoint_file(f)
     })?)
+}
+
+/// Restores `trainer` from the checkpoint process 0 chose (`chosen`; the other processes pass
+/// `Ok(None)`): process 0 tells the others its step ([`agree_resume`]) and each of them reads
+/// only its layers from `source` ([`read_share`]). `Ok(None)`: a fresh run. A failure on
+/// process 0 is its own error; the others get a [`TrainError::Config`] to leave quietly by.
+/// Collective: every process calls it.
+pub fn restore_agreed<D: Driver>(
+    world: &MpiWorld,
+    trainer: &mut Trainer<D>,
+    chosen: Result<Option<Checkpoint>, TrainError>,
+    source: Option<&std::path::Path>,
+) -> Result<Option<(Checkpoint, Restored)>, TrainError> {
+    let choice = match &chosen {
+        Ok(Some(c)) => ResumeChoice::Step(c.state.step),
+        Ok(None) => ResumeChoice::Fresh,
+        Err(_) => ResumeChoice::Failed,
+    };
+    let agreed = agree_resume(world, choice);
+    let checkpoint = match (chosen?, agreed) {
+        (Some(c), _) => c,
+        (None, ResumeChoice::Step(step)) => {
+            let Some(path) = source else {
+                return Ok(None);
+            };
+            read_share(trainer, path, step)?
+        }
+        (None, ResumeChoice::Fresh) => return Ok(None),
+        (None, ResumeChoice::Failed) => {
+            return Err(TrainError::Config(
+                "process 0 could not open the checkpoint".into(),
+            ))
+        }
+    };
+    let restored = trainer.restore(&checkpoint)?;
+    Ok(Some((checkpoint, restored)))
 }

@@ -12,7 +12,6 @@ pub mod schedule;
 pub mod simulate;
 pub mod train;
 
-use dualpipe_schedule::ir::UnknownScheduleKind;
 use dualpipe_schedule::ScheduleKind;
 
 /// The flags that name one schedule, shared by `dualpipe schedule` and `dualpipe simulate`.
@@ -73,36 +72,11 @@ pub fn kind_and_virtual_stages(
     ))
 }
 
-/// Parses a count flag (`--ranks`, `--micro-batches`, ...): a whole number from 0 up. Negative
-/// numbers reach this check (flags use `allow_negative_numbers`) instead of being taken for an
-/// unknown flag; 0 passes here and is refused, with the nearest valid value, by the library.
-pub fn count(text: &str) -> Result<usize, String> {
-    let t = text.trim();
-    if let Ok(n) = t.parse::<usize>() {
-        return Ok(n);
-    }
-    if t.parse::<i128>().is_ok_and(|n| n < 0) || t.parse::<f64>().is_ok_and(|x| x < 0.0) {
-        return Err(format!(
-            "a count cannot be negative, got {t}; give a whole number from 1 up"
-        ));
-    }
-    if t.parse::<i128>().is_ok() {
-        return Err(format!("{t} is too large (the most is {})", usize::MAX));
-    }
-    if t.parse::<f64>().is_ok() {
-        return Err(format!("{t} is not a whole number; give a count such as 4"));
-    }
-    Err(format!("{t} is not a number; give a count such as 4"))
-}
+pub use dualpipe_train::cli::count;
 
 /// Parses a `--schedule` value, naming the valid kinds when it is unknown.
 pub fn parse_kind(name: &str) -> Result<ScheduleKind, UsageError> {
-    name.parse().map_err(|_: UnknownScheduleKind| {
-        UsageError(format!(
-            "unknown schedule '{name}' (--schedule): use one of {}",
-            UnknownScheduleKind::valid()
-        ))
-    })
+    dualpipe_train::cli::parse_kind(name).map_err(UsageError::from)
 }
 
 /// A user error: bad flags or input. Exits with code 2 (as clap does for usage errors).
@@ -116,6 +90,13 @@ impl std::fmt::Display for UsageError {
 }
 
 impl std::error::Error for UsageError {}
+
+impl From<dualpipe_train::TrainError> for UsageError {
+    /// A library refusal in its own words (a configuration error without its prefix).
+    fn from(err: dualpipe_train::TrainError) -> Self {
+        UsageError(dualpipe_train::cli::message(err))
+    }
+}
 
 /// The process exit code for an error: 2 for usage errors, 1 otherwise.
 pub fn exit_code(err: &anyhow::Error) -> u8 {

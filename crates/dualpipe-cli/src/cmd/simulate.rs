@@ -120,15 +120,9 @@ pub const FB_DEFAULT_NOTE: &str =
     "note: --fb not given, so an overlapped F&B pair costs F + B (no overlap gain); pass --fb to model the overlap";
 
 /// Reads, validates and lowers the schedule in `path` (`-`: stdin) with
-/// [`dualpipe_schedule::format::read_schedule_file`]; its refusals are usage errors.
+/// [`dualpipe_train::cli::read_schedule_file`]; its refusals are usage errors.
 pub fn read_schedule_file(path: &Path) -> Result<Schedule, UsageError> {
-    dualpipe_schedule::format::read_schedule_file(path).map_err(|e| match e {
-        ScheduleError::Parse(msg) => UsageError(format!("{msg} (--schedule-file)")),
-        other => UsageError(format!(
-            "schedule file {} (--schedule-file): {other}",
-            path.display()
-        )),
-    })
+    dualpipe_train::cli::read_schedule_file(path).map_err(UsageError::from)
 }
 
 /// Maps a library error to a usage error (bad configuration) or a plain error.

@@ -1,26 +1,23 @@
-//! `dualpipe train`: flags ([`args`]) → [`TrainConfig`] → [`Trainer::run`] → the summary
-//! (and `--save`'s weights), printed or written with `--output`. The training loop, its
-//! checks, the validation and the summary are `dualpipe_train`'s; this module parses, shows
-//! progress and prints.
+//! `dualpipe train`: flags ([`TrainArgs`]) → [`TrainArgs::config`] → [`Trainer::run`] →
+//! the summary (and `--save`'s weights), printed or written with `--output`. The flags, their
+//! mapping and validation, the training loop, its checks and the summary are
+//! `dualpipe_train`'s; this module and its children call them, show progress and print.
 
 use dualpipe_schedule::{Schedule, ScheduleError};
-use dualpipe_train::{DataParallel, Driver, RunSummary, TrainConfig, TrainError, Trainer};
+use dualpipe_train::cli::{Format, TrainArgs, Transport};
+use dualpipe_train::{Driver, LocalRun, RunSummary, TrainConfig, TrainError, Trainer};
 
 use super::output::{check_outputs, write_together};
 use super::UsageError;
 
 #[cfg(feature = "mpi")]
 mod mpi;
-pub mod observe;
+mod observe;
 
 use observe::Observe;
 
-mod args;
 mod layout;
-mod moe;
 mod resume;
-
-pub use args::{config_and_schedule, Args, Format, Transport};
 
 /// What a finished run leaves to write: the summary and, with `--save`, the weights.
 #[derive(Debug)]
@@ -30,7 +27,7 @@ pub struct Finished {
 }
 
 /// Runs `dualpipe train`.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     match execute(&args)? {
         Some(finished) => write(&args, &finished),
         // A rank other than 0 of a multi-process run: rank 0 prints the summary.
@@ -40,12 +37,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// Trains and returns what to write, or `None` on the ranks of a multi-process run that do
 /// not report. Every output path is checked first, so a bad one is found before training.
-fn execute(args: &Args) -> anyhow::Result<Option<Finished>> {
-    let (config, given) = config_and_schedule(args)?;
-    if args.layout.profile_run(&config, args.observe.quiet)? {
+fn execute(args: &TrainArgs) -> anyhow::Result<Option<Finished>> {
+    let (config, given) = args.config().map_err(UsageError::from)?;
+    if layout::profile_run(args, &config)? {
         return Ok(None);
     }
-    resume::check(args, &config)?;
     check_outputs(
         args.output.as_deref(),
         &[
@@ -55,81 +51,42 @@ fn execute(args: &Args) -> anyhow::Result<Option<Finished>> {
         ],
     )?;
     match args.transport {
-        Transport::Local => {
-            if args.inject_failure.is_some() {
-                return Err(UsageError(
-                    "--inject-failure needs --transport mpi (it stops one process of a \
-                     multi-process run)"
-                        .into(),
-                )
-                .into());
-            }
-            if config.data_parallel > 1 {
-                return execute_replicas(args, &config, given).map(Some);
-            }
-            let resume_from = resume::point(args)?;
-            let mut trainer = match given {
-                Some(schedule) => Trainer::with_schedule(config.clone(), schedule),
-                None => Trainer::new(config.clone()),
-            }
-            .map_err(setup_error)?;
-            if let Some(checkpoint) = &resume_from {
-                let restored = trainer.restore(checkpoint).map_err(setup_error)?;
-                resume::note(args, checkpoint, &restored);
-            }
-            let mut observe = Observe::start(&args.observe, &config, trainer.schedule(), 0, true)?;
-            let writer = resume::writer(args, 1, observe.on_checkpoint())?;
-            if let Some(sink) = writer.as_ref().and_then(|w| w.sink()) {
-                trainer.set_checkpoints(sink);
-            }
-            let outcome = trainer.run(|event| observe.on_event(event));
-            trainer.clear_checkpoints();
-            let saved = resume::finish(args, writer);
-            let summary = outcome.map_err(|e| run_error(e, &config))?;
-            saved?;
-            observe.finish();
-            layout::report_moves(trainer.repartitions(), args.observe.quiet);
-            finished(args, &mut trainer, summary).map(Some)
-        }
+        Transport::Local => execute_local(args, config, given).map(Some),
         Transport::Mpi => execute_mpi(args, config, given),
     }
 }
 
-/// A local run of `--data-parallel` replicas (every replica's ranks on threads).
-fn execute_replicas(
-    args: &Args,
-    config: &TrainConfig,
+/// A local run: every rank of the pipeline, or of its `--data-parallel` replicas, on a thread.
+fn execute_local(
+    args: &TrainArgs,
+    config: TrainConfig,
     given: Option<Schedule>,
 ) -> anyhow::Result<Finished> {
     let resume_from = resume::point(args)?;
-    let mut replicas = match given {
-        Some(schedule) => DataParallel::with_schedule(config.clone(), schedule),
-        None => DataParallel::new(config.clone()),
-    }
-    .map_err(setup_error)?;
+    let mut local = LocalRun::new(config.clone(), given).map_err(setup_error)?;
     if let Some(checkpoint) = &resume_from {
-        let restored = replicas.restore(checkpoint).map_err(setup_error)?;
+        let restored = local.restore(checkpoint).map_err(setup_error)?;
         resume::note(args, checkpoint, &restored);
     }
-    let schedule = replicas.replicas()[0].schedule().clone();
-    let mut observe = Observe::start(&args.observe, config, &schedule, 0, true)?;
-    let writer = resume::writer(args, config.data_parallel, observe.on_checkpoint())?;
+    let mut observe = Observe::start(&args.observe, &config, local.schedule(), 0, true)?;
+    let writer = resume::writer(args, local.checkpoint_parts(), observe.on_checkpoint())?;
     if let Some(writer) = &writer {
-        replicas.set_checkpoints(writer);
+        local.set_checkpoints(writer);
     }
-    let outcome = replicas.run(|event| observe.on_event(event));
-    replicas.clear_checkpoints();
+    let outcome = local.run(|event| observe.on_event(event));
+    local.clear_checkpoints();
     let saved = resume::finish(args, writer);
-    let summary = outcome.map_err(|e| run_error(e, config))?;
+    let summary = outcome.map_err(|e| run_error(e, &config))?;
     saved?;
     observe.finish();
-    finished(args, replicas.replica_mut(0), summary)
+    layout::report_moves(local.repartitions(), args.observe.quiet);
+    finished(args, local.lead(), summary)
 }
 
 /// The summary and, with `--save`, the final weights as safetensors bytes (a collective call
 /// under MPI: every rank makes it).
 fn finished<D: Driver>(
-    args: &Args,
+    args: &TrainArgs,
     trainer: &mut Trainer<D>,
     summary: RunSummary,
 ) -> anyhow::Result<Finished> {
@@ -145,7 +102,7 @@ fn finished<D: Driver>(
 
 /// Writes the weights, the trace and the picture (when asked) and the summary, all or
 /// nothing.
-fn write(args: &Args, finished: &Finished) -> anyhow::Result<()> {
+fn write(args: &TrainArgs, finished: &Finished) -> anyhow::Result<()> {
     let summary = &finished.summary;
     let mut files = Vec::new();
     if let Some((path, bytes)) = args.save.as_ref().zip(finished.weights.as_ref()) {
@@ -167,7 +124,7 @@ fn write(args: &Args, finished: &Finished) -> anyhow::Result<()> {
 
 #[cfg(feature = "mpi")]
 fn execute_mpi(
-    args: &Args,
+    args: &TrainArgs,
     config: TrainConfig,
     given: Option<Schedule>,
 ) -> anyhow::Result<Option<Finished>> {
@@ -176,7 +133,7 @@ fn execute_mpi(
 
 #[cfg(not(feature = "mpi"))]
 fn execute_mpi(
-    _args: &Args,
+    _args: &TrainArgs,
     _config: TrainConfig,
     _given: Option<Schedule>,
 ) -> anyhow::Result<Option<Finished>> {
@@ -202,23 +159,7 @@ fn setup_error(err: TrainError) -> anyhow::Error {
 /// Words a run's failure for the command line (a diverged loss names the flags to change).
 fn run_error(err: TrainError, config: &TrainConfig) -> anyhow::Error {
     match err {
-        TrainError::Diverged(d) if d.before_any_update() => anyhow::anyhow!(
-            "the loss of step 1 is {}, before any update: the inputs or the initial weights \
-             overflow {} (the learning rate is not the cause); try --dtype f64, a smaller \
-             {} or fewer --layers-per-stage",
-            d.loss,
-            config.dtype,
-            match config.model {
-                dualpipe_train::ModelKind::Gpt => "--d-model",
-                dualpipe_train::ModelKind::Mlp => "--hidden",
-            }
-        ),
-        TrainError::Diverged(d) => anyhow::anyhow!(
-            "training diverged at step {}: the loss is {}; lower the learning rate (now --lr {:e})",
-            d.step + 1,
-            d.loss,
-            d.lr
-        ),
+        TrainError::Diverged(d) => anyhow::anyhow!(dualpipe_train::cli::divergence(&d, config)),
         other => anyhow::Error::new(other).context("training failed"),
     }
 }

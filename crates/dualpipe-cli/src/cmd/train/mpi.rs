@@ -13,61 +13,26 @@ use anyhow::Context;
 use dualpipe_runtime::transport::mpi::MpiWorld;
 use dualpipe_runtime::RuntimeError;
 use dualpipe_schedule::Schedule;
+use dualpipe_train::cli::{How, Injection, TrainArgs};
 use dualpipe_train::{StepEvent, TrainConfig, TrainError};
 
 use super::observe::Observe;
-use super::{finished, run_error, setup_error, Args, Finished};
+use super::{finished, run_error, setup_error, Finished};
 use crate::cmd::UsageError;
-
-/// How `--inject-failure` makes a rank fail.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum How {
-    /// A clean error, reported to the other ranks.
-    Error,
-    /// `exit(3)` without a word to anyone (a crash that MPI sees as a lost process).
-    Exit,
-    /// Death by SIGABRT.
-    Abort,
-}
-
-/// `RANK:STEP:HOW`, STEP 1-based.
-fn parse_injection(text: &str) -> Result<(usize, usize, How), UsageError> {
-    let bad = || {
-        UsageError(format!(
-            "--inject-failure {text:?}: expected RANK:STEP:HOW such as 2:1:error (HOW is \
-             error, exit or abort; STEP counts from 1)"
-        ))
-    };
-    let parts: Vec<&str> = text.split(':').collect();
-    let [rank, step, how] = parts.as_slice() else {
-        return Err(bad());
-    };
-    let rank = rank.trim().parse().map_err(|_| bad())?;
-    let step: usize = step.trim().parse().map_err(|_| bad())?;
-    let how = match how.trim() {
-        "error" => How::Error,
-        "exit" => How::Exit,
-        "abort" => How::Abort,
-        _ => return Err(bad()),
-    };
-    if step == 0 {
-        return Err(bad());
-    }
-    Ok((rank, step, how))
-}
 
 /// Runs this process's rank; `Some(summary)` on rank 0.
 /// `given`: the schedule of `--schedule-file`, else the configuration's generated one.
 pub(super) fn execute(
-    args: &Args,
+    args: &TrainArgs,
     config: TrainConfig,
     given: Option<Schedule>,
 ) -> anyhow::Result<Option<Finished>> {
     let injection = args
         .inject_failure
         .as_deref()
-        .map(parse_injection)
-        .transpose()?;
+        .map(Injection::parse)
+        .transpose()
+        .map_err(UsageError::from)?;
     let mut world = MpiWorld::init().context("cannot start MPI")?;
     let info = world.info().clone();
     let grid = dualpipe_train::mpi::check_grid(&info, &config);
@@ -126,9 +91,10 @@ pub(super) fn execute(
     // only a PID); every process reaches its end through a barrier or `leave_after_failure`.
     world.watch_peers();
     let result = trainer.run(|event| {
-        if let (StepEvent::Starting { step }, Some((r, s, how))) = (event, injection) {
-            if r == rank && s == step + 1 {
-                match how {
+        if let (StepEvent::Starting { step }, Some(at)) = (event, injection) {
+            if at.rank == rank && at.step == step + 1 {
+                let s = at.step;
+                match at.how {
                     How::Error => return Err(format!("rank {rank}: injected failure at step {s}")),
                     How::Exit => std::process::exit(3),
                     How::Abort => std::process::abort(),

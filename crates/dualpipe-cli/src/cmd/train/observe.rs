@@ -1,59 +1,18 @@
 //! What `dualpipe train` shows and exports while it trains: the progress bar, the Prometheus
-//! metrics server (`--metrics-addr`) and the JSONL run log (`--log`). The figures and the
-//! formats are `dualpipe_metrics`'s; this module holds the flags and the terminal.
+//! metrics server (`--metrics-addr`) and the JSONL run log (`--log`). The flags are
+//! [`ObserveArgs`]; the figures and the formats are `dualpipe_metrics`'s; this module holds
+//! the terminal.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
 
 use dualpipe_metrics::{MetricsServer, RunLog, RunObserver, StepRecord, TrainingMetrics};
 use dualpipe_schedule::Schedule;
+use dualpipe_train::cli::{rank_addr, ObserveArgs};
 use dualpipe_train::{StepEvent, TrainConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cmd::output::check_output;
 use crate::cmd::UsageError;
-
-/// The flags of what a run shows and exports while it trains.
-#[derive(clap::Args, Debug, Default)]
-pub struct ObserveArgs {
-    /// Serve Prometheus metrics on HOST:PORT while training (port 0 picks a free one; the
-    /// address is printed as `metrics: http://HOST:PORT/metrics`). With --transport mpi each
-    /// process serves PORT + its rank.
-    #[arg(long, value_name = "HOST:PORT")]
-    pub metrics_addr: Option<String>,
-    /// Write one JSON line per step (every metric) into FILE, as the run goes; read it back
-    /// with `dualpipe report FILE`. With --transport mpi rank 0 writes it (every rank sees
-    /// every rank's figures).
-    #[arg(long, value_name = "FILE.jsonl")]
-    pub log: Option<PathBuf>,
-    /// No progress bar and no per-step lines (the summary is still printed).
-    #[arg(long)]
-    pub quiet: bool,
-}
-
-/// The address process `rank` serves on: `addr` with its port moved up by `rank` (port 0
-/// stays 0: every process picks its own free port).
-pub fn rank_addr(addr: &str, rank: usize) -> Result<String, UsageError> {
-    let bad = |why: &str| {
-        UsageError(format!(
-            "--metrics-addr {addr}: {why}; give HOST:PORT such as 127.0.0.1:9400 (port 0 picks \
-             a free one)"
-        ))
-    };
-    let (host, port) = addr.rsplit_once(':').ok_or_else(|| bad("no port"))?;
-    let port: u16 = port.parse().map_err(|_| bad("the port is not 0-65535"))?;
-    if host.is_empty() {
-        return Err(bad("no host"));
-    }
-    if port == 0 || rank == 0 {
-        return Ok(addr.to_string());
-    }
-    let shifted = u16::try_from(rank)
-        .ok()
-        .and_then(|r| port.checked_add(r))
-        .ok_or_else(|| bad(&format!("port {port} + rank {rank} passes 65535")))?;
-    Ok(format!("{host}:{shifted}"))
-}
 
 /// Watches one run: the metrics server and the log (when asked for) and the progress bar.
 pub struct Observe {
@@ -80,7 +39,7 @@ impl Observe {
         let mut server = None;
         let mut served = None;
         if let Some(addr) = &args.metrics_addr {
-            let addr = rank_addr(addr, rank)?;
+            let addr = rank_addr(addr, rank).map_err(UsageError::from)?;
             let metrics = TrainingMetrics::new(config.ranks);
             let started = MetricsServer::start(&addr, metrics.clone())
                 .map_err(|e| UsageError(format!("--metrics-addr: {e}")))?;
@@ -153,25 +112,4 @@ fn progress_bar(quiet: bool, steps: usize) -> ProgressBar {
         bar.set_style(style.progress_chars("=> "));
     }
     bar
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_rank_serves_its_own_port() {
-        assert_eq!(rank_addr("127.0.0.1:9400", 0).unwrap(), "127.0.0.1:9400");
-        assert_eq!(rank_addr("127.0.0.1:9400", 3).unwrap(), "127.0.0.1:9403");
-        assert_eq!(rank_addr("0.0.0.0:0", 3).unwrap(), "0.0.0.0:0");
-        assert_eq!(rank_addr("[::1]:9400", 1).unwrap(), "[::1]:9401");
-        for bad in ["9400", "host:port", ":9400", "h:70000"] {
-            let err = rank_addr(bad, 1).unwrap_err().0;
-            assert!(err.contains("HOST:PORT"), "{bad}: {err}");
-        }
-        assert!(rank_addr("h:65535", 1)
-            .unwrap_err()
-            .0
-            .contains("passes 65535"));
-    }
 }

@@ -1,7 +1,6 @@
 //! [`TrainConfig`]: everything a run depends on, the one place its defaults live, and the one
 //! check of its sizes ([`TrainConfig::check`]).
 
-use std::fmt;
 use std::path::PathBuf;
 
 use dualpipe_dp::Compression;
@@ -10,135 +9,13 @@ use dualpipe_nn::{ModelConfig, OptimizerKind};
 use dualpipe_schedule::ScheduleKind;
 use serde::{Deserialize, Serialize};
 
-/// Element type of parameters and activations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DType {
-    /// 32-bit floats (fast; the default for training).
-    #[default]
-    F32,
-    /// 64-bit floats (for exact comparisons in tests).
-    F64,
-}
+mod choice;
+mod field;
+mod serde_repr;
 
-impl DType {
-    /// Names accepted by [`DType::from_name`].
-    pub const NAMES: [&'static str; 2] = ["f32", "f64"];
-
-    /// `"f32"` or `"f64"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F64 => "f64",
-        }
-    }
-
-    /// Parses `"f32"` or `"f64"` (case-insensitive).
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name.to_ascii_lowercase().as_str() {
-            "f32" => Some(DType::F32),
-            "f64" => Some(DType::F64),
-            _ => None,
-        }
-    }
-
-    /// The candle element type.
-    pub fn candle(self) -> candle_core::DType {
-        match self {
-            DType::F32 => candle_core::DType::F32,
-            DType::F64 => candle_core::DType::F64,
-        }
-    }
-
-    /// Bytes of one value.
-    pub fn size_in_bytes(self) -> u128 {
-        match self {
-            DType::F32 => 4,
-            DType::F64 => 8,
-        }
-    }
-}
-
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Which model a run trains.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ModelKind {
-    /// The GPT-style byte-level language model (`dualpipe_nn::gpt`): the default.
-    #[default]
-    Gpt,
-    /// The residual MLP regressing a seeded random teacher (compared with DeepSeek's
-    /// reference).
-    Mlp,
-}
-
-impl ModelKind {
-    /// Names accepted by [`ModelKind::from_name`].
-    pub const NAMES: [&'static str; 2] = ["gpt", "mlp"];
-
-    /// `"gpt"` or `"mlp"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelKind::Gpt => "gpt",
-            ModelKind::Mlp => "mlp",
-        }
-    }
-
-    /// Parses `"gpt"` or `"mlp"` (case-insensitive).
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name.to_ascii_lowercase().as_str() {
-            "gpt" => Some(ModelKind::Gpt),
-            "mlp" => Some(ModelKind::Mlp),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for ModelKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// The GPT's synthetic text when no data file is given.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Task {
-    /// A seeded order-2 Markov source whose entropy rate is known: the validation loss is
-    /// scored against the best possible (`dualpipe_nn::gpt::markov`). The default.
-    #[default]
-    Markov,
-    /// Seeded two-digit additions `"12+34=46\n"`, scored as the exact-match accuracy of
-    /// greedy answers on held-out problems (learning it takes thousands of steps).
-    Addition,
-}
-
-impl Task {
-    /// Names accepted by [`Task::from_name`].
-    pub const NAMES: [&'static str; 2] = ["markov", "addition"];
-
-    /// `"markov"` or `"addition"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Task::Markov => "markov",
-            Task::Addition => "addition",
-        }
-    }
-
-    /// Parses a name of [`Task::NAMES`] (case-insensitive).
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name.to_ascii_lowercase().as_str() {
-            "markov" => Some(Task::Markov),
-            "addition" => Some(Task::Addition),
-            _ => None,
-        }
-    }
-}
+pub use choice::{DType, ModelKind, Task};
+pub use field::{Field, Naming};
+use serde_repr::{compression_name, optimizer_repr, schedule_name};
 
 /// The most steps one run may ask for: the run keeps every step's loss for its summary (8 bytes
 /// a step, so 8 GB at the cap), and nothing near it finishes in a lifetime anyway.
@@ -315,96 +192,6 @@ impl Default for TrainConfig {
     }
 }
 
-/// A configuration field, for messages: [`Naming::Fields`] calls it by its Rust / JSON name
-/// (`micro_batch_size`), [`Naming::Flags`] by its command-line flag (`--micro-batch-size`), so
-/// the one check speaks the words of whoever called it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Field {
-    /// [`TrainConfig::ranks`].
-    Ranks,
-    /// [`TrainConfig::micro_batches`].
-    MicroBatches,
-    /// [`TrainConfig::micro_batch_size`].
-    MicroBatchSize,
-    /// [`TrainConfig::virtual_stages`].
-    VirtualStages,
-    /// [`TrainConfig::hidden`].
-    Hidden,
-    /// [`TrainConfig::layers_per_stage`].
-    LayersPerStage,
-    /// [`TrainConfig::steps`].
-    Steps,
-    /// [`TrainConfig::lr`].
-    Lr,
-    /// [`TrainConfig::recv_timeout`].
-    RecvTimeout,
-    /// [`TrainConfig::dtype`].
-    DType,
-    /// [`TrainConfig::d_model`].
-    DModel,
-    /// [`TrainConfig::heads`].
-    Heads,
-    /// [`TrainConfig::seq_len`].
-    SeqLen,
-    /// [`TrainConfig::data`].
-    Data,
-    /// [`TrainConfig::validation_fraction`].
-    ValidationFraction,
-    /// [`TrainConfig::init_from`].
-    InitFrom,
-    /// [`TrainConfig::clip_grad`].
-    ClipGrad,
-    /// [`TrainConfig::data_parallel`].
-    DataParallel,
-    /// [`TrainConfig::bucket_mb`].
-    BucketMb,
-}
-
-/// How messages name a [`Field`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Naming {
-    /// By field name (`micro_batch_size`): library users.
-    #[default]
-    Fields,
-    /// By flag (`--micro-batch-size`): the command line.
-    Flags,
-}
-
-impl Field {
-    /// The field's name (as in JSON).
-    pub fn key(self) -> &'static str {
-        match self {
-            Field::Ranks => "ranks",
-            Field::MicroBatches => "micro_batches",
-            Field::MicroBatchSize => "micro_batch_size",
-            Field::VirtualStages => "virtual_stages",
-            Field::Hidden => "hidden",
-            Field::LayersPerStage => "layers_per_stage",
-            Field::Steps => "steps",
-            Field::Lr => "lr",
-            Field::RecvTimeout => "recv_timeout",
-            Field::DType => "dtype",
-            Field::DModel => "d_model",
-            Field::Heads => "heads",
-            Field::SeqLen => "seq_len",
-            Field::Data => "data",
-            Field::ValidationFraction => "validation_fraction",
-            Field::InitFrom => "init_from",
-            Field::ClipGrad => "clip_grad",
-            Field::DataParallel => "data_parallel",
-            Field::BucketMb => "bucket_mb",
-        }
-    }
-
-    /// The field as `naming` calls it: `micro_batch_size` or `--micro-batch-size`.
-    pub fn name(self, naming: Naming) -> String {
-        match naming {
-            Naming::Fields => self.key().to_string(),
-            Naming::Flags => format!("--{}", self.key().replace('_', "-")),
-        }
-    }
-}
-
 impl TrainConfig {
     /// Model stages along one pipeline: `2 × ranks` for DualPipeV, `ranks × virtual_stages`
     /// for interleaved, `ranks` otherwise (saturating: absurd sizes are refused by
@@ -485,99 +272,6 @@ impl TrainConfig {
             timeout: std::time::Duration::from_secs_f64(self.recv_timeout),
             ..dualpipe_dp::ExchangeConfig::default()
         }
-    }
-}
-
-/// `ScheduleKind` as its name (`"dualpipe"`, `"1f1b"`, ...).
-mod schedule_name {
-    use dualpipe_schedule::ScheduleKind;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(kind: &ScheduleKind, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(kind.name())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ScheduleKind, D::Error> {
-        let name = String::deserialize(d)?;
-        ScheduleKind::from_name(&name).ok_or_else(|| {
-            let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
-            serde::de::Error::custom(format!(
-                "unknown schedule '{name}': use one of {}",
-                names.join(", ")
-            ))
-        })
-    }
-}
-
-/// `Compression` as its flag value (`"none"`, `"bf16"`, `"int8"`, `"1bit"`).
-mod compression_name {
-    use dualpipe_dp::Compression;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(c: &Compression, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(c.name())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Compression, D::Error> {
-        let name = String::deserialize(d)?;
-        name.parse::<Compression>()
-            .map_err(|e| serde::de::Error::custom(e.to_string()))
-    }
-}
-
-/// `OptimizerKind` as `{"name": "sgd", "momentum": 0.9}` or
-/// `{"name": "adamw", "beta1": .., "beta2": .., "eps": .., "weight_decay": ..}`.
-mod optimizer_repr {
-    use dualpipe_nn::OptimizerKind;
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    #[derive(Serialize, Deserialize)]
-    #[serde(tag = "name", rename_all = "lowercase", deny_unknown_fields)]
-    enum Repr {
-        Sgd {
-            momentum: f64,
-        },
-        AdamW {
-            beta1: f64,
-            beta2: f64,
-            eps: f64,
-            weight_decay: f64,
-        },
-    }
-
-    pub fn serialize<S: Serializer>(kind: &OptimizerKind, s: S) -> Result<S::Ok, S::Error> {
-        match *kind {
-            OptimizerKind::Sgd { momentum } => Repr::Sgd { momentum },
-            OptimizerKind::AdamW {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            } => Repr::AdamW {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            },
-        }
-        .serialize(s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<OptimizerKind, D::Error> {
-        Ok(match Repr::deserialize(d)? {
-            Repr::Sgd { momentum } => OptimizerKind::Sgd { momentum },
-            Repr::AdamW {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            } => OptimizerKind::AdamW {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            },
-        })
     }
 }
 

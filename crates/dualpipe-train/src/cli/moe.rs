@@ -1,9 +1,12 @@
-//! The mixture-of-experts flags of `dualpipe train` and the [`MoeSettings`] they ask for.
+//! The mixture-of-experts flags of `dualpipe train` ([`MoeArgs`]) and the [`MoeSettings`]
+//! they ask for.
+
+use std::path::Path;
 
 use dualpipe_nn::gpt::GptConfig;
-use dualpipe_train::MoeSettings;
 
-use crate::cmd::{count, UsageError};
+use super::count;
+use crate::{MoeSettings, TrainError};
 
 /// The defaults.
 const M: MoeSettings = MoeSettings::DEFAULT;
@@ -72,10 +75,10 @@ impl MoeArgs {
 
     /// The settings the flags ask for (`None`: dense); a tuning flag without --experts is an
     /// error.
-    pub fn settings(&self) -> Result<Option<MoeSettings>, UsageError> {
+    pub fn settings(&self) -> Result<Option<MoeSettings>, TrainError> {
         let Some(experts) = self.experts else {
             return match self.given().first() {
-                Some(flag) => Err(UsageError(format!(
+                Some(flag) => Err(TrainError::Config(format!(
                     "{flag} tunes the mixture of experts; add --experts E (such as --experts 4) \
                      or drop it"
                 ))),
@@ -98,14 +101,10 @@ impl MoeArgs {
 
     /// With --init-from: the file's experts, unless a flag given disagrees (an error naming
     /// both); the balancing flags apply as given.
-    pub fn adopt(
-        &self,
-        file: &GptConfig,
-        path: &std::path::Path,
-    ) -> Result<Option<MoeSettings>, UsageError> {
+    pub fn adopt(&self, file: &GptConfig, path: &Path) -> Result<Option<MoeSettings>, TrainError> {
         let check = |flag: &str, given: Option<usize>| {
             file.check_flag(flag, given)
-                .map_err(|e| UsageError(format!("--init-from {}: {e}", path.display())))
+                .map_err(|e| TrainError::Config(format!("--init-from {}: {e}", path.display())))
         };
         check("experts", self.experts)?;
         let Some(m) = file.moe else {

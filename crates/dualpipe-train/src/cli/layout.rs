@@ -1,0 +1,89 @@
+//! `dualpipe train`'s layout flags ([`LayoutArgs`]): `--partition`, `--plan`, `--profile`,
+//! `--slow-rank` and `--rebalance-stages` (with its threshold and window). They map onto
+//! [`TrainConfig::partition`], [`PlanChoice`], [`SlowRank`] and [`RebalanceSettings`]; the
+//! profiling run itself is [`profile_gpt`](crate::profile::profile_gpt).
+
+use std::path::PathBuf;
+
+use super::{message, reworded};
+use crate::partition::parse_partition;
+use crate::plan_file::PlanChoice;
+use crate::rebalance::{RebalanceSettings, SlowRank, DEFAULT_THRESHOLD, DEFAULT_WINDOW};
+use crate::{Naming, TrainConfig, TrainError};
+
+/// Stage layout flags of `dualpipe train`.
+#[derive(clap::Args, Debug, Default)]
+pub struct LayoutArgs {
+    /// Blocks of each model stage, input to output, e.g. 3,2,2,1 (stage 0 keeps the
+    /// embeddings, the last the head); replaces --layers-per-stage.
+    #[arg(long, value_name = "B,B,...", conflicts_with = "layers_per_stage")]
+    pub partition: Option<String>,
+    /// Train with the best plan of `dualpipe plan --format json` in FILE: its schedule,
+    /// ranks, micro-batches and partition (a flag given that disagrees is an error).
+    #[arg(long, value_name = "FILE", conflicts_with = "schedule_file")]
+    pub plan: Option<PathBuf>,
+    /// Do not train: measure every block's F, I, W times and bytes in a short profiling
+    /// run and write them into FILE as the cost profile `dualpipe plan --profile` reads.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
+    /// Timed passes of the --profile run (the median is kept).
+    #[arg(long, value_name = "N", default_value_t = 5, requires = "profile")]
+    pub profile_repeats: usize,
+    /// Make rank R's compute F times slower (it sleeps F - 1 times each op's CPU time), for
+    /// tests and demonstrations of imbalance, e.g. 1:2.
+    #[arg(long, value_name = "R:F")]
+    pub slow_rank: Option<String>,
+    /// Re-partition the stages while training: when the slowest rank's compute over a
+    /// window exceeds the mean by more than --rebalance-threshold, move whole blocks
+    /// (weights and optimizer state) between neighbouring stages at a step boundary.
+    #[arg(long)]
+    pub rebalance_stages: bool,
+    /// The imbalance that triggers a move (a share of the mean rank compute).
+    #[arg(long, value_name = "SHARE", default_value_t = DEFAULT_THRESHOLD, requires = "rebalance_stages", allow_negative_numbers = true)]
+    pub rebalance_threshold: f64,
+    /// Steps measured before each re-balancing decision.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_WINDOW, requires = "rebalance_stages")]
+    pub rebalance_window: usize,
+}
+
+impl LayoutArgs {
+    /// Sets the partition, the plan's shape, the slow rank and the rebalancing on `config`;
+    /// `defaults` are the model's (a flag equal to its default takes the plan's value).
+    pub fn apply(
+        &self,
+        config: &mut TrainConfig,
+        defaults: &TrainConfig,
+    ) -> Result<(), TrainError> {
+        if let Some(text) = &self.partition {
+            let blocks = parse_partition(text)
+                .map_err(|e| TrainError::Config(format!("--partition {e}")))?;
+            config.partition = Some(blocks);
+        }
+        if let Some(path) = &self.plan {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                TrainError::Config(format!(
+                    "--plan {}: cannot read it ({e}); give the file `dualpipe plan --format \
+                     json --output FILE` wrote",
+                    path.display()
+                ))
+            })?;
+            let source = format!("--plan {}", path.display());
+            let choice = PlanChoice::from_json(&text, &source).map_err(reworded)?;
+            choice
+                .apply(config, defaults, Naming::Flags)
+                .map_err(|e| TrainError::Config(format!("{source}: {}", message(e))))?;
+        }
+        if let Some(text) = &self.slow_rank {
+            let slow = SlowRank::parse(text)
+                .map_err(|e| TrainError::Config(format!("--slow-rank {e}")))?;
+            config.slow_rank = Some(slow);
+        }
+        if self.rebalance_stages {
+            config.rebalance = Some(RebalanceSettings {
+                threshold: self.rebalance_threshold,
+                window: self.rebalance_window,
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,242 @@
+//! [`TrainArgs::config`]: the one place the flags of `dualpipe train` become a
+//! [`TrainConfig`], with `--init-from`'s architecture adopted. Sizes are checked by
+//! [`TrainConfig::check`] (in flag words), which is the one validator; what is checked here is
+//! only what the configuration cannot say (a flag given for the other model, an unknown name,
+//! a flag that disagrees with `--init-from`'s file).
+
+use std::path::Path;
+
+use dualpipe_schedule::Schedule;
+
+use super::{message, parse_kind, read_schedule_file, reworded, unknown, TrainArgs, Transport};
+use crate::workload::read_weights;
+use crate::{
+    Compression, DType, Driver, LocalThreads, ModelKind, Naming, OptimizerKind, Task, TrainConfig,
+    TrainError,
+};
+
+/// The GPT's defaults.
+const D: TrainConfig = TrainConfig::DEFAULT;
+
+impl TrainArgs {
+    /// The configuration the flags ask for (or a [`TrainError::Config`] naming the bad flag)
+    /// and, with `--schedule-file`, the schedule read from the file (whose shape the
+    /// configuration takes). The flags that are not the configuration's are checked here too:
+    /// `--checkpoint-every 0`, and `--inject-failure` without `--transport mpi`.
+    pub fn config(&self) -> Result<(TrainConfig, Option<Schedule>), TrainError> {
+        let resolved = config_and_schedule(self)?;
+        if self.checkpoint_every == Some(0) {
+            return Err(TrainError::Config(
+                "--checkpoint-every 0: give a positive number of steps, such as 500".into(),
+            ));
+        }
+        if self.transport == Transport::Local && self.inject_failure.is_some() {
+            return Err(TrainError::Config(
+                "--inject-failure needs --transport mpi (it stops one process of a \
+                 multi-process run)"
+                    .into(),
+            ));
+        }
+        Ok(resolved)
+    }
+
+    /// The flags given that only `model` reads, for the error when another model is asked for.
+    fn foreign_flags(&self, model: ModelKind) -> Vec<&'static str> {
+        let mut given = Vec::new();
+        match model {
+            ModelKind::Mlp => {
+                let gpt_only = [
+                    ("--d-model", self.d_model.is_some()),
+                    ("--heads", self.heads.is_some()),
+                    ("--seq-len", self.seq_len.is_some()),
+                    ("--data", self.data.is_some()),
+                    ("--task", self.task != D.task.name()),
+                    ("--save", self.save.is_some()),
+                    ("--init-from", self.init_from.is_some()),
+                    ("--experts", self.moe.experts.is_some()),
+                ];
+                given.extend(gpt_only.iter().filter(|(_, g)| *g).map(|(f, _)| *f));
+            }
+            ModelKind::Gpt => {
+                if self.hidden != D.hidden {
+                    given.push("--hidden");
+                }
+            }
+        }
+        given
+    }
+}
+
+/// [`TrainArgs::config`]'s configuration and schedule.
+fn config_and_schedule(args: &TrainArgs) -> Result<(TrainConfig, Option<Schedule>), TrainError> {
+    let model = ModelKind::from_name(&args.model)
+        .ok_or_else(|| unknown("model", "--model", &args.model, &ModelKind::NAMES))?;
+    if let Some(flag) = args.foreign_flags(model).first() {
+        let other = match model {
+            ModelKind::Gpt => "mlp",
+            ModelKind::Mlp => "gpt",
+        };
+        return Err(TrainError::Config(format!(
+            "{flag} applies to --model {other}, not to --model {model}; drop it or add \
+             --model {other}"
+        )));
+    }
+    let base = TrainConfig::defaults_for(model);
+    let given = args
+        .schedule_file
+        .as_deref()
+        .map(read_schedule_file)
+        .transpose()?;
+    let schedule = match &given {
+        Some(s) => s.kind,
+        None => parse_kind(&args.schedule)?,
+    };
+    let optimizer = match OptimizerKind::from_name(&args.optimizer) {
+        Some(OptimizerKind::Sgd { momentum }) => OptimizerKind::Sgd {
+            momentum: args.momentum.unwrap_or(momentum),
+        },
+        Some(_) if args.momentum.is_some() => {
+            return Err(TrainError::Config(
+                "--momentum applies to --optimizer sgd; AdamW has its own betas".into(),
+            ))
+        }
+        Some(kind) => kind,
+        None => {
+            return Err(unknown(
+                "optimizer",
+                "--optimizer",
+                &args.optimizer,
+                &OptimizerKind::NAMES,
+            ))
+        }
+    };
+    let task = Task::from_name(&args.task)
+        .ok_or_else(|| unknown("task", "--task", &args.task, &Task::NAMES))?;
+    let dtype = DType::from_name(&args.dtype)
+        .ok_or_else(|| unknown("dtype", "--dtype", &args.dtype, &DType::NAMES))?;
+    let gradient_compression = args
+        .gradient_compression
+        .parse::<Compression>()
+        .map_err(|_| {
+            let names: Vec<&str> = Compression::ALL.iter().map(|c| c.name()).collect();
+            unknown(
+                "compression",
+                "--gradient-compression",
+                &args.gradient_compression,
+                &names,
+            )
+        })?;
+    let mut config = TrainConfig {
+        model,
+        schedule,
+        ranks: args.ranks,
+        micro_batches: args.micro_batches,
+        micro_batch_size: args.micro_batch_size.unwrap_or(base.micro_batch_size),
+        virtual_stages: args
+            .virtual_stages
+            .unwrap_or_else(|| schedule.default_virtual_stages()),
+        hidden: args.hidden,
+        layers_per_stage: args.layers_per_stage.unwrap_or(base.layers_per_stage),
+        d_model: args.d_model.unwrap_or(base.d_model),
+        heads: args.heads.unwrap_or(base.heads),
+        seq_len: args.seq_len.unwrap_or(base.seq_len),
+        data: args.data.clone(),
+        task,
+        validation_fraction: args.validation_fraction,
+        eval_every: args.eval_every,
+        shuffle: args.shuffle,
+        init_from: args.init_from.clone(),
+        clip_grad: args.clip_grad,
+        steps: args.steps.unwrap_or(base.steps),
+        lr: args.lr.unwrap_or(base.lr),
+        optimizer,
+        dtype,
+        seed: args.seed,
+        recv_timeout: args.recv_timeout,
+        data_parallel: args.data_parallel,
+        bucket_mb: args.bucket_mb,
+        overlap: !args.no_overlap,
+        gradient_compression,
+        compression_warmup: args.compression_warmup,
+        error_feedback: !args.no_error_feedback,
+        moe: args.moe.settings()?,
+        partition: None,
+        slow_rank: None,
+        rebalance: None,
+    };
+    if let Some(s) = &given {
+        (config.ranks, config.micro_batches) = (s.ranks, s.micro_batches);
+        config.virtual_stages = s.virtual_stages;
+    }
+    args.layout.apply(&mut config, &base)?;
+    if let Some(path) = &args.init_from {
+        adopt_architecture(args, &mut config, path)?;
+    }
+    let processes = match args.transport {
+        Transport::Local => {
+            LocalThreads
+                .check(&config, Naming::Flags)
+                .map_err(reworded)?;
+            1
+        }
+        Transport::Mpi => config.ranks,
+    };
+    config.check(Naming::Flags, processes).map_err(reworded)?;
+    Ok((config, given))
+}
+
+/// Takes the architecture of `--init-from`'s file; a flag given that disagrees is an error
+/// naming both values.
+fn adopt_architecture(
+    args: &TrainArgs,
+    config: &mut TrainConfig,
+    path: &Path,
+) -> Result<(), TrainError> {
+    let weights = read_weights(path, config)
+        .map_err(|e| TrainError::Config(format!("--init-from {}", message(e))))?;
+    let file = *weights.config();
+    let stages = config.model_stages();
+    let check = |flag: &str, given: Option<usize>| {
+        file.check_flag(flag, given)
+            .map_err(|e| TrainError::Config(format!("--init-from {}: {e}", path.display())))
+    };
+    check("d-model", args.d_model)?;
+    check("heads", args.heads)?;
+    check("seq-len", args.seq_len)?;
+    if let Some(per_stage) = args.layers_per_stage {
+        if per_stage.saturating_mul(stages) != file.layers {
+            return Err(TrainError::Config(format!(
+                "--init-from {}: --layers-per-stage {per_stage} gives {} blocks over {stages} \
+                 model stages but the weights file has layers = {}; drop the flag",
+                path.display(),
+                per_stage.saturating_mul(stages),
+                file.layers
+            )));
+        }
+    }
+    if let Some(p) = &config.partition {
+        let blocks: usize = p.iter().sum();
+        if blocks != file.layers {
+            return Err(TrainError::Config(format!(
+                "--init-from {}: the partition {} holds {blocks} blocks but the weights file                  has layers = {}; give a partition of {} blocks",
+                path.display(),
+                crate::partition::format_partition(p),
+                file.layers,
+                file.layers
+            )));
+        }
+    } else if stages == 0 || !file.layers.is_multiple_of(stages) {
+        return Err(TrainError::Config(format!(
+            "--init-from {}: its {} blocks do not split evenly over the {stages} model stages \
+             of this schedule; choose --ranks (or --schedule) so that they do",
+            path.display(),
+            file.layers
+        )));
+    }
+    config.d_model = file.d_model;
+    config.heads = file.heads;
+    config.seq_len = file.seq_len;
+    config.layers_per_stage = file.layers / stages;
+    config.moe = args.moe.adopt(&file, path)?;
+    Ok(())
+}

@@ -1,0 +1,43 @@
+//! `dualpipe train`'s checkpoint flags: the checkpoint `--resume` or `--resume-from` asks
+//! for, and the [`CheckpointOptions`] of `--checkpoint-dir`. The checkpoints themselves are
+//! [`checkpoint`]'s.
+
+use super::TrainArgs;
+use crate::checkpoint::{self, CheckpointOptions, Found, DEFAULT_EVERY};
+use crate::TrainError;
+
+impl TrainArgs {
+    /// The checkpoint `--resume` or `--resume-from` asks for, with why each damaged newer one
+    /// was skipped. `None`: a fresh run (neither flag, or `--resume` on a directory that
+    /// holds no checkpoint yet). A path that cannot be used is a [`TrainError::Config`].
+    pub fn resume_point(&self) -> Result<Option<Found>, TrainError> {
+        let bad =
+            |flag: &str, e: checkpoint::CheckpointError| TrainError::Config(format!("{flag}: {e}"));
+        if let Some(path) = &self.resume_from {
+            return checkpoint::open(path)
+                .map(Some)
+                .map_err(|e| bad("--resume-from", e));
+        }
+        let Some(dir) = self.checkpoint_dir.as_ref().filter(|_| self.resume) else {
+            return Ok(None);
+        };
+        if !dir.is_dir() {
+            return Err(TrainError::Config(format!(
+                "--resume: the checkpoint directory {} does not exist; drop --resume for a \
+                 fresh run, or give the --checkpoint-dir of an earlier one",
+                dir.display()
+            )));
+        }
+        checkpoint::find_latest(dir).map_err(|e| bad("--resume", e))
+    }
+
+    /// What `--checkpoint-dir`, `--checkpoint-every` and `--keep-checkpoints` ask for
+    /// (`None`: no checkpoints).
+    pub fn checkpoint_options(&self) -> Option<CheckpointOptions> {
+        Some(CheckpointOptions {
+            dir: self.checkpoint_dir.clone()?,
+            every: self.checkpoint_every.unwrap_or(DEFAULT_EVERY),
+            keep: self.keep_checkpoints,
+        })
+    }
+}

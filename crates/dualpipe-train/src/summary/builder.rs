@@ -1,0 +1,174 @@
+//! [`SummaryBuilder`]: a [`RunSummary`] built one step at a time, and [`median`].
+
+use std::time::Duration;
+
+use dualpipe_schedule::Schedule;
+use dualpipe_sim::{metrics, simulate, CostModel, Metrics, OpTally, Timeline};
+
+use super::RunSummary;
+use crate::config::{ModelKind, TrainConfig};
+use crate::trainer::StepReport;
+use crate::workload::{Evaluation, Sample};
+
+/// Builds a [`RunSummary`] one step at a time, keeping a few numbers per step and the last
+/// timeline only.
+#[derive(Debug)]
+pub struct SummaryBuilder {
+    config: TrainConfig,
+    schedule: Schedule,
+    losses: Vec<f64>,
+    walls: Vec<f64>,
+    makespans: Vec<f64>,
+    bubbles: Vec<f64>,
+    core_waits: Vec<f64>,
+    idles: Vec<f64>,
+    threads: usize,
+    cores: usize,
+    comm_waits: Vec<f64>,
+    ops: OpTally,
+    evaluations: Vec<Evaluation>,
+    last_step: Option<(Timeline, Metrics)>,
+    expert_loads: Vec<crate::moe::ExpertLoad>,
+    first_step: Option<usize>,
+}
+
+impl SummaryBuilder {
+    /// An empty summary of a run of `config` on `schedule`.
+    pub fn new(config: &TrainConfig, schedule: &Schedule) -> Self {
+        SummaryBuilder {
+            config: config.clone(),
+            schedule: schedule.clone(),
+            losses: Vec::new(),
+            walls: Vec::new(),
+            makespans: Vec::new(),
+            bubbles: Vec::new(),
+            core_waits: Vec::new(),
+            idles: Vec::new(),
+            threads: 0,
+            cores: 0,
+            comm_waits: Vec::new(),
+            ops: OpTally::default(),
+            evaluations: Vec::new(),
+            last_step: None,
+            expert_loads: Vec::new(),
+            first_step: None,
+        }
+    }
+
+    /// Adds one step.
+    pub fn add(&mut self, report: StepReport) {
+        self.first_step.get_or_insert(report.step + 1);
+        self.losses.push(report.loss);
+        self.walls.push(report.wall.as_secs_f64());
+        self.evaluations.extend(report.evaluation);
+        self.expert_loads.extend(report.expert_load);
+        if let Some(timeline) = report.timeline {
+            let measured = metrics(&timeline, &self.schedule.placement);
+            self.makespans.push(measured.makespan);
+            let split = report.rank_times.split(measured.makespan);
+            self.bubbles.push(split.bubble_ratio);
+            self.core_waits.push(split.core_wait_ratio);
+            self.idles.push(measured.bubble_ratio);
+            self.threads = self.threads.max(report.rank_times.threads);
+            self.cores = self.cores.max(report.rank_times.cores);
+            self.comm_waits.push(
+                timeline.comm_wait.iter().sum::<f64>() / timeline.comm_wait.len().max(1) as f64,
+            );
+            self.ops.add(&timeline);
+            self.last_step = Some((timeline, measured));
+        }
+    }
+
+    /// The summary, with `total` the wall-clock time of all steps and `samples` the final
+    /// model's continuations.
+    pub fn finish(self, total: Duration, samples: Vec<Sample>) -> RunSummary {
+        let config = &self.config;
+        let total_seconds = total.as_secs_f64();
+        let samples_per_step = (config.micro_batches as f64)
+            * (config.micro_batch_size as f64)
+            * config.data_parallel.max(1) as f64;
+        let gpt = config.model == ModelKind::Gpt;
+        let last_eval = self.evaluations.last().copied();
+        let times = self.ops.means();
+        let simulated = times
+            .stage_cost()
+            .map(|compute| CostModel {
+                compute,
+                ..CostModel::default()
+            })
+            .and_then(|cost| simulate(&self.schedule, &cost).ok())
+            .map(|t| metrics(&t, &self.schedule.placement));
+        let steps = self.losses.len();
+        RunSummary {
+            model: config.model.name().into(),
+            d_model: gpt.then_some(config.d_model),
+            heads: gpt.then_some(config.heads),
+            seq_len: gpt.then_some(config.seq_len),
+            data: gpt.then(|| match &config.data {
+                Some(path) => path.display().to_string(),
+                None => format!("the {} task", config.task.name()),
+            }),
+            schedule: config.schedule.name().into(),
+            ranks: config.ranks,
+            micro_batches: config.micro_batches,
+            micro_batch_size: config.micro_batch_size,
+            hidden: config.hidden,
+            layers_per_stage: config.layers_per_stage,
+            partition: config.partition.clone(),
+            model_stages: config.model_stages(),
+            optimizer: config.optimizer.name().into(),
+            lr: config.lr,
+            dtype: config.dtype.name().into(),
+            seed: config.seed,
+            steps,
+            first_step: self.first_step.unwrap_or(1),
+            final_loss: self.losses.last().copied().unwrap_or(f64::NAN),
+            losses: self.losses,
+            samples_per_second: samples_per_step * steps as f64 / total_seconds.max(1e-9),
+            tokens_per_second: gpt
+                .then(|| config.samples_per_step() * steps as f64 / total_seconds.max(1e-9)),
+            eval_loss: last_eval.map(|e| e.loss),
+            accuracy: last_eval.and_then(|e| e.accuracy),
+            best_loss: last_eval.and_then(|e| e.best_loss),
+            evaluations: self.evaluations,
+            samples,
+            total_seconds,
+            step_seconds_median: median(self.walls),
+            pipeline_seconds_median: median(self.makespans),
+            bubble_ratio: median(self.bubbles),
+            core_wait_ratio: median(self.core_waits),
+            timeline_idle_ratio: median(self.idles),
+            rank_threads: self.threads,
+            cores: self.cores,
+            comm_wait_seconds: median(self.comm_waits),
+            op_seconds: times,
+            simulated_pipeline_seconds: simulated.as_ref().map(|m| m.makespan),
+            simulated_bubble_ratio: simulated.as_ref().map(|m| m.bubble_ratio),
+            last_step: self.last_step,
+            data_parallel: config.data_parallel,
+            gradient_compression: config.gradient_compression.name().into(),
+            grad_bytes_sent: 0,
+            grad_bytes_uncompressed: 0,
+            communication_overhead: 0.0,
+            expert_load_imbalance: self.expert_loads,
+            eplb_rebalances: None,
+            experts_moved: None,
+            experts_moved_from_scratch: None,
+        }
+    }
+}
+
+/// The median of the finite values (NaN when there are none).
+pub fn median(values: Vec<f64>) -> f64 {
+    let mut v: Vec<f64> = values.into_iter().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}

@@ -1,0 +1,305 @@
+//! [`RunSummary`]: what a run did and how the measured pipeline compares with the simulator's
+//! prediction from the measured op times; as JSON ([`RunSummary::json`]), as a table
+//! ([`RunSummary::table`]), and the last step's timeline as a trace or a picture.
+//!
+//! - [`builder`] — [`SummaryBuilder`]: the run's figures, one step at a time;
+//! - `table` — [`RunSummary::table`]'s rendering.
+
+use dualpipe_sim::svg::{self, SvgOptions};
+use dualpipe_sim::{trace, Metrics, OpTimes, Timeline};
+use serde::Serialize;
+
+use crate::workload::{Evaluation, Sample};
+
+pub mod builder;
+mod table;
+
+pub use builder::{median, SummaryBuilder};
+
+/// The summary of a finished run (the JSON output of `dualpipe train --format json`).
+#[derive(Serialize, Debug, Clone)]
+pub struct RunSummary {
+    /// The model: `"gpt"` or `"mlp"`.
+    pub model: String,
+    /// The GPT's width, heads and sequence length (`null` for the MLP).
+    pub d_model: Option<usize>,
+    /// The GPT's attention heads.
+    pub heads: Option<usize>,
+    /// The GPT's tokens per sequence.
+    pub seq_len: Option<usize>,
+    /// What the GPT learned: the data file, or `"the markov task"` / `"the addition task"`
+    /// (`null` for the MLP).
+    pub data: Option<String>,
+    /// Schedule kind.
+    pub schedule: String,
+    /// Pipeline ranks.
+    pub ranks: usize,
+    /// Micro-batches per step.
+    pub micro_batches: usize,
+    /// Rows per micro-batch.
+    pub micro_batch_size: usize,
+    /// Model width.
+    pub hidden: usize,
+    /// Blocks per model stage (of an even split).
+    pub layers_per_stage: usize,
+    /// The blocks of each model stage when they are not split evenly (`--partition`, a plan),
+    /// as configured at the start of the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<Vec<usize>>,
+    /// Model stages along one pipeline.
+    pub model_stages: usize,
+    /// Optimizer name.
+    pub optimizer: String,
+    /// Learning rate.
+    pub lr: f64,
+    /// Element type.
+    pub dtype: String,
+    /// Seed.
+    pub seed: u64,
+    /// Steps run.
+    pub steps: usize,
+    /// The number (1-based) of the first step this run ran: 1 for a fresh run, `N + 1` after
+    /// resuming from a checkpoint of step `N`; `losses[i]` is step `first_step + i`'s.
+    pub first_step: usize,
+    /// The loss of every step (mean over its micro-batches).
+    pub losses: Vec<f64>,
+    /// The last step's loss.
+    pub final_loss: f64,
+    /// Training samples (rows, or sequences for the GPT) per second over the whole run.
+    pub samples_per_second: f64,
+    /// Training tokens per second over the whole run (the GPT; `null` for the MLP).
+    pub tokens_per_second: Option<f64>,
+    /// The last validation loss (mean next-token cross-entropy on the held-out text, nats).
+    pub eval_loss: Option<f64>,
+    /// The last validation's exact-match accuracy on held-out problems (the addition task
+    /// only).
+    pub accuracy: Option<f64>,
+    /// The best possible validation loss, when the text's entropy is known (the Markov task).
+    pub best_loss: Option<f64>,
+    /// Every validation of the run, in order.
+    pub evaluations: Vec<Evaluation>,
+    /// Greedy continuations by the final model (the GPT).
+    pub samples: Vec<Sample>,
+    /// Wall-clock seconds of the whole run (steps only, not set-up).
+    pub total_seconds: f64,
+    /// Median wall-clock time of one step (data, pipeline, gradient sum, optimizer).
+    pub step_seconds_median: f64,
+    /// Median measured pipeline makespan (first op start to last op end).
+    pub pipeline_seconds_median: f64,
+    /// Measured bubble ratio: the share of rank time spent waiting for a message (or with
+    /// the rank's program done while others still ran), out of ranks × pipeline time; time a
+    /// rank waited for a core is not counted (see `core_wait_ratio`). Median over steps.
+    pub bubble_ratio: f64,
+    /// Share of rank time a rank was runnable but waited for a core (thread CPU time against
+    /// wall time; median over steps). Above zero when busy threads outnumber cores.
+    pub core_wait_ratio: f64,
+    /// Share of rank time not inside a compute op on the measured timelines (the simulator's
+    /// bubble metric applied to them; it counts core waits between ops as idle; median).
+    pub timeline_idle_ratio: f64,
+    /// Rank threads this process ran at the same time.
+    pub rank_threads: usize,
+    /// Cores this process could use.
+    pub cores: usize,
+    /// Seconds per step a rank's compute thread waited for messages (mean over ranks,
+    /// median over steps).
+    pub comm_wait_seconds: f64,
+    /// Mean measured duration of each compute op kind, in seconds.
+    pub op_seconds: OpTimes,
+    /// The simulator's makespan for this schedule with the measured op durations.
+    pub simulated_pipeline_seconds: Option<f64>,
+    /// The simulator's bubble ratio with the measured op durations.
+    pub simulated_bubble_ratio: Option<f64>,
+    /// The last step's measured timeline and its metrics (not in the JSON; see
+    /// [`RunSummary::trace`] and [`RunSummary::svg`]).
+    #[serde(skip)]
+    pub last_step: Option<(Timeline, Metrics)>,
+    /// Data-parallel replicas of the pipeline.
+    pub data_parallel: usize,
+    /// The gradient exchange's wire format after the warm-up.
+    pub gradient_compression: String,
+    /// Gradient bytes the exchange's transports sent over the run, all workers (0 with one
+    /// replica).
+    pub grad_bytes_sent: u64,
+    /// What the same messages would have carried uncompressed.
+    pub grad_bytes_uncompressed: u64,
+    /// The share of the run's time spent in the gradient exchange that compute did not hide
+    /// (mean over replicas; the exchange follows the pipeline, so none of it is hidden).
+    pub communication_overhead: f64,
+    /// With MoE: every step's router load (tokens per block and expert, the worst block's
+    /// max/mean); absent from the JSON for a dense model.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub expert_load_imbalance: Vec<crate::moe::ExpertLoad>,
+    /// With expert parallelism: EPLB's re-placements over the run (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eplb_rebalances: Option<usize>,
+    /// With expert parallelism: expert replicas that changed worker over the run's
+    /// re-placements.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts_moved: Option<usize>,
+    /// With expert parallelism: the replicas the same re-placements would have moved had each
+    /// been planned from scratch (without the placement in force).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts_moved_from_scratch: Option<u64>,
+}
+
+impl RunSummary {
+    /// The summary as pretty JSON, with a final newline.
+    pub fn json(&self) -> String {
+        let text = serde_json::to_string_pretty(self)
+            .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+        format!("{text}\n")
+    }
+
+    /// The last step's timeline as a Chrome / Perfetto trace (JSON), if a step ran.
+    pub fn trace(&self) -> Option<String> {
+        self.last_step
+            .as_ref()
+            .map(|(timeline, _)| trace::render_trace(timeline))
+    }
+
+    /// The last step's timeline as an SVG picture, titled with the run, if a step ran.
+    pub fn svg(&self) -> Option<String> {
+        self.last_step.as_ref().map(|(timeline, measured)| {
+            let options = SvgOptions {
+                title: Some(format!(
+                    "measured: {} · {} ranks · {} micro-batches · step {}",
+                    self.schedule, self.ranks, self.micro_batches, self.steps
+                )),
+                caption: vec![svg::caption(measured)],
+            };
+            svg::render_svg(timeline, &options)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::TrainConfig;
+    use crate::trainer::StepReport;
+
+    #[test]
+    fn the_bubble_counts_message_waits_and_core_waits_are_reported_apart() {
+        use dualpipe_runtime::{RankTime, RankTimes};
+        use dualpipe_schedule::{Chunk, Op, ScheduleKind};
+        use dualpipe_sim::ComputeInterval;
+
+        let config = TrainConfig {
+            schedule: ScheduleKind::OneFOneB,
+            ranks: 2,
+            micro_batches: 2,
+            ..TrainConfig::default()
+        };
+        let schedule = dualpipe_schedule::build(ScheduleKind::OneFOneB, 2, 2, 1).unwrap();
+        let mut timeline = Timeline::new(2);
+        for rank in 0..2 {
+            timeline.compute[rank].push(ComputeInterval {
+                op: Op::F(Chunk::new(0, rank, 0)),
+                start: 0.0,
+                end: 0.5,
+            });
+        }
+        timeline.compute[0][0].end = 1.0;
+        let mut builder = SummaryBuilder::new(&config, &schedule);
+        builder.add(StepReport {
+            step: 0,
+            losses: vec![1.0, 1.0],
+            loss: 1.0,
+            timeline: Some(timeline),
+            wall: Duration::from_secs(1),
+            rank_times: RankTimes {
+                // Rank 0: 0.5 s of CPU, 0.5 s waiting for a core; rank 1: 0.5 s of CPU, then
+                // 0.5 s blocked on a message.
+                ranks: vec![
+                    RankTime::new(1.0, 0.0, Some(0.5)),
+                    RankTime::new(1.0, 0.5, Some(0.5)),
+                ],
+                threads: 4,
+                cores: 2,
+            },
+            exchange: None,
+            grad_norm: None,
+            evaluation: None,
+            expert_load: None,
+        });
+        let summary = builder.finish(Duration::from_secs(1), Vec::new());
+        assert_eq!(summary.bubble_ratio, 0.25);
+        assert_eq!(summary.core_wait_ratio, 0.25);
+        assert_eq!(summary.timeline_idle_ratio, 0.25);
+        assert_eq!((summary.rank_threads, summary.cores), (4, 2));
+        let table = summary.table(true);
+        assert!(table.contains("25.0% measured (message waits)"), "{table}");
+        assert!(table.contains("25.0% of rank time waiting for a core (4 rank threads on 2 cores)"));
+        assert!(
+            table.contains("note: 4 busy rank threads share 2 cores"),
+            "{table}"
+        );
+        assert!(
+            !table.contains("expert load") && !table.contains("eplb"),
+            "{table}"
+        );
+        let json = summary.json();
+        for key in [
+            "\"bubble_ratio\"",
+            "\"core_wait_ratio\"",
+            "\"timeline_idle_ratio\"",
+            "\"cores\"",
+        ] {
+            assert!(json.contains(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn median_of_even_and_odd_counts() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(vec![f64::NAN, 1.0]), 1.0);
+        assert!(median(Vec::new()).is_nan());
+    }
+
+    #[test]
+    fn an_moe_run_shows_its_expert_load_and_re_placements() {
+        use dualpipe_runtime::RankTimes;
+        use dualpipe_schedule::ScheduleKind;
+
+        let config = TrainConfig {
+            schedule: ScheduleKind::OneFOneB,
+            ranks: 2,
+            micro_batches: 2,
+            ..TrainConfig::default()
+        };
+        let schedule = dualpipe_schedule::build(ScheduleKind::OneFOneB, 2, 2, 1).unwrap();
+        let mut builder = SummaryBuilder::new(&config, &schedule);
+        for (step, counts, rows) in [(0, [9, 1, 1, 1], [12, 2]), (1, [4, 3, 3, 2], [6, 6])] {
+            builder.add(StepReport {
+                step,
+                losses: vec![1.0, 1.0],
+                loss: 1.0,
+                timeline: None,
+                wall: Duration::from_secs(1),
+                rank_times: RankTimes::default(),
+                exchange: None,
+                grad_norm: None,
+                evaluation: None,
+                expert_load: Some(
+                    crate::moe::ExpertLoad::new(step, vec![(0, counts.to_vec())])
+                        .with_worker_rows(vec![(0, rows.to_vec())]),
+                ),
+            });
+        }
+        let mut summary = builder.finish(Duration::from_secs(2), Vec::new());
+        summary.eplb_rebalances = Some(1);
+        summary.experts_moved = Some(2);
+        summary.experts_moved_from_scratch = Some(5);
+        let table = summary.table(true);
+        for row in [
+            "max/mean tokens per expert 3.000 in the first step, 1.333 in the last",
+            "max/mean rows per worker 1.714 in the first step, 1.000 in the last",
+            "1 re-placements, 2 expert replicas moved (5 had each plan been made from scratch)",
+        ] {
+            assert!(table.contains(row), "{row} in {table}");
+        }
+    }
+}

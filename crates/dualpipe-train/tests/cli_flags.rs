@@ -1,0 +1,217 @@
+//! `dualpipe_train::cli`: the flags of `dualpipe train` and the configuration they become
+//! (moved here from the binary with the logic they test).
+
+use clap::Parser;
+use dualpipe_schedule::ScheduleKind;
+use dualpipe_train::cli::{divergence, rank_addr, Injection, TrainArgs};
+use dualpipe_train::{DType, Divergence, OptimizerKind, TrainConfig, TrainError};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: TrainArgs,
+}
+
+fn parse(flags: &[&str]) -> TrainArgs {
+    let mut argv = vec!["train"];
+    argv.extend_from_slice(flags);
+    Cli::try_parse_from(argv).expect("flags parse").args
+}
+
+/// The message of a refusal, which must be a configuration error (a usage error in the CLI).
+fn config_error(err: TrainError) -> String {
+    match err {
+        TrainError::Config(msg) => msg,
+        other => panic!("not a configuration error: {other}"),
+    }
+}
+
+#[test]
+fn defaults_come_from_the_train_config() {
+    assert_eq!(parse(&[]).config().unwrap().0, TrainConfig::default());
+}
+
+#[test]
+fn help_shows_the_config_defaults() {
+    use clap::CommandFactory;
+    let help = Cli::command().render_long_help().to_string();
+    let steps = help
+        .split("--steps")
+        .nth(1)
+        .and_then(|rest| rest.split("--lr").next())
+        .unwrap_or_default()
+        .to_string();
+    let expected = format!(
+        "[default: {}; {} with --model mlp]",
+        TrainConfig::DEFAULT.steps,
+        TrainConfig::MLP.steps
+    );
+    assert!(steps.contains(&expected), "{steps}");
+    assert!(help.contains("[default: dualpipe]"), "{help}");
+}
+
+#[test]
+fn flags_override_defaults() {
+    let (c, _) = parse(&[
+        "--model",
+        "mlp",
+        "--schedule",
+        "1F1B",
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "6",
+        "--micro-batch-size",
+        "8",
+        "--hidden",
+        "16",
+        "--layers-per-stage",
+        "1",
+        "--steps",
+        "3",
+        "--lr",
+        "0.01",
+        "--optimizer",
+        "sgd",
+        "--dtype",
+        "f64",
+        "--seed",
+        "7",
+    ])
+    .config()
+    .unwrap();
+    assert_eq!(c.schedule, ScheduleKind::OneFOneB);
+    assert_eq!(
+        (c.ranks, c.micro_batches, c.micro_batch_size, c.hidden),
+        (2, 6, 8, 16)
+    );
+    assert_eq!((c.layers_per_stage, c.steps, c.seed), (1, 3, 7));
+    assert_eq!(c.lr, 0.01);
+    assert_eq!(c.optimizer, OptimizerKind::sgd());
+    assert_eq!(c.dtype, DType::F64);
+}
+
+#[test]
+fn interleaved_defaults_to_two_virtual_stages() {
+    let (c, _) = parse(&["--schedule", "interleaved"]).config().unwrap();
+    assert_eq!(c.virtual_stages, 2);
+}
+
+#[test]
+fn bad_flags_are_usage_errors_naming_the_flag() {
+    let cases: [(&[&str], &str); 17] = [
+        (&["--schedule", "zigzag"], "--schedule"),
+        (&["--optimizer", "lion"], "--optimizer"),
+        (&["--dtype", "f16"], "--dtype"),
+        (&["--ranks", "0"], "--ranks"),
+        (&["--lr", "-1"], "--lr"),
+        (
+            &["--model", "mlp", "--hidden", "18446744073709551615"],
+            "--hidden",
+        ),
+        (&["--model", "transformer"], "--model"),
+        (&["--model", "mlp", "--d-model", "8"], "--d-model"),
+        (&["--hidden", "8"], "--hidden"),
+        (&["--d-model", "0"], "--d-model"),
+        (&["--heads", "3"], "--heads"),
+        (&["--d-model", "1000000"], "--d-model"),
+        (&["--validation-fraction", "1"], "--validation-fraction"),
+        (&["--momentum", "0.5"], "--momentum"),
+        (
+            &["--micro-batch-size", "18446744073709551615"],
+            "--micro-batch-size",
+        ),
+        (&["--ranks", "4096"], "--transport mpi"),
+        (&["--steps", "1000000000000"], "--steps"),
+    ];
+    for (flags, flag) in cases {
+        let err = config_error(parse(flags).config().unwrap_err());
+        assert!(err.contains(flag), "{flags:?}: {err}");
+    }
+}
+
+#[test]
+fn the_flags_the_configuration_cannot_hold_are_checked_with_it() {
+    let err = config_error(
+        parse(&["--checkpoint-dir", "d", "--checkpoint-every", "0"])
+            .config()
+            .unwrap_err(),
+    );
+    assert!(err.contains("--checkpoint-every 0"), "{err}");
+    let err = config_error(
+        parse(&["--inject-failure", "1:1:error"])
+            .config()
+            .unwrap_err(),
+    );
+    assert!(err.contains("--transport mpi"), "{err}");
+}
+
+#[test]
+fn an_injected_failure_reads_rank_step_and_how() {
+    let injection = Injection::parse("2:1:error").unwrap();
+    assert_eq!((injection.rank, injection.step), (2, 1));
+    for bad in ["2:0:error", "2:1", "2:1:crash", "x:1:exit"] {
+        let err = config_error(Injection::parse(bad).unwrap_err());
+        assert!(err.contains("RANK:STEP:HOW"), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn each_rank_serves_its_own_port() {
+    assert_eq!(rank_addr("127.0.0.1:9400", 0).unwrap(), "127.0.0.1:9400");
+    assert_eq!(rank_addr("127.0.0.1:9400", 3).unwrap(), "127.0.0.1:9403");
+    assert_eq!(rank_addr("0.0.0.0:0", 3).unwrap(), "0.0.0.0:0");
+    assert_eq!(rank_addr("[::1]:9400", 1).unwrap(), "[::1]:9401");
+    for bad in ["9400", "host:port", ":9400", "h:70000"] {
+        let err = config_error(rank_addr(bad, 1).unwrap_err());
+        assert!(err.contains("HOST:PORT"), "{bad}: {err}");
+    }
+    assert!(config_error(rank_addr("h:65535", 1).unwrap_err()).contains("passes 65535"));
+}
+
+#[test]
+fn a_first_step_that_overflows_blames_the_inputs_not_the_learning_rate() {
+    let config = TrainConfig::default();
+    let first = Divergence {
+        step: 0,
+        loss: f64::INFINITY,
+        lr: 1e-3,
+    };
+    let text = divergence(&first, &config);
+    assert!(
+        text.contains("overflow") && !text.contains("lower the learning rate"),
+        "{text}"
+    );
+    let later = Divergence {
+        step: 4,
+        loss: f64::NAN,
+        lr: 1e300,
+    };
+    let text = divergence(&later, &config);
+    assert!(
+        text.contains("diverged at step 5") && text.contains("--lr 1e300"),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_sgd_momentum_outside_zero_to_one_is_refused_by_the_one_check() {
+    let err = config_error(
+        parse(&["--optimizer", "sgd", "--momentum", "1.5"])
+            .config()
+            .unwrap_err(),
+    );
+    assert!(
+        err.starts_with("--momentum 1.5: it must be in [0, 1)"),
+        "{err}"
+    );
+    let config = TrainConfig {
+        optimizer: OptimizerKind::Sgd { momentum: -0.1 },
+        ..TrainConfig::default()
+    };
+    let err = config_error(config.validate().unwrap_err());
+    assert!(
+        err.starts_with("momentum -0.1: it must be in [0, 1)"),
+        "{err}"
+    );
+}
