@@ -24,7 +24,7 @@
 //! See `docs/distributed.md`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use candle_core::{Tensor, WithDType};
@@ -219,14 +219,14 @@ pub struct ReplicaExchange {
     overlap: bool,
     /// Whether the hook starts the exchanges during the pipeline (and sums the copies).
     in_pipeline: bool,
-    slots: Vec<Slot>,
+    slots: Arc<[Slot]>,
     losses: GradExchange<f64, GroupTransport>,
     /// Wall-clock seconds spent in the gradient exchange after the pipelines.
     seconds: f64,
     /// The totals when the last step was reported.
     reported: ExchangeStats,
     /// Exchanges the hook started during the current step's pipeline.
-    started_in_pipeline: AtomicUsize,
+    started_in_pipeline: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for ReplicaExchange {
@@ -354,11 +354,11 @@ impl ReplicaExchange {
             in_pipeline: config.overlap
                 && every_copy_here
                 && config.one_bit_adam_from().is_none(),
-            slots,
+            slots: slots.into(),
             losses,
             seconds: 0.0,
             reported: ExchangeStats::default(),
-            started_in_pipeline: AtomicUsize::new(0),
+            started_in_pipeline: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -375,10 +375,12 @@ impl ReplicaExchange {
 
     /// The executor hook of step `step` (see [`ExchangeHook`]); it does nothing unless
     /// [`ReplicaExchange::sums_copies`].
-    pub fn hook(&self, step: usize) -> ExchangeHook<'_> {
+    pub fn hook(&self, step: usize) -> ExchangeHook {
         self.started_in_pipeline.store(0, Ordering::Relaxed);
         ExchangeHook {
-            exchange: self,
+            slots: Arc::clone(&self.slots),
+            started: Arc::clone(&self.started_in_pipeline),
+            active: self.in_pipeline,
             step: step as u64,
         }
     }
@@ -396,8 +398,8 @@ impl ReplicaExchange {
         let step = step as u64;
         let sums_copies = self.in_pipeline;
         if self.overlap {
-            for slot in &mut self.slots {
-                let state = slot.state.get_mut().map_err(|_| lock_error(slot.stage))?;
+            for slot in self.slots.iter() {
+                let mut state = slot.state.lock().map_err(|_| lock_error(slot.stage))?;
                 if state.started_by.is_none() {
                     let copies = copies_of(stages, slot.stage);
                     // Summed here (all held copies) or already (the first holds the sum).
@@ -409,15 +411,15 @@ impl ReplicaExchange {
                     state.grads.start(step, snaps)?;
                 }
             }
-            for slot in &mut self.slots {
-                let state = slot.state.get_mut().map_err(|_| lock_error(slot.stage))?;
+            for slot in self.slots.iter() {
+                let mut state = slot.state.lock().map_err(|_| lock_error(slot.stage))?;
                 state.grads.finish(&mut copies_of(stages, slot.stage))?;
                 state.started_by = None;
                 state.done.clear();
             }
         } else {
-            for slot in &mut self.slots {
-                let state = slot.state.get_mut().map_err(|_| lock_error(slot.stage))?;
+            for slot in self.slots.iter() {
+                let mut state = slot.state.lock().map_err(|_| lock_error(slot.stage))?;
                 state
                     .grads
                     .all_reduce(step, &mut copies_of(stages, slot.stage))?;
@@ -509,9 +511,9 @@ impl ReplicaExchange {
                 server: narrow(&state.server),
             }
         }
-        for slot in &mut self.slots {
+        for slot in self.slots.iter() {
             if slot.stage == stage {
-                let held = slot.state.get_mut().map_err(|_| lock_error(stage))?;
+                let mut held = slot.state.lock().map_err(|_| lock_error(stage))?;
                 match &mut held.grads {
                     StageGrads::F32(ex) => ex.set_error_feedback(narrow(state))?,
                     StageGrads::F64(ex) => ex.set_error_feedback(narrow(state))?,
@@ -524,7 +526,7 @@ impl ReplicaExchange {
     /// What this replica's gradient exchanges sent over the run (the losses not included).
     pub fn totals(&self) -> ExchangeStats {
         let mut total = ExchangeStats::default();
-        for slot in &self.slots {
+        for slot in self.slots.iter() {
             let Ok(state) = slot.state.lock() else {
                 continue;
             };
@@ -553,21 +555,23 @@ impl ReplicaExchange {
 /// every op it makes progress on the exchanges that rank started (takes arrivals, reduces
 /// complete shards, sends results). The same calls serve local threads and one rank per
 /// process (under MPI all of them come from the thread that initialised it).
-pub struct ExchangeHook<'a> {
-    exchange: &'a ReplicaExchange,
+pub struct ExchangeHook {
+    slots: Arc<[Slot]>,
+    started: Arc<AtomicUsize>,
+    active: bool,
     step: u64,
 }
 
-impl std::fmt::Debug for ExchangeHook<'_> {
+impl std::fmt::Debug for ExchangeHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ExchangeHook")
             .field("step", &self.step)
-            .field("active", &self.exchange.in_pipeline)
+            .field("active", &self.active)
             .finish()
     }
 }
 
-impl StepHook<ModelStage> for ExchangeHook<'_> {
+impl StepHook<ModelStage> for ExchangeHook {
     fn stage_done(
         &self,
         rank: usize,
@@ -575,11 +579,11 @@ impl StepHook<ModelStage> for ExchangeHook<'_> {
         _stage: usize,
         copy: &ModelStage,
     ) -> Result<(), StageError> {
-        if !self.exchange.in_pipeline {
+        if !self.active {
             return Ok(());
         }
         let stage = copy.model_stage();
-        let Some(slot) = self.exchange.slots.iter().find(|s| s.stage == stage) else {
+        let Some(slot) = self.slots.iter().find(|s| s.stage == stage) else {
             return Err(StageError(format!(
                 "model stage {stage} has no data-parallel group"
             )));
@@ -597,17 +601,15 @@ impl StepHook<ModelStage> for ExchangeHook<'_> {
         let copies = done.into_iter().map(|(_, c)| c).collect();
         state.grads.start(self.step, copies).map_err(fail)?;
         state.started_by = Some(rank);
-        self.exchange
-            .started_in_pipeline
-            .fetch_add(1, Ordering::Relaxed);
+        self.started.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     fn between_ops(&self, rank: usize) -> Result<(), StageError> {
-        if !self.exchange.in_pipeline {
+        if !self.active {
             return Ok(());
         }
-        for slot in &self.exchange.slots {
+        for slot in self.slots.iter() {
             // Only the rank that started an exchange makes progress on it during the
             // pipeline; a slot another rank holds at the moment is skipped, not waited for.
             let Ok(mut state) = slot.state.try_lock() else {

@@ -362,14 +362,11 @@ impl<D: Driver> Trainer<D> {
         self.failed = true;
         let start = Instant::now();
         let step = self.steps_done;
-        // The exchange's hook starts each copy's buckets during the pipeline (with overlap).
-        let dp = self.dp.take();
-        let outcome = match &dp {
-            Some(dp) => self.pipeline(step, &dp.hook(step)),
-            None => self.pipeline(step, &NoHook),
+        // The exchange's hook starts each stage's buckets during the pipeline (with overlap).
+        let outcome = match self.dp.as_ref().map(|dp| dp.hook(step)) {
+            Some(hook) => self.pipeline(step, &hook)?,
+            None => self.pipeline(step, &NoHook)?,
         };
-        self.dp = dp;
-        let outcome = outcome?;
         let drained = self.check_drained(outcome.losses.len());
         self.own(step, drained)?;
         if !self.dp.as_ref().is_some_and(ReplicaExchange::sums_copies) {
