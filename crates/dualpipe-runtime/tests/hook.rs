@@ -11,11 +11,13 @@ use common::{affine_ranks, AffineStage};
 use dualpipe_runtime::{last_weight_ops, run_step_with, ExecOptions, StageError, StepHook};
 use dualpipe_schedule::{build, Op, ScheduleKind};
 
-/// Per (rank, dir, stage): how many ops the rank had finished when the stage was done, and
-/// the stage's gradients then; per rank, the ops finished.
+/// One `stage_done` call: rank, dir, stage, the ops the rank had finished, the gradients.
+type Heard = (usize, usize, usize, usize, (f64, f64));
+
+/// Every `stage_done` call; per rank, the ops finished.
 #[derive(Default)]
 struct Recorder {
-    done: Mutex<Vec<(usize, usize, usize, usize, (f64, f64))>>,
+    done: Mutex<Vec<Heard>>,
     ops: Mutex<HashMap<usize, usize>>,
 }
 
@@ -75,12 +77,19 @@ fn the_hook_hears_each_stage_once_after_its_last_weight_op_with_final_gradients(
                     Op::W(c) | Op::B(c) | Op::FB { b: c, .. } => (c.dir, c.stage) == (dir, stage),
                     _ => false,
                 };
-                assert!(touches(&program[at]), "{kind}: op {at} is {:?}", program[at]);
+                assert!(
+                    touches(&program[at]),
+                    "{kind}: op {at} is {:?}",
+                    program[at]
+                );
                 assert!(!program[at + 1..].iter().any(touches), "{kind}: a later W");
                 // The gradients were final: the same after the whole step.
                 let copy = ranks[rank].get(dir, stage).unwrap();
                 assert_eq!(grads, (copy.grad_a, copy.grad_b), "{kind} ({dir}, {stage})");
-                let compute_left = program[at + 1..].iter().filter(|op| op.is_compute()).count();
+                let compute_left = program[at + 1..]
+                    .iter()
+                    .filter(|op| op.is_compute())
+                    .count();
                 early += usize::from(compute_left > 0);
             }
         }
@@ -91,7 +100,10 @@ fn the_hook_hears_each_stage_once_after_its_last_weight_op_with_final_gradients(
         );
         if kind == ScheduleKind::DualPipe {
             // DualPipe finishes a rank's first stage while its second still computes.
-            assert!(early > 0, "{kind}: no stage was done before its rank's last op");
+            assert!(
+                early > 0,
+                "{kind}: no stage was done before its rank's last op"
+            );
         }
     }
 }

@@ -351,9 +351,7 @@ impl ReplicaExchange {
             replicas: links.replicas,
             micro_batches: config.micro_batches,
             overlap: config.overlap,
-            in_pipeline: config.overlap
-                && every_copy_here
-                && config.one_bit_adam_from().is_none(),
+            in_pipeline: config.overlap && every_copy_here && config.one_bit_adam_from().is_none(),
             slots: slots.into(),
             losses,
             seconds: 0.0,

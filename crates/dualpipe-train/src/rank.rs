@@ -12,8 +12,8 @@ use dualpipe_nn::ModelStage;
 use dualpipe_runtime::transport::endpoint::NOTICE_GRACE;
 use dualpipe_runtime::transport::wire::WireData;
 use dualpipe_runtime::{
-    all_gather, barrier, run_rank_step_with, sum_stage_copies_remote, Endpoint, ExecOptions,
-    Link, RankStages, StepHook, StepOutcome,
+    all_gather, barrier, run_rank_step_with, sum_stage_copies_remote, Endpoint, ExecOptions, Link,
+    RankStages, StepHook, StepOutcome,
 };
 use dualpipe_schedule::Schedule;
 

@@ -370,8 +370,12 @@ impl<D: Driver> Trainer<D> {
         let drained = self.check_drained(outcome.losses.len());
         self.own(step, drained)?;
         if !self.dp.as_ref().is_some_and(ReplicaExchange::sums_copies) {
-            self.driver
-                .sum_stage_copies(&self.schedule, &mut self.stages, step, &self.exec_options)?;
+            self.driver.sum_stage_copies(
+                &self.schedule,
+                &mut self.stages,
+                step,
+                &self.exec_options,
+            )?;
         }
         let mut losses: Vec<f64> = outcome.losses.iter().map(|l| l.loss).collect();
         let mut exchange = None;

@@ -17,13 +17,8 @@ pub trait StepHook<S>: Sync {
     /// gradients (its last `W`, `B` or the backward half of an `FB`): `copy`'s gradients are
     /// final for the step. Called once per stage per step, right after that op. An error
     /// fails the step as a stage error would.
-    fn stage_done(
-        &self,
-        rank: usize,
-        dir: usize,
-        stage: usize,
-        copy: &S,
-    ) -> Result<(), StageError>;
+    fn stage_done(&self, rank: usize, dir: usize, stage: usize, copy: &S)
+        -> Result<(), StageError>;
 
     /// Called on `rank`'s thread after every op of its program (e.g. to make progress on
     /// exchanges started by [`StepHook::stage_done`]). Never waits.

@@ -57,8 +57,7 @@ pub fn run_step_with<S: Stage>(
                     .name(format!("dualpipe-rank-{rank}"))
                     .spawn_scoped(scope, move || {
                         let transport = LocalTransport::new(rank, inbox, shared);
-                        Worker::new(rank, schedule, stages, transport, options, start, hook)
-                            .run()
+                        Worker::new(rank, schedule, stages, transport, options, start, hook).run()
                     })
             })
             .collect();

@@ -105,7 +105,9 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
         for (key, at) in last_weight_ops(&schedule.programs[rank]) {
             done_after.entry(at).or_default().push(key);
         }
-        done_after.values_mut().for_each(|keys| keys.sort_unstable());
+        done_after
+            .values_mut()
+            .for_each(|keys| keys.sort_unstable());
         let sends = schedule.programs[rank]
             .iter()
             .filter_map(|op| match *op {
@@ -268,9 +270,9 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
         let stages = &*self.stages;
         let told = catch_unwind(AssertUnwindSafe(|| {
             for (dir, stage) in done {
-                let copy = stages
-                    .get(dir, stage)
-                    .ok_or_else(|| StageError(format!("stage (dir {dir}, stage {stage}) is missing")))?;
+                let copy = stages.get(dir, stage).ok_or_else(|| {
+                    StageError(format!("stage (dir {dir}, stage {stage}) is missing"))
+                })?;
                 hook.stage_done(rank, dir, stage, copy)?;
             }
             hook.between_ops(rank)
