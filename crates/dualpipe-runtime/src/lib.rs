@@ -51,9 +51,9 @@ pub mod transport;
 pub use dualpipe_sim::OpTimes;
 pub use error::RuntimeError;
 pub use exec::{
-    all_gather, barrier, build_ranks, run_rank_step, run_step, sum_stage_copies_remote,
-    try_build_ranks, ExecOptions, MicroBatchLoss, RankStages, RankTime, RankTimes, StepOutcome,
-    TimeSplit,
+    all_gather, barrier, build_ranks, last_weight_ops, run_rank_step, run_rank_step_with, run_step,
+    run_step_with, sum_stage_copies_remote, try_build_ranks, ExecOptions, MicroBatchLoss, NoHook,
+    RankStages, RankTime, RankTimes, StepHook, StepOutcome, TimeSplit,
 };
 pub use grads::sum_stage_copies;
 pub use launch::{LaunchError, LaunchInfo, Launcher};

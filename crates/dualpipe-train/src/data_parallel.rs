@@ -5,28 +5,36 @@
 //!   [`GradExchange`] over the stage's data-parallel group (the same stage in every replica),
 //!   plus a small uncompressed exchange that gathers every replica's micro-batch losses so each
 //!   replica reports the global step loss;
+//! - [`ExchangeHook`] — the executor's [`StepHook`]: on the rank's own thread, as soon as
+//!   every copy of a stage this process holds has run its last weight-gradient op, it sums the
+//!   copies and starts the stage's buckets, and it makes progress on them between ops;
 //! - [`DataParallel`] — the local backend: `data_parallel` [`Trainer`]s, one per replica, each
 //!   running its pipeline on its own threads, concurrently, joined by in-process channels
 //!   ([`ChannelTransport`]).
 //!
 //! The step of a replica: its pipeline (micro-batch losses scaled by `1 / micro_batches`, so
-//! a replica's gradient is the mean over its micro-batches), the sum of DualPipe's stage
-//! copies, then the exchange (the mean over replicas: the global-batch mean), then clipping and
-//! the optimizer. The exchange runs after the pipeline, not during it: with
-//! [`TrainConfig::overlap`] every stage's buckets are started before any is waited for (the
-//! stages' exchanges overlap each other), without it (`--no-overlap`) one stage's plain
-//! all-reduce follows another. See `docs/distributed.md`.
+//! a replica's gradient is the mean over its micro-batches), during which, with
+//! [`TrainConfig::overlap`], each stage's exchange starts as soon as its gradients are final
+//! (DualPipe's two copies summed first, in direction order, as `sum_stage_copies` does); after
+//! it the step waits for the exchanges (the mean over replicas: the global-batch mean), then
+//! clips and steps the optimizer. Where the process does not hold every copy of its stages
+//! (DualPipe with one rank per process) or under 1-bit Adam (the momentum is folded after the
+//! pipeline), the copies are summed and every exchange started after the pipeline; without
+//! overlap (`--no-overlap`) one stage's plain all-reduce follows another after the pipeline.
+//! See `docs/distributed.md`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use candle_core::{Tensor, WithDType};
 use dualpipe_dp::{
-    BucketLayout, ChannelTransport, ErrorFeedbackState, ExchangeConfig, ExchangeStats,
-    GradExchange, GradFloat, GradTransport, Reduce,
+    BucketLayout, ChannelTransport, Compression, DpError, ErrorFeedbackState, ExchangeConfig,
+    ExchangeStats, GradExchange, GradFloat, GradTransport, Reduce,
 };
 use dualpipe_nn::ModelStage;
-use dualpipe_runtime::RankStages;
-use dualpipe_schedule::Schedule;
+use dualpipe_runtime::{RankStages, StageError, StepHook};
+use dualpipe_schedule::{Placement, Schedule};
 
 use crate::config::{DType, TrainConfig};
 use crate::driver::LocalThreads;
@@ -64,6 +72,12 @@ enum StageGrads {
     F64(GradExchange<f64, GroupTransport>),
 }
 
+/// One copy's gradients, flattened, in the run's float type.
+enum Snapshot {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
 impl StageGrads {
     fn totals(&self) -> ExchangeStats {
         match self {
@@ -71,17 +85,130 @@ impl StageGrads {
             StageGrads::F64(ex) => ex.totals(),
         }
     }
+
+    fn snapshot(&self, copy: &ModelStage) -> Result<Snapshot, TrainError> {
+        Ok(match self {
+            StageGrads::F32(_) => Snapshot::F32(copy_grads(copy)?),
+            StageGrads::F64(_) => Snapshot::F64(copy_grads(copy)?),
+        })
+    }
+
+    /// Begins `step` and starts every bucket from the sum of `copies` (in the order given).
+    fn start(&mut self, step: u64, copies: Vec<Snapshot>) -> Result<(), TrainError> {
+        let mismatch = || TrainError::Execution("a copy's gradients of another type".into());
+        match self {
+            StageGrads::F32(ex) => {
+                let copies = copies.into_iter().map(|c| match c {
+                    Snapshot::F32(v) => Ok(v),
+                    Snapshot::F64(_) => Err(mismatch()),
+                });
+                start(ex, step, &sum(copies)?)
+            }
+            StageGrads::F64(ex) => {
+                let copies = copies.into_iter().map(|c| match c {
+                    Snapshot::F64(v) => Ok(v),
+                    Snapshot::F32(_) => Err(mismatch()),
+                });
+                start(ex, step, &sum(copies)?)
+            }
+        }
+    }
+
+    fn progress(&mut self) -> Result<(), DpError> {
+        match self {
+            StageGrads::F32(ex) => ex.progress(),
+            StageGrads::F64(ex) => ex.progress(),
+        }
+    }
+
+    /// Waits for the started step and writes the result into every target.
+    fn finish(&mut self, targets: &mut [&mut ModelStage]) -> Result<(), TrainError> {
+        match self {
+            StageGrads::F32(ex) => {
+                ex.finish()?;
+                write_grads(targets, ex)
+            }
+            StageGrads::F64(ex) => {
+                ex.finish()?;
+                write_grads(targets, ex)
+            }
+        }
+    }
+
+    /// The whole step at once (`--no-overlap`): the first target's gradients (the copies
+    /// already summed) in, the result into every target.
+    fn all_reduce(&mut self, step: u64, targets: &mut [&mut ModelStage]) -> Result<(), TrainError> {
+        let source = targets
+            .first()
+            .ok_or_else(|| TrainError::Execution("no copy to exchange".into()))?;
+        match self {
+            StageGrads::F32(ex) => {
+                ex.all_reduce(step, &mut copy_grads::<f32>(source)?)?;
+                write_grads(targets, ex)
+            }
+            StageGrads::F64(ex) => {
+                ex.all_reduce(step, &mut copy_grads::<f64>(source)?)?;
+                write_grads(targets, ex)
+            }
+        }
+    }
+}
+
+/// The element-wise sum of `copies`, left to right (`(c_0 + c_1) + ...`, the order
+/// `sum_stage_copies` adds DualPipe's copies in).
+fn sum<T: GradFloat>(
+    copies: impl Iterator<Item = Result<Vec<T>, TrainError>>,
+) -> Result<Vec<T>, TrainError> {
+    let mut total: Option<Vec<T>> = None;
+    for copy in copies {
+        let copy = copy?;
+        match &mut total {
+            None => total = Some(copy),
+            Some(t) if t.len() == copy.len() => {
+                t.iter_mut().zip(&copy).for_each(|(a, &b)| *a = *a + b);
+            }
+            Some(t) => {
+                return Err(TrainError::Execution(format!(
+                    "a stage's copies hold {} and {} gradient values",
+                    t.len(),
+                    copy.len()
+                )))
+            }
+        }
+    }
+    total.ok_or_else(|| TrainError::Execution("no copy to exchange".into()))
+}
+
+/// One model stage's exchange and, during a step, what the hook has collected.
+struct Slot {
+    stage: usize,
+    state: Mutex<SlotState>,
+}
+
+struct SlotState {
+    grads: StageGrads,
+    /// The copies of the stage this process holds.
+    copies: usize,
+    /// This step's copies whose gradients are final: (direction, gradients).
+    done: Vec<(usize, Snapshot)>,
+    /// The rank whose thread started this step's buckets during the pipeline.
+    started_by: Option<usize>,
 }
 
 /// What one step's gradient exchange cost one replica (the losses' exchange not included).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepExchange {
-    /// Wall-clock seconds of the exchange (after the pipeline: nothing hides it).
+    /// Wall-clock seconds of the exchange after the pipeline (waiting for what the pipeline
+    /// did not hide and writing the results back; starting buckets and making progress
+    /// during the pipeline counts as pipeline time).
     pub seconds: f64,
     /// Bytes this replica sent: gradient bodies and message headers.
     pub bytes_sent: u64,
     /// What the gradient bodies would have carried uncompressed.
     pub bytes_uncompressed: u64,
+    /// How many of this replica's stage exchanges started during the pipeline (from the
+    /// [`ExchangeHook`]); 0 when the exchange runs after the pipeline.
+    pub started_in_pipeline: usize,
 }
 
 /// One replica's end of the gradient exchange (see the [module](self) documentation).
@@ -90,11 +217,16 @@ pub struct ReplicaExchange {
     replicas: usize,
     micro_batches: usize,
     overlap: bool,
-    stages: Vec<(usize, StageGrads)>,
+    /// Whether the hook starts the exchanges during the pipeline (and sums the copies).
+    in_pipeline: bool,
+    slots: Arc<[Slot]>,
     losses: GradExchange<f64, GroupTransport>,
-    /// Wall-clock seconds spent in the gradient exchange (nothing hides it: it runs after
-    /// the pipeline).
+    /// Wall-clock seconds spent in the gradient exchange after the pipelines.
     seconds: f64,
+    /// The totals when the last step was reported.
+    reported: ExchangeStats,
+    /// Exchanges the hook started during the current step's pipeline.
+    started_in_pipeline: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for ReplicaExchange {
@@ -103,37 +235,38 @@ impl std::fmt::Debug for ReplicaExchange {
             .field("replica", &self.replica)
             .field("replicas", &self.replicas)
             .field("overlap", &self.overlap)
-            .field("stages", &self.stages.len())
+            .field("in_pipeline", &self.in_pipeline)
+            .field("stages", &self.slots.len())
             .finish()
     }
 }
 
-fn copies_of(
-    stages: &mut [RankStages<ModelStage>],
-    model_stage: usize,
-) -> impl Iterator<Item = &mut ModelStage> {
-    stages
+/// The held copies of model stage `model_stage`, lowest direction first.
+fn copies_of(stages: &mut [RankStages<ModelStage>], model_stage: usize) -> Vec<&mut ModelStage> {
+    let mut copies: Vec<&mut ModelStage> = stages
         .iter_mut()
         .flat_map(RankStages::iter_mut)
         .map(|(_, s)| s)
-        .filter(move |s| s.model_stage() == model_stage)
+        .filter(|s| s.model_stage() == model_stage)
+        .collect();
+    copies.sort_by_key(|s| s.dir());
+    copies
 }
 
 fn model_error(e: candle_core::Error) -> TrainError {
     TrainError::Execution(format!("gradient exchange: {e}"))
 }
 
-/// The gradients of model stage `model_stage`'s copy of the lowest direction, flattened
-/// parameter after parameter.
-fn read_grads<T: WithDType>(
-    stages: &mut [RankStages<ModelStage>],
-    model_stage: usize,
-) -> Result<Vec<T>, TrainError> {
-    let canon = copies_of(stages, model_stage)
-        .min_by_key(|s| s.dir())
-        .ok_or_else(|| TrainError::Execution(format!("no copy of stage {model_stage}")))?;
+fn lock_error(stage: usize) -> TrainError {
+    TrainError::Execution(format!(
+        "the gradient exchange of stage {stage} was poisoned by a panic"
+    ))
+}
+
+/// `copy`'s gradients, flattened parameter after parameter.
+fn copy_grads<T: WithDType>(copy: &ModelStage) -> Result<Vec<T>, TrainError> {
     let mut out = Vec::new();
-    for p in canon.params() {
+    for p in copy.params() {
         out.extend(
             p.grad
                 .flatten_all()
@@ -144,13 +277,12 @@ fn read_grads<T: WithDType>(
     Ok(out)
 }
 
-/// Writes the exchanged gradients into every copy of `model_stage`.
+/// Writes the exchanged gradients into every target copy.
 fn write_grads<T: WithDType + GradFloat, X: GradTransport>(
-    stages: &mut [RankStages<ModelStage>],
-    model_stage: usize,
+    targets: &mut [&mut ModelStage],
     ex: &GradExchange<T, X>,
 ) -> Result<(), TrainError> {
-    for copy in copies_of(stages, model_stage) {
+    for copy in targets {
         for (j, p) in copy.params_mut().into_iter().enumerate() {
             p.grad = Tensor::from_slice(ex.param(j), p.grad.shape(), p.grad.device())
                 .map_err(model_error)?;
@@ -159,25 +291,25 @@ fn write_grads<T: WithDType + GradFloat, X: GradTransport>(
     Ok(())
 }
 
-fn param_lens(stages: &mut [RankStages<ModelStage>], model_stage: usize) -> Vec<usize> {
-    copies_of(stages, model_stage)
-        .min_by_key(|s| s.dir())
-        .map(|s| s.params().iter().map(|p| p.grad.elem_count()).collect())
-        .unwrap_or_default()
-}
-
 impl ReplicaExchange {
-    /// The exchange of replica `links.replica` for the held `stages` (their parameter sizes
-    /// cut the buckets), with `config`'s compression, buckets and warm-up.
+    /// The exchange of replica `links.replica` for the held `stages` of `placement` (their
+    /// parameter sizes cut the buckets), with `config`'s compression, buckets and warm-up.
     pub fn new(
         config: &TrainConfig,
         links: ReplicaLinks,
+        placement: &Placement,
         stages: &mut [RankStages<ModelStage>],
     ) -> Result<Self, TrainError> {
         let exchange = config.exchange_config();
-        let mut built = Vec::with_capacity(links.stages.len());
+        let mut slots = Vec::with_capacity(links.stages.len());
+        let mut every_copy_here = true;
         for (s, transport) in links.stages {
-            let lens = param_lens(stages, s);
+            let copies = copies_of(stages, s);
+            every_copy_here &= copies.len() == placement.dirs();
+            let lens: Vec<usize> = copies
+                .first()
+                .map(|c| c.params().iter().map(|p| p.grad.elem_count()).collect())
+                .ok_or_else(|| TrainError::Config(format!("no held copy of stage {s}")))?;
             let grads = match config.dtype {
                 DType::F32 => StageGrads::F32(GradExchange::new(
                     exchange.clone(),
@@ -192,10 +324,18 @@ impl ReplicaExchange {
                     transport,
                 )?),
             };
-            built.push((s, grads));
+            slots.push(Slot {
+                stage: s,
+                state: Mutex::new(SlotState {
+                    grads,
+                    copies: copies.len(),
+                    done: Vec::new(),
+                    started_by: None,
+                }),
+            });
         }
         let loss_config = ExchangeConfig {
-            compression: dualpipe_dp::Compression::None,
+            compression: Compression::None,
             reduce: Reduce::Sum,
             ..exchange
         };
@@ -211,9 +351,12 @@ impl ReplicaExchange {
             replicas: links.replicas,
             micro_batches: config.micro_batches,
             overlap: config.overlap,
-            stages: built,
+            in_pipeline: config.overlap && every_copy_here && config.one_bit_adam_from().is_none(),
+            slots: slots.into(),
             losses,
             seconds: 0.0,
+            reported: ExchangeStats::default(),
+            started_in_pipeline: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -222,54 +365,68 @@ impl ReplicaExchange {
         self.replica
     }
 
-    /// Replaces every held stage's gradients (both DualPipe copies, already summed) by their
-    /// mean over the replicas; returns what this replica's exchange of the step cost.
+    /// Whether the exchange itself sums DualPipe's stage copies (its hook starts each stage
+    /// during the pipeline from the sum of the copies), so the step must not sum them first.
+    pub fn sums_copies(&self) -> bool {
+        self.in_pipeline
+    }
+
+    /// The executor hook of step `step` (see [`ExchangeHook`]); it does nothing unless
+    /// [`ReplicaExchange::sums_copies`].
+    pub fn hook(&self, step: usize) -> ExchangeHook {
+        self.started_in_pipeline.store(0, Ordering::Relaxed);
+        ExchangeHook {
+            slots: Arc::clone(&self.slots),
+            started: Arc::clone(&self.started_in_pipeline),
+            active: self.in_pipeline,
+            step: step as u64,
+        }
+    }
+
+    /// Replaces every held stage's gradients (in every copy) by their mean over the
+    /// replicas, finishing what the [`ExchangeHook`] started during the pipeline and running
+    /// the rest; returns what this replica's exchange of the step cost. DualPipe's copies
+    /// must already be summed unless [`ReplicaExchange::sums_copies`].
     pub fn exchange(
         &mut self,
         step: usize,
         stages: &mut [RankStages<ModelStage>],
     ) -> Result<StepExchange, TrainError> {
         let began = Instant::now();
-        let before = self.totals();
         let step = step as u64;
+        let sums_copies = self.in_pipeline;
         if self.overlap {
-            for (s, grads) in &mut self.stages {
-                match grads {
-                    StageGrads::F32(ex) => start(ex, step, &read_grads::<f32>(stages, *s)?)?,
-                    StageGrads::F64(ex) => start(ex, step, &read_grads::<f64>(stages, *s)?)?,
+            for slot in self.slots.iter() {
+                let mut state = slot.state.lock().map_err(|_| lock_error(slot.stage))?;
+                if state.started_by.is_none() {
+                    let copies = copies_of(stages, slot.stage);
+                    // Summed here (all held copies) or already (the first holds the sum).
+                    let take = if sums_copies { copies.len() } else { 1 };
+                    let snaps = copies[..take.min(copies.len())]
+                        .iter()
+                        .map(|c| state.grads.snapshot(c))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    state.grads.start(step, snaps)?;
                 }
             }
-            for (s, grads) in &mut self.stages {
-                match grads {
-                    StageGrads::F32(ex) => {
-                        ex.finish()?;
-                        write_grads(stages, *s, ex)?;
-                    }
-                    StageGrads::F64(ex) => {
-                        ex.finish()?;
-                        write_grads(stages, *s, ex)?;
-                    }
-                }
+            for slot in self.slots.iter() {
+                let mut state = slot.state.lock().map_err(|_| lock_error(slot.stage))?;
+                state.grads.finish(&mut copies_of(stages, slot.stage))?;
+                state.started_by = None;
+                state.done.clear();
             }
         } else {
-            for (s, grads) in &mut self.stages {
-                match grads {
-                    StageGrads::F32(ex) => {
-                        let mut g = read_grads::<f32>(stages, *s)?;
-                        ex.all_reduce(step, &mut g)?;
-                        write_grads(stages, *s, ex)?;
-                    }
-                    StageGrads::F64(ex) => {
-                        let mut g = read_grads::<f64>(stages, *s)?;
-                        ex.all_reduce(step, &mut g)?;
-                        write_grads(stages, *s, ex)?;
-                    }
-                }
+            for slot in self.slots.iter() {
+                let mut state = slot.state.lock().map_err(|_| lock_error(slot.stage))?;
+                state
+                    .grads
+                    .all_reduce(step, &mut copies_of(stages, slot.stage))?;
             }
         }
         let seconds = began.elapsed().as_secs_f64();
         self.seconds += seconds;
-        let after = self.totals();
+        let (before, after) = (self.reported, self.totals());
+        self.reported = after;
         let sent = |t: &ExchangeStats| t.grad_bytes_sent.saturating_add(t.header_bytes_sent);
         Ok(StepExchange {
             seconds,
@@ -277,6 +434,7 @@ impl ReplicaExchange {
             bytes_uncompressed: after
                 .grad_bytes_uncompressed
                 .saturating_sub(before.grad_bytes_uncompressed),
+            started_in_pipeline: self.started_in_pipeline.swap(0, Ordering::Relaxed),
         })
     }
 
@@ -319,14 +477,15 @@ impl ReplicaExchange {
                 server: wide(&state.server),
             }
         }
-        self.stages
+        self.slots
             .iter()
-            .map(|(s, g)| {
-                let state = match g {
+            .filter_map(|slot| {
+                let state = slot.state.lock().ok()?;
+                let fb = match &state.grads {
                     StageGrads::F32(ex) => widen(ex.error_feedback()),
                     StageGrads::F64(ex) => widen(ex.error_feedback()),
                 };
-                (*s, state)
+                Some((slot.stage, fb))
             })
             .collect()
     }
@@ -350,9 +509,10 @@ impl ReplicaExchange {
                 server: narrow(&state.server),
             }
         }
-        for (s, g) in &mut self.stages {
-            if *s == stage {
-                match g {
+        for slot in self.slots.iter() {
+            if slot.stage == stage {
+                let mut held = slot.state.lock().map_err(|_| lock_error(stage))?;
+                match &mut held.grads {
                     StageGrads::F32(ex) => ex.set_error_feedback(narrow(state))?,
                     StageGrads::F64(ex) => ex.set_error_feedback(narrow(state))?,
                 }
@@ -364,8 +524,11 @@ impl ReplicaExchange {
     /// What this replica's gradient exchanges sent over the run (the losses not included).
     pub fn totals(&self) -> ExchangeStats {
         let mut total = ExchangeStats::default();
-        for (_, g) in &self.stages {
-            let t = g.totals();
+        for slot in self.slots.iter() {
+            let Ok(state) = slot.state.lock() else {
+                continue;
+            };
+            let t = state.grads.totals();
             total.grad_bytes_sent += t.grad_bytes_sent;
             total.header_bytes_sent += t.header_bytes_sent;
             total.grad_bytes_uncompressed += t.grad_bytes_uncompressed;
@@ -376,10 +539,88 @@ impl ReplicaExchange {
         total
     }
 
-    /// Wall-clock seconds this replica spent exchanging gradients (none of it hidden by
-    /// compute: the exchange follows the pipeline).
+    /// Wall-clock seconds this replica spent exchanging gradients after its pipelines (what
+    /// compute did not hide).
     pub fn seconds(&self) -> f64 {
         self.seconds
+    }
+}
+
+/// The executor's [`StepHook`] for one replica's step ([`ReplicaExchange::hook`]): on the
+/// rank's own thread, right after a stage copy's last weight-gradient op, it takes a copy of
+/// its gradients; once every held copy of the stage has reported, it sums them (lowest
+/// direction first) and starts the stage's buckets (they send at once and never wait). After
+/// every op it makes progress on the exchanges that rank started (takes arrivals, reduces
+/// complete shards, sends results). The same calls serve local threads and one rank per
+/// process (under MPI all of them come from the thread that initialised it).
+pub struct ExchangeHook {
+    slots: Arc<[Slot]>,
+    started: Arc<AtomicUsize>,
+    active: bool,
+    step: u64,
+}
+
+impl std::fmt::Debug for ExchangeHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExchangeHook")
+            .field("step", &self.step)
+            .field("active", &self.active)
+            .finish()
+    }
+}
+
+impl StepHook<ModelStage> for ExchangeHook {
+    fn stage_done(
+        &self,
+        rank: usize,
+        _dir: usize,
+        _stage: usize,
+        copy: &ModelStage,
+    ) -> Result<(), StageError> {
+        if !self.active {
+            return Ok(());
+        }
+        let stage = copy.model_stage();
+        let Some(slot) = self.slots.iter().find(|s| s.stage == stage) else {
+            return Err(StageError(format!(
+                "model stage {stage} has no data-parallel group"
+            )));
+        };
+        let fail = |e: TrainError| StageError(e.to_string());
+        let mut state = slot.state.lock().map_err(|_| fail(lock_error(stage)))?;
+        let snapshot = state.grads.snapshot(copy).map_err(fail)?;
+        state.done.push((copy.dir(), snapshot));
+        if state.done.len() < state.copies {
+            return Ok(());
+        }
+        // Every held copy is final: their sum, lowest direction first, starts the buckets.
+        let mut done = std::mem::take(&mut state.done);
+        done.sort_by_key(|(dir, _)| *dir);
+        let copies = done.into_iter().map(|(_, c)| c).collect();
+        state.grads.start(self.step, copies).map_err(fail)?;
+        state.started_by = Some(rank);
+        self.started.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn between_ops(&self, rank: usize) -> Result<(), StageError> {
+        if !self.active {
+            return Ok(());
+        }
+        for slot in self.slots.iter() {
+            // Only the rank that started an exchange makes progress on it during the
+            // pipeline; a slot another rank holds at the moment is skipped, not waited for.
+            let Ok(mut state) = slot.state.try_lock() else {
+                continue;
+            };
+            if state.started_by == Some(rank) {
+                state
+                    .grads
+                    .progress()
+                    .map_err(|e| StageError(e.to_string()))?;
+            }
+        }
+        Ok(())
     }
 }
 

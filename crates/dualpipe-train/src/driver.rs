@@ -8,7 +8,9 @@
 
 use dualpipe_nn::ModelStage;
 use dualpipe_runtime::transport::wire::WireData;
-use dualpipe_runtime::{run_step, sum_stage_copies, ExecOptions, RankStages, StepOutcome};
+use dualpipe_runtime::{
+    run_step_with, sum_stage_copies, ExecOptions, RankStages, StepHook, StepOutcome,
+};
 use dualpipe_schedule::Schedule;
 
 use crate::config::{Field, Naming, TrainConfig};
@@ -32,14 +34,16 @@ pub trait Driver {
     fn held_ranks(&self, schedule: &Schedule) -> Vec<usize>;
 
     /// Runs step `step` of `schedule` on the held ranks' `stages` (`stages[i]` belongs to
-    /// `held_ranks[i]`). Returns every micro-batch's loss (of the whole pipeline, on every
-    /// process) and the measured timeline.
+    /// `held_ranks[i]`), telling `hook` on each rank's thread when a stage's gradients are
+    /// final (the data-parallel exchange starts there). Returns every micro-batch's loss (of
+    /// the whole pipeline, on every process) and the measured timeline.
     fn run_pipeline(
         &mut self,
         schedule: &Schedule,
         stages: &mut [RankStages<ModelStage>],
         step: usize,
         options: &ExecOptions,
+        hook: &dyn StepHook<ModelStage>,
     ) -> Result<StepOutcome, TrainError>;
 
     /// Sums the gradients of each stage's copies (DualPipe keeps two), so every copy holds
@@ -80,7 +84,7 @@ pub trait Driver {
 }
 
 /// Every rank on its own thread of this process, messages over in-process channels (the
-/// runtime's [`run_step`]).
+/// runtime's [`run_step_with`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LocalThreads;
 
@@ -118,8 +122,9 @@ impl Driver for LocalThreads {
         stages: &mut [RankStages<ModelStage>],
         _step: usize,
         options: &ExecOptions,
+        hook: &dyn StepHook<ModelStage>,
     ) -> Result<StepOutcome, TrainError> {
-        Ok(run_step(schedule, stages, options)?)
+        Ok(run_step_with(schedule, stages, options, hook)?)
     }
 
     fn sum_stage_copies(

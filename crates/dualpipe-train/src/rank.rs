@@ -3,7 +3,7 @@
 //! Each process builds only its own rank's stage copies and talks to the others through an
 //! [`Endpoint`] (over MPI with `dualpipe-runtime`'s `mpi` feature, or in memory in tests).
 //! The step is the trainer's one step: every process draws the whole batch from the seed (no
-//! data moves), runs its rank's program ([`run_rank_step`], which also gathers every rank's
+//! data moves), runs its rank's program ([`run_rank_step_with`], which also gathers every rank's
 //! losses and timeline), exchanges DualPipe's stage-copy gradients
 //! ([`sum_stage_copies_remote`]) and steps the optimizer on its copies. The arithmetic and its
 //! order are the local trainer's, so the losses are bit-identical to a local run.
@@ -12,8 +12,8 @@ use dualpipe_nn::ModelStage;
 use dualpipe_runtime::transport::endpoint::NOTICE_GRACE;
 use dualpipe_runtime::transport::wire::WireData;
 use dualpipe_runtime::{
-    all_gather, barrier, run_rank_step, sum_stage_copies_remote, Endpoint, ExecOptions, Link,
-    RankStages, StepOutcome,
+    all_gather, barrier, run_rank_step_with, sum_stage_copies_remote, Endpoint, ExecOptions, Link,
+    RankStages, StepHook, StepOutcome,
 };
 use dualpipe_schedule::Schedule;
 
@@ -96,6 +96,7 @@ impl<L: Link> Driver for OneRank<L> {
         stages: &mut [RankStages<ModelStage>],
         step: usize,
         options: &ExecOptions,
+        hook: &dyn StepHook<ModelStage>,
     ) -> Result<StepOutcome, TrainError> {
         let [mine] = stages else {
             return Err(TrainError::Execution(format!(
@@ -103,12 +104,13 @@ impl<L: Link> Driver for OneRank<L> {
                 stages.len()
             )));
         };
-        Ok(run_rank_step(
+        Ok(run_rank_step_with(
             schedule,
             mine,
             &mut self.endpoint,
             step as u64,
             options,
+            hook,
         )?)
     }
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use dualpipe_nn::gpt::GptWeights;
 use dualpipe_nn::{ModelStage, Optimizer, StagePosition, StepBatch};
-use dualpipe_runtime::{ExecOptions, RankStages, RankTimes};
+use dualpipe_runtime::{ExecOptions, NoHook, RankStages, RankTimes, StepHook};
 use dualpipe_schedule::{Schedule, ScheduleError};
 use dualpipe_sim::Timeline;
 
@@ -185,7 +185,12 @@ impl<D: Driver> Trainer<D> {
     ) -> Result<Self, TrainError> {
         let built = Self::build(&config, schedule, &driver).and_then(|mut parts| {
             let dp = match links {
-                Some(links) => Some(ReplicaExchange::new(&config, links, &mut parts.3)?),
+                Some(links) => Some(ReplicaExchange::new(
+                    &config,
+                    links,
+                    &parts.0.placement,
+                    &mut parts.3,
+                )?),
                 None if config.data_parallel > 1 => {
                     return Err(TrainError::Config(format!(
                         "{} {}: a Trainer holds one replica; build the replicas with \
@@ -356,11 +361,21 @@ impl<D: Driver> Trainer<D> {
         self.failed = true;
         let start = Instant::now();
         let step = self.steps_done;
-        let outcome = self.pipeline(step)?;
+        // The exchange's hook starts each stage's buckets during the pipeline (with overlap).
+        let outcome = match self.dp.as_ref().map(|dp| dp.hook(step)) {
+            Some(hook) => self.pipeline(step, &hook)?,
+            None => self.pipeline(step, &NoHook)?,
+        };
         let drained = self.check_drained(outcome.losses.len());
         self.own(step, drained)?;
-        self.driver
-            .sum_stage_copies(&self.schedule, &mut self.stages, step, &self.exec_options)?;
+        if !self.dp.as_ref().is_some_and(ReplicaExchange::sums_copies) {
+            self.driver.sum_stage_copies(
+                &self.schedule,
+                &mut self.stages,
+                step,
+                &self.exec_options,
+            )?;
+        }
         let mut losses: Vec<f64> = outcome.losses.iter().map(|l| l.loss).collect();
         let mut exchange = None;
         if let Some(mut dp) = self.dp.take() {
@@ -408,7 +423,11 @@ impl<D: Driver> Trainer<D> {
     /// thread draws the next step's batch (when the run has a next step): it computes in the
     /// pipeline's bubbles. The data depends only on (seed, step, micro-batch), so prefetching
     /// changes no result.
-    fn pipeline(&mut self, step: usize) -> Result<dualpipe_runtime::StepOutcome, TrainError> {
+    fn pipeline(
+        &mut self,
+        step: usize,
+        hook: &dyn StepHook<ModelStage>,
+    ) -> Result<dualpipe_runtime::StepOutcome, TrainError> {
         let prepared = self.prepare(step);
         self.own(step, prepared)?;
         let prefetch = step + 1 < self.config.steps;
@@ -424,7 +443,7 @@ impl<D: Driver> Trainer<D> {
         let (outcome, next) = std::thread::scope(|scope| {
             let next = prefetch
                 .then(|| scope.spawn(move || workload.replica_batch(config, step + 1, replica)));
-            let outcome = driver.run_pipeline(schedule, stages, step, options);
+            let outcome = driver.run_pipeline(schedule, stages, step, options, hook);
             let next = next.map(|h| {
                 h.join().unwrap_or_else(|_| {
                     Err(TrainError::Execution(

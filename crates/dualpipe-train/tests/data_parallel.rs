@@ -132,6 +132,67 @@ fn without_overlap_the_losses_are_the_same_bits() {
     assert_eq!(overlapped.grad_bytes_sent, plain.grad_bytes_sent);
 }
 
+/// Compressed (int8, error feedback) and one copy per stage (1F1B): starting the exchange
+/// inside the pipeline changes no bit either.
+#[test]
+fn without_overlap_a_compressed_run_is_the_same_bits() {
+    for kind in [ScheduleKind::DualPipe, ScheduleKind::OneFOneB] {
+        let config = TrainConfig {
+            data_parallel: 2,
+            gradient_compression: Compression::Int8,
+            ..tiny(ModelKind::Mlp, kind, 4)
+        };
+        let run = |config: TrainConfig| DataParallel::new(config).unwrap().run(|_| Ok(())).unwrap();
+        let overlapped = run(config.clone());
+        let plain = run(TrainConfig {
+            overlap: false,
+            ..config
+        });
+        assert_eq!(overlapped.losses, plain.losses, "{kind}");
+        assert_eq!(overlapped.grad_bytes_sent, plain.grad_bytes_sent, "{kind}");
+    }
+}
+
+/// With overlap every model stage's exchange starts inside the pipeline (from the
+/// executor's hook, once all of the stage's copies have run their last weight-gradient op),
+/// once per stage per step, compressed or not; with `--no-overlap`, or under 1-bit Adam
+/// (whose momentum is folded after the pipeline), none does.
+#[test]
+fn the_exchange_starts_inside_the_pipeline_once_per_stage() {
+    for kind in SCHEDULES {
+        let config = TrainConfig {
+            data_parallel: 2,
+            steps: 2,
+            ..tiny(ModelKind::Mlp, kind, 4)
+        };
+        let started = |config: TrainConfig| -> Vec<usize> {
+            let mut dp = DataParallel::new(config).unwrap();
+            (0..2)
+                .map(|_| dp.step().unwrap().exchange.unwrap().started_in_pipeline)
+                .collect()
+        };
+        let stages = config.model_stages();
+        assert_eq!(started(config.clone()), vec![stages; 2], "{kind}");
+        let int8 = TrainConfig {
+            gradient_compression: Compression::Int8,
+            ..config.clone()
+        };
+        assert_eq!(started(int8), vec![stages; 2], "{kind} int8");
+        let plain = TrainConfig {
+            overlap: false,
+            ..config.clone()
+        };
+        assert_eq!(started(plain), vec![0; 2], "{kind} --no-overlap");
+        let one_bit_adam = TrainConfig {
+            gradient_compression: Compression::OneBit,
+            compression_warmup: 1,
+            optimizer: OptimizerKind::adamw(),
+            ..config
+        };
+        assert_eq!(started(one_bit_adam), vec![0; 2], "{kind} 1-bit Adam");
+    }
+}
+
 /// 1-bit Adam (1bit, AdamW, a warm-up): the replicas exchange the momentum after the warm-up
 /// and stay bit-identical; it trains differently from compressing the gradient (no warm-up),
 /// and the warm-up steps are the uncompressed run's.

@@ -25,6 +25,7 @@ use dualpipe_sim::{MessageKind, Timeline};
 
 use super::check::check_rank_setup;
 use super::cpu::{available_cores, RankTimes};
+use super::hook::{NoHook, StepHook};
 use super::report::{decode_report, encode_report};
 use super::types::{ExecOptions, MicroBatchLoss, RankStages, StepOutcome};
 use super::worker::Worker;
@@ -181,6 +182,19 @@ pub fn run_rank_step<S: WireStage, L: Link>(
     step: u64,
     options: &ExecOptions,
 ) -> Result<StepOutcome, RuntimeError> {
+    run_rank_step_with(schedule, stages, endpoint, step, options, &NoHook)
+}
+
+/// [`run_rank_step`], telling `hook` on this thread when a stage's gradients are final and
+/// after every op (see [`StepHook`]).
+pub fn run_rank_step_with<S: WireStage, L: Link>(
+    schedule: &Schedule,
+    stages: &mut RankStages<S>,
+    endpoint: &mut Endpoint<L>,
+    step: u64,
+    options: &ExecOptions,
+    hook: &dyn StepHook<S>,
+) -> Result<StepOutcome, RuntimeError> {
     let rank = endpoint.rank();
     if endpoint.ranks() != schedule.ranks {
         let err = RuntimeError::Setup(format!(
@@ -209,7 +223,7 @@ pub fn run_rank_step<S: WireStage, L: Link>(
         step,
         _stage: PhantomData,
     };
-    let record = Worker::new(rank, schedule, stages, transport, options, start)
+    let record = Worker::new(rank, schedule, stages, transport, options, start, hook)
         .run()
         .map_err(|err| {
             err.unwrap_or_else(|| RuntimeError::Protocol {

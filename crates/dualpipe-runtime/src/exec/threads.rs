@@ -8,6 +8,7 @@ use dualpipe_sim::Timeline;
 
 use super::check::check_setup;
 use super::cpu::{available_cores, RankTimes};
+use super::hook::{NoHook, StepHook};
 use super::types::{ExecOptions, MicroBatchLoss, RankStages, StepOutcome};
 use super::worker::{RankRecord, Worker};
 use crate::transport::local::{LocalTransport, Shared};
@@ -31,6 +32,17 @@ pub fn run_step<S: Stage>(
     ranks: &mut [RankStages<S>],
     options: &ExecOptions,
 ) -> Result<StepOutcome, RuntimeError> {
+    run_step_with(schedule, ranks, options, &NoHook)
+}
+
+/// [`run_step`], telling `hook` on each rank's thread when a stage's gradients are final and
+/// after every op (see [`StepHook`]).
+pub fn run_step_with<S: Stage>(
+    schedule: &Schedule,
+    ranks: &mut [RankStages<S>],
+    options: &ExecOptions,
+    hook: &dyn StepHook<S>,
+) -> Result<StepOutcome, RuntimeError> {
     check_setup(schedule, ranks)?;
     let (shared, inboxes) = Shared::<S::Tensor>::new(schedule.ranks);
     let start = Instant::now();
@@ -45,7 +57,7 @@ pub fn run_step<S: Stage>(
                     .name(format!("dualpipe-rank-{rank}"))
                     .spawn_scoped(scope, move || {
                         let transport = LocalTransport::new(rank, inbox, shared);
-                        Worker::new(rank, schedule, stages, transport, options, start).run()
+                        Worker::new(rank, schedule, stages, transport, options, start, hook).run()
                     })
             })
             .collect();

@@ -9,6 +9,7 @@ use dualpipe_schedule::{Chunk, Op, Schedule};
 use dualpipe_sim::{ComputeInterval, MessageInterval, MessageKind};
 
 use super::cpu::{thread_cpu_seconds, thread_run_delay_seconds, RankTime};
+use super::hook::{last_weight_ops, StepHook};
 use super::types::{describe, ExecOptions, MicroBatchLoss, RankStages};
 use crate::error::panic_message;
 use crate::transport::{Key, Transport, WaitError};
@@ -82,11 +83,15 @@ pub(crate) struct Worker<'a, S: Stage, Tr> {
     outbox: HashMap<(MessageKind, Chunk), S::Tensor>,
     /// When the compute op being run started (after its inputs arrived).
     op_start: f64,
+    /// Told when a stage's gradients are final, and between ops.
+    hook: &'a dyn StepHook<S>,
+    /// Op index -> the stages whose last weight-gradient op it is.
+    done_after: HashMap<usize, Vec<(usize, usize)>>,
     record: RankRecord,
 }
 
 impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
-    /// A worker for `rank` on `transport`, timing everything from `start`.
+    /// A worker for `rank` on `transport`, timing everything from `start`, telling `hook`.
     pub fn new(
         rank: usize,
         schedule: &'a Schedule,
@@ -94,7 +99,15 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
         transport: Tr,
         options: &'a ExecOptions,
         start: Instant,
+        hook: &'a dyn StepHook<S>,
     ) -> Self {
+        let mut done_after: HashMap<usize, Vec<(usize, usize)>> = HashMap::new();
+        for (key, at) in last_weight_ops(&schedule.programs[rank]) {
+            done_after.entry(at).or_default().push(key);
+        }
+        done_after
+            .values_mut()
+            .for_each(|keys| keys.sort_unstable());
         let sends = schedule.programs[rank]
             .iter()
             .filter_map(|op| match *op {
@@ -115,6 +128,8 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
             sends,
             outbox: HashMap::new(),
             op_start: 0.0,
+            hook,
+            done_after,
             record: RankRecord {
                 compute: Vec::new(),
                 messages: Vec::new(),
@@ -175,7 +190,7 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
 
     fn run_program(&mut self) -> Result<(), Fail> {
         let schedule = self.schedule;
-        for op in &schedule.programs[self.rank] {
+        for (at, op) in schedule.programs[self.rank].iter().enumerate() {
             if self.transport.aborted() {
                 return Err(self.abort_reason());
             }
@@ -233,6 +248,7 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
                 // waits for its own input only, so neither needs to do anything here.
                 Op::RecvF { .. } | Op::RecvB { .. } | Op::Wait => {}
             }
+            self.tell_hook(op, at)?;
         }
         if let Some(&(kind, chunk)) = self.outbox.keys().next() {
             return Err(self.protocol(
@@ -244,6 +260,36 @@ impl<'a, S: Stage, Tr: Transport<S::Tensor>> Worker<'a, S, Tr> {
             ));
         }
         Ok(())
+    }
+
+    /// Tells the hook which stages op `at` finished (their gradients are final), then that
+    /// an op ended.
+    fn tell_hook(&mut self, op: &Op, at: usize) -> Result<(), Fail> {
+        let (rank, hook) = (self.rank, self.hook);
+        let done = self.done_after.remove(&at).unwrap_or_default();
+        let stages = &*self.stages;
+        let told = catch_unwind(AssertUnwindSafe(|| {
+            for (dir, stage) in done {
+                let copy = stages.get(dir, stage).ok_or_else(|| {
+                    StageError(format!("stage (dir {dir}, stage {stage}) is missing"))
+                })?;
+                hook.stage_done(rank, dir, stage, copy)?;
+            }
+            hook.between_ops(rank)
+        }));
+        match told {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(Fail::Error(RuntimeError::StageFailed {
+                rank,
+                op: format!("the step hook after {}", describe(op)),
+                cause: err.0,
+            })),
+            Err(payload) => Err(Fail::Error(RuntimeError::StagePanicked {
+                rank,
+                op: format!("the step hook after {}", describe(op)),
+                message: panic_message(payload.as_ref()),
+            })),
+        }
     }
 
     /// Runs a stage call, noting its start and turning its error or panic into this rank's

@@ -97,8 +97,9 @@ pub struct TrainConfig {
     pub data_parallel: usize,
     /// Gradient bucket budget in MiB of uncompressed gradients (`--bucket-mb`).
     pub bucket_mb: f64,
-    /// Start each stage's exchange without waiting for the others (`false`:
-    /// `--no-overlap`, one stage's plain all-reduce after another).
+    /// Start each stage's exchange during the pipeline, as soon as its gradients are final
+    /// (`false`: `--no-overlap`, after the pipeline one stage's plain all-reduce after
+    /// another).
     pub overlap: bool,
     /// The wire format of the gradient exchange after the warm-up (`--gradient-compression`).
     #[serde(with = "compression_name")]
