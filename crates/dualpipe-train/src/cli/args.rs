@@ -164,8 +164,9 @@ pub struct TrainArgs {
     /// Gradient bucket size in MiB (uncompressed gradients per exchange message group).
     #[arg(long, value_name = "MB", default_value_t = D.bucket_mb, allow_negative_numbers = true)]
     pub bucket_mb: f64,
-    /// Exchange one stage's gradients after another (a plain all-reduce each) instead of
-    /// starting every stage's buckets before waiting for any.
+    /// Exchange the gradients after the pipeline, one stage after another (a plain all-reduce
+    /// each), instead of starting each stage's buckets inside the pipeline as soon as its last
+    /// weight gradient is done.
     #[arg(long)]
     pub no_overlap: bool,
     /// Wire format of the gradient exchange: none, bf16, int8 or 1bit.
