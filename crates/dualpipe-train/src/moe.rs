@@ -1,6 +1,7 @@
 //! The GPT's mixture-of-experts settings ([`MoeSettings`], `--experts` and friends) and the
 //! per-step expert load figures ([`ExpertLoad`], `expert_load_imbalance` in the JSON).
 
+use dualpipe_nn::gpt::moe::parallel::LinkModel;
 use dualpipe_nn::gpt::MoeConfig;
 use serde::{Deserialize, Serialize};
 
@@ -37,6 +38,27 @@ pub struct MoeSettings {
     pub redundant_experts: usize,
     /// Re-place the experts by EPLB every this many steps (`--eplb-every`; 0: never).
     pub eplb_every: usize,
+    /// Link emulation for the expert all-to-alls: seconds every message takes
+    /// (`--link-latency`; 0: none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub link_latency: f64,
+    /// Link emulation for the expert all-to-alls: bytes per second (`--link-bandwidth`;
+    /// `None`: the bytes cost nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_bandwidth: Option<f64>,
+    /// With expert parallelism, DualPipe's FB pair runs its forward and backward chunks
+    /// overlapped: one computes while the other waits on an all-to-all (`--no-moe-overlap`
+    /// turns it off: the forward, then the backward).
+    #[serde(skip_serializing_if = "is_true")]
+    pub overlap: bool,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
+}
+
+fn is_true(v: &bool) -> bool {
+    *v
 }
 
 impl MoeSettings {
@@ -52,7 +74,18 @@ impl MoeSettings {
         expert_parallel: false,
         redundant_experts: 0,
         eplb_every: 0,
+        link_latency: 0.0,
+        link_bandwidth: None,
+        overlap: true,
     };
+
+    /// The emulated link of the expert all-to-alls.
+    pub fn link(&self) -> LinkModel {
+        LinkModel {
+            latency: self.link_latency,
+            bandwidth: self.link_bandwidth,
+        }
+    }
 
     /// The architecture part, for a model of width `d_model`.
     pub fn architecture(&self, d_model: usize) -> MoeConfig {
@@ -133,7 +166,33 @@ impl MoeSettings {
             }
         };
         let ep = name("expert-parallel", "expert_parallel");
+        let latency = name("link-latency", "link_latency");
+        if !(self.link_latency.is_finite() && self.link_latency >= 0.0) {
+            return Err(TrainError::Config(format!(
+                "{latency} {}: it must be a number of seconds at least 0, such as 0.002",
+                self.link_latency
+            )));
+        }
+        let bandwidth = name("link-bandwidth", "link_bandwidth");
+        if let Some(bw) = self.link_bandwidth {
+            if !(bw.is_finite() && bw > 0.0) {
+                return Err(TrainError::Config(format!(
+                    "{bandwidth} {bw}: it must be a positive number of bytes per second, \
+                     such as 1e8"
+                )));
+            }
+        }
         if !self.expert_parallel {
+            let traffic = [
+                (latency, self.link_latency > 0.0),
+                (bandwidth, self.link_bandwidth.is_some()),
+                (name("no-moe-overlap", "overlap false"), !self.overlap),
+            ];
+            if let Some((flag, _)) = traffic.into_iter().find(|(_, on)| *on) {
+                return Err(TrainError::Config(format!(
+                    "{flag} is about the expert all-to-all; add {ep} or drop it"
+                )));
+            }
             for (flag, field, v) in [
                 (
                     "redundant-experts",
