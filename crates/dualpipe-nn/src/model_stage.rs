@@ -155,7 +155,7 @@ impl Stage for ModelStage {
         b: Chunk,
         grad_output: Option<Tensor>,
     ) -> Result<(ForwardOutput<Tensor>, Option<Tensor>), StageError> {
-        let backward = |stage: &mut ModelStage| {
+        let backward = |stage: &mut ModelStage| -> Result<Option<Tensor>, StageError> {
             let grad = stage.backward_input(b, grad_output)?;
             stage.backward_weight(b)?;
             Ok(grad)
