@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The expert all-to-all hidden inside DualPipe's FB pair, measured and predicted.
 #
-# Trains the same MoE GPT (expert parallelism over 2 data-parallel workers, 2 ranks) with an
-# emulated link for the expert all-to-alls, three ways, side by side in one run:
-#   DualPipe with the FB pair overlapped, DualPipe with --no-moe-overlap, and 1F1B;
-# the link's latency is sized from a first run without emulation so that one chunk's
-# all-to-all waits cost about a forward's compute. The simulator (crates/dualpipe-sim,
-# example moe_overlap) predicts the same three pipeline times from that first run's measured
-# F/B/W/F&B and the latency. Prints a table of medians and ratios, with the load average.
+# Trains the same MoE GPT (8 experts, top-2, expert parallelism over 2 data-parallel
+# workers, 2 ranks, 8 micro-batches, one MoE block per stage; the same global batch) three
+# ways: DualPipe with the FB pair overlapped, DualPipe with --no-moe-overlap, and 1F1B; each
+# first without link emulation (its measured F/B/W/F&B feed the simulator), then with an
+# emulated link for the expert all-to-alls whose latency is sized from DualPipe's first run
+# so that one chunk's all-to-all waits cost about one forward's compute. The simulator
+# (crates/dualpipe-sim, example moe_overlap) predicts each emulated run's pipeline time from
+# its unemulated run's op costs and the latency. Prints medians, ratios and the load average.
 #
-# Usage: scripts/moe_overlap_measure.sh [STEPS]   (default 8; needs target/release/dualpipe)
+# Usage: scripts/moe_overlap_measure.sh [STEPS]   (default 12; needs target/release/dualpipe)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=${1:-8}
+steps=${1:-12}
 bin=target/release/dualpipe
 [ -x "$bin" ] || { echo "error: $bin is missing; run cargo build --release" >&2; exit 2; }
 ranks=2
@@ -21,54 +22,68 @@ blocks=1 # MoE blocks per stage (--layers-per-stage 1, every block MoE)
 common=(train --model gpt --experts 8 --top-k 2 --ranks $ranks --micro-batches $mb
   --layers-per-stage $blocks --data-parallel 2 --expert-parallel --eval-every 0
   --steps "$steps" --format json --quiet)
+declare -A mode=(
+  [dualpipe_overlap]="--schedule dualpipe"
+  [dualpipe_no_overlap]="--schedule dualpipe --no-moe-overlap"
+  [1f1b]="--schedule 1f1b"
+)
+declare -A kind=([dualpipe_overlap]=dualpipe [dualpipe_no_overlap]=dualpipe [1f1b]=1f1b)
+declare -A overlap=([dualpipe_overlap]=1 [dualpipe_no_overlap]=0 [1f1b]=0)
+runs=(dualpipe_overlap dualpipe_no_overlap 1f1b)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-
-field() { # FILE EXPR: a Python expression over the run's JSON `j`
-  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"
+costs() { # FILE: the run's measured "F B W F&B"
+  python3 -c 'import json,sys; o=json.load(open(sys.argv[1]))["op_seconds"]
+print(" ".join(str(o[k] or 0) for k in ("f","b","w","fb")))' "$1"
 }
+cargo build --quiet --release -p dualpipe-sim --example moe_overlap
+sim=target/release/examples/moe_overlap
 
 echo "load before: $(uptime)"
-"$bin" "${common[@]}" --schedule dualpipe > "$out/base.json"
-read -r f b w fb < <(field "$out/base.json" \
-  '" ".join(str(j["op_seconds"][k]) for k in ("f","b","w","fb"))')
-# One chunk's all-to-all waits (2 per MoE block) as long as a forward's compute.
+for r in "${runs[@]}"; do
+  # shellcheck disable=SC2086
+  "$bin" "${common[@]}" ${mode[$r]} > "$out/$r.base.json"
+done
+read -r f _ < <(costs "$out/dualpipe_overlap.base.json")
+# One chunk's all-to-all waits (2 per MoE block) as long as DualPipe's measured forward.
 latency=$(python3 -c "print(f'{$f / (2 * $blocks):.6f}')")
-echo "measured without emulation: F $f B $b W $w F&B $fb s; link latency set to $latency s"
-
-link=(--link-latency "$latency")
-"$bin" "${common[@]}" --schedule dualpipe "${link[@]}" > "$out/overlap.json"
-"$bin" "${common[@]}" --schedule dualpipe "${link[@]}" --no-moe-overlap > "$out/sequential.json"
-"$bin" "${common[@]}" --schedule 1f1b "${link[@]}" > "$out/1f1b.json"
+for r in "${runs[@]}"; do
+  # shellcheck disable=SC2086
+  "$bin" "${common[@]}" ${mode[$r]} --link-latency "$latency" > "$out/$r.link.json"
+done
 echo "load after:  $(uptime)"
+for r in "${runs[@]}"; do
+  # shellcheck disable=SC2046
+  "$sim" "${kind[$r]}" "${overlap[$r]}" $ranks $mb $(costs "$out/$r.base.json") $blocks \
+    "$latency" > "$out/$r.sim"
+done
 
-cargo run --quiet --release -p dualpipe-sim --example moe_overlap -- \
-  $ranks $mb "$f" "$b" "$w" "$fb" $blocks "$latency" > "$out/predicted.txt"
-
-python3 - "$out" <<'PY'
+python3 - "$out" "$latency" "${runs[@]}" <<'PY'
 import json, sys
-d = sys.argv[1]
-runs = {"dualpipe_overlap": "overlap", "dualpipe_no_overlap": "sequential", "1f1b": "1f1b"}
-pred = dict(l.split() for l in open(f"{d}/predicted.txt"))
-base = json.load(open(f"{d}/base.json"))
-other = base["step_seconds_median"] - base["pipeline_seconds_median"]
+d, latency, runs = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
 rows = {}
-for name, file in runs.items():
-    j = json.load(open(f"{d}/{file}.json"))
-    rows[name] = (j["step_seconds_median"], j["pipeline_seconds_median"], float(pred[name]),
-                  j["final_loss"])
-print(f"{'run':22} {'step s':>8} {'pipeline s':>10} {'sim pipeline s':>14} {'final loss':>10}")
-for name, (step, pipe, sim, loss) in rows.items():
-    print(f"{name:22} {step:8.4f} {pipe:10.4f} {sim:14.4f} {loss:10.6f}")
+for r in runs:
+    base = json.load(open(f"{d}/{r}.base.json"))
+    link = json.load(open(f"{d}/{r}.link.json"))
+    o = base["op_seconds"]
+    rows[r] = dict(base_pipe=base["pipeline_seconds_median"], step=link["step_seconds_median"],
+                   pipe=link["pipeline_seconds_median"], sim=float(open(f"{d}/{r}.sim").read()),
+                   loss=link["final_loss"], ops=o)
+print(f"link latency {latency * 1e3:.3f} ms per message (2 all-to-alls per MoE block each way)")
+print(f"{'run':20} {'F ms':>6} {'B ms':>6} {'W ms':>6} {'F&B ms':>7} {'pipe, no link':>13} "
+      f"{'step':>7} {'pipe':>7} {'sim pipe':>8} {'final loss':>10}")
+ms = lambda v: f"{(v or 0) * 1e3:.2f}"
+for r, x in rows.items():
+    o = x["ops"]
+    print(f"{r:20} {ms(o['f']):>6} {ms(o['b']):>6} {ms(o['w']):>6} {ms(o['fb']):>7} "
+          f"{x['base_pipe']:13.4f} {x['step']:7.4f} {x['pipe']:7.4f} {x['sim']:8.4f} "
+          f"{x['loss']:10.6f}")
 print()
-print(f"{'ratio':34} {'measured step':>13} {'measured pipe':>13} {'simulated':>9} {'sim step':>8}")
+print(f"{'ratio':36} {'step':>6} {'pipe':>6} {'sim':>6} {'sim/pipe':>8}")
 for a, b in [("dualpipe_overlap", "dualpipe_no_overlap"), ("dualpipe_overlap", "1f1b"),
              ("dualpipe_no_overlap", "1f1b")]:
-    ms = rows[a][0] / rows[b][0]
-    mp = rows[a][1] / rows[b][1]
-    sp = rows[a][2] / rows[b][2]
-    ss = (rows[a][2] + other) / (rows[b][2] + other)
-    print(f"{a + ' / ' + b:34} {ms:13.3f} {mp:13.3f} {sp:9.3f} {ss:8.3f}")
-print()
-print(f"(sim step = simulated pipeline + the unemulated run's step minus pipeline, {other:.4f} s)")
+    step = rows[a]["step"] / rows[b]["step"]
+    pipe = rows[a]["pipe"] / rows[b]["pipe"]
+    sim = rows[a]["sim"] / rows[b]["sim"]
+    print(f"{a + ' / ' + b:36} {step:6.3f} {pipe:6.3f} {sim:6.3f} {sim / pipe:8.3f}")
 PY
