@@ -169,7 +169,9 @@ impl Stage for ModelStage {
             let forward = scope.spawn(|| compute_with(&token, || self.forward(f, input)));
             let grad = compute_with(&token, || backward(other));
             let out = forward.join().map_err(|_| {
-                StageError(format!("the forward of {f} in an overlapped FB pair panicked"))
+                StageError(format!(
+                    "the forward of {f} in an overlapped FB pair panicked"
+                ))
             })?;
             Ok((out?, grad?))
         })

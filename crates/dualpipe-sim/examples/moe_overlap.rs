@@ -31,9 +31,13 @@ fn main() {
         .parse()
         .unwrap_or_else(|e| fail(format!("schedule {:?}: {e}", args[0])));
     let num = |i: usize| -> f64 {
-        args[i]
-            .parse()
-            .unwrap_or_else(|_| fail(format!("argument {} ({:?}) is not a number", i + 1, args[i])))
+        args[i].parse().unwrap_or_else(|_| {
+            fail(format!(
+                "argument {} ({:?}) is not a number",
+                i + 1,
+                args[i]
+            ))
+        })
     };
     let overlap = num(1) != 0.0;
     let (ranks, micro_batches) = (num(2) as usize, num(3) as usize);
@@ -41,9 +45,13 @@ fn main() {
     // A measured F&B can come out below a lone op that waited longer on its peers; the model
     // needs F&B >= max(F, B).
     let fb = num(7).max(f).max(b);
-    let cost = CostModel::uniform(f, b, num(6), fb).with_expert_comm(
-        ExpertComm::of_link(num(8) as usize, num(9), None, 0.0, overlap),
-    );
+    let cost = CostModel::uniform(f, b, num(6), fb).with_expert_comm(ExpertComm::of_link(
+        num(8) as usize,
+        num(9),
+        None,
+        0.0,
+        overlap,
+    ));
     let schedule = build(kind, ranks, micro_batches, kind.default_virtual_stages())
         .unwrap_or_else(|e| fail(format!("{kind}: {e}")));
     let timeline = simulate(&schedule, &cost).unwrap_or_else(|e| fail(format!("{kind}: {e}")));

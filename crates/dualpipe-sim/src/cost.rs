@@ -412,7 +412,11 @@ mod tests {
             forward: -1.0,
             ..comm
         });
-        assert!(bad.check().unwrap_err().to_string().contains("forward = -1"));
+        assert!(bad
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("forward = -1"));
     }
 
     #[test]

@@ -217,7 +217,12 @@ impl ChannelExpertLink {
     /// The `workers` ends of one group, worker `w` at index `w`; a receive waits at most
     /// `timeout`. No link emulation.
     pub fn group(workers: usize, timeout: Duration) -> Vec<ChannelExpertLink> {
-        Self::emulated(workers, timeout, LinkModel::NONE, Arc::new(WallClock::new()))
+        Self::emulated(
+            workers,
+            timeout,
+            LinkModel::NONE,
+            Arc::new(WallClock::new()),
+        )
     }
 
     /// [`ChannelExpertLink::group`] over an emulated link: every message between two
@@ -555,7 +560,8 @@ mod tests {
             bandwidth: Some(800.0),
         };
         assert_eq!(model.delay(10), 0.25 + 80.0 / 800.0);
-        let mut links = ChannelExpertLink::emulated(2, Duration::from_secs(5), model, clock.clone());
+        let mut links =
+            ChannelExpertLink::emulated(2, Duration::from_secs(5), model, clock.clone());
         let mut b = links.pop().unwrap();
         let mut a = links.pop().unwrap();
         let tag = ExchangeTag {
@@ -576,7 +582,8 @@ mod tests {
         assert!((waits[0] - 1.30).abs() < 1e-12, "{waits:?}");
         assert!((waits[1] - 1.35).abs() < 1e-12, "{waits:?}");
         // Without emulation nothing waits on the clock.
-        let mut plain = ChannelExpertLink::emulated(1, Duration::from_secs(5), LinkModel::NONE, clock.clone());
+        let mut plain =
+            ChannelExpertLink::emulated(1, Duration::from_secs(5), LinkModel::NONE, clock.clone());
         plain[0].all_to_all(tag, vec![vec![3.0]]).unwrap();
         assert_eq!(clock.waits.lock().unwrap().len(), 2);
     }
