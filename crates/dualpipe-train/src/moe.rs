@@ -214,7 +214,8 @@ impl MoeSettings {
         let replicated = self.redundant_experts > 0 || self.eplb_every > 0;
         if replicated && !slots.is_multiple_of(data_parallel.max(1)) {
             return Err(TrainError::Config(format!(
-                "{} {} + {} {} = {slots} expert slots do not split over {data_parallel}                  data-parallel workers; make the sum a multiple of {data_parallel}",
+                "{} {} + {} {} = {slots} expert slots do not split over {data_parallel} \
+                 data-parallel workers; make the sum a multiple of {data_parallel}",
                 name("experts", "experts"),
                 self.experts,
                 name("redundant-experts", "redundant_experts"),
