@@ -140,13 +140,15 @@ impl Default for CommCost {
 /// The expert all-to-alls inside the compute ops of an MoE stage with expert parallelism:
 /// a forward waits `forward` seconds on its dispatch and combine (every MoE block of the
 /// stage), an input backward (`I`, or `B`) waits `backward` seconds on its gradient dispatch
-/// and combine; `W` exchanges nothing.
+/// and combine; `W` exchanges nothing. The stage's `F`, `B`, `I`, `W` and `F&B` are then
+/// compute only (no waits in them).
 ///
 /// A lone `F`, `B` or `I` pays its wait in full. An `F&B` pair with `overlap` runs its two
 /// chunks side by side on one compute resource (one computes while the other waits), so it
-/// lasts `max(F&B, F + forward, B + backward)`: the pair's compute, or either chunk's own
-/// chain of compute and waits, whichever is longer. Without `overlap` it lasts
-/// `F&B + forward + backward`.
+/// lasts `max(F&B, F + forward + handover, B + backward + handover)`: the pair's compute, or
+/// either chunk's own chain of compute, waits and hand-overs (a chunk whose wait is over
+/// waits `handover` seconds in all to get the compute resource back from the other),
+/// whichever is longer. Without `overlap` it lasts `F&B + forward + backward`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExpertComm {
     /// Seconds a forward waits on its all-to-alls.
@@ -155,6 +157,10 @@ pub struct ExpertComm {
     pub backward: f64,
     /// Whether an `F&B` pair overlaps one chunk's waits with the other's compute.
     pub overlap: bool,
+    /// Seconds an overlapped chunk's waits, all together, take to hand the compute back
+    /// (0: at once).
+    #[serde(default)]
+    pub handover: f64,
 }
 
 impl ExpertComm {
@@ -175,12 +181,23 @@ impl ExpertComm {
             forward: wait,
             backward: wait,
             overlap,
+            handover: 0.0,
         }
     }
 
-    /// Checks both waits: finite and `>= 0`.
+    /// The same waits with `handover` seconds of hand-over per overlapped chunk.
+    pub fn with_handover(mut self, handover: f64) -> Self {
+        self.handover = handover;
+        self
+    }
+
+    /// Checks both waits and the hand-over: finite and `>= 0`.
     pub fn check(&self) -> Result<(), SimError> {
-        for (name, value) in [("forward", self.forward), ("backward", self.backward)] {
+        for (name, value) in [
+            ("forward", self.forward),
+            ("backward", self.backward),
+            ("pair hand-over", self.handover),
+        ] {
             if !value.is_finite() || value < 0.0 {
                 return Err(SimError::Cost(format!(
                     "expert all-to-all wait of the {name} = {value} is invalid; it must be a finite number of seconds >= 0"
@@ -193,7 +210,8 @@ impl ExpertComm {
     /// How long an `F&B` pair lasts: `f` and `b` its halves' compute, `fb` the pair's.
     pub fn pair(&self, f: f64, b: f64, fb: f64) -> f64 {
         if self.overlap {
-            fb.max(f + self.forward).max(b + self.backward)
+            let h = self.handover;
+            fb.max(f + self.forward + h).max(b + self.backward + h)
         } else {
             fb + self.forward + self.backward
         }
@@ -383,6 +401,7 @@ mod tests {
             forward: 1.5,
             backward: 1.5,
             overlap: true,
+            handover: 0.0,
         };
         let cost = CostModel::uniform(1.0, 2.0, 0.5, 3.0).with_expert_comm(comm);
         let c = Chunk::new(0, 0, 0);
@@ -402,9 +421,26 @@ mod tests {
         let short = cost.clone().with_expert_comm(ExpertComm {
             forward: 0.25,
             backward: 0.5,
-            overlap: true,
+            ..comm
         });
         assert_eq!(short.duration(&Op::FB { f: c, b: c }), 3.0);
+        // A hand-over of 0.75 s per chunk lengthens the backward's chain to 2 + 1.5 + 0.75;
+        // the short waits' chains stay below the pair's compute (2 + 0.5 + 0.25 < 3).
+        let handed = cost.clone().with_expert_comm(comm.with_handover(0.75));
+        assert_eq!(handed.duration(&Op::FB { f: c, b: c }), 4.25);
+        let short_handed = short.with_expert_comm(ExpertComm {
+            forward: 0.25,
+            backward: 0.5,
+            ..comm.with_handover(0.25)
+        });
+        assert_eq!(short_handed.duration(&Op::FB { f: c, b: c }), 3.0);
+        // The hand-over is an overlapped pair's only: a sequential pair and a lone op pay none.
+        let apart_handed = cost.clone().with_expert_comm(ExpertComm {
+            overlap: false,
+            ..comm.with_handover(0.75)
+        });
+        assert_eq!(apart_handed.duration(&Op::FB { f: c, b: c }), 6.0);
+        assert_eq!(apart_handed.duration(&Op::F(c)), 2.5);
         // From link parameters: 2 blocks, 4 all-to-alls of 0.5 + 100 / 200 s each way.
         let link = ExpertComm::of_link(2, 0.5, Some(200.0), 100.0, true);
         assert_eq!((link.forward, link.backward), (4.0, 4.0));

@@ -2,6 +2,7 @@
 //! per-step expert load figures ([`ExpertLoad`], `expert_load_imbalance` in the JSON).
 
 use dualpipe_nn::gpt::moe::parallel::LinkModel;
+use dualpipe_nn::gpt::moe::waits::{self, Tally};
 use dualpipe_nn::gpt::MoeConfig;
 use serde::{Deserialize, Serialize};
 
@@ -362,5 +363,61 @@ mod tests {
             .to_string()
             .contains("moe.aux_loss"));
         assert_eq!(MoeSettings::DEFAULT.architecture(64).expert_hidden, 128);
+    }
+}
+
+/// One tally of [`ExpertWaits`]: the mean seconds and how many were measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WaitMean {
+    /// Mean seconds.
+    pub seconds: f64,
+    /// How many durations the mean is over.
+    pub count: u64,
+}
+
+impl From<Tally> for WaitMean {
+    fn from(t: Tally) -> Self {
+        WaitMean {
+            seconds: t.mean(),
+            count: t.count,
+        }
+    }
+}
+
+/// With an emulated link (`--link-latency` / `--link-bandwidth`): where the time around the
+/// expert all-to-alls went over the run (`expert_waits` in the JSON;
+/// [`dualpipe_nn::gpt::moe::waits`] measures it): per all-to-all, the wait of its receive
+/// in a lone forward, a lone input backward, and the forward and backward chunks of an
+/// overlapped FB pair; per overlapped chunk, the time it held the compute token; per
+/// all-to-all inside a pair, the hand-over (from the end of its wait to having the token
+/// back).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExpertWaits {
+    /// A lone forward's all-to-all.
+    pub forward: WaitMean,
+    /// A lone input backward's all-to-all.
+    pub backward: WaitMean,
+    /// A forward's all-to-all inside an overlapped pair.
+    pub pair_forward: WaitMean,
+    /// A backward's all-to-all inside an overlapped pair.
+    pub pair_backward: WaitMean,
+    /// An overlapped chunk's compute (token held).
+    pub token_held: WaitMean,
+    /// An overlapped all-to-all's hand-over.
+    pub token_regain: WaitMean,
+}
+
+impl ExpertWaits {
+    /// The process's tallies so far (see [`waits::snapshot`]).
+    pub fn measured() -> Self {
+        let w = waits::snapshot();
+        ExpertWaits {
+            forward: w.forward.into(),
+            backward: w.backward.into(),
+            pair_forward: w.pair_forward.into(),
+            pair_backward: w.pair_backward.into(),
+            token_held: w.token_held.into(),
+            token_regain: w.token_regain.into(),
+        }
     }
 }

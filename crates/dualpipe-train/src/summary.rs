@@ -137,6 +137,10 @@ pub struct RunSummary {
     /// been planned from scratch (without the placement in force).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub experts_moved_from_scratch: Option<u64>,
+    /// With an emulated expert link: the measured waits around the all-to-alls (absent
+    /// otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_waits: Option<crate::moe::ExpertWaits>,
 }
 
 /// Builds a [`RunSummary`] one step at a time, keeping a few numbers per step and the last
@@ -164,6 +168,7 @@ pub struct SummaryBuilder {
 impl SummaryBuilder {
     /// An empty summary of a run of `config` on `schedule`.
     pub fn new(config: &TrainConfig, schedule: &Schedule) -> Self {
+        dualpipe_nn::gpt::moe::waits::reset();
         SummaryBuilder {
             config: config.clone(),
             schedule: schedule.clone(),
@@ -283,6 +288,10 @@ impl SummaryBuilder {
             eplb_rebalances: None,
             experts_moved: None,
             experts_moved_from_scratch: None,
+            expert_waits: config
+                .moe
+                .filter(|m| m.expert_parallel && !m.link().is_none())
+                .map(|_| crate::moe::ExpertWaits::measured()),
         }
     }
 }

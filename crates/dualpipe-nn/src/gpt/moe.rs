@@ -8,6 +8,7 @@ pub mod overlap;
 pub mod parallel;
 pub mod router;
 mod serve;
+pub mod waits;
 
 use std::collections::HashMap;
 

@@ -8,6 +8,9 @@
 
 use std::cell::RefCell;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::waits;
 
 /// One rank's right to compute, shared by the two chunks of an FB pair.
 #[derive(Debug, Default)]
@@ -34,9 +37,16 @@ impl ComputeToken {
     }
 }
 
+/// The token a thread computes under, with the time it has held it (for [`waits`]).
+struct Held {
+    token: Arc<ComputeToken>,
+    since: Instant,
+    total: Duration,
+}
+
 thread_local! {
     /// The token the current thread computes under, if any.
-    static HELD: RefCell<Option<Arc<ComputeToken>>> = const { RefCell::new(None) };
+    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
 }
 
 /// Gives the token back and forgets it when the computation ends (a panic included).
@@ -44,16 +54,29 @@ struct Holding(Arc<ComputeToken>);
 
 impl Drop for Holding {
     fn drop(&mut self) {
-        HELD.with(|h| h.borrow_mut().take());
+        if let Some(held) = HELD.with(|h| h.borrow_mut().take()) {
+            waits::add_held(held.total + held.since.elapsed());
+        }
         self.0.release();
     }
+}
+
+/// Whether the current thread computes under a token (inside an overlapped pair).
+pub fn holds_token() -> bool {
+    HELD.with(|h| h.borrow().is_some())
 }
 
 /// Runs `work` on this thread holding `token` (waiting for it first); expert all-to-alls
 /// inside `work` give it up while they wait.
 pub fn compute_with<R>(token: &Arc<ComputeToken>, work: impl FnOnce() -> R) -> R {
     token.acquire();
-    HELD.with(|h| *h.borrow_mut() = Some(token.clone()));
+    HELD.with(|h| {
+        *h.borrow_mut() = Some(Held {
+            token: token.clone(),
+            since: Instant::now(),
+            total: Duration::ZERO,
+        })
+    });
     let _holding = Holding(token.clone());
     work()
 }
@@ -61,16 +84,26 @@ pub fn compute_with<R>(token: &Arc<ComputeToken>, work: impl FnOnce() -> R) -> R
 /// Runs `wait` (a wait for messages) with the current thread's token given up, if it holds
 /// one, and takes the token back afterwards; without a token it just runs `wait`.
 pub fn while_waiting<R>(wait: impl FnOnce() -> R) -> R {
-    let held = HELD.with(|h| h.borrow().clone());
-    match held {
-        Some(token) => {
-            token.release();
-            let out = wait();
-            token.acquire();
-            out
+    let token = HELD.with(|h| {
+        h.borrow_mut().as_mut().map(|held| {
+            held.total += held.since.elapsed();
+            held.token.clone()
+        })
+    });
+    let Some(token) = token else {
+        return wait();
+    };
+    token.release();
+    let out = wait();
+    let done = Instant::now();
+    token.acquire();
+    waits::add_regain(done.elapsed());
+    HELD.with(|h| {
+        if let Some(held) = h.borrow_mut().as_mut() {
+            held.since = Instant::now();
         }
-        None => wait(),
-    }
+    });
+    out
 }
 
 #[cfg(test)]
@@ -85,6 +118,7 @@ mod tests {
         let token = Arc::new(ComputeToken::default());
         let (tx, rx) = channel::<u32>();
         let log = Arc::new(Mutex::new(Vec::new()));
+        let before = waits::snapshot();
         std::thread::scope(|s| {
             let (t, l) = (token.clone(), log.clone());
             compute_with(&token, || {
@@ -105,7 +139,12 @@ mod tests {
             *log.lock().unwrap(),
             vec!["A computes", "B computes", "A has the token back"]
         );
-        // Without a token, a wait is just the wait.
+        // The tallies (global: other tests may add too) saw both holds and the hand-over.
+        let after = waits::snapshot();
+        assert!(after.token_held.count >= before.token_held.count + 2);
+        assert!(after.token_held.seconds > before.token_held.seconds);
+        assert!(after.token_regain.count > before.token_regain.count);
+        // Without a token, a wait is just the wait, and no hand-over is counted.
         assert_eq!(while_waiting(|| 3), 3);
     }
 }

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use dualpipe_schedule::Chunk;
 
-use super::overlap::while_waiting;
+use super::overlap::{holds_token, while_waiting};
+use super::waits::{self, WaitKind};
 use crate::error::NnError;
 
 /// Which workers of a data-parallel group serve each logical expert of one MoE layer.
@@ -296,7 +297,18 @@ impl ExpertLink for ChannelExpertLink {
                 })?;
             }
         }
-        while_waiting(|| self.receive(tag, seq, got))
+        let kind = match (tag.phase, holds_token()) {
+            (Phase::Dispatch | Phase::Combine, false) => WaitKind::Forward,
+            (Phase::GradDispatch | Phase::GradCombine, false) => WaitKind::Backward,
+            (Phase::Dispatch | Phase::Combine, true) => WaitKind::PairForward,
+            (Phase::GradDispatch | Phase::GradCombine, true) => WaitKind::PairBackward,
+        };
+        let start = Instant::now();
+        while_waiting(|| {
+            let out = self.receive(tag, seq, got);
+            waits::add_wait(kind, start.elapsed());
+            out
+        })
     }
 }
 
