@@ -1,12 +1,15 @@
 //! [`ModelStage`]: a stage of whichever model a run trains (the MLP or the GPT), so the
 //! trainer, the drivers and the runtime are written once for every model.
 
+use std::sync::Arc;
+
 use candle_core::Tensor;
 use dualpipe_runtime::{ForwardInput, ForwardOutput, Stage, StageError};
 use dualpipe_schedule::Chunk;
 
 use crate::data::Batch;
 use crate::error::NnError;
+use crate::gpt::moe::overlap::{compute_with, ComputeToken};
 use crate::gpt::{GptStage, TokenBatch};
 use crate::layers::Param;
 use crate::stage::{MlpStage, StagePosition};
@@ -102,6 +105,12 @@ impl ModelStage {
         each!(self, s => s.pending())
     }
 
+    /// Whether an FB pair with this stage in it overlaps its two chunks (a GPT stage with an
+    /// expert-parallel MoE block, the overlap on).
+    pub fn overlaps_expert_traffic(&self) -> bool {
+        self.as_gpt().is_some_and(GptStage::overlaps_expert_traffic)
+    }
+
     /// The GPT stage, if this is one.
     pub fn as_gpt(&self) -> Option<&GptStage> {
         match self {
@@ -132,6 +141,40 @@ impl Stage for ModelStage {
 
     fn backward_weight(&mut self, chunk: Chunk) -> Result<(), StageError> {
         each!(self, s => s.backward_weight(chunk))
+    }
+
+    /// With expert parallelism (and the overlap on), the forward of `f` and the backward of
+    /// `b` run as two threads sharing one compute token: while one waits on an expert
+    /// all-to-all, the other computes, as DualPipe hides the dispatch and combine. Each
+    /// chunk's ops keep their order, so the results are those of the sequential pair.
+    fn forward_backward_pair(
+        &mut self,
+        f: Chunk,
+        input: ForwardInput<Tensor>,
+        other: &mut Self,
+        b: Chunk,
+        grad_output: Option<Tensor>,
+    ) -> Result<(ForwardOutput<Tensor>, Option<Tensor>), StageError> {
+        let backward = |stage: &mut ModelStage| -> Result<Option<Tensor>, StageError> {
+            let grad = stage.backward_input(b, grad_output)?;
+            stage.backward_weight(b)?;
+            Ok(grad)
+        };
+        if !(self.overlaps_expert_traffic() || other.overlaps_expert_traffic()) {
+            let out = self.forward(f, input)?;
+            return Ok((out, backward(other)?));
+        }
+        let token = Arc::new(ComputeToken::default());
+        std::thread::scope(|scope| {
+            let forward = scope.spawn(|| compute_with(&token, || self.forward(f, input)));
+            let grad = compute_with(&token, || backward(other));
+            let out = forward.join().map_err(|_| {
+                StageError(format!(
+                    "the forward of {f} in an overlapped FB pair panicked"
+                ))
+            })?;
+            Ok((out?, grad?))
+        })
     }
 
     fn gradients(&self) -> Vec<Tensor> {

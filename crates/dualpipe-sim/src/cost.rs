@@ -4,7 +4,9 @@
 //! (input gradient only) and `F&B` (a forward overlapped with a full backward of another
 //! chunk), uniform or per stage. Communication: every message costs `latency + bytes /
 //! bandwidth` on its sender's communication stream, which overlaps the compute stream unless
-//! [`CommCost::blocking`] is set (then the compute stream waits for its own sends).
+//! [`CommCost::blocking`] is set (then the compute stream waits for its own sends). An MoE
+//! stage with expert parallelism adds [`ExpertComm`]: the all-to-all waits inside its `F` and
+//! `B` (or `I`), which an `F&B` pair can hide behind the other chunk's compute.
 
 use dualpipe_schedule::Op;
 use serde::{Deserialize, Serialize};
@@ -135,6 +137,87 @@ impl Default for CommCost {
     }
 }
 
+/// The expert all-to-alls inside the compute ops of an MoE stage with expert parallelism:
+/// a forward waits `forward` seconds on its dispatch and combine (every MoE block of the
+/// stage), an input backward (`I`, or `B`) waits `backward` seconds on its gradient dispatch
+/// and combine; `W` exchanges nothing. The stage's `F`, `B`, `I`, `W` and `F&B` are then
+/// compute only (no waits in them).
+///
+/// A lone `F`, `B` or `I` pays its wait in full. An `F&B` pair with `overlap` runs its two
+/// chunks side by side on one compute resource (one computes while the other waits), so it
+/// lasts `max(F&B, F + forward + handover, B + backward + handover)`: the pair's compute, or
+/// either chunk's own chain of compute, waits and hand-overs (a chunk whose wait is over
+/// waits `handover` seconds in all to get the compute resource back from the other),
+/// whichever is longer. Without `overlap` it lasts `F&B + forward + backward`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExpertComm {
+    /// Seconds a forward waits on its all-to-alls.
+    pub forward: f64,
+    /// Seconds an input backward waits on its all-to-alls.
+    pub backward: f64,
+    /// Whether an `F&B` pair overlaps one chunk's waits with the other's compute.
+    pub overlap: bool,
+    /// Seconds an overlapped chunk's waits, all together, take to hand the compute back
+    /// (0: at once).
+    #[serde(default)]
+    pub handover: f64,
+}
+
+impl ExpertComm {
+    /// The waits of a stage with `moe_blocks` expert-parallel MoE blocks over a link of
+    /// `latency` seconds and `bandwidth` bytes per second (`None`: infinite), an all-to-all's
+    /// largest message `message_bytes`: two all-to-alls per block each way, each lasting
+    /// `latency + message_bytes / bandwidth` (its messages travel side by side).
+    pub fn of_link(
+        moe_blocks: usize,
+        latency: f64,
+        bandwidth: Option<f64>,
+        message_bytes: f64,
+        overlap: bool,
+    ) -> Self {
+        let one = latency + bandwidth.map_or(0.0, |bw| message_bytes / bw);
+        let wait = 2.0 * moe_blocks as f64 * one;
+        ExpertComm {
+            forward: wait,
+            backward: wait,
+            overlap,
+            handover: 0.0,
+        }
+    }
+
+    /// The same waits with `handover` seconds of hand-over per overlapped chunk.
+    pub fn with_handover(mut self, handover: f64) -> Self {
+        self.handover = handover;
+        self
+    }
+
+    /// Checks both waits and the hand-over: finite and `>= 0`.
+    pub fn check(&self) -> Result<(), SimError> {
+        for (name, value) in [
+            ("forward", self.forward),
+            ("backward", self.backward),
+            ("pair hand-over", self.handover),
+        ] {
+            if !value.is_finite() || value < 0.0 {
+                return Err(SimError::Cost(format!(
+                    "expert all-to-all wait of the {name} = {value} is invalid; it must be a finite number of seconds >= 0"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// How long an `F&B` pair lasts: `f` and `b` its halves' compute, `fb` the pair's.
+    pub fn pair(&self, f: f64, b: f64, fb: f64) -> f64 {
+        if self.overlap {
+            let h = self.handover;
+            fb.max(f + self.forward + h).max(b + self.backward + h)
+        } else {
+            fb + self.forward + self.backward
+        }
+    }
+}
+
 /// Durations of every op and message of a simulated step.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CostModel {
@@ -154,6 +237,10 @@ pub struct CostModel {
     /// crosses (see [`Network`]) instead of by `comm`'s latency and bandwidth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    /// Optional expert all-to-all waits inside every stage's compute ops (an MoE model with
+    /// expert parallelism); `None`: the ops communicate nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_comm: Option<ExpertComm>,
 }
 
 impl CostModel {
@@ -165,7 +252,14 @@ impl CostModel {
             comm: CommCost::FREE,
             rank_speed: Vec::new(),
             network: None,
+            expert_comm: None,
         }
+    }
+
+    /// The same model with expert all-to-all waits inside the compute ops.
+    pub fn with_expert_comm(mut self, expert_comm: ExpertComm) -> Self {
+        self.expert_comm = Some(expert_comm);
+        self
     }
 
     /// The same model with per-rank relative speeds.
@@ -210,6 +304,9 @@ impl CostModel {
                 )));
             }
         }
+        if let Some(e) = &self.expert_comm {
+            e.check()?;
+        }
         self.comm.check()
     }
 
@@ -219,18 +316,27 @@ impl CostModel {
     }
 
     /// How long a compute op takes (0 for communication ops, which the comm stream carries).
-    /// An `FB` pair of two different stages costs the mean of their two `F&B` values.
+    /// An `FB` pair of two different stages costs the mean of their two `F&B` values. With
+    /// [`CostModel::expert_comm`], `F`, `B` and `I` add their all-to-all waits and an `FB`
+    /// pair lasts [`ExpertComm::pair`].
     pub fn duration(&self, op: &Op) -> f64 {
+        let (wf, wb) = self
+            .expert_comm
+            .map_or((0.0, 0.0), |e| (e.forward, e.backward));
         match *op {
-            Op::F(c) => self.stage(c.stage).f,
-            Op::B(c) => self.stage(c.stage).b,
-            Op::I(c) => self.stage(c.stage).i(),
+            Op::F(c) => self.stage(c.stage).f + wf,
+            Op::B(c) => self.stage(c.stage).b + wb,
+            Op::I(c) => self.stage(c.stage).i() + wb,
             Op::W(c) => self.stage(c.stage).w,
             Op::FB { f, b } => {
-                if f.stage == b.stage {
+                let fb = if f.stage == b.stage {
                     self.stage(f.stage).fb
                 } else {
                     0.5 * (self.stage(f.stage).fb + self.stage(b.stage).fb)
+                };
+                match &self.expert_comm {
+                    Some(e) => e.pair(self.stage(f.stage).f, self.stage(b.stage).b, fb),
+                    None => fb,
                 }
             }
             _ => 0.0,
@@ -286,6 +392,67 @@ mod tests {
         };
         assert!(CostModel::default().with_comm(comm).check().is_err());
         assert!(CostModel::default().check().is_ok());
+    }
+
+    #[test]
+    fn an_fb_pair_hides_the_all_to_all_a_lone_op_pays() {
+        // F = 1, B = 2, W = 0.5, F&B = 3; each chunk waits 1.5 s on its all-to-alls.
+        let comm = ExpertComm {
+            forward: 1.5,
+            backward: 1.5,
+            overlap: true,
+            handover: 0.0,
+        };
+        let cost = CostModel::uniform(1.0, 2.0, 0.5, 3.0).with_expert_comm(comm);
+        let c = Chunk::new(0, 0, 0);
+        assert_eq!(cost.duration(&Op::F(c)), 2.5);
+        assert_eq!(cost.duration(&Op::B(c)), 3.5);
+        assert_eq!(cost.duration(&Op::I(c)), 3.0);
+        assert_eq!(cost.duration(&Op::W(c)), 0.5);
+        // Overlapped: the backward's chain 2 + 1.5 is the longest (the pair's compute is 3,
+        // the forward's chain 1 + 1.5); sequential: 3 + 1.5 + 1.5.
+        assert_eq!(cost.duration(&Op::FB { f: c, b: c }), 3.5);
+        let apart = cost.clone().with_expert_comm(ExpertComm {
+            overlap: false,
+            ..comm
+        });
+        assert_eq!(apart.duration(&Op::FB { f: c, b: c }), 6.0);
+        // Short waits hide completely: the pair costs its compute.
+        let short = cost.clone().with_expert_comm(ExpertComm {
+            forward: 0.25,
+            backward: 0.5,
+            ..comm
+        });
+        assert_eq!(short.duration(&Op::FB { f: c, b: c }), 3.0);
+        // A hand-over of 0.75 s per chunk lengthens the backward's chain to 2 + 1.5 + 0.75;
+        // the short waits' chains stay below the pair's compute (2 + 0.5 + 0.25 < 3).
+        let handed = cost.clone().with_expert_comm(comm.with_handover(0.75));
+        assert_eq!(handed.duration(&Op::FB { f: c, b: c }), 4.25);
+        let short_handed = short.with_expert_comm(ExpertComm {
+            forward: 0.25,
+            backward: 0.5,
+            ..comm.with_handover(0.25)
+        });
+        assert_eq!(short_handed.duration(&Op::FB { f: c, b: c }), 3.0);
+        // The hand-over is an overlapped pair's only: a sequential pair and a lone op pay none.
+        let apart_handed = cost.clone().with_expert_comm(ExpertComm {
+            overlap: false,
+            ..comm.with_handover(0.75)
+        });
+        assert_eq!(apart_handed.duration(&Op::FB { f: c, b: c }), 6.0);
+        assert_eq!(apart_handed.duration(&Op::F(c)), 2.5);
+        // From link parameters: 2 blocks, 4 all-to-alls of 0.5 + 100 / 200 s each way.
+        let link = ExpertComm::of_link(2, 0.5, Some(200.0), 100.0, true);
+        assert_eq!((link.forward, link.backward), (4.0, 4.0));
+        let bad = cost.with_expert_comm(ExpertComm {
+            forward: -1.0,
+            ..comm
+        });
+        assert!(bad
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("forward = -1"));
     }
 
     #[test]

@@ -85,6 +85,7 @@ impl CostModel {
             comm: self.comm,
             rank_speed: self.rank_speed.clone(),
             network: self.network.clone(),
+            expert_comm: self.expert_comm,
         }
     }
 }

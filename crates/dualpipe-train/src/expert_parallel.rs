@@ -13,10 +13,11 @@
 //! gradients sums each expert's replicas (the others hold zeros). See `docs/moe.md`.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use dualpipe_nn::gpt::moe::parallel::{
-    ChannelExpertLink, ExchangeTag, ExpertLink, ExpertPlacement, Phase,
+    ChannelExpertLink, ExchangeTag, ExpertLink, ExpertPlacement, LinkModel, Phase, WallClock,
 };
 use dualpipe_nn::gpt::moe::ExpertParallel;
 use dualpipe_nn::ModelStage;
@@ -39,13 +40,16 @@ pub struct ExpertLinks {
 }
 
 /// Builds the in-process links of `replicas` replicas for the MoE blocks `blocks` in
-/// `directions` directions; entry `d` is replica `d`'s.
+/// `directions` directions, the blocks' links emulating `link` (the counts' link never);
+/// entry `d` is replica `d`'s.
 pub fn local_links(
     replicas: usize,
     blocks: &[usize],
     directions: usize,
     timeout: Duration,
+    link: LinkModel,
 ) -> Vec<ExpertLinks> {
+    let clock = Arc::new(WallClock::new());
     let mut per: Vec<ExpertLinks> = ChannelExpertLink::group(replicas, timeout)
         .into_iter()
         .map(|counts| ExpertLinks {
@@ -55,7 +59,7 @@ pub fn local_links(
         .collect();
     for &l in blocks {
         for dir in 0..directions {
-            for (d, link) in ChannelExpertLink::group(replicas, timeout)
+            for (d, link) in ChannelExpertLink::emulated(replicas, timeout, link, clock.clone())
                 .into_iter()
                 .enumerate()
             {
@@ -77,7 +81,8 @@ pub fn links_for(config: &TrainConfig, replicas: usize) -> Vec<ExpertLinks> {
         .saturating_mul(config.model_stages());
     let blocks: Vec<usize> = (0..layers).filter(|&l| moe.is_moe_block(l)).collect();
     let timeout = Duration::from_secs_f64(config.recv_timeout);
-    local_links(replicas, &blocks, 2, timeout)
+    let link = config.moe.map_or(LinkModel::NONE, |s| s.link());
+    local_links(replicas, &blocks, 2, timeout, link)
 }
 
 /// The initial placement of `experts` logical experts with `redundant` extra slots over
@@ -165,10 +170,10 @@ impl ExpertGroup {
                         let link = blocks.remove(&(l, dir)).ok_or_else(|| {
                             TrainError::Execution(format!("no expert link for block {l}"))
                         })?;
-                        m.set_expert_parallel(Some(ExpertParallel::new(
-                            Box::new(link),
-                            placement.clone(),
-                        )?))?;
+                        m.set_expert_parallel(Some(
+                            ExpertParallel::new(Box::new(link), placement.clone())?
+                                .with_overlap(settings.overlap),
+                        ))?;
                         layers.push(l);
                     }
                 }

@@ -1,6 +1,8 @@
 //! The GPT's mixture-of-experts settings ([`MoeSettings`], `--experts` and friends) and the
 //! per-step expert load figures ([`ExpertLoad`], `expert_load_imbalance` in the JSON).
 
+use dualpipe_nn::gpt::moe::parallel::LinkModel;
+use dualpipe_nn::gpt::moe::waits::{self, Tally};
 use dualpipe_nn::gpt::MoeConfig;
 use serde::{Deserialize, Serialize};
 
@@ -37,6 +39,27 @@ pub struct MoeSettings {
     pub redundant_experts: usize,
     /// Re-place the experts by EPLB every this many steps (`--eplb-every`; 0: never).
     pub eplb_every: usize,
+    /// Link emulation for the expert all-to-alls: seconds every message takes
+    /// (`--link-latency`; 0: none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub link_latency: f64,
+    /// Link emulation for the expert all-to-alls: bytes per second (`--link-bandwidth`;
+    /// `None`: the bytes cost nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_bandwidth: Option<f64>,
+    /// With expert parallelism, DualPipe's FB pair runs its forward and backward chunks
+    /// overlapped: one computes while the other waits on an all-to-all (`--no-moe-overlap`
+    /// turns it off: the forward, then the backward).
+    #[serde(skip_serializing_if = "is_true")]
+    pub overlap: bool,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
+}
+
+fn is_true(v: &bool) -> bool {
+    *v
 }
 
 impl MoeSettings {
@@ -52,7 +75,18 @@ impl MoeSettings {
         expert_parallel: false,
         redundant_experts: 0,
         eplb_every: 0,
+        link_latency: 0.0,
+        link_bandwidth: None,
+        overlap: true,
     };
+
+    /// The emulated link of the expert all-to-alls.
+    pub fn link(&self) -> LinkModel {
+        LinkModel {
+            latency: self.link_latency,
+            bandwidth: self.link_bandwidth,
+        }
+    }
 
     /// The architecture part, for a model of width `d_model`.
     pub fn architecture(&self, d_model: usize) -> MoeConfig {
@@ -133,7 +167,33 @@ impl MoeSettings {
             }
         };
         let ep = name("expert-parallel", "expert_parallel");
+        let latency = name("link-latency", "link_latency");
+        if !(self.link_latency.is_finite() && self.link_latency >= 0.0) {
+            return Err(TrainError::Config(format!(
+                "{latency} {}: it must be a number of seconds at least 0, such as 0.002",
+                self.link_latency
+            )));
+        }
+        let bandwidth = name("link-bandwidth", "link_bandwidth");
+        if let Some(bw) = self.link_bandwidth {
+            if !(bw.is_finite() && bw > 0.0) {
+                return Err(TrainError::Config(format!(
+                    "{bandwidth} {bw}: it must be a positive number of bytes per second, \
+                     such as 1e8"
+                )));
+            }
+        }
         if !self.expert_parallel {
+            let traffic = [
+                (latency, self.link_latency > 0.0),
+                (bandwidth, self.link_bandwidth.is_some()),
+                (name("no-moe-overlap", "overlap false"), !self.overlap),
+            ];
+            if let Some((flag, _)) = traffic.into_iter().find(|(_, on)| *on) {
+                return Err(TrainError::Config(format!(
+                    "{flag} is about the expert all-to-all; add {ep} or drop it"
+                )));
+            }
             for (flag, field, v) in [
                 (
                     "redundant-experts",
@@ -155,7 +215,8 @@ impl MoeSettings {
         let replicated = self.redundant_experts > 0 || self.eplb_every > 0;
         if replicated && !slots.is_multiple_of(data_parallel.max(1)) {
             return Err(TrainError::Config(format!(
-                "{} {} + {} {} = {slots} expert slots do not split over {data_parallel}                  data-parallel workers; make the sum a multiple of {data_parallel}",
+                "{} {} + {} {} = {slots} expert slots do not split over {data_parallel} \
+                 data-parallel workers; make the sum a multiple of {data_parallel}",
                 name("experts", "experts"),
                 self.experts,
                 name("redundant-experts", "redundant_experts"),
@@ -302,5 +363,61 @@ mod tests {
             .to_string()
             .contains("moe.aux_loss"));
         assert_eq!(MoeSettings::DEFAULT.architecture(64).expert_hidden, 128);
+    }
+}
+
+/// One tally of [`ExpertWaits`]: the mean seconds and how many were measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WaitMean {
+    /// Mean seconds.
+    pub seconds: f64,
+    /// How many durations the mean is over.
+    pub count: u64,
+}
+
+impl From<Tally> for WaitMean {
+    fn from(t: Tally) -> Self {
+        WaitMean {
+            seconds: t.mean(),
+            count: t.count,
+        }
+    }
+}
+
+/// With an emulated link (`--link-latency` / `--link-bandwidth`): where the time around the
+/// expert all-to-alls went over the run (`expert_waits` in the JSON;
+/// [`dualpipe_nn::gpt::moe::waits`] measures it): per all-to-all, the wait of its receive
+/// in a lone forward, a lone input backward, and the forward and backward chunks of an
+/// overlapped FB pair; per overlapped chunk, the time it held the compute token; per
+/// all-to-all inside a pair, the hand-over (from the end of its wait to having the token
+/// back).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExpertWaits {
+    /// A lone forward's all-to-all.
+    pub forward: WaitMean,
+    /// A lone input backward's all-to-all.
+    pub backward: WaitMean,
+    /// A forward's all-to-all inside an overlapped pair.
+    pub pair_forward: WaitMean,
+    /// A backward's all-to-all inside an overlapped pair.
+    pub pair_backward: WaitMean,
+    /// An overlapped chunk's compute (token held).
+    pub token_held: WaitMean,
+    /// An overlapped all-to-all's hand-over.
+    pub token_regain: WaitMean,
+}
+
+impl ExpertWaits {
+    /// The process's tallies so far (see [`waits::snapshot`]).
+    pub fn measured() -> Self {
+        let w = waits::snapshot();
+        ExpertWaits {
+            forward: w.forward.into(),
+            backward: w.backward.into(),
+            pair_forward: w.pair_forward.into(),
+            pair_backward: w.pair_backward.into(),
+            token_held: w.token_held.into(),
+            token_regain: w.token_regain.into(),
+        }
     }
 }

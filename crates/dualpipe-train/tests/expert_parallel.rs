@@ -209,3 +209,71 @@ fn placement_flags_without_expert_parallelism_are_refused() {
     let err = DataParallel::new(config).unwrap_err().to_string();
     assert!(err.contains("multiple of 2"), "{err}");
 }
+
+#[test]
+fn the_overlapped_fb_pair_gives_the_losses_of_the_sequential_one() {
+    // DualPipe on 2 ranks with 4 micro-batches has overlapped FB pairs; the emulated link
+    // (2 ms a message) makes one chunk wait on its all-to-all while the other computes.
+    let kind = ScheduleKind::DualPipe;
+    let schedule = dualpipe_schedule::build(kind, 2, 4, kind.default_virtual_stages()).unwrap();
+    let pairs = schedule
+        .programs
+        .iter()
+        .flatten()
+        .filter(|op| matches!(op, dualpipe_schedule::Op::FB { .. }))
+        .count();
+    assert!(pairs > 0, "the schedule has no FB pair to overlap");
+    let run = |overlap: bool| {
+        let config = TrainConfig {
+            data_parallel: 2,
+            steps: 3,
+            ..tiny(
+                kind,
+                4,
+                MoeSettings {
+                    link_latency: 0.002,
+                    overlap,
+                    ..moe(true)
+                },
+            )
+        };
+        let mut dp = DataParallel::new(config.clone()).unwrap();
+        losses_of(|| dp.step().unwrap().losses, config.steps)
+    };
+    let overlapped = run(true);
+    let sequential = run(false);
+    assert_eq!(overlapped, sequential, "bit-identical losses");
+    assert!(overlapped.first() != overlapped.last(), "the losses moved");
+}
+
+#[test]
+fn link_flags_are_checked() {
+    let with = |m: MoeSettings| TrainConfig {
+        data_parallel: 2,
+        ..tiny(ScheduleKind::DualPipe, 4, m)
+    };
+    let err = DataParallel::new(with(MoeSettings {
+        link_latency: 0.001,
+        ..moe(false)
+    }))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("moe.link_latency") && err.contains("expert_parallel"),
+        "{err}"
+    );
+    let err = DataParallel::new(with(MoeSettings {
+        link_bandwidth: Some(-5.0),
+        ..moe(true)
+    }))
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("moe.link_bandwidth -5"), "{err}");
+    let err = DataParallel::new(with(MoeSettings {
+        link_latency: f64::NAN,
+        ..moe(true)
+    }))
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("moe.link_latency NaN"), "{err}");
+}

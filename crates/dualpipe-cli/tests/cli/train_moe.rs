@@ -143,6 +143,29 @@ fn bad_moe_flags_are_one_line_errors() {
             ],
             "multiple of 2",
         ),
+        (
+            vec![
+                "--experts",
+                "4",
+                "--data-parallel",
+                "2",
+                "--link-latency",
+                "0.001",
+            ],
+            "--link-latency is about the expert all-to-all; add --expert-parallel",
+        ),
+        (
+            vec![
+                "--experts",
+                "4",
+                "--data-parallel",
+                "2",
+                "--expert-parallel",
+                "--link-bandwidth",
+                "0",
+            ],
+            "--link-bandwidth 0: it must be a positive number",
+        ),
     ] {
         let mut args: Vec<&str> = MOE.to_vec();
         args.drain(1..5);
@@ -188,6 +211,12 @@ fn expert_parallel_runs_report_the_load_per_worker_and_the_rebalances() {
             assert_eq!(rows.as_array().unwrap().len(), 2, "one entry per worker");
         }
     }
+    // The emulated link and the FB pair's overlap change no loss.
+    let link = ["--steps", "2", "--data-parallel", "2", "--expert-parallel"];
+    let overlapped = moe_run(&[&link[..], &["--link-latency", "0.001"]].concat());
+    let sequential =
+        moe_run(&[&link[..], &["--link-latency", "0.001", "--no-moe-overlap"]].concat());
+    assert_eq!(overlapped["losses"], sequential["losses"]);
     // Without expert parallelism the JSON has neither figure.
     let plain = moe_run(&["--steps", "1", "--data-parallel", "2"]);
     assert!(plain.get("eplb_rebalances").is_none());

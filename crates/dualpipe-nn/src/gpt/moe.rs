@@ -4,9 +4,11 @@
 //! dropless (every token reaches its `k` experts). The backward is split as every layer's:
 //! I through the experts, the gates and the softmax; W for router and expert weights.
 
+pub mod overlap;
 pub mod parallel;
 pub mod router;
 mod serve;
+pub mod waits;
 
 use std::collections::HashMap;
 

@@ -344,6 +344,14 @@ impl GptStage {
             .collect()
     }
 
+    /// Whether an FB pair with this stage in it overlaps its two chunks: some MoE block is
+    /// expert-parallel with the overlap on ([`super::moe::ExpertParallel::overlap`]).
+    pub fn overlaps_expert_traffic(&self) -> bool {
+        self.moe_layers()
+            .iter()
+            .any(|(_, m)| m.expert_parallel().is_some_and(|p| p.overlap()))
+    }
+
     /// Saved tensors of chunks whose backward has not run yet; 0 after a complete step.
     pub fn pending(&self) -> usize {
         self.loss_grads.len()

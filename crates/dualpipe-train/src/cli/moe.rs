@@ -50,6 +50,20 @@ pub struct MoeArgs {
     /// --expert-parallel) [default: 0, never].
     #[arg(long, value_name = "N", value_parser = count, allow_negative_numbers = true)]
     pub eplb_every: Option<usize>,
+    /// Emulate a slower link for the expert all-to-alls: every message becomes visible to
+    /// its receiver SECONDS later (plus its bytes over --link-bandwidth) (with
+    /// --expert-parallel) [default: 0, no emulation].
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+    pub link_latency: Option<f64>,
+    /// Bytes per second of the emulated expert all-to-all link (with --expert-parallel)
+    /// [default: unlimited].
+    #[arg(long, value_name = "BYTES_PER_S", allow_negative_numbers = true)]
+    pub link_bandwidth: Option<f64>,
+    /// Run DualPipe's FB pair as a forward, then a backward, instead of overlapping the two
+    /// chunks (one computes while the other waits on an expert all-to-all) (with
+    /// --expert-parallel).
+    #[arg(long)]
+    pub no_moe_overlap: bool,
 }
 
 impl MoeArgs {
@@ -66,6 +80,9 @@ impl MoeArgs {
             ("--expert-parallel", self.expert_parallel),
             ("--redundant-experts", self.redundant_experts.is_some()),
             ("--eplb-every", self.eplb_every.is_some()),
+            ("--link-latency", self.link_latency.is_some()),
+            ("--link-bandwidth", self.link_bandwidth.is_some()),
+            ("--no-moe-overlap", self.no_moe_overlap),
         ]
         .into_iter()
         .filter(|(_, g)| *g)
@@ -96,6 +113,9 @@ impl MoeArgs {
             expert_parallel: self.expert_parallel,
             redundant_experts: self.redundant_experts.unwrap_or(M.redundant_experts),
             eplb_every: self.eplb_every.unwrap_or(M.eplb_every),
+            link_latency: self.link_latency.unwrap_or(M.link_latency),
+            link_bandwidth: self.link_bandwidth,
+            overlap: !self.no_moe_overlap,
         }))
     }
 
@@ -125,6 +145,9 @@ impl MoeArgs {
             expert_parallel: self.expert_parallel,
             redundant_experts: self.redundant_experts.unwrap_or(M.redundant_experts),
             eplb_every: self.eplb_every.unwrap_or(M.eplb_every),
+            link_latency: self.link_latency.unwrap_or(M.link_latency),
+            link_bandwidth: self.link_bandwidth,
+            overlap: !self.no_moe_overlap,
         }))
     }
 }

@@ -35,6 +35,7 @@ pub struct SummaryBuilder {
 impl SummaryBuilder {
     /// An empty summary of a run of `config` on `schedule`.
     pub fn new(config: &TrainConfig, schedule: &Schedule) -> Self {
+        dualpipe_nn::gpt::moe::waits::reset();
         SummaryBuilder {
             config: config.clone(),
             schedule: schedule.clone(),
@@ -154,6 +155,10 @@ impl SummaryBuilder {
             eplb_rebalances: None,
             experts_moved: None,
             experts_moved_from_scratch: None,
+            expert_waits: config
+                .moe
+                .filter(|m| m.expert_parallel && !m.link().is_none())
+                .map(|_| crate::moe::ExpertWaits::measured()),
         }
     }
 }

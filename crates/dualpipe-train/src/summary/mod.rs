@@ -140,6 +140,10 @@ pub struct RunSummary {
     /// been planned from scratch (without the placement in force).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub experts_moved_from_scratch: Option<u64>,
+    /// With an emulated expert link: the measured waits around the all-to-alls (absent
+    /// otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_waits: Option<crate::moe::ExpertWaits>,
 }
 
 impl RunSummary {

@@ -1,7 +1,8 @@
 //! Expert parallelism over a data-parallel group: the [`ExpertPlacement`] (which workers
 //! serve each logical expert, with a version), the [`ExpertLink`] the group's all-to-alls go
-//! over (and [`ChannelExpertLink`], its in-process form), and the dispatch / combine
-//! arithmetic of [`MoeLayer`](super::MoeLayer) when it serves only its placed experts.
+//! over (and [`ChannelExpertLink`], its in-process form, with an optional [`LinkModel`]
+//! emulating a slower link), and the dispatch / combine arithmetic of
+//! [`MoeLayer`](super::MoeLayer) when it serves only its placed experts.
 //!
 //! A worker's tokens reach the workers serving their experts by one all-to-all (dispatch) and
 //! the experts' outputs come back by a second (combine); the backward does the same with the
@@ -11,10 +12,13 @@
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dualpipe_schedule::Chunk;
 
+use super::overlap::{holds_token, while_waiting};
+use super::waits::{self, WaitKind};
 use crate::error::NnError;
 
 /// Which workers of a data-parallel group serve each logical expert of one MoE layer.
@@ -119,12 +123,82 @@ pub trait ExpertLink: Send + std::fmt::Debug {
     ) -> Result<Vec<Vec<f64>>, NnError>;
 }
 
+/// An emulated link for expert traffic: a message becomes visible to its receiver
+/// `latency + bytes / bandwidth` seconds after it was sent (bytes: 8 per value, as carried).
+/// The receiver checks the delivery time, so the sender never blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LinkModel {
+    /// Seconds every message takes on top of its bytes (0: none).
+    pub latency: f64,
+    /// Bytes per second (`None`: the bytes cost nothing).
+    pub bandwidth: Option<f64>,
+}
+
+impl LinkModel {
+    /// No emulation: a message is visible as soon as it arrives.
+    pub const NONE: LinkModel = LinkModel {
+        latency: 0.0,
+        bandwidth: None,
+    };
+
+    /// Seconds a message of `values` values takes: `latency + 8 · values / bandwidth`.
+    pub fn delay(&self, values: usize) -> f64 {
+        let bytes = (values * std::mem::size_of::<f64>()) as f64;
+        self.latency + self.bandwidth.map_or(0.0, |bw| bytes / bw)
+    }
+
+    /// Whether this is no emulation at all.
+    pub fn is_none(&self) -> bool {
+        *self == LinkModel::NONE
+    }
+}
+
+/// The clock an emulated link stamps and checks delivery times with (seconds).
+pub trait LinkClock: Send + Sync + std::fmt::Debug {
+    /// Now, in seconds since some fixed origin shared by the group.
+    fn now(&self) -> f64;
+    /// Returns at `time` or later.
+    fn wait_until(&self, time: f64);
+}
+
+/// Wall-clock time since the group was made; waiting is sleeping.
+#[derive(Debug)]
+pub struct WallClock(Instant);
+
+impl WallClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        WallClock(Instant::now())
+    }
+}
+
+impl Default for WallClock {
+    fn default() -> Self {
+        WallClock::new()
+    }
+}
+
+impl LinkClock for WallClock {
+    fn now(&self) -> f64 {
+        self.0.elapsed().as_secs_f64()
+    }
+
+    fn wait_until(&self, time: f64) {
+        let left = time - self.now();
+        if left > 0.0 {
+            std::thread::sleep(Duration::from_secs_f64(left));
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Message {
     from: usize,
     seq: u64,
     tag: ExchangeTag,
     body: Vec<f64>,
+    /// When the receiver may read it (on the group's clock).
+    visible_at: f64,
 }
 
 /// An in-process [`ExpertLink`] over channels (threads of one process).
@@ -136,12 +210,30 @@ pub struct ChannelExpertLink {
     early: HashMap<(u64, usize), Message>,
     seq: u64,
     timeout: Duration,
+    model: LinkModel,
+    clock: Arc<dyn LinkClock>,
 }
 
 impl ChannelExpertLink {
     /// The `workers` ends of one group, worker `w` at index `w`; a receive waits at most
-    /// `timeout`.
+    /// `timeout`. No link emulation.
     pub fn group(workers: usize, timeout: Duration) -> Vec<ChannelExpertLink> {
+        Self::emulated(
+            workers,
+            timeout,
+            LinkModel::NONE,
+            Arc::new(WallClock::new()),
+        )
+    }
+
+    /// [`ChannelExpertLink::group`] over an emulated link: every message between two
+    /// workers becomes visible `model.delay(values)` after it was sent, on `clock`.
+    pub fn emulated(
+        workers: usize,
+        timeout: Duration,
+        model: LinkModel,
+        clock: Arc<dyn LinkClock>,
+    ) -> Vec<ChannelExpertLink> {
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..workers).map(|_| channel()).unzip();
         receivers
             .into_iter()
@@ -153,6 +245,8 @@ impl ChannelExpertLink {
                 early: HashMap::new(),
                 seq: 0,
                 timeout,
+                model,
+                clock: clock.clone(),
             })
             .collect()
     }
@@ -182,6 +276,11 @@ impl ExpertLink for ChannelExpertLink {
         let seq = self.seq;
         self.seq += 1;
         let mut got: Vec<Option<Vec<f64>>> = vec![None; n];
+        let sent_at = if self.model.is_none() {
+            0.0
+        } else {
+            self.clock.now()
+        };
         for (w, body) in parts.into_iter().enumerate() {
             if w == self.worker {
                 got[w] = Some(body);
@@ -190,6 +289,7 @@ impl ExpertLink for ChannelExpertLink {
                     from: self.worker,
                     seq,
                     tag,
+                    visible_at: sent_at + self.model.delay(body.len()),
                     body,
                 };
                 self.peers[w].send(msg).map_err(|_| {
@@ -197,7 +297,33 @@ impl ExpertLink for ChannelExpertLink {
                 })?;
             }
         }
+        let kind = match (tag.phase, holds_token()) {
+            (Phase::Dispatch | Phase::Combine, false) => WaitKind::Forward,
+            (Phase::GradDispatch | Phase::GradCombine, false) => WaitKind::Backward,
+            (Phase::Dispatch | Phase::Combine, true) => WaitKind::PairForward,
+            (Phase::GradDispatch | Phase::GradCombine, true) => WaitKind::PairBackward,
+        };
+        let start = Instant::now();
+        while_waiting(|| {
+            let out = self.receive(tag, seq, got);
+            waits::add_wait(kind, start.elapsed());
+            out
+        })
+    }
+}
+
+impl ChannelExpertLink {
+    /// The rest of all-to-all `seq`: every peer's part into `got`, then the wait until the
+    /// last of them is visible.
+    fn receive(
+        &mut self,
+        tag: ExchangeTag,
+        seq: u64,
+        mut got: Vec<Option<Vec<f64>>>,
+    ) -> Result<Vec<Vec<f64>>, NnError> {
+        let n = got.len();
         let deadline = Instant::now() + self.timeout;
+        let mut visible_at = f64::NEG_INFINITY;
         let mut buffered: Vec<Message> = (0..n)
             .filter_map(|w| self.early.remove(&(seq, w)))
             .collect();
@@ -250,7 +376,11 @@ impl ExpertLink for ChannelExpertLink {
                     tag.version
                 )));
             }
+            visible_at = visible_at.max(msg.visible_at);
             got[msg.from] = Some(msg.body);
+        }
+        if !self.model.is_none() {
+            self.clock.wait_until(visible_at);
         }
         Ok(got.into_iter().map(Option::unwrap_or_default).collect())
     }
@@ -412,5 +542,61 @@ mod tests {
             t.join().unwrap().is_err(),
             "the other side sees the mismatch"
         );
+    }
+
+    /// A clock that stands still except when a wait moves it on; it logs every wait.
+    #[derive(Debug, Default)]
+    struct ManualClock {
+        now: std::sync::Mutex<f64>,
+        waits: std::sync::Mutex<Vec<f64>>,
+    }
+
+    impl LinkClock for ManualClock {
+        fn now(&self) -> f64 {
+            *self.now.lock().unwrap()
+        }
+
+        fn wait_until(&self, time: f64) {
+            self.waits.lock().unwrap().push(time);
+            let mut now = self.now.lock().unwrap();
+            *now = now.max(time);
+        }
+    }
+
+    #[test]
+    fn an_emulated_link_delivers_after_latency_plus_bytes_over_bandwidth() {
+        let clock = Arc::new(ManualClock::default());
+        *clock.now.lock().unwrap() = 1.0;
+        let model = LinkModel {
+            latency: 0.25,
+            bandwidth: Some(800.0),
+        };
+        assert_eq!(model.delay(10), 0.25 + 80.0 / 800.0);
+        let mut links =
+            ChannelExpertLink::emulated(2, Duration::from_secs(5), model, clock.clone());
+        let mut b = links.pop().unwrap();
+        let mut a = links.pop().unwrap();
+        let tag = ExchangeTag {
+            chunk: Chunk::new(0, 0, 0),
+            phase: Phase::Dispatch,
+            version: 0,
+        };
+        // a sends b 10 values (80 bytes: visible at 1 + 0.25 + 0.1), b sends a 5 (40 bytes:
+        // visible at 1 + 0.25 + 0.05); both sends happen before either side waits.
+        let t = std::thread::spawn(move || b.all_to_all(tag, vec![vec![0.5; 5], vec![9.0]]));
+        let got_a = a.all_to_all(tag, vec![vec![1.0], vec![2.0; 10]]).unwrap();
+        let got_b = t.join().unwrap().unwrap();
+        assert_eq!(got_a, vec![vec![1.0], vec![0.5; 5]]);
+        assert_eq!(got_b, vec![vec![2.0; 10], vec![9.0]]);
+        let mut waits = clock.waits.lock().unwrap().clone();
+        waits.sort_by(f64::total_cmp);
+        assert_eq!(waits.len(), 2, "{waits:?}");
+        assert!((waits[0] - 1.30).abs() < 1e-12, "{waits:?}");
+        assert!((waits[1] - 1.35).abs() < 1e-12, "{waits:?}");
+        // Without emulation nothing waits on the clock.
+        let mut plain =
+            ChannelExpertLink::emulated(1, Duration::from_secs(5), LinkModel::NONE, clock.clone());
+        plain[0].all_to_all(tag, vec![vec![3.0]]).unwrap();
+        assert_eq!(clock.waits.lock().unwrap().len(), 2);
     }
 }

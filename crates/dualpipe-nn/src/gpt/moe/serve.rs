@@ -24,6 +24,8 @@ pub struct ExpertParallel {
     served: HashMap<Chunk, RowCounts>,
     /// Rows this worker's experts computed in forwards since the last reset.
     served_rows: u64,
+    /// Whether an FB pair of the stage runs its two chunks overlapped.
+    overlap: bool,
 }
 
 impl ExpertParallel {
@@ -41,7 +43,21 @@ impl ExpertParallel {
             placement,
             served: HashMap::new(),
             served_rows: 0,
+            overlap: true,
         })
+    }
+
+    /// The same part, with the overlap of a DualPipe FB pair's two chunks on (the default)
+    /// or off (the pair runs its forward, then its backward).
+    pub fn with_overlap(mut self, overlap: bool) -> Self {
+        self.overlap = overlap;
+        self
+    }
+
+    /// Whether an FB pair of a stage holding this layer overlaps its two chunks: while one
+    /// waits on an all-to-all, the other computes (see [`super::overlap`]).
+    pub fn overlap(&self) -> bool {
+        self.overlap
     }
 
     /// The placement served.
