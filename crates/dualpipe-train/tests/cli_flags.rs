@@ -1,21 +1,12 @@
 //! `dualpipe_train::cli`: the flags of `dualpipe train` and the configuration they become
 //! (moved here from the binary with the logic they test).
 
-use clap::Parser;
 use dualpipe_schedule::ScheduleKind;
 use dualpipe_train::cli::{divergence, rank_addr, Injection, TrainArgs};
 use dualpipe_train::{DType, Divergence, OptimizerKind, TrainConfig, TrainError};
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: TrainArgs,
-}
-
 fn parse(flags: &[&str]) -> TrainArgs {
-    let mut argv = vec!["train"];
-    argv.extend_from_slice(flags);
-    Cli::try_parse_from(argv).expect("flags parse").args
+    TrainArgs::try_parse_flags(flags).expect("flags parse")
 }
 
 /// The message of a refusal, which must be a configuration error (a usage error in the CLI).
@@ -33,8 +24,10 @@ fn defaults_come_from_the_train_config() {
 
 #[test]
 fn help_shows_the_config_defaults() {
-    use clap::CommandFactory;
-    let help = Cli::command().render_long_help().to_string();
+    use clap::Args;
+    let help = TrainArgs::augment_args(clap::Command::new("train"))
+        .render_long_help()
+        .to_string();
     let steps = help
         .split("--steps")
         .nth(1)

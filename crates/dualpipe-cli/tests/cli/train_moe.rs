@@ -217,9 +217,33 @@ fn expert_parallel_runs_report_the_load_per_worker_and_the_rebalances() {
     let sequential =
         moe_run(&[&link[..], &["--link-latency", "0.001", "--no-moe-overlap"]].concat());
     assert_eq!(overlapped["losses"], sequential["losses"]);
+    // The overlapped pairs really ran: their all-to-alls and token holds are counted, and
+    // the sequential run has none (each run is its own process, so the tallies are its own).
+    let count = |doc: &Value, what: &str| doc["expert_waits"][what]["count"].as_u64().unwrap();
+    for what in [
+        "pair_forward",
+        "pair_backward",
+        "token_held",
+        "token_regain",
+    ] {
+        assert!(
+            count(&overlapped, what) > 0,
+            "{what}: {}",
+            overlapped["expert_waits"]
+        );
+        assert_eq!(count(&sequential, what), 0, "{what}");
+    }
+    for what in ["forward", "backward"] {
+        assert!(
+            count(&sequential, what) > 0,
+            "{what}: {}",
+            sequential["expert_waits"]
+        );
+    }
     // Without expert parallelism the JSON has neither figure.
     let plain = moe_run(&["--steps", "1", "--data-parallel", "2"]);
     assert!(plain.get("eplb_rebalances").is_none());
+    assert!(plain.get("expert_waits").is_none());
     assert!(plain["expert_load_imbalance"][0]
         .get("worker_rows")
         .is_none());

@@ -206,3 +206,22 @@ pub struct TrainArgs {
     #[command(flatten)]
     pub layout: super::LayoutArgs,
 }
+
+impl TrainArgs {
+    /// Parses `flags` (what follows `dualpipe train` on a command line) as the command does:
+    /// for programs and tests that take `train`'s flags themselves.
+    pub fn try_parse_flags<I, T>(flags: I) -> Result<TrainArgs, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString>,
+    {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Train {
+            #[command(flatten)]
+            args: TrainArgs,
+        }
+        let argv = std::iter::once("train".into()).chain(flags.into_iter().map(Into::into));
+        Train::try_parse_from(argv).map(|t| t.args)
+    }
+}

@@ -102,7 +102,13 @@ impl MoeArgs {
                 None => Ok(None),
             };
         };
-        Ok(Some(MoeSettings {
+        Ok(Some(self.with_experts(experts)))
+    }
+
+    /// The settings of `experts` routed experts with every other flag as given (its default
+    /// where absent).
+    fn with_experts(&self, experts: usize) -> MoeSettings {
+        MoeSettings {
             experts,
             top_k: self.top_k.unwrap_or(M.top_k),
             expert_hidden: self.expert_hidden,
@@ -116,7 +122,7 @@ impl MoeArgs {
             link_latency: self.link_latency.unwrap_or(M.link_latency),
             link_bandwidth: self.link_bandwidth,
             overlap: !self.no_moe_overlap,
-        }))
+        }
     }
 
     /// With --init-from: the file's experts, unless a flag given disagrees (an error naming
@@ -134,20 +140,13 @@ impl MoeArgs {
         check("expert-hidden", self.expert_hidden)?;
         check("shared-experts", self.shared_experts)?;
         check("moe-every", self.moe_every)?;
+        // The architecture is the file's; the balancing and parallelism flags apply as given.
         Ok(Some(MoeSettings {
-            experts: m.experts,
             top_k: m.top_k,
             expert_hidden: Some(m.expert_hidden),
             shared_experts: m.shared_experts,
             every: m.every,
-            aux_loss: self.aux_loss.unwrap_or(M.aux_loss),
-            bias_update_rate: self.bias_update_rate.unwrap_or(M.bias_update_rate),
-            expert_parallel: self.expert_parallel,
-            redundant_experts: self.redundant_experts.unwrap_or(M.redundant_experts),
-            eplb_every: self.eplb_every.unwrap_or(M.eplb_every),
-            link_latency: self.link_latency.unwrap_or(M.link_latency),
-            link_bandwidth: self.link_bandwidth,
-            overlap: !self.no_moe_overlap,
+            ..self.with_experts(m.experts)
         }))
     }
 }

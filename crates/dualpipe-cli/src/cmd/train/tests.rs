@@ -1,17 +1,7 @@
-use clap::Parser;
-
 use super::*;
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: TrainArgs,
-}
-
 fn parse(flags: &[&str]) -> TrainArgs {
-    let mut argv = vec!["train"];
-    argv.extend_from_slice(flags);
-    Cli::try_parse_from(argv).expect("flags parse").args
+    TrainArgs::try_parse_flags(flags).expect("flags parse")
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 /// Where an all-to-all ran: its direction and whether inside an overlapped pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WaitKind {
+pub(crate) enum WaitKind {
     /// A forward's dispatch or combine outside an overlapped pair.
     Forward,
     /// An input backward's dispatch or combine outside an overlapped pair.
@@ -106,7 +106,7 @@ const HELD: usize = 4;
 const REGAIN: usize = 5;
 
 /// Adds one all-to-all receive's wait.
-pub fn add_wait(kind: WaitKind, d: Duration) {
+pub(crate) fn add_wait(kind: WaitKind, d: Duration) {
     SUMS[kind as usize].add(d);
 }
 
