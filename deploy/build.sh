@@ -37,10 +37,13 @@ export MPICC=mpicc.mpich
 cargo build --release --locked -p dualpipe-cli --features mpi
 
 BIN=${CARGO_TARGET_DIR:-target}/release/dualpipe
-if ! ldd "$BIN" | grep -q "libmpich\.so"; then
+# ldd's output is read whole first: `ldd | grep -q` under pipefail fails when grep exits at its
+# first match and ldd, still writing, dies of SIGPIPE.
+LINKS=$(ldd "$BIN")
+if ! grep -q "libmpich\.so" <<<"$LINKS"; then
     echo "deploy/build.sh: $BIN does not link MPICH's libmpich (ldd below); was its target directory built against another MPI?" >&2
-    ldd "$BIN" >&2
+    echo "$LINKS" >&2
     exit 1
 fi
 install -D -m 0755 "$BIN" "$PREFIX/bin/dualpipe"
-echo "deploy/build.sh: $PREFIX/bin/dualpipe ($(du -h "$PREFIX/bin/dualpipe" | cut -f1), links $(ldd "$BIN" | grep -o -m1 "libmpich\.so[.0-9]*" | head -1))"
+echo "deploy/build.sh: $PREFIX/bin/dualpipe ($(du -h "$PREFIX/bin/dualpipe" | cut -f1), links $(grep -o -m1 "libmpich\.so[.0-9]*" <<<"$LINKS"))"

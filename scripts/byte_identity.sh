@@ -40,7 +40,7 @@ PY
     done
     # The MLP's run: name the model where the binary has a choice (the GPT is its default).
     local model=()
-    if "$bin" train --help 2>/dev/null | grep -q -- "--model"; then model=(--model mlp); fi
+    if grep -q -- "--model" <<<"$("$bin" train --help 2>/dev/null)"; then model=(--model mlp); fi
     for kind in dualpipe 1f1b dualpipev zb1p; do
         local ranks=4
         [ "$kind" = dualpipev ] && ranks=2

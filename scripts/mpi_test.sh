@@ -389,7 +389,7 @@ EOF
 }
 
 have() { command -v "$1" >/dev/null 2>&1; }
-links() { ldd "$1" | grep -q "$2"; }
+links() { grep -q "$2" <<<"$(ldd "$1")"; }
 
 for impl in $IMPLS; do
     case $impl in

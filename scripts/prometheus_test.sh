@@ -36,7 +36,7 @@ trap cleanup EXIT
 train_pid=$!
 url=""
 for _ in $(seq 1 600); do
-    url=$(sed -n 's/^metrics: //p' "$work/train.err" | head -n 1)
+    url=$(sed -n '/^metrics: /{s///p;q}' "$work/train.err")
     [ -n "$url" ] && break
     kill -0 "$train_pid" 2>/dev/null || { cat "$work/train.err"; echo "train exited early"; exit 1; }
     sleep 0.1
