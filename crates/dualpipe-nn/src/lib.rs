@@ -34,5 +34,5 @@ pub mod stage;
 
 pub use error::NnError;
 pub use model_stage::{ModelStage, StepBatch};
-pub use optim::{Optimizer, OptimizerKind, ParamState};
+pub use optim::{LrDecay, LrSchedule, Optimizer, OptimizerKind, ParamState};
 pub use stage::{MlpStage, ModelConfig, StagePosition};

@@ -76,6 +76,90 @@ impl fmt::Display for OptimizerKind {
     }
 }
 
+/// How the learning rate decays after the warm-up of an [`LrSchedule`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LrDecay {
+    /// The peak learning rate until the last step.
+    #[default]
+    Constant,
+    /// Half a cosine from the peak down to [`LrSchedule::min`] at [`LrSchedule::total`]
+    /// (as nanoGPT and most GPT recipes do).
+    Cosine,
+}
+
+impl LrDecay {
+    /// Names accepted by [`LrDecay::from_name`].
+    pub const NAMES: [&'static str; 2] = ["constant", "cosine"];
+
+    /// `"constant"` or `"cosine"`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            LrDecay::Constant => "constant",
+            LrDecay::Cosine => "cosine",
+        }
+    }
+
+    /// The decay for a name (case-insensitive).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "constant" => Some(LrDecay::Constant),
+            "cosine" => Some(LrDecay::Cosine),
+            _ => None,
+        }
+    }
+}
+
+/// The learning rate of every step of a run: a linear warm-up to the peak over `warmup`
+/// steps, then [`LrDecay`]. A pure function of the step number, so a resumed run continues
+/// the same curve.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LrSchedule {
+    /// The peak learning rate.
+    pub peak: f64,
+    /// Steps of linear warm-up: step `t ≤ warmup` (1-based) uses `peak · t / warmup`.
+    pub warmup: u64,
+    /// What follows the warm-up.
+    pub decay: LrDecay,
+    /// The cosine's floor, reached at step `total`.
+    pub min: f64,
+    /// The run's last step (the cosine's end).
+    pub total: u64,
+}
+
+impl LrSchedule {
+    /// The peak learning rate at every step.
+    pub const fn constant(peak: f64) -> Self {
+        LrSchedule {
+            peak,
+            warmup: 0,
+            decay: LrDecay::Constant,
+            min: peak,
+            total: 0,
+        }
+    }
+
+    /// The learning rate of step `step` (1-based; step 0 reads as step 1).
+    pub fn at(&self, step: u64) -> f64 {
+        let step = step.max(1);
+        if step <= self.warmup {
+            return self.peak * step as f64 / self.warmup as f64;
+        }
+        match self.decay {
+            LrDecay::Constant => self.peak,
+            LrDecay::Cosine => {
+                let span = self.total.saturating_sub(self.warmup);
+                let done = if span == 0 {
+                    1.0
+                } else {
+                    ((step - self.warmup) as f64 / span as f64).min(1.0)
+                };
+                self.min
+                    + (self.peak - self.min) * 0.5 * (1.0 + (std::f64::consts::PI * done).cos())
+            }
+        }
+    }
+}
+
 /// One parameter's optimizer state (what a checkpoint saves beside the parameter).
 #[derive(Clone, Debug)]
 pub enum ParamState {
@@ -117,7 +201,7 @@ use ParamState as State;
 #[derive(Clone, Debug)]
 pub struct Optimizer {
     kind: OptimizerKind,
-    lr: f64,
+    lr: LrSchedule,
     steps: u64,
     state: Vec<State>,
     /// 1-bit Adam: AdamW's second moment stops at this many steps ([`Optimizer::step`]).
@@ -125,8 +209,13 @@ pub struct Optimizer {
 }
 
 impl Optimizer {
-    /// An optimizer of `kind` with learning rate `lr`.
+    /// An optimizer of `kind` with the constant learning rate `lr`.
     pub fn new(kind: OptimizerKind, lr: f64) -> Self {
+        Self::scheduled(kind, LrSchedule::constant(lr))
+    }
+
+    /// An optimizer of `kind` whose learning rate follows `lr` over its steps.
+    pub fn scheduled(kind: OptimizerKind, lr: LrSchedule) -> Self {
         Optimizer {
             kind,
             lr,
@@ -232,7 +321,7 @@ impl Optimizer {
         let frozen = self.variance_frozen();
         self.steps += 1;
         let first = self.state.is_empty();
-        let lr = self.lr;
+        let lr = self.lr.at(self.steps);
         for (i, p) in params.iter_mut().enumerate() {
             match self.kind {
                 OptimizerKind::Sgd { momentum } => {
@@ -299,6 +388,45 @@ mod tests {
 
     fn value(p: &Param) -> f64 {
         p.value.to_vec1::<f64>().unwrap()[0]
+    }
+
+    #[test]
+    fn the_schedule_warms_up_linearly_then_follows_half_a_cosine() {
+        let s = LrSchedule {
+            peak: 1.0,
+            warmup: 4,
+            decay: LrDecay::Cosine,
+            min: 0.1,
+            total: 14,
+        };
+        let at: Vec<f64> = [1, 2, 4, 9, 14, 20].iter().map(|&t| s.at(t)).collect();
+        let want = [0.25, 0.5, 1.0, 0.55, 0.1, 0.1];
+        for (got, want) in at.iter().zip(want) {
+            assert!((got - want).abs() < 1e-12, "{at:?}");
+        }
+        let c = LrSchedule {
+            decay: LrDecay::Constant,
+            ..s
+        };
+        assert_eq!((c.at(2), c.at(5), c.at(14)), (0.5, 1.0, 1.0));
+        assert_eq!(LrSchedule::constant(0.3).at(0), 0.3);
+    }
+
+    #[test]
+    fn a_scheduled_sgd_step_uses_the_step_s_rate() {
+        let mut p = param(1.0, 1.0);
+        let lr = LrSchedule {
+            peak: 0.2,
+            warmup: 2,
+            decay: LrDecay::Constant,
+            min: 0.2,
+            total: 0,
+        };
+        let mut opt = Optimizer::scheduled(OptimizerKind::Sgd { momentum: 0.0 }, lr);
+        opt.step(&mut [&mut p]).unwrap();
+        assert!((value(&p) - 0.9).abs() < 1e-15);
+        opt.step(&mut [&mut p]).unwrap();
+        assert!((value(&p) - 0.7).abs() < 1e-15);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The one check of a [`TrainConfig`]'s sizes ([`TrainConfig::check`]) and its memory estimate.
 
 use dualpipe_nn::gpt::MAX_PARAMETERS;
-use dualpipe_nn::OptimizerKind;
+use dualpipe_nn::{LrDecay, OptimizerKind};
 
 use crate::config::{Field, ModelKind, Naming, TrainConfig, MAX_STEPS};
 use crate::error::TrainError;
@@ -60,6 +60,7 @@ impl TrainConfig {
                 self.lr
             )));
         }
+        self.check_lr_schedule(naming)?;
         if let OptimizerKind::Sgd { momentum: m } = self.optimizer {
             if !(m.is_finite() && (0.0..1.0).contains(&m)) {
                 return Err(TrainError::Config(format!(
@@ -78,6 +79,39 @@ impl TrainConfig {
         self.check_data_parallel(naming)?;
         self.check_model(naming)?;
         self.check_memory(naming, processes, memory::available_bytes())
+    }
+
+    /// The learning-rate schedule: a warm-up no longer than the run, a floor for the cosine
+    /// only, between 0 and the peak.
+    fn check_lr_schedule(&self, naming: Naming) -> Result<(), TrainError> {
+        let name = |field: Field| field.name(naming);
+        if self.lr_warmup > self.steps as u64 {
+            return Err(TrainError::Config(format!(
+                "{} {} is longer than the run's {} {}; warm up for fewer steps",
+                name(Field::LrWarmup),
+                self.lr_warmup,
+                name(Field::Steps),
+                self.steps
+            )));
+        }
+        if let Some(min) = self.lr_min {
+            if self.lr_decay != LrDecay::Cosine {
+                return Err(TrainError::Config(format!(
+                    "{} {min} is the floor of the cosine decay; set {} cosine or drop it",
+                    name(Field::LrMin),
+                    name(Field::LrDecay)
+                )));
+            }
+            if !(min.is_finite() && min >= 0.0 && min <= self.lr) {
+                return Err(TrainError::Config(format!(
+                    "{} {min}: the floor must be between 0 and the peak {} {}",
+                    name(Field::LrMin),
+                    name(Field::Lr),
+                    self.lr
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The data-parallel sizes: the worker count and the bucket budget.

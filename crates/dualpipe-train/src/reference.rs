@@ -56,10 +56,7 @@ impl Reference {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let optimizers = stages
-            .iter()
-            .map(|_| Optimizer::new(config.optimizer, config.lr))
-            .collect();
+        let optimizers = stages.iter().map(|_| config.new_optimizer()).collect();
         Ok(Reference {
             micro_batches: config.micro_batches,
             data,

@@ -207,17 +207,7 @@ impl<D: Driver> Trainer<D> {
             Ok(((schedule, workload, held, stages), dp)) => {
                 let optimizers = stages
                     .iter()
-                    .map(|rank| {
-                        (0..rank.len())
-                            .map(|_| {
-                                let opt = Optimizer::new(config.optimizer, config.lr);
-                                match config.one_bit_adam_from() {
-                                    Some(w) => opt.with_variance_frozen_from(w),
-                                    None => opt,
-                                }
-                            })
-                            .collect()
-                    })
+                    .map(|rank| (0..rank.len()).map(|_| config.new_optimizer()).collect())
                     .collect();
                 let mut exec_options = ExecOptions::default()
                     .with_recv_timeout(Duration::from_secs_f64(config.recv_timeout));

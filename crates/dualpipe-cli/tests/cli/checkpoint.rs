@@ -181,6 +181,44 @@ fn resume_is_bit_identical_with_sgd_and_with_data_parallel_one_bit_compression()
     assert!(ckpt.join("step-000002/feedback.safetensors").is_file());
 }
 
+/// The learning-rate schedule is a function of the step count the optimizer state carries,
+/// so a resumed run continues the same warm-up and cosine; and the schedule is really applied
+/// (from the second step on, the losses leave the constant rate's).
+#[test]
+fn a_resume_continues_the_learning_rate_schedule() {
+    let scheduled = [
+        "--lr-warmup",
+        "3",
+        "--lr-decay",
+        "cosine",
+        "--lr-min",
+        "0.0001",
+    ];
+    for model in ["gpt", "mlp"] {
+        check_resume(model, &scheduled);
+        let mut flags = scheduled.to_vec();
+        flags.extend(["--steps", "3"]);
+        let with = run_json(tiny(model), &flags);
+        assert_eq!(
+            with["lr_schedule"], "warm-up 3, cosine to 0.0001",
+            "{model}"
+        );
+        let constant = run_json(tiny(model), &["--steps", "3"]);
+        assert!(constant.get("lr_schedule").is_none(), "{model}");
+        let (a, b) = (floats(&with["losses"]), floats(&constant["losses"]));
+        assert_eq!(
+            a[0].to_bits(),
+            b[0].to_bits(),
+            "{model}: step 1 is before any update"
+        );
+        assert_ne!(
+            a[1].to_bits(),
+            b[1].to_bits(),
+            "{model}: the warm-up changed nothing"
+        );
+    }
+}
+
 /// An MoE model's checkpoint holds the routers' selection biases (model state beside the
 /// weights), so its resume is bit-identical too; the bias moves fast here so that a resume
 /// without it would show.

@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use dualpipe_nn::LrDecay;
 use dualpipe_schedule::Schedule;
 
 use super::{message, parse_kind, read_schedule_file, reworded, unknown, TrainArgs, Transport};
@@ -110,6 +111,14 @@ fn config_and_schedule(args: &TrainArgs) -> Result<(TrainConfig, Option<Schedule
             ))
         }
     };
+    let lr_decay = LrDecay::from_name(&args.lr_decay).ok_or_else(|| {
+        unknown(
+            "learning-rate decay",
+            "--lr-decay",
+            &args.lr_decay,
+            &LrDecay::NAMES,
+        )
+    })?;
     let task = Task::from_name(&args.task)
         .ok_or_else(|| unknown("task", "--task", &args.task, &Task::NAMES))?;
     let dtype = DType::from_name(&args.dtype)
@@ -149,6 +158,9 @@ fn config_and_schedule(args: &TrainArgs) -> Result<(TrainConfig, Option<Schedule
         clip_grad: args.clip_grad,
         steps: args.steps.unwrap_or(base.steps),
         lr: args.lr.unwrap_or(base.lr),
+        lr_warmup: args.lr_warmup,
+        lr_decay,
+        lr_min: args.lr_min,
         optimizer,
         dtype,
         seed: args.seed,

@@ -22,6 +22,12 @@ pub enum Field {
     Steps,
     /// [`TrainConfig::lr`].
     Lr,
+    /// [`TrainConfig::lr_warmup`].
+    LrWarmup,
+    /// [`TrainConfig::lr_decay`].
+    LrDecay,
+    /// [`TrainConfig::lr_min`].
+    LrMin,
     /// [`TrainConfig::recv_timeout`].
     RecvTimeout,
     /// [`TrainConfig::dtype`].
@@ -70,6 +76,9 @@ impl Field {
             Field::LayersPerStage => "layers_per_stage",
             Field::Steps => "steps",
             Field::Lr => "lr",
+            Field::LrWarmup => "lr_warmup",
+            Field::LrDecay => "lr_decay",
+            Field::LrMin => "lr_min",
             Field::RecvTimeout => "recv_timeout",
             Field::DType => "dtype",
             Field::DModel => "d_model",

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use dualpipe_dp::Compression;
 use dualpipe_nn::gpt::GptConfig;
-use dualpipe_nn::{ModelConfig, OptimizerKind};
+use dualpipe_nn::{LrDecay, LrSchedule, ModelConfig, Optimizer, OptimizerKind};
 use dualpipe_schedule::ScheduleKind;
 use serde::{Deserialize, Serialize};
 
@@ -15,7 +15,15 @@ mod serde_repr;
 
 pub use choice::{DType, ModelKind, Task};
 pub use field::{Field, Naming};
-use serde_repr::{compression_name, optimizer_repr, schedule_name};
+use serde_repr::{compression_name, lr_decay_name, optimizer_repr, schedule_name};
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_constant(decay: &LrDecay) -> bool {
+    *decay == LrDecay::Constant
+}
 
 /// The most steps one run may ask for: the run keeps every step's loss for its summary (8 bytes
 /// a step, so 8 GB at the cap), and nothing near it finishes in a lifetime anyway.
@@ -79,8 +87,18 @@ pub struct TrainConfig {
     /// Training steps of a run ([`Trainer::run`](crate::Trainer::run) runs them;
     /// [`Trainer::step`](crate::Trainer::step) runs one). At most [`MAX_STEPS`].
     pub steps: usize,
-    /// Learning rate.
+    /// Learning rate: the peak of the schedule ([`TrainConfig::lr_schedule`]).
     pub lr: f64,
+    /// Steps of linear learning-rate warm-up (`--lr-warmup`; 0: none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub lr_warmup: u64,
+    /// The learning rate after the warm-up (`--lr-decay`): constant, or a cosine down to
+    /// `lr_min` at the last step.
+    #[serde(with = "lr_decay_name", skip_serializing_if = "is_constant")]
+    pub lr_decay: LrDecay,
+    /// The cosine's floor (`--lr-min`; `None`: a tenth of `lr`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr_min: Option<f64>,
     /// The optimizer and its hyper-parameters.
     #[serde(with = "optimizer_repr")]
     pub optimizer: OptimizerKind,
@@ -150,6 +168,9 @@ impl TrainConfig {
         clip_grad: None,
         steps: 300,
         lr: 3e-3,
+        lr_warmup: 0,
+        lr_decay: LrDecay::Constant,
+        lr_min: None,
         optimizer: OptimizerKind::adamw(),
         dtype: DType::F32,
         seed: 0,
@@ -247,6 +268,28 @@ impl TrainConfig {
         match self.model {
             ModelKind::Gpt => rows * self.seq_len as f64,
             ModelKind::Mlp => rows,
+        }
+    }
+
+    /// The learning rate of every step: `lr` after `lr_warmup` linear steps, then constant
+    /// or a cosine down to `lr_min` (a tenth of `lr` unless given) at step `steps`.
+    pub fn lr_schedule(&self) -> LrSchedule {
+        LrSchedule {
+            peak: self.lr,
+            warmup: self.lr_warmup,
+            decay: self.lr_decay,
+            min: self.lr_min.unwrap_or(self.lr / 10.0),
+            total: self.steps as u64,
+        }
+    }
+
+    /// A fresh optimizer for one stage copy: the configured kind on
+    /// [`TrainConfig::lr_schedule`], with 1-bit Adam's frozen variance when it applies.
+    pub fn new_optimizer(&self) -> Optimizer {
+        let opt = Optimizer::scheduled(self.optimizer, self.lr_schedule());
+        match self.one_bit_adam_from() {
+            Some(w) => opt.with_variance_frozen_from(w),
+            None => opt,
         }
     }
 

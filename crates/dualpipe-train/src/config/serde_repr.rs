@@ -38,6 +38,26 @@ pub(super) mod compression_name {
     }
 }
 
+/// `LrDecay` as its flag value (`"constant"`, `"cosine"`).
+pub(super) mod lr_decay_name {
+    use dualpipe_nn::LrDecay;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(decay: &LrDecay, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(decay.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<LrDecay, D::Error> {
+        let name = String::deserialize(d)?;
+        LrDecay::from_name(&name).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "unknown learning-rate decay '{name}': use one of {}",
+                LrDecay::NAMES.join(", ")
+            ))
+        })
+    }
+}
+
 /// `OptimizerKind` as `{"name": "sgd", "momentum": 0.9}` or
 /// `{"name": "adamw", "beta1": .., "beta2": .., "eps": .., "weight_decay": ..}`.
 pub(super) mod optimizer_repr {

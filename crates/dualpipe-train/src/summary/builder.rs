@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use dualpipe_nn::LrDecay;
 use dualpipe_schedule::Schedule;
 use dualpipe_sim::{metrics, simulate, CostModel, Metrics, OpTally, Timeline};
 
@@ -119,6 +120,7 @@ impl SummaryBuilder {
             model_stages: config.model_stages(),
             optimizer: config.optimizer.name().into(),
             lr: config.lr,
+            lr_schedule: lr_schedule_words(config),
             dtype: config.dtype.name().into(),
             seed: config.seed,
             steps,
@@ -176,4 +178,18 @@ pub fn median(values: Vec<f64>) -> f64 {
     } else {
         0.5 * (v[n / 2 - 1] + v[n / 2])
     }
+}
+
+/// The schedule in words, `None` for a constant rate: "warm-up 30", "cosine to 0.0003" or
+/// both, comma-separated.
+fn lr_schedule_words(config: &TrainConfig) -> Option<String> {
+    let schedule = config.lr_schedule();
+    let mut parts = Vec::new();
+    if schedule.warmup > 0 {
+        parts.push(format!("warm-up {}", schedule.warmup));
+    }
+    if schedule.decay == LrDecay::Cosine {
+        parts.push(format!("cosine to {}", schedule.min));
+    }
+    (!parts.is_empty()).then(|| parts.join(", "))
 }

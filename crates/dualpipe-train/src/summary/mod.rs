@@ -50,8 +50,12 @@ pub struct RunSummary {
     pub model_stages: usize,
     /// Optimizer name.
     pub optimizer: String,
-    /// Learning rate.
+    /// Learning rate (the schedule's peak).
     pub lr: f64,
+    /// The learning-rate schedule when it is not constant, e.g. `"warm-up 30, cosine to
+    /// 0.0003"` (`--lr-warmup`, `--lr-decay`, `--lr-min`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr_schedule: Option<String>,
     /// Element type.
     pub dtype: String,
     /// Seed.

@@ -25,6 +25,10 @@ impl RunSummary {
                 s.layers_per_stage
             ),
         };
+        let lr = match &s.lr_schedule {
+            Some(words) => format!("{} ({words})", s.lr),
+            None => s.lr.to_string(),
+        };
         let mut out = match (s.d_model, s.heads, s.seq_len, &s.data) {
             (Some(d), Some(heads), Some(seq), Some(data)) => format!(
                 "dualpipe train: gpt (d_model {d}, {heads} heads, {blocks}, seq {seq}) on \
@@ -36,7 +40,7 @@ impl RunSummary {
                 s.micro_batches,
                 s.micro_batch_size,
                 s.optimizer,
-                s.lr,
+                lr,
                 s.dtype,
                 s.seed
             ),
@@ -51,7 +55,7 @@ impl RunSummary {
                 s.hidden,
                 s.layers_per_stage,
                 s.optimizer,
-                s.lr,
+                lr,
                 s.dtype,
                 s.seed
             ),

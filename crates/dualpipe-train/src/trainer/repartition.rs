@@ -70,7 +70,7 @@ impl<D: Driver> Trainer<D> {
             // `optimizers[i][j]` updates the `j`-th copy of `stages[i]` in iteration order.
             let mut optimizers = Vec::with_capacity(copies.len());
             for (_, copy) in copies.iter() {
-                let mut opt = Optimizer::new(config.optimizer, config.lr);
+                let mut opt = config.new_optimizer();
                 if steps > 0 {
                     let state = copy
                         .param_names()
