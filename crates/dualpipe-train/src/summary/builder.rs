@@ -189,7 +189,11 @@ fn lr_schedule_words(config: &TrainConfig) -> Option<String> {
         parts.push(format!("warm-up {}", schedule.warmup));
     }
     if schedule.decay == LrDecay::Cosine {
-        parts.push(format!("cosine to {}", schedule.min));
+        // Twelve significant digits: a tenth of 0.003 reads 0.0003, not 0.00030000000000000003.
+        let min: f64 = format!("{:.11e}", schedule.min)
+            .parse()
+            .unwrap_or(schedule.min);
+        parts.push(format!("cosine to {min}"));
     }
     (!parts.is_empty()).then(|| parts.join(", "))
 }
