@@ -217,6 +217,12 @@ fn a_resume_continues_the_learning_rate_schedule() {
             "{model}: the warm-up changed nothing"
         );
     }
+    // The floor defaults to a tenth of the peak, in its shortest words.
+    let floor = ["--steps", "1", "--lr", "0.003", "--lr-decay", "cosine"];
+    assert_eq!(
+        run_json(tiny("mlp"), &floor)["lr_schedule"],
+        "cosine to 0.0003"
+    );
 }
 
 /// An MoE model's checkpoint holds the routers' selection biases (model state beside the
