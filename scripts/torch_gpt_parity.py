@@ -242,7 +242,7 @@ def main():
                 return 2
             w2path = os.path.join(tmp, f"w2-{kind}-{ranks}.safetensors")
             cmd = [args.binary, "train", "--model", "gpt", "--init-from", wpath, "--data", dpath,
-                   "--shuffle", "false", "--optimizer", "sgd", "--momentum", "0", "--steps", "1",
+                   "--shuffle", "false", "--optimizer", "sgd", "--momentum", "0", "--lr-warmup", "0", "--steps", "1",
                    "--lr", repr(args.lr), "--dtype", "f64", "--schedule", kind, "--ranks", str(ranks),
                    "--micro-batches", str(M), "--micro-batch-size", str(B),
                    "--layers-per-stage", str(layers // stages),

@@ -81,17 +81,15 @@ impl TrainConfig {
         self.check_memory(naming, processes, memory::available_bytes())
     }
 
-    /// The learning-rate schedule: a warm-up no longer than the run, a floor for the cosine
-    /// only, between 0 and the peak.
+    /// The learning-rate schedule: a warm-up of at most [`MAX_STEPS`] (it may outlast the
+    /// run), a floor for the cosine only, between 0 and the peak.
     fn check_lr_schedule(&self, naming: Naming) -> Result<(), TrainError> {
         let name = |field: Field| field.name(naming);
-        if self.lr_warmup > self.steps as u64 {
+        if self.lr_warmup > MAX_STEPS as u64 {
             return Err(TrainError::Config(format!(
-                "{} {} is longer than the run's {} {}; warm up for fewer steps",
+                "{} {} is more than {MAX_STEPS} steps; warm up for fewer",
                 name(Field::LrWarmup),
-                self.lr_warmup,
-                name(Field::Steps),
-                self.steps
+                self.lr_warmup
             )));
         }
         if let Some(min) = self.lr_min {
