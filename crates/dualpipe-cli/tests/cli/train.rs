@@ -548,3 +548,59 @@ fn data_parallel_runs_report_the_exchange() {
     assert!(sent > 0 && sent < full, "{sent} of {full}");
     assert!(doc["communication_overhead"].as_f64().unwrap() >= 0.0);
 }
+
+#[test]
+fn a_tiny_run_writes_its_summary_and_files() {
+    let dir = TempDir::new("train-tiny-files");
+    let (trace_path, svg_path, out_path) =
+        (dir.join("t.json"), dir.join("t.svg"), dir.join("s.json"));
+    dualpipe([
+        "train",
+        "--model",
+        "mlp",
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+        "--micro-batch-size",
+        "4",
+        "--hidden",
+        "8",
+        "--layers-per-stage",
+        "1",
+        "--steps",
+        "3",
+        "--format",
+        "json",
+        "--quiet",
+        "--trace",
+        s(&trace_path),
+        "--svg",
+        s(&svg_path),
+        "--output",
+        s(&out_path),
+    ])
+    .ok();
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+    assert_eq!(summary["losses"].as_array().unwrap().len(), 3);
+    assert_eq!(summary["final_loss"], summary["losses"][2]);
+    for key in [
+        "samples_per_second",
+        "step_seconds_median",
+        "bubble_ratio",
+        "comm_wait_seconds",
+    ] {
+        assert!(summary[key].as_f64().unwrap() >= 0.0, "{key}");
+    }
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
+    assert!(trace.is_object() || trace.is_array());
+    assert!(std::fs::read_to_string(&svg_path)
+        .unwrap()
+        .starts_with("<svg"));
+}
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn mpi_without_the_feature_says_how_to_build_it() {
+    train(&["--transport", "mpi"]).usage_error(&["--features mpi"]);
+}
