@@ -2,7 +2,9 @@
 //! (moved here from the binary with the logic they test).
 
 use dualpipe_schedule::ScheduleKind;
-use dualpipe_train::cli::{divergence, rank_addr, Failure, Finished, Injection, TrainArgs, Transport};
+use dualpipe_train::cli::{
+    divergence, rank_addr, Failure, Finished, Injection, TrainArgs, Transport,
+};
 use dualpipe_train::{DType, Divergence, OptimizerKind, TrainConfig, TrainError};
 
 fn parse(flags: &[&str]) -> TrainArgs {
@@ -242,13 +244,28 @@ fn transport_flags_parse_and_bad_combinations_are_usage_errors() {
 #[test]
 fn a_tiny_local_run_tells_nothing_when_quiet_and_returns_its_summary() {
     let args = parse(&[
-        "--model", "mlp", "--ranks", "2", "--micro-batches", "4", "--micro-batch-size", "4",
-        "--hidden", "8", "--layers-per-stage", "1", "--steps", "3", "--quiet",
+        "--model",
+        "mlp",
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+        "--micro-batch-size",
+        "4",
+        "--hidden",
+        "8",
+        "--layers-per-stage",
+        "1",
+        "--steps",
+        "3",
+        "--quiet",
     ]);
     let (config, given) = args.config().unwrap();
     let mut said = Vec::new();
     let finished = args
-        .run_local(config, given, |_, _| Ok(()), &mut |line| said.push(line.to_string()))
+        .run_local(config, given, |_, _| Ok(()), &mut |line| {
+            said.push(line.to_string())
+        })
         .unwrap();
     assert_eq!(finished.summary.losses.len(), 3);
     assert!(finished.weights.is_none() && finished.files(&args).is_empty());

@@ -45,7 +45,11 @@ fn execute(args: &TrainArgs) -> anyhow::Result<Option<Finished>> {
 /// Writes the weights, the trace and the picture (when asked) and the summary, all or
 /// nothing.
 fn write(args: &TrainArgs, finished: &Finished) -> anyhow::Result<()> {
-    let mut files: Vec<_> = finished.files(args).into_iter().map(|(p, b)| (Some(p), b)).collect();
+    let mut files: Vec<_> = finished
+        .files(args)
+        .into_iter()
+        .map(|(p, b)| (Some(p), b))
+        .collect();
     files.push((args.output.clone(), finished.text(args).into_bytes()));
     write_together(files)
 }

@@ -581,7 +581,8 @@ fn a_tiny_run_writes_its_summary_and_files() {
         s(&out_path),
     ])
     .ok();
-    let summary: Value = serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
     assert_eq!(summary["losses"].as_array().unwrap().len(), 3);
     assert_eq!(summary["final_loss"], summary["losses"][2]);
     for key in [
@@ -592,7 +593,8 @@ fn a_tiny_run_writes_its_summary_and_files() {
     ] {
         assert!(summary[key].as_f64().unwrap() >= 0.0, "{key}");
     }
-    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
+    let trace: Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
     assert!(trace.is_object() || trace.is_array());
     assert!(std::fs::read_to_string(&svg_path)
         .unwrap()

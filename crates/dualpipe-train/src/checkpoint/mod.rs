@@ -38,8 +38,8 @@ pub mod weights;
 pub mod writer;
 
 pub use format::{CheckpointState, HostTensor, Manifest, ScheduleShape};
-pub use session::Checkpointing;
 pub use load::{find_latest, list, open, step_dir, Checkpoint, Found, Listed};
+pub use session::Checkpointing;
 pub use shared::Share;
 pub use weights::gpt_weights;
 pub use writer::{CheckpointPart, CheckpointSink, CheckpointWriter, Layout, OnSaved, SaveRecord};

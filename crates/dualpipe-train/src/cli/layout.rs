@@ -108,8 +108,8 @@ impl super::TrainArgs {
             return Ok(None);
         };
         let profile = crate::profile::profile_gpt(config, self.layout.profile_repeats)?;
-        let mut text = serde_json::to_string_pretty(&profile)
-            .map_err(|e| super::Failure::error(None, &e))?;
+        let mut text =
+            serde_json::to_string_pretty(&profile).map_err(|e| super::Failure::error(None, &e))?;
         text.push('\n');
         let total: f64 = profile.layers.iter().map(|l| l.work()).sum();
         let note = (!self.observe.quiet).then(|| {

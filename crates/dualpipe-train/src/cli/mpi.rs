@@ -85,7 +85,9 @@ impl TrainArgs {
                 if at.rank == rank && at.step == step + 1 {
                     let s = at.step;
                     match at.how {
-                        How::Error => return Err(format!("rank {rank}: injected failure at step {s}")),
+                        How::Error => {
+                            return Err(format!("rank {rank}: injected failure at step {s}"))
+                        }
                         How::Exit => std::process::exit(3),
                         How::Abort => std::process::abort(),
                     }
@@ -103,7 +105,11 @@ impl TrainArgs {
             }
             Err(err) => {
                 let context = format!("rank {rank}: training failed");
-                leave(world, told(err, |e| Failure::error(Some(&context), &e)), say)
+                leave(
+                    world,
+                    told(err, |e| Failure::error(Some(&context), &e)),
+                    say,
+                )
             }
         };
         // The last checkpoint is published before the summary (process 0 waits for every

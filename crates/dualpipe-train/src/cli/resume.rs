@@ -54,7 +54,9 @@ impl TrainArgs {
             return Ok(None);
         };
         for skipped in &found.skipped {
-            say(&format!("warning: {skipped}; using the previous checkpoint"));
+            say(&format!(
+                "warning: {skipped}; using the previous checkpoint"
+            ));
         }
         Ok(Some(found.checkpoint))
     }

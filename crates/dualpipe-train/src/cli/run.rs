@@ -141,9 +141,7 @@ impl TrainArgs {
         tell: bool,
         say: &mut dyn FnMut(&str),
     ) -> Result<(), Failure> {
-        let note = checkpoints
-            .finish()
-            .map_err(|e| Failure::error(None, &e))?;
+        let note = checkpoints.finish().map_err(|e| Failure::error(None, &e))?;
         if let Some(note) = note.filter(|_| tell) {
             say(&note);
         }
