@@ -3,9 +3,8 @@
 //!
 //! The trainer's own hook is the step callback of [`Trainer::run`](crate::Trainer::run); a
 //! watch is that callback together with what it needs at the run's start and end, so that one
-//! run written against this trait (such as
-//! [`TrainArgs::run_local`](crate::cli::TrainArgs::run_local), feature `clap`) serves any
-//! front end. `dualpipe_metrics::RunWatch` is the one `dualpipe train` uses.
+//! run written against this trait (such as `cli::TrainArgs::run_local`, feature `clap`)
+//! serves any front end. `dualpipe_metrics::RunWatch` is the one `dualpipe train` uses.
 
 use std::path::PathBuf;
 

@@ -20,8 +20,8 @@
 //! - [`inject`] — `--inject-failure`'s `RANK:STEP:HOW` ([`Injection`]);
 //! - [`run`] — [`TrainArgs::run_local`]: the run of the flags on local threads, what it tells
 //!   on the way and what it leaves to write ([`Finished`]);
-//! - [`mpi`](mod@mpi) (feature `mpi`) — [`TrainArgs::run_rank`]: one process's run under an
-//!   MPI launcher, which process reports and how a failing one leaves;
+//! - `mpi` (feature `mpi`) — `TrainArgs::run_rank`: one process's run under an MPI
+//!   launcher, which process reports and how a failing one leaves;
 //! - [`failure`] — [`Failure`]: a failed run in the command line's words, usage error or not.
 
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! point, the watch, the checkpoint writer, the run, the notes that tell of each, and what the
 //! run leaves to write ([`Finished`]). What goes to the terminal goes through a `say`
 //! callback (one line at a time), so the caller chooses where it goes; the caller writes the
-//! outputs. The run under MPI is [`TrainArgs::run_rank`] (feature `mpi`).
+//! outputs. The run under MPI is `TrainArgs::run_rank` (module `mpi`, feature `mpi`).
 
 use std::path::PathBuf;
 
