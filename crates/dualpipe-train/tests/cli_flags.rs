@@ -243,23 +243,9 @@ fn transport_flags_parse_and_bad_combinations_are_usage_errors() {
 
 #[test]
 fn a_tiny_local_run_tells_nothing_when_quiet_and_returns_its_summary() {
-    let args = parse(&[
-        "--model",
-        "mlp",
-        "--ranks",
-        "2",
-        "--micro-batches",
-        "4",
-        "--micro-batch-size",
-        "4",
-        "--hidden",
-        "8",
-        "--layers-per-stage",
-        "1",
-        "--steps",
-        "3",
-        "--quiet",
-    ]);
+    let tiny = "--model mlp --ranks 2 --micro-batches 4 --micro-batch-size 4 --hidden 8 \
+                --layers-per-stage 1 --steps 3 --quiet";
+    let args = parse(&tiny.split_whitespace().collect::<Vec<_>>());
     let (config, given) = args.config().unwrap();
     let mut said = Vec::new();
     let finished = args

@@ -34,9 +34,10 @@ fn execute(args: &TrainArgs) -> anyhow::Result<Option<Finished>> {
     }
     let side = [&args.trace, &args.svg, &args.save].map(|p| p.as_deref());
     check_outputs(args.output.as_deref(), &side)?;
-    let start = RunWatch::start;
     match args.transport {
-        Transport::Local => args.run_local(config, given, start, &mut say).map(Some),
+        Transport::Local => args
+            .run_local(config, given, RunWatch::start, &mut say)
+            .map(Some),
         Transport::Mpi => run_rank(args, config, given),
     }
     .map_err(error)

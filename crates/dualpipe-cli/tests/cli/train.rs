@@ -554,33 +554,15 @@ fn a_tiny_run_writes_its_summary_and_files() {
     let dir = TempDir::new("train-tiny-files");
     let (trace_path, svg_path, out_path) =
         (dir.join("t.json"), dir.join("t.svg"), dir.join("s.json"));
-    dualpipe([
-        "train",
-        "--model",
-        "mlp",
-        "--ranks",
-        "2",
-        "--micro-batches",
-        "4",
-        "--micro-batch-size",
-        "4",
-        "--hidden",
-        "8",
-        "--layers-per-stage",
-        "1",
-        "--steps",
-        "3",
-        "--format",
-        "json",
-        "--quiet",
-        "--trace",
-        s(&trace_path),
-        "--svg",
-        s(&svg_path),
-        "--output",
-        s(&out_path),
-    ])
-    .ok();
+    let paths = [
+        ("--trace", &trace_path),
+        ("--svg", &svg_path),
+        ("--output", &out_path),
+    ];
+    let tiny = "--ranks 2 --micro-batches 4 --hidden 8 --steps 3 --format json --quiet";
+    let mut flags: Vec<&str> = tiny.split_whitespace().collect();
+    flags.extend(paths.iter().flat_map(|(flag, path)| [*flag, s(path)]));
+    train(&flags).ok();
     let summary: Value =
         serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
     assert_eq!(summary["losses"].as_array().unwrap().len(), 3);
