@@ -9,7 +9,9 @@
 //! - [`log`] — [`RunLog`]: the JSONL run log, each line flushed whole;
 //! - [`observer`] — [`RunObserver`]: turns the trainer's step events into records and feeds
 //!   the metrics and the log;
-//! - [`report`] — [`read_log`] and [`RunReport`]: the summary text and the SVG of a run.
+//! - [`report`] — [`read_log`] and [`RunReport`]: the summary text and the SVG of a run;
+//! - [`watch`] — [`RunWatch`]: the server, the log and a progress bar behind the trainer's
+//!   [`Watch`](dualpipe_train::watch::Watch) trait (what `dualpipe train` watches a run with).
 //!
 //! The metrics (names by Prometheus's rules: one prefix, base units, `_total` counters,
 //! ratios 0-1): `dualpipe_pipeline_bubble_ratio` (measured, last step: waits for a message
@@ -63,6 +65,7 @@ pub mod record;
 pub mod registry;
 pub mod report;
 pub mod server;
+pub mod watch;
 
 pub use error::MetricsError;
 pub use log::RunLog;
@@ -71,3 +74,4 @@ pub use record::{BytesSent, RankRecord, StepRecord};
 pub use registry::{to_prometheus_text, TrainingMetrics};
 pub use report::{read_log, RunReport};
 pub use server::MetricsServer;
+pub use watch::RunWatch;

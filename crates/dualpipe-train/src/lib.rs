@@ -18,6 +18,8 @@
 //!   gradient sum of DualPipe's copies, optimizer) and [`Trainer::run`] the run loop with its
 //!   divergence check and progress callback;
 //! - [`summary`] — [`RunSummary`], the predicted-vs-measured comparison (JSON and table);
+//! - [`watch`] — the [`Watch`](watch::Watch) trait: what follows a run from outside the
+//!   trainer (progress, metrics, log; `dualpipe_metrics::RunWatch` is one);
 //! - [`reference`](mod@reference) — the sequential single-thread oracle every schedule must
 //!   match;
 //! - [`moe`] — the GPT's mixture-of-experts settings and the per-step expert load;
@@ -27,8 +29,9 @@
 //! - [`memory`] — the documented memory cap and this machine's available memory;
 //! - [`checkpoint`] — checkpoints: written in the background, named by model layer, read
 //!   back by any grid shape ([`Trainer::set_checkpoints`], [`Trainer::restore`]);
-//! - `cli` (feature `clap`) — the flags of `dualpipe train` as clap arguments and the one
-//!   place they become a [`TrainConfig`] (defaults read from it, so help cannot drift);
+//! - `cli` (feature `clap`) — the flags of `dualpipe train` as clap arguments, the one
+//!   place they become a [`TrainConfig`] (defaults read from it, so help cannot drift), and
+//!   their run, local or (with `mpi`) one process under a launcher, with its notes and exits;
 //! - `mpi` (feature `mpi`) — one worker per process under an MPI launcher: the grid's check
 //!   and this process's trainer.
 //!
@@ -79,6 +82,7 @@ pub mod rebalance;
 pub mod reference;
 pub mod summary;
 pub mod trainer;
+pub mod watch;
 pub mod workload;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointOptions, CheckpointWriter};

@@ -2,7 +2,9 @@
 //! (moved here from the binary with the logic they test).
 
 use dualpipe_schedule::ScheduleKind;
-use dualpipe_train::cli::{divergence, rank_addr, Injection, TrainArgs};
+use dualpipe_train::cli::{
+    divergence, rank_addr, Failure, Finished, Injection, TrainArgs, Transport,
+};
 use dualpipe_train::{DType, Divergence, OptimizerKind, TrainConfig, TrainError};
 
 fn parse(flags: &[&str]) -> TrainArgs {
@@ -207,4 +209,51 @@ fn an_sgd_momentum_outside_zero_to_one_is_refused_by_the_one_check() {
         err.starts_with("momentum -0.1: it must be in [0, 1)"),
         "{err}"
     );
+}
+
+/// The local run of `flags` as `dualpipe train` makes it (configuration, then the run, with
+/// no watch and no notes).
+fn run_local(flags: &[&str]) -> Result<Finished, Failure> {
+    let args = parse(flags);
+    let (config, given) = args.config()?;
+    args.run_local(config, given, |_, _| Ok(()), &mut |_| {})
+}
+
+#[test]
+fn a_configuration_the_schedule_rejects_is_a_usage_error() {
+    let failure = run_local(&["--ranks", "3", "--quiet"]).unwrap_err();
+    assert!(failure.usage, "{failure}");
+}
+
+#[test]
+fn transport_flags_parse_and_bad_combinations_are_usage_errors() {
+    assert_eq!(parse(&[]).transport, Transport::Local);
+    assert_eq!(parse(&["--transport", "mpi"]).transport, Transport::Mpi);
+    let cases: [(&[&str], &str); 3] = [
+        (&["--inject-failure", "1:1:error"], "--inject-failure"),
+        (&["--recv-timeout", "0"], "--recv-timeout"),
+        (&["--recv-timeout", "nan"], "--recv-timeout"),
+    ];
+    for (flags, flag) in cases {
+        let failure = run_local(flags).unwrap_err();
+        assert!(failure.usage, "{flags:?}: {failure}");
+        assert!(failure.message.contains(flag), "{flags:?}: {failure}");
+    }
+}
+
+#[test]
+fn a_tiny_local_run_tells_nothing_when_quiet_and_returns_its_summary() {
+    let tiny = "--model mlp --ranks 2 --micro-batches 4 --micro-batch-size 4 --hidden 8 \
+                --layers-per-stage 1 --steps 3 --quiet";
+    let args = parse(&tiny.split_whitespace().collect::<Vec<_>>());
+    let (config, given) = args.config().unwrap();
+    let mut said = Vec::new();
+    let finished = args
+        .run_local(config, given, |_, _| Ok(()), &mut |line| {
+            said.push(line.to_string())
+        })
+        .unwrap();
+    assert_eq!(finished.summary.losses.len(), 3);
+    assert!(finished.weights.is_none() && finished.files(&args).is_empty());
+    assert!(said.is_empty(), "{said:?}");
 }

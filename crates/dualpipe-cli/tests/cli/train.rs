@@ -548,3 +548,43 @@ fn data_parallel_runs_report_the_exchange() {
     assert!(sent > 0 && sent < full, "{sent} of {full}");
     assert!(doc["communication_overhead"].as_f64().unwrap() >= 0.0);
 }
+
+#[test]
+fn a_tiny_run_writes_its_summary_and_files() {
+    let dir = TempDir::new("train-tiny-files");
+    let (trace_path, svg_path, out_path) =
+        (dir.join("t.json"), dir.join("t.svg"), dir.join("s.json"));
+    let paths = [
+        ("--trace", &trace_path),
+        ("--svg", &svg_path),
+        ("--output", &out_path),
+    ];
+    let tiny = "--ranks 2 --micro-batches 4 --hidden 8 --steps 3 --format json --quiet";
+    let mut flags: Vec<&str> = tiny.split_whitespace().collect();
+    flags.extend(paths.iter().flat_map(|(flag, path)| [*flag, s(path)]));
+    train(&flags).ok();
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+    assert_eq!(summary["losses"].as_array().unwrap().len(), 3);
+    assert_eq!(summary["final_loss"], summary["losses"][2]);
+    for key in [
+        "samples_per_second",
+        "step_seconds_median",
+        "bubble_ratio",
+        "comm_wait_seconds",
+    ] {
+        assert!(summary[key].as_f64().unwrap() >= 0.0, "{key}");
+    }
+    let trace: Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
+    assert!(trace.is_object() || trace.is_array());
+    assert!(std::fs::read_to_string(&svg_path)
+        .unwrap()
+        .starts_with("<svg"));
+}
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn mpi_without_the_feature_says_how_to_build_it() {
+    train(&["--transport", "mpi"]).usage_error(&["--features mpi"]);
+}

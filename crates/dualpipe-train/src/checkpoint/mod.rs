@@ -26,16 +26,20 @@
 //!   skipped), verifying it, reading it ([`Checkpoint`]), and listing ([`list`]);
 //! - [`shared`] — a checkpoint several processes write together (one process per rank
 //!   under MPI): each its own layers' files and a part-manifest, process 0 the manifest;
-//! - [`weights`] — a checkpoint's GPT weights alone (`--init-from`).
+//! - [`weights`] — a checkpoint's GPT weights alone (`--init-from`);
+//! - [`session`] — [`Checkpointing`]: a run's writer from its start to the note of what it
+//!   saved.
 
 pub mod format;
 pub mod load;
+pub mod session;
 pub mod shared;
 pub mod weights;
 pub mod writer;
 
 pub use format::{CheckpointState, HostTensor, Manifest, ScheduleShape};
 pub use load::{find_latest, list, open, step_dir, Checkpoint, Found, Listed};
+pub use session::Checkpointing;
 pub use shared::Share;
 pub use weights::gpt_weights;
 pub use writer::{CheckpointPart, CheckpointSink, CheckpointWriter, Layout, OnSaved, SaveRecord};

@@ -87,3 +87,43 @@ impl LayoutArgs {
         Ok(())
     }
 }
+
+/// What `--profile`'s run leaves: the cost profile as the file's text, for the caller to
+/// write, and the line that tells of it (`None` with `--quiet`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProfileRun {
+    /// Where the profile goes (`--profile`'s path).
+    pub path: PathBuf,
+    /// The profile as pretty JSON, ending in a newline.
+    pub text: String,
+    /// `profile: N blocks, T ms of F+I+W per micro-batch in all, written to PATH`.
+    pub note: Option<String>,
+}
+
+impl super::TrainArgs {
+    /// With `--profile`: measures `config`'s GPT (`--profile-repeats` times per block) and
+    /// returns the profile to write; `None` without the flag (the run trains instead).
+    pub fn profile_run(&self, config: &TrainConfig) -> Result<Option<ProfileRun>, super::Failure> {
+        let Some(path) = &self.layout.profile else {
+            return Ok(None);
+        };
+        let profile = crate::profile::profile_gpt(config, self.layout.profile_repeats)?;
+        let mut text =
+            serde_json::to_string_pretty(&profile).map_err(|e| super::Failure::error(None, &e))?;
+        text.push('\n');
+        let total: f64 = profile.layers.iter().map(|l| l.work()).sum();
+        let note = (!self.observe.quiet).then(|| {
+            format!(
+                "profile: {} blocks, {:.3} ms of F+I+W per micro-batch in all, written to {}",
+                profile.layers.len(),
+                total * 1e3,
+                path.display()
+            )
+        });
+        Ok(Some(ProfileRun {
+            path: path.clone(),
+            text,
+            note,
+        }))
+    }
+}

@@ -17,7 +17,12 @@
 //! - [`observe`] — [`ObserveArgs`]: progress, metrics address, run log;
 //! - [`resume`](mod@resume) — [`TrainArgs::resume_point`] and
 //!   [`TrainArgs::checkpoint_options`];
-//! - [`inject`] — `--inject-failure`'s `RANK:STEP:HOW` ([`Injection`]).
+//! - [`inject`] — `--inject-failure`'s `RANK:STEP:HOW` ([`Injection`]);
+//! - [`run`] — [`TrainArgs::run_local`]: the run of the flags on local threads, what it tells
+//!   on the way and what it leaves to write ([`Finished`]);
+//! - `mpi` (feature `mpi`) — `TrainArgs::run_rank`: one process's run under an MPI
+//!   launcher, which process reports and how a failing one leaves;
+//! - [`failure`] — [`Failure`]: a failed run in the command line's words, usage error or not.
 
 use std::path::Path;
 
@@ -27,18 +32,24 @@ use dualpipe_schedule::{Schedule, ScheduleError, ScheduleKind};
 use crate::{Divergence, ModelKind, TrainConfig, TrainError};
 
 pub mod args;
+pub mod failure;
 pub mod inject;
 pub mod layout;
 pub mod moe;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod observe;
 pub mod resolve;
 pub mod resume;
+pub mod run;
 
 pub use args::{Format, TrainArgs, Transport};
+pub use failure::Failure;
 pub use inject::{How, Injection};
-pub use layout::LayoutArgs;
+pub use layout::{LayoutArgs, ProfileRun};
 pub use moe::MoeArgs;
 pub use observe::{rank_addr, ObserveArgs};
+pub use run::Finished;
 
 /// Parses a count flag (`--ranks`, `--micro-batches`, ...): a whole number from 0 up. Negative
 /// numbers reach this check (flags use `allow_negative_numbers`) instead of being taken for an

@@ -1,10 +1,10 @@
 //! `dualpipe train`'s checkpoint flags: the checkpoint `--resume` or `--resume-from` asks
-//! for, and the [`CheckpointOptions`] of `--checkpoint-dir`. The checkpoints themselves are
-//! [`checkpoint`]'s.
+//! for (and the notes that tell of it), and the [`CheckpointOptions`] of `--checkpoint-dir`.
+//! The checkpoints themselves are [`checkpoint`]'s.
 
-use super::TrainArgs;
-use crate::checkpoint::{self, CheckpointOptions, Found, DEFAULT_EVERY};
-use crate::TrainError;
+use super::{Failure, TrainArgs};
+use crate::checkpoint::{self, Checkpoint, CheckpointOptions, Found, DEFAULT_EVERY};
+use crate::{Restored, TrainError};
 
 impl TrainArgs {
     /// The checkpoint `--resume` or `--resume-from` asks for, with why each damaged newer one
@@ -39,5 +39,48 @@ impl TrainArgs {
             every: self.checkpoint_every.unwrap_or(DEFAULT_EVERY),
             keep: self.keep_checkpoints,
         })
+    }
+
+    /// The checkpoint to resume from ([`TrainArgs::resume_point`]), telling `say` of each
+    /// damaged newer one skipped, and (unless `--quiet`) that `--resume` found none yet.
+    pub fn resume_checkpoint(
+        &self,
+        say: &mut dyn FnMut(&str),
+    ) -> Result<Option<Checkpoint>, Failure> {
+        let Some(found) = self.resume_point()? else {
+            if self.resume && !self.observe.quiet {
+                say("--resume: no checkpoint yet; starting at step 1");
+            }
+            return Ok(None);
+        };
+        for skipped in &found.skipped {
+            say(&format!(
+                "warning: {skipped}; using the previous checkpoint"
+            ));
+        }
+        Ok(Some(found.checkpoint))
+    }
+
+    /// Tells `say` where the run continues from (unless `--quiet`).
+    pub fn say_resumed(
+        &self,
+        checkpoint: &Checkpoint,
+        restored: &Restored,
+        say: &mut dyn FnMut(&str),
+    ) {
+        if self.observe.quiet {
+            return;
+        }
+        say(&format!(
+            "resuming from {} (step {} done)",
+            checkpoint.path.display(),
+            restored.step
+        ));
+        if restored.feedback_dropped {
+            say(
+                "note: the grid changed, so the gradient compression's error feedback starts \
+                 from zeros",
+            );
+        }
     }
 }

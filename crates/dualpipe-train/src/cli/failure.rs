@@ -1,0 +1,91 @@
+//! [`Failure`]: how a `train` run failed, in the words its user reads, and whose fault it is:
+//! the request's (bad flags or input, a usage error: exit code 2) or the run's (exit code 1).
+
+use std::error::Error;
+
+use dualpipe_schedule::ScheduleError;
+
+use crate::{TrainConfig, TrainError};
+
+/// A failed `train` run, worded for the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The whole message: a context, the error and each of its causes, joined by `": "`.
+    pub message: String,
+    /// Whether the request is at fault (bad flags or input) rather than the run.
+    pub usage: bool,
+}
+
+impl Failure {
+    /// A refused request (exit code 2).
+    pub fn usage(message: impl Into<String>) -> Self {
+        Failure {
+            message: message.into(),
+            usage: true,
+        }
+    }
+
+    /// A failure of the run told in these words alone (exit code 1).
+    pub fn run(message: impl Into<String>) -> Self {
+        Failure {
+            message: message.into(),
+            usage: false,
+        }
+    }
+
+    /// A failure of the run: `context` (when given), `err` and every cause of it.
+    pub fn error(context: Option<&str>, err: &(dyn Error + 'static)) -> Self {
+        let mut message = context.map(|c| format!("{c}: ")).unwrap_or_default();
+        message.push_str(&err.to_string());
+        let mut cause = err.source();
+        while let Some(c) = cause {
+            message.push_str(": ");
+            message.push_str(&c.to_string());
+            cause = c.source();
+        }
+        Failure::run(message)
+    }
+
+    /// A set-up error: a configuration the schedule or the model rejects, and a checkpoint
+    /// that cannot be used, are the request's fault; anything else cannot set up training.
+    pub fn setup(err: TrainError) -> Self {
+        match err {
+            TrainError::Config(msg) => Failure::usage(msg),
+            TrainError::Checkpoint(e) => Failure::usage(e.to_string()),
+            TrainError::Schedule(ScheduleError::InvalidConfig(msg)) => Failure::usage(msg),
+            other => Failure::error(Some("cannot set up training"), &other),
+        }
+    }
+
+    /// A failed run: a diverged loss names the flags to change.
+    pub fn training(err: TrainError, config: &TrainConfig) -> Self {
+        match err {
+            TrainError::Diverged(d) => Failure::run(super::divergence(&d, config)),
+            other => Failure::error(Some("training failed"), &other),
+        }
+    }
+
+    /// The process exit code: 2 for a usage error, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        if self.usage {
+            2
+        } else {
+            1
+        }
+    }
+}
+
+impl From<TrainError> for Failure {
+    /// A library refusal in its own words (a configuration error without its prefix).
+    fn from(err: TrainError) -> Self {
+        Failure::usage(super::message(err))
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl Error for Failure {}
