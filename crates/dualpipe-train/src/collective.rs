@@ -90,7 +90,9 @@ pub fn scale_gradients(
 }
 
 /// The GPT's current weights on every process: each process sends the parameters of the
-/// stages it counts; `template` gives the names and the architecture.
+/// stages it counts; `template` gives the names and the architecture. The routed experts of
+/// expert-parallel blocks stay as in `template` (the expert group gathers them:
+/// [`crate::expert_shards::gather_experts`]).
 pub fn gather_weights<D: Driver>(
     driver: &mut D,
     stages: &[RankStages<ModelStage>],
@@ -99,8 +101,18 @@ pub fn gather_weights<D: Driver>(
     options: &ExecOptions,
 ) -> Result<GptWeights, TrainError> {
     let mut mine = Vec::new();
+    // The routed experts of expert-parallel blocks are sharded over the group: they do not
+    // travel here (the group's gather fills them in; MoE runs hold every rank here).
+    let mut sharded = false;
     for stage in counted(stages) {
-        let params = stage.params();
+        let mask = stage.sharded_params();
+        sharded |= mask.contains(&true);
+        let params: Vec<_> = stage
+            .params()
+            .into_iter()
+            .zip(mask)
+            .filter_map(|(p, s)| (!s).then_some(p))
+            .collect();
         mine.push(WireData::from_f64s(&[
             stage.model_stage() as f64,
             params.len() as f64,
@@ -127,7 +139,9 @@ pub fn gather_weights<D: Driver>(
     // stages held here (MoE runs hold every rank in one process).
     let names: Vec<_> = tensor_names(template.config())
         .into_iter()
-        .filter(|(n, _)| !n.ends_with(".selection_bias"))
+        .filter(|(n, _)| {
+            !n.ends_with(".selection_bias") && !(sharded && n.contains(".moe.experts."))
+        })
         .collect();
     let tensors: Vec<WireData> = by_stage.into_iter().flat_map(|(_, t)| t).collect();
     if tensors.len() != names.len() {

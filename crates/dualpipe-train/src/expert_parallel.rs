@@ -8,9 +8,9 @@
 //!   experts per worker at first (plus [`MoeSettings::redundant_experts`] slots per block);
 //! - EPLB in training ([`crate::eplb_runtime`]).
 //!
-//! Every worker still stores every expert's weights (the dense exchange keeps them equal):
-//! a worker computes only the experts its placement gives it, and the group mean of the
-//! gradients sums each expert's replicas (the others hold zeros). See `docs/moe.md`.
+//! With expert parallelism a worker stores (weights and optimizer state) only the experts its
+//! placement gives it; their gradients, re-placements and the whole model's weights travel
+//! over the group's counts link ([`crate::expert_shards`]). See `docs/moe.md`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,13 +20,15 @@ use dualpipe_nn::gpt::moe::parallel::{
     ChannelExpertLink, ExchangeTag, ExpertLink, ExpertPlacement, LinkModel, Phase, WallClock,
 };
 use dualpipe_nn::gpt::moe::ExpertParallel;
-use dualpipe_nn::ModelStage;
+use dualpipe_nn::gpt::GptWeights;
+use dualpipe_nn::{ModelStage, Optimizer};
 use dualpipe_runtime::RankStages;
 use dualpipe_schedule::Chunk;
 
 use crate::config::TrainConfig;
 use crate::eplb_runtime::Rebalancer;
 use crate::error::TrainError;
+use crate::expert_shards;
 use crate::moe::MoeSettings;
 
 /// One replica's ends of the all-to-alls of every MoE block copy, keyed by (model-wide
@@ -233,13 +235,16 @@ impl ExpertGroup {
 
     /// The step's group figures from this replica's `local` counts (per block, over its
     /// copies) and `served` rows (per block, over its copies); with EPLB due, re-places
-    /// every copy in `stages` (the same new placement on every replica).
+    /// every copy in `stages` (the same new placement on every replica), moving the experts'
+    /// weights and the state of `optimizers` (`optimizers[i][k]`: the `k`-th copy of
+    /// `stages[i]`'s) where the plan says.
     pub fn step(
         &mut self,
         step: usize,
         local: &[(usize, Vec<u64>)],
         served: &[(usize, u64)],
         stages: &mut [RankStages<ModelStage>],
+        optimizers: &mut [Vec<Optimizer>],
     ) -> Result<GroupStep, TrainError> {
         let totals = self.sum(step, Phase::Dispatch, local)?;
         let mut out = GroupStep {
@@ -258,18 +263,69 @@ impl ExpertGroup {
             out.worker_rows = Some(self.sum(step, Phase::Combine, &mine)?);
         }
         if let Some(r) = &mut self.rebalancer {
-            if let Some(moved) = r.observe(step, &out.totals, stages)? {
+            if let Some(replan) = r.observe(step, &out.totals)? {
+                let bytes = expert_shards::move_experts(
+                    &mut self.counts,
+                    step,
+                    stages,
+                    optimizers,
+                    &replan.placements,
+                    &replan.rounds,
+                )?;
+                r.add_bytes_moved(bytes);
                 out.rebalanced = true;
-                out.moved = moved;
+                out.moved = replan.moved;
             }
         }
         Ok(out)
     }
 
-    /// The rebalancer's running figures: rebalances, expert replicas moved, bytes moved.
+    /// With expert parallelism: sums each stored expert's gradient among its holders (see
+    /// [`expert_shards::exchange_gradients`]); `copies_summed`: DualPipe's copies of a
+    /// block already hold their sum. Nothing to do otherwise (the dense exchange carries
+    /// the experts).
+    pub fn exchange_gradients(
+        &mut self,
+        step: usize,
+        stages: &mut [RankStages<ModelStage>],
+        copies_summed: bool,
+    ) -> Result<(), TrainError> {
+        if !self.settings.expert_parallel {
+            return Ok(());
+        }
+        expert_shards::exchange_gradients(
+            &mut self.counts,
+            step,
+            stages,
+            copies_summed,
+            self.replicas,
+        )
+    }
+
+    /// With expert parallelism: fills `weights` with the experts other workers hold (a
+    /// collective call of the group, see [`expert_shards::gather_experts`]).
+    pub fn gather_experts(
+        &mut self,
+        step: usize,
+        stages: &mut [RankStages<ModelStage>],
+        weights: &mut GptWeights,
+    ) -> Result<(), TrainError> {
+        if !self.settings.expert_parallel {
+            return Ok(());
+        }
+        expert_shards::gather_experts(&mut self.counts, step, stages, weights)
+    }
+
+    /// The rebalancer's running figures: rebalances, expert replicas moved, the replicas
+    /// planning from scratch would have moved.
     pub fn rebalance_totals(&self) -> (usize, usize, u64) {
         self.rebalancer
             .as_ref()
             .map_or((0, 0, 0), Rebalancer::totals)
+    }
+
+    /// Bytes of expert weights and optimizer state this replica sent in re-placements.
+    pub fn bytes_moved(&self) -> u64 {
+        self.rebalancer.as_ref().map_or(0, Rebalancer::bytes_moved)
     }
 }

@@ -209,6 +209,7 @@ impl<D: Driver> Trainer<D> {
     /// compression; otherwise it starts from zeros), and the step count. A checkpoint of
     /// another model, or one at or past the configured steps, is refused.
     pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<Restored, TrainError> {
+        self.refuse_sharded()?;
         check_model(ckpt, &self.config)?;
         let step = ckpt.state.step;
         if step >= self.config.steps {
@@ -304,6 +305,19 @@ impl<D: Driver> Trainer<D> {
         Ok((true, false))
     }
 
+    /// Checkpoints are not written or read with the routed experts sharded over an
+    /// expert-parallel group (each worker stores only its own; not done yet).
+    fn refuse_sharded(&self) -> Result<(), TrainError> {
+        if self.config.moe.is_some_and(|m| m.expert_parallel) && self.config.data_parallel > 1 {
+            return Err(TrainError::Config(
+                "checkpoints with expert parallelism are not supported yet (each worker \
+                 stores only its experts); drop the checkpoints or the expert parallelism"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     pub(super) fn save_due_checkpoint(&mut self, step: usize) -> Result<(), TrainError> {
         let Some(sink) = self.checkpoints.clone() else {
             return Ok(());
@@ -311,6 +325,8 @@ impl<D: Driver> Trainer<D> {
         if !sink.due(self.steps_done) {
             return Ok(());
         }
+        let sharded = self.refuse_sharded();
+        self.own(step, sharded)?;
         let sent = self
             .checkpoint_part()
             .and_then(|part| sink.send(part).map_err(TrainError::from));
