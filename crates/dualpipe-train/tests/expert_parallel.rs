@@ -202,7 +202,8 @@ fn a_worker_stores_only_the_experts_its_placement_gives_it() {
         }
         let (after, after_experts) = parameter_bytes(t);
         eprintln!(
-            "replica {}: parameter bytes {before} -> {after} (routed experts {before_experts}              -> {after_experts})",
+            "replica {}: parameter bytes {before} -> {after} (routed experts {before_experts} \
+             -> {after_experts})",
             t.replica_index()
         );
         assert_eq!(after_experts * 2, before_experts, "half the experts");
