@@ -140,7 +140,7 @@ pub fn gather_weights<D: Driver>(
     let names: Vec<_> = tensor_names(template.config())
         .into_iter()
         .filter(|(n, _)| {
-            !n.ends_with(".selection_bias") && !(sharded && n.contains(".moe.experts."))
+            !(n.ends_with(".selection_bias") || (sharded && n.contains(".moe.experts.")))
         })
         .collect();
     let tensors: Vec<WireData> = by_stage.into_iter().flat_map(|(_, t)| t).collect();

@@ -284,7 +284,7 @@ fn exchanged_lens(config: &TrainConfig, copy: &ModelStage) -> Vec<usize> {
         .iter()
         .zip(copy.params())
         .zip(copy.sharded_params())
-        .filter(|((name, _), sharded)| !sharded && !(ep && name.contains(".moe.experts.")))
+        .filter(|((name, _), sharded)| !(*sharded || (ep && name.contains(".moe.experts."))))
         .map(|((_, p), _)| p.grad.elem_count())
         .collect()
 }

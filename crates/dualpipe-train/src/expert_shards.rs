@@ -42,6 +42,15 @@ pub struct Transfer {
     pub to: usize,
 }
 
+/// One stored expert's gradient on this replica and the workers holding the expert.
+struct HeldGradient {
+    layer: usize,
+    expert: usize,
+    holders: Vec<usize>,
+    /// Per tensor of the expert ([`EXPERT_TENSORS`]), flattened.
+    grads: Vec<Vec<f64>>,
+}
+
 fn nn(e: dualpipe_nn::NnError) -> TrainError {
     TrainError::Execution(format!("expert shards: {e}"))
 }
@@ -67,7 +76,9 @@ fn moe_copies(stages: &mut [RankStages<ModelStage>]) -> Vec<(usize, usize, &mut 
 fn placement_of(m: &MoeLayer) -> Result<ExpertPlacement, TrainError> {
     m.expert_parallel()
         .map(|p| p.placement().clone())
-        .ok_or_else(|| TrainError::Execution("expert shards: a block is not expert-parallel".into()))
+        .ok_or_else(|| {
+            TrainError::Execution("expert shards: a block is not expert-parallel".into())
+        })
 }
 
 /// Values `values` read back as a tensor shaped like `like`.
@@ -78,7 +89,12 @@ fn tensor_like(values: &[f64], like: &Tensor) -> Result<Tensor, TrainError> {
 }
 
 /// Reads the next `n` values of `part` from `*at`.
-fn take<'a>(part: &'a [f64], at: &mut usize, n: usize, from: usize) -> Result<&'a [f64], TrainError> {
+fn take<'a>(
+    part: &'a [f64],
+    at: &mut usize,
+    n: usize,
+    from: usize,
+) -> Result<&'a [f64], TrainError> {
     let got = part.get(*at..*at + n).ok_or_else(|| {
         TrainError::Execution(format!(
             "expert shards: worker {from} sent {} values, fewer than expected",
@@ -104,7 +120,7 @@ pub fn exchange_gradients(
     let me = link.worker();
     let mut copies = moe_copies(stages);
     // Per (block, stored expert): the placement's holders and this replica's gradients.
-    let mut local: Vec<(usize, usize, Vec<usize>, Vec<Vec<f64>>)> = Vec::new();
+    let mut local: Vec<HeldGradient> = Vec::new();
     let mut version = 0;
     let mut i = 0;
     while i < copies.len() {
@@ -129,16 +145,21 @@ pub fn exchange_gradients(
                     }
                 }
             }
-            local.push((l, j, placement.replicas[j].clone(), grads));
+            local.push(HeldGradient {
+                layer: l,
+                expert: j,
+                holders: placement.replicas[j].clone(),
+                grads,
+            });
         }
         i = end;
     }
-    let replicated = local.iter().any(|(_, _, holders, _)| holders.len() > 1);
+    let replicated = local.iter().any(|h| h.holders.len() > 1);
     let got = if replicated {
         let mut parts = vec![Vec::new(); workers];
-        for (_, _, holders, grads) in &local {
-            for &w in holders.iter().filter(|&&w| w != me) {
-                grads.iter().for_each(|g| parts[w].extend_from_slice(g));
+        for h in &local {
+            for &w in h.holders.iter().filter(|&&w| w != me) {
+                h.grads.iter().for_each(|g| parts[w].extend_from_slice(g));
             }
         }
         let tag = ExchangeTag {
@@ -152,9 +173,10 @@ pub fn exchange_gradients(
     };
     let mut at = vec![0usize; workers];
     let mut sums: HashMap<(usize, usize), Vec<Vec<f64>>> = HashMap::new();
-    for (l, j, holders, mine) in local {
+    for h in local {
+        let mine = h.grads;
         let mut total: Vec<Vec<f64>> = mine.iter().map(|g| vec![0.0; g.len()]).collect();
-        for &w in &holders {
+        for &w in &h.holders {
             for (k, acc) in total.iter_mut().enumerate() {
                 let part: &[f64] = if w == me {
                     &mine[k]
@@ -167,19 +189,14 @@ pub fn exchange_gradients(
         for acc in &mut total {
             acc.iter_mut().for_each(|v| *v /= workers as f64);
         }
-        sums.insert((l, j), total);
+        sums.insert((h.layer, h.expert), total);
     }
     for (l, _, m) in copies.iter_mut() {
         for j in m.stored_experts() {
             let total = sums.get(&(*l, j)).ok_or_else(|| {
                 TrainError::Execution(format!("expert shards: no gradient for expert {j}"))
             })?;
-            for (p, g) in m
-                .expert_params_mut(j)
-                .into_iter()
-                .flatten()
-                .zip(total)
-            {
+            for (p, g) in m.expert_params_mut(j).into_iter().flatten().zip(total) {
                 p.grad = tensor_like(g, &p.grad)?;
             }
         }
@@ -208,7 +225,10 @@ pub fn gather_experts(
         version = version.max(placement.version);
         for (j, holders) in placement.replicas.iter().enumerate() {
             if holders.first() == Some(&me) {
-                for (suffix, p) in EXPERT_TENSORS.iter().zip(m.expert_params(j).into_iter().flatten()) {
+                for (suffix, p) in EXPERT_TENSORS
+                    .iter()
+                    .zip(m.expert_params(j).into_iter().flatten())
+                {
                     let name = format!("{}{suffix}", expert_prefix(l, j));
                     weights.set(&name, p.value.clone()).map_err(nn)?;
                     let v = to_f64_vec(&p.value).map_err(nn)?;
@@ -239,7 +259,9 @@ pub fn gather_experts(
                 let name = format!("{}{suffix}", expert_prefix(*l, j));
                 let like = weights.get(&name).map_err(nn)?.clone();
                 let values = take(&got[owner], &mut at[owner], like.elem_count(), owner)?;
-                weights.set(&name, tensor_like(values, &like)?).map_err(nn)?;
+                weights
+                    .set(&name, tensor_like(values, &like)?)
+                    .map_err(nn)?;
             }
         }
     }
@@ -249,7 +271,8 @@ pub fn gather_experts(
 /// One parameter's optimizer state of `kind` from its tensors (in [`ParamState::tensors`]
 /// order).
 fn state_of(kind: OptimizerKind, mut tensors: Vec<Tensor>) -> Result<ParamState, TrainError> {
-    let bad = || TrainError::Execution("expert shards: an optimizer state of the wrong size".into());
+    let bad =
+        || TrainError::Execution("expert shards: an optimizer state of the wrong size".into());
     Ok(match kind {
         OptimizerKind::Sgd { .. } => ParamState::Sgd {
             momentum: tensors.pop().ok_or_else(bad)?,
@@ -287,7 +310,12 @@ pub fn move_experts(
         states.push(
             rank.iter()
                 .zip(opts)
-                .map(|((_, s), o)| s.param_names().into_iter().zip(o.state().iter().cloned()).collect())
+                .map(|((_, s), o)| {
+                    s.param_names()
+                        .into_iter()
+                        .zip(o.state().iter().cloned())
+                        .collect()
+                })
                 .collect(),
         );
     }
@@ -333,7 +361,10 @@ pub fn move_experts(
             let mut values = Vec::new();
             for (suffix, like) in EXPERT_TENSORS.iter().zip(&template) {
                 let n = like.elem_count();
-                values.push(tensor_like(take(&got[t.from], &mut at[t.from], n, t.from)?, like)?);
+                values.push(tensor_like(
+                    take(&got[t.from], &mut at[t.from], n, t.from)?,
+                    like,
+                )?);
                 let state = (0..per_param)
                     .map(|_| tensor_like(take(&got[t.from], &mut at[t.from], n, t.from)?, like))
                     .collect::<Result<Vec<_>, _>>()?;
@@ -360,7 +391,9 @@ pub fn move_experts(
             .iter()
             .find(|(b, _)| *b == l)
             .map(|(_, p)| p.clone())
-            .ok_or_else(|| TrainError::Execution(format!("expert shards: no placement for block {l}")))?;
+            .ok_or_else(|| {
+                TrainError::Execution(format!("expert shards: no placement for block {l}"))
+            })?;
         m.set_placement(placement).map_err(nn)?;
     }
     for ((rank, opts), before) in stages.iter().zip(optimizers.iter_mut()).zip(&states) {
@@ -372,11 +405,14 @@ pub fn move_experts(
                 .param_names()
                 .iter()
                 .map(|n| {
-                    old.get(n).or_else(|| received.get(n)).cloned().ok_or_else(|| {
-                        TrainError::Execution(format!(
-                            "expert shards: no optimizer state for {n} after the re-placement"
-                        ))
-                    })
+                    old.get(n)
+                        .or_else(|| received.get(n))
+                        .cloned()
+                        .ok_or_else(|| {
+                            TrainError::Execution(format!(
+                                "expert shards: no optimizer state for {n} after the re-placement"
+                            ))
+                        })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             o.set_state(o.steps(), state).map_err(nn)?;

@@ -423,7 +423,12 @@ impl MoeLayer {
             + self.active.len()
             + self.parallel_pending()
             + self.router.pending()
-            + self.experts.iter().flatten().map(Mlp::pending).sum::<usize>()
+            + self
+                .experts
+                .iter()
+                .flatten()
+                .map(Mlp::pending)
+                .sum::<usize>()
             + self.shared.iter().map(Mlp::pending).sum::<usize>()
     }
 
@@ -435,7 +440,12 @@ impl MoeLayer {
             .map(tensor_bytes)
             .sum::<usize>()
             + self.router.saved_bytes()
-            + self.experts.iter().flatten().map(Mlp::saved_bytes).sum::<usize>()
+            + self
+                .experts
+                .iter()
+                .flatten()
+                .map(Mlp::saved_bytes)
+                .sum::<usize>()
             + self.shared.iter().map(Mlp::saved_bytes).sum::<usize>()
     }
 }

@@ -166,9 +166,10 @@ impl MoeLayer {
                 "an expert is stored between steps only".into(),
             ));
         }
-        let slot = self.experts.get_mut(j).ok_or_else(|| {
-            NnError::Config(format!("MoE: no routed expert {j} to store"))
-        })?;
+        let slot = self
+            .experts
+            .get_mut(j)
+            .ok_or_else(|| NnError::Config(format!("MoE: no routed expert {j} to store")))?;
         let [fc1, fc2]: [Tensor; 2] = values.try_into().map_err(|v: Vec<Tensor>| {
             NnError::Config(format!(
                 "MoE: expert {j} takes 2 tensors (fc1, fc2), given {}",
