@@ -207,4 +207,39 @@ impl Rebalancer {
     pub fn phy2log(&self) -> &[Vec<usize>] {
         &self.phy2log
     }
+
+    /// The MoE blocks, ascending (row `i` of [`Rebalancer::phy2log`] and of the average is
+    /// block `layers()[i]`).
+    pub fn layers(&self) -> &[usize] {
+        &self.layers
+    }
+
+    /// The moving average of the counts (`None` before the first step).
+    pub fn ema(&self) -> Option<&[Vec<f64>]> {
+        self.ema.as_deref()
+    }
+
+    /// Continues from a saved state (a checkpoint's): the slots in force and the average, per
+    /// block in the order of [`Rebalancer::layers`]; refused when their sizes differ.
+    pub fn resume(
+        &mut self,
+        phy2log: Vec<Vec<usize>>,
+        ema: Option<Vec<Vec<f64>>>,
+    ) -> Result<(), TrainError> {
+        let fits = phy2log.len() == self.layers.len()
+            && phy2log
+                .iter()
+                .all(|r| r.len() == self.slots && r.iter().all(|&j| j < self.experts))
+            && ema.as_ref().is_none_or(|e| {
+                e.len() == self.layers.len() && e.iter().all(|r| r.len() == self.experts)
+            });
+        if !fits {
+            return Err(TrainError::Execution(
+                "EPLB in training: a saved placement of another shape".into(),
+            ));
+        }
+        self.phy2log = phy2log;
+        self.ema = ema;
+        Ok(())
+    }
 }

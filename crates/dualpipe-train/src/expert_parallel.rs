@@ -25,6 +25,7 @@ use dualpipe_nn::{ModelStage, Optimizer};
 use dualpipe_runtime::RankStages;
 use dualpipe_schedule::Chunk;
 
+use crate::checkpoint::{Checkpoint, HostTensor};
 use crate::config::TrainConfig;
 use crate::eplb_runtime::Rebalancer;
 use crate::error::TrainError;
@@ -116,6 +117,11 @@ pub fn placement_of_slots(phy2log: &[usize], workers: usize, version: u64) -> Ex
         workers,
         replicas,
     }
+}
+
+/// The name of MoE block `l`'s placement tensor `what` in a checkpoint.
+fn placement_name(l: usize, what: &str) -> String {
+    format!("blocks.{l}.moe.placement.{what}")
 }
 
 /// One replica's part in its group's MoE training (see the [module](self) documentation).
@@ -322,6 +328,83 @@ impl ExpertGroup {
         self.rebalancer
             .as_ref()
             .map_or((0, 0, 0), Rebalancer::totals)
+    }
+
+    /// With expert parallelism: the tensors a checkpoint keeps of the group's state, per MoE
+    /// block `l`: `blocks.{l}.moe.placement.slots` (the logical expert of each slot),
+    /// `.version` (the step it took effect) and `.ema` (the moving average of the counts,
+    /// once there is one). The same on every replica (replica 0 writes them).
+    pub fn checkpoint_tensors(&self, stages: &[RankStages<ModelStage>]) -> Vec<HostTensor> {
+        let Some(r) = &self.rebalancer else {
+            return Vec::new();
+        };
+        let versions: BTreeMap<usize, u64> = stages
+            .iter()
+            .flat_map(RankStages::iter)
+            .filter_map(|(_, s)| s.as_gpt())
+            .flat_map(|g| g.moe_layers())
+            .filter_map(|(l, m)| m.expert_parallel().map(|p| (l, p.placement().version)))
+            .collect();
+        let mut out = Vec::new();
+        for (i, &l) in r.layers().iter().enumerate() {
+            let slots: Vec<f64> = r.phy2log()[i].iter().map(|&j| j as f64).collect();
+            out.push(HostTensor::from_f64s(placement_name(l, "slots"), &slots));
+            let version = versions.get(&l).copied().unwrap_or(0) as f64;
+            out.push(HostTensor::from_f64s(
+                placement_name(l, "version"),
+                &[version],
+            ));
+            if let Some(ema) = r.ema() {
+                out.push(HostTensor::from_f64s(placement_name(l, "ema"), &ema[i]));
+            }
+        }
+        out
+    }
+
+    /// With expert parallelism, from checkpoint `ckpt` of the same group shape (replicas,
+    /// experts, redundant slots, expert parallelism): the placement in force and the moving
+    /// average, the experts that placement gives this worker stored from the checkpoint
+    /// (values of type `dtype`; the caller then restores every stored tensor by name). A
+    /// checkpoint of another shape keeps the initial placement.
+    pub fn restore(
+        &mut self,
+        ckpt: &Checkpoint,
+        stages: &mut [RankStages<ModelStage>],
+        dtype: candle_core::DType,
+    ) -> Result<(), TrainError> {
+        let Some(r) = &mut self.rebalancer else {
+            return Ok(());
+        };
+        let saved = &ckpt.state.config;
+        let same_group = saved.data_parallel == self.replicas
+            && saved.moe.is_some_and(|m| {
+                m.expert_parallel
+                    && m.experts == self.settings.experts
+                    && m.redundant_experts == self.settings.redundant_experts
+            });
+        if !same_group {
+            return Ok(());
+        }
+        let values = |l: usize, what: &str| -> Result<Vec<f64>, TrainError> {
+            Ok(ckpt.tensor(&placement_name(l, what))?.to_f64s())
+        };
+        let mut rows = Vec::new();
+        let mut emas = Vec::new();
+        let mut placements = Vec::new();
+        for &l in r.layers() {
+            let row: Vec<usize> = values(l, "slots")?.iter().map(|&j| j as usize).collect();
+            let version = values(l, "version")?.first().copied().unwrap_or(0.0) as u64;
+            placements.push((l, placement_of_slots(&row, self.replicas, version)));
+            rows.push(row);
+            if ckpt.tensors.contains_key(&placement_name(l, "ema")) {
+                emas.push(values(l, "ema")?);
+            }
+        }
+        let ema = (!emas.is_empty()).then_some(emas);
+        r.resume(rows, ema)?;
+        expert_shards::adopt(stages, self.replica, &placements, |name| {
+            Ok(ckpt.tensor(name)?.to_tensor(dtype)?)
+        })
     }
 
     /// Bytes of expert weights and optimizer state this replica sent in re-placements.

@@ -469,3 +469,58 @@ fn expert_payload(
         t.layer
     )))
 }
+
+/// The names of the routed experts' tensors that worker `worker` writes into a checkpoint
+/// from `stage`: those of the experts of expert-parallel blocks whose lowest holder it is
+/// (each expert is written once, by one holder).
+pub fn owned_names(stage: &ModelStage, worker: usize) -> Vec<String> {
+    let ModelStage::Gpt(g) = stage else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    for (l, m) in g.moe_layers() {
+        let Some(p) = m.expert_parallel() else {
+            continue;
+        };
+        for j in m.stored_experts() {
+            if p.placement().replicas[j].first() == Some(&worker) {
+                names.extend(
+                    EXPERT_TENSORS
+                        .iter()
+                        .map(|suffix| format!("{}{suffix}", expert_prefix(l, j))),
+                );
+            }
+        }
+    }
+    names
+}
+
+/// Makes worker `worker`'s copies serve `placements` (per block) as a restore does: each
+/// expert a placement gives the worker and it does not store is stored from `load` (a
+/// tensor by name), then the copy takes the placement and frees the rest.
+pub fn adopt(
+    stages: &mut [RankStages<ModelStage>],
+    worker: usize,
+    placements: &[(usize, ExpertPlacement)],
+    load: impl Fn(&str) -> Result<Tensor, TrainError>,
+) -> Result<(), TrainError> {
+    for (l, _, m) in moe_copies(stages) {
+        let placement = placements
+            .iter()
+            .find(|(b, _)| *b == l)
+            .map(|(_, p)| p.clone())
+            .ok_or_else(|| {
+                TrainError::Execution(format!("expert shards: no placement for block {l}"))
+            })?;
+        let stored = m.stored_experts();
+        for j in (0..m.experts()).filter(|&j| placement.serves(worker, j) && !stored.contains(&j)) {
+            let values = EXPERT_TENSORS
+                .iter()
+                .map(|suffix| load(&format!("{}{suffix}", expert_prefix(l, j))))
+                .collect::<Result<Vec<_>, _>>()?;
+            m.store_expert(j, values).map_err(nn)?;
+        }
+        m.set_placement(placement).map_err(nn)?;
+    }
+    Ok(())
+}

@@ -9,8 +9,10 @@ use std::collections::BTreeSet;
 use dualpipe_nn::{ModelStage, OptimizerKind};
 use dualpipe_runtime::RankStages;
 use dualpipe_schedule::ScheduleKind;
+use dualpipe_train::checkpoint::{step_dir, Checkpoint};
 use dualpipe_train::{
-    DType, DataParallel, LocalThreads, ModelKind, MoeSettings, TrainConfig, Trainer,
+    CheckpointOptions, CheckpointWriter, DType, DataParallel, LocalThreads, ModelKind, MoeSettings,
+    StepEvent, TrainConfig, Trainer,
 };
 
 const SCHEDULES: [ScheduleKind; 4] = [
@@ -418,4 +420,80 @@ fn link_flags_are_checked() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("moe.link_latency NaN"), "{err}");
+}
+
+#[test]
+fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
+    // Re-placements after steps 2 and 4; the checkpoint after step 3 holds every expert
+    // (each written by one holder), the placement of version 2 and the moving average.
+    let config = TrainConfig {
+        data_parallel: 2,
+        steps: 6,
+        ..tiny(
+            ScheduleKind::DualPipe,
+            4,
+            MoeSettings {
+                redundant_experts: 2,
+                eplb_every: 2,
+                ..moe(true)
+            },
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let options = CheckpointOptions {
+        dir: dir.path().to_path_buf(),
+        every: 3,
+        keep: 0,
+    };
+    let writer = CheckpointWriter::start(&options, 2).unwrap();
+    let mut whole = DataParallel::new(config.clone()).unwrap();
+    whole.set_checkpoints(&writer);
+    let mut expected = Vec::new();
+    whole
+        .run(|event| {
+            if let StepEvent::Finished { report, .. } = event {
+                expected.push(report.losses.clone());
+            }
+            Ok(())
+        })
+        .unwrap();
+    whole.clear_checkpoints();
+    writer.finish().unwrap();
+    let ckpt = Checkpoint::read(&step_dir(dir.path(), 3)).unwrap();
+    for l in [0, 1] {
+        for j in 0..4 {
+            assert!(
+                ckpt.tensors
+                    .contains_key(&format!("blocks.{l}.moe.experts.{j}.fc1.weight")),
+                "block {l} expert {j} saved"
+            );
+        }
+        let version = ckpt
+            .tensor(&format!("blocks.{l}.moe.placement.version"))
+            .unwrap()
+            .to_f64s();
+        assert_eq!(
+            version,
+            vec![2.0],
+            "block {l}: the placement of the first rebalance"
+        );
+    }
+    let mut resumed = DataParallel::new(config.clone()).unwrap();
+    resumed.restore(&ckpt).unwrap();
+    for t in resumed.replicas() {
+        for (l, stored, placed) in stored_and_placed(t) {
+            assert_eq!(stored, placed, "resumed block {l}");
+        }
+    }
+    let got = losses_of(|| resumed.step().unwrap().losses, 3);
+    assert_eq!(got, expected[3..], "the resumed losses, bit for bit");
+    // Without expert parallelism (every expert on every worker) the same model goes on.
+    let plain = TrainConfig {
+        moe: Some(moe(false)),
+        ..config
+    };
+    let mut other = DataParallel::new(plain).unwrap();
+    other.restore(&ckpt).unwrap();
+    let got = losses_of(|| other.step().unwrap().losses, 3);
+    assert_same("resumed without expert parallelism", &got, &expected[3..]);
 }

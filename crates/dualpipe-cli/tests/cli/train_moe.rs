@@ -166,18 +166,6 @@ fn bad_moe_flags_are_one_line_errors() {
             ],
             "--link-bandwidth 0: it must be a positive number",
         ),
-        (
-            vec![
-                "--experts",
-                "4",
-                "--data-parallel",
-                "2",
-                "--expert-parallel",
-                "--checkpoint-dir",
-                "/nonexistent/epshard",
-            ],
-            "--checkpoint-dir with --expert-parallel",
-        ),
     ] {
         let mut args: Vec<&str> = MOE.to_vec();
         args.drain(1..5);

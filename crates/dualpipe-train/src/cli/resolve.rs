@@ -22,29 +22,13 @@ impl TrainArgs {
     /// The configuration the flags ask for (or a [`TrainError::Config`] naming the bad flag)
     /// and, with `--schedule-file`, the schedule read from the file (whose shape the
     /// configuration takes). The flags that are not the configuration's are checked here too:
-    /// `--checkpoint-every 0`, checkpoints with `--expert-parallel`, and `--inject-failure`
-    /// without `--transport mpi`.
+    /// `--checkpoint-every 0`, and `--inject-failure` without `--transport mpi`.
     pub fn config(&self) -> Result<(TrainConfig, Option<Schedule>), TrainError> {
         let resolved = config_and_schedule(self)?;
         if self.checkpoint_every == Some(0) {
             return Err(TrainError::Config(
                 "--checkpoint-every 0: give a positive number of steps, such as 500".into(),
             ));
-        }
-        let sharded = resolved
-            .0
-            .moe
-            .is_some_and(|m| m.expert_parallel && resolved.0.data_parallel > 1);
-        if sharded && (self.checkpoint_dir.is_some() || self.resume_from.is_some()) {
-            let flag = if self.resume_from.is_some() {
-                "--resume-from"
-            } else {
-                "--checkpoint-dir"
-            };
-            return Err(TrainError::Config(format!(
-                "{flag} with --expert-parallel: checkpoints of sharded experts (each worker \
-                 stores only its own) are not supported yet; drop {flag} or --expert-parallel"
-            )));
         }
         if self.transport == Transport::Local && self.inject_failure.is_some() {
             return Err(TrainError::Config(
