@@ -39,19 +39,24 @@ fn wire_error(e: impl std::fmt::Display) -> TrainError {
 
 /// The L2 norm of the step's whole gradient, the same on every process: each stage's sum of
 /// squares (in f64, parameter by parameter) is gathered, and the sums are added in stage
-/// order.
+/// order, then `sharded_squares`: the sum of squares of the parameters the stages hold only
+/// a share of (the routed experts of expert-parallel blocks, which the stages' sums leave out:
+/// [`crate::expert_shards::expert_squares`]; 0 otherwise).
 pub fn gradient_norm<D: Driver>(
     driver: &mut D,
     stages: &[RankStages<ModelStage>],
     model_stages: usize,
     step: usize,
     options: &ExecOptions,
+    sharded_squares: f64,
 ) -> Result<f64, TrainError> {
     let mut mine = Vec::new();
     for stage in counted(stages) {
         let mut sum = 0.0;
-        for p in stage.params() {
-            sum += to_f64_vec(&p.grad)?.iter().map(|g| g * g).sum::<f64>();
+        for (p, sharded) in stage.params().into_iter().zip(stage.sharded_params()) {
+            if !sharded {
+                sum += to_f64_vec(&p.grad)?.iter().map(|g| g * g).sum::<f64>();
+            }
         }
         mine.extend([stage.model_stage() as f64, sum]);
     }
@@ -70,7 +75,7 @@ pub fn gradient_norm<D: Driver>(
     for (s, sum) in per_stage.into_iter().enumerate() {
         total += sum.ok_or_else(|| wire_error(format!("no process sent stage {s}'s norm")))?;
     }
-    Ok(total.sqrt())
+    Ok((total + sharded_squares).sqrt())
 }
 
 /// Multiplies every gradient of every copy by `scale`.

@@ -308,6 +308,19 @@ impl ExpertGroup {
         )
     }
 
+    /// With expert parallelism: the sum of squares of the routed experts' gradients over the
+    /// group (see [`expert_shards::expert_squares`]); 0 otherwise.
+    pub fn expert_squares(
+        &mut self,
+        step: usize,
+        stages: &mut [RankStages<ModelStage>],
+    ) -> Result<f64, TrainError> {
+        if !self.settings.expert_parallel {
+            return Ok(0.0);
+        }
+        expert_shards::expert_squares(&mut self.counts, step, stages)
+    }
+
     /// With expert parallelism: fills `weights` with the experts other workers hold (a
     /// collective call of the group, see [`expert_shards::gather_experts`]).
     pub fn gather_experts(

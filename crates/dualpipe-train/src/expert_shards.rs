@@ -524,3 +524,45 @@ pub fn adopt(
     }
     Ok(())
 }
+
+/// The sum of squares of every routed expert's gradient over the group (each expert counted
+/// once, by its lowest holder, from one copy of its block), the same on every worker: the
+/// part of the global gradient norm the stages' own sums leave out. One all-to-all on `link`.
+pub fn expert_squares(
+    link: &mut ChannelExpertLink,
+    step: usize,
+    stages: &mut [RankStages<ModelStage>],
+) -> Result<f64, TrainError> {
+    let me = link.worker();
+    let mut mine = 0.0;
+    let mut version = 0;
+    let mut seen = Vec::new();
+    for (l, _, m) in moe_copies(stages) {
+        if seen.contains(&l) {
+            continue;
+        }
+        seen.push(l);
+        let placement = placement_of(m)?;
+        version = version.max(placement.version);
+        for j in m.stored_experts() {
+            if placement.replicas[j].first() == Some(&me) {
+                for p in m.expert_params(j).into_iter().flatten() {
+                    mine += to_f64_vec(&p.grad)
+                        .map_err(nn)?
+                        .iter()
+                        .map(|g| g * g)
+                        .sum::<f64>();
+                }
+            }
+        }
+    }
+    let tag = ExchangeTag {
+        chunk: Chunk::new(0, 3, step),
+        phase: Phase::Dispatch,
+        version,
+    };
+    let got = link
+        .all_to_all(tag, vec![vec![mine]; link.workers()])
+        .map_err(nn)?;
+    Ok(got.iter().flatten().sum())
+}

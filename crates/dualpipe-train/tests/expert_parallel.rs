@@ -314,17 +314,55 @@ fn sharded_adamw_with_rebalancing_trains_like_the_dense_exchange() {
 }
 
 #[test]
-fn clipping_with_sharded_experts_is_refused() {
+fn clipping_with_sharded_experts_equals_the_dense_exchange() {
+    // The global norm counts each sharded expert once (its lowest holder): the same norm, and
+    // the same clipped steps, as two replicas that hold every expert.
+    let clipped = |m: MoeSettings| TrainConfig {
+        data_parallel: 2,
+        steps: 4,
+        clip_grad: Some(0.5),
+        ..tiny(ScheduleKind::DualPipe, 4, m)
+    };
+    let run = |config: TrainConfig| {
+        let mut dp = DataParallel::new(config.clone()).unwrap();
+        let mut norms = Vec::new();
+        let losses = losses_of(
+            || {
+                let r = dp.step().unwrap();
+                norms.push(r.grad_norm.unwrap());
+                r.losses
+            },
+            config.steps,
+        );
+        (losses, norms)
+    };
+    let (expected, dense_norms) = run(clipped(moe(false)));
+    let (got, norms) = run(clipped(MoeSettings {
+        redundant_experts: 2,
+        eplb_every: 2,
+        ..moe(true)
+    }));
+    assert_same("clipped, sharded vs dense", &got, &expected);
+    for (a, b) in norms.iter().zip(&dense_norms) {
+        assert!(close(*a, *b), "norm {a} vs {b}");
+    }
+    assert!(
+        norms.iter().any(|&n| n > 0.5),
+        "clipping was active: {norms:?}"
+    );
+}
+
+#[test]
+fn one_bit_adam_with_sharded_experts_is_refused() {
     let config = TrainConfig {
         data_parallel: 2,
-        clip_grad: Some(1.0),
+        optimizer: OptimizerKind::adamw(),
+        gradient_compression: dualpipe_train::Compression::OneBit,
+        compression_warmup: 2,
         ..tiny(ScheduleKind::OneFOneB, 4, moe(true))
     };
     let err = DataParallel::new(config).unwrap_err().to_string();
-    assert!(
-        err.contains("clip_grad") && err.contains("moe.expert_parallel"),
-        "{err}"
-    );
+    assert!(err.contains("1-bit Adam with expert parallelism"), "{err}");
 }
 
 #[test]

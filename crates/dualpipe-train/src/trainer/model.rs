@@ -17,12 +17,17 @@ impl<D: Driver> Trainer<D> {
         let Some(clip) = self.config.clip_grad else {
             return Ok(None);
         };
+        let sharded = match &mut self.expert_group {
+            Some(group) => group.expert_squares(step, &mut self.stages)?,
+            None => 0.0,
+        };
         let norm = collective::gradient_norm(
             &mut self.driver,
             &self.stages,
             self.config.model_stages(),
             step,
             &self.exec_options,
+            sharded,
         )?;
         let scale = clip / (norm + 1e-6);
         if scale < 1.0 {
