@@ -90,6 +90,16 @@ impl ModelStage {
         each!(self, s => s.param_names())
     }
 
+    /// Per parameter (in the order of [`ModelStage::params`]): whether it is a routed expert
+    /// of an expert-parallel MoE block (see [`GptStage::sharded_params`]); the data-parallel
+    /// exchange carries the others.
+    pub fn sharded_params(&self) -> Vec<bool> {
+        match self {
+            ModelStage::Gpt(s) => s.sharded_params(),
+            ModelStage::Mlp(s) => vec![false; s.params().len()],
+        }
+    }
+
     /// Parameters mutably, in the order of [`ModelStage::params`].
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
         each!(self, s => s.params_mut())

@@ -39,19 +39,24 @@ fn wire_error(e: impl std::fmt::Display) -> TrainError {
 
 /// The L2 norm of the step's whole gradient, the same on every process: each stage's sum of
 /// squares (in f64, parameter by parameter) is gathered, and the sums are added in stage
-/// order.
+/// order, then `sharded_squares`: the sum of squares of the parameters the stages hold only
+/// a share of (the routed experts of expert-parallel blocks, which the stages' sums leave out:
+/// [`crate::expert_shards::expert_squares`]; 0 otherwise).
 pub fn gradient_norm<D: Driver>(
     driver: &mut D,
     stages: &[RankStages<ModelStage>],
     model_stages: usize,
     step: usize,
     options: &ExecOptions,
+    sharded_squares: f64,
 ) -> Result<f64, TrainError> {
     let mut mine = Vec::new();
     for stage in counted(stages) {
         let mut sum = 0.0;
-        for p in stage.params() {
-            sum += to_f64_vec(&p.grad)?.iter().map(|g| g * g).sum::<f64>();
+        for (p, sharded) in stage.params().into_iter().zip(stage.sharded_params()) {
+            if !sharded {
+                sum += to_f64_vec(&p.grad)?.iter().map(|g| g * g).sum::<f64>();
+            }
         }
         mine.extend([stage.model_stage() as f64, sum]);
     }
@@ -70,7 +75,7 @@ pub fn gradient_norm<D: Driver>(
     for (s, sum) in per_stage.into_iter().enumerate() {
         total += sum.ok_or_else(|| wire_error(format!("no process sent stage {s}'s norm")))?;
     }
-    Ok(total.sqrt())
+    Ok((total + sharded_squares).sqrt())
 }
 
 /// Multiplies every gradient of every copy by `scale`.
@@ -90,7 +95,9 @@ pub fn scale_gradients(
 }
 
 /// The GPT's current weights on every process: each process sends the parameters of the
-/// stages it counts; `template` gives the names and the architecture.
+/// stages it counts; `template` gives the names and the architecture. The routed experts of
+/// expert-parallel blocks stay as in `template` (the expert group gathers them:
+/// [`crate::expert_shards::gather_experts`]).
 pub fn gather_weights<D: Driver>(
     driver: &mut D,
     stages: &[RankStages<ModelStage>],
@@ -99,8 +106,18 @@ pub fn gather_weights<D: Driver>(
     options: &ExecOptions,
 ) -> Result<GptWeights, TrainError> {
     let mut mine = Vec::new();
+    // The routed experts of expert-parallel blocks are sharded over the group: they do not
+    // travel here (the group's gather fills them in; MoE runs hold every rank here).
+    let mut sharded = false;
     for stage in counted(stages) {
-        let params = stage.params();
+        let mask = stage.sharded_params();
+        sharded |= mask.contains(&true);
+        let params: Vec<_> = stage
+            .params()
+            .into_iter()
+            .zip(mask)
+            .filter_map(|(p, s)| (!s).then_some(p))
+            .collect();
         mine.push(WireData::from_f64s(&[
             stage.model_stage() as f64,
             params.len() as f64,
@@ -127,7 +144,9 @@ pub fn gather_weights<D: Driver>(
     // stages held here (MoE runs hold every rank in one process).
     let names: Vec<_> = tensor_names(template.config())
         .into_iter()
-        .filter(|(n, _)| !n.ends_with(".selection_bias"))
+        .filter(|(n, _)| {
+            !(n.ends_with(".selection_bias") || (sharded && n.contains(".moe.experts.")))
+        })
         .collect();
     let tensors: Vec<WireData> = by_stage.into_iter().flat_map(|(_, t)| t).collect();
     if tensors.len() != names.len() {

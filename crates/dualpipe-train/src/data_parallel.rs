@@ -263,10 +263,46 @@ fn lock_error(stage: usize) -> TrainError {
     ))
 }
 
-/// `copy`'s gradients, flattened parameter after parameter.
+/// `copy`'s parameters the exchange carries: all but the routed experts of an
+/// expert-parallel MoE block (their gradients are summed among their holders only, see
+/// [`ExpertGroup::exchange_gradients`](crate::expert_parallel::ExpertGroup::exchange_gradients)).
+fn exchanged(copy: &ModelStage) -> Vec<&dualpipe_nn::layers::Param> {
+    let sharded = copy.sharded_params();
+    copy.params()
+        .into_iter()
+        .zip(sharded)
+        .filter_map(|(p, s)| (!s).then_some(p))
+        .collect()
+}
+
+/// The sizes of the parameters [`exchanged`] will carry for `copy` once its MoE blocks
+/// serve their placements: with expert parallelism (set up after the exchange is built) no
+/// routed expert.
+fn exchanged_lens(config: &TrainConfig, copy: &ModelStage) -> Vec<usize> {
+    let ep = config.moe.is_some_and(|m| m.expert_parallel) && config.data_parallel > 1;
+    copy.param_names()
+        .iter()
+        .zip(copy.params())
+        .zip(copy.sharded_params())
+        .filter(|((name, _), sharded)| !(*sharded || (ep && name.contains(".moe.experts."))))
+        .map(|((_, p), _)| p.grad.elem_count())
+        .collect()
+}
+
+/// [`exchanged`] mutably.
+fn exchanged_mut(copy: &mut ModelStage) -> Vec<&mut dualpipe_nn::layers::Param> {
+    let sharded = copy.sharded_params();
+    copy.params_mut()
+        .into_iter()
+        .zip(sharded)
+        .filter_map(|(p, s)| (!s).then_some(p))
+        .collect()
+}
+
+/// `copy`'s exchanged gradients ([`exchanged`]), flattened parameter after parameter.
 fn copy_grads<T: WithDType>(copy: &ModelStage) -> Result<Vec<T>, TrainError> {
     let mut out = Vec::new();
-    for p in copy.params() {
+    for p in exchanged(copy) {
         out.extend(
             p.grad
                 .flatten_all()
@@ -283,7 +319,7 @@ fn write_grads<T: WithDType + GradFloat, X: GradTransport>(
     ex: &GradExchange<T, X>,
 ) -> Result<(), TrainError> {
     for copy in targets {
-        for (j, p) in copy.params_mut().into_iter().enumerate() {
+        for (j, p) in exchanged_mut(copy).into_iter().enumerate() {
             p.grad = Tensor::from_slice(ex.param(j), p.grad.shape(), p.grad.device())
                 .map_err(model_error)?;
         }
@@ -308,7 +344,7 @@ impl ReplicaExchange {
             every_copy_here &= copies.len() == placement.dirs();
             let lens: Vec<usize> = copies
                 .first()
-                .map(|c| c.params().iter().map(|p| p.grad.elem_count()).collect())
+                .map(|c| exchanged_lens(config, c))
                 .ok_or_else(|| TrainError::Config(format!("no held copy of stage {s}")))?;
             let grads = match config.dtype {
                 DType::F32 => StageGrads::F32(GradExchange::new(

@@ -2,16 +2,16 @@
 //! expert), and every [`MoeSettings::eplb_every`] steps a new placement from our
 //! migration-aware planner ([`dualpipe_eplb::plan`] with the previous placement), taking effect
 //! on every copy of every MoE block at once, stamped with its version (the step it took effect
-//! from). Every replica computes the same plan from the same group-wide counts, so no plan
-//! travels.
+//! from), after its transfers ([`crate::expert_shards::move_experts`]). Every replica computes
+//! the same plan from the same group-wide counts, so no plan travels.
 
 use dualpipe_eplb::moves::move_plan;
 use dualpipe_eplb::{Layout, LoadMatrix, Placement, Planner};
-use dualpipe_nn::ModelStage;
-use dualpipe_runtime::RankStages;
+use dualpipe_nn::gpt::moe::parallel::ExpertPlacement;
 
 use crate::error::TrainError;
 use crate::expert_parallel::placement_of_slots;
+use crate::expert_shards::Transfer;
 use crate::moe::MoeSettings;
 
 /// Weight of the history in the moving average of the counts (`ema = 0.9·ema + 0.1·counts`).
@@ -31,6 +31,18 @@ pub struct Rebalancer {
     rebalances: usize,
     moved: usize,
     moved_from_scratch: usize,
+    bytes_moved: u64,
+}
+
+/// A re-placement planned by [`Rebalancer::observe`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Replan {
+    /// Per MoE block: its new placement.
+    pub placements: Vec<(usize, ExpertPlacement)>,
+    /// The transfers, round by round (each worker sends and receives at most one per round).
+    pub rounds: Vec<Vec<Transfer>>,
+    /// Expert replicas the planner moved (its move plan's transfers).
+    pub moved: usize,
 }
 
 fn eplb_error(e: dualpipe_eplb::EplbError) -> TrainError {
@@ -44,7 +56,7 @@ impl Rebalancer {
         settings: &MoeSettings,
         workers: usize,
         layers: &[usize],
-        initial: &dualpipe_nn::gpt::moe::parallel::ExpertPlacement,
+        initial: &ExpertPlacement,
     ) -> Self {
         let experts = settings.experts;
         let slots = experts + settings.redundant_experts;
@@ -67,18 +79,18 @@ impl Rebalancer {
             rebalances: 0,
             moved: 0,
             moved_from_scratch: 0,
+            bytes_moved: 0,
         }
     }
 
     /// Folds step `step`'s group-wide `totals` (per block) into the average; when a
-    /// rebalance is due after this step, plans, re-places every MoE copy in `stages` (version
-    /// `step + 1`) and returns the replicas moved.
+    /// rebalance is due after this step, plans and returns the re-placement (version
+    /// `step + 1`) for [`crate::expert_shards::move_experts`] to carry out.
     pub fn observe(
         &mut self,
         step: usize,
         totals: &[(usize, Vec<u64>)],
-        stages: &mut [RankStages<ModelStage>],
-    ) -> Result<Option<usize>, TrainError> {
+    ) -> Result<Option<Replan>, TrainError> {
         let rows: Vec<Vec<f64>> = self
             .layers
             .iter()
@@ -134,20 +146,55 @@ impl Rebalancer {
                 .len();
         }
         let version = step as u64 + 1;
-        for (_, stage) in stages.iter_mut().flat_map(RankStages::iter_mut) {
-            if let ModelStage::Gpt(g) = stage {
-                for (l, m) in g.moe_layers_mut() {
-                    let i = self.layers.iter().position(|&b| b == l).ok_or_else(|| {
-                        TrainError::Execution(format!("EPLB in training: block {l} unknown"))
-                    })?;
-                    m.set_placement(placement_of_slots(&new[i], self.workers, version))?;
+        let placements = self
+            .layers
+            .iter()
+            .zip(&new)
+            .map(|(&l, row)| (l, placement_of_slots(row, self.workers, version)))
+            .collect();
+        // The plan's transfers by round, one per (block, expert, receiver): a worker that
+        // gains two slots of one expert receives it once.
+        let mut rounds = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        if let Some(plan) = &outcome.moves {
+            for round in &plan.rounds {
+                let transfers: Vec<Transfer> = round
+                    .moves
+                    .iter()
+                    .filter_map(|&k| plan.moves.get(k))
+                    .filter_map(|m| {
+                        let t = Transfer {
+                            layer: *self.layers.get(m.layer)?,
+                            expert: m.expert,
+                            from: m.src_gpu,
+                            to: m.dst_gpu,
+                        };
+                        seen.insert((t.layer, t.expert, t.to)).then_some(t)
+                    })
+                    .collect();
+                if !transfers.is_empty() {
+                    rounds.push(transfers);
                 }
             }
         }
         self.phy2log = new;
         self.rebalances += 1;
         self.moved += moved;
-        Ok(Some(moved))
+        Ok(Some(Replan {
+            placements,
+            rounds,
+            moved,
+        }))
+    }
+
+    /// Counts `bytes` as moved by the last re-placement's transfers.
+    pub fn add_bytes_moved(&mut self, bytes: u64) {
+        self.bytes_moved += bytes;
+    }
+
+    /// Bytes of expert weights and optimizer state this replica sent in the re-placements.
+    pub fn bytes_moved(&self) -> u64 {
+        self.bytes_moved
     }
 
     /// Rebalances so far, expert replicas moved in them, and the replicas the same plans
@@ -159,5 +206,40 @@ impl Rebalancer {
     /// The slots in force: per MoE block, the logical expert of each physical slot.
     pub fn phy2log(&self) -> &[Vec<usize>] {
         &self.phy2log
+    }
+
+    /// The MoE blocks, ascending (row `i` of [`Rebalancer::phy2log`] and of the average is
+    /// block `layers()[i]`).
+    pub fn layers(&self) -> &[usize] {
+        &self.layers
+    }
+
+    /// The moving average of the counts (`None` before the first step).
+    pub fn ema(&self) -> Option<&[Vec<f64>]> {
+        self.ema.as_deref()
+    }
+
+    /// Continues from a saved state (a checkpoint's): the slots in force and the average, per
+    /// block in the order of [`Rebalancer::layers`]; refused when their sizes differ.
+    pub fn resume(
+        &mut self,
+        phy2log: Vec<Vec<usize>>,
+        ema: Option<Vec<Vec<f64>>>,
+    ) -> Result<(), TrainError> {
+        let fits = phy2log.len() == self.layers.len()
+            && phy2log
+                .iter()
+                .all(|r| r.len() == self.slots && r.iter().all(|&j| j < self.experts))
+            && ema.as_ref().is_none_or(|e| {
+                e.len() == self.layers.len() && e.iter().all(|r| r.len() == self.experts)
+            });
+        if !fits {
+            return Err(TrainError::Execution(
+                "EPLB in training: a saved placement of another shape".into(),
+            ));
+        }
+        self.phy2log = phy2log;
+        self.ema = ema;
+        Ok(())
     }
 }

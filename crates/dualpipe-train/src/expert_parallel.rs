@@ -8,9 +8,9 @@
 //!   experts per worker at first (plus [`MoeSettings::redundant_experts`] slots per block);
 //! - EPLB in training ([`crate::eplb_runtime`]).
 //!
-//! Every worker still stores every expert's weights (the dense exchange keeps them equal):
-//! a worker computes only the experts its placement gives it, and the group mean of the
-//! gradients sums each expert's replicas (the others hold zeros). See `docs/moe.md`.
+//! With expert parallelism a worker stores (weights and optimizer state) only the experts its
+//! placement gives it; their gradients, re-placements and the whole model's weights travel
+//! over the group's counts link ([`crate::expert_shards`]). See `docs/moe.md`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,13 +20,16 @@ use dualpipe_nn::gpt::moe::parallel::{
     ChannelExpertLink, ExchangeTag, ExpertLink, ExpertPlacement, LinkModel, Phase, WallClock,
 };
 use dualpipe_nn::gpt::moe::ExpertParallel;
-use dualpipe_nn::ModelStage;
+use dualpipe_nn::gpt::GptWeights;
+use dualpipe_nn::{ModelStage, Optimizer};
 use dualpipe_runtime::RankStages;
 use dualpipe_schedule::Chunk;
 
+use crate::checkpoint::{Checkpoint, HostTensor};
 use crate::config::TrainConfig;
 use crate::eplb_runtime::Rebalancer;
 use crate::error::TrainError;
+use crate::expert_shards;
 use crate::moe::MoeSettings;
 
 /// One replica's ends of the all-to-alls of every MoE block copy, keyed by (model-wide
@@ -114,6 +117,11 @@ pub fn placement_of_slots(phy2log: &[usize], workers: usize, version: u64) -> Ex
         workers,
         replicas,
     }
+}
+
+/// The name of MoE block `l`'s placement tensor `what` in a checkpoint.
+fn placement_name(l: usize, what: &str) -> String {
+    format!("blocks.{l}.moe.placement.{what}")
 }
 
 /// One replica's part in its group's MoE training (see the [module](self) documentation).
@@ -233,13 +241,16 @@ impl ExpertGroup {
 
     /// The step's group figures from this replica's `local` counts (per block, over its
     /// copies) and `served` rows (per block, over its copies); with EPLB due, re-places
-    /// every copy in `stages` (the same new placement on every replica).
+    /// every copy in `stages` (the same new placement on every replica), moving the experts'
+    /// weights and the state of `optimizers` (`optimizers[i][k]`: the `k`-th copy of
+    /// `stages[i]`'s) where the plan says.
     pub fn step(
         &mut self,
         step: usize,
         local: &[(usize, Vec<u64>)],
         served: &[(usize, u64)],
         stages: &mut [RankStages<ModelStage>],
+        optimizers: &mut [Vec<Optimizer>],
     ) -> Result<GroupStep, TrainError> {
         let totals = self.sum(step, Phase::Dispatch, local)?;
         let mut out = GroupStep {
@@ -258,18 +269,159 @@ impl ExpertGroup {
             out.worker_rows = Some(self.sum(step, Phase::Combine, &mine)?);
         }
         if let Some(r) = &mut self.rebalancer {
-            if let Some(moved) = r.observe(step, &out.totals, stages)? {
+            if let Some(replan) = r.observe(step, &out.totals)? {
+                let bytes = expert_shards::move_experts(
+                    &mut self.counts,
+                    step,
+                    stages,
+                    optimizers,
+                    &replan.placements,
+                    &replan.rounds,
+                )?;
+                r.add_bytes_moved(bytes);
                 out.rebalanced = true;
-                out.moved = moved;
+                out.moved = replan.moved;
             }
         }
         Ok(out)
     }
 
-    /// The rebalancer's running figures: rebalances, expert replicas moved, bytes moved.
+    /// With expert parallelism: sums each stored expert's gradient among its holders (see
+    /// [`expert_shards::exchange_gradients`]); `copies_summed`: DualPipe's copies of a
+    /// block already hold their sum. Nothing to do otherwise (the dense exchange carries
+    /// the experts).
+    pub fn exchange_gradients(
+        &mut self,
+        step: usize,
+        stages: &mut [RankStages<ModelStage>],
+        copies_summed: bool,
+    ) -> Result<(), TrainError> {
+        if !self.settings.expert_parallel {
+            return Ok(());
+        }
+        expert_shards::exchange_gradients(
+            &mut self.counts,
+            step,
+            stages,
+            copies_summed,
+            self.replicas,
+        )
+    }
+
+    /// With expert parallelism: the sum of squares of the routed experts' gradients over the
+    /// group (see [`expert_shards::expert_squares`]); 0 otherwise.
+    pub fn expert_squares(
+        &mut self,
+        step: usize,
+        stages: &mut [RankStages<ModelStage>],
+    ) -> Result<f64, TrainError> {
+        if !self.settings.expert_parallel {
+            return Ok(0.0);
+        }
+        expert_shards::expert_squares(&mut self.counts, step, stages)
+    }
+
+    /// With expert parallelism: fills `weights` with the experts other workers hold (a
+    /// collective call of the group, see [`expert_shards::gather_experts`]).
+    pub fn gather_experts(
+        &mut self,
+        step: usize,
+        stages: &mut [RankStages<ModelStage>],
+        weights: &mut GptWeights,
+    ) -> Result<(), TrainError> {
+        if !self.settings.expert_parallel {
+            return Ok(());
+        }
+        expert_shards::gather_experts(&mut self.counts, step, stages, weights)
+    }
+
+    /// The rebalancer's running figures: rebalances, expert replicas moved, the replicas
+    /// planning from scratch would have moved.
     pub fn rebalance_totals(&self) -> (usize, usize, u64) {
         self.rebalancer
             .as_ref()
             .map_or((0, 0, 0), Rebalancer::totals)
+    }
+
+    /// With expert parallelism: the tensors a checkpoint keeps of the group's state, per MoE
+    /// block `l`: `blocks.{l}.moe.placement.slots` (the logical expert of each slot),
+    /// `.version` (the step it took effect) and `.ema` (the moving average of the counts,
+    /// once there is one). The same on every replica (replica 0 writes them).
+    pub fn checkpoint_tensors(&self, stages: &[RankStages<ModelStage>]) -> Vec<HostTensor> {
+        let Some(r) = &self.rebalancer else {
+            return Vec::new();
+        };
+        let versions: BTreeMap<usize, u64> = stages
+            .iter()
+            .flat_map(RankStages::iter)
+            .filter_map(|(_, s)| s.as_gpt())
+            .flat_map(|g| g.moe_layers())
+            .filter_map(|(l, m)| m.expert_parallel().map(|p| (l, p.placement().version)))
+            .collect();
+        let mut out = Vec::new();
+        for (i, &l) in r.layers().iter().enumerate() {
+            let slots: Vec<f64> = r.phy2log()[i].iter().map(|&j| j as f64).collect();
+            out.push(HostTensor::from_f64s(placement_name(l, "slots"), &slots));
+            let version = versions.get(&l).copied().unwrap_or(0) as f64;
+            out.push(HostTensor::from_f64s(
+                placement_name(l, "version"),
+                &[version],
+            ));
+            if let Some(ema) = r.ema() {
+                out.push(HostTensor::from_f64s(placement_name(l, "ema"), &ema[i]));
+            }
+        }
+        out
+    }
+
+    /// With expert parallelism, from checkpoint `ckpt` of the same group shape (replicas,
+    /// experts, redundant slots, expert parallelism): the placement in force and the moving
+    /// average, the experts that placement gives this worker stored from the checkpoint
+    /// (values of type `dtype`; the caller then restores every stored tensor by name). A
+    /// checkpoint of another shape keeps the initial placement.
+    pub fn restore(
+        &mut self,
+        ckpt: &Checkpoint,
+        stages: &mut [RankStages<ModelStage>],
+        dtype: candle_core::DType,
+    ) -> Result<(), TrainError> {
+        let Some(r) = &mut self.rebalancer else {
+            return Ok(());
+        };
+        let saved = &ckpt.state.config;
+        let same_group = saved.data_parallel == self.replicas
+            && saved.moe.is_some_and(|m| {
+                m.expert_parallel
+                    && m.experts == self.settings.experts
+                    && m.redundant_experts == self.settings.redundant_experts
+            });
+        if !same_group {
+            return Ok(());
+        }
+        let values = |l: usize, what: &str| -> Result<Vec<f64>, TrainError> {
+            Ok(ckpt.tensor(&placement_name(l, what))?.to_f64s())
+        };
+        let mut rows = Vec::new();
+        let mut emas = Vec::new();
+        let mut placements = Vec::new();
+        for &l in r.layers() {
+            let row: Vec<usize> = values(l, "slots")?.iter().map(|&j| j as usize).collect();
+            let version = values(l, "version")?.first().copied().unwrap_or(0.0) as u64;
+            placements.push((l, placement_of_slots(&row, self.replicas, version)));
+            rows.push(row);
+            if ckpt.tensors.contains_key(&placement_name(l, "ema")) {
+                emas.push(values(l, "ema")?);
+            }
+        }
+        let ema = (!emas.is_empty()).then_some(emas);
+        r.resume(rows, ema)?;
+        expert_shards::adopt(stages, self.replica, &placements, |name| {
+            Ok(ckpt.tensor(name)?.to_tensor(dtype)?)
+        })
+    }
+
+    /// Bytes of expert weights and optimizer state this replica sent in re-placements.
+    pub fn bytes_moved(&self) -> u64 {
+        self.rebalancer.as_ref().map_or(0, Rebalancer::bytes_moved)
     }
 }

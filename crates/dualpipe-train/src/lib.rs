@@ -69,6 +69,7 @@ pub mod driver;
 pub mod eplb_runtime;
 pub mod error;
 pub mod expert_parallel;
+pub mod expert_shards;
 pub mod local;
 pub mod memory;
 pub mod moe;

@@ -30,8 +30,8 @@ pub struct MoeSettings {
     /// (`--bias-update-rate`; 0: the bias stays zero).
     pub bias_update_rate: f64,
     /// Spread the routed experts over the data-parallel group (`--expert-parallel`): each
-    /// worker computes its placed experts for every worker's tokens (all-to-all dispatch and
-    /// combine).
+    /// worker stores (weights and optimizer state) and computes its placed experts for every
+    /// worker's tokens (all-to-all dispatch and combine).
     pub expert_parallel: bool,
     /// Extra expert slots per MoE block beyond one per logical expert
     /// (`--redundant-experts`; with expert parallelism: `experts + R` a multiple of the

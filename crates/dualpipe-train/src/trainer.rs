@@ -371,12 +371,19 @@ impl<D: Driver> Trainer<D> {
         if let Some(mut dp) = self.dp.take() {
             let folded = self.fold_momentum();
             self.own(step, folded)?;
+            let copies_summed = !dp.sums_copies();
             let exchanged = dp
                 .exchange(step, &mut self.stages)
                 .and_then(|cost| Ok((cost, dp.gather_losses(step, &losses)?)));
             self.dp = Some(dp);
             let (cost, all) = self.own(step, exchanged)?;
             (exchange, losses) = (Some(cost), all);
+            // The routed experts of an expert-parallel run: summed among their holders.
+            let experts = match &mut self.expert_group {
+                Some(group) => group.exchange_gradients(step, &mut self.stages, copies_summed),
+                None => Ok(()),
+            };
+            self.own(step, experts)?;
         }
         let grad_norm = self.clip_gradients(step)?;
         let updated = self.optimizer_step();

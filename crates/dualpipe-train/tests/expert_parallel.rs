@@ -4,9 +4,16 @@
 //! DualPipe, 1F1B, ZB1P and DualPipeV; EPLB re-placing the experts (with redundant slots)
 //! changes no loss; the placement really moves the work between workers.
 
-use dualpipe_nn::OptimizerKind;
+use std::collections::BTreeSet;
+
+use dualpipe_nn::{ModelStage, OptimizerKind};
+use dualpipe_runtime::RankStages;
 use dualpipe_schedule::ScheduleKind;
-use dualpipe_train::{DType, DataParallel, ModelKind, MoeSettings, TrainConfig, Trainer};
+use dualpipe_train::checkpoint::{step_dir, Checkpoint};
+use dualpipe_train::{
+    CheckpointOptions, CheckpointWriter, DType, DataParallel, LocalThreads, ModelKind, MoeSettings,
+    StepEvent, TrainConfig, Trainer,
+};
 
 const SCHEDULES: [ScheduleKind; 4] = [
     ScheduleKind::DualPipe,
@@ -124,6 +131,88 @@ fn expert_parallel_losses_equal_the_same_global_batch_without_it() {
     }
 }
 
+/// Per (MoE block, copy direction) of a replica's stages: the experts stored, and those its
+/// placement gives the replica's worker.
+fn stored_and_placed(t: &Trainer<LocalThreads>) -> Vec<(usize, Vec<usize>, Vec<usize>)> {
+    let me = t.replica_index();
+    let mut out = Vec::new();
+    for (_, stage) in t.stages().iter().flat_map(RankStages::iter) {
+        if let ModelStage::Gpt(g) = stage {
+            for (l, m) in g.moe_layers() {
+                let placed = m.expert_parallel().map_or_else(
+                    || (0..m.experts()).collect(),
+                    |p| {
+                        (0..m.experts())
+                            .filter(|&j| p.placement().serves(me, j))
+                            .collect()
+                    },
+                );
+                out.push((l, m.stored_experts(), placed));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Parameter bytes a replica's stages store (every copy), and those of its routed experts.
+fn parameter_bytes(t: &Trainer<LocalThreads>) -> (usize, usize) {
+    let mut all = 0;
+    let mut experts = 0;
+    for (_, stage) in t.stages().iter().flat_map(RankStages::iter) {
+        for (name, p) in stage.param_names().iter().zip(stage.params()) {
+            let bytes = p.value.elem_count() * p.value.dtype().size_in_bytes();
+            all += bytes;
+            if name.contains(".moe.experts.") {
+                experts += bytes;
+            }
+        }
+    }
+    (all, experts)
+}
+
+/// Per (block, worker) of a group: the experts the worker stores (over its copies).
+fn holdings(dp: &DataParallel) -> BTreeSet<(usize, usize, usize)> {
+    let mut out = BTreeSet::new();
+    for (d, t) in dp.replicas().iter().enumerate() {
+        for (l, stored, _) in stored_and_placed(t) {
+            out.extend(stored.into_iter().map(|j| (l, d, j)));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_worker_stores_only_the_experts_its_placement_gives_it() {
+    // 4 experts over 2 workers, DualPipe (two copies of every stage): each worker keeps 2.
+    let kind = ScheduleKind::DualPipe;
+    let plain = TrainConfig {
+        data_parallel: 2,
+        ..tiny(kind, 4, moe(false))
+    };
+    let ep = TrainConfig {
+        moe: Some(moe(true)),
+        ..plain.clone()
+    };
+    let dense = DataParallel::new(plain).unwrap();
+    let sharded = DataParallel::new(ep).unwrap();
+    let (before, before_experts) = parameter_bytes(&dense.replicas()[0]);
+    for t in sharded.replicas() {
+        for (l, stored, placed) in stored_and_placed(t) {
+            assert_eq!(stored, placed, "block {l}: stored vs placed");
+            assert_eq!(stored.len(), 2, "block {l}: E/D experts");
+        }
+        let (after, after_experts) = parameter_bytes(t);
+        eprintln!(
+            "replica {}: parameter bytes {before} -> {after} (routed experts {before_experts} \
+             -> {after_experts})",
+            t.replica_index()
+        );
+        assert_eq!(after_experts * 2, before_experts, "half the experts");
+        assert_eq!(before - after, before_experts - after_experts);
+    }
+}
+
 #[test]
 fn eplb_with_redundant_experts_changes_no_loss() {
     for kind in [ScheduleKind::DualPipe, ScheduleKind::Zb1p] {
@@ -156,14 +245,29 @@ fn eplb_with_redundant_experts_changes_no_loss() {
         };
         let mut moving = DataParallel::new(balanced.clone()).unwrap();
         let mut rows = Vec::new();
+        // Expert copies a worker gained over the re-placements (each one transfer).
+        let mut gained = 0;
         let rebalanced = losses_of(
             || {
+                let held = holdings(&moving);
                 let r = moving.step().unwrap();
+                gained += holdings(&moving).difference(&held).count();
+                for t in moving.replicas() {
+                    for (l, stored, placed) in stored_and_placed(t) {
+                        assert_eq!(stored, placed, "{what} step {}: block {l}", r.step);
+                    }
+                }
                 rows.push(r.expert_load.unwrap().worker_rows.unwrap());
                 r.losses
             },
             balanced.steps,
         );
+        // Each transfer carries the expert's two [16·4/2 = 32, 16] weights and their SGD
+        // momentum, f64.
+        let per_expert = 2 * 32 * 16 * 2 * 8;
+        let moved = moving.replicas()[0].expert_bytes_moved().unwrap();
+        assert!(gained > 0, "{what}: some worker gained an expert");
+        assert_eq!(moved, (gained * per_expert) as u64, "{what}: bytes moved");
         assert_same(&format!("{what}: EPLB vs fixed"), &rebalanced, &reference);
         assert_eq!(
             rows[..2],
@@ -180,7 +284,85 @@ fn eplb_with_redundant_experts_changes_no_loss() {
             .unwrap();
         assert_eq!(summary.eplb_rebalances, Some(3), "{what}");
         assert!(summary.experts_moved.unwrap() > 0, "{what}");
+        assert_eq!(summary.expert_bytes_moved, Some(moved), "{what}");
     }
+}
+
+#[test]
+fn sharded_adamw_with_rebalancing_trains_like_the_dense_exchange() {
+    // AdamW's two moments travel with a moved expert: the run with re-placements and
+    // redundant experts equals two plain data-parallel replicas (every expert everywhere).
+    let adamw = |m: MoeSettings| TrainConfig {
+        data_parallel: 2,
+        steps: 5,
+        optimizer: OptimizerKind::adamw(),
+        lr: 0.01,
+        ..tiny(ScheduleKind::DualPipeV, 4, m)
+    };
+    let plain = adamw(moe(false));
+    let mut reference = DataParallel::new(plain.clone()).unwrap();
+    let expected = losses_of(|| reference.step().unwrap().losses, plain.steps);
+    let sharded = adamw(MoeSettings {
+        redundant_experts: 2,
+        eplb_every: 2,
+        ..moe(true)
+    });
+    let mut moving = DataParallel::new(sharded.clone()).unwrap();
+    let got = losses_of(|| moving.step().unwrap().losses, sharded.steps);
+    assert_same("AdamW, sharded with EPLB vs dense", &got, &expected);
+    assert!(moving.replicas()[0].expert_bytes_moved().unwrap() > 0);
+}
+
+#[test]
+fn clipping_with_sharded_experts_equals_the_dense_exchange() {
+    // The global norm counts each sharded expert once (its lowest holder): the same norm, and
+    // the same clipped steps, as two replicas that hold every expert.
+    let clipped = |m: MoeSettings| TrainConfig {
+        data_parallel: 2,
+        steps: 4,
+        clip_grad: Some(0.5),
+        ..tiny(ScheduleKind::DualPipe, 4, m)
+    };
+    let run = |config: TrainConfig| {
+        let mut dp = DataParallel::new(config.clone()).unwrap();
+        let mut norms = Vec::new();
+        let losses = losses_of(
+            || {
+                let r = dp.step().unwrap();
+                norms.push(r.grad_norm.unwrap());
+                r.losses
+            },
+            config.steps,
+        );
+        (losses, norms)
+    };
+    let (expected, dense_norms) = run(clipped(moe(false)));
+    let (got, norms) = run(clipped(MoeSettings {
+        redundant_experts: 2,
+        eplb_every: 2,
+        ..moe(true)
+    }));
+    assert_same("clipped, sharded vs dense", &got, &expected);
+    for (a, b) in norms.iter().zip(&dense_norms) {
+        assert!(close(*a, *b), "norm {a} vs {b}");
+    }
+    assert!(
+        norms.iter().any(|&n| n > 0.5),
+        "clipping was active: {norms:?}"
+    );
+}
+
+#[test]
+fn one_bit_adam_with_sharded_experts_is_refused() {
+    let config = TrainConfig {
+        data_parallel: 2,
+        optimizer: OptimizerKind::adamw(),
+        gradient_compression: dualpipe_train::Compression::OneBit,
+        compression_warmup: 2,
+        ..tiny(ScheduleKind::OneFOneB, 4, moe(true))
+    };
+    let err = DataParallel::new(config).unwrap_err().to_string();
+    assert!(err.contains("1-bit Adam with expert parallelism"), "{err}");
 }
 
 #[test]
@@ -276,4 +458,80 @@ fn link_flags_are_checked() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("moe.link_latency NaN"), "{err}");
+}
+
+#[test]
+fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
+    // Re-placements after steps 2 and 4; the checkpoint after step 3 holds every expert
+    // (each written by one holder), the placement of version 2 and the moving average.
+    let config = TrainConfig {
+        data_parallel: 2,
+        steps: 6,
+        ..tiny(
+            ScheduleKind::DualPipe,
+            4,
+            MoeSettings {
+                redundant_experts: 2,
+                eplb_every: 2,
+                ..moe(true)
+            },
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let options = CheckpointOptions {
+        dir: dir.path().to_path_buf(),
+        every: 3,
+        keep: 0,
+    };
+    let writer = CheckpointWriter::start(&options, 2).unwrap();
+    let mut whole = DataParallel::new(config.clone()).unwrap();
+    whole.set_checkpoints(&writer);
+    let mut expected = Vec::new();
+    whole
+        .run(|event| {
+            if let StepEvent::Finished { report, .. } = event {
+                expected.push(report.losses.clone());
+            }
+            Ok(())
+        })
+        .unwrap();
+    whole.clear_checkpoints();
+    writer.finish().unwrap();
+    let ckpt = Checkpoint::read(&step_dir(dir.path(), 3)).unwrap();
+    for l in [0, 1] {
+        for j in 0..4 {
+            assert!(
+                ckpt.tensors
+                    .contains_key(&format!("blocks.{l}.moe.experts.{j}.fc1.weight")),
+                "block {l} expert {j} saved"
+            );
+        }
+        let version = ckpt
+            .tensor(&format!("blocks.{l}.moe.placement.version"))
+            .unwrap()
+            .to_f64s();
+        assert_eq!(
+            version,
+            vec![2.0],
+            "block {l}: the placement of the first rebalance"
+        );
+    }
+    let mut resumed = DataParallel::new(config.clone()).unwrap();
+    resumed.restore(&ckpt).unwrap();
+    for t in resumed.replicas() {
+        for (l, stored, placed) in stored_and_placed(t) {
+            assert_eq!(stored, placed, "resumed block {l}");
+        }
+    }
+    let got = losses_of(|| resumed.step().unwrap().losses, 3);
+    assert_eq!(got, expected[3..], "the resumed losses, bit for bit");
+    // Without expert parallelism (every expert on every worker) the same model goes on.
+    let plain = TrainConfig {
+        moe: Some(moe(false)),
+        ..config
+    };
+    let mut other = DataParallel::new(plain).unwrap();
+    other.restore(&ckpt).unwrap();
+    let got = losses_of(|| other.step().unwrap().losses, 3);
+    assert_same("resumed without expert parallelism", &got, &expected[3..]);
 }

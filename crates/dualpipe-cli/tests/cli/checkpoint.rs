@@ -230,8 +230,8 @@ fn a_resume_continues_the_learning_rate_schedule() {
 }
 
 /// An MoE model's checkpoint holds the routers' selection biases (model state beside the
-/// weights), so its resume is bit-identical too; the bias moves fast here so that a resume
-/// without it would show.
+/// weights), so its resume is bit-identical too (with expert parallelism as well); the bias
+/// moves fast here so that a resume without it would show.
 #[test]
 fn an_moe_resume_is_bit_identical_with_its_selection_biases() {
     let moe = [
@@ -250,6 +250,14 @@ fn an_moe_resume_is_bit_identical_with_its_selection_biases() {
             check_resume("gpt", &flags);
         }
     }
+    // Expert parallelism: each worker stores only its experts; a re-placement after every
+    // step moves them (and their optimizer state), and the resume takes the placement back.
+    let mut flags = SCHEDULES[0].to_vec();
+    flags.extend(moe);
+    flags.extend(
+        "--data-parallel 2 --expert-parallel --redundant-experts 2 --eplb-every 1".split(' '),
+    );
+    check_resume("gpt", &flags);
     let dir = TempDir::new("ckpt-moe");
     let ckpt = dir.join("ckpt");
     let mut flags = SCHEDULES[0].to_vec();

@@ -204,6 +204,13 @@ fn expert_parallel_runs_report_the_load_per_worker_and_the_rebalances() {
     assert_eq!(doc["eplb_rebalances"], 2);
     assert!(doc["experts_moved"].as_u64().is_some());
     assert!(doc["experts_moved_from_scratch"].as_u64().is_some());
+    // The experts really travel: weights and optimizer state, only when one moved.
+    let bytes = doc["expert_bytes_moved"].as_u64().unwrap();
+    assert_eq!(
+        bytes > 0,
+        doc["experts_moved"].as_u64().unwrap() > 0,
+        "{bytes}"
+    );
     for load in doc["expert_load_imbalance"].as_array().unwrap() {
         let ratio = load["worker_max_over_mean"].as_f64().unwrap();
         assert!((1.0..=2.0).contains(&ratio), "{ratio}");

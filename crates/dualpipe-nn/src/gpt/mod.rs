@@ -22,7 +22,7 @@ mod weights;
 pub use block::{Block, FeedForward};
 pub use moe::{MoeConfig, MoeLayer};
 pub use stage::{GptStage, TokenBatch, TokenMicroBatch};
-pub use weights::{tensor_names, GptWeights, WeightsError};
+pub use weights::{expert_prefix, tensor_names, GptWeights, WeightsError};
 
 /// The element type of a model's tensors (candle's; F32 or F64 are supported).
 pub use candle_core::DType;

@@ -77,7 +77,9 @@ struct Saved {
 pub struct MoeLayer {
     router: Linear,
     bias: Vec<f64>,
-    experts: Vec<Mlp>,
+    /// The routed experts this layer stores (`None`: another worker of the expert-parallel
+    /// group holds it; see [`MoeLayer::stored_experts`]).
+    experts: Vec<Option<Mlp>>,
     shared: Vec<Mlp>,
     top_k: usize,
     /// Coefficient of the auxiliary loss times its scale (0: off).
@@ -88,6 +90,13 @@ pub struct MoeLayer {
     counts: Vec<u64>,
     /// With expert parallelism: this worker's group and the experts it serves.
     parallel: Option<ExpertParallel>,
+}
+
+fn not_stored(j: usize) -> NnError {
+    NnError::Stage(format!(
+        "MoE: routed expert {j} is not stored on this worker (its placement gives it to \
+         another)"
+    ))
 }
 
 fn host(t: &Tensor, what: &str) -> Result<Vec<f64>, NnError> {
@@ -124,7 +133,7 @@ impl MoeLayer {
         Ok(MoeLayer {
             router,
             bias: selection_bias,
-            experts,
+            experts: experts.into_iter().map(Some).collect(),
             shared,
             top_k,
             aux: 0.0,
@@ -146,10 +155,11 @@ impl MoeLayer {
         self.experts.len()
     }
 
-    /// Router weight, then each routed expert's fc1 and fc2, then each shared expert's.
+    /// Router weight, then each stored routed expert's fc1 and fc2 (every expert unless the
+    /// layer is expert-parallel), then each shared expert's.
     pub fn params(&self) -> Vec<&Param> {
         let mut p = self.router.params();
-        p.extend(self.experts.iter().flat_map(Mlp::params));
+        p.extend(self.experts.iter().flatten().flat_map(Mlp::params));
         p.extend(self.shared.iter().flat_map(Mlp::params));
         p
     }
@@ -157,7 +167,7 @@ impl MoeLayer {
     /// The parameters mutably, in the order of [`MoeLayer::params`].
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
         let mut p = self.router.params_mut();
-        p.extend(self.experts.iter_mut().flat_map(Mlp::params_mut));
+        p.extend(self.experts.iter_mut().flatten().flat_map(Mlp::params_mut));
         p.extend(self.shared.iter_mut().flat_map(Mlp::params_mut));
         p
     }
@@ -217,6 +227,21 @@ impl MoeLayer {
         ))
     }
 
+    /// Routed expert `j`, refused when this worker does not store it.
+    fn expert(&self, j: usize) -> Result<&Mlp, NnError> {
+        self.experts
+            .get(j)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| not_stored(j))
+    }
+
+    fn expert_mut(&mut self, j: usize) -> Result<&mut Mlp, NnError> {
+        self.experts
+            .get_mut(j)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| not_stored(j))
+    }
+
     fn index(rows: &[u32]) -> Result<Tensor, NnError> {
         Tensor::from_slice(rows, rows.len(), &Device::Cpu).ctx("MoE rows")
     }
@@ -257,15 +282,13 @@ impl MoeLayer {
         for s in &self.shared {
             y = s.apply(x, Some(&y))?;
         }
-        let outputs = self
-            .experts
-            .iter()
+        let outputs = (0..self.experts.len())
             .zip(&routing.rows)
-            .map(|(e, rows)| {
+            .map(|(j, rows)| {
                 (!rows.is_empty())
                     .then(|| {
                         let xj = x.index_select(&Self::index(rows)?, 0).ctx("MoE dispatch")?;
-                        e.apply(&xj, None)
+                        self.expert(j)?.apply(&xj, None)
                     })
                     .transpose()
             })
@@ -294,12 +317,12 @@ impl MoeLayer {
             self.parallel_forward(key, x, &routing)?
         } else {
             let mut outputs = Vec::with_capacity(self.experts.len());
-            for (e, rows) in self.experts.iter_mut().zip(&routing.rows) {
+            for (j, rows) in routing.rows.iter().enumerate() {
                 outputs.push(if rows.is_empty() {
                     None
                 } else {
                     let xj = x.index_select(&Self::index(rows)?, 0).ctx("MoE dispatch")?;
-                    Some(e.forward(key, &xj, None)?)
+                    Some(self.expert_mut(j)?.forward(key, &xj, None)?)
                 });
             }
             outputs
@@ -353,7 +376,7 @@ impl MoeLayer {
                 grads.push(match g {
                     Some(doj) => {
                         active.push(j);
-                        Some(self.experts[j].backward_input(key, doj)?)
+                        Some(self.expert_mut(j)?.backward_input(key, doj)?)
                     }
                     None => None,
                 });
@@ -386,7 +409,7 @@ impl MoeLayer {
         })?;
         self.router.backward_weight(key)?;
         for j in active {
-            self.experts[j].backward_weight(key)?;
+            self.expert_mut(j)?.backward_weight(key)?;
         }
         for s in &mut self.shared {
             s.backward_weight(key)?;
@@ -400,7 +423,12 @@ impl MoeLayer {
             + self.active.len()
             + self.parallel_pending()
             + self.router.pending()
-            + self.experts.iter().map(Mlp::pending).sum::<usize>()
+            + self
+                .experts
+                .iter()
+                .flatten()
+                .map(Mlp::pending)
+                .sum::<usize>()
             + self.shared.iter().map(Mlp::pending).sum::<usize>()
     }
 
@@ -412,7 +440,12 @@ impl MoeLayer {
             .map(tensor_bytes)
             .sum::<usize>()
             + self.router.saved_bytes()
-            + self.experts.iter().map(Mlp::saved_bytes).sum::<usize>()
+            + self
+                .experts
+                .iter()
+                .flatten()
+                .map(Mlp::saved_bytes)
+                .sum::<usize>()
             + self.shared.iter().map(Mlp::saved_bytes).sum::<usize>()
     }
 }

@@ -8,7 +8,7 @@ use candle_core::Tensor;
 use dualpipe_runtime::{ForwardInput, ForwardOutput};
 use dualpipe_schedule::Chunk;
 
-use super::weights::{block_buffer_names, block_tensor_names, moe_bias_name};
+use super::weights::{block_buffer_names, block_tensor_names, expert_prefix, moe_bias_name};
 use super::{stage_layers, Block, GptConfig, GptWeights, MoeLayer};
 use crate::error::NnError;
 use crate::layers::{cross_entropy, tensor_bytes, Embedding, Linear, Param, RmsNorm};
@@ -184,11 +184,19 @@ impl GptStage {
             names.push("tok_emb.weight".to_string());
             names.push("pos_emb.weight".to_string());
         }
-        for l in self.layers.clone() {
+        for (l, block) in self.layers.clone().zip(&self.blocks) {
+            let freed = block.moe().map_or_else(Vec::new, |m| {
+                let stored = m.stored_experts();
+                (0..m.experts())
+                    .filter(|j| !stored.contains(j))
+                    .map(|j| expert_prefix(l, j))
+                    .collect()
+            });
             names.extend(
                 block_tensor_names(l, &self.config)
                     .into_iter()
-                    .map(|(n, _)| n),
+                    .map(|(n, _)| n)
+                    .filter(|n| !freed.iter().any(|f| n.starts_with(f.as_str()))),
             );
         }
         if self.head.is_some() {
@@ -198,7 +206,24 @@ impl GptStage {
         names
     }
 
-    /// Parameters in the model's fixed order (a slice of [`super::tensor_names`]).
+    /// Per parameter (in the order of [`GptStage::params`]): whether it is a routed expert
+    /// of an expert-parallel MoE block, stored only by the workers its placement gives it
+    /// (its gradient is summed among those, not by the data-parallel exchange).
+    pub fn sharded_params(&self) -> Vec<bool> {
+        let parallel: Vec<String> = self
+            .moe_layers()
+            .into_iter()
+            .filter(|(_, m)| m.expert_parallel().is_some())
+            .map(|(l, _)| format!("blocks.{l}.moe.experts."))
+            .collect();
+        self.param_names()
+            .iter()
+            .map(|n| parallel.iter().any(|p| n.starts_with(p.as_str())))
+            .collect()
+    }
+
+    /// Parameters in the model's fixed order (a slice of [`super::tensor_names`]; with
+    /// expert parallelism only the routed experts this worker stores).
     pub fn params(&self) -> Vec<&Param> {
         let mut p: Vec<&Param> = self.embedding.iter().flat_map(Embedding::params).collect();
         p.extend(self.blocks.iter().flat_map(Block::params));

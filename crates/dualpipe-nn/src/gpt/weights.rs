@@ -76,6 +76,12 @@ pub(crate) fn moe_bias_name(l: usize) -> String {
     format!("blocks.{l}.moe.router.selection_bias")
 }
 
+/// The prefix of the names of MoE block `l`'s routed expert `j`
+/// (`blocks.{l}.moe.experts.{j}.`, then `fc1.weight` and `fc2.weight`).
+pub fn expert_prefix(l: usize, j: usize) -> String {
+    format!("blocks.{l}.moe.experts.{j}.")
+}
+
 /// The names and shapes of block `l`'s trainable tensors, in the order of its parameters.
 pub(crate) fn block_tensor_names(l: usize, c: &GptConfig) -> Vec<(String, Vec<usize>)> {
     let d = c.d_model;

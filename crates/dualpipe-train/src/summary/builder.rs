@@ -157,6 +157,7 @@ impl SummaryBuilder {
             eplb_rebalances: None,
             experts_moved: None,
             experts_moved_from_scratch: None,
+            expert_bytes_moved: None,
             expert_waits: config
                 .moe
                 .filter(|m| m.expert_parallel && !m.link().is_none())

@@ -144,6 +144,10 @@ pub struct RunSummary {
     /// been planned from scratch (without the placement in force).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub experts_moved_from_scratch: Option<u64>,
+    /// With expert parallelism: bytes of expert weights and optimizer state the group's
+    /// workers sent each other in the run's re-placements (in the model's float type).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_bytes_moved: Option<u64>,
     /// With an emulated expert link: the measured waits around the all-to-alls (absent
     /// otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]

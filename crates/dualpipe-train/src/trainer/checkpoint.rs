@@ -15,6 +15,7 @@ use crate::checkpoint::{
 use crate::config::{ModelKind, TrainConfig};
 use crate::driver::Driver;
 use crate::error::TrainError;
+use crate::expert_shards;
 
 /// What [`Trainer::restore`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,18 +115,28 @@ impl<D: Driver> Trainer<D> {
 
     /// This trainer's part of a checkpoint of now, copied into host memory: with replica 0,
     /// the parameters and optimizer state of one copy of every model stage it holds and the
-    /// state; with every replica, its error-feedback buffers.
+    /// state (with expert parallelism, the group's placement and its moving average of the
+    /// counts too); with every other replica of an expert-parallel group, the routed experts
+    /// it is the lowest holder of (so every expert is written once); with every replica,
+    /// its error-feedback buffers.
     pub fn checkpoint_part(&self) -> Result<CheckpointPart, TrainError> {
         let replica = self.replica_index();
         let mut tensors = Vec::new();
-        if replica == 0 {
+        let sharded = self.sharded_experts();
+        if replica == 0 || sharded {
             for (rank, opts) in self.stages.iter().zip(&self.optimizers) {
                 for (((dir, _), stage), opt) in rank.iter().zip(opts) {
                     if !self.writes_copy(dir, stage.model_stage()) {
                         continue;
                     }
+                    // The other replicas of an expert-parallel group write the experts
+                    // they are the lowest holder of.
+                    let owned = (replica != 0).then(|| expert_shards::owned_names(stage, replica));
                     for (k, (name, p)) in stage.param_names().iter().zip(stage.params()).enumerate()
                     {
+                        if owned.as_ref().is_some_and(|o| !o.contains(name)) {
+                            continue;
+                        }
                         tensors.push(HostTensor::from_tensor(name.clone(), &p.value)?);
                         if let Some(state) = opt.state().get(k) {
                             for (part, t) in state.tensors() {
@@ -133,13 +144,16 @@ impl<D: Driver> Trainer<D> {
                             }
                         }
                     }
-                    if let ModelStage::Gpt(g) = stage {
+                    if let (ModelStage::Gpt(g), 0) = (stage, replica) {
                         for (name, bias) in g.selection_biases() {
                             tensors.push(HostTensor::from_f64s(name, &bias));
                         }
                     }
                 }
             }
+        }
+        if let (Some(group), 0) = (&self.expert_group, replica) {
+            tensors.extend(group.checkpoint_tensors(&self.stages));
         }
         if let Some(dp) = &self.dp {
             for (s, fb) in dp.error_feedback() {
@@ -207,7 +221,9 @@ impl<D: Driver> Trainer<D> {
     /// schedule, rank count or layers-per-stage that gives the same model), the error
     /// feedback when the grid is the checkpoint's (model stages, replicas, buckets,
     /// compression; otherwise it starts from zeros), and the step count. A checkpoint of
-    /// another model, or one at or past the configured steps, is refused.
+    /// another model, or one at or past the configured steps, is refused. With expert
+    /// parallelism the group's placement, its moving average and this worker's experts come
+    /// from a checkpoint of the same group shape (otherwise the initial placement stays).
     pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<Restored, TrainError> {
         check_model(ckpt, &self.config)?;
         let step = ckpt.state.step;
@@ -223,6 +239,9 @@ impl<D: Driver> Trainer<D> {
         }
         let dtype = self.config.dtype.candle();
         let kind = self.config.optimizer;
+        if let Some(group) = &mut self.expert_group {
+            group.restore(ckpt, &mut self.stages, dtype)?;
+        }
         for (rank, opts) in self.stages.iter_mut().zip(&mut self.optimizers) {
             for ((_, stage), opt) in rank.iter_mut().zip(opts.iter_mut()) {
                 let names = stage.param_names();
@@ -302,6 +321,11 @@ impl<D: Driver> Trainer<D> {
             dp.set_error_feedback(s, &state)?;
         }
         Ok((true, false))
+    }
+
+    /// Whether this replica's routed experts are sharded over an expert-parallel group.
+    fn sharded_experts(&self) -> bool {
+        self.expert_group.is_some() && self.config.moe.is_some_and(|m| m.expert_parallel)
     }
 
     pub(super) fn save_due_checkpoint(&mut self, step: usize) -> Result<(), TrainError> {

@@ -51,7 +51,13 @@ impl<D: Driver> Trainer<D> {
                 .into_iter()
                 .map(|(l, v)| (l, v[0]))
                 .collect();
-            let out = group.step(step, &totals, &served, &mut self.stages)?;
+            let out = group.step(
+                step,
+                &totals,
+                &served,
+                &mut self.stages,
+                &mut self.optimizers,
+            )?;
             totals = out.totals;
             worker_rows = out.worker_rows;
         }
@@ -91,6 +97,15 @@ impl<D: Driver> Trainer<D> {
             &mut self.stages,
         )?);
         Ok(())
+    }
+
+    /// Bytes of expert weights and optimizer state this replica sent in EPLB's re-placements
+    /// (`None`: no expert parallelism).
+    pub fn expert_bytes_moved(&self) -> Option<u64> {
+        self.expert_group
+            .as_ref()
+            .filter(|_| self.config.moe.is_some_and(|m| m.expert_parallel))
+            .map(ExpertGroup::bytes_moved)
     }
 
     /// EPLB's figures of the run so far: rebalances, expert replicas moved, and the replicas

@@ -17,12 +17,17 @@ impl<D: Driver> Trainer<D> {
         let Some(clip) = self.config.clip_grad else {
             return Ok(None);
         };
+        let sharded = match &mut self.expert_group {
+            Some(group) => group.expert_squares(step, &mut self.stages)?,
+            None => 0.0,
+        };
         let norm = collective::gradient_norm(
             &mut self.driver,
             &self.stages,
             self.config.model_stages(),
             step,
             &self.exec_options,
+            sharded,
         )?;
         let scale = clip / (norm + 1e-6);
         if scale < 1.0 {
@@ -33,20 +38,24 @@ impl<D: Driver> Trainer<D> {
     }
 
     /// The GPT's weights now (`None` for the MLP), on every process: a collective call that
-    /// every process of a run makes after the same step.
+    /// every process of a run makes after the same step (and, with expert parallelism, every
+    /// replica of the group: each stores only its experts).
     pub fn weights(&mut self) -> Result<Option<&GptWeights>, TrainError> {
         let Some(gpt) = self.workload.gpt() else {
             return Ok(None);
         };
         let done = self.steps_done;
         if self.gathered.as_ref().map(|(s, _)| *s) != Some(done) {
-            let weights = collective::gather_weights(
+            let mut weights = collective::gather_weights(
                 &mut self.driver,
                 &self.stages,
                 &gpt.weights,
                 done,
                 &self.exec_options,
             )?;
+            if let Some(group) = &mut self.expert_group {
+                group.gather_experts(done, &mut self.stages, &mut weights)?;
+            }
             self.gathered = Some((done, weights));
         }
         Ok(self.gathered.as_ref().map(|(_, w)| w))

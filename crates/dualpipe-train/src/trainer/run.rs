@@ -62,6 +62,7 @@ impl<D: Driver> Trainer<D> {
             summary.eplb_rebalances = Some(rebalances);
             summary.experts_moved = Some(moved);
             summary.experts_moved_from_scratch = Some(scratch);
+            summary.expert_bytes_moved = self.expert_bytes_moved();
         }
         if let Some([sent, uncompressed, overhead, workers]) = exchanged {
             summary.grad_bytes_sent = sent as u64;

@@ -14,6 +14,7 @@ use super::parallel::{
 };
 use super::{device, host, MoeLayer, Routing};
 use crate::error::{NnError, TensorContext};
+use crate::layers::{Linear, Mlp, Param};
 
 /// A worker's part in its group's expert parallelism for one MoE layer.
 #[derive(Debug)]
@@ -85,18 +86,100 @@ fn gather(m: &[f64], rows: &[u32], width: usize) -> Vec<f64> {
 }
 
 impl MoeLayer {
-    /// Serves this worker's placed experts from now on (`None`: every expert here again).
-    /// Refused while a chunk is in flight.
+    /// Serves this worker's placed experts from now on, freeing the routed experts the
+    /// placement gives other workers (`None`: every expert here again, refused once one was
+    /// freed). Refused while a chunk is in flight.
     pub fn set_expert_parallel(&mut self, parallel: Option<ExpertParallel>) -> Result<(), NnError> {
         if self.pending() != 0 {
             return Err(NnError::Stage(
                 "the expert placement changes between steps only".into(),
             ));
         }
-        if let Some(p) = &parallel {
-            p.placement.check(self.experts.len())?;
+        match &parallel {
+            Some(p) => {
+                p.placement.check(self.experts.len())?;
+                self.check_stored(&p.placement, p.link.worker())?;
+            }
+            None => {
+                if let Some(j) = self.experts.iter().position(Option::is_none) {
+                    return Err(NnError::Stage(format!(
+                        "MoE: expert {j} was handed to another worker; the layer cannot serve \
+                         every expert again"
+                    )));
+                }
+            }
         }
         self.parallel = parallel;
+        self.drop_unserved();
+        Ok(())
+    }
+
+    /// Refuses `placement` when it gives `worker` an expert this layer does not store.
+    fn check_stored(&self, placement: &ExpertPlacement, worker: usize) -> Result<(), NnError> {
+        match (0..self.experts.len())
+            .find(|&j| placement.serves(worker, j) && self.experts[j].is_none())
+        {
+            Some(j) => Err(NnError::Stage(format!(
+                "placement version {} gives worker {worker} expert {j}, which it does not \
+                 store; store the expert (weights and optimizer state) before re-placing",
+                placement.version
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Frees every routed expert the placement in force does not give this worker.
+    fn drop_unserved(&mut self) {
+        if let Some(p) = &self.parallel {
+            let me = p.link.worker();
+            for (j, e) in self.experts.iter_mut().enumerate() {
+                if !p.placement.serves(me, j) {
+                    *e = None;
+                }
+            }
+        }
+    }
+
+    /// The routed experts this layer stores, ascending: every expert, or with expert
+    /// parallelism those its placement gives this worker.
+    pub fn stored_experts(&self) -> Vec<usize> {
+        (0..self.experts.len())
+            .filter(|&j| self.experts[j].is_some())
+            .collect()
+    }
+
+    /// Routed expert `j`'s parameters (fc1's weight, then fc2's), `None` when not stored.
+    pub fn expert_params(&self, j: usize) -> Option<Vec<&Param>> {
+        self.experts.get(j)?.as_ref().map(Mlp::params)
+    }
+
+    /// Routed expert `j`'s parameters mutably, in the order of [`MoeLayer::expert_params`].
+    pub fn expert_params_mut(&mut self, j: usize) -> Option<Vec<&mut Param>> {
+        self.experts.get_mut(j)?.as_mut().map(Mlp::params_mut)
+    }
+
+    /// Stores routed expert `j` from its values (fc1's weight `[h, d]`, fc2's `[d, h]`), as
+    /// received from a worker that holds it; its gradients start at zero. Between steps only.
+    pub fn store_expert(&mut self, j: usize, values: Vec<Tensor>) -> Result<(), NnError> {
+        if self.pending() != 0 {
+            return Err(NnError::Stage(
+                "an expert is stored between steps only".into(),
+            ));
+        }
+        let slot = self
+            .experts
+            .get_mut(j)
+            .ok_or_else(|| NnError::Config(format!("MoE: no routed expert {j} to store")))?;
+        let [fc1, fc2]: [Tensor; 2] = values.try_into().map_err(|v: Vec<Tensor>| {
+            NnError::Config(format!(
+                "MoE: expert {j} takes 2 tensors (fc1, fc2), given {}",
+                v.len()
+            ))
+        })?;
+        *slot = Some(Mlp::from_layers(
+            Linear::from_tensors(fc1, None)?,
+            Linear::from_tensors(fc2, None)?,
+        )?);
         Ok(())
     }
 
@@ -105,7 +188,9 @@ impl MoeLayer {
         self.parallel.as_ref()
     }
 
-    /// Replaces the placement (a rebalance; every worker of the group at the same step).
+    /// Replaces the placement (a rebalance; every worker of the group at the same step):
+    /// refused unless this worker stores every expert it gives it (see
+    /// [`MoeLayer::store_expert`]); the experts it no longer gives this worker are freed.
     pub fn set_placement(&mut self, placement: ExpertPlacement) -> Result<(), NnError> {
         placement.check(self.experts.len())?;
         if self.pending() != 0 {
@@ -123,7 +208,12 @@ impl MoeLayer {
                 placement.version, placement.workers, p.placement.version, p.placement.workers
             )));
         }
-        p.placement = placement;
+        let me = p.link.worker();
+        self.check_stored(&placement, me)?;
+        if let Some(p) = &mut self.parallel {
+            p.placement = placement;
+        }
+        self.drop_unserved();
         Ok(())
     }
 
@@ -189,7 +279,7 @@ impl MoeLayer {
             let cat: Vec<f64> = rows.iter().flat_map(|r| r[j].iter().copied()).collect();
             let xj = device(cat, (total, width), dtype, "MoE dispatch")?;
             let out = host(
-                &self.experts[j].forward(key, &xj, None)?,
+                &self.expert_mut(j)?.forward(key, &xj, None)?,
                 "MoE expert output",
             )?;
             let mut at = 0;
@@ -270,7 +360,7 @@ impl MoeLayer {
             let cat: Vec<f64> = rows.iter().flat_map(|r| r[j].iter().copied()).collect();
             let doj = device(cat, (total, width), dtype, "MoE gradient dispatch")?;
             let dx = host(
-                &self.experts[j].backward_input(key, &doj)?,
+                &self.expert_mut(j)?.backward_input(key, &doj)?,
                 "MoE expert gradient",
             )?;
             let mut at = 0;
