@@ -387,14 +387,7 @@ pub fn move_experts(
         .map_err(nn)?;
     let total: f64 = sent.iter().flatten().sum();
     for (l, _, m) in moe_copies(stages) {
-        let placement = new
-            .iter()
-            .find(|(b, _)| *b == l)
-            .map(|(_, p)| p.clone())
-            .ok_or_else(|| {
-                TrainError::Execution(format!("expert shards: no placement for block {l}"))
-            })?;
-        m.set_placement(placement).map_err(nn)?;
+        m.set_placement(placement_of(new, l)?).map_err(nn)?;
     }
     for ((rank, opts), before) in stages.iter().zip(optimizers.iter_mut()).zip(&states) {
         for (((_, s), o), old) in rank.iter().zip(opts.iter_mut()).zip(before) {
@@ -505,13 +498,7 @@ pub fn adopt(
     load: impl Fn(&str) -> Result<Tensor, TrainError>,
 ) -> Result<(), TrainError> {
     for (l, _, m) in moe_copies(stages) {
-        let placement = placements
-            .iter()
-            .find(|(b, _)| *b == l)
-            .map(|(_, p)| p.clone())
-            .ok_or_else(|| {
-                TrainError::Execution(format!("expert shards: no placement for block {l}"))
-            })?;
+        let placement = placement_of(placements, l)?;
         let stored = m.stored_experts();
         for j in (0..m.experts()).filter(|&j| placement.serves(worker, j) && !stored.contains(&j)) {
             let values = EXPERT_TENSORS
@@ -565,4 +552,16 @@ pub fn expert_squares(
         .all_to_all(tag, vec![vec![mine]; link.workers()])
         .map_err(nn)?;
     Ok(got.iter().flatten().sum())
+}
+
+/// Block `l`'s placement in `placements` (block, placement) pairs.
+fn placement_of(
+    placements: &[(usize, ExpertPlacement)],
+    l: usize,
+) -> Result<ExpertPlacement, TrainError> {
+    placements
+        .iter()
+        .find(|(b, _)| *b == l)
+        .map(|(_, p)| p.clone())
+        .ok_or_else(|| TrainError::Execution(format!("expert shards: no placement for block {l}")))
 }
