@@ -387,7 +387,7 @@ pub fn move_experts(
         .map_err(nn)?;
     let total: f64 = sent.iter().flatten().sum();
     for (l, _, m) in moe_copies(stages) {
-        m.set_placement(placement_of(new, l)?).map_err(nn)?;
+        m.set_placement(block_placement(new, l)?).map_err(nn)?;
     }
     for ((rank, opts), before) in stages.iter().zip(optimizers.iter_mut()).zip(&states) {
         for (((_, s), o), old) in rank.iter().zip(opts.iter_mut()).zip(before) {
@@ -498,7 +498,7 @@ pub fn adopt(
     load: impl Fn(&str) -> Result<Tensor, TrainError>,
 ) -> Result<(), TrainError> {
     for (l, _, m) in moe_copies(stages) {
-        let placement = placement_of(placements, l)?;
+        let placement = block_placement(placements, l)?;
         let stored = m.stored_experts();
         for j in (0..m.experts()).filter(|&j| placement.serves(worker, j) && !stored.contains(&j)) {
             let values = EXPERT_TENSORS
@@ -555,7 +555,7 @@ pub fn expert_squares(
 }
 
 /// Block `l`'s placement in `placements` (block, placement) pairs.
-fn placement_of(
+fn block_placement(
     placements: &[(usize, ExpertPlacement)],
     l: usize,
 ) -> Result<ExpertPlacement, TrainError> {

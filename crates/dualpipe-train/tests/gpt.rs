@@ -29,6 +29,8 @@ fn tiny(kind: ScheduleKind, ranks: usize, micro_batches: usize) -> TrainConfig {
         seq_len: 8,
         steps: 3,
         lr: 0.05,
+        // A warm-up of two of the three steps: the schedule is part of what must match.
+        lr_warmup: 2,
         optimizer: OptimizerKind::Sgd { momentum: 0.9 },
         dtype: DType::F64,
         eval_every: 0,
@@ -73,7 +75,7 @@ fn matches_the_sequential_run(config: TrainConfig) -> Vec<f64> {
         },
     )
     .unwrap();
-    let mut optimizer = Optimizer::new(config.optimizer, config.lr);
+    let mut optimizer = Optimizer::scheduled(config.optimizer, config.lr_schedule());
     let mut losses = Vec::new();
     for step in 0..config.steps {
         let StepBatch::Gpt(batch) = trainer.workload().batch(&config, step).unwrap() else {
@@ -181,7 +183,11 @@ fn validation_runs_when_due_and_the_run_learns() {
 
 #[test]
 fn clipping_bounds_the_update_and_reports_the_norm() {
-    let base = tiny(ScheduleKind::DualPipe, 2, 4);
+    // A constant rate, so SGD's first step moves by exactly lr times the clipped gradient.
+    let base = TrainConfig {
+        lr_warmup: 0,
+        ..tiny(ScheduleKind::DualPipe, 2, 4)
+    };
     let clipped = TrainConfig {
         clip_grad: Some(1e-3),
         ..base.clone()
