@@ -12,7 +12,7 @@ use crate::{DpError, GradExchange, GradFloat};
 /// [`start_bucket`](Self::start_bucket) per bucket as soon as its gradients are final,
 /// [`progress`](Self::progress) whenever convenient, [`finish`](Self::finish) before the
 /// optimizer, then [`param`](Self::param). See [`GradExchange`] for the rules.
-pub trait BucketExchange<T: GradFloat>: Send {
+pub trait BucketExchange<T: GradFloat> {
     /// Begins `step` (steps must increase; the previous one must be finished).
     fn begin_step(&mut self, step: u64) -> Result<(), DpError>;
     /// Starts bucket `bucket` with this worker's final gradients (copied); never waits.
@@ -68,7 +68,7 @@ pub trait BucketExchange<T: GradFloat>: Send {
     }
 }
 
-impl<T: GradFloat, X: GradTransport + Send> BucketExchange<T> for GradExchange<T, X> {
+impl<T: GradFloat, X: GradTransport> BucketExchange<T> for GradExchange<T, X> {
     fn begin_step(&mut self, step: u64) -> Result<(), DpError> {
         GradExchange::begin_step(self, step)
     }
@@ -98,8 +98,5 @@ impl<T: GradFloat, X: GradTransport + Send> BucketExchange<T> for GradExchange<T
     }
     fn method(&self) -> &'static str {
         "point-to-point"
-    }
-    fn all_reduce(&mut self, step: u64, grads: &mut [T]) -> Result<ExchangeStats, DpError> {
-        GradExchange::all_reduce(self, step, grads)
     }
 }

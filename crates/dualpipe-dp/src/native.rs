@@ -233,18 +233,7 @@ impl<T: GradFloat> BucketExchange<T> for NativeExchange<T> {
     fn start_bucket(&mut self, bucket: usize, grads: &[T]) -> Result<(), DpError> {
         let began = Instant::now();
         let step = self.current("start_bucket")?;
-        let buckets = self.buckets.len();
-        if bucket >= buckets {
-            return Err(DpError::NoSuchBucket { bucket, buckets });
-        }
-        let len = self.layout.len(bucket);
-        if grads.len() != len {
-            return Err(DpError::BucketLength {
-                bucket,
-                expected: len,
-                got: grads.len(),
-            });
-        }
+        self.layout.check_start(bucket, grads.len())?;
         if self.buckets[bucket].started {
             return Err(DpError::StartedTwice { bucket, step });
         }

@@ -86,8 +86,8 @@ impl std::fmt::Debug for ReplicaLinks {
 }
 
 enum StageGrads {
-    F32(Box<dyn BucketExchange<f32>>),
-    F64(Box<dyn BucketExchange<f64>>),
+    F32(Box<dyn BucketExchange<f32> + Send>),
+    F64(Box<dyn BucketExchange<f64> + Send>),
 }
 
 /// One copy's gradients, flattened, in the run's float type.
