@@ -33,8 +33,8 @@
 //!
 //! Modules: [`codec`] (the compressors and their byte layouts), [`exchange`] (the
 //! reduce-scatter + all-gather per bucket, error feedback), [`native`] (the uncompressed
-//! exchange on a library's own all-reduce, e.g. MPI's), [`bucket_exchange`] (the calls both
-//! answer), [`clock`] (early, stale and
+//! exchange on a library's own all-reduce, e.g. MPI's; [`thread_sum`], an in-process one),
+//! [`bucket_exchange`] (the calls both answer), [`clock`] (early, stale and
 //! duplicate messages), [`message`] (the stamp and header), [`transport`] (channels, a runtime
 //! `Link` such as MPI, a reordering wrapper for tests), [`layout`] (buckets), [`feedback`]
 //! (the error-feedback state), [`stats`] (bytes and seconds), [`config`], [`float`],
@@ -54,6 +54,7 @@ pub mod layout;
 pub mod message;
 pub mod native;
 pub mod stats;
+pub mod thread_sum;
 pub mod transport;
 
 pub use bucket_exchange::BucketExchange;
@@ -67,6 +68,7 @@ pub use layout::{BucketLayout, DEFAULT_BUCKET_BYTES};
 pub use message::{MsgHeader, MsgKey, Part};
 pub use native::{AllReduce, NativeExchange, SumInFlight};
 pub use stats::ExchangeStats;
+pub use thread_sum::ThreadSum;
 pub use transport::{
     ChannelTransport, GradTransport, Incoming, LinkTransport, Reordering, TransportError,
     TransportStats,

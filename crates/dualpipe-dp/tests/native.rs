@@ -1,87 +1,18 @@
 //! The exchange on a library's own all-reduce ([`NativeExchange`]), over an in-process group
-//! of threads that sums in member order (MPI's is tested by `scripts/mpi_test.sh`): the same
+//! of threads that sums in member order ([`ThreadSum`]; MPI's is tested by
+//! `scripts/mpi_test.sh` and `scripts/dp_mpi_test.sh`): the same
 //! means as the point-to-point exchange (bit for bit with two members), every member
 //! identical, DualPipe's `2 D` members divided by `D`, and the refusals.
 
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dualpipe_dp::{
-    AllReduce, BucketExchange, BucketLayout, Compression, DpError, ErrorFeedbackState,
-    ExchangeConfig, GradFloat, NativeExchange, Reduce, SumInFlight, TransportError,
+    BucketExchange, BucketLayout, Compression, DpError, ErrorFeedbackState, ExchangeConfig,
+    NativeExchange, Reduce, ThreadSum,
 };
 use support::{grads, run, Net};
-
-/// Every member's contributions to every sum started so far, by sum index.
-type Board<T> = Arc<Mutex<Vec<Vec<Option<Vec<T>>>>>>;
-
-/// One member of an in-process group whose sums add the members' values in member order.
-struct ThreadSum<T> {
-    rank: usize,
-    size: usize,
-    started: usize,
-    board: Board<T>,
-}
-
-fn group<T: GradFloat>(size: usize) -> Vec<ThreadSum<T>> {
-    let board: Board<T> = Arc::default();
-    (0..size)
-        .map(|rank| ThreadSum {
-            rank,
-            size,
-            started: 0,
-            board: Arc::clone(&board),
-        })
-        .collect()
-}
-
-struct Pending<T> {
-    index: usize,
-    board: Board<T>,
-}
-
-impl<T: GradFloat> SumInFlight<T> for Pending<T> {
-    fn poll(&mut self) -> Result<Option<Vec<T>>, TransportError> {
-        let board = self.board.lock().unwrap();
-        let parts = &board[self.index];
-        if parts.iter().any(Option::is_none) {
-            return Ok(None);
-        }
-        let mut parts = parts.iter().flatten();
-        let mut acc = parts.next().cloned().unwrap_or_default();
-        for p in parts {
-            acc.iter_mut().zip(p).for_each(|(a, &v)| *a = *a + v);
-        }
-        Ok(Some(acc))
-    }
-}
-
-impl<T: GradFloat> AllReduce<T> for ThreadSum<T> {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn size(&self) -> usize {
-        self.size
-    }
-    fn start(&mut self, values: Vec<T>) -> Result<Box<dyn SumInFlight<T>>, TransportError> {
-        let index = self.started;
-        self.started += 1;
-        let mut board = self.board.lock().unwrap();
-        while board.len() <= index {
-            board.push(vec![None; self.size]);
-        }
-        board[index][self.rank] = Some(values);
-        Ok(Box::new(Pending {
-            index,
-            board: Arc::clone(&self.board),
-        }))
-    }
-    fn name(&self) -> &'static str {
-        "thread-sum"
-    }
-}
 
 fn layout() -> BucketLayout {
     BucketLayout::new(&[100, 7, 300, 1, 250, 3, 64, 0, 129], 1024, 4).unwrap()
@@ -93,7 +24,7 @@ fn layout() -> BucketLayout {
 fn native_run(d: usize, config: &ExchangeConfig, steps: u64) -> Vec<Vec<Vec<Vec<f64>>>> {
     let layout = layout();
     std::thread::scope(|scope| {
-        let handles: Vec<_> = group::<f64>(d)
+        let handles: Vec<_> = ThreadSum::<f64>::group(d)
             .into_iter()
             .enumerate()
             .map(|(w, g)| {
@@ -181,7 +112,7 @@ fn refusals_name_the_problem() {
         compression: Compression::Int8,
         ..ExchangeConfig::default()
     };
-    let mut g = group::<f32>(2).into_iter();
+    let mut g = ThreadSum::<f32>::group(2).into_iter();
     let err = NativeExchange::new(lossy, layout(), 0, Box::new(g.next().unwrap())).unwrap_err();
     assert!(
         err.to_string().contains("uncompressed gradients only"),
@@ -222,7 +153,7 @@ fn refusals_name_the_problem() {
     );
     assert!(matches!(ex.begin_step(6), Err(DpError::Unfinished { .. })));
 
-    let mut solo = group::<f32>(1).into_iter();
+    let mut solo = ThreadSum::<f32>::group(1).into_iter();
     let mut ex = NativeExchange::<f32>::new(
         ExchangeConfig::default(),
         BucketLayout::from_bucket_lens(&[2]),
