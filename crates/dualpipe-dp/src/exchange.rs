@@ -34,6 +34,24 @@ use crate::stats::ExchangeStats;
 use crate::transport::GradTransport;
 use crate::{BucketExchange, DpError, GradFloat};
 
+/// `finish`'s precondition: every bucket of `step` started (`started`, by bucket), else
+/// [`DpError::NotStarted`] naming the others.
+pub(crate) fn every_bucket_started(
+    step: u64,
+    started: impl Iterator<Item = bool>,
+) -> Result<(), DpError> {
+    let missing: Vec<usize> = started
+        .enumerate()
+        .filter(|(_, s)| !s)
+        .map(|(b, _)| b)
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(DpError::NotStarted { step, missing })
+    }
+}
+
 #[derive(Debug)]
 struct Bucket<T> {
     started: bool,
@@ -426,12 +444,7 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
     pub fn finish(&mut self) -> Result<ExchangeStats, DpError> {
         let began = Instant::now();
         let step = self.current("finish")?;
-        let missing: Vec<usize> = (0..self.buckets.len())
-            .filter(|&b| !self.buckets[b].started)
-            .collect();
-        if !missing.is_empty() {
-            return Err(DpError::NotStarted { step, missing });
-        }
+        every_bucket_started(step, self.buckets.iter().map(|b| b.started))?;
         let deadline = began + self.config.timeout;
         self.pump()?;
         while !self.buckets.iter().all(|b| b.done) {

@@ -13,6 +13,7 @@
 use std::time::{Duration, Instant};
 
 use crate::config::ExchangeConfig;
+use crate::exchange::every_bucket_started;
 use crate::feedback::ErrorFeedbackState;
 use crate::layout::BucketLayout;
 use crate::stats::ExchangeStats;
@@ -264,12 +265,7 @@ impl<T: GradFloat> BucketExchange<T> for NativeExchange<T> {
     fn finish(&mut self) -> Result<ExchangeStats, DpError> {
         let began = Instant::now();
         let step = self.current("finish")?;
-        let missing: Vec<usize> = (0..self.buckets.len())
-            .filter(|&b| !self.buckets[b].started)
-            .collect();
-        if !missing.is_empty() {
-            return Err(DpError::NotStarted { step, missing });
-        }
+        every_bucket_started(step, self.buckets.iter().map(|b| b.started))?;
         let deadline = began + self.config.timeout;
         self.pump()?;
         while let Some(bucket) = self.buckets.iter().position(|b| !b.done) {
