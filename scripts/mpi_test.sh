@@ -37,7 +37,8 @@
 #      from the relaunch to its first new step is printed; --resume-from under MPI is
 #      bit-identical for dualpipe, dualpipev and 1f1b; a checkpoint written under MPI resumes
 #      locally on another grid, and a local one under MPI (within 1e-10); 8 processes with
-#      1-bit compression resume bit-identically under MPI and locally (error feedback per worker).
+#      1-bit compression resume bit-identically under MPI and locally (error feedback per worker),
+#      and 8 uncompressed ones (MPI's all-reduce) too.
 # Ends with "N passed, N failed"; exits non-zero if any check failed.
 set -u
 cd "$(dirname "$0")/.."
@@ -399,6 +400,23 @@ EOF
     else
         fail "8 processes with 1-bit compression: the resume differs or failed:"
         cat "$TMP/cmp.out" "$TMP/dpc.err" 2>/dev/null | head -20
+    fi
+    # The same grid uncompressed, on MPI's own all-reduce (no error feedback to save): the
+    # resume under MPI and the local one are bit-identical too.
+    local DPN=("${DPC[@]/1bit/none}")
+    rm -rf "$TMP/dpn-ckpt"
+    if timeout 180 "${LAUNCH[@]}" -n 8 "$BIN" train --transport mpi "${DPN[@]}" --checkpoint-dir "$TMP/dpn-ckpt" \
+            --checkpoint-every 3 >"$TMP/dpn-full.json" 2>"$TMP/dpn.err" \
+        && timeout 180 "${LAUNCH[@]}" -n 8 "$BIN" train --transport mpi "${DPN[@]}" \
+            --resume-from "$TMP/dpn-ckpt/step-000003" >"$TMP/dpn-mpi.json" 2>>"$TMP/dpn.err" \
+        && "$BIN" train "${DPN[@]}" --resume-from "$TMP/dpn-ckpt/step-000003" >"$TMP/dpn-local.json" 2>>"$TMP/dpn.err" \
+        && grep -q '"grad_exchange": *"mpi-allreduce"' "$TMP/dpn-mpi.json" \
+        && compare_losses "$TMP/dpn-full.json" "$TMP/dpn-mpi.json" 0 >"$TMP/cmp.out" \
+        && compare_losses "$TMP/dpn-full.json" "$TMP/dpn-local.json" 0 >>"$TMP/cmp.out"; then
+        pass "8 processes uncompressed on MPI's all-reduce: resumed under MPI and locally, bit-identical"
+    else
+        fail "8 processes on MPI's all-reduce: the resume differs or failed:"
+        cat "$TMP/cmp.out" "$TMP/dpn.err" 2>/dev/null | head -20
     fi
 }
 
