@@ -15,15 +15,13 @@
 //! ([`agree_resume`]), and each reads only its layers ([`read_share`]); [`restore_agreed`]
 //! does the three.
 
-use dualpipe_dp::LinkTransport;
+use dualpipe_dp::{Compression, LinkTransport};
 use dualpipe_runtime::launch::LaunchInfo;
 use dualpipe_runtime::transport::mpi::{MpiLink, MpiWorld};
 use dualpipe_runtime::Endpoint;
 use dualpipe_schedule::Schedule;
 
 use crate::checkpoint::{shared, Checkpoint, Share};
-use dualpipe_dp::Compression;
-
 use crate::config::DType;
 use crate::data_parallel::{GroupLink, GroupTransport, ReplicaLinks};
 use crate::driver::Driver;
@@ -113,8 +111,8 @@ pub fn mpi_trainer(
                 if sum.size() != want {
                     return Err(TrainError::Config(format!(
                         "stage {s}'s MPI group has {} processes, not the {want} that hold a \
-                         copy of it: this schedule's placement needs --gradient-compression \
-                         with the point-to-point exchange",
+                         copy of it: run this placement with --no-mpi-allreduce (the \
+                         point-to-point exchange)",
                         sum.size()
                     )));
                 }
