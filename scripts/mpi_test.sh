@@ -25,8 +25,10 @@
 #      within a bound (no hang, no exit 0);
 #   3. a world size that does not match --ranks, or no launcher, is one clear usage error;
 #   4. 8 processes train 4 ranks x 2 data-parallel replicas (dualpipe, 1f1b, zb1p, dualpipev,
-#      f64): their losses equal the local run's (threads) to 1e-12; 6 processes for that grid
-#      are one error naming both numbers.
+#      dualpipe --no-overlap, f64, on MPI's own all-reduce; dualpipe and 1f1b with bf16 on our
+#      point-to-point exchange): their losses equal the local run's (threads) to 1e-12 and the
+#      JSON names the exchange that ran; 6 processes for that grid are one error naming both
+#      numbers.
 #   5. kill and resume: 4 processes train with --checkpoint-dir; once a checkpoint exists, one
 #      worker (rank 2) is killed with SIGKILL: the job exits non-zero within 5 s, a survivor
 #      naming rank 2 and its pid;
@@ -35,7 +37,8 @@
 #      from the relaunch to its first new step is printed; --resume-from under MPI is
 #      bit-identical for dualpipe, dualpipev and 1f1b; a checkpoint written under MPI resumes
 #      locally on another grid, and a local one under MPI (within 1e-10); 8 processes with
-#      1-bit compression resume bit-identically under MPI and locally (error feedback per worker).
+#      1-bit compression resume bit-identically under MPI and locally (error feedback per worker),
+#      and 8 uncompressed ones (MPI's all-reduce) too.
 # Ends with "N passed, N failed"; exits non-zero if any check failed.
 set -u
 cd "$(dirname "$0")/.."
@@ -171,29 +174,41 @@ EOF
     # 4. Data parallelism: 4 ranks x 2 replicas = 8 processes; the losses equal the local run of the
     #    same flags (threads) to 1e-12 relative, and a world that is not ranks x replicas is one
     #    error naming both numbers.
+    #    Uncompressed, MPI's own all-reduce runs (`grad_exchange: "mpi-allreduce"`; DualPipe's
+    #    two copies of a stage join one sum of 2 x 2 processes); compressed (bf16), ours on
+    #    point-to-point. The local run is always ours.
     DP=(--model mlp --ranks 4 --micro-batches 8 --micro-batch-size 4 --hidden 16
         --layers-per-stage 1 --dtype f64 --seed 7 --format json --quiet --steps 3 --data-parallel 2)
-    for schedule in dualpipe 1f1b zb1p dualpipev; do
-        "$BIN" train --schedule "$schedule" "${DP[@]}" >"$TMP/dp-local.json" 2>"$TMP/dp-local.err"
-        timeout 180 "${LAUNCH[@]}" -n 8 "$BIN" train --transport mpi --schedule "$schedule" "${DP[@]}" \
+    local variant want
+    for variant in "dualpipe" "1f1b" "zb1p" "dualpipev" "dualpipe --no-overlap" \
+        "dualpipe --gradient-compression bf16" "1f1b --gradient-compression bf16"; do
+        # shellcheck disable=SC2086 # $variant: the schedule and the variant's own flags
+        "$BIN" train --schedule $variant "${DP[@]}" >"$TMP/dp-local.json" 2>"$TMP/dp-local.err"
+        # shellcheck disable=SC2086
+        timeout 180 "${LAUNCH[@]}" -n 8 "$BIN" train --transport mpi --schedule $variant "${DP[@]}" \
             >"$TMP/dp-mpi.json" 2>"$TMP/dp-mpi.err"
         rc=$?
         if [ $rc -ne 0 ]; then
-            fail "$schedule x 2 replicas: mpiexec -n 8 exited $rc: $(tail -3 "$TMP/dp-mpi.err")"
+            fail "$variant x 2 replicas: mpiexec -n 8 exited $rc: $(tail -3 "$TMP/dp-mpi.err")"
             continue
         fi
-        if python3 - "$TMP/dp-local.json" "$TMP/dp-mpi.json" <<'EOF'
+        case $variant in
+        *compression*) want=point-to-point ;;
+        *) want=mpi-allreduce ;;
+        esac
+        if python3 - "$TMP/dp-local.json" "$TMP/dp-mpi.json" "$want" <<'EOF'
 import json, sys
-local = json.load(open(sys.argv[1]))["losses"]
-mpi = json.load(open(sys.argv[2]))["losses"]
+local, mpi = (json.load(open(p)) for p in sys.argv[1:3])
+how = (local.get("grad_exchange"), mpi.get("grad_exchange"))
+local, mpi = local["losses"], mpi["losses"]
 assert len(local) == len(mpi) == 3, (local, mpi)
 worst = max(abs(a - b) / max(abs(a), 1e-300) for a, b in zip(local, mpi))
-print(f"     local {local}\n     mpi   {mpi}\n     worst relative difference {worst:.1e}"
+print(f"     local {local} ({how[0]})\n     mpi   {mpi} ({how[1]})\n     worst relative difference {worst:.1e}"
       + (" (bit-identical)" if local == mpi else ""))
-sys.exit(0 if worst <= 1e-12 else 1)
+sys.exit(0 if worst <= 1e-12 and how == ("point-to-point", sys.argv[3]) else 1)
 EOF
-        then pass "$schedule: 8 MPI processes (4 ranks x 2 replicas) give the local run's losses"
-        else fail "$schedule x 2 replicas: losses differ from the local run"
+        then pass "$variant: 8 MPI processes (4 ranks x 2 replicas, $want) give the local run's losses"
+        else fail "$variant x 2 replicas: losses or the exchange's method differ from the local run"
         fi
     done
     timeout 60 "${LAUNCH[@]}" -n 6 "$BIN" train --transport mpi "${DP[@]}" >"$TMP/dp-size.out" 2>&1
@@ -385,6 +400,23 @@ EOF
     else
         fail "8 processes with 1-bit compression: the resume differs or failed:"
         cat "$TMP/cmp.out" "$TMP/dpc.err" 2>/dev/null | head -20
+    fi
+    # The same grid uncompressed, on MPI's own all-reduce (no error feedback to save): the
+    # resume under MPI and the local one are bit-identical too.
+    local DPN=("${DPC[@]/1bit/none}")
+    rm -rf "$TMP/dpn-ckpt"
+    if timeout 180 "${LAUNCH[@]}" -n 8 "$BIN" train --transport mpi "${DPN[@]}" --checkpoint-dir "$TMP/dpn-ckpt" \
+            --checkpoint-every 3 >"$TMP/dpn-full.json" 2>"$TMP/dpn.err" \
+        && timeout 180 "${LAUNCH[@]}" -n 8 "$BIN" train --transport mpi "${DPN[@]}" \
+            --resume-from "$TMP/dpn-ckpt/step-000003" >"$TMP/dpn-mpi.json" 2>>"$TMP/dpn.err" \
+        && "$BIN" train "${DPN[@]}" --resume-from "$TMP/dpn-ckpt/step-000003" >"$TMP/dpn-local.json" 2>>"$TMP/dpn.err" \
+        && grep -q '"grad_exchange": *"mpi-allreduce"' "$TMP/dpn-mpi.json" \
+        && compare_losses "$TMP/dpn-full.json" "$TMP/dpn-mpi.json" 0 >"$TMP/cmp.out" \
+        && compare_losses "$TMP/dpn-full.json" "$TMP/dpn-local.json" 0 >>"$TMP/cmp.out"; then
+        pass "8 processes uncompressed on MPI's all-reduce: resumed under MPI and locally, bit-identical"
+    else
+        fail "8 processes on MPI's all-reduce: the resume differs or failed:"
+        cat "$TMP/cmp.out" "$TMP/dpn.err" 2>/dev/null | head -20
     fi
 }
 

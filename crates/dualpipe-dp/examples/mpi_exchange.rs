@@ -6,14 +6,18 @@
 //! grid, over its own communicator). For every compression it exchanges 3 steps of gradients
 //! that every process can compute for every worker, then runs the same group on threads in
 //! this process over `ChannelTransport` and requires its own results to be bit-identical.
+//! Then the uncompressed exchange on MPI's own all-reduce (`NativeExchange` over the world's
+//! `MpiSum`) against the same threads: bit-identical for two processes (IEEE addition
+//! commutes), within 1e-6 of the largest value for more (MPI adds in its own order; the
+//! line says which).
 //! Prints one line per check and exits 1 if any differs.
 
 use std::process::ExitCode;
 use std::thread;
 
 use dualpipe_dp::{
-    BucketLayout, ChannelTransport, Compression, DpError, ExchangeConfig, GradExchange,
-    GradTransport, LinkTransport, Rounding,
+    BucketExchange, BucketLayout, ChannelTransport, Compression, DpError, ExchangeConfig,
+    GradExchange, GradTransport, LinkTransport, NativeExchange, Rounding,
 };
 use dualpipe_runtime::transport::mpi::MpiWorld;
 
@@ -36,6 +40,15 @@ fn exchange<X: GradTransport>(
 ) -> Result<(Bits, u64), DpError> {
     let worker = transport.rank();
     let mut ex = GradExchange::<f32, _>::new(config.clone(), layout.clone(), 0, transport)?;
+    steps(&mut ex, worker, layout)
+}
+
+/// [`STEPS`] steps of worker `worker` on `ex`: its results and its bytes sent.
+fn steps(
+    ex: &mut dyn BucketExchange<f32>,
+    worker: usize,
+    layout: &BucketLayout,
+) -> Result<(Bits, u64), DpError> {
     let mut out = Vec::new();
     for step in 0..STEPS {
         ex.begin_step(step)?;
@@ -126,6 +139,47 @@ fn main() -> ExitCode {
                     failed = true;
                 }
             }
+        }
+    }
+    // MPI's own all-reduce over the whole world, uncompressed.
+    let config = ExchangeConfig::default();
+    let native = NativeExchange::<f32>::new(
+        config.clone(),
+        layout.clone(),
+        0,
+        Box::new(world.split_sum(0)),
+    )
+    .and_then(|mut ex| steps(&mut ex, rank, &layout));
+    let expected = on_threads(size, rank, &config, &layout);
+    let name = format!("rank {rank}: none over MPI's all-reduce ({size} workers)");
+    match (native, expected) {
+        (Ok((got, _)), Ok(expected)) if got == expected => {
+            println!("{name}: bit-identical to threads")
+        }
+        (Ok((got, _)), Ok(expected)) => {
+            // The largest difference, relative to the largest value (values near zero
+            // after cancellation have no meaningful relative error of their own).
+            let value = |b: &u32| f64::from(f32::from_bits(*b));
+            let values = || expected.iter().flatten().flatten().map(value);
+            let largest = values().map(f64::abs).fold(0.0, f64::max);
+            let worst = got
+                .iter()
+                .flatten()
+                .flatten()
+                .map(value)
+                .zip(values())
+                .map(|(g, e)| (g - e).abs() / largest)
+                .fold(0.0, f64::max);
+            if size > 2 && worst <= 1e-6 {
+                println!("{name}: within {worst:.1e} relative of threads (MPI's order)");
+            } else {
+                println!("{name}: DIFFERS from threads by {worst:.1e} relative");
+                failed = true;
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            println!("{name}: error: {e}");
+            failed = true;
         }
     }
     drop(world);

@@ -32,7 +32,25 @@ use crate::layout::{shard_range, BucketLayout};
 use crate::message::{MsgHeader, MsgKey, Part};
 use crate::stats::ExchangeStats;
 use crate::transport::GradTransport;
-use crate::{DpError, GradFloat};
+use crate::{BucketExchange, DpError, GradFloat};
+
+/// `finish`'s precondition: every bucket of `step` started (`started`, by bucket), else
+/// [`DpError::NotStarted`] naming the others.
+pub(crate) fn every_bucket_started(
+    step: u64,
+    started: impl Iterator<Item = bool>,
+) -> Result<(), DpError> {
+    let missing: Vec<usize> = started
+        .enumerate()
+        .filter(|(_, s)| !s)
+        .map(|(b, _)| b)
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(DpError::NotStarted { step, missing })
+    }
+}
 
 #[derive(Debug)]
 struct Bucket<T> {
@@ -221,20 +239,7 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
     pub fn start_bucket(&mut self, bucket: usize, grads: &[T]) -> Result<(), DpError> {
         let began = Instant::now();
         let step = self.current("start_bucket")?;
-        if bucket >= self.buckets.len() {
-            return Err(DpError::NoSuchBucket {
-                bucket,
-                buckets: self.buckets.len(),
-            });
-        }
-        let len = self.layout.len(bucket);
-        if grads.len() != len {
-            return Err(DpError::BucketLength {
-                bucket,
-                expected: len,
-                got: grads.len(),
-            });
-        }
+        let len = self.layout.check_start(bucket, grads.len())?;
         if self.buckets[bucket].started {
             return Err(DpError::StartedTwice { bucket, step });
         }
@@ -439,12 +444,7 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
     pub fn finish(&mut self) -> Result<ExchangeStats, DpError> {
         let began = Instant::now();
         let step = self.current("finish")?;
-        let missing: Vec<usize> = (0..self.buckets.len())
-            .filter(|&b| !self.buckets[b].started)
-            .collect();
-        if !missing.is_empty() {
-            return Err(DpError::NotStarted { step, missing });
-        }
+        every_bucket_started(step, self.buckets.iter().map(|b| b.started))?;
         let deadline = began + self.config.timeout;
         self.pump()?;
         while !self.buckets.iter().all(|b| b.done) {
@@ -492,29 +492,9 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
 
     /// A whole step without overlap (`--no-overlap`): begins `step`, starts every bucket from
     /// `grads` (all buckets back to back, in bucket order), finishes, and writes the result
-    /// back into `grads`.
+    /// back into `grads` ([`BucketExchange::all_reduce`]).
     pub fn all_reduce(&mut self, step: u64, grads: &mut [T]) -> Result<ExchangeStats, DpError> {
-        let total = self.layout.total_values();
-        if grads.len() != total {
-            return Err(DpError::Config(format!(
-                "all_reduce got {} values but the buckets hold {total}",
-                grads.len()
-            )));
-        }
-        self.begin_step(step)?;
-        let mut at = 0;
-        for bucket in 0..self.buckets.len() {
-            let n = self.layout.len(bucket);
-            self.start_bucket(bucket, &grads[at..at + n])?;
-            at += n;
-        }
-        let stats = self.finish()?;
-        let mut at = 0;
-        for b in &self.buckets {
-            grads[at..at + b.output.len()].copy_from_slice(&b.output);
-            at += b.output.len();
-        }
-        Ok(stats)
+        BucketExchange::all_reduce(self, step, grads)
     }
 
     /// The averaged (or summed) gradients of `bucket`, after [`finish`](Self::finish).

@@ -105,6 +105,25 @@ impl BucketLayout {
         self.lens.iter().sum()
     }
 
+    /// The length of `bucket`, checked against the `got` values given to start it: the bucket
+    /// must exist and hold exactly that many.
+    pub(crate) fn check_start(&self, bucket: usize, got: usize) -> Result<usize, DpError> {
+        let Some(&expected) = self.lens.get(bucket) else {
+            return Err(DpError::NoSuchBucket {
+                bucket,
+                buckets: self.lens.len(),
+            });
+        };
+        if got != expected {
+            return Err(DpError::BucketLength {
+                bucket,
+                expected,
+                got,
+            });
+        }
+        Ok(expected)
+    }
+
     /// Shard `shard` of `bucket` among `workers`: the first `len % workers` shards hold one
     /// value more than the others.
     pub fn shard(&self, bucket: usize, shard: usize, workers: usize) -> Range<usize> {

@@ -32,7 +32,9 @@
 //! ```
 //!
 //! Modules: [`codec`] (the compressors and their byte layouts), [`exchange`] (the
-//! reduce-scatter + all-gather per bucket, error feedback), [`clock`] (early, stale and
+//! reduce-scatter + all-gather per bucket, error feedback), [`native`] (the uncompressed
+//! exchange on a library's own all-reduce, e.g. MPI's; [`thread_sum`], an in-process one),
+//! [`bucket_exchange`] (the calls both answer), [`clock`] (early, stale and
 //! duplicate messages), [`message`] (the stamp and header), [`transport`] (channels, a runtime
 //! `Link` such as MPI, a reordering wrapper for tests), [`layout`] (buckets), [`feedback`]
 //! (the error-feedback state), [`stats`] (bytes and seconds), [`config`], [`float`],
@@ -40,6 +42,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bucket_exchange;
 pub mod clock;
 pub mod codec;
 pub mod config;
@@ -49,9 +52,12 @@ pub mod feedback;
 pub mod float;
 pub mod layout;
 pub mod message;
+pub mod native;
 pub mod stats;
+pub mod thread_sum;
 pub mod transport;
 
+pub use bucket_exchange::BucketExchange;
 pub use codec::{Codec, Compression, Rounding, UnknownCompression};
 pub use config::{ExchangeConfig, Reduce, DEFAULT_CHUNK_VALUES};
 pub use error::DpError;
@@ -60,7 +66,9 @@ pub use feedback::ErrorFeedbackState;
 pub use float::GradFloat;
 pub use layout::{BucketLayout, DEFAULT_BUCKET_BYTES};
 pub use message::{MsgHeader, MsgKey, Part};
+pub use native::{AllReduce, NativeExchange, SumInFlight};
 pub use stats::ExchangeStats;
+pub use thread_sum::ThreadSum;
 pub use transport::{
     ChannelTransport, GradTransport, Incoming, LinkTransport, Reordering, TransportError,
     TransportStats,

@@ -3,8 +3,9 @@
 //!
 //! - [`ReplicaExchange`] — one replica's end of the exchange: per model stage it holds, a
 //!   [`GradExchange`] over the stage's data-parallel group (the same stage in every replica),
-//!   plus a small uncompressed exchange that gathers every replica's micro-batch losses so each
-//!   replica reports the global step loss;
+//!   or under MPI without compression a [`NativeExchange`] on MPI's own all-reduce over every
+//!   copy of the stage ([`GroupLink`]), plus a small uncompressed exchange that gathers every
+//!   replica's micro-batch losses so each replica reports the global step loss;
 //! - [`ExchangeHook`] — the executor's [`StepHook`]: on the rank's own thread, as soon as
 //!   every copy of a stage this process holds has run its last weight-gradient op, it sums the
 //!   copies and starts the stage's buckets, and it makes progress on them between ops;
@@ -18,8 +19,9 @@
 //! (DualPipe's two copies summed first, in direction order, as `sum_stage_copies` does); after
 //! it the step waits for the exchanges (the mean over replicas: the global-batch mean), then
 //! clips and steps the optimizer. Where the process does not hold every copy of its stages
-//! (DualPipe with one rank per process) or under 1-bit Adam (the momentum is folded after the
-//! pipeline), the copies are summed and every exchange started after the pipeline; without
+//! (DualPipe with one rank per process) on point-to-point groups, or under 1-bit Adam (the
+//! momentum is folded after the pipeline), the copies are summed and every exchange started
+//! after the pipeline (MPI's all-reduce needs no such sum: each copy joins it); without
 //! overlap (`--no-overlap`) one stage's plain all-reduce follows another after the pipeline.
 //! See `docs/distributed.md`.
 
@@ -29,8 +31,9 @@ use std::time::Instant;
 
 use candle_core::{Tensor, WithDType};
 use dualpipe_dp::{
-    BucketLayout, ChannelTransport, Compression, DpError, ErrorFeedbackState, ExchangeConfig,
-    ExchangeStats, GradExchange, GradFloat, GradTransport, Reduce,
+    AllReduce, BucketExchange, BucketLayout, ChannelTransport, Compression, DpError,
+    ErrorFeedbackState, ExchangeConfig, ExchangeStats, GradExchange, GradFloat, GradTransport,
+    NativeExchange, Reduce,
 };
 use dualpipe_nn::ModelStage;
 use dualpipe_runtime::{RankStages, StageError, StepHook};
@@ -45,14 +48,29 @@ use crate::trainer::{StepEvent, StepReport, Trainer};
 /// A data-parallel group's transport, as one replica's end of it.
 pub type GroupTransport = Box<dyn GradTransport + Send>;
 
+/// How one model stage's group exchanges its gradients.
+pub enum GroupLink {
+    /// Our bucketed reduce-scatter and all-gather on point-to-point messages (every
+    /// compression); the group is the stage's holder in every replica, and DualPipe's two
+    /// copies are summed before they join it.
+    Messages(GroupTransport),
+    /// A library's own sum (MPI's `MPI_Iallreduce`), uncompressed only, of `f32` or `f64`
+    /// gradients (the run's type); the group holds **every copy** of the stage in every
+    /// replica (DualPipe: `2 D` members, each adding its own copy), and the sum is divided by
+    /// the replica count.
+    SumF32(Box<dyn AllReduce<f32>>),
+    /// As [`GroupLink::SumF32`], for `f64` runs.
+    SumF64(Box<dyn AllReduce<f64>>),
+}
+
 /// One replica's ends of its data-parallel groups, before the exchange is built.
 pub struct ReplicaLinks {
     /// This replica's index, and the replica count.
     pub replica: usize,
     /// The replica count.
     pub replicas: usize,
-    /// Per model stage this replica holds: the stage and its group's transport.
-    pub stages: Vec<(usize, GroupTransport)>,
+    /// Per model stage this replica holds: the stage and its group.
+    pub stages: Vec<(usize, GroupLink)>,
     /// The group of every replica, for the step's losses.
     pub losses: GroupTransport,
 }
@@ -68,8 +86,8 @@ impl std::fmt::Debug for ReplicaLinks {
 }
 
 enum StageGrads {
-    F32(GradExchange<f32, GroupTransport>),
-    F64(GradExchange<f64, GroupTransport>),
+    F32(Box<dyn BucketExchange<f32> + Send>),
+    F64(Box<dyn BucketExchange<f64> + Send>),
 }
 
 /// One copy's gradients, flattened, in the run's float type.
@@ -83,6 +101,13 @@ impl StageGrads {
         match self {
             StageGrads::F32(ex) => ex.totals(),
             StageGrads::F64(ex) => ex.totals(),
+        }
+    }
+
+    fn method(&self) -> &'static str {
+        match self {
+            StageGrads::F32(ex) => ex.method(),
+            StageGrads::F64(ex) => ex.method(),
         }
     }
 
@@ -102,14 +127,14 @@ impl StageGrads {
                     Snapshot::F32(v) => Ok(v),
                     Snapshot::F64(_) => Err(mismatch()),
                 });
-                start(ex, step, &sum(copies)?)
+                start(ex.as_mut(), step, &sum(copies)?)
             }
             StageGrads::F64(ex) => {
                 let copies = copies.into_iter().map(|c| match c {
                     Snapshot::F64(v) => Ok(v),
                     Snapshot::F32(_) => Err(mismatch()),
                 });
-                start(ex, step, &sum(copies)?)
+                start(ex.as_mut(), step, &sum(copies)?)
             }
         }
     }
@@ -126,11 +151,11 @@ impl StageGrads {
         match self {
             StageGrads::F32(ex) => {
                 ex.finish()?;
-                write_grads(targets, ex)
+                write_grads(targets, ex.as_ref())
             }
             StageGrads::F64(ex) => {
                 ex.finish()?;
-                write_grads(targets, ex)
+                write_grads(targets, ex.as_ref())
             }
         }
     }
@@ -144,11 +169,11 @@ impl StageGrads {
         match self {
             StageGrads::F32(ex) => {
                 ex.all_reduce(step, &mut copy_grads::<f32>(source)?)?;
-                write_grads(targets, ex)
+                write_grads(targets, ex.as_ref())
             }
             StageGrads::F64(ex) => {
                 ex.all_reduce(step, &mut copy_grads::<f64>(source)?)?;
-                write_grads(targets, ex)
+                write_grads(targets, ex.as_ref())
             }
         }
     }
@@ -219,6 +244,9 @@ pub struct ReplicaExchange {
     overlap: bool,
     /// Whether the hook starts the exchanges during the pipeline (and sums the copies).
     in_pipeline: bool,
+    /// Whether the groups are a library's sums over every copy of their stage (which then
+    /// sum DualPipe's copies across processes themselves, with or without overlap).
+    native: bool,
     slots: Arc<[Slot]>,
     losses: GradExchange<f64, GroupTransport>,
     /// Wall-clock seconds spent in the gradient exchange after the pipelines.
@@ -314,9 +342,9 @@ fn copy_grads<T: WithDType>(copy: &ModelStage) -> Result<Vec<T>, TrainError> {
 }
 
 /// Writes the exchanged gradients into every target copy.
-fn write_grads<T: WithDType + GradFloat, X: GradTransport>(
+fn write_grads<T: WithDType + GradFloat>(
     targets: &mut [&mut ModelStage],
-    ex: &GradExchange<T, X>,
+    ex: &dyn BucketExchange<T>,
 ) -> Result<(), TrainError> {
     for copy in targets {
         for (j, p) in exchanged_mut(copy).into_iter().enumerate() {
@@ -338,27 +366,53 @@ impl ReplicaExchange {
     ) -> Result<Self, TrainError> {
         let exchange = config.exchange_config();
         let mut slots = Vec::with_capacity(links.stages.len());
-        let mut every_copy_here = true;
-        for (s, transport) in links.stages {
+        // Whether every copy of every held stage takes part in its exchange from here: all
+        // of them are held here, or the group holds every copy (a library's sum).
+        let mut every_copy_joins = true;
+        let mut native = false;
+        for (s, link) in links.stages {
             let copies = copies_of(stages, s);
-            every_copy_here &= copies.len() == placement.dirs();
             let lens: Vec<usize> = copies
                 .first()
                 .map(|c| exchanged_lens(config, c))
                 .ok_or_else(|| TrainError::Config(format!("no held copy of stage {s}")))?;
-            let grads = match config.dtype {
-                DType::F32 => StageGrads::F32(GradExchange::new(
-                    exchange.clone(),
-                    BucketLayout::new(&lens, exchange.bucket_bytes, 4)?,
-                    s,
-                    transport,
-                )?),
-                DType::F64 => StageGrads::F64(GradExchange::new(
-                    exchange.clone(),
-                    BucketLayout::new(&lens, exchange.bucket_bytes, 8)?,
-                    s,
-                    transport,
-                )?),
+            let layout = |bytes| BucketLayout::new(&lens, exchange.bucket_bytes, bytes);
+            // A library's sum over every copy of every replica, divided by the replicas.
+            let summed = ExchangeConfig {
+                reduce: Reduce::Divide(links.replicas),
+                ..exchange.clone()
+            };
+            let wrong_type = |link: &str| {
+                TrainError::Config(format!(
+                    "stage {s}'s group sums {link} gradients but the run trains in {}",
+                    config.dtype.name()
+                ))
+            };
+            let sums = !matches!(link, GroupLink::Messages(_));
+            if sums && copies.len() != 1 {
+                return Err(TrainError::Config(format!(
+                    "stage {s}: a library's sum takes one copy per member, but this process \
+                     holds {} (use the point-to-point exchange)",
+                    copies.len()
+                )));
+            }
+            every_copy_joins &= sums || copies.len() == placement.dirs();
+            native |= sums;
+            let grads = match (config.dtype, link) {
+                (DType::F32, GroupLink::Messages(t)) => StageGrads::F32(Box::new(
+                    GradExchange::new(exchange.clone(), layout(4)?, s, t)?,
+                )),
+                (DType::F64, GroupLink::Messages(t)) => StageGrads::F64(Box::new(
+                    GradExchange::new(exchange.clone(), layout(8)?, s, t)?,
+                )),
+                (DType::F32, GroupLink::SumF32(g)) => {
+                    StageGrads::F32(Box::new(NativeExchange::new(summed, layout(4)?, s, g)?))
+                }
+                (DType::F64, GroupLink::SumF64(g)) => {
+                    StageGrads::F64(Box::new(NativeExchange::new(summed, layout(8)?, s, g)?))
+                }
+                (_, GroupLink::SumF32(_)) => return Err(wrong_type("f32")),
+                (_, GroupLink::SumF64(_)) => return Err(wrong_type("f64")),
             };
             slots.push(Slot {
                 stage: s,
@@ -387,7 +441,8 @@ impl ReplicaExchange {
             replicas: links.replicas,
             micro_batches: config.micro_batches,
             overlap: config.overlap,
-            in_pipeline: config.overlap && every_copy_here && config.one_bit_adam_from().is_none(),
+            in_pipeline: config.overlap && every_copy_joins && config.one_bit_adam_from().is_none(),
+            native,
             slots: slots.into(),
             losses,
             seconds: 0.0,
@@ -402,9 +457,18 @@ impl ReplicaExchange {
     }
 
     /// Whether the exchange itself sums DualPipe's stage copies (its hook starts each stage
-    /// during the pipeline from the sum of the copies), so the step must not sum them first.
+    /// during the pipeline from the sum of the held copies, or every copy joins a library's
+    /// sum), so the step must not sum them first.
     pub fn sums_copies(&self) -> bool {
-        self.in_pipeline
+        self.in_pipeline || self.native
+    }
+
+    /// How the gradients move: `"point-to-point"` (ours) or `"mpi-allreduce"` (MPI's own).
+    pub fn method(&self) -> &'static str {
+        self.slots
+            .first()
+            .and_then(|slot| slot.state.lock().ok().map(|s| s.grads.method()))
+            .unwrap_or("point-to-point")
     }
 
     /// The executor hook of step `step` (see [`ExchangeHook`]); it does nothing unless
@@ -430,7 +494,7 @@ impl ReplicaExchange {
     ) -> Result<StepExchange, TrainError> {
         let began = Instant::now();
         let step = step as u64;
-        let sums_copies = self.in_pipeline;
+        let sums_copies = self.sums_copies();
         if self.overlap {
             for slot in self.slots.iter() {
                 let mut state = slot.state.lock().map_err(|_| lock_error(slot.stage))?;
@@ -660,8 +724,8 @@ impl StepHook<ModelStage> for ExchangeHook {
     }
 }
 
-fn start<T: GradFloat, X: GradTransport>(
-    ex: &mut GradExchange<T, X>,
+fn start<T: GradFloat>(
+    ex: &mut dyn BucketExchange<T>,
     step: u64,
     grads: &[T],
 ) -> Result<(), TrainError> {
@@ -706,7 +770,7 @@ impl DataParallel {
             let stages = stage_groups
                 .iter_mut()
                 .enumerate()
-                .filter_map(|(s, g)| g.next().map(|t| (s, Box::new(t) as GroupTransport)))
+                .filter_map(|(s, g)| g.next().map(|t| (s, GroupLink::Messages(Box::new(t)))))
                 .collect();
             let losses = loss_group
                 .next()

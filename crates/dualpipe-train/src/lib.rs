@@ -88,7 +88,7 @@ pub mod workload;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointOptions, CheckpointWriter};
 pub use config::{DType, Field, ModelKind, Naming, Task, TrainConfig, MAX_STEPS};
-pub use data_parallel::{DataParallel, ReplicaExchange, ReplicaLinks, StepExchange};
+pub use data_parallel::{DataParallel, GroupLink, ReplicaExchange, ReplicaLinks, StepExchange};
 pub use driver::{Driver, LocalThreads, MAX_LOCAL_RANKS};
 pub use dualpipe_dp as dp;
 pub use dualpipe_dp::Compression;

@@ -3,8 +3,11 @@
 //!
 //! World rank `w` is pipeline rank `w % ranks` of replica `w / ranks` (docs/distributed.md).
 //! With one replica the pipeline runs on the world communicator; with several, each replica's
-//! pipeline runs on its own communicator, each model stage a process holds exchanges gradients
-//! over a communicator of that pipeline rank in every replica, and the losses over one more.
+//! pipeline runs on its own communicator, and each model stage a process holds exchanges
+//! gradients over a communicator of its own: without compression MPI's own all-reduce
+//! (`MPI_Iallreduce`) over every holder of a copy of the stage in every replica (DualPipe:
+//! both copies, `2 D` processes, each adding its own copy), compressed our point-to-point
+//! exchange over that pipeline rank in every replica; the losses go over one more.
 //!
 //! Checkpoints: every process writes its layers' share ([`checkpoint_share`],
 //! [`checkpoint::shared`](crate::checkpoint::shared)); on resume process 0 chooses the
@@ -12,14 +15,15 @@
 //! ([`agree_resume`]), and each reads only its layers ([`read_share`]); [`restore_agreed`]
 //! does the three.
 
-use dualpipe_dp::LinkTransport;
+use dualpipe_dp::{Compression, LinkTransport};
 use dualpipe_runtime::launch::LaunchInfo;
 use dualpipe_runtime::transport::mpi::{MpiLink, MpiWorld};
 use dualpipe_runtime::Endpoint;
 use dualpipe_schedule::Schedule;
 
 use crate::checkpoint::{shared, Checkpoint, Share};
-use crate::data_parallel::{GroupTransport, ReplicaLinks};
+use crate::config::DType;
+use crate::data_parallel::{GroupLink, GroupTransport, ReplicaLinks};
 use crate::driver::Driver;
 use crate::{OneRank, Restored, TrainConfig, TrainError, Trainer};
 
@@ -81,11 +85,48 @@ pub fn mpi_trainer(
             .map_err(|e| TrainError::Config(format!("the data-parallel group: {e}")))?;
         Ok(Box::new(t))
     };
+    // How many copies of each model stage the placement holds, and whether no rank holds
+    // two copies of one stage (MPI's sum takes one copy per process).
+    let mut copies = vec![0usize; config.model_stages()];
+    let mut one_copy_per_rank = true;
+    for r in 0..config.ranks {
+        let all = schedule.placement.stages_of(r).len();
+        one_copy_per_rank &= held(r).len() == all;
+        for (_, s) in schedule.placement.stages_of(r) {
+            copies[s] += 1;
+        }
+    }
+    let native = config.mpi_allreduce
+        && config.gradient_compression == Compression::None
+        && one_copy_per_rank;
     let mut stages = Vec::new();
     for i in 0..splits {
-        let link = world.split_link(p);
-        if let Some(&s) = mine.get(i) {
-            stages.push((s, group(link)?));
+        if native {
+            // Round i: every process's i-th held stage (a stage's holders list it at the same
+            // place; the group's size is checked), or a colour of its own if it holds fewer.
+            let color = mine.get(i).copied().unwrap_or(config.model_stages() + p);
+            let sum = world.split_sum(color);
+            if let Some(&s) = mine.get(i) {
+                let want = copies[s] * config.data_parallel;
+                if sum.size() != want {
+                    return Err(TrainError::Config(format!(
+                        "stage {s}'s MPI group has {} processes, not the {want} that hold a \
+                         copy of it: run this placement with --no-mpi-allreduce (the \
+                         point-to-point exchange)",
+                        sum.size()
+                    )));
+                }
+                let link = match config.dtype {
+                    DType::F32 => GroupLink::SumF32(Box::new(sum)),
+                    DType::F64 => GroupLink::SumF64(Box::new(sum)),
+                };
+                stages.push((s, link));
+            }
+        } else {
+            let link = world.split_link(p);
+            if let Some(&s) = mine.get(i) {
+                stages.push((s, GroupLink::Messages(group(link)?)));
+            }
         }
     }
     let losses = group(world.split_link(p))?;

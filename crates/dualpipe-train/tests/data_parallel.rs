@@ -311,3 +311,116 @@ fn a_single_trainer_refuses_several_replicas_and_sizes_are_checked() {
     assert_eq!(a.losses, b.losses);
     assert_eq!(a.grad_bytes_sent, 0);
 }
+
+/// `ranks x 2` workers, each a thread with its own one-rank trainer as an MPI process would
+/// be (the pipeline of each replica on in-memory links), each model stage's gradients summed
+/// by one in-process all-reduce group (`ThreadSum`) over every holder of a copy of it in
+/// every replica — DualPipe's two copies both join, `2 D` members — as under MPI without
+/// compression. Per step: the losses, and how many stage exchanges started inside the
+/// pipeline, of every worker.
+fn one_rank_per_thread_on_a_sum(config: &TrainConfig) -> Vec<Vec<(f64, usize)>> {
+    use dualpipe_dp::{ChannelTransport, ThreadSum};
+    use dualpipe_runtime::transport::endpoint::ChannelLink;
+    use dualpipe_runtime::Endpoint;
+    use dualpipe_train::{GroupLink, OneRank, ReplicaLinks};
+
+    let (ranks, replicas) = (config.ranks, config.data_parallel);
+    let placement = config.build_schedule().unwrap().placement;
+    let held = |r: usize| {
+        let mut stages: Vec<usize> = placement.stages_of(r).into_iter().map(|(_, s)| s).collect();
+        stages.sort_unstable();
+        stages
+    };
+    let mut sums: Vec<_> = (0..config.model_stages())
+        .map(|s| {
+            let copies = (0..ranks).filter(|&r| held(r).contains(&s)).count();
+            ThreadSum::<f64>::group(copies * replicas).into_iter()
+        })
+        .collect();
+    let mut losses: Vec<_> = (0..ranks)
+        .map(|_| ChannelTransport::group(replicas).into_iter())
+        .collect();
+    let mut workers = Vec::new();
+    for replica in 0..replicas {
+        for (p, link) in ChannelLink::world(ranks).into_iter().enumerate() {
+            let stages = held(p)
+                .into_iter()
+                .map(|s| (s, GroupLink::SumF64(Box::new(sums[s].next().unwrap()))))
+                .collect();
+            let links = ReplicaLinks {
+                replica,
+                replicas,
+                stages,
+                losses: Box::new(losses[p].next().unwrap()),
+            };
+            workers.push((link, links));
+        }
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = workers
+            .into_iter()
+            .map(|(link, links)| {
+                let config = config.clone();
+                scope.spawn(move || {
+                    let driver = OneRank::new(Endpoint::new(link));
+                    let mut trainer =
+                        Trainer::for_replica(config.clone(), None, driver, links).unwrap();
+                    (0..config.steps)
+                        .map(|_| {
+                            let report = trainer.step().unwrap();
+                            (report.loss, report.exchange.unwrap().started_in_pipeline)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn one_rank_per_process_on_a_library_sum_matches_the_local_run_inside_the_pipeline() {
+    for kind in [ScheduleKind::DualPipe, ScheduleKind::OneFOneB] {
+        let config = TrainConfig {
+            ranks: 4,
+            micro_batches: 8,
+            steps: 3,
+            data_parallel: 2,
+            ..tiny(ModelKind::Mlp, kind, 8)
+        };
+        let mut local = DataParallel::new(config.clone()).unwrap();
+        let expected: Vec<f64> = (0..config.steps)
+            .map(|_| local.step().unwrap().loss)
+            .collect();
+        let placement = config.build_schedule().unwrap().placement;
+        for (w, steps) in one_rank_per_thread_on_a_sum(&config)
+            .into_iter()
+            .enumerate()
+        {
+            let mut held: Vec<usize> = placement
+                .stages_of(w % config.ranks)
+                .into_iter()
+                .map(|(_, s)| s)
+                .collect();
+            held.dedup();
+            for (step, ((loss, started), want)) in steps.into_iter().zip(&expected).enumerate() {
+                // 1F1B: two members, `g0 + g1` in either order: the same bits. DualPipe: the
+                // four copies added in member order, the local run's copies first: rounding.
+                if kind == ScheduleKind::OneFOneB {
+                    assert_eq!(
+                        loss.to_bits(),
+                        want.to_bits(),
+                        "{kind}, worker {w}, step {step}"
+                    );
+                }
+                assert!(
+                    (loss - want).abs() <= 1e-12 * want.abs(),
+                    "{kind}, worker {w}, step {step}: {loss} vs {want}"
+                );
+                // Every held stage's exchange started inside the pipeline, DualPipe's too
+                // (each holder of a copy starts its own part of the sum).
+                assert_eq!(started, held.len(), "{kind}, worker {w}, step {step}");
+            }
+        }
+    }
+}

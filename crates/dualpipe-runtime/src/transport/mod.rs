@@ -8,7 +8,8 @@
 //! * [`endpoint`]: one rank per process. An [`Endpoint`](endpoint::Endpoint) stamps, matches
 //!   and buffers messages on a [`Link`](endpoint::Link) that only moves bytes;
 //!   [`wire`] is the byte format of those messages (stamps, tensors as dtype, shape and bytes);
-//!   `mpi` (feature `mpi`) is the link over MPI point-to-point, and
+//!   `mpi` (feature `mpi`) is the link over MPI point-to-point (and `mpi_sum` MPI's own
+//!   non-blocking all-reduce, for the data-parallel gradient exchange), and
 //!   [`ChannelLink`](endpoint::ChannelLink) an in-memory link for tests.
 //!
 //! [`peer_watch`] names a lost process: each process of a job watches its peers on the same
@@ -25,6 +26,8 @@ pub mod endpoint;
 pub(crate) mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "mpi")]
+pub mod mpi_sum;
 pub mod peer_watch;
 pub mod wire;
 

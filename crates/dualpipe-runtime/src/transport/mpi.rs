@@ -25,6 +25,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::Threading;
 
 use super::endpoint::{Link, LinkError, Packet};
+pub use super::mpi_sum::{MpiSum, PendingSum};
 use super::peer_watch::{self, Beacon, Identity, PeerWatch};
 use crate::launch::{LaunchError, LaunchInfo};
 
@@ -146,13 +147,22 @@ impl MpiWorld {
     /// A link on the part of `MPI_COMM_WORLD` that passes the same `color` (`MPI_Comm_split`;
     /// members keep their world order). Collective: every process calls it, in the same order.
     pub fn split_link(&self, color: usize) -> MpiLink {
+        MpiLink::new(self.split(color))
+    }
+
+    /// MPI's own sum ([`MpiSum`], `MPI_Iallreduce`) over the part of `MPI_COMM_WORLD` that
+    /// passes the same `color` (members in world order). Collective, as
+    /// [`MpiWorld::split_link`].
+    pub fn split_sum(&self, color: usize) -> MpiSum {
+        MpiSum::new(self.split(color))
+    }
+
+    fn split(&self, color: usize) -> SimpleCommunicator {
         let color = mpi::topology::Color::with_value(color as i32);
-        let comm = self
-            .universe
+        self.universe
             .world()
             .split_by_color(color)
-            .unwrap_or_else(|| self.universe.world().duplicate());
-        MpiLink::new(comm)
+            .unwrap_or_else(|| self.universe.world().duplicate())
     }
 
     /// Every process gets process 0's `value` (`MPI_Bcast` on `MPI_COMM_WORLD`; the others'
@@ -246,7 +256,7 @@ impl std::fmt::Debug for MpiLink {
 /// # Safety
 /// The caller keeps `buffer` (its heap allocation) alive and unmoved-from until the request
 /// completes: a `Vec`'s heap block stays put when the `Vec` itself moves.
-unsafe fn extend(buffer: &[u8]) -> &'static [u8] {
+pub(super) unsafe fn extend<T>(buffer: &[T]) -> &'static [T] {
     std::slice::from_raw_parts(buffer.as_ptr(), buffer.len())
 }
 
@@ -254,7 +264,7 @@ unsafe fn extend(buffer: &[u8]) -> &'static [u8] {
 ///
 /// # Safety
 /// As for [`extend`].
-unsafe fn extend_mut(buffer: &mut [u8]) -> &'static mut [u8] {
+pub(super) unsafe fn extend_mut<T>(buffer: &mut [T]) -> &'static mut [T] {
     std::slice::from_raw_parts_mut(buffer.as_mut_ptr(), buffer.len())
 }
 

@@ -188,6 +188,10 @@ pub struct TrainArgs {
     /// Steps exchanged uncompressed before --gradient-compression starts.
     #[arg(long, value_name = "N", default_value_t = D.compression_warmup)]
     pub compression_warmup: u64,
+    /// Under MPI, exchange uncompressed gradients with our point-to-point exchange instead of
+    /// MPI's own all-reduce (to compare the two).
+    #[arg(long)]
+    pub no_mpi_allreduce: bool,
     /// Drop what a lossy compression loses instead of adding it to the next step (the
     /// ablation of error feedback).
     #[arg(long)]

@@ -171,6 +171,7 @@ fn config_and_schedule(args: &TrainArgs) -> Result<(TrainConfig, Option<Schedule
         gradient_compression,
         compression_warmup: args.compression_warmup,
         error_feedback: !args.no_error_feedback,
+        mpi_allreduce: !args.no_mpi_allreduce,
         moe: args.moe.settings()?,
         partition: None,
         slow_rank: None,

@@ -24,6 +24,10 @@ fn is_constant(decay: &LrDecay) -> bool {
 /// The most steps one run may ask for: the run keeps every step's loss for its summary (8 bytes
 /// a step, so 8 GB at the cap), and nothing near it finishes in a lifetime anyway.
 pub const MAX_STEPS: usize = 1_000_000_000;
+/// Whether `b` holds (the default of [`TrainConfig::mpi_allreduce`]: not written).
+fn is_true(b: &bool) -> bool {
+    *b
+}
 
 /// Everything a training run depends on. The model and the data depend only on `model`,
 /// `seed`, [`TrainConfig::model_stages`], the model's shape (`hidden` for the MLP; `d_model`,
@@ -123,6 +127,11 @@ pub struct TrainConfig {
     /// Keep what a lossy compression dropped and add it to the next step's gradient
     /// (`false`: `--no-error-feedback`).
     pub error_feedback: bool,
+    /// Under MPI, exchange uncompressed gradients with MPI's own all-reduce (`false`:
+    /// `--no-mpi-allreduce`, our point-to-point exchange, for comparison). Compressed
+    /// gradients always take ours; a local run is always ours.
+    #[serde(skip_serializing_if = "is_true")]
+    pub mpi_allreduce: bool,
     /// The GPT's mixture-of-experts feed-forward (`--experts` and friends; `None`: dense).
     pub moe: Option<crate::moe::MoeSettings>,
     /// Blocks of each model stage, input to output (`--partition 3,2,2,1`; `None`: every
@@ -177,6 +186,7 @@ impl TrainConfig {
         gradient_compression: Compression::None,
         compression_warmup: 0,
         error_feedback: true,
+        mpi_allreduce: true,
         moe: None,
         partition: None,
         slow_rank: None,

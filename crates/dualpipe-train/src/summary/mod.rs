@@ -121,6 +121,11 @@ pub struct RunSummary {
     pub data_parallel: usize,
     /// The gradient exchange's wire format after the warm-up.
     pub gradient_compression: String,
+    /// How the gradients moved with more than one replica: `"point-to-point"` (our
+    /// exchange, every compression) or `"mpi-allreduce"` (MPI's own all-reduce, uncompressed
+    /// under MPI); absent with one replica.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_exchange: Option<String>,
     /// Gradient bytes the exchange's transports sent over the run, all workers (0 with one
     /// replica).
     pub grad_bytes_sent: u64,

@@ -168,8 +168,14 @@ impl RunSummary {
             rows.push((
                 "data parallel",
                 format!(
-                    "{} replicas, gradients {}: {} bytes sent{saved}",
-                    s.data_parallel, s.gradient_compression, s.grad_bytes_sent
+                    "{} replicas, gradients {}{}: {} bytes sent{saved}",
+                    s.data_parallel,
+                    s.gradient_compression,
+                    match s.grad_exchange.as_deref() {
+                        Some(m) if m != "point-to-point" => format!(" over {m}"),
+                        _ => String::new(),
+                    },
+                    s.grad_bytes_sent
                 ),
             ));
             rows.push((

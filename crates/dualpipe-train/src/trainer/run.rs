@@ -65,6 +65,7 @@ impl<D: Driver> Trainer<D> {
             summary.expert_bytes_moved = self.expert_bytes_moved();
         }
         if let Some([sent, uncompressed, overhead, workers]) = exchanged {
+            summary.grad_exchange = self.dp.as_ref().map(|dp| dp.method().to_string());
             summary.grad_bytes_sent = sent as u64;
             summary.grad_bytes_uncompressed = uncompressed as u64;
             summary.communication_overhead = overhead / workers.max(1.0);
