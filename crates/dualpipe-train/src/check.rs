@@ -85,11 +85,10 @@ impl TrainConfig {
     /// run), a floor for the cosine only, between 0 and the peak.
     fn check_lr_schedule(&self, naming: Naming) -> Result<(), TrainError> {
         let name = |field: Field| field.name(naming);
-        if self.lr_warmup > MAX_STEPS as u64 {
+        if let Some(warmup) = self.lr_warmup.filter(|&w| w > MAX_STEPS as u64) {
             return Err(TrainError::Config(format!(
-                "{} {} is more than {MAX_STEPS} steps; warm up for fewer",
-                name(Field::LrWarmup),
-                self.lr_warmup
+                "{} {warmup} is more than {MAX_STEPS} steps; warm up for fewer",
+                name(Field::LrWarmup)
             )));
         }
         if let Some(min) = self.lr_min {

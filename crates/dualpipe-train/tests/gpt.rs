@@ -30,7 +30,7 @@ fn tiny(kind: ScheduleKind, ranks: usize, micro_batches: usize) -> TrainConfig {
         steps: 3,
         lr: 0.05,
         // A warm-up of two of the three steps: the schedule is part of what must match.
-        lr_warmup: 2,
+        lr_warmup: Some(2),
         optimizer: OptimizerKind::Sgd { momentum: 0.9 },
         dtype: DType::F64,
         eval_every: 0,
@@ -185,7 +185,7 @@ fn validation_runs_when_due_and_the_run_learns() {
 fn clipping_bounds_the_update_and_reports_the_norm() {
     // A constant rate, so SGD's first step moves by exactly lr times the clipped gradient.
     let base = TrainConfig {
-        lr_warmup: 0,
+        lr_warmup: Some(0),
         ..tiny(ScheduleKind::DualPipe, 2, 4)
     };
     let clipped = TrainConfig {

@@ -113,11 +113,9 @@ pub struct TrainArgs {
     /// Learning rate (the help text, with the defaults of both models, is `help`'s).
     #[arg(long, allow_negative_numbers = true, help = per_model("Learning rate", D.lr, M.lr))]
     pub lr: Option<f64>,
-    /// Linear learning-rate warm-up over the first N steps (0: none; the help text, with the
-    /// defaults of both models, is `help`'s).
-    #[arg(long, value_name = "N",
-          help = per_model("Linear learning-rate warm-up over the first N steps (0: none)",
-                           D.lr_warmup, M.lr_warmup))]
+    /// Linear learning-rate warm-up over the first N steps (0: none) [default: a tenth of
+    /// --steps for the GPT, 0 for the MLP].
+    #[arg(long, value_name = "N")]
     pub lr_warmup: Option<u64>,
     /// The learning rate after the warm-up: constant, or cosine (half a cosine down to --lr-min
     /// at the last step).

@@ -158,7 +158,7 @@ fn config_and_schedule(args: &TrainArgs) -> Result<(TrainConfig, Option<Schedule
         clip_grad: args.clip_grad,
         steps: args.steps.unwrap_or(base.steps),
         lr: args.lr.unwrap_or(base.lr),
-        lr_warmup: args.lr_warmup.unwrap_or(base.lr_warmup),
+        lr_warmup: args.lr_warmup.or(base.lr_warmup),
         lr_decay,
         lr_min: args.lr_min,
         optimizer,

@@ -89,9 +89,11 @@ pub struct TrainConfig {
     pub steps: usize,
     /// Learning rate: the peak of the schedule ([`TrainConfig::lr_schedule`]).
     pub lr: f64,
-    /// Steps of linear learning-rate warm-up (`--lr-warmup`; 0: none). A run shorter than its
-    /// warm-up never reaches the peak.
-    pub lr_warmup: u64,
+    /// Steps of linear learning-rate warm-up (`--lr-warmup`; 0: none; `None`: a tenth of
+    /// `steps`, see [`TrainConfig::warmup_steps`]). A run shorter than its warm-up never
+    /// reaches the peak.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr_warmup: Option<u64>,
     /// The learning rate after the warm-up (`--lr-decay`): constant, or a cosine down to
     /// `lr_min` at the last step.
     #[serde(with = "lr_decay_name", skip_serializing_if = "is_constant")]
@@ -150,8 +152,8 @@ pub struct TrainConfig {
 impl TrainConfig {
     /// The default run: the GPT (d_model 64, 4 heads, 2 blocks per stage, sequences of 32
     /// bytes) learning the seeded Markov text, DualPipe on 4 ranks, 16 micro-batches of 8
-    /// sequences, AdamW at lr 3e-3 after a linear warm-up of 30 steps, f32, seed 0, 300 steps,
-    /// validation every 50, a 60 s receive timeout.
+    /// sequences, AdamW at lr 3e-3 after a linear warm-up over the first tenth of the steps,
+    /// f32, seed 0, 300 steps (so a warm-up of 30), validation every 50, a 60 s receive timeout.
     pub const DEFAULT: TrainConfig = TrainConfig {
         model: ModelKind::Gpt,
         schedule: ScheduleKind::DualPipe,
@@ -173,7 +175,7 @@ impl TrainConfig {
         clip_grad: None,
         steps: 300,
         lr: 3e-3,
-        lr_warmup: 30,
+        lr_warmup: None,
         lr_decay: LrDecay::Constant,
         lr_min: None,
         optimizer: OptimizerKind::adamw(),
@@ -201,7 +203,7 @@ impl TrainConfig {
         micro_batch_size: 64,
         steps: 600,
         lr: 1e-3,
-        lr_warmup: 0,
+        lr_warmup: Some(0),
         ..TrainConfig::DEFAULT
     };
 
@@ -278,12 +280,25 @@ impl TrainConfig {
         }
     }
 
-    /// The learning rate of every step: `lr` after `lr_warmup` linear steps, then constant
+    /// The warm-up's length: `lr_warmup` when given, else a tenth of `steps` (rounded down;
+    /// as Hugging Face's `warmup_ratio` 0.1); 0 when that is a single step, which is no
+    /// warm-up at all.
+    pub fn warmup_steps(&self) -> u64 {
+        let n = self.lr_warmup.unwrap_or(self.steps as u64 / 10);
+        if n <= 1 {
+            0
+        } else {
+            n
+        }
+    }
+
+    /// The learning rate of every step: `lr` after [`TrainConfig::warmup_steps`] linear
+    /// steps, then constant
     /// or a cosine down to `lr_min` (a tenth of `lr` unless given) at step `steps`.
     pub fn lr_schedule(&self) -> LrSchedule {
         LrSchedule {
             peak: self.lr,
-            warmup: self.lr_warmup,
+            warmup: self.warmup_steps(),
             decay: self.lr_decay,
             min: self.lr_min.unwrap_or(self.lr / 10.0),
             total: self.steps as u64,
