@@ -14,7 +14,8 @@ backward of every micro-batch (no optimizer), gradients zeroed first.
 - PyTorch eager: the whole model in one process, torch.set_num_threads(1).
 
 Every round runs the four one after the other, so all see the same machine load; the table
-shows medians over every measured step of every round. Activation memory per rank: ours is
+shows medians over every measured step of every round, and a second table the CPU seconds per
+step (all threads of the side's processes), which the load moves much less than the wall clock. Activation memory per rank: ours is
 the most bytes of saved tensors a rank's stages held at once (measured after every op), set
 against the simulator's peak-activation count times the bytes one micro-batch leaves saved at
 a single-block stage; PyTorch's side shows each process's VmHWM (RSS high-water mark, which
@@ -121,17 +122,19 @@ def worker_eager(args):
     Stage, loss_fn = build_modules()
     base = rss_fields()["VmRSS"]
     model = Stage(range(LAYERS), True, True)
-    times = []
+    times, cpu = [], []
     for step in range(args.steps + args.warmup):
         x, y = batch(step)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         model.zero_grad(set_to_none=False)
         for xm, ym in zip(x.chunk(MBS), y.chunk(MBS)):
             (loss_fn(model(xm), ym) / MBS).backward()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
     rss = rss_fields()
-    print(json.dumps({"step_seconds": times, "vm_hwm_bytes": rss["VmHWM"], "rss_before_model_bytes": base}))
+    print(json.dumps({"step_seconds": times, "cpu_seconds": cpu, "vm_hwm_bytes": rss["VmHWM"],
+                      "rss_before_model_bytes": base}))
 
 
 def worker_pipe(rank, args, out_path, port):
@@ -151,11 +154,11 @@ def worker_pipe(rank, args, out_path, port):
         module = Stage(range(s, s + 1), s == 0, s == n_stages - 1)
         stages.append(PipelineStage(module, s, n_stages, torch.device("cpu")))
     schedule = ScheduleDualPipeV(stages, n_microbatches=MBS, loss_fn=loss_fn)
-    times = []
+    times, cpu = [], []
     for step in range(args.steps + args.warmup):
         x, y = batch(step)
         dist.barrier()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for st in stages:
             st.submod.zero_grad(set_to_none=False)
         if rank == 0:  # holds stage 0 (input) and stage 7 (loss)
@@ -163,15 +166,18 @@ def worker_pipe(rank, args, out_path, port):
         else:
             schedule.step()
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        used = torch.tensor([time.process_time() - start_cpu], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        dist.all_reduce(used, op=dist.ReduceOp.SUM)
         if step >= args.warmup:
             times.append(elapsed.item())
+            cpu.append(used.item())
     rss = rss_fields()
     mem = [None] * RANKS
     dist.all_gather_object(mem, {"vm_hwm_bytes": rss["VmHWM"], "rss_before_model_bytes": base})
     if rank == 0:
         with open(out_path, "w") as f:
-            json.dump({"step_seconds": times, "per_rank": mem}, f)
+            json.dump({"step_seconds": times, "cpu_seconds": cpu, "per_rank": mem}, f)
     dist.destroy_process_group()
 
 
@@ -240,6 +246,7 @@ def main():
     subprocess.run(["cargo", "bench", "--quiet", "-p", "dualpipe-nn", "--bench", "gpt_step", "--no-run"],
                    cwd=REPO, check=True)
     rec = {"ours_pipe": [], "torch_pipe": [], "ours_seq": [], "torch_eager": [], "load": []}
+    cpu = {"ours_pipe": [], "torch_pipe": [], "ours_seq": [], "torch_eager": []}
     last = {}
     for r in range(args.rounds):
         rec["load"].append(os.getloadavg())
@@ -247,10 +254,14 @@ def main():
         o = ours(args)
         rec["ours_pipe"] += o["dualpipev"]["step_seconds"]
         rec["ours_seq"] += o["sequential"]["step_seconds"]
+        cpu["ours_pipe"] += o["dualpipev"]["cpu_seconds"]
+        cpu["ours_seq"] += o["sequential"]["cpu_seconds"]
         tp = torch_pipe(args)
         rec["torch_pipe"] += tp["step_seconds"]
+        cpu["torch_pipe"] += tp["cpu_seconds"]
         te = torch_eager(args)
         rec["torch_eager"] += te["step_seconds"]
+        cpu["torch_eager"] += te["cpu_seconds"]
         rec["load"].append(os.getloadavg())
         last = {"ours": o, "torch_pipe": tp, "torch_eager": te}
 
@@ -269,6 +280,16 @@ def main():
         print(f"| {name} | {tps(a):.0f} | {tps(b):.0f} | {tps(a) / tps(b):.2f}x | "
               f"{1e3 * statistics.median(rec[a]):.1f} | {1e3 * statistics.median(rec[b]):.1f} |")
     print()
+    print("CPU seconds per step (all threads of all the side's processes; the load moves the wall clock, much less this):")
+    print()
+    print("| setup | ours CPU s/step | PyTorch CPU s/step | PyTorch / ours |")
+    print("|---|---:|---:|---:|")
+    for name, a, b in [("DualPipeV, 4 ranks", "ours_pipe", "torch_pipe"), ("one rank, whole model", "ours_seq", "torch_eager")]:
+        if None in cpu[a] or None in cpu[b]:
+            continue
+        ca, cb = statistics.median(cpu[a]), statistics.median(cpu[b])
+        print(f"| {name} | {ca:.3f} | {cb:.3f} | {cb / ca:.2f}x |")
+    print()
     o = last["ours"]["dualpipev"]
     print("| rank | ours: peak saved activations (MiB) | simulator: peak count x one micro-batch at a one-block stage (MiB) | measured / predicted | PyTorch process VmHWM (MiB) | PyTorch VmHWM - RSS before the model (MiB) |")
     print("|---:|---:|---:|---:|---:|---:|")
@@ -283,7 +304,7 @@ def main():
           f"({mib(last['torch_eager']['vm_hwm_bytes'] - last['torch_eager']['rss_before_model_bytes'])} MiB over its RSS before the model)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"steps": rec, "last": last}, f, indent=1)
+            json.dump({"steps": rec, "cpu_seconds": cpu, "last": last}, f, indent=1)
     return 0
 
 
