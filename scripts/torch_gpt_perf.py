@@ -21,7 +21,7 @@ against the simulator's peak-activation count times the bytes one micro-batch le
 a single-block stage; PyTorch's side shows each process's VmHWM (RSS high-water mark, which
 includes the torch runtime) and its growth over the model's setup.
 
-    python3 scripts/torch_gpt_perf.py [--rounds 3] [--steps 8] [--markdown docs-table.md]
+    python3 scripts/torch_gpt_perf.py [--rounds 3] [--steps 8] [--json FILE] [--bench-bin FILE]
 
 Needs torch (`pip install torch`) and cargo; the first run builds the bench (release).
 """
@@ -203,8 +203,9 @@ def ours(args):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "ours.json")
         env = dict(os.environ, GPT_STEP_JSON=out, GPT_STEP_STEPS=str(args.steps))
-        subprocess.run(["cargo", "bench", "--quiet", "-p", "dualpipe-nn", "--bench", "gpt_step"],
-                       cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+        cmd = [args.bench_bin] if args.bench_bin else ["cargo", "bench", "--quiet", "-p", "dualpipe-nn",
+                                                        "--bench", "gpt_step"]
+        subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
             return json.load(f)
 
@@ -232,6 +233,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (PyTorch sides)")
     ap.add_argument("--worker", choices=["eager", "pipe"], help=argparse.SUPPRESS)
     ap.add_argument("--json", help="also write every measurement into this file")
+    ap.add_argument("--bench-bin", help="run this build of the gpt_step bench for our side instead of "
+                    "`cargo bench` (a build of an earlier commit, for a before/after comparison)")
     args = ap.parse_args()
     if args.worker == "eager":
         worker_eager(args)
@@ -242,9 +245,10 @@ def main():
 
     import torch
 
-    print("building the bench (cargo bench --no-run, release) ...", file=sys.stderr)
-    subprocess.run(["cargo", "bench", "--quiet", "-p", "dualpipe-nn", "--bench", "gpt_step", "--no-run"],
-                   cwd=REPO, check=True)
+    if not args.bench_bin:
+        print("building the bench (cargo bench --no-run, release) ...", file=sys.stderr)
+        subprocess.run(["cargo", "bench", "--quiet", "-p", "dualpipe-nn", "--bench", "gpt_step", "--no-run"],
+                       cwd=REPO, check=True)
     rec = {"ours_pipe": [], "torch_pipe": [], "ours_seq": [], "torch_eager": [], "load": []}
     cpu = {"ours_pipe": [], "torch_pipe": [], "ours_seq": [], "torch_eager": []}
     last = {}
@@ -254,8 +258,9 @@ def main():
         o = ours(args)
         rec["ours_pipe"] += o["dualpipev"]["step_seconds"]
         rec["ours_seq"] += o["sequential"]["step_seconds"]
-        cpu["ours_pipe"] += o["dualpipev"]["cpu_seconds"]
-        cpu["ours_seq"] += o["sequential"]["cpu_seconds"]
+        # A build from before the bench measured CPU time has no such member.
+        cpu["ours_pipe"] += o["dualpipev"].get("cpu_seconds", [None])
+        cpu["ours_seq"] += o["sequential"].get("cpu_seconds", [None])
         tp = torch_pipe(args)
         rec["torch_pipe"] += tp["step_seconds"]
         cpu["torch_pipe"] += tp["cpu_seconds"]
