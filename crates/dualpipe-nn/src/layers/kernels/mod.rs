@@ -13,6 +13,12 @@
 //!   functions as candle's `gelu_erf`), so f64 results stay exact to rounding; f32 GELU uses a
 //!   branch-free erfc approximation (relative error below 2e-7, the size of f32 rounding) that
 //!   the compiler vectorizes.
+//!
+//! Outputs that a kernel writes in full (GEMM products, GELU, the norm's rows, attention's
+//! heads) start as [`Uninit`] buffers, with no zeroing pass; the element-wise loops are
+//! compiled for AVX-512 where the CPU has it (`wide_kernel!`), with the same operations per
+//! element and reductions in their sequential order, so results are bit-identical on every
+//! path; and glibc is asked once to keep freed buffers for reuse (`keep_freed_memory`).
 
 use std::mem::MaybeUninit;
 
