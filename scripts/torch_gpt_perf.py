@@ -14,13 +14,14 @@ backward of every micro-batch (no optimizer), gradients zeroed first.
 - PyTorch eager: the whole model in one process, torch.set_num_threads(1).
 
 Every round runs the four one after the other, so all see the same machine load; the table
-shows medians over every measured step of every round. Activation memory per rank: ours is
+shows medians over every measured step of every round, and a second table the CPU seconds per
+step (all threads of the side's processes), which the load moves much less than the wall clock. Activation memory per rank: ours is
 the most bytes of saved tensors a rank's stages held at once (measured after every op), set
 against the simulator's peak-activation count times the bytes one micro-batch leaves saved at
 a single-block stage; PyTorch's side shows each process's VmHWM (RSS high-water mark, which
 includes the torch runtime) and its growth over the model's setup.
 
-    python3 scripts/torch_gpt_perf.py [--rounds 3] [--steps 8] [--markdown docs-table.md]
+    python3 scripts/torch_gpt_perf.py [--rounds 3] [--steps 8] [--json FILE] [--bench-bin FILE]
 
 Needs torch (`pip install torch`) and cargo; the first run builds the bench (release).
 """
@@ -121,17 +122,19 @@ def worker_eager(args):
     Stage, loss_fn = build_modules()
     base = rss_fields()["VmRSS"]
     model = Stage(range(LAYERS), True, True)
-    times = []
+    times, cpu = [], []
     for step in range(args.steps + args.warmup):
         x, y = batch(step)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         model.zero_grad(set_to_none=False)
         for xm, ym in zip(x.chunk(MBS), y.chunk(MBS)):
             (loss_fn(model(xm), ym) / MBS).backward()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
     rss = rss_fields()
-    print(json.dumps({"step_seconds": times, "vm_hwm_bytes": rss["VmHWM"], "rss_before_model_bytes": base}))
+    print(json.dumps({"step_seconds": times, "cpu_seconds": cpu, "vm_hwm_bytes": rss["VmHWM"],
+                      "rss_before_model_bytes": base}))
 
 
 def worker_pipe(rank, args, out_path, port):
@@ -151,11 +154,11 @@ def worker_pipe(rank, args, out_path, port):
         module = Stage(range(s, s + 1), s == 0, s == n_stages - 1)
         stages.append(PipelineStage(module, s, n_stages, torch.device("cpu")))
     schedule = ScheduleDualPipeV(stages, n_microbatches=MBS, loss_fn=loss_fn)
-    times = []
+    times, cpu = [], []
     for step in range(args.steps + args.warmup):
         x, y = batch(step)
         dist.barrier()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for st in stages:
             st.submod.zero_grad(set_to_none=False)
         if rank == 0:  # holds stage 0 (input) and stage 7 (loss)
@@ -163,15 +166,18 @@ def worker_pipe(rank, args, out_path, port):
         else:
             schedule.step()
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        used = torch.tensor([time.process_time() - start_cpu], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        dist.all_reduce(used, op=dist.ReduceOp.SUM)
         if step >= args.warmup:
             times.append(elapsed.item())
+            cpu.append(used.item())
     rss = rss_fields()
     mem = [None] * RANKS
     dist.all_gather_object(mem, {"vm_hwm_bytes": rss["VmHWM"], "rss_before_model_bytes": base})
     if rank == 0:
         with open(out_path, "w") as f:
-            json.dump({"step_seconds": times, "per_rank": mem}, f)
+            json.dump({"step_seconds": times, "cpu_seconds": cpu, "per_rank": mem}, f)
     dist.destroy_process_group()
 
 
@@ -197,8 +203,9 @@ def ours(args):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "ours.json")
         env = dict(os.environ, GPT_STEP_JSON=out, GPT_STEP_STEPS=str(args.steps))
-        subprocess.run(["cargo", "bench", "--quiet", "-p", "dualpipe-nn", "--bench", "gpt_step"],
-                       cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+        cmd = [args.bench_bin] if args.bench_bin else ["cargo", "bench", "--quiet", "-p", "dualpipe-nn",
+                                                        "--bench", "gpt_step"]
+        subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
             return json.load(f)
 
@@ -226,6 +233,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (PyTorch sides)")
     ap.add_argument("--worker", choices=["eager", "pipe"], help=argparse.SUPPRESS)
     ap.add_argument("--json", help="also write every measurement into this file")
+    ap.add_argument("--bench-bin", help="run this build of the gpt_step bench for our side instead of "
+                    "`cargo bench` (a build of an earlier commit, for a before/after comparison)")
     args = ap.parse_args()
     if args.worker == "eager":
         worker_eager(args)
@@ -236,10 +245,12 @@ def main():
 
     import torch
 
-    print("building the bench (cargo bench --no-run, release) ...", file=sys.stderr)
-    subprocess.run(["cargo", "bench", "--quiet", "-p", "dualpipe-nn", "--bench", "gpt_step", "--no-run"],
-                   cwd=REPO, check=True)
+    if not args.bench_bin:
+        print("building the bench (cargo bench --no-run, release) ...", file=sys.stderr)
+        subprocess.run(["cargo", "bench", "--quiet", "-p", "dualpipe-nn", "--bench", "gpt_step", "--no-run"],
+                       cwd=REPO, check=True)
     rec = {"ours_pipe": [], "torch_pipe": [], "ours_seq": [], "torch_eager": [], "load": []}
+    cpu = {"ours_pipe": [], "torch_pipe": [], "ours_seq": [], "torch_eager": []}
     last = {}
     for r in range(args.rounds):
         rec["load"].append(os.getloadavg())
@@ -247,10 +258,15 @@ def main():
         o = ours(args)
         rec["ours_pipe"] += o["dualpipev"]["step_seconds"]
         rec["ours_seq"] += o["sequential"]["step_seconds"]
+        # A build from before the bench measured CPU time has no such member.
+        cpu["ours_pipe"] += o["dualpipev"].get("cpu_seconds", [None])
+        cpu["ours_seq"] += o["sequential"].get("cpu_seconds", [None])
         tp = torch_pipe(args)
         rec["torch_pipe"] += tp["step_seconds"]
+        cpu["torch_pipe"] += tp["cpu_seconds"]
         te = torch_eager(args)
         rec["torch_eager"] += te["step_seconds"]
+        cpu["torch_eager"] += te["cpu_seconds"]
         rec["load"].append(os.getloadavg())
         last = {"ours": o, "torch_pipe": tp, "torch_eager": te}
 
@@ -269,6 +285,16 @@ def main():
         print(f"| {name} | {tps(a):.0f} | {tps(b):.0f} | {tps(a) / tps(b):.2f}x | "
               f"{1e3 * statistics.median(rec[a]):.1f} | {1e3 * statistics.median(rec[b]):.1f} |")
     print()
+    print("CPU seconds per step (all threads of all the side's processes; the load moves the wall clock, much less this):")
+    print()
+    print("| setup | ours CPU s/step | PyTorch CPU s/step | PyTorch / ours |")
+    print("|---|---:|---:|---:|")
+    for name, a, b in [("DualPipeV, 4 ranks", "ours_pipe", "torch_pipe"), ("one rank, whole model", "ours_seq", "torch_eager")]:
+        if None in cpu[a] or None in cpu[b]:
+            continue
+        ca, cb = statistics.median(cpu[a]), statistics.median(cpu[b])
+        print(f"| {name} | {ca:.3f} | {cb:.3f} | {cb / ca:.2f}x |")
+    print()
     o = last["ours"]["dualpipev"]
     print("| rank | ours: peak saved activations (MiB) | simulator: peak count x one micro-batch at a one-block stage (MiB) | measured / predicted | PyTorch process VmHWM (MiB) | PyTorch VmHWM - RSS before the model (MiB) |")
     print("|---:|---:|---:|---:|---:|---:|")
@@ -283,7 +309,7 @@ def main():
           f"({mib(last['torch_eager']['vm_hwm_bytes'] - last['torch_eager']['rss_before_model_bytes'])} MiB over its RSS before the model)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"steps": rec, "last": last}, f, indent=1)
+            json.dump({"steps": rec, "cpu_seconds": cpu, "last": last}, f, indent=1)
     return 0
 
 

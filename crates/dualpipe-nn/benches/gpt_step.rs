@@ -7,7 +7,8 @@
 //!   the calling thread, the single-thread oracle);
 //! - `GPT_STEP_JSON=FILE [GPT_STEP_STEPS=N] cargo bench -p dualpipe-nn --bench gpt_step`: no
 //!   criterion; times N steps of each (after one warm-up step) and writes one JSON object with
-//!   every step's seconds, the median's tokens per second, and the activation memory per rank:
+//!   every step's seconds (wall clock, and the CPU seconds of all the process's threads), the
+//!   median's tokens per second, and the activation memory per rank:
 //!   the most bytes of saved tensors the rank's stages held at once (measured after every op),
 //!   against the simulator's peak-activation count times the bytes one micro-batch leaves at
 //!   one single-block stage. `scripts/torch_gpt_perf.py` runs this beside PyTorch.
@@ -240,6 +241,30 @@ fn vm_hwm() -> Option<usize> {
     Some(kb * 1024)
 }
 
+/// CPU seconds this process has used, all its threads (those that ended too), if readable.
+fn process_cpu_seconds() -> Option<f64> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec for clock_gettime to write.
+        if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } == 0 {
+            return Some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9);
+        }
+    }
+    None
+}
+
+/// CPU seconds used since `start` (from [`process_cpu_seconds`]), as JSON (`null` if unknown).
+fn cpu_since(start: Option<f64>) -> String {
+    match (start, process_cpu_seconds()) {
+        (Some(a), Some(b)) => format!("{}", b - a),
+        _ => "null".to_string(),
+    }
+}
+
 fn list<T: ToString>(v: &[T]) -> String {
     v.iter().map(T::to_string).collect::<Vec<_>>().join(", ")
 }
@@ -256,11 +281,13 @@ fn measure_json(path: &str) {
         .collect();
 
     let (mut ranks, peaks) = tracked_stages(&s);
-    let mut pipe = Vec::new();
+    let (mut pipe, mut pipe_cpu) = (Vec::new(), Vec::new());
     for (t, b) in batches.iter().enumerate() {
+        let cpu = process_cpu_seconds();
         let secs = pipeline_step(&s, &mut ranks, b);
         if t > 0 {
             pipe.push(secs);
+            pipe_cpu.push(cpu_since(cpu));
         }
     }
     let peak_bytes: Vec<usize> = peaks.iter().map(|p| p.load(Ordering::Relaxed)).collect();
@@ -276,11 +303,13 @@ fn measure_json(path: &str) {
     drop(ranks);
 
     let mut stage = whole(&s);
-    let mut seq = Vec::new();
+    let (mut seq, mut seq_cpu) = (Vec::new(), Vec::new());
     for (t, b) in batches.iter().enumerate() {
+        let cpu = process_cpu_seconds();
         let secs = sequential(&mut stage, b);
         if t > 0 {
             seq.push(secs);
+            seq_cpu.push(cpu_since(cpu));
         }
     }
     let tps = |v: &[f64]| TOKENS_PER_STEP as f64 / median(v);
@@ -289,10 +318,10 @@ fn measure_json(path: &str) {
             "{{\"d_model\": {}, \"heads\": {}, \"seq_len\": {}, \"layers\": {}, ",
             "\"micro_batches\": {}, \"rows\": {}, \"ranks\": {}, \"dtype\": \"f32\", ",
             "\"tokens_per_step\": {}, \"steps\": {},\n",
-            " \"dualpipev\": {{\"step_seconds\": [{}], \"tokens_per_second\": {}, ",
+            " \"dualpipev\": {{\"step_seconds\": [{}], \"cpu_seconds\": [{}], \"tokens_per_second\": {}, ",
             "\"peak_saved_bytes_per_rank\": [{}], \"sim_peak_activations_per_rank\": [{}], ",
             "\"micro_batch_stage_bytes\": {}, \"predicted_bytes_per_rank\": [{}]}},\n",
-            " \"sequential\": {{\"step_seconds\": [{}], \"tokens_per_second\": {}}},\n",
+            " \"sequential\": {{\"step_seconds\": [{}], \"cpu_seconds\": [{}], \"tokens_per_second\": {}}},\n",
             " \"vm_hwm_bytes\": {}}}\n"
         ),
         D_MODEL,
@@ -305,12 +334,14 @@ fn measure_json(path: &str) {
         TOKENS_PER_STEP,
         steps,
         list(&pipe),
+        list(&pipe_cpu),
         tps(&pipe),
         list(&peak_bytes),
         list(&sim.peak_activations_per_rank),
         unit,
         list(&predicted),
         list(&seq),
+        list(&seq_cpu),
         tps(&seq),
         vm_hwm().map_or("null".to_string(), |b| b.to_string()),
     );

@@ -2,12 +2,15 @@
 //!
 //! `qkv` is `[rows·seq, 3d]`: each row holds q, then k, then v, each head-major (head `h`
 //! owns columns `h·hd .. (h+1)·hd` of its third, `hd = d / heads`). Every (sequence, head)
-//! pair is two single-threaded GEMMs read through strides (no copies of q, k or v); the
-//! probabilities are kept for the backward.
+//! pair is two single-threaded GEMMs read through strides (no copies of q, k or v) and
+//! written through strides into the head's columns of the output (no copies back either);
+//! the probabilities are kept for the backward.
 
 use candle_core::Tensor;
 
-use super::{dims2, gemm, read, tensor, unsupported, Elem, Mat};
+use super::{
+    assume_init_mut, dims2, gemm, gemm_to, max_of, read, tensor, unsupported, Elem, Mat, Uninit,
+};
 use crate::error::NnError;
 
 /// The shape of one attention call.
@@ -69,10 +72,10 @@ fn attention_forward_t<T: Elem>(
     let g = Geometry::new(qkv, seq, heads, WHAT)?;
     let (t, d, hd) = (g.seq, g.d, g.head_dim());
     let scale = T::from_f64(g.scale());
-    let mut out = vec![T::zero(); g.seqs * t * d];
-    let mut probs = vec![T::zero(); g.seqs * heads * t * t];
-    let mut o = vec![T::zero(); t * hd];
+    let mut out = Uninit::<T>::new(g.seqs * t * d);
+    let mut probs = Uninit::<T>::new(g.seqs * heads * t * t);
     read::<T, _>(qkv, WHAT, |qkv| {
+        let (out, probs) = (out.slots(), probs.slots());
         for s in 0..g.seqs {
             let base = s * t * 3 * d;
             for h in 0..heads {
@@ -80,39 +83,61 @@ fn attention_forward_t<T: Elem>(
                 let k = Mat::strided(&qkv[base + d + h * hd..], t, hd, 3 * d, 1);
                 let v = Mat::strided(&qkv[base + 2 * d + h * hd..], t, hd, 3 * d, 1);
                 let p = &mut probs[(s * heads + h) * t * t..][..t * t];
-                gemm(p, q, k.t(), false, WHAT)?;
-                for (i, row) in p.chunks_exact_mut(t).enumerate() {
-                    softmax_causal(row, i, scale);
-                }
-                gemm(&mut o, Mat::new(p, t, t), v, false, WHAT)?;
-                for (i, orow) in o.chunks_exact(hd).enumerate() {
-                    out[(s * t + i) * d + h * hd..][..hd].copy_from_slice(orow);
-                }
+                gemm_to(p, t, q, k.t(), WHAT)?;
+                // SAFETY: gemm_to wrote all t x t scores.
+                let p = unsafe { assume_init_mut(p) };
+                softmax_rows(p, t, scale);
+                // This head's columns of the output rows, written in place.
+                gemm_to(
+                    &mut out[s * t * d + h * hd..],
+                    d,
+                    Mat::new(p, t, t),
+                    v,
+                    WHAT,
+                )?;
             }
         }
         Ok::<_, NnError>(())
     })??;
+    // SAFETY: every (sequence, head) wrote its t x t probabilities and its hd columns of the
+    // sequence's t output rows, which together cover both buffers.
+    let (out, probs) = unsafe { (out.assume_init(), probs.assume_init()) };
     Ok((
         tensor(out, (g.seqs * t, d), WHAT)?,
         tensor(probs, g.seqs * heads * t * t, WHAT)?,
     ))
 }
 
+wide_kernel! {
+    /// Row `i` of the `[t, t]` scores `p` becomes `softmax(p[i, ..=i] · scale)`, zeros after.
+    fn softmax_rows<T: Elem>(p: &mut [T], t: usize, scale: T) => softmax_rows_inline
+}
+
+#[inline(always)]
+fn softmax_rows_inline<T: Elem>(p: &mut [T], t: usize, scale: T) {
+    for (i, row) in p.chunks_exact_mut(t).enumerate() {
+        softmax_causal(row, i, scale);
+    }
+}
+
 /// `row[..=i] = softmax(row[..=i] · scale)`, `row[i+1..] = 0`.
+///
+/// One pass per step so that the element-wise ones (scaling, `exp`, normalising) vectorize;
+/// the sum of the exponentials keeps its sequential order.
+#[inline(always)]
 fn softmax_causal<T: Elem>(row: &mut [T], i: usize, scale: T) {
     let (live, masked) = row.split_at_mut(i + 1);
     masked.fill(T::zero());
-    let mut max = live[0] * scale;
     for x in live.iter_mut() {
         *x *= scale;
-        if *x > max {
-            max = *x;
-        }
     }
-    let mut sum = T::zero();
+    let max = max_of(live);
     for x in live.iter_mut() {
         *x = (*x - max).exp();
-        sum += *x;
+    }
+    let mut sum = T::zero();
+    for &x in live.iter() {
+        sum += x;
     }
     let inv = T::one() / sum;
     for x in live.iter_mut() {
@@ -156,12 +181,12 @@ fn attention_backward_t<T: Elem>(
         )));
     }
     let scale = T::from_f64(g.scale());
-    let mut dqkv = vec![T::zero(); g.seqs * t * 3 * d];
+    let mut dqkv = Uninit::<T>::new(g.seqs * t * 3 * d);
     let mut ds = vec![T::zero(); t * t];
-    let mut tmp = vec![T::zero(); t * hd];
     read::<T, _>(dout, WHAT, |dout| {
         read::<T, _>(qkv, WHAT, |qkv| {
             read::<T, _>(probs, WHAT, |probs| {
+                let dqkv = dqkv.slots();
                 for s in 0..g.seqs {
                     let base = s * t * 3 * d;
                     for h in 0..heads {
@@ -171,40 +196,44 @@ fn attention_backward_t<T: Elem>(
                         let dout_h = Mat::strided(&dout[s * t * d + h * hd..], t, hd, d, 1);
                         let p = &probs[(s * heads + h) * t * t..][..t * t];
                         let pm = Mat::new(p, t, t);
-                        let mut put = |tmp: &[T], third: usize| {
-                            for (i, r) in tmp.chunks_exact(hd).enumerate() {
-                                dqkv[base + i * 3 * d + third * d + h * hd..][..hd]
-                                    .copy_from_slice(r);
-                            }
-                        };
+                        // This head's columns of q's, k's or v's third, written in place.
+                        let third = |third: usize| base + third * d + h * hd;
                         // dv = Pᵀ do
-                        gemm(&mut tmp, pm.t(), dout_h, false, WHAT)?;
-                        put(&tmp, 2);
+                        gemm_to(&mut dqkv[third(2)..], 3 * d, pm.t(), dout_h, WHAT)?;
                         // dP = do vᵀ, then dS in place.
                         gemm(&mut ds, dout_h, v.t(), false, WHAT)?;
-                        for (i, (dsr, pr)) in
-                            ds.chunks_exact_mut(t).zip(p.chunks_exact(t)).enumerate()
-                        {
-                            let live = i + 1;
-                            let mut dot = T::zero();
-                            for (&a, &b) in dsr[..live].iter().zip(&pr[..live]) {
-                                dot += a * b;
-                            }
-                            for (x, &pv) in dsr[..live].iter_mut().zip(&pr[..live]) {
-                                *x = pv * (*x - dot) * scale;
-                            }
-                            dsr[live..].fill(T::zero());
-                        }
+                        softmax_backward(&mut ds, p, t, scale);
                         let dsm = Mat::new(&ds, t, t);
-                        gemm(&mut tmp, dsm, k, false, WHAT)?;
-                        put(&tmp, 0);
-                        gemm(&mut tmp, dsm.t(), q, false, WHAT)?;
-                        put(&tmp, 1);
+                        gemm_to(&mut dqkv[third(0)..], 3 * d, dsm, k, WHAT)?;
+                        gemm_to(&mut dqkv[third(1)..], 3 * d, dsm.t(), q, WHAT)?;
                     }
                 }
                 Ok::<_, NnError>(())
             })
         })
     })????;
+    // SAFETY: every (sequence, head) wrote its hd columns of each third of the sequence's t
+    // rows, which together cover the buffer.
+    let dqkv = unsafe { dqkv.assume_init() };
     tensor(dqkv, (g.seqs * t, 3 * d), WHAT)
+}
+
+wide_kernel! {
+    /// `dS = P ⊙ (dP − rowsum(dP ⊙ P)) · scale` in place of `dP` (`[t, t]`, causal rows).
+    fn softmax_backward<T: Elem>(ds: &mut [T], p: &[T], t: usize, scale: T) => softmax_backward_inline
+}
+
+#[inline(always)]
+fn softmax_backward_inline<T: Elem>(ds: &mut [T], p: &[T], t: usize, scale: T) {
+    for (i, (dsr, pr)) in ds.chunks_exact_mut(t).zip(p.chunks_exact(t)).enumerate() {
+        let live = i + 1;
+        let mut dot = T::zero();
+        for (&a, &b) in dsr[..live].iter().zip(&pr[..live]) {
+            dot += a * b;
+        }
+        for (x, &pv) in dsr[..live].iter_mut().zip(&pr[..live]) {
+            *x = pv * (*x - dot) * scale;
+        }
+        dsr[live..].fill(T::zero());
+    }
 }

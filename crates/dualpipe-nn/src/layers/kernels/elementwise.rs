@@ -3,7 +3,7 @@
 
 use candle_core::Tensor;
 
-use super::{read, same_shape, tensor, unsupported, Elem};
+use super::{read, same_shape, tensor, unsupported, Elem, Uninit};
 use crate::error::NnError;
 
 /// `(gelu(x), gelu'(x))`.
@@ -14,10 +14,11 @@ pub(crate) fn gelu_forward(x: &Tensor) -> Result<(Tensor, Tensor), NnError> {
 fn gelu_forward_t<T: Elem>(x: &Tensor) -> Result<(Tensor, Tensor), NnError> {
     const WHAT: &str = "GELU forward";
     let (y, d) = read::<T, _>(x, WHAT, |x| {
-        let mut y = vec![T::zero(); x.len()];
-        let mut d = vec![T::zero(); x.len()];
-        T::gelu_forward(x, &mut y, &mut d);
-        (y, d)
+        let mut y = Uninit::new(x.len());
+        let mut d = Uninit::new(x.len());
+        T::gelu_forward(x, y.slots(), d.slots());
+        // SAFETY: gelu_forward writes every slot of both.
+        unsafe { (y.assume_init(), d.assume_init()) }
     })?;
     Ok((
         tensor(y, x.shape().clone(), WHAT)?,
@@ -33,9 +34,10 @@ pub(crate) fn gelu(x: &Tensor) -> Result<Tensor, NnError> {
 fn gelu_t<T: Elem>(x: &Tensor) -> Result<Tensor, NnError> {
     const WHAT: &str = "GELU";
     let y = read::<T, _>(x, WHAT, |x| {
-        let mut y = vec![T::zero(); x.len()];
-        T::gelu(x, &mut y);
-        y
+        let mut y = Uninit::new(x.len());
+        T::gelu(x, y.slots());
+        // SAFETY: gelu writes every slot.
+        unsafe { y.assume_init() }
     })?;
     tensor(y, x.shape().clone(), WHAT)
 }
@@ -48,9 +50,10 @@ pub(crate) fn gelu_derivative(x: &Tensor) -> Result<Tensor, NnError> {
 fn gelu_derivative_t<T: Elem>(x: &Tensor) -> Result<Tensor, NnError> {
     const WHAT: &str = "GELU derivative";
     let d = read::<T, _>(x, WHAT, |x| {
-        let mut d = vec![T::zero(); x.len()];
-        T::gelu_derivative(x, &mut d);
-        d
+        let mut d = Uninit::new(x.len());
+        T::gelu_derivative(x, d.slots());
+        // SAFETY: gelu_derivative writes every slot.
+        unsafe { d.assume_init() }
     })?;
     tensor(d, x.shape().clone(), WHAT)
 }
@@ -108,12 +111,18 @@ fn mul_t<T: Elem>(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor, NnError>
             b.dims()
         )));
     }
-    let out = read::<T, _>(a, what, |a| {
-        read::<T, _>(b, what, |b| {
-            a.iter().zip(b).map(|(&x, &y)| x * y).collect::<Vec<T>>()
-        })
-    })??;
+    let out = read::<T, _>(a, what, |a| read::<T, _>(b, what, |b| product(a, b)))??;
     tensor(out, a.shape().clone(), what)
+}
+
+wide_kernel! {
+    /// `a ⊙ b` elementwise.
+    fn product<T: Elem>(a: &[T], b: &[T]) -> Vec<T> => product_inline
+}
+
+#[inline(always)]
+fn product_inline<T: Elem>(a: &[T], b: &[T]) -> Vec<T> {
+    a.iter().zip(b).map(|(&x, &y)| x * y).collect()
 }
 
 /// `(y - t) · scale` (same shapes), `scale` cast to the element type.

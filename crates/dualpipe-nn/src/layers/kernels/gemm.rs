@@ -1,9 +1,11 @@
 //! Single-threaded GEMMs and the Linear layer's three products on top of them.
 
+use std::mem::MaybeUninit;
+
 use candle_core::Tensor;
 use gemm::Parallelism;
 
-use super::{dims2, read, tensor, unsupported, Elem};
+use super::{dims2, read, tensor, unsupported, Elem, Uninit};
 use crate::error::NnError;
 
 /// A matrix operand read through strides: element `(i, j)` is `data[i * rs + j * cs]`.
@@ -61,37 +63,93 @@ pub(crate) fn gemm<T: Elem>(
     accumulate: bool,
     what: &str,
 ) -> Result<(), NnError> {
+    let (m, n) = (a.rows, b.cols);
+    if dst.len() != m * n {
+        return Err(shape_error(&a, &b, dst.len(), what));
+    }
+    // SAFETY: `dst` is a live, initialized slice of `dst.len()` elements, borrowed mutably.
+    unsafe { gemm_raw(dst.as_mut_ptr(), dst.len(), n, a, b, accumulate, what) }
+}
+
+/// `dst[i·rs + j] = (a·b)[i, j]` for every `i < a.rows`, `j < b.cols`: the product written
+/// into rows of a wider (possibly not yet initialized) buffer, such as one head's columns of
+/// the attention output, without a zeroing pass or a copy.
+pub(crate) fn gemm_to<T: Elem>(
+    dst: &mut [MaybeUninit<T>],
+    rs: usize,
+    a: Mat<'_, T>,
+    b: Mat<'_, T>,
+    what: &str,
+) -> Result<(), NnError> {
+    // SAFETY: `dst` is a live slice borrowed mutably; with `accumulate` false gemm only writes
+    // (initialized values) into it.
+    unsafe {
+        gemm_raw(
+            dst.as_mut_ptr().cast::<T>(),
+            dst.len(),
+            rs,
+            a,
+            b,
+            false,
+            what,
+        )
+    }
+}
+
+fn shape_error<T>(a: &Mat<'_, T>, b: &Mat<'_, T>, len: usize, what: &str) -> NnError {
+    NnError::Stage(format!(
+        "{what}: shapes do not fit: [{}, {}] x [{}, {}] into {len} elements",
+        a.rows, a.cols, b.rows, b.cols
+    ))
+}
+
+/// `dst[i·rs + j] = (a·b)[i, j]` (or `+=` when `accumulate`).
+///
+/// # Safety
+///
+/// `dst` points to `len` elements that may be written (and, when `accumulate`, are
+/// initialized and read) and that alias neither `a` nor `b`.
+unsafe fn gemm_raw<T: Elem>(
+    dst: *mut T,
+    len: usize,
+    rs: usize,
+    a: Mat<'_, T>,
+    b: Mat<'_, T>,
+    accumulate: bool,
+    what: &str,
+) -> Result<(), NnError> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     let fits = |x: &Mat<'_, T>| {
         x.rows == 0 || x.cols == 0 || (x.rows - 1) * x.rs + (x.cols - 1) * x.cs < x.data.len()
     };
-    if b.rows != k || dst.len() != m * n || !fits(&a) || !fits(&b) {
-        return Err(NnError::Stage(format!(
-            "{what}: shapes do not fit: [{m}, {k}] x [{}, {n}] into {} elements",
-            b.rows,
-            dst.len()
-        )));
+    let dst_fits = m == 0 || n == 0 || (rs >= n && (m - 1) * rs + n <= len);
+    if b.rows != k || !dst_fits || !fits(&a) || !fits(&b) {
+        return Err(shape_error(&a, &b, len, what));
     }
     if m == 0 || n == 0 {
         return Ok(());
     }
-    if k == 0 {
-        if !accumulate {
-            dst.fill(T::zero());
-        }
-        return Ok(());
-    }
-    // SAFETY: every index gemm reads, (i, l) of a, (l, j) of b, (i, j) of dst with i < m,
-    // l < k, j < n, was checked above to lie inside its slice; dst is borrowed mutably and
-    // cannot alias a or b.
+    // SAFETY: every index gemm touches, (i, l) of a, (l, j) of b, i·rs + j of dst with i < m,
+    // l < k, j < n, was checked above to lie inside its buffer; the caller guarantees dst may
+    // be written (and read when accumulating) and aliases neither operand.
     unsafe {
+        if k == 0 {
+            if !accumulate {
+                for i in 0..m {
+                    for j in 0..n {
+                        dst.add(i * rs + j).write(T::zero());
+                    }
+                }
+            }
+            return Ok(());
+        }
         gemm::gemm(
             m,
             n,
             k,
-            dst.as_mut_ptr(),
+            dst,
             1,
-            n as isize,
+            rs as isize,
             accumulate,
             a.data.as_ptr(),
             a.cs as isize,
@@ -110,6 +168,18 @@ pub(crate) fn gemm<T: Elem>(
     Ok(())
 }
 
+/// `a·b` as a new row-major `[a.rows, b.cols]` buffer (no zeroing pass).
+pub(crate) fn product<T: Elem>(
+    a: Mat<'_, T>,
+    b: Mat<'_, T>,
+    what: &str,
+) -> Result<Vec<T>, NnError> {
+    let mut out = Uninit::new(a.rows * b.cols);
+    gemm_to(out.slots(), b.cols, a, b, what)?;
+    // SAFETY: gemm_to wrote all a.rows x b.cols elements of the contiguous output.
+    Ok(unsafe { out.assume_init() })
+}
+
 /// `x Wᵀ (+ b) (+ residual)` for `x: [n, in]`, `wt = Wᵀ: [in, out]`, `b: [out]`,
 /// `residual: [n, out]`.
 pub(crate) fn linear_forward(
@@ -121,21 +191,38 @@ pub(crate) fn linear_forward(
     by_dtype!(x, "Linear forward", linear_forward_t(x, wt, b, residual))
 }
 
-/// A `rows x cols` output buffer for a GEMM: a copy of `residual` when one is added to the
-/// product (its shape checked), zeros otherwise.
-fn output_buffer<T: Elem>(
+/// The start of a `rows x cols` GEMM output that the product is added to: a copy of
+/// `residual` (its shape checked), or `None` when there is none (the product is written into a
+/// fresh buffer).
+fn residual_start<T: Elem>(
     residual: Option<&Tensor>,
     rows: usize,
     cols: usize,
     what: &str,
-) -> Result<Vec<T>, NnError> {
+) -> Result<Option<Vec<T>>, NnError> {
     match residual {
         Some(r) if r.dims() != [rows, cols] => Err(NnError::Stage(format!(
             "{what}: residual is {:?}, expected [{rows}, {cols}]",
             r.dims()
         ))),
-        Some(r) => read::<T, _>(r, what, <[T]>::to_vec),
-        None => Ok(vec![T::zero(); rows * cols]),
+        Some(r) => read::<T, _>(r, what, <[T]>::to_vec).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// `start + a·b`, or `a·b` in a fresh buffer when there is no start.
+fn product_plus<T: Elem>(
+    start: Option<Vec<T>>,
+    a: Mat<'_, T>,
+    b: Mat<'_, T>,
+    what: &str,
+) -> Result<Vec<T>, NnError> {
+    match start {
+        Some(mut dst) => {
+            gemm(&mut dst, a, b, true, what)?;
+            Ok(dst)
+        }
+        None => product(a, b, what),
     }
 }
 
@@ -153,9 +240,9 @@ fn linear_forward_t<T: Elem>(
             "{WHAT}: input has {input} features, the weight expects {w_in}"
         )));
     }
-    let mut dst = output_buffer::<T>(residual, n, out, WHAT)?;
-    let mut accumulate = residual.is_some();
+    let mut start = residual_start::<T>(residual, n, out, WHAT)?;
     if let Some(b) = b {
+        let dst = start.get_or_insert_with(|| vec![T::zero(); n * out]);
         read::<T, _>(b, WHAT, |b| {
             if b.len() != out {
                 return Err(NnError::Stage(format!(
@@ -170,17 +257,10 @@ fn linear_forward_t<T: Elem>(
             }
             Ok(())
         })??;
-        accumulate = true;
     }
-    read::<T, _>(x, WHAT, |x| {
+    let dst = read::<T, _>(x, WHAT, |x| {
         read::<T, _>(wt, WHAT, |wt| {
-            gemm(
-                &mut dst,
-                Mat::new(x, n, input),
-                Mat::new(wt, input, out),
-                accumulate,
-                WHAT,
-            )
+            product_plus(start, Mat::new(x, n, input), Mat::new(wt, input, out), WHAT)
         })
     })???;
     tensor(dst, (n, out), WHAT)
@@ -237,16 +317,10 @@ fn linear_backward_input_t<T: Elem>(
             "{WHAT}: gradient has {out} features, the weight produces {w_out}"
         )));
     }
-    let mut dst = output_buffer::<T>(residual, n, input, WHAT)?;
-    read::<T, _>(dy, WHAT, |dy| {
+    let start = residual_start::<T>(residual, n, input, WHAT)?;
+    let dst = read::<T, _>(dy, WHAT, |dy| {
         read::<T, _>(w, WHAT, |w| {
-            gemm(
-                &mut dst,
-                Mat::new(dy, n, out),
-                Mat::new(w, out, input),
-                residual.is_some(),
-                WHAT,
-            )
+            product_plus(start, Mat::new(dy, n, out), Mat::new(w, out, input), WHAT)
         })
     })???;
     tensor(dst, (n, input), WHAT)

@@ -1,25 +1,32 @@
 //! The element types' special functions: GELU through libm in f64, and a vectorizable f32
 //! GELU with its own `exp` and erfc approximation.
 
+use std::mem::MaybeUninit;
+
 use super::Elem;
 
 const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
 impl Elem for f64 {
     /// Without the derivative's `exp` (inference, the teacher).
-    fn gelu(x: &[f64], y: &mut [f64]) {
+    fn gelu(x: &[f64], y: &mut [MaybeUninit<f64>]) {
+        assert_eq!(x.len(), y.len(), "GELU: input and output lengths");
         for (&x, y) in x.iter().zip(y) {
             // The same expression as candle's `gelu_erf`.
-            *y = (libm::erf(x * std::f64::consts::FRAC_1_SQRT_2) + 1.0) * 0.5 * x;
+            y.write((libm::erf(x * std::f64::consts::FRAC_1_SQRT_2) + 1.0) * 0.5 * x);
         }
     }
 
-    fn gelu_forward(x: &[f64], y: &mut [f64], d: &mut [f64]) {
+    fn gelu_forward(x: &[f64], y: &mut [MaybeUninit<f64>], d: &mut [MaybeUninit<f64>]) {
+        assert!(
+            x.len() == y.len() && x.len() == d.len(),
+            "GELU: input and output lengths"
+        );
         for ((&x, y), d) in x.iter().zip(y).zip(d) {
             let erf = libm::erf(x * std::f64::consts::FRAC_1_SQRT_2);
             // The same expression as candle's `gelu_erf`.
-            *y = (erf + 1.0) * 0.5 * x;
-            *d = x * (libm::exp(-0.5 * (x * x)) * INV_SQRT_2PI) + (erf * 0.5 + 0.5);
+            y.write((erf + 1.0) * 0.5 * x);
+            d.write(x * (libm::exp(-0.5 * (x * x)) * INV_SQRT_2PI) + (erf * 0.5 + 0.5));
         }
     }
 
@@ -37,14 +44,12 @@ impl Elem for f64 {
 }
 
 impl Elem for f32 {
-    fn gelu_forward(x: &[f32], y: &mut [f32], d: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU supports the features the function is compiled for.
-            return unsafe { gelu_forward_f32_avx2(x, y, d) };
-        }
-        gelu_forward_f32(x, y, d)
+    fn gelu_forward(x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<f32>]) {
+        assert!(
+            x.len() == y.len() && x.len() == d.len(),
+            "GELU: input and output lengths"
+        );
+        gelu_forward_wide(x, y, d)
     }
 
     fn sqrt(self) -> f32 {
@@ -60,21 +65,20 @@ impl Elem for f32 {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn gelu_forward_f32_avx2(x: &[f32], y: &mut [f32], d: &mut [f32]) {
-    gelu_forward_f32(x, y, d)
+wide_kernel! {
+    /// [`gelu_forward_f32`] as wide as the CPU allows.
+    fn gelu_forward_wide(x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<f32>]) => gelu_forward_f32
 }
 
 /// Branch-free f32 GELU and derivative (vectorizable): `Φ(x)` from an erfc approximation with
 /// relative error below 1.2e-7 everywhere (a Chebyshev fit, Numerical Recipes' `erfcc`), so
 /// the tails keep their relative precision.
 #[inline(always)]
-fn gelu_forward_f32(x: &[f32], y: &mut [f32], d: &mut [f32]) {
+fn gelu_forward_f32(x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<f32>]) {
     for ((&x, y), d) in x.iter().zip(y).zip(d) {
         let (phi, pdf) = normal_cdf_pdf_f32(x);
-        *y = x * phi;
-        *d = phi + x * pdf;
+        y.write(x * phi);
+        d.write(phi + x * pdf);
     }
 }
 
@@ -143,9 +147,16 @@ mod tests {
     fn f32_gelu_matches_the_f64_formula() {
         // In the tails the error grows like x² ε: the argument of exp(-x²/2) is rounded to f32.
         let xs: Vec<f32> = (0..20_001).map(|i| -10.0 + i as f32 * 1e-3).collect();
-        let mut y = vec![0.0; xs.len()];
-        let mut d = vec![0.0; xs.len()];
+        let mut y = vec![MaybeUninit::new(0.0); xs.len()];
+        let mut d = vec![MaybeUninit::new(0.0); xs.len()];
         f32::gelu_forward(&xs, &mut y, &mut d);
+        // SAFETY: every element was initialized (to 0, then by gelu_forward).
+        let (y, d): (Vec<f32>, Vec<f32>) = unsafe {
+            (
+                y.iter().map(|v| v.assume_init()).collect(),
+                d.iter().map(|v| v.assume_init()).collect(),
+            )
+        };
         for ((&x, &y), &d) in xs.iter().zip(&y).zip(&d) {
             let xf = x as f64;
             let want_y = xf * phi(xf);

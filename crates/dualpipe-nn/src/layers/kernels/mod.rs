@@ -13,6 +13,14 @@
 //!   functions as candle's `gelu_erf`), so f64 results stay exact to rounding; f32 GELU uses a
 //!   branch-free erfc approximation (relative error below 2e-7, the size of f32 rounding) that
 //!   the compiler vectorizes.
+//!
+//! Outputs that a kernel writes in full (GEMM products, GELU, the norm's rows, attention's
+//! heads) start as [`Uninit`] buffers, with no zeroing pass; the element-wise loops are
+//! compiled for AVX-512 where the CPU has it (`wide_kernel!`), with the same operations per
+//! element and reductions in their sequential order, so results are bit-identical on every
+//! path; and glibc is asked once to keep freed buffers for reuse (`keep_freed_memory`).
+
+use std::mem::MaybeUninit;
 
 use candle_core::{DType, Device, Storage, Tensor, WithDType};
 
@@ -20,18 +28,16 @@ use crate::error::{NnError, TensorContext};
 
 /// An element type the kernels run on (f32 or f64).
 pub(crate) trait Elem: WithDType {
-    /// `y = gelu(x)` and `d = gelu'(x)`, elementwise.
-    fn gelu_forward(x: &[Self], y: &mut [Self], d: &mut [Self]);
+    /// `y = gelu(x)` and `d = gelu'(x)`, elementwise (every slot of `y` and `d` written).
+    fn gelu_forward(x: &[Self], y: &mut [MaybeUninit<Self>], d: &mut [MaybeUninit<Self>]);
     /// `y = gelu(x)`, elementwise (by default [`Elem::gelu_forward`] with the derivative
     /// dropped).
-    fn gelu(x: &[Self], y: &mut [Self]) {
-        let mut d = vec![Self::zero(); x.len()];
-        Self::gelu_forward(x, y, &mut d);
+    fn gelu(x: &[Self], y: &mut [MaybeUninit<Self>]) {
+        Self::gelu_forward(x, y, Uninit::new(x.len()).slots());
     }
     /// `gelu'(x)`, elementwise ([`Elem::gelu_forward`] with the value dropped).
-    fn gelu_derivative(x: &[Self], d: &mut [Self]) {
-        let mut y = vec![Self::zero(); x.len()];
-        Self::gelu_forward(x, &mut y, d);
+    fn gelu_derivative(x: &[Self], d: &mut [MaybeUninit<Self>]) {
+        Self::gelu_forward(x, Uninit::new(x.len()).slots(), d);
     }
     /// The square root.
     fn sqrt(self) -> Self;
@@ -59,6 +65,42 @@ macro_rules! by_dtype {
     };
 }
 
+/// Defines `fn $name[<T: Elem>](args) -> R` that runs the `#[inline(always)]` function `$inner`
+/// compiled for AVX-512 (16 f32 lanes) where the CPU has it, else for AVX2 with FMA where it
+/// has those, else as built (SSE2 on x86-64): the element-wise loops of `$inner` vectorize as
+/// wide as the CPU allows. Results do not depend on the path: each element goes through the
+/// same operations (Rust never fuses `a * b + c` into an FMA on its own), and the kernels keep
+/// their reductions in sequential order.
+macro_rules! wide_kernel {
+    ($(#[$doc:meta])* fn $name:ident $(<$T:ident: Elem>)? ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $inner:ident) => {
+        $(#[$doc])*
+        fn $name $(<$T: Elem>)? ($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
+                unsafe fn avx512 $(<$T: Elem>)? ($($arg: $ty),*) $(-> $ret)? {
+                    $inner($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2 $(<$T: Elem>)? ($($arg: $ty),*) $(-> $ret)? {
+                    $inner($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU supports the features `avx512` is compiled for.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: as above.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $inner($($arg),*)
+        }
+    };
+}
+
 mod attention;
 mod elementwise;
 mod gemm;
@@ -70,7 +112,7 @@ mod token;
 pub(crate) use attention::{attention_backward, attention_forward};
 pub(crate) use elementwise::{add, gelu, gelu_derivative, gelu_forward, mse, mul, scaled_diff};
 pub(crate) use gemm::{
-    gemm, linear_backward_input, linear_backward_weight, linear_forward, transpose, Mat,
+    gemm, gemm_to, linear_backward_input, linear_backward_weight, linear_forward, transpose, Mat,
 };
 pub(crate) use norm::{rms_norm_backward_input, rms_norm_backward_weight, rms_norm_forward};
 pub(crate) use optim::{adamw, sgd, AdamWStep};
@@ -109,6 +151,7 @@ pub(crate) fn tensor<T: Elem, S: Into<candle_core::Shape>>(
     shape: S,
     what: &str,
 ) -> Result<Tensor, NnError> {
+    keep_freed_memory();
     Tensor::from_vec(data, shape, &Device::Cpu).ctx(what)
 }
 
@@ -128,4 +171,98 @@ fn same_shape(a: &Tensor, b: &Tensor, what: &str) -> Result<(), NnError> {
         )));
     }
     Ok(())
+}
+
+/// A buffer of `len` elements that is written in full before it is read (the output of a
+/// GEMM or of an element-wise kernel): no zeroing pass over memory that is overwritten anyway.
+pub(crate) struct Uninit<T> {
+    buf: Vec<T>,
+    len: usize,
+}
+
+impl<T> Uninit<T> {
+    /// Room for `len` elements, none written yet.
+    pub(crate) fn new(len: usize) -> Self {
+        Uninit {
+            buf: Vec::with_capacity(len),
+            len,
+        }
+    }
+
+    /// The `len` slots to write.
+    pub(crate) fn slots(&mut self) -> &mut [MaybeUninit<T>] {
+        &mut self.buf.spare_capacity_mut()[..self.len]
+    }
+
+    /// The elements.
+    ///
+    /// # Safety
+    ///
+    /// Every slot of [`Uninit::slots`] was written.
+    pub(crate) unsafe fn assume_init(mut self) -> Vec<T> {
+        // SAFETY: capacity is at least `len`, and the caller guarantees all `len` are written.
+        unsafe { self.buf.set_len(self.len) };
+        self.buf
+    }
+}
+
+/// The slots as elements.
+///
+/// # Safety
+///
+/// Every slot was written.
+pub(crate) unsafe fn assume_init_mut<T>(slots: &mut [MaybeUninit<T>]) -> &mut [T] {
+    // SAFETY: MaybeUninit<T> has T's layout, and the caller guarantees every slot is written.
+    unsafe { &mut *(slots as *mut [MaybeUninit<T>] as *mut [T]) }
+}
+
+/// The largest element of a non-empty slice, as the sequential scan `if x > max { max = x }`
+/// from the first element finds it, taken over 16 lanes (the maximum does not depend on the
+/// order of the comparisons).
+#[inline(always)]
+pub(crate) fn max_of<T: Elem>(xs: &[T]) -> T {
+    const LANES: usize = 16;
+    let mut lanes = [xs[0]; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            if x > *m {
+                *m = x;
+            }
+        }
+    }
+    let mut max = xs[0];
+    for &x in lanes.iter().chain(rest) {
+        if x > max {
+            max = x;
+        }
+    }
+    max
+}
+
+/// Lets glibc's allocator keep freed memory for reuse instead of returning it to the kernel.
+///
+/// A training step frees and allocates the same few buffer sizes (up to a few MiB each) for
+/// every micro-batch and layer. With glibc's defaults much of that memory goes back to the
+/// kernel between uses (buffers above the mmap threshold are unmapped when freed, and a heap
+/// whose free top passes the trim threshold is shrunk), so the next buffer of that size
+/// page-faults and is zeroed again: about 30,000 page faults per step of issue 13's GPT
+/// comparison, about 12% of its CPU time. Called once, the first time a kernel makes a
+/// tensor; the process keeps its peak heap instead of shrinking after it (a training
+/// process returns to that peak at every step anyway). Buffers above 32 MiB are still mapped
+/// and unmapped on their own.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: mallopt only changes the allocator's parameters; both values are within
+            // the ranges glibc accepts (the mmap threshold's maximum is 32 MiB on 64-bit).
+            unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+            }
+        });
+    }
 }

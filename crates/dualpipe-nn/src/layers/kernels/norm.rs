@@ -2,7 +2,9 @@
 
 use candle_core::Tensor;
 
-use super::{dims2, read, tensor, unsupported, Elem};
+use std::mem::MaybeUninit;
+
+use super::{dims2, read, tensor, unsupported, Elem, Uninit};
 use crate::error::NnError;
 
 fn check_weight(x: &Tensor, w: &Tensor, what: &str) -> Result<(usize, usize), NnError> {
@@ -35,19 +37,10 @@ fn rms_norm_forward_t<T: Elem>(
     let (eps, inv_d) = (T::from_f64(eps), T::from_f64(1.0 / d as f64));
     let (y, inv) = read::<T, _>(x, WHAT, |x| {
         read::<T, _>(w, WHAT, |w| {
-            let mut y = vec![T::zero(); n * d];
-            let mut inv = vec![T::zero(); n];
-            for ((xr, yr), iv) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)).zip(&mut inv) {
-                let mut ss = T::zero();
-                for &v in xr {
-                    ss += v * v;
-                }
-                *iv = T::one() / (ss * inv_d + eps).sqrt();
-                for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
-                    *o = v * *iv * g;
-                }
-            }
-            (y, inv)
+            let mut y = Uninit::new(n * d);
+            let inv = forward_rows(x, w, y.slots(), inv_d, eps);
+            // SAFETY: forward_rows wrote every row's d elements.
+            (unsafe { y.assume_init() }, inv)
         })
     })??;
     Ok((tensor(y, (n, d), WHAT)?, tensor(inv, n, WHAT)?))
@@ -94,21 +87,7 @@ fn rms_norm_backward_input_t<T: Elem>(
         read::<T, _>(x, WHAT, |x| {
             read::<T, _>(w, WHAT, |w| {
                 read::<T, _>(inv_rms, WHAT, |inv| {
-                    for (((gr, xr), dr), &iv) in g
-                        .chunks_exact(d)
-                        .zip(x.chunks_exact(d))
-                        .zip(dx.chunks_exact_mut(d))
-                        .zip(inv)
-                    {
-                        let mut dot = T::zero();
-                        for ((&gv, &xv), &wv) in gr.iter().zip(xr).zip(w) {
-                            dot += gv * wv * xv * iv;
-                        }
-                        let m = dot * inv_d;
-                        for (((o, &gv), &xv), &wv) in dr.iter_mut().zip(gr).zip(xr).zip(w) {
-                            *o += (gv * wv - xv * iv * m) * iv;
-                        }
-                    }
+                    backward_rows(g, x, w, inv, &mut dx, inv_d)
                 })
             })
         })
@@ -148,14 +127,78 @@ fn rms_norm_backward_weight_t<T: Elem>(
     let mut dw = read::<T, _>(grad_w, WHAT, <[T]>::to_vec)?;
     read::<T, _>(g, WHAT, |g| {
         read::<T, _>(x, WHAT, |x| {
-            read::<T, _>(inv_rms, WHAT, |inv| {
-                for ((gr, xr), &iv) in g.chunks_exact(d).zip(x.chunks_exact(d)).zip(inv) {
-                    for ((o, &gv), &xv) in dw.iter_mut().zip(gr).zip(xr) {
-                        *o += gv * xv * iv;
-                    }
-                }
-            })
+            read::<T, _>(inv_rms, WHAT, |inv| weight_rows(g, x, inv, &mut dw))
         })
     })???;
     tensor(dw, d, WHAT)
+}
+
+wide_kernel! {
+    /// `y = x / rms(x) ⊙ w` row by row (`w.len()` columns), every slot of `y` written; returns
+    /// `1 / rms` of each row.
+    fn forward_rows<T: Elem>(x: &[T], w: &[T], y: &mut [MaybeUninit<T>], inv_d: T, eps: T) -> Vec<T> => forward_rows_inline
+}
+
+#[inline(always)]
+fn forward_rows_inline<T: Elem>(
+    x: &[T],
+    w: &[T],
+    y: &mut [MaybeUninit<T>],
+    inv_d: T,
+    eps: T,
+) -> Vec<T> {
+    let d = w.len();
+    let mut inv = Vec::with_capacity(x.len() / d);
+    for (xr, yr) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)) {
+        let mut ss = T::zero();
+        for &v in xr {
+            ss += v * v;
+        }
+        let iv = T::one() / (ss * inv_d + eps).sqrt();
+        for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
+            o.write(v * iv * g);
+        }
+        inv.push(iv);
+    }
+    inv
+}
+
+wide_kernel! {
+    /// `dx += (u − x̂ mean(u ⊙ x̂)) / rms` row by row, `u = g ⊙ w`, `x̂ = x / rms`.
+    fn backward_rows<T: Elem>(g: &[T], x: &[T], w: &[T], inv: &[T], dx: &mut [T], inv_d: T) => backward_rows_inline
+}
+
+#[inline(always)]
+fn backward_rows_inline<T: Elem>(g: &[T], x: &[T], w: &[T], inv: &[T], dx: &mut [T], inv_d: T) {
+    let d = w.len();
+    for (((gr, xr), dr), &iv) in g
+        .chunks_exact(d)
+        .zip(x.chunks_exact(d))
+        .zip(dx.chunks_exact_mut(d))
+        .zip(inv)
+    {
+        let mut dot = T::zero();
+        for ((&gv, &xv), &wv) in gr.iter().zip(xr).zip(w) {
+            dot += gv * wv * xv * iv;
+        }
+        let m = dot * inv_d;
+        for (((o, &gv), &xv), &wv) in dr.iter_mut().zip(gr).zip(xr).zip(w) {
+            *o += (gv * wv - xv * iv * m) * iv;
+        }
+    }
+}
+
+wide_kernel! {
+    /// `dw += Σ_rows g ⊙ x / rms`.
+    fn weight_rows<T: Elem>(g: &[T], x: &[T], inv: &[T], dw: &mut [T]) => weight_rows_inline
+}
+
+#[inline(always)]
+fn weight_rows_inline<T: Elem>(g: &[T], x: &[T], inv: &[T], dw: &mut [T]) {
+    let d = dw.len();
+    for ((gr, xr), &iv) in g.chunks_exact(d).zip(x.chunks_exact(d)).zip(inv) {
+        for ((o, &gv), &xv) in dw.iter_mut().zip(gr).zip(xr) {
+            *o += gv * xv * iv;
+        }
+    }
 }

@@ -3,7 +3,7 @@
 
 use candle_core::Tensor;
 
-use super::{dims2, read, tensor, unsupported, Elem};
+use super::{dims2, max_of, read, tensor, unsupported, Elem};
 use crate::error::NnError;
 
 /// `h[r·seq + t] = tok[ids[r·seq + t]] + pos[t]` for `ids` of `rows·seq` tokens; `seq` is at
@@ -150,31 +150,41 @@ fn cross_entropy_t<T: Elem>(
     let s = T::from_f64(scale / n as f64);
     let (sum, grad) = read::<T, _>(logits, WHAT, |z| {
         let mut grad = vec![T::zero(); n * vocab];
-        let mut sum = 0.0f64;
-        for ((zr, gr), &t) in z
-            .chunks_exact(vocab)
-            .zip(grad.chunks_exact_mut(vocab))
-            .zip(targets)
-        {
-            let mut max = zr[0];
-            for &v in zr {
-                if v > max {
-                    max = v;
-                }
-            }
-            let mut total = T::zero();
-            for (g, &v) in gr.iter_mut().zip(zr) {
-                *g = (v - max).exp();
-                total += *g;
-            }
-            sum += (total.ln() + max - zr[t as usize]).to_f64();
-            let inv = T::one() / total;
-            for g in gr.iter_mut() {
-                *g = *g * inv * s;
-            }
-            gr[t as usize] -= s;
-        }
+        let sum = cross_entropy_rows(z, targets, &mut grad, s);
         (sum, grad)
     })?;
     Ok((sum / n as f64, tensor(grad, (n, vocab), WHAT)?))
+}
+
+wide_kernel! {
+    /// Row by row of `z` (`targets.len()` rows): `grad = s (softmax(z) − onehot)`; returns the
+    /// sum of `−log softmax(z)[target]` in f64.
+    fn cross_entropy_rows<T: Elem>(z: &[T], targets: &[u32], grad: &mut [T], s: T) -> f64 => cross_entropy_rows_inline
+}
+
+#[inline(always)]
+fn cross_entropy_rows_inline<T: Elem>(z: &[T], targets: &[u32], grad: &mut [T], s: T) -> f64 {
+    let vocab = z.len() / targets.len();
+    let mut sum = 0.0f64;
+    for ((zr, gr), &t) in z
+        .chunks_exact(vocab)
+        .zip(grad.chunks_exact_mut(vocab))
+        .zip(targets)
+    {
+        let max = max_of(zr);
+        for (g, &v) in gr.iter_mut().zip(zr) {
+            *g = (v - max).exp();
+        }
+        let mut total = T::zero();
+        for &g in gr.iter() {
+            total += g;
+        }
+        sum += (total.ln() + max - zr[t as usize]).to_f64();
+        let inv = T::one() / total;
+        for g in gr.iter_mut() {
+            *g = *g * inv * s;
+        }
+        gr[t as usize] -= s;
+    }
+    sum
 }
