@@ -358,6 +358,11 @@ pub fn parse_npy(bytes: &[u8]) -> Result<LoadData, String> {
             "the array has shape {shape:?}; expected [layers, experts] or [steps, layers, experts]"
         ));
     }
+    if shape.contains(&0) {
+        return Err(format!(
+            "the array has shape {shape:?}, which holds no loads; every dimension must be at least 1"
+        ));
+    }
     let index_name = |flat: usize| -> String {
         let mut rest = flat;
         let mut idx = vec![0; shape.len()];
@@ -573,6 +578,17 @@ mod tests {
             .collect();
         let e = parse_npy(&npy_bytes("<f4", &[1, 2], false, &sum)).unwrap_err();
         assert!(e.contains("layer 0: the loads add up"), "{e}");
+    }
+
+    #[test]
+    fn npy_with_an_empty_dimension_is_refused() {
+        // Found by the loads_npy fuzz target: zero steps made the product of
+        // the other two dimensions (which may overflow) the slice length.
+        let huge = 1usize << 40;
+        for shape in [vec![0, huge, huge], vec![3, 0, 2], vec![0, 2], vec![2, 0]] {
+            let e = parse_npy(&npy_bytes("<f4", &shape, false, &[])).unwrap_err();
+            assert!(e.contains("holds no loads"), "{shape:?}: {e}");
+        }
     }
 
     #[test]
