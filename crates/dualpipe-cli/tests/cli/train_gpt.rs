@@ -154,6 +154,16 @@ fn saved_weights_resume_and_evaluate_on_the_documented_windows() {
     let mut clash = resumed.clone();
     clash.extend(["--d-model", "32"]);
     train(&clash).usage_error(&["--d-model", "32", "16"]);
+    // So does a partition of another number of blocks.
+    dualpipe(
+        ["train"]
+            .into_iter()
+            .chain(resumed.iter().copied())
+            .chain(["--ranks", "2", "--partition", "1,1,1"]),
+    )
+    .usage_error(&[
+        "the partition 1,1,1 holds 3 blocks but the weights file has layers = 2; give a partition of 2 blocks",
+    ]);
 }
 
 #[test]

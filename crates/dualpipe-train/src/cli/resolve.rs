@@ -231,7 +231,8 @@ fn adopt_architecture(
         let blocks: usize = p.iter().sum();
         if blocks != file.layers {
             return Err(TrainError::Config(format!(
-                "--init-from {}: the partition {} holds {blocks} blocks but the weights file                  has layers = {}; give a partition of {} blocks",
+                "--init-from {}: the partition {} holds {blocks} blocks but the weights file \
+                 has layers = {}; give a partition of {} blocks",
                 path.display(),
                 crate::partition::format_partition(p),
                 file.layers,
