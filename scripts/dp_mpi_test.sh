@@ -3,7 +3,7 @@
 #
 #   scripts/dp_mpi_test.sh        # builds the example with --features mpi, runs the checks
 #
-# Needs an MPI (MPICH or Open MPI: `mpiexec` on PATH) and, to build, its headers and libclang.
+# Needs an MPI (MPICH or Open MPI: `mpiexec`, or `mpiexec.mpich` / `mpiexec.openmpi`, on PATH) and, to build, its headers and libclang.
 # For 2 and 4 processes, every compression (none, bf16, int8 with stochastic rounding, 1bit)
 # over the whole world and over a half of it (even / odd ranks on their own communicator): 3
 # steps of gradients exchanged over MPI must be bit-identical to the same group on threads;
@@ -20,11 +20,20 @@ fi
 cargo build -p dualpipe-dp --features mpi --example mpi_exchange --quiet || exit 1
 BIN=target/debug/examples/mpi_exchange
 
+# Start the example with the launcher of the MPI it links: Debian's alternatives may point plain
+# `mpiexec` at the other one (read ldd's output whole: `ldd | grep -q` fails under SIGPIPE).
+LINKS=$(ldd "$BIN")
 LAUNCH=(mpiexec)
-if mpiexec --version 2>&1 | grep -qi "open mpi\|openrte"; then
+if grep -q "libmpich\.so" <<<"$LINKS" && command -v mpiexec.mpich >/dev/null 2>&1; then
+    LAUNCH=(mpiexec.mpich)
+elif grep -q "libmpi\.so" <<<"$LINKS" && command -v mpiexec.openmpi >/dev/null 2>&1; then
+    LAUNCH=(mpiexec.openmpi)
+fi
+if "${LAUNCH[0]}" --version 2>&1 | grep -qi "open mpi\|openrte"; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     LAUNCH+=(--oversubscribe)
 fi
+echo "dp_mpi_test: ${LAUNCH[*]} (the example links $(grep -o "libmpi[a-z]*\.so[.0-9]*" <<<"$LINKS" | head -1))"
 
 PASSED=0
 FAILED=0
