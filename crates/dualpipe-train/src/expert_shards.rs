@@ -122,12 +122,16 @@ pub fn exchange_gradients(
     // Per (block, stored expert): the placement's holders and this replica's gradients.
     let mut local: Vec<HeldGradient> = Vec::new();
     let mut version = 0;
+    // Whether some expert has several holders: decided from the placements, which every
+    // worker of the group shares (a worker that stores no replicated expert still joins).
+    let mut replicated = false;
     let mut i = 0;
     while i < copies.len() {
         let l = copies[i].0;
         let end = i + copies[i..].iter().take_while(|c| c.0 == l).count();
         let placement = placement_of(copies[i].2)?;
         version = version.max(placement.version);
+        replicated |= placement.replicas.iter().any(|h| h.len() > 1);
         for j in copies[i].2.stored_experts() {
             let mut grads: Vec<Vec<f64>> = Vec::new();
             let take = if copies_summed { 1 } else { end - i };
@@ -154,7 +158,6 @@ pub fn exchange_gradients(
         }
         i = end;
     }
-    let replicated = local.iter().any(|h| h.holders.len() > 1);
     let got = if replicated {
         let mut parts = vec![Vec::new(); workers];
         for h in &local {

@@ -289,6 +289,36 @@ fn eplb_with_redundant_experts_changes_no_loss() {
 }
 
 #[test]
+fn four_workers_with_a_few_replicated_experts_train_like_the_dense_exchange() {
+    // 6 experts and 2 redundant slots over 4 workers: only some workers hold a replicated
+    // expert, yet every worker joins the gradient sum's exchange (decided by the shared
+    // placement, not by what a worker stores), so none waits for a peer that never sends.
+    let config = |expert_parallel: bool, redundant_experts: usize, eplb_every: usize| TrainConfig {
+        data_parallel: 4,
+        steps: 4,
+        ..tiny(
+            ScheduleKind::DualPipe,
+            2,
+            MoeSettings {
+                experts: 6,
+                redundant_experts,
+                eplb_every,
+                ..moe(expert_parallel)
+            },
+        )
+    };
+    let dense = config(false, 0, 0);
+    let mut plain = DataParallel::new(dense.clone()).unwrap();
+    let reference = losses_of(|| plain.step().unwrap().losses, dense.steps);
+    let sharded = config(true, 2, 1);
+    let mut parallel = DataParallel::new(sharded.clone()).unwrap();
+    let spread = losses_of(|| parallel.step().unwrap().losses, sharded.steps);
+    assert_same("4 workers, 2 redundant experts", &spread, &reference);
+    let summary = DataParallel::new(sharded).unwrap().run(|_| Ok(())).unwrap();
+    assert!(summary.experts_moved.unwrap() > 0, "the experts moved");
+}
+
+#[test]
 fn sharded_adamw_with_rebalancing_trains_like_the_dense_exchange() {
     // AdamW's two moments travel with a moved expert: the run with re-placements and
     // redundant experts equals two plain data-parallel replicas (every expert everywhere).
