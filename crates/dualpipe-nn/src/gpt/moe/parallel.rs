@@ -352,16 +352,19 @@ impl ChannelExpertLink {
                     }
                 }
             };
+            // A peer may already be at a later all-to-all (with three or more workers it
+            // can finish this one before another peer has sent): kept for then. Only a
+            // message of this all-to-all is checked against its version.
+            if msg.seq != seq {
+                self.early.insert((msg.seq, msg.from), msg);
+                continue;
+            }
             if msg.tag.version < tag.version {
                 return Err(NnError::Execution(format!(
                     "expert all-to-all: worker {} sent rows for placement version {} to \
                      version {}; refused as stale",
                     msg.from, msg.tag.version, tag.version
                 )));
-            }
-            if msg.seq != seq {
-                self.early.insert((msg.seq, msg.from), msg);
-                continue;
             }
             if msg.tag != tag {
                 return Err(NnError::Execution(format!(
@@ -542,6 +545,43 @@ mod tests {
             t.join().unwrap().is_err(),
             "the other side sees the mismatch"
         );
+    }
+
+    #[test]
+    fn a_peer_already_at_the_next_all_to_all_is_kept_for_it() {
+        // With three workers, worker 0 can finish all-to-all 0 (placement version 3) and
+        // send its part of all-to-all 1 (version 0) before worker 1's part of all-to-all 0
+        // reaches worker 2: worker 2 keeps that early part, neither refusing it as stale
+        // nor losing it.
+        let mut links = ChannelExpertLink::group(3, Duration::from_secs(5));
+        let mut c = links.pop().unwrap();
+        let b = links.pop().unwrap();
+        let a = links.pop().unwrap();
+        let tag = |mb, version| ExchangeTag {
+            chunk: Chunk::new(0, 0, mb),
+            phase: Phase::Dispatch,
+            version,
+        };
+        let part = |link: &ChannelExpertLink, seq, version, value| {
+            link.peers[2]
+                .send(Message {
+                    from: link.worker,
+                    seq,
+                    tag: tag(seq as usize, version),
+                    body: vec![value],
+                    visible_at: 0.0,
+                })
+                .unwrap()
+        };
+        // Worker 2's inbox, in arrival order.
+        part(&a, 0, 3, 0.0);
+        part(&a, 1, 0, 10.0);
+        part(&b, 0, 3, 1.0);
+        part(&b, 1, 0, 11.0);
+        let first = c.all_to_all(tag(0, 3), vec![vec![], vec![], vec![2.0]]);
+        assert_eq!(first.unwrap(), vec![vec![0.0], vec![1.0], vec![2.0]]);
+        let second = c.all_to_all(tag(1, 0), vec![vec![], vec![], vec![12.0]]);
+        assert_eq!(second.unwrap(), vec![vec![10.0], vec![11.0], vec![12.0]]);
     }
 
     /// A clock that stands still except when a wait moves it on; it logs every wait.
