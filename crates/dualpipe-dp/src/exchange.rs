@@ -163,6 +163,11 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
         (self.rank, self.workers)
     }
 
+    /// The pipeline stage whose group this exchange serves.
+    pub fn stage(&self) -> usize {
+        self.stage
+    }
+
     /// The transport (e.g. to read its counters).
     pub fn transport(&self) -> &X {
         &self.transport
