@@ -8,9 +8,10 @@
 //! member 0 (a scatter message for shard 0); member 0 ([`CopyLead`]) adds them to its own in
 //! member order (`(c_0 + c_1) + ...`, the order a process holding every copy adds them in, so
 //! the results are bit-identical to it) and starts that bucket of the replicas' exchange (its
-//! inner [`GradExchange`], which compresses the sum and keeps the error feedback). Once that
-//! is finished, member 0 sends each bucket's result uncompressed to the others (a gather
-//! message for shard 0), so every copy steps the same gradients. The messages carry the
+//! inner [`GradExchange`], which compresses the sum and keeps the error feedback). As soon as
+//! a bucket of that exchange is done (in a progress call, or at the latest in `finish`),
+//! member 0 sends its result uncompressed to the others (a gather message for shard 0), so
+//! every copy steps the same gradients. The messages carry the
 //! logical clock's stamp (step, stage, bucket, part) as the exchange's do.
 //!
 //! Only the lead's exchange with the other replicas counts in its [`ExchangeStats`] bytes
@@ -140,6 +141,8 @@ struct LeadBucket<T> {
     added: usize,
     /// Whether the sum went into the replicas' exchange.
     started: bool,
+    /// Whether the result went to the other members.
+    sent: bool,
 }
 
 /// The holder of the lowest direction's copy: it sums the copies per bucket as they arrive
@@ -167,6 +170,7 @@ impl<T: GradFloat, X: GradTransport> CopyLead<T, X> {
                 sum: None,
                 added: 0,
                 started: false,
+                sent: false,
             })
             .collect();
         Ok(CopyLead {
@@ -210,6 +214,21 @@ impl<T: GradFloat, X: GradTransport> CopyLead<T, X> {
         Ok(())
     }
 
+    /// Sends the result of every bucket the replicas' exchange has done and not yet sent.
+    fn send_results(&mut self, step: u64) -> Result<(), DpError> {
+        for bucket in 0..self.buckets.len() {
+            if self.buckets[bucket].sent || !self.inner.bucket_done(bucket) {
+                continue;
+            }
+            let k = key(step, self.stage, bucket, true);
+            for to in 1..self.copies.size() {
+                send(&mut self.copies, to, k, self.inner.averaged(bucket))?;
+            }
+            self.buckets[bucket].sent = true;
+        }
+        Ok(())
+    }
+
     fn missing(&self, step: u64) -> String {
         self.buckets
             .iter()
@@ -235,6 +254,7 @@ impl<T: GradFloat, X: GradTransport> BucketExchange<T> for CopyLead<T, X> {
                 sum: None,
                 added: 0,
                 started: false,
+                sent: false,
             };
         }
         Ok(())
@@ -264,8 +284,10 @@ impl<T: GradFloat, X: GradTransport> BucketExchange<T> for CopyLead<T, X> {
     }
 
     fn progress(&mut self) -> Result<(), DpError> {
+        let step = self.step.ok_or(DpError::NoStep("progress"))?;
         self.advance()?;
-        self.inner.progress()
+        self.inner.progress()?;
+        self.send_results(step)
     }
 
     fn finish(&mut self) -> Result<ExchangeStats, DpError> {
@@ -281,12 +303,7 @@ impl<T: GradFloat, X: GradTransport> BucketExchange<T> for CopyLead<T, X> {
             self.advance()?;
         }
         let stats = self.inner.finish()?;
-        for bucket in 0..self.buckets.len() {
-            let k = key(step, self.stage, bucket, true);
-            for to in 1..self.copies.size() {
-                send(&mut self.copies, to, k, self.inner.averaged(bucket))?;
-            }
-        }
+        self.send_results(step)?;
         self.copies.flush()?;
         Ok(stats)
     }

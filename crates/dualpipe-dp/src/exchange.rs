@@ -502,6 +502,13 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
         BucketExchange::all_reduce(self, step, grads)
     }
 
+    /// Whether `bucket` of the current step is exchanged (its [`averaged`](Self::averaged)
+    /// values final), which [`progress`](Self::progress) may reach before
+    /// [`finish`](Self::finish).
+    pub fn bucket_done(&self, bucket: usize) -> bool {
+        self.buckets.get(bucket).is_some_and(|b| b.done)
+    }
+
     /// The averaged (or summed) gradients of `bucket`, after [`finish`](Self::finish).
     pub fn averaged(&self, bucket: usize) -> &[T] {
         &self.buckets[bucket].output
