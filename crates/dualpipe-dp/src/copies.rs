@@ -299,7 +299,9 @@ impl<T: GradFloat, X: GradTransport> BucketExchange<T> for CopyLead<T, X> {
         while !self.buckets.iter().all(|b| b.started) {
             self.inner.progress()?;
             let missing = self.missing(step);
-            wait_one(&mut self.copies, &mut self.clock, began, deadline, || missing)?;
+            wait_one(&mut self.copies, &mut self.clock, began, deadline, || {
+                missing
+            })?;
             self.advance()?;
         }
         let stats = self.inner.finish()?;
@@ -486,7 +488,12 @@ impl<T: GradFloat, X: GradTransport> BucketExchange<T> for CopyPartner<T, X> {
     /// Only zeros fit: the lead keeps the stage's error feedback.
     fn set_error_feedback(&mut self, state: ErrorFeedbackState<T>) -> Result<(), DpError> {
         state.check(&self.layout, 0, 1)?;
-        if state.worker.iter().chain(&state.server).any(|b| !b.is_empty()) {
+        if state
+            .worker
+            .iter()
+            .chain(&state.server)
+            .any(|b| !b.is_empty())
+        {
             return Err(DpError::FeedbackState(format!(
                 "stage {}'s error feedback is kept by the holder of its lowest direction's copy, \
                  not by this one",
@@ -595,7 +602,12 @@ mod tests {
         }
         // Compression did round (else the test would not see the error feedback's shape).
         let exact: Vec<f64> = (0..12)
-            .map(|i| (0..2).flat_map(|d| (0..2).map(move |c| grads(0, d, c)[i])).sum::<f64>() / 2.0)
+            .map(|i| {
+                (0..2)
+                    .flat_map(|d| (0..2).map(move |c| grads(0, d, c)[i]))
+                    .sum::<f64>()
+                    / 2.0
+            })
             .collect();
         assert_ne!(results[0].1[0], exact);
     }

@@ -61,8 +61,8 @@ pub mod transport;
 
 pub use bucket_exchange::BucketExchange;
 pub use codec::{Codec, Compression, Rounding, UnknownCompression};
-pub use copies::{CopyLead, CopyPartner};
 pub use config::{ExchangeConfig, Reduce, DEFAULT_CHUNK_VALUES};
+pub use copies::{CopyLead, CopyPartner};
 pub use error::DpError;
 pub use exchange::GradExchange;
 pub use feedback::ErrorFeedbackState;

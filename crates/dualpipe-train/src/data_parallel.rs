@@ -35,8 +35,8 @@ use std::time::Instant;
 use candle_core::{Tensor, WithDType};
 use dualpipe_dp::{
     AllReduce, BucketExchange, BucketLayout, ChannelTransport, Compression, CopyLead, CopyPartner,
-    DpError, ErrorFeedbackState, ExchangeConfig, ExchangeStats, GradExchange, GradFloat, GradTransport,
-    NativeExchange, Reduce,
+    DpError, ErrorFeedbackState, ExchangeConfig, ExchangeStats, GradExchange, GradFloat,
+    GradTransport, NativeExchange, Reduce,
 };
 use dualpipe_nn::ModelStage;
 use dualpipe_runtime::{RankStages, StageError, StepHook};

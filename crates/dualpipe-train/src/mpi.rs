@@ -104,9 +104,21 @@ pub fn mpi_trainer(
         && one_copy_per_rank;
     // Our exchange with DualPipe's copies of a stage in two processes of a replica: the copies
     // are summed inside it (the lowest direction's holder leads, dualpipe_dp::copies), except
-    // under 1-bit Adam, whose momentum is folded from the copies' sum after the pipeline.
+    // under 1-bit Adam, whose momentum is folded from the copies' sum after the pipeline (and
+    // for a placement whose holders list a stage at different places: summed after it too).
+    // The split of round i joins a stage's holders only if each lists the stage i-th.
+    let same_place = (0..config.model_stages()).all(|s| {
+        let mut places = (0..schedule.placement.dirs()).map(|d| {
+            held(schedule.placement.rank(d, s))
+                .iter()
+                .position(|&h| h == s)
+        });
+        let first = places.next();
+        places.all(|at| at == first)
+    });
     let paired = !native
         && one_copy_per_rank
+        && same_place
         && copies.iter().any(|&c| c > 1)
         && config.one_bit_adam_from().is_none();
     let model_stages = config.model_stages();

@@ -377,9 +377,7 @@ fn one_rank_per_thread(config: &TrainConfig, groups: Groups) -> Vec<Vec<(f64, us
                     let member = holders(s).iter().position(|&h| h == p).unwrap();
                     let pair = copies[s][member].take().unwrap();
                     let g = match groups {
-                        Groups::LibrarySum => {
-                            GroupLink::SumF64(Box::new(sums[s].next().unwrap()))
-                        }
+                        Groups::LibrarySum => GroupLink::SumF64(Box::new(sums[s].next().unwrap())),
                         Groups::Ours if member == 0 => GroupLink::Lead {
                             replicas: Box::new(leads[s].next().unwrap()),
                             copies: Box::new(pair),
