@@ -113,7 +113,7 @@ pub fn mpi_trainer(
                 .iter()
                 .position(|&h| h == s)
         });
-        let first = places.next();
+        let first = places.next().flatten();
         places.all(|at| at == first)
     });
     let paired = !native
