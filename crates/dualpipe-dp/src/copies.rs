@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
 use crate::codec::{Codec, Compression};
-use crate::exchange::every_bucket_started;
+use crate::exchange::{every_bucket_started, previous_finished};
 use crate::feedback::ErrorFeedbackState;
 use crate::layout::BucketLayout;
 use crate::message::{MsgHeader, MsgKey, Part};
@@ -262,21 +262,10 @@ impl<T: GradFloat, X: GradTransport> BucketExchange<T> for CopyLead<T, X> {
 
     fn start_bucket(&mut self, bucket: usize, grads: &[T]) -> Result<(), DpError> {
         let step = self.step.ok_or(DpError::NoStep("start_bucket"))?;
-        let buckets = self.buckets.len();
-        if bucket >= buckets {
-            return Err(DpError::NoSuchBucket { bucket, buckets });
-        }
-        let expected = self.inner.layout().len(bucket);
+        self.inner.layout().check_start(bucket, grads.len())?;
         let b = &mut self.buckets[bucket];
         if b.added > 0 {
             return Err(DpError::StartedTwice { bucket, step });
-        }
-        if grads.len() != expected {
-            return Err(DpError::BucketLength {
-                bucket,
-                expected,
-                got: grads.len(),
-            });
         }
         b.sum = Some(grads.to_vec());
         b.added = 1;
@@ -396,12 +385,7 @@ impl<T: GradFloat, X: GradTransport> CopyPartner<T, X> {
 
 impl<T: GradFloat, X: GradTransport> BucketExchange<T> for CopyPartner<T, X> {
     fn begin_step(&mut self, step: u64) -> Result<(), DpError> {
-        if let (Some(current), false) = (self.step, self.finished) {
-            return Err(DpError::Unfinished {
-                step: current,
-                next: step,
-            });
-        }
+        previous_finished(self.step, self.finished, step)?;
         self.clock.begin(step)?;
         self.step = Some(step);
         self.finished = false;
@@ -412,19 +396,9 @@ impl<T: GradFloat, X: GradTransport> BucketExchange<T> for CopyPartner<T, X> {
 
     fn start_bucket(&mut self, bucket: usize, grads: &[T]) -> Result<(), DpError> {
         let step = self.step.ok_or(DpError::NoStep("start_bucket"))?;
-        let buckets = self.layout.buckets();
-        if bucket >= buckets {
-            return Err(DpError::NoSuchBucket { bucket, buckets });
-        }
+        self.layout.check_start(bucket, grads.len())?;
         if self.started[bucket] {
             return Err(DpError::StartedTwice { bucket, step });
-        }
-        if grads.len() != self.layout.len(bucket) {
-            return Err(DpError::BucketLength {
-                bucket,
-                expected: self.layout.len(bucket),
-                got: grads.len(),
-            });
         }
         send(
             &mut self.copies,

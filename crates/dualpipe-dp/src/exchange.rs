@@ -52,6 +52,19 @@ pub(crate) fn every_bucket_started(
     }
 }
 
+/// `begin_step`'s precondition: the previous step (`current`) finished, else
+/// [`DpError::Unfinished`].
+pub(crate) fn previous_finished(
+    current: Option<u64>,
+    finished: bool,
+    next: u64,
+) -> Result<(), DpError> {
+    match (current, finished) {
+        (Some(step), false) => Err(DpError::Unfinished { step, next }),
+        _ => Ok(()),
+    }
+}
+
 #[derive(Debug)]
 struct Bucket<T> {
     started: bool,
@@ -175,12 +188,7 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
 
     /// Begins `step` (steps must increase; the previous one must be finished).
     pub fn begin_step(&mut self, step: u64) -> Result<(), DpError> {
-        if let (Some(current), false) = (self.step, self.finished) {
-            return Err(DpError::Unfinished {
-                step: current,
-                next: step,
-            });
-        }
+        previous_finished(self.step, self.finished, step)?;
         self.clock.begin(step)?;
         self.step = Some(step);
         self.finished = false;
