@@ -25,10 +25,12 @@
 #      within a bound (no hang, no exit 0);
 #   3. a world size that does not match --ranks, or no launcher, is one clear usage error;
 #   4. 8 processes train 4 ranks x 2 data-parallel replicas (dualpipe, 1f1b, zb1p, dualpipev,
-#      dualpipe --no-overlap, f64, on MPI's own all-reduce; dualpipe and 1f1b with bf16 on our
-#      point-to-point exchange): their losses equal the local run's (threads) to 1e-12 and the
-#      JSON names the exchange that ran; 6 processes for that grid are one error naming both
-#      numbers.
+#      dualpipe --no-overlap, f64, on MPI's own all-reduce; dualpipe and 1f1b with bf16,
+#      dualpipe with int8, 1bit and int8 --no-overlap on our point-to-point exchange): their
+#      losses equal the local run's (threads) to 1e-12 (compressed DualPipe bit for bit, its two
+#      copies of a stage summed inside the exchange), ours sends the local run's gradient bytes,
+#      and the JSON names the exchange that ran and where it started (inside the pipeline with
+#      overlap); 6 processes for that grid are one error naming both numbers.
 #   5. kill and resume: 4 processes train with --checkpoint-dir; once a checkpoint exists, one
 #      worker (rank 2) is killed with SIGKILL: the job exits non-zero within 5 s, a survivor
 #      naming rank 2 and its pid;
@@ -175,13 +177,18 @@ EOF
     #    same flags (threads) to 1e-12 relative, and a world that is not ranks x replicas is one
     #    error naming both numbers.
     #    Uncompressed, MPI's own all-reduce runs (`grad_exchange: "mpi-allreduce"`; DualPipe's
-    #    two copies of a stage join one sum of 2 x 2 processes); compressed (bf16), ours on
-    #    point-to-point. The local run is always ours.
+    #    two copies of a stage join one sum of 2 x 2 processes); compressed, ours on
+    #    point-to-point, sending the local run's gradient bytes (DualPipe: the holder of a
+    #    stage's direction-0 copy sums the two copies inside the exchange, so compressed
+    #    DualPipe is bit-identical to the local run). The local run is always ours. With
+    #    overlap every stage's exchange starts inside the pipeline (`grad_exchange_started`).
     DP=(--model mlp --ranks 4 --micro-batches 8 --micro-batch-size 4 --hidden 16
         --layers-per-stage 1 --dtype f64 --seed 7 --format json --quiet --steps 3 --data-parallel 2)
     local variant want
     for variant in "dualpipe" "1f1b" "zb1p" "dualpipev" "dualpipe --no-overlap" \
-        "dualpipe --gradient-compression bf16" "1f1b --gradient-compression bf16"; do
+        "dualpipe --gradient-compression bf16" "1f1b --gradient-compression bf16" \
+        "dualpipe --gradient-compression int8" "dualpipe --gradient-compression 1bit" \
+        "dualpipe --gradient-compression int8 --no-overlap"; do
         # shellcheck disable=SC2086 # $variant: the schedule and the variant's own flags
         "$BIN" train --schedule $variant "${DP[@]}" >"$TMP/dp-local.json" 2>"$TMP/dp-local.err"
         # shellcheck disable=SC2086
@@ -196,16 +203,26 @@ EOF
         *compression*) want=point-to-point ;;
         *) want=mpi-allreduce ;;
         esac
-        if python3 - "$TMP/dp-local.json" "$TMP/dp-mpi.json" "$want" <<'EOF'
+        if python3 - "$TMP/dp-local.json" "$TMP/dp-mpi.json" "$want" "$variant" <<'EOF'
 import json, sys
 local, mpi = (json.load(open(p)) for p in sys.argv[1:3])
+variant = sys.argv[4]
 how = (local.get("grad_exchange"), mpi.get("grad_exchange"))
+started = mpi.get("grad_exchange_started")
+want_started = "after-pipeline" if "--no-overlap" in variant else "in-pipeline"
+bytes_ = (local["grad_bytes_sent"], mpi["grad_bytes_sent"])
 local, mpi = local["losses"], mpi["losses"]
 assert len(local) == len(mpi) == 3, (local, mpi)
 worst = max(abs(a - b) / max(abs(a), 1e-300) for a, b in zip(local, mpi))
-print(f"     local {local} ({how[0]})\n     mpi   {mpi} ({how[1]})\n     worst relative difference {worst:.1e}"
-      + (" (bit-identical)" if local == mpi else ""))
-sys.exit(0 if worst <= 1e-12 and how == ("point-to-point", sys.argv[3]) else 1)
+print(f"     local {local} ({how[0]})\n     mpi   {mpi} ({how[1]}, started {started})\n     worst relative difference {worst:.1e}"
+      + (" (bit-identical)" if local == mpi else "")
+      + f"; gradient bytes sent local {bytes_[0]}, mpi {bytes_[1]}")
+ok = worst <= 1e-12 and how == ("point-to-point", sys.argv[3]) and started == want_started
+if sys.argv[3] == "point-to-point":
+    ok = ok and bytes_[0] == bytes_[1]
+if variant.startswith("dualpipe --gradient-compression"):
+    ok = ok and local == mpi
+sys.exit(0 if ok else 1)
 EOF
         then pass "$variant: 8 MPI processes (4 ranks x 2 replicas, $want) give the local run's losses"
         else fail "$variant x 2 replicas: losses or the exchange's method differ from the local run"

@@ -52,6 +52,19 @@ pub(crate) fn every_bucket_started(
     }
 }
 
+/// `begin_step`'s precondition: the previous step (`current`) finished, else
+/// [`DpError::Unfinished`].
+pub(crate) fn previous_finished(
+    current: Option<u64>,
+    finished: bool,
+    next: u64,
+) -> Result<(), DpError> {
+    match (current, finished) {
+        (Some(step), false) => Err(DpError::Unfinished { step, next }),
+        _ => Ok(()),
+    }
+}
+
 #[derive(Debug)]
 struct Bucket<T> {
     started: bool,
@@ -163,6 +176,11 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
         (self.rank, self.workers)
     }
 
+    /// The pipeline stage whose group this exchange serves.
+    pub fn stage(&self) -> usize {
+        self.stage
+    }
+
     /// The transport (e.g. to read its counters).
     pub fn transport(&self) -> &X {
         &self.transport
@@ -170,12 +188,7 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
 
     /// Begins `step` (steps must increase; the previous one must be finished).
     pub fn begin_step(&mut self, step: u64) -> Result<(), DpError> {
-        if let (Some(current), false) = (self.step, self.finished) {
-            return Err(DpError::Unfinished {
-                step: current,
-                next: step,
-            });
-        }
+        previous_finished(self.step, self.finished, step)?;
         self.clock.begin(step)?;
         self.step = Some(step);
         self.finished = false;
@@ -495,6 +508,13 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
     /// back into `grads` ([`BucketExchange::all_reduce`]).
     pub fn all_reduce(&mut self, step: u64, grads: &mut [T]) -> Result<ExchangeStats, DpError> {
         BucketExchange::all_reduce(self, step, grads)
+    }
+
+    /// Whether `bucket` of the current step is exchanged (its [`averaged`](Self::averaged)
+    /// values final), which [`progress`](Self::progress) may reach before
+    /// [`finish`](Self::finish).
+    pub fn bucket_done(&self, bucket: usize) -> bool {
+        self.buckets.get(bucket).is_some_and(|b| b.done)
     }
 
     /// The averaged (or summed) gradients of `bucket`, after [`finish`](Self::finish).

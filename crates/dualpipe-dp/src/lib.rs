@@ -32,7 +32,8 @@
 //! ```
 //!
 //! Modules: [`codec`] (the compressors and their byte layouts), [`exchange`] (the
-//! reduce-scatter + all-gather per bucket, error feedback), [`native`] (the uncompressed
+//! reduce-scatter + all-gather per bucket, error feedback), [`copies`] (a stage whose copies
+//! are in several processes of a replica: summed inside the exchange), [`native`] (the uncompressed
 //! exchange on a library's own all-reduce, e.g. MPI's; [`thread_sum`], an in-process one),
 //! [`bucket_exchange`] (the calls both answer), [`clock`] (early, stale and
 //! duplicate messages), [`message`] (the stamp and header), [`transport`] (channels, a runtime
@@ -46,6 +47,7 @@ pub mod bucket_exchange;
 pub mod clock;
 pub mod codec;
 pub mod config;
+pub mod copies;
 pub mod error;
 pub mod exchange;
 pub mod feedback;
@@ -60,6 +62,7 @@ pub mod transport;
 pub use bucket_exchange::BucketExchange;
 pub use codec::{Codec, Compression, Rounding, UnknownCompression};
 pub use config::{ExchangeConfig, Reduce, DEFAULT_CHUNK_VALUES};
+pub use copies::{CopyLead, CopyPartner};
 pub use error::DpError;
 pub use exchange::GradExchange;
 pub use feedback::ErrorFeedbackState;

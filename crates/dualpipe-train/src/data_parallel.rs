@@ -19,11 +19,14 @@
 //! (DualPipe's two copies summed first, in direction order, as `sum_stage_copies` does); after
 //! it the step waits for the exchanges (the mean over replicas: the global-batch mean), then
 //! clips and steps the optimizer. Where the process does not hold every copy of its stages
-//! (DualPipe with one rank per process) on point-to-point groups, or under 1-bit Adam (the
-//! momentum is folded after the pipeline), the copies are summed and every exchange started
-//! after the pipeline (MPI's all-reduce needs no such sum: each copy joins it); without
-//! overlap (`--no-overlap`) one stage's plain all-reduce follows another after the pipeline.
-//! See `docs/distributed.md`.
+//! (DualPipe with one rank per process), MPI's all-reduce needs no sum first (each copy joins
+//! it), and on point-to-point groups the holder of the lowest direction's copy leads: the
+//! other copy's holder sends it its copy from its hook, the lead sums them in direction order
+//! and starts the replicas' exchange of the sum from its own hook, then sends the result back
+//! ([`GroupLink::Lead`], [`GroupLink::Partner`], `dualpipe_dp::copies`). Under 1-bit Adam
+//! (the momentum is folded after the pipeline) the copies are summed and every exchange
+//! started after the pipeline; without overlap (`--no-overlap`) one stage's plain all-reduce
+//! follows another after the pipeline. See `docs/distributed.md`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,9 +34,9 @@ use std::time::Instant;
 
 use candle_core::{Tensor, WithDType};
 use dualpipe_dp::{
-    AllReduce, BucketExchange, BucketLayout, ChannelTransport, Compression, DpError,
-    ErrorFeedbackState, ExchangeConfig, ExchangeStats, GradExchange, GradFloat, GradTransport,
-    NativeExchange, Reduce,
+    AllReduce, BucketExchange, BucketLayout, ChannelTransport, Compression, CopyLead, CopyPartner,
+    DpError, ErrorFeedbackState, ExchangeConfig, ExchangeStats, GradExchange, GradFloat,
+    GradTransport, NativeExchange, Reduce,
 };
 use dualpipe_nn::ModelStage;
 use dualpipe_runtime::{RankStages, StageError, StepHook};
@@ -51,8 +54,8 @@ pub type GroupTransport = Box<dyn GradTransport + Send>;
 /// How one model stage's group exchanges its gradients.
 pub enum GroupLink {
     /// Our bucketed reduce-scatter and all-gather on point-to-point messages (every
-    /// compression); the group is the stage's holder in every replica, and DualPipe's two
-    /// copies are summed before they join it.
+    /// compression); the group is the stage's holder in every replica, which holds every copy
+    /// of the stage (summed before they join it) or its only one.
     Messages(GroupTransport),
     /// A library's own sum (MPI's `MPI_Iallreduce`), uncompressed only, of `f32` or `f64`
     /// gradients (the run's type); the group holds **every copy** of the stage in every
@@ -61,6 +64,21 @@ pub enum GroupLink {
     SumF32(Box<dyn AllReduce<f32>>),
     /// As [`GroupLink::SumF32`], for `f64` runs.
     SumF64(Box<dyn AllReduce<f64>>),
+    /// This process holds the lowest direction's copy of a stage whose other copies are in
+    /// other processes of its replica (DualPipe, one rank per process): it sums the copies
+    /// as they come over `copies` (the stage's copy holders in direction order, this one
+    /// first) and exchanges the sum over `replicas` (the stage's lead in every replica), as a
+    /// process holding every copy does ([`CopyLead`]).
+    Lead {
+        /// The stage's lead in every replica.
+        replicas: GroupTransport,
+        /// The stage's copy holders in this replica, in direction order (this one first).
+        copies: GroupTransport,
+    },
+    /// This process holds another copy of such a stage: it sends its copy to the lead over
+    /// the copy holders' group (in direction order) and takes the result back
+    /// ([`CopyPartner`]).
+    Partner(GroupTransport),
 }
 
 /// One replica's ends of its data-parallel groups, before the exchange is built.
@@ -207,6 +225,8 @@ fn sum<T: GradFloat>(
 /// One model stage's exchange and, during a step, what the hook has collected.
 struct Slot {
     stage: usize,
+    /// Whether this process keeps the stage's error feedback (not a [`CopyPartner`]).
+    keeps_feedback: bool,
     state: Mutex<SlotState>,
 }
 
@@ -244,9 +264,9 @@ pub struct ReplicaExchange {
     overlap: bool,
     /// Whether the hook starts the exchanges during the pipeline (and sums the copies).
     in_pipeline: bool,
-    /// Whether the groups are a library's sums over every copy of their stage (which then
-    /// sum DualPipe's copies across processes themselves, with or without overlap).
-    native: bool,
+    /// Whether the groups sum DualPipe's copies across processes themselves, with or without
+    /// overlap: a library's sums over every copy of their stage, or copy leads and partners.
+    joins_remote_copies: bool,
     slots: Arc<[Slot]>,
     losses: GradExchange<f64, GroupTransport>,
     /// Wall-clock seconds spent in the gradient exchange after the pipelines.
@@ -255,6 +275,8 @@ pub struct ReplicaExchange {
     reported: ExchangeStats,
     /// Exchanges the hook started during the current step's pipeline.
     started_in_pipeline: Arc<AtomicUsize>,
+    /// Over the run: (stage exchanges started during a pipeline, stage exchanges).
+    started_over_run: (usize, usize),
 }
 
 impl std::fmt::Debug for ReplicaExchange {
@@ -369,7 +391,7 @@ impl ReplicaExchange {
         // Whether every copy of every held stage takes part in its exchange from here: all
         // of them are held here, or the group holds every copy (a library's sum).
         let mut every_copy_joins = true;
-        let mut native = false;
+        let mut joins_remote_copies = false;
         for (s, link) in links.stages {
             let copies = copies_of(stages, s);
             let lens: Vec<usize> = copies
@@ -388,16 +410,19 @@ impl ReplicaExchange {
                     config.dtype.name()
                 ))
             };
-            let sums = !matches!(link, GroupLink::Messages(_));
-            if sums && copies.len() != 1 {
+            let sums = matches!(link, GroupLink::SumF32(_) | GroupLink::SumF64(_));
+            let paired = matches!(link, GroupLink::Lead { .. } | GroupLink::Partner(_));
+            if (sums || paired) && copies.len() != 1 {
                 return Err(TrainError::Config(format!(
-                    "stage {s}: a library's sum takes one copy per member, but this process \
-                     holds {} (use the point-to-point exchange)",
+                    "stage {s}: a group over every copy takes one copy per member, but this \
+                     process holds {} (use the point-to-point exchange)",
                     copies.len()
                 )));
             }
-            every_copy_joins &= sums || copies.len() == placement.dirs();
-            native |= sums;
+            every_copy_joins &= sums || paired || copies.len() == placement.dirs();
+            joins_remote_copies |= sums || paired;
+            let keeps_feedback = !matches!(link, GroupLink::Partner(_));
+            let timeout = exchange.timeout;
             let grads = match (config.dtype, link) {
                 (DType::F32, GroupLink::Messages(t)) => StageGrads::F32(Box::new(
                     GradExchange::new(exchange.clone(), layout(4)?, s, t)?,
@@ -411,11 +436,26 @@ impl ReplicaExchange {
                 (DType::F64, GroupLink::SumF64(g)) => {
                     StageGrads::F64(Box::new(NativeExchange::new(summed, layout(8)?, s, g)?))
                 }
+                (DType::F32, GroupLink::Lead { replicas, copies }) => {
+                    let inner = GradExchange::new(exchange.clone(), layout(4)?, s, replicas)?;
+                    StageGrads::F32(Box::new(CopyLead::new(inner, copies, timeout)?))
+                }
+                (DType::F64, GroupLink::Lead { replicas, copies }) => {
+                    let inner = GradExchange::new(exchange.clone(), layout(8)?, s, replicas)?;
+                    StageGrads::F64(Box::new(CopyLead::new(inner, copies, timeout)?))
+                }
+                (DType::F32, GroupLink::Partner(t)) => {
+                    StageGrads::F32(Box::new(CopyPartner::new(layout(4)?, s, t, timeout)?))
+                }
+                (DType::F64, GroupLink::Partner(t)) => {
+                    StageGrads::F64(Box::new(CopyPartner::new(layout(8)?, s, t, timeout)?))
+                }
                 (_, GroupLink::SumF32(_)) => return Err(wrong_type("f32")),
                 (_, GroupLink::SumF64(_)) => return Err(wrong_type("f64")),
             };
             slots.push(Slot {
                 stage: s,
+                keeps_feedback,
                 state: Mutex::new(SlotState {
                     grads,
                     copies: copies.len(),
@@ -442,12 +482,13 @@ impl ReplicaExchange {
             micro_batches: config.micro_batches,
             overlap: config.overlap,
             in_pipeline: config.overlap && every_copy_joins && config.one_bit_adam_from().is_none(),
-            native,
+            joins_remote_copies,
             slots: slots.into(),
             losses,
             seconds: 0.0,
             reported: ExchangeStats::default(),
             started_in_pipeline: Arc::new(AtomicUsize::new(0)),
+            started_over_run: (0, 0),
         })
     }
 
@@ -457,10 +498,22 @@ impl ReplicaExchange {
     }
 
     /// Whether the exchange itself sums DualPipe's stage copies (its hook starts each stage
-    /// during the pipeline from the sum of the held copies, or every copy joins a library's
-    /// sum), so the step must not sum them first.
+    /// during the pipeline from the sum of the held copies, every copy joins a library's sum,
+    /// or a copy's lead sums the copies of other processes), so the step must not sum them
+    /// first.
     pub fn sums_copies(&self) -> bool {
-        self.in_pipeline || self.native
+        self.in_pipeline || self.joins_remote_copies
+    }
+
+    /// Where this replica's stage exchanges started over the run so far: `"in-pipeline"`
+    /// (every one from the [`ExchangeHook`], as soon as its gradients were final),
+    /// `"after-pipeline"` (none), `"partly-in-pipeline"` (some).
+    pub fn started(&self) -> &'static str {
+        match self.started_over_run {
+            (0, _) => "after-pipeline",
+            (hooked, all) if hooked == all => "in-pipeline",
+            _ => "partly-in-pipeline",
+        }
     }
 
     /// How the gradients move: `"point-to-point"` (ours) or `"mpi-allreduce"` (MPI's own).
@@ -528,13 +581,16 @@ impl ReplicaExchange {
         let (before, after) = (self.reported, self.totals());
         self.reported = after;
         let sent = |t: &ExchangeStats| t.grad_bytes_sent.saturating_add(t.header_bytes_sent);
+        let started_in_pipeline = self.started_in_pipeline.swap(0, Ordering::Relaxed);
+        self.started_over_run.0 += started_in_pipeline;
+        self.started_over_run.1 += self.slots.len();
         Ok(StepExchange {
             seconds,
             bytes_sent: sent(&after).saturating_sub(sent(&before)),
             bytes_uncompressed: after
                 .grad_bytes_uncompressed
                 .saturating_sub(before.grad_bytes_uncompressed),
-            started_in_pipeline: self.started_in_pipeline.swap(0, Ordering::Relaxed),
+            started_in_pipeline,
         })
     }
 
@@ -579,6 +635,7 @@ impl ReplicaExchange {
         }
         self.slots
             .iter()
+            .filter(|slot| slot.keeps_feedback)
             .filter_map(|slot| {
                 let state = slot.state.lock().ok()?;
                 let fb = match &state.grads {
@@ -592,7 +649,8 @@ impl ReplicaExchange {
 
     /// Restores model stage `stage`'s error-feedback buffers (from
     /// [`ReplicaExchange::error_feedback`]); refused when they do not fit its buckets. A
-    /// stage this replica does not hold is ignored.
+    /// stage this replica does not hold, or holds as a [`CopyPartner`] (the lead keeps the
+    /// feedback), is ignored.
     pub fn set_error_feedback(
         &mut self,
         stage: usize,
@@ -610,7 +668,7 @@ impl ReplicaExchange {
             }
         }
         for slot in self.slots.iter() {
-            if slot.stage == stage {
+            if slot.stage == stage && slot.keeps_feedback {
                 let mut held = slot.state.lock().map_err(|_| lock_error(stage))?;
                 match &mut held.grads {
                     StageGrads::F32(ex) => ex.set_error_feedback(narrow(state))?,

@@ -7,7 +7,10 @@
 //! gradients over a communicator of its own: without compression MPI's own all-reduce
 //! (`MPI_Iallreduce`) over every holder of a copy of the stage in every replica (DualPipe:
 //! both copies, `2 D` processes, each adding its own copy), compressed our point-to-point
-//! exchange over that pipeline rank in every replica; the losses go over one more.
+//! exchange over that pipeline rank in every replica; the losses go over one more. DualPipe
+//! compressed: one more per stage and replica joins the stage's two copy holders, the lowest
+//! direction's holder sums the copies and only it joins the replicas' exchange
+//! (`dualpipe_dp::copies`).
 //!
 //! Checkpoints: every process writes its layers' share ([`checkpoint_share`],
 //! [`checkpoint::shared`](crate::checkpoint::shared)); on resume process 0 chooses the
@@ -99,6 +102,26 @@ pub fn mpi_trainer(
     let native = config.mpi_allreduce
         && config.gradient_compression == Compression::None
         && one_copy_per_rank;
+    // Our exchange with DualPipe's copies of a stage in two processes of a replica: the copies
+    // are summed inside it (the lowest direction's holder leads, dualpipe_dp::copies), except
+    // under 1-bit Adam, whose momentum is folded from the copies' sum after the pipeline (and
+    // for a placement whose holders list a stage at different places: summed after it too).
+    // The split of round i joins a stage's holders only if each lists the stage i-th.
+    let same_place = (0..config.model_stages()).all(|s| {
+        let mut places = (0..schedule.placement.dirs()).map(|d| {
+            held(schedule.placement.rank(d, s))
+                .iter()
+                .position(|&h| h == s)
+        });
+        let first = places.next().flatten();
+        places.all(|at| at == first)
+    });
+    let paired = !native
+        && one_copy_per_rank
+        && same_place
+        && copies.iter().any(|&c| c > 1)
+        && config.one_bit_adam_from().is_none();
+    let model_stages = config.model_stages();
     let mut stages = Vec::new();
     for i in 0..splits {
         if native {
@@ -124,8 +147,23 @@ pub fn mpi_trainer(
             }
         } else {
             let link = world.split_link(p);
+            // Round i's copy holders of one stage in one replica (a stage's holders list it at
+            // the same place), or a colour of its own.
+            let pair = paired.then(|| {
+                world.split_link(match mine.get(i) {
+                    Some(&s) => replica * model_stages + s,
+                    None => model_stages * config.data_parallel + info.rank,
+                })
+            });
             if let Some(&s) = mine.get(i) {
-                stages.push((s, GroupLink::Messages(group(link)?)));
+                let holders: Vec<usize> = (0..schedule.placement.dirs())
+                    .map(|d| schedule.placement.rank(d, s))
+                    .collect();
+                let g = match pair {
+                    Some(pair) if holders.len() > 1 => copy_link(link, pair, &holders, p, group)?,
+                    _ => GroupLink::Messages(group(link)?),
+                };
+                stages.push((s, g));
             }
         }
     }
@@ -138,6 +176,36 @@ pub fn mpi_trainer(
     };
     let driver = OneRank::new(Endpoint::new(pipeline));
     Trainer::for_replica(config.clone(), given, driver, links)
+}
+
+/// The group of pipeline rank `p`'s copy of a stage held by `holders` (pipeline ranks, by
+/// direction, one copy each): `pair` joins the holders (ranked in world order, so by pipeline
+/// rank), `link` the same pipeline rank in every replica. The lowest direction's holder leads.
+fn copy_link(
+    link: MpiLink,
+    pair: MpiLink,
+    holders: &[usize],
+    p: usize,
+    group: impl Fn(MpiLink) -> Result<GroupTransport, TrainError>,
+) -> Result<GroupLink, TrainError> {
+    let mut by_rank = holders.to_vec();
+    by_rank.sort_unstable();
+    let members = holders
+        .iter()
+        .map(|h| by_rank.binary_search(h).unwrap_or(0))
+        .collect();
+    let copies: GroupTransport = Box::new(
+        LinkTransport::new(pair, members)
+            .map_err(|e| TrainError::Config(format!("a stage's copy holders: {e}")))?,
+    );
+    Ok(if holders.first() == Some(&p) {
+        GroupLink::Lead {
+            replicas: group(link)?,
+            copies,
+        }
+    } else {
+        GroupLink::Partner(copies)
+    })
 }
 
 /// This process's share of the checkpoints of the job on `world`: its place, and the job's

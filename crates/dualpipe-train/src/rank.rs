@@ -5,7 +5,8 @@
 //! The step is the trainer's one step: every process draws the whole batch from the seed (no
 //! data moves), runs its rank's program ([`run_rank_step_with`], which also gathers every rank's
 //! losses and timeline), exchanges DualPipe's stage-copy gradients
-//! ([`sum_stage_copies_remote`]) and steps the optimizer on its copies. The arithmetic and its
+//! ([`sum_stage_copies_remote`], unless the data-parallel exchange sums the copies itself) and
+//! steps the optimizer on its copies. The arithmetic and its
 //! order are the local trainer's, so the losses are bit-identical to a local run.
 
 use dualpipe_nn::ModelStage;

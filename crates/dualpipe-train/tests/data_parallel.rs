@@ -312,13 +312,24 @@ fn a_single_trainer_refuses_several_replicas_and_sizes_are_checked() {
     assert_eq!(a.grad_bytes_sent, 0);
 }
 
+/// How the one-rank-per-thread workers exchange each model stage's gradients.
+#[derive(Clone, Copy, PartialEq)]
+enum Groups {
+    /// One in-process all-reduce group (`ThreadSum`) over every holder of a copy of the
+    /// stage in every replica — DualPipe's two copies both join, `2 D` members — as under MPI
+    /// without compression.
+    LibrarySum,
+    /// Our point-to-point exchange, as under MPI compressed: DualPipe's copy holders of a
+    /// stage in one replica joined by their own group, the holder of direction 0's copy
+    /// leading the replicas' exchange (`GroupLink::Lead`, `GroupLink::Partner`).
+    Ours,
+}
+
 /// `ranks x 2` workers, each a thread with its own one-rank trainer as an MPI process would
-/// be (the pipeline of each replica on in-memory links), each model stage's gradients summed
-/// by one in-process all-reduce group (`ThreadSum`) over every holder of a copy of it in
-/// every replica — DualPipe's two copies both join, `2 D` members — as under MPI without
-/// compression. Per step: the losses, and how many stage exchanges started inside the
-/// pipeline, of every worker.
-fn one_rank_per_thread_on_a_sum(config: &TrainConfig) -> Vec<Vec<(f64, usize)>> {
+/// be (the pipeline of each replica on in-memory links), each model stage's gradients
+/// exchanged by `groups`. Per step: the losses, and how many stage exchanges started inside
+/// the pipeline, of every worker.
+fn one_rank_per_thread(config: &TrainConfig, groups: Groups) -> Vec<Vec<(f64, usize)>> {
     use dualpipe_dp::{ChannelTransport, ThreadSum};
     use dualpipe_runtime::transport::endpoint::ChannelLink;
     use dualpipe_runtime::Endpoint;
@@ -337,15 +348,44 @@ fn one_rank_per_thread_on_a_sum(config: &TrainConfig) -> Vec<Vec<(f64, usize)>> 
             ThreadSum::<f64>::group(copies * replicas).into_iter()
         })
         .collect();
+    // Ours: per stage, the leads' group over the replicas, and per replica the copy holders'.
+    let holders = |s: usize| -> Vec<usize> {
+        (0..placement.dirs())
+            .map(|d| placement.rank(d, s))
+            .collect()
+    };
+    let mut leads: Vec<_> = (0..config.model_stages())
+        .map(|_| ChannelTransport::group(replicas).into_iter())
+        .collect();
     let mut losses: Vec<_> = (0..ranks)
         .map(|_| ChannelTransport::group(replicas).into_iter())
         .collect();
     let mut workers = Vec::new();
     for replica in 0..replicas {
+        let mut copies: Vec<Vec<Option<ChannelTransport>>> = (0..config.model_stages())
+            .map(|s| {
+                ChannelTransport::group(holders(s).len())
+                    .into_iter()
+                    .map(Some)
+                    .collect()
+            })
+            .collect();
         for (p, link) in ChannelLink::world(ranks).into_iter().enumerate() {
             let stages = held(p)
                 .into_iter()
-                .map(|s| (s, GroupLink::SumF64(Box::new(sums[s].next().unwrap()))))
+                .map(|s| {
+                    let member = holders(s).iter().position(|&h| h == p).unwrap();
+                    let pair = copies[s][member].take().unwrap();
+                    let g = match groups {
+                        Groups::LibrarySum => GroupLink::SumF64(Box::new(sums[s].next().unwrap())),
+                        Groups::Ours if member == 0 => GroupLink::Lead {
+                            replicas: Box::new(leads[s].next().unwrap()),
+                            copies: Box::new(pair),
+                        },
+                        Groups::Ours => GroupLink::Partner(Box::new(pair)),
+                    };
+                    (s, g)
+                })
                 .collect();
             let links = ReplicaLinks {
                 replica,
@@ -393,7 +433,7 @@ fn one_rank_per_process_on_a_library_sum_matches_the_local_run_inside_the_pipeli
             .map(|_| local.step().unwrap().loss)
             .collect();
         let placement = config.build_schedule().unwrap().placement;
-        for (w, steps) in one_rank_per_thread_on_a_sum(&config)
+        for (w, steps) in one_rank_per_thread(&config, Groups::LibrarySum)
             .into_iter()
             .enumerate()
         {
@@ -420,6 +460,39 @@ fn one_rank_per_process_on_a_library_sum_matches_the_local_run_inside_the_pipeli
                 // Every held stage's exchange started inside the pipeline, DualPipe's too
                 // (each holder of a copy starts its own part of the sum).
                 assert_eq!(started, held.len(), "{kind}, worker {w}, step {step}");
+            }
+        }
+    }
+}
+
+#[test]
+fn one_rank_per_process_on_our_exchange_sums_dualpipes_copies_inside_it_bit_for_bit() {
+    for compression in [Compression::Int8, Compression::OneBit] {
+        let config = TrainConfig {
+            ranks: 4,
+            micro_batches: 8,
+            steps: 3,
+            data_parallel: 2,
+            gradient_compression: compression,
+            ..tiny(ModelKind::Mlp, ScheduleKind::DualPipe, 8)
+        };
+        let mut local = DataParallel::new(config.clone()).unwrap();
+        let expected: Vec<f64> = (0..config.steps)
+            .map(|_| local.step().unwrap().loss)
+            .collect();
+        for (w, steps) in one_rank_per_thread(&config, Groups::Ours)
+            .into_iter()
+            .enumerate()
+        {
+            for (step, ((loss, started), want)) in steps.into_iter().zip(&expected).enumerate() {
+                // The copies summed by their lead in direction order, as one process does.
+                assert_eq!(
+                    loss.to_bits(),
+                    want.to_bits(),
+                    "{compression:?}, worker {w}, step {step}: {loss} vs {want}"
+                );
+                // Both of the worker's stages (one led, one sent to its lead) from the hook.
+                assert_eq!(started, 2, "{compression:?}, worker {w}, step {step}");
             }
         }
     }

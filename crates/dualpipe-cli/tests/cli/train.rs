@@ -547,6 +547,7 @@ fn data_parallel_runs_report_the_exchange() {
     let full = doc["grad_bytes_uncompressed"].as_u64().unwrap();
     assert!(sent > 0 && sent < full, "{sent} of {full}");
     assert!(doc["communication_overhead"].as_f64().unwrap() >= 0.0);
+    assert_eq!(doc["grad_exchange_started"], "in-pipeline");
 }
 
 #[test]

@@ -151,6 +151,7 @@ impl SummaryBuilder {
             data_parallel: config.data_parallel,
             gradient_compression: config.gradient_compression.name().into(),
             grad_exchange: None,
+            grad_exchange_started: None,
             grad_bytes_sent: 0,
             grad_bytes_uncompressed: 0,
             communication_overhead: 0.0,

@@ -126,6 +126,11 @@ pub struct RunSummary {
     /// under MPI); absent with one replica.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grad_exchange: Option<String>,
+    /// Where the reporting worker's stage exchanges started: `"in-pipeline"` (each from the
+    /// executor's hook, as soon as its gradients were final), `"after-pipeline"` or
+    /// `"partly-in-pipeline"`; absent with one replica.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_exchange_started: Option<String>,
     /// Gradient bytes the exchange's transports sent over the run, all workers (0 with one
     /// replica).
     pub grad_bytes_sent: u64,

@@ -66,6 +66,7 @@ impl<D: Driver> Trainer<D> {
         }
         if let Some([sent, uncompressed, overhead, workers]) = exchanged {
             summary.grad_exchange = self.dp.as_ref().map(|dp| dp.method().to_string());
+            summary.grad_exchange_started = self.dp.as_ref().map(|dp| dp.started().to_string());
             summary.grad_bytes_sent = sent as u64;
             summary.grad_bytes_uncompressed = uncompressed as u64;
             summary.communication_overhead = overhead / workers.max(1.0);
