@@ -240,6 +240,10 @@ struct SlotState {
     started_by: Option<usize>,
 }
 
+/// The figures [`ReplicaExchange::sum_over_replicas`] sums (the losses' exchange is at
+/// least this long, even for one micro-batch per replica).
+const SUMMED_FIGURES: usize = 4;
+
 /// What one step's gradient exchange cost one replica (the losses' exchange not included).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepExchange {
@@ -469,7 +473,8 @@ impl ReplicaExchange {
             reduce: Reduce::Sum,
             ..exchange
         };
-        let all = links.replicas * config.micro_batches;
+        // Every replica's micro-batch losses, or the run's four summed figures if more.
+        let all = (links.replicas * config.micro_batches).max(SUMMED_FIGURES);
         let losses = GradExchange::new(
             loss_config,
             BucketLayout::from_bucket_lens(&[all]),
@@ -599,9 +604,10 @@ impl ReplicaExchange {
     /// entries are zeros added to each value.
     pub fn gather_losses(&mut self, step: usize, mine: &[f64]) -> Result<Vec<f64>, TrainError> {
         let m = mine.len();
-        let mut all = vec![0.0; m * self.replicas];
+        let mut all = vec![0.0; (m * self.replicas).max(SUMMED_FIGURES)];
         all[self.replica * m..(self.replica + 1) * m].copy_from_slice(mine);
         self.losses.all_reduce(step as u64, &mut all)?;
+        all.truncate(m * self.replicas);
         Ok(all)
     }
 
@@ -610,10 +616,10 @@ impl ReplicaExchange {
     pub fn sum_over_replicas(
         &mut self,
         step: usize,
-        values: [f64; 4],
-    ) -> Result<[f64; 4], TrainError> {
-        let mut all = vec![0.0; self.replicas * self.micro_batches];
-        all[..4].copy_from_slice(&values);
+        values: [f64; SUMMED_FIGURES],
+    ) -> Result<[f64; SUMMED_FIGURES], TrainError> {
+        let mut all = vec![0.0; (self.replicas * self.micro_batches).max(SUMMED_FIGURES)];
+        all[..SUMMED_FIGURES].copy_from_slice(&values);
         self.losses.all_reduce(step as u64, &mut all)?;
         Ok([all[0], all[1], all[2], all[3]])
     }

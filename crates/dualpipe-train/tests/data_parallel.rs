@@ -112,6 +112,22 @@ fn gpt_two_replicas_match_one_replica_on_the_same_global_batch() {
 }
 
 #[test]
+fn one_micro_batch_per_replica_runs_to_its_summary() {
+    // The losses' exchange (2 replicas x 1 micro-batch) also carries the run's four summed
+    // figures at the end: it is sized for both.
+    let single = tiny(ModelKind::Gpt, ScheduleKind::OneFOneB, 2);
+    two_replicas_equal_one_with_twice_the_micro_batches(single.clone());
+    let halved = TrainConfig {
+        micro_batches: 1,
+        data_parallel: 2,
+        ..single
+    };
+    let summary = DataParallel::new(halved).unwrap().run(|_| Ok(())).unwrap();
+    assert_eq!(summary.losses.len(), 4);
+    assert!(summary.grad_bytes_sent > 0);
+}
+
+#[test]
 fn without_overlap_the_losses_are_the_same_bits() {
     let config = TrainConfig {
         data_parallel: 2,
