@@ -24,7 +24,7 @@ pub enum StepBatch {
 }
 
 /// One copy of one model stage of either model; implements the runtime's
-/// [`Stage`](dualpipe_runtime::Stage) by handing every call to the model's own stage.
+/// [`dualpipe_runtime::Stage`] by handing every call to the model's own stage.
 #[derive(Debug)]
 pub enum ModelStage {
     /// A slice of the residual MLP.

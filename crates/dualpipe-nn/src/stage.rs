@@ -1,4 +1,4 @@
-//! [`MlpStage`]: a slice of the MLP model that implements the runtime's [`Stage`].
+//! [`MlpStage`]: a slice of the MLP model that implements the runtime's [`Stage`](dualpipe_runtime::Stage).
 
 use std::collections::HashMap;
 
@@ -60,7 +60,7 @@ pub struct StagePosition {
 /// The first stage of a direction loads its micro-batch from the step's [`Batch`] (see
 /// [`MlpStage::set_batch`]); the last computes the MSE against the targets and returns
 /// [`ForwardOutput::Loss`]. Activations and saved tensors are kept per [`Chunk`]; weight
-/// gradients are computed in [`Stage::backward_weight`] only, and accumulate over the step.
+/// gradients are computed in [`Stage::backward_weight`](dualpipe_runtime::Stage::backward_weight) only, and accumulate over the step.
 #[derive(Debug)]
 pub struct MlpStage {
     model: ModelConfig,

@@ -1,9 +1,9 @@
 //! Pipeline-parallel schedules as data.
 //!
-//! A schedule is *generated* ([`generate`]: compute-only programs for gpipe, 1f1b,
-//! interleaved, zb1p, dualpipe and dualpipev), *lowered* ([`lower`]: send/receive ops added) and
-//! *validated* ([`validate`]: complete, causal, matched, deadlock-free); [`build`] does all
-//! three. Text forms live in [`format`]: JSON in the golden schema (lossless) and torch's
+//! A schedule is *generated* ([`generate`](mod@generate): compute-only programs for gpipe, 1f1b,
+//! interleaved, zb1p, dualpipe and dualpipev), *lowered* ([`lower`](mod@lower): send/receive ops added) and
+//! *validated* ([`validate`](mod@validate): complete, causal, matched, deadlock-free); [`build`] does all
+//! three. Text forms live in [`format`](mod@format): JSON in the golden schema (lossless) and torch's
 //! compute-only action CSV.
 //!
 //! ```

@@ -17,7 +17,7 @@
 //! Why this cannot deadlock: with sends that never block and receives posted right before their
 //! consumer, a lowered rank waits exactly where the compute-only rank would wait for its input,
 //! and a message is available exactly when its producer has run. So the lowered programs run to
-//! completion whenever the compute-only programs do, which [`crate::validate`] checks.
+//! completion whenever the compute-only programs do, which [`crate::validate()`] checks.
 //!
 //! No `WAIT` ops are emitted: a compute op waits for its own inputs.
 

@@ -18,7 +18,7 @@ use crate::cmd::UsageError;
 /// Flags of `dualpipe eplb`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Expert loads: .json ([layers][experts], or [steps][layers][experts]), .csv (one layer
+    /// Expert loads: .json (`[layers][experts]`, or `[steps][layers][experts]`), .csv (one layer
     /// per line) or .npy (2-D or 3-D; f32, f64, i32, i64).
     #[arg(long, value_name = "FILE")]
     pub loads: PathBuf,

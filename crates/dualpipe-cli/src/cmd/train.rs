@@ -1,5 +1,5 @@
 //! `dualpipe train`: flags ([`TrainArgs`]) → [`TrainArgs::config`] → the run
-//! ([`TrainArgs::run_local`], or one process's [`TrainArgs::run_rank`] under MPI) → the
+//! ([`TrainArgs::run_local`], or one process's `TrainArgs::run_rank` under MPI (feature `mpi`)) → the
 //! summary and the files it asks for, printed or written. Everything else (the resume point,
 //! the checkpoints, the watch, which MPI process reports and how a failing one leaves) is
 //! `dualpipe_train::cli`'s; this module maps its failures to exit codes and prints.

@@ -39,7 +39,7 @@ pub type TokenBatch = Arc<Vec<TokenMicroBatch>>;
 /// token ids, loaded from the step's [`TokenBatch`]. The last stage returns the mean
 /// next-token cross-entropy as [`ForwardOutput::Loss`]; its gradient is scaled by
 /// `1 / micro_batches` so the step's gradient is that of the mean loss. Weight gradients are
-/// computed only in [`Stage::backward_weight`] and accumulate over the step.
+/// computed only in [`Stage::backward_weight`](dualpipe_runtime::Stage::backward_weight) and accumulate over the step.
 #[derive(Debug)]
 pub struct GptStage {
     config: GptConfig,

@@ -19,7 +19,7 @@
 //!   micro-batch is `dir x micro_batches / 2 + mb` ([`Schedule::global_mb`]).
 //!
 //! Communication and `WAIT` are not written: torch's runtime adds its own sends and receives
-//! from the stage-to-rank mapping (as [`crate::lower`] does here).
+//! from the stage-to-rank mapping (as [`crate::lower()`] does here).
 
 use std::fmt::Write as _;
 

@@ -1,6 +1,6 @@
 //! Schedule generators: compute-only programs for every [`ScheduleKind`].
 //!
-//! Every generator returns a schedule without communication ops; [`crate::lower`] adds them.
+//! Every generator returns a schedule without communication ops; [`crate::lower()`] adds them.
 //! An unsupported configuration gives [`ScheduleError::InvalidConfig`] with one line naming the
 //! constraint and the nearest valid values.
 

@@ -19,7 +19,7 @@
 //! `dualpipe_io`) moves after. Only the newest `keep` `step-*` directories are kept; nothing
 //! else in the checkpoint directory is touched.
 //!
-//! - [`format`] — names, host tensors, the safetensors files, `state.json` and the manifest;
+//! - [`format`](mod@format) — names, host tensors, the safetensors files, `state.json` and the manifest;
 //! - [`writer`] — the directory's atomic write, the `latest` pointer, pruning, and
 //!   [`CheckpointWriter`], the background thread the trainers hand their state to;
 //! - [`load`] — finding the latest complete checkpoint (damaged ones are reported and

@@ -1,5 +1,5 @@
 //! The flags of `dualpipe train` (feature `clap`) and the one place they become a
-//! [`TrainConfig`](crate::TrainConfig): [`TrainArgs::config`].
+//! [`crate::TrainConfig`]: [`TrainArgs::config`].
 //!
 //! The flags live here, beside the configuration they fill, so that every default is read from
 //! [`TrainConfig::DEFAULT`](crate::TrainConfig::DEFAULT) (or the MLP's, or

@@ -1,6 +1,9 @@
 //! [`Field`] and [`Naming`]: how the one check names a configuration field, in Rust / JSON
 //! words or in flags.
 
+#[cfg(doc)]
+use super::TrainConfig;
+
 /// A configuration field, for messages: [`Naming::Fields`] calls it by its Rust / JSON name
 /// (`micro_batch_size`), [`Naming::Flags`] by its command-line flag (`--micro-batch-size`), so
 /// the one check speaks the words of whoever called it.
