@@ -7,7 +7,9 @@
 //! gradients over a communicator of its own: without compression MPI's own all-reduce
 //! (`MPI_Iallreduce`) over every holder of a copy of the stage in every replica (DualPipe:
 //! both copies, `2 D` processes, each adding its own copy), compressed our point-to-point
-//! exchange over that pipeline rank in every replica; the losses go over one more.
+//! exchange over that pipeline rank in every replica; the losses go over one more. A mixture
+//! of experts adds its group's links over that pipeline rank in every replica
+//! ([`crate::mpi_experts`]).
 //!
 //! Checkpoints: every process writes its layers' share ([`checkpoint_share`],
 //! [`checkpoint::shared`](crate::checkpoint::shared)); on resume process 0 chooses the
@@ -96,9 +98,15 @@ pub fn mpi_trainer(
             copies[s] += 1;
         }
     }
+    // With expert parallelism, DualPipe's two copies of a block (on two ranks) sum their
+    // routed experts' gradients before the holders do: the point-to-point exchange, which
+    // sums the copies first, runs instead of MPI's sum over every copy.
+    let expert_copies =
+        config.moe.is_some_and(|m| m.expert_parallel) && copies.iter().any(|&c| c > 1);
     let native = config.mpi_allreduce
         && config.gradient_compression == Compression::None
-        && one_copy_per_rank;
+        && one_copy_per_rank
+        && !expert_copies;
     let mut stages = Vec::new();
     for i in 0..splits {
         if native {
@@ -130,6 +138,7 @@ pub fn mpi_trainer(
         }
     }
     let losses = group(world.split_link(p))?;
+    let experts = crate::mpi_experts::expert_links(world, config, p)?;
     let links = ReplicaLinks {
         replica,
         replicas: config.data_parallel,
@@ -137,7 +146,11 @@ pub fn mpi_trainer(
         losses,
     };
     let driver = OneRank::new(Endpoint::new(pipeline));
-    Trainer::for_replica(config.clone(), given, driver, links)
+    let mut trainer = Trainer::for_replica(config.clone(), given, driver, links)?;
+    if let Some(experts) = experts {
+        trainer.join_expert_group(replica, experts)?;
+    }
+    Ok(trainer)
 }
 
 /// This process's share of the checkpoints of the job on `world`: its place, and the job's

@@ -26,6 +26,8 @@ pub use checkpoint::Restored;
 /// The all-gather round of the exchange's figures after the last step (the collective
 /// module's gathers use 0 and 1).
 const TOTALS_ROUND: usize = 2;
+/// The `all_gather` round of the step's router counts (MoE over a world of processes).
+const COUNTS_ROUND: usize = 3;
 
 /// What one training step did.
 #[derive(Clone, Debug)]
@@ -267,13 +269,6 @@ impl<D: Driver> Trainer<D> {
         let per_dir = schedule.micro_batches_per_dir();
         let held = driver.held_ranks(&schedule);
         crate::rebalance::check_held(config, held.len())?;
-        if config.moe.is_some() && held.len() != config.ranks {
-            return Err(TrainError::Config(
-                "the mixture of experts trains with every rank in one process for now (the \
-                 router counts of every copy meet there); use the local transport"
-                    .into(),
-            ));
-        }
         let mut stages = Vec::with_capacity(held.len());
         for &rank in &held {
             let mut copies = RankStages::new();
@@ -351,6 +346,14 @@ impl<D: Driver> Trainer<D> {
         self.failed = true;
         let start = Instant::now();
         let step = self.steps_done;
+        if self.config.moe.is_some() && self.config.data_parallel > 1 && self.expert_group.is_none()
+        {
+            return Err(TrainError::Config(
+                "a mixture of experts over data-parallel replicas needs its expert group: call \
+                 Trainer::join_expert_group before the first step"
+                    .into(),
+            ));
+        }
         // The exchange's hook starts each stage's buckets during the pipeline (with overlap).
         let outcome = match self.dp.as_ref().map(|dp| dp.hook(step)) {
             Some(hook) => self.pipeline(step, &hook)?,

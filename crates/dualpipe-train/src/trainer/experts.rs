@@ -3,9 +3,10 @@
 //! [`ExpertLoad`].
 
 use dualpipe_nn::ModelStage;
+use dualpipe_runtime::transport::wire::WireData;
 use dualpipe_runtime::RankStages;
 
-use super::Trainer;
+use super::{Trainer, COUNTS_ROUND};
 use crate::driver::Driver;
 use crate::error::TrainError;
 use crate::expert_parallel::{ExpertGroup, ExpertLinks};
@@ -31,6 +32,9 @@ impl<D: Driver> Trainer<D> {
             })
             .flatten();
         let mut totals = sum_by_layer(copies);
+        if self.held.len() < self.config.ranks {
+            totals = self.counts_over_ranks(step, totals)?;
+        }
         let mut worker_rows = None;
         if let Some(group) = &mut self.expert_group {
             let served = self
@@ -80,6 +84,51 @@ impl<D: Driver> Trainer<D> {
             Some(rows) => load.with_worker_rows(rows),
             None => load,
         }))
+    }
+
+    /// This process's counts per MoE block (`mine`, over its copies) summed with the other
+    /// ranks' of the same blocks (DualPipe keeps a block's two copies on two ranks), as a
+    /// process holding every rank sums them. A collective call of the pipeline's processes.
+    fn counts_over_ranks(
+        &mut self,
+        step: usize,
+        mine: Vec<(usize, Vec<u64>)>,
+    ) -> Result<Vec<(usize, Vec<u64>)>, TrainError> {
+        let flat: Vec<f64> = mine
+            .iter()
+            .flat_map(|(l, c)| {
+                [*l as f64, c.len() as f64]
+                    .into_iter()
+                    .chain(c.iter().map(|&v| v as f64))
+            })
+            .collect();
+        let parts = self.driver.all_gather(
+            step,
+            COUNTS_ROUND,
+            vec![WireData::from_f64s(&flat)],
+            &self.exec_options,
+        )?;
+        let bad = |e: String| TrainError::Execution(format!("gathering the router counts: {e}"));
+        let mut totals: Vec<(usize, Vec<u64>)> =
+            mine.iter().map(|(l, c)| (*l, vec![0; c.len()])).collect();
+        for part in parts.iter().flatten() {
+            let values = part.to_f64s().map_err(|e| bad(e.to_string()))?;
+            let mut rest = &values[..];
+            while let [l, n, tail @ ..] = rest {
+                let n = *n as usize;
+                let counts = tail
+                    .get(..n)
+                    .ok_or_else(|| bad(format!("block {l}: {n} counts announced")))?;
+                if let Some((_, total)) = totals.iter_mut().find(|(b, _)| *b as f64 == *l) {
+                    if total.len() != n {
+                        return Err(bad(format!("block {l}: {n} counts for {}", total.len())));
+                    }
+                    total.iter_mut().zip(counts).for_each(|(t, &c)| *t += c as u64);
+                }
+                rest = &tail[n..];
+            }
+        }
+        Ok(totals)
     }
 
     /// Joins replica `replica` to its MoE group over `links` (called once, before the first
