@@ -28,6 +28,14 @@ pub use checkpoint::Restored;
 const TOTALS_ROUND: usize = 2;
 /// The `all_gather` round of the step's router counts (MoE over a world of processes).
 const COUNTS_ROUND: usize = 3;
+/// The `all_gather` round of the step's rows served per block (expert parallelism, ditto).
+const SERVED_ROUND: usize = 4;
+/// The `all_gather` round of EPLB's figures after the last step (ditto).
+const REBALANCE_ROUND: usize = 5;
+/// The `all_gather` rounds of the step's whole-model expert load: counts, then rows per
+/// worker (ditto).
+const LOADS_ROUND: usize = 6;
+const ROWS_ROUND: usize = 7;
 
 /// What one training step did.
 #[derive(Clone, Debug)]
