@@ -135,7 +135,11 @@ pub fn gather_weights<D: Driver>(
         // tensors that follow (its bias first).
         if let ModelStage::Gpt(g) = stage {
             for (l, m) in g.moe_layers() {
-                let count = 1 + if sharded { experts * EXPERT_TENSORS.len() } else { 0 };
+                let count = 1 + if sharded {
+                    experts * EXPERT_TENSORS.len()
+                } else {
+                    0
+                };
                 mine.push(WireData::from_f64s(&[
                     l as f64,
                     f64::from(u8::from(sharded)),

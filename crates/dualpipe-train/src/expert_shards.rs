@@ -14,9 +14,7 @@
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
-use dualpipe_nn::gpt::moe::parallel::{
-    ExchangeTag, ExpertLink, ExpertPlacement, Phase,
-};
+use dualpipe_nn::gpt::moe::parallel::{ExchangeTag, ExpertLink, ExpertPlacement, Phase};
 use dualpipe_nn::gpt::{expert_prefix, GptWeights, MoeLayer};
 use dualpipe_nn::stage::to_f64_vec;
 use dualpipe_nn::{ModelStage, Optimizer, OptimizerKind, ParamState};

@@ -236,3 +236,36 @@ pub fn expert_links(
     let counts = Box::new(MpiExpertLink::new(world.split_peers(rank), timeout));
     Ok(Some(ExpertLinks { blocks, counts }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dualpipe_schedule::Chunk;
+
+    fn tag(version: u64) -> ExchangeTag {
+        ExchangeTag {
+            chunk: Chunk::new(1, 0, 3),
+            phase: Phase::Combine,
+            version,
+        }
+    }
+
+    fn message(seq: u64, version: u64, body: &[f64]) -> Vec<f64> {
+        let mut m = vec![seq as f64, version as f64, 1.0, 1.0, 0.0, 3.0];
+        m.extend_from_slice(body);
+        m
+    }
+
+    #[test]
+    fn a_part_of_a_stale_version_or_another_all_to_all_is_refused() {
+        let body = MpiExpertLink::read(1, tag(4), 7, message(7, 4, &[2.5, -1.0])).unwrap();
+        assert_eq!(body, vec![2.5, -1.0]);
+        let stale = MpiExpertLink::read(1, tag(4), 7, message(7, 3, &[2.5])).unwrap_err();
+        assert!(stale.to_string().contains("refused as stale"), "{stale}");
+        let newer = MpiExpertLink::read(1, tag(4), 7, message(7, 5, &[])).unwrap_err();
+        assert!(newer.to_string().contains("worker 1 is at"), "{newer}");
+        let other = MpiExpertLink::read(1, tag(4), 8, message(7, 4, &[])).unwrap_err();
+        assert!(other.to_string().contains("this worker at 8"), "{other}");
+        assert!(MpiExpertLink::read(1, tag(4), 7, vec![7.0, 4.0]).is_err());
+    }
+}

@@ -224,7 +224,12 @@ impl<D: Driver> Trainer<D> {
         if self.held.len() == self.config.ranks {
             return Ok(Some((rebalances, moved, scratch, bytes)));
         }
-        let mine = [rebalances as f64, moved as f64, scratch as f64, bytes as f64];
+        let mine = [
+            rebalances as f64,
+            moved as f64,
+            scratch as f64,
+            bytes as f64,
+        ];
         let parts = self.driver.all_gather(
             self.steps_done,
             REBALANCE_ROUND,

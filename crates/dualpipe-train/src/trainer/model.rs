@@ -49,8 +49,8 @@ impl<D: Driver> Trainer<D> {
             // The routed experts of the held blocks first (each worker stores only its own),
             // then everything over the pipeline's ranks.
             let mut template = gpt.weights.clone();
-            let sharded = self.config.moe.is_some_and(|m| m.expert_parallel)
-                && self.expert_group.is_some();
+            let sharded =
+                self.config.moe.is_some_and(|m| m.expert_parallel) && self.expert_group.is_some();
             if let Some(group) = &mut self.expert_group {
                 group.gather_experts(done, &mut self.stages, &mut template)?;
             }
