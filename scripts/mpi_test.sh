@@ -33,7 +33,8 @@
 #      expert parallelism, 2 redundant experts and EPLB every 2 steps (experts move between
 #      processes), 1f1b with the replicas' counts only; losses and validations equal the local
 #      run's to 1e-10 (they are bit-identical), the samples, per-step expert load and EPLB's
-#      totals are the same.
+#      totals are the same; the link emulation and checkpoints of an expert-parallel run are
+#      one clear error each under MPI.
 #   5. kill and resume: 4 processes train with --checkpoint-dir; once a checkpoint exists, one
 #      worker (rank 2) is killed with SIGKILL: the job exits non-zero within 5 s, a survivor
 #      naming rank 2 and its pid;
@@ -262,6 +263,22 @@ sys.exit(0 if worst <= 1e-10 and all(same.values()) else 1)
 EOF
         then pass "moe $variant: 4 MPI processes (2 ranks x 2 replicas) give the local run's losses and expert figures"
         else fail "moe $variant x 2 replicas: losses or expert figures differ from the local run"
+        fi
+    done
+    # What MoE under MPI does not do is one clear error: the link emulation, and checkpoints
+    # of an expert-parallel run.
+    local refused
+    for refused in "--link-latency 0.001:the expert link emulation" \
+        "--checkpoint-dir $TMP/moe-ckpt:checkpoints of an expert-parallel run"; do
+        # shellcheck disable=SC2086 # the flag and its value
+        timeout 60 "${LAUNCH[@]}" -n 4 "$BIN" train --transport mpi "${MOE[@]}" --expert-parallel \
+            ${refused%%:*} >"$TMP/moe-refused.out" 2>&1
+        rc=$?
+        if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c "^error: ${refused#*:}" "$TMP/moe-refused.out")" -eq 1 ]; then
+            pass "moe under MPI with ${refused%%:*}: one clear error (exit $rc)"
+        else
+            fail "moe under MPI with ${refused%%:*}: exit $rc:"
+            sed 's/^/     /' "$TMP/moe-refused.out" | head -10
         fi
     done
 
