@@ -53,8 +53,7 @@ pub fn check_grid(info: &LaunchInfo, config: &TrainConfig) -> Result<(), TrainEr
 /// several replicas: each replica stores other experts of a block, and the shared checkpoint
 /// gives a block one file, written by one process.
 pub fn check_checkpoints(config: &TrainConfig, checkpointing: bool) -> Result<(), TrainError> {
-    if checkpointing && config.data_parallel > 1 && config.moe.is_some_and(|m| m.expert_parallel)
-    {
+    if checkpointing && config.data_parallel > 1 && config.moe.is_some_and(|m| m.expert_parallel) {
         return Err(TrainError::Config(
             "checkpoints of an expert-parallel run are written in one process only for now \
              (under MPI the replicas' experts of a block would share its file); drop \
