@@ -7,7 +7,7 @@
 //! numbers in the same order.
 
 use dualpipe_nn::distributed::{tensor_from_wire, tensor_to_wire};
-use dualpipe_nn::gpt::{tensor_names, GptWeights};
+use dualpipe_nn::gpt::{expert_prefix, tensor_names, GptWeights};
 use dualpipe_nn::stage::to_f64_vec;
 use dualpipe_nn::ModelStage;
 use dualpipe_runtime::transport::wire::WireData;
@@ -15,6 +15,7 @@ use dualpipe_runtime::{ExecOptions, RankStages};
 
 use crate::driver::Driver;
 use crate::error::TrainError;
+use crate::expert_shards::EXPERT_TENSORS;
 
 /// The all-gather round of the gradient norm within a step.
 const NORM_ROUND: usize = 0;
@@ -39,8 +40,9 @@ fn wire_error(e: impl std::fmt::Display) -> TrainError {
 
 /// The L2 norm of the step's whole gradient, the same on every process: each stage's sum of
 /// squares (in f64, parameter by parameter) is gathered, and the sums are added in stage
-/// order, then `sharded_squares`: the sum of squares of the parameters the stages hold only
-/// a share of (the routed experts of expert-parallel blocks, which the stages' sums leave out:
+/// order, then the processes' `sharded_squares` (in process order): each one's sum of squares
+/// of the parameters its stages hold only a share of (the routed experts of its
+/// expert-parallel blocks, which the stages' sums leave out:
 /// [`crate::expert_shards::expert_squares`]; 0 otherwise).
 pub fn gradient_norm<D: Driver>(
     driver: &mut D,
@@ -50,7 +52,7 @@ pub fn gradient_norm<D: Driver>(
     options: &ExecOptions,
     sharded_squares: f64,
 ) -> Result<f64, TrainError> {
-    let mut mine = Vec::new();
+    let mut mine = vec![sharded_squares];
     for stage in counted(stages) {
         let mut sum = 0.0;
         for (p, sharded) in stage.params().into_iter().zip(stage.sharded_params()) {
@@ -62,9 +64,14 @@ pub fn gradient_norm<D: Driver>(
     }
     let parts = driver.all_gather(step, NORM_ROUND, vec![WireData::from_f64s(&mine)], options)?;
     let mut per_stage = vec![None; model_stages];
+    let mut sharded = 0.0;
     for part in parts.iter().flatten() {
         let values = part.to_f64s().map_err(wire_error)?;
-        for pair in values.chunks_exact(2) {
+        let (first, pairs) = values
+            .split_first()
+            .ok_or_else(|| wire_error("an empty norm message"))?;
+        sharded += first;
+        for pair in pairs.chunks_exact(2) {
             let slot = per_stage
                 .get_mut(pair[0] as usize)
                 .ok_or_else(|| wire_error(format!("a norm for stage {}", pair[0])))?;
@@ -75,7 +82,7 @@ pub fn gradient_norm<D: Driver>(
     for (s, sum) in per_stage.into_iter().enumerate() {
         total += sum.ok_or_else(|| wire_error(format!("no process sent stage {s}'s norm")))?;
     }
-    Ok((total + sharded_squares).sqrt())
+    Ok((total + sharded).sqrt())
 }
 
 /// Multiplies every gradient of every copy by `scale`.
@@ -95,23 +102,22 @@ pub fn scale_gradients(
 }
 
 /// The GPT's current weights on every process: each process sends the parameters of the
-/// stages it counts; `template` gives the names and the architecture. The routed experts of
-/// expert-parallel blocks stay as in `template` (the expert group gathers them:
-/// [`crate::expert_shards::gather_experts`]).
+/// stages it counts and, per MoE block of those stages, its selection bias and, with
+/// `sharded` experts (expert parallelism), every routed expert as `template` holds it (the
+/// expert group's gather filled them in first: [`crate::expert_shards::gather_experts`]);
+/// `template` gives the names and the architecture.
 pub fn gather_weights<D: Driver>(
     driver: &mut D,
     stages: &[RankStages<ModelStage>],
     template: &GptWeights,
+    sharded: bool,
     step: usize,
     options: &ExecOptions,
 ) -> Result<GptWeights, TrainError> {
+    let experts = template.config().moe.map_or(0, |m| m.experts);
     let mut mine = Vec::new();
-    // The routed experts of expert-parallel blocks are sharded over the group: they do not
-    // travel here (the group's gather fills them in; MoE runs hold every rank here).
-    let mut sharded = false;
     for stage in counted(stages) {
         let mask = stage.sharded_params();
-        sharded |= mask.contains(&true);
         let params: Vec<_> = stage
             .params()
             .into_iter()
@@ -125,23 +131,69 @@ pub fn gather_weights<D: Driver>(
         for p in params {
             mine.push(tensor_to_wire(&p.value).map_err(wire_error)?);
         }
+        // A block's header has three values: the block, 1 if its experts follow, and the
+        // tensors that follow (its bias first).
+        if let ModelStage::Gpt(g) = stage {
+            for (l, m) in g.moe_layers() {
+                let count = 1 + if sharded {
+                    experts * EXPERT_TENSORS.len()
+                } else {
+                    0
+                };
+                mine.push(WireData::from_f64s(&[
+                    l as f64,
+                    f64::from(u8::from(sharded)),
+                    count as f64,
+                ]));
+                mine.push(WireData::from_f64s(m.selection_bias()));
+                for j in (0..experts).filter(|_| sharded) {
+                    for suffix in EXPERT_TENSORS {
+                        let name = format!("{}{suffix}", expert_prefix(l, j));
+                        mine.push(tensor_to_wire(template.get(&name)?).map_err(wire_error)?);
+                    }
+                }
+            }
+        }
     }
     let parts = driver.all_gather(step, WEIGHTS_ROUND, mine, options)?;
     let mut by_stage: Vec<(usize, Vec<WireData>)> = Vec::new();
+    let mut blocks: Vec<(String, WireData)> = Vec::new();
     for part in parts {
         let mut items = part.into_iter();
         while let Some(header) = items.next() {
             let header = header.to_f64s().map_err(wire_error)?;
-            let [stage, count] = header[..] else {
-                return Err(wire_error("a malformed stage header"));
-            };
-            let tensors: Vec<WireData> = items.by_ref().take(count as usize).collect();
-            by_stage.push((stage as usize, tensors));
+            match header[..] {
+                [stage, count] => {
+                    let tensors: Vec<WireData> = items.by_ref().take(count as usize).collect();
+                    by_stage.push((stage as usize, tensors));
+                }
+                [l, with_experts, count] => {
+                    let l = l as usize;
+                    let mut names = vec![format!("blocks.{l}.moe.router.selection_bias")];
+                    if with_experts == 1.0 {
+                        for j in 0..experts {
+                            names.extend(
+                                EXPERT_TENSORS
+                                    .iter()
+                                    .map(|suffix| format!("{}{suffix}", expert_prefix(l, j))),
+                            );
+                        }
+                    }
+                    let tensors: Vec<WireData> = items.by_ref().take(count as usize).collect();
+                    if tensors.len() != names.len() {
+                        return Err(wire_error(format!(
+                            "block {l}: {} tensors arrived for {}",
+                            tensors.len(),
+                            names.len()
+                        )));
+                    }
+                    blocks.extend(names.into_iter().zip(tensors));
+                }
+                _ => return Err(wire_error("a malformed stage header")),
+            }
         }
     }
     by_stage.sort_by_key(|(s, _)| *s);
-    // The parameters travel; the MoE selection biases (buffers) are written below from the
-    // stages held here (MoE runs hold every rank in one process).
     let names: Vec<_> = tensor_names(template.config())
         .into_iter()
         .filter(|(n, _)| {
@@ -160,14 +212,14 @@ pub fn gather_weights<D: Driver>(
     for ((name, _), data) in names.iter().zip(tensors) {
         weights.set(name, tensor_from_wire(data).map_err(wire_error)?)?;
     }
-    for stage in counted(stages) {
-        if let ModelStage::Gpt(g) = stage {
-            for (l, m) in g.moe_layers() {
-                let bias = candle_core::Tensor::new(m.selection_bias(), &candle_core::Device::Cpu)
-                    .map_err(wire_error)?;
-                weights.set(&format!("blocks.{l}.moe.router.selection_bias"), bias)?;
-            }
-        }
+    for (name, data) in blocks {
+        let tensor = if name.ends_with(".selection_bias") {
+            let bias = data.to_f64s().map_err(wire_error)?;
+            candle_core::Tensor::new(bias, &candle_core::Device::Cpu).map_err(wire_error)?
+        } else {
+            tensor_from_wire(data).map_err(wire_error)?
+        };
+        weights.set(&name, tensor)?;
     }
     Ok(weights)
 }

@@ -33,13 +33,14 @@ use crate::expert_shards;
 use crate::moe::MoeSettings;
 
 /// One replica's ends of the all-to-alls of every MoE block copy, keyed by (model-wide
-/// block, direction), plus the group's end for the step's counts.
+/// block, direction), plus the group's end for the step's counts: in process
+/// ([`local_links`]) or over MPI (`mpi_experts`, feature `mpi`).
 #[derive(Debug)]
 pub struct ExpertLinks {
     /// Per (block, direction) copy: this replica's end of the copy's group.
-    pub blocks: BTreeMap<(usize, usize), ChannelExpertLink>,
+    pub blocks: BTreeMap<(usize, usize), Box<dyn ExpertLink>>,
     /// The group's end for the router counts.
-    pub counts: ChannelExpertLink,
+    pub counts: Box<dyn ExpertLink>,
 }
 
 /// Builds the in-process links of `replicas` replicas for the MoE blocks `blocks` in
@@ -57,7 +58,7 @@ pub fn local_links(
         .into_iter()
         .map(|counts| ExpertLinks {
             blocks: BTreeMap::new(),
-            counts,
+            counts: Box::new(counts),
         })
         .collect();
     for &l in blocks {
@@ -66,7 +67,7 @@ pub fn local_links(
                 .into_iter()
                 .enumerate()
             {
-                per[d].blocks.insert((l, dir), link);
+                per[d].blocks.insert((l, dir), Box::new(link));
             }
         }
     }
@@ -130,7 +131,7 @@ pub struct ExpertGroup {
     replica: usize,
     replicas: usize,
     settings: MoeSettings,
-    counts: ChannelExpertLink,
+    counts: Box<dyn ExpertLink>,
     /// With expert parallelism: the rebalancer (placements, EMA, moves).
     rebalancer: Option<Rebalancer>,
 }
@@ -179,7 +180,7 @@ impl ExpertGroup {
                             TrainError::Execution(format!("no expert link for block {l}"))
                         })?;
                         m.set_expert_parallel(Some(
-                            ExpertParallel::new(Box::new(link), placement.clone())?
+                            ExpertParallel::new(link, placement.clone())?
                                 .with_overlap(settings.overlap),
                         ))?;
                         layers.push(l);
@@ -271,7 +272,7 @@ impl ExpertGroup {
         if let Some(r) = &mut self.rebalancer {
             if let Some(replan) = r.observe(step, &out.totals)? {
                 let bytes = expert_shards::move_experts(
-                    &mut self.counts,
+                    self.counts.as_mut(),
                     step,
                     stages,
                     optimizers,
@@ -300,7 +301,7 @@ impl ExpertGroup {
             return Ok(());
         }
         expert_shards::exchange_gradients(
-            &mut self.counts,
+            self.counts.as_mut(),
             step,
             stages,
             copies_summed,
@@ -318,7 +319,7 @@ impl ExpertGroup {
         if !self.settings.expert_parallel {
             return Ok(0.0);
         }
-        expert_shards::expert_squares(&mut self.counts, step, stages)
+        expert_shards::expert_squares(self.counts.as_mut(), step, stages)
     }
 
     /// With expert parallelism: fills `weights` with the experts other workers hold (a
@@ -332,7 +333,7 @@ impl ExpertGroup {
         if !self.settings.expert_parallel {
             return Ok(());
         }
-        expert_shards::gather_experts(&mut self.counts, step, stages, weights)
+        expert_shards::gather_experts(self.counts.as_mut(), step, stages, weights)
     }
 
     /// The rebalancer's running figures: rebalances, expert replicas moved, the replicas

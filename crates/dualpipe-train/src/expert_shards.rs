@@ -1,6 +1,6 @@
 //! The routed experts sharded over an expert-parallel group: each worker stores (weights and
 //! optimizer state) only the experts its [`ExpertPlacement`] gives it, so three things travel
-//! over the group's link ([`ChannelExpertLink`]) instead of through the dense exchange:
+//! over the group's link (an [`ExpertLink`]: in process or over MPI) instead of through the dense exchange:
 //!
 //! - [`exchange_gradients`]: an expert's gradient summed among the workers that hold it (in
 //!   worker order) and divided by the group's size, the value the dense mean gave when the
@@ -14,9 +14,7 @@
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
-use dualpipe_nn::gpt::moe::parallel::{
-    ChannelExpertLink, ExchangeTag, ExpertLink, ExpertPlacement, Phase,
-};
+use dualpipe_nn::gpt::moe::parallel::{ExchangeTag, ExpertLink, ExpertPlacement, Phase};
 use dualpipe_nn::gpt::{expert_prefix, GptWeights, MoeLayer};
 use dualpipe_nn::stage::to_f64_vec;
 use dualpipe_nn::{ModelStage, Optimizer, OptimizerKind, ParamState};
@@ -111,7 +109,7 @@ fn take<'a>(
 /// here, lowest direction first. One all-to-all on `link` when some expert has several
 /// replicas (stamped with the placement's version), none otherwise.
 pub fn exchange_gradients(
-    link: &mut ChannelExpertLink,
+    link: &mut dyn ExpertLink,
     step: usize,
     stages: &mut [RankStages<ModelStage>],
     copies_summed: bool,
@@ -210,7 +208,7 @@ pub fn exchange_gradients(
 /// Fills `weights` with every routed expert of the expert-parallel blocks this replica holds
 /// a copy of, each from its lowest holder (a collective call of the group).
 pub fn gather_experts(
-    link: &mut ChannelExpertLink,
+    link: &mut dyn ExpertLink,
     step: usize,
     stages: &mut [RankStages<ModelStage>],
     weights: &mut GptWeights,
@@ -297,7 +295,7 @@ fn state_of(kind: OptimizerKind, mut tensors: Vec<Tensor>) -> Result<ParamState,
 /// it no longer holds, and each optimizer's state is re-indexed to its stage's parameters.
 /// Returns the bytes the whole group sent (weights and state, in the model's float type).
 pub fn move_experts(
-    link: &mut ChannelExpertLink,
+    link: &mut dyn ExpertLink,
     step: usize,
     stages: &mut [RankStages<ModelStage>],
     optimizers: &mut [Vec<Optimizer>],
@@ -516,10 +514,11 @@ pub fn adopt(
 }
 
 /// The sum of squares of every routed expert's gradient over the group (each expert counted
-/// once, by its lowest holder, from one copy of its block), the same on every worker: the
-/// part of the global gradient norm the stages' own sums leave out. One all-to-all on `link`.
+/// once, by its lowest holder, from its block's copy of direction 0, as the stages' norms
+/// count), the same on every worker: the part of the global gradient norm the stages' own
+/// sums leave out, for the blocks held here. One all-to-all on `link`.
 pub fn expert_squares(
-    link: &mut ChannelExpertLink,
+    link: &mut dyn ExpertLink,
     step: usize,
     stages: &mut [RankStages<ModelStage>],
 ) -> Result<f64, TrainError> {
@@ -527,8 +526,8 @@ pub fn expert_squares(
     let mut mine = 0.0;
     let mut version = 0;
     let mut seen = Vec::new();
-    for (l, _, m) in moe_copies(stages) {
-        if seen.contains(&l) {
+    for (l, dir, m) in moe_copies(stages) {
+        if dir != 0 || seen.contains(&l) {
             continue;
         }
         seen.push(l);

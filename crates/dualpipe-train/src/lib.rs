@@ -33,7 +33,7 @@
 //!   place they become a [`TrainConfig`] (defaults read from it, so help cannot drift), and
 //!   their run, local or (with `mpi`) one process under a launcher, with its notes and exits;
 //! - `mpi` (feature `mpi`) — one worker per process under an MPI launcher: the grid's check
-//!   and this process's trainer.
+//!   and this process's trainer; `mpi_experts` — the experts' all-to-alls over MPI.
 //!
 //! ```
 //! use dualpipe_train::{DType, TrainConfig, Trainer};
@@ -75,6 +75,8 @@ pub mod memory;
 pub mod moe;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "mpi")]
+pub mod mpi_experts;
 pub mod partition;
 pub mod plan_file;
 pub mod profile;

@@ -10,7 +10,8 @@
 //! exchange over that pipeline rank in every replica; the losses go over one more. DualPipe
 //! compressed: one more per stage and replica joins the stage's two copy holders, the lowest
 //! direction's holder sums the copies and only it joins the replicas' exchange
-//! (`dualpipe_dp::copies`).
+//! (`dualpipe_dp::copies`). A mixture of experts adds its group's links over that pipeline
+//! rank in every replica ([`crate::mpi_experts`]).
 //!
 //! Checkpoints: every process writes its layers' share ([`checkpoint_share`],
 //! [`checkpoint::shared`](crate::checkpoint::shared)); on resume process 0 chooses the
@@ -46,6 +47,21 @@ pub fn check_grid(info: &LaunchInfo, config: &TrainConfig) -> Result<(), TrainEr
              workers; start {workers} (mpiexec -n {workers})",
             info.world_size, config.ranks
         )));
+    }
+    Ok(())
+}
+
+/// Refuses checkpoints (`checkpointing`: written or read) of an expert-parallel run over
+/// several replicas: each replica stores other experts of a block, and the shared checkpoint
+/// gives a block one file, written by one process.
+pub fn check_checkpoints(config: &TrainConfig, checkpointing: bool) -> Result<(), TrainError> {
+    if checkpointing && config.data_parallel > 1 && config.moe.is_some_and(|m| m.expert_parallel) {
+        return Err(TrainError::Config(
+            "checkpoints of an expert-parallel run are written in one process only for now \
+             (under MPI the replicas' experts of a block would share its file); drop \
+             --checkpoint-dir, --resume and --resume-from, or run without MPI"
+                .into(),
+        ));
     }
     Ok(())
 }
@@ -99,13 +115,20 @@ pub fn mpi_trainer(
             copies[s] += 1;
         }
     }
+    // With expert parallelism, DualPipe's two copies of a block (on two ranks) sum their
+    // routed experts' gradients before the holders do: the point-to-point exchange, which
+    // sums the copies first, runs instead of MPI's sum over every copy.
+    let expert_copies =
+        config.moe.is_some_and(|m| m.expert_parallel) && copies.iter().any(|&c| c > 1);
     let native = config.mpi_allreduce
         && config.gradient_compression == Compression::None
-        && one_copy_per_rank;
+        && one_copy_per_rank
+        && !expert_copies;
     // Our exchange with DualPipe's copies of a stage in two processes of a replica: the copies
     // are summed inside it (the lowest direction's holder leads, dualpipe_dp::copies), except
     // under 1-bit Adam, whose momentum is folded from the copies' sum after the pipeline (and
-    // for a placement whose holders list a stage at different places: summed after it too).
+    // for a placement whose holders list a stage at different places, or with expert
+    // parallelism, whose routed experts the dense exchange does not carry: summed after it).
     // The split of round i joins a stage's holders only if each lists the stage i-th.
     let same_place = (0..config.model_stages()).all(|s| {
         let mut places = (0..schedule.placement.dirs()).map(|d| {
@@ -120,7 +143,8 @@ pub fn mpi_trainer(
         && one_copy_per_rank
         && same_place
         && copies.iter().any(|&c| c > 1)
-        && config.one_bit_adam_from().is_none();
+        && config.one_bit_adam_from().is_none()
+        && !expert_copies;
     let model_stages = config.model_stages();
     let mut stages = Vec::new();
     for i in 0..splits {
@@ -168,6 +192,7 @@ pub fn mpi_trainer(
         }
     }
     let losses = group(world.split_link(p))?;
+    let experts = crate::mpi_experts::expert_links(world, config, p)?;
     let links = ReplicaLinks {
         replica,
         replicas: config.data_parallel,
@@ -175,7 +200,11 @@ pub fn mpi_trainer(
         losses,
     };
     let driver = OneRank::new(Endpoint::new(pipeline));
-    Trainer::for_replica(config.clone(), given, driver, links)
+    let mut trainer = Trainer::for_replica(config.clone(), given, driver, links)?;
+    if let Some(experts) = experts {
+        trainer.join_expert_group(replica, experts)?;
+    }
+    Ok(trainer)
 }
 
 /// The group of pipeline rank `p`'s copy of a stage held by `holders` (pipeline ranks, by

@@ -76,13 +76,12 @@ impl<L: Link> Driver for OneRank<L> {
                 config.ranks
             )));
         }
-        if config.moe.is_some() && config.data_parallel > 1 {
-            return Err(TrainError::Config(format!(
-                "the mixture of experts trains data-parallel in one process only for now (its \
-                 expert groups are in-process); drop {} {} or run without MPI",
-                Field::DataParallel.name(naming),
-                config.data_parallel
-            )));
+        if config.moe.is_some_and(|m| !m.link().is_none()) && config.data_parallel > 1 {
+            return Err(TrainError::Config(
+                "the expert link emulation (--link-latency, --link-bandwidth) runs on the \
+                 in-process links only; drop it, or run without MPI"
+                    .into(),
+            ));
         }
         Ok(())
     }

@@ -26,6 +26,16 @@ pub use checkpoint::Restored;
 /// The all-gather round of the exchange's figures after the last step (the collective
 /// module's gathers use 0 and 1).
 const TOTALS_ROUND: usize = 2;
+/// The `all_gather` round of the step's router counts (MoE over a world of processes).
+const COUNTS_ROUND: usize = 3;
+/// The `all_gather` round of the step's rows served per block (expert parallelism, ditto).
+const SERVED_ROUND: usize = 4;
+/// The `all_gather` round of EPLB's figures after the last step (ditto).
+const REBALANCE_ROUND: usize = 5;
+/// The `all_gather` rounds of the step's whole-model expert load: counts, then rows per
+/// worker (ditto).
+const LOADS_ROUND: usize = 6;
+const ROWS_ROUND: usize = 7;
 
 /// What one training step did.
 #[derive(Clone, Debug)]
@@ -267,13 +277,6 @@ impl<D: Driver> Trainer<D> {
         let per_dir = schedule.micro_batches_per_dir();
         let held = driver.held_ranks(&schedule);
         crate::rebalance::check_held(config, held.len())?;
-        if config.moe.is_some() && held.len() != config.ranks {
-            return Err(TrainError::Config(
-                "the mixture of experts trains with every rank in one process for now (the \
-                 router counts of every copy meet there); use the local transport"
-                    .into(),
-            ));
-        }
         let mut stages = Vec::with_capacity(held.len());
         for &rank in &held {
             let mut copies = RankStages::new();
@@ -351,6 +354,14 @@ impl<D: Driver> Trainer<D> {
         self.failed = true;
         let start = Instant::now();
         let step = self.steps_done;
+        if self.config.moe.is_some() && self.config.data_parallel > 1 && self.expert_group.is_none()
+        {
+            return Err(TrainError::Config(
+                "a mixture of experts over data-parallel replicas needs its expert group: call \
+                 Trainer::join_expert_group before the first step"
+                    .into(),
+            ));
+        }
         // The exchange's hook starts each stage's buckets during the pipeline (with overlap).
         let outcome = match self.dp.as_ref().map(|dp| dp.hook(step)) {
             Some(hook) => self.pipeline(step, &hook)?,

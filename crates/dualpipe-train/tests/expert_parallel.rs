@@ -565,3 +565,126 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
     let got = losses_of(|| other.step().unwrap().losses, 3);
     assert_same("resumed without expert parallelism", &got, &expected[3..]);
 }
+
+/// `ranks x 2` workers, each a thread with its own one-rank trainer as an MPI process would be
+/// (`dualpipe_train::mpi::mpi_trainer`): each replica's pipeline on in-memory links, each held
+/// stage's gradients over our exchange with its holder in the other replica, and the expert
+/// links of each pipeline rank over both replicas (as `dualpipe_train::mpi_experts` builds
+/// them, here in process). Per worker, per step: the micro-batch losses, the gradient norm,
+/// and the expert load's rows per worker.
+#[allow(clippy::type_complexity)]
+fn one_rank_per_thread(config: &TrainConfig) -> Vec<Vec<(Vec<f64>, Option<f64>, Vec<u64>)>> {
+    use dualpipe_dp::ChannelTransport;
+    use dualpipe_runtime::transport::endpoint::ChannelLink;
+    use dualpipe_runtime::Endpoint;
+    use dualpipe_train::expert_parallel::links_for;
+    use dualpipe_train::{GroupLink, OneRank, ReplicaLinks};
+
+    let (ranks, replicas) = (config.ranks, config.data_parallel);
+    let placement = config.build_schedule().unwrap().placement;
+    let held = |r: usize| {
+        let mut stages: Vec<usize> = placement.stages_of(r).into_iter().map(|(_, s)| s).collect();
+        stages.sort_unstable();
+        stages.dedup();
+        stages
+    };
+    let mut workers = Vec::new();
+    let mut per_rank: Vec<_> = (0..ranks)
+        .map(|p| {
+            let stages: Vec<_> = held(p)
+                .into_iter()
+                .map(|s| (s, ChannelTransport::group(replicas).into_iter()))
+                .collect();
+            let losses = ChannelTransport::group(replicas).into_iter();
+            (stages, losses, links_for(config, replicas).into_iter())
+        })
+        .collect();
+    for replica in 0..replicas {
+        for (p, link) in ChannelLink::world(ranks).into_iter().enumerate() {
+            let (stages, losses, experts) = &mut per_rank[p];
+            let links = ReplicaLinks {
+                replica,
+                replicas,
+                stages: stages
+                    .iter_mut()
+                    .map(|(s, g)| (*s, GroupLink::Messages(Box::new(g.next().unwrap()))))
+                    .collect(),
+                losses: Box::new(losses.next().unwrap()),
+            };
+            workers.push((replica, link, links, experts.next().unwrap()));
+        }
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = workers
+            .into_iter()
+            .map(|(replica, link, links, experts)| {
+                let config = config.clone();
+                scope.spawn(move || {
+                    let driver = OneRank::new(Endpoint::new(link));
+                    let mut trainer =
+                        Trainer::for_replica(config.clone(), None, driver, links).unwrap();
+                    trainer.join_expert_group(replica, experts).unwrap();
+                    (0..config.steps)
+                        .map(|_| {
+                            let r = trainer.step().unwrap();
+                            let load = r.expert_load.unwrap();
+                            let rows = load.worker_rows.unwrap_or_default();
+                            (r.losses, r.grad_norm, rows.into_iter().flatten().collect())
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn one_rank_per_process_trains_like_the_local_run() {
+    // What MPI runs, on threads: the router counts and rows of DualPipe's two copies meet
+    // across ranks, the norm adds every rank's sharded experts, EPLB moves experts between
+    // the ranks' groups; every worker's losses, norms and rows equal the local run's.
+    for kind in [ScheduleKind::DualPipe, ScheduleKind::OneFOneB] {
+        let config = TrainConfig {
+            data_parallel: 2,
+            steps: 4,
+            clip_grad: Some(0.5),
+            ..tiny(
+                kind,
+                4,
+                MoeSettings {
+                    redundant_experts: 2,
+                    eplb_every: 2,
+                    ..moe(true)
+                },
+            )
+        };
+        let mut local = DataParallel::new(config.clone()).unwrap();
+        let expected: Vec<_> = (0..config.steps)
+            .map(|_| {
+                let r = local.step().unwrap();
+                let rows = r.expert_load.unwrap().worker_rows.unwrap();
+                (
+                    r.losses,
+                    r.grad_norm,
+                    rows.into_iter().flatten().collect::<Vec<u64>>(),
+                )
+            })
+            .collect();
+        for (w, steps) in one_rank_per_thread(&config).into_iter().enumerate() {
+            assert_eq!(steps.len(), expected.len());
+            for (step, ((losses, norm, rows), (want, want_norm, want_rows))) in
+                steps.into_iter().zip(&expected).enumerate()
+            {
+                let what = format!("{kind}, worker {w}, step {step}");
+                // The losses bit for bit; the norm adds the ranks' expert squares in another
+                // order (to rounding).
+                assert_eq!(&losses, want, "{what}");
+                assert!(close(norm.unwrap(), want_norm.unwrap()), "{what}: {norm:?}");
+                assert_eq!(&rows, want_rows, "{what}");
+            }
+        }
+        let (_, moved, _) = local.replicas()[0].rebalance_totals().unwrap();
+        assert!(moved > 0, "{kind}: EPLB moved no expert");
+    }
+}

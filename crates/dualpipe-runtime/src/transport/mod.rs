@@ -27,6 +27,8 @@ pub(crate) mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 #[cfg(feature = "mpi")]
+pub mod mpi_peers;
+#[cfg(feature = "mpi")]
 pub mod mpi_sum;
 pub mod peer_watch;
 pub mod wire;

@@ -25,6 +25,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::Threading;
 
 use super::endpoint::{Link, LinkError, Packet};
+pub use super::mpi_peers::MpiPeers;
 pub use super::mpi_sum::{MpiSum, PendingSum};
 use super::peer_watch::{self, Beacon, Identity, PeerWatch};
 use crate::launch::{LaunchError, LaunchInfo};
@@ -68,6 +69,8 @@ pub struct MpiWorld {
     /// connects) until [`MpiWorld::watch_peers`] hands it to the watch.
     beacon: Option<Beacon>,
     watch: Option<PeerWatch>,
+    /// The thread level MPI provides (`MPI_THREAD_SERIALIZED` asked for).
+    threading: Threading,
 }
 
 impl std::fmt::Debug for MpiWorld {
@@ -79,11 +82,13 @@ impl std::fmt::Debug for MpiWorld {
 }
 
 impl MpiWorld {
-    /// Initialises MPI (all MPI calls then come from this thread) and reads the launcher's
-    /// variables; MPI's own rank and size win, and must agree with the variables if any.
+    /// Initialises MPI and reads the launcher's variables; MPI's own rank and size win, and
+    /// must agree with the variables if any. MPI is asked for `MPI_THREAD_SERIALIZED`: calls
+    /// come from this thread, except an expert all-to-all's, which may come from a second
+    /// thread under a lock ([`MpiWorld::threads_serialized`] says whether that is allowed).
     pub fn init() -> Result<Self, MpiError> {
         let env = LaunchInfo::from_env()?;
-        let (universe, _) = mpi::initialize_with_threading(Threading::Funneled)
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Serialized)
             .ok_or(MpiError::AlreadyInitialised)?;
         let world = universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
@@ -106,6 +111,7 @@ impl MpiWorld {
             identities,
             beacon,
             watch: None,
+            threading,
         })
     }
 
@@ -155,6 +161,18 @@ impl MpiWorld {
     /// [`MpiWorld::split_link`].
     pub fn split_sum(&self, color: usize) -> MpiSum {
         MpiSum::new(self.split(color))
+    }
+
+    /// Point-to-point arrays between the part of `MPI_COMM_WORLD` that passes the same
+    /// `color` ([`MpiPeers`], members in world order). Collective, as [`MpiWorld::split_link`].
+    pub fn split_peers(&self, color: usize) -> MpiPeers {
+        MpiPeers::new(self.split(color))
+    }
+
+    /// Whether MPI lets threads other than this one call it, one at a time
+    /// (`MPI_THREAD_SERIALIZED` or `MPI_THREAD_MULTIPLE` provided).
+    pub fn threads_serialized(&self) -> bool {
+        matches!(self.threading, Threading::Serialized | Threading::Multiple)
     }
 
     fn split(&self, color: usize) -> SimpleCommunicator {

@@ -17,7 +17,7 @@ use dualpipe_schedule::Schedule;
 use super::run::Finished;
 use super::{Failure, How, Injection, TrainArgs};
 use crate::checkpoint::{Checkpointing, Layout};
-use crate::mpi::{check_grid, checkpoint_share, mpi_trainer, restore_agreed};
+use crate::mpi::{check_checkpoints, check_grid, checkpoint_share, mpi_trainer, restore_agreed};
 use crate::watch::{Watch, WatchError, WatchPlan};
 use crate::{Driver, StepEvent, TrainConfig, TrainError, Trainer};
 
@@ -45,7 +45,11 @@ impl TrainArgs {
         let mut world =
             MpiWorld::init().map_err(|e| Failure::error(Some("cannot start MPI"), &e))?;
         let info = world.info().clone();
-        if let Err(err) = check_grid(&info, &config) {
+        let checkpointing =
+            self.checkpoint_dir.is_some() || self.resume || self.resume_from.is_some();
+        let checked =
+            check_grid(&info, &config).and_then(|()| check_checkpoints(&config, checkpointing));
+        if let Err(err) = checked {
             // Every process sees the same world; rank 0 says it once, the others leave
             // quietly after it (a launcher ends the job when the first process exits non-zero).
             if info.rank == 0 {

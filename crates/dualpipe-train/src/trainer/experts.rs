@@ -3,9 +3,10 @@
 //! [`ExpertLoad`].
 
 use dualpipe_nn::ModelStage;
+use dualpipe_runtime::transport::wire::WireData;
 use dualpipe_runtime::RankStages;
 
-use super::Trainer;
+use super::{Trainer, COUNTS_ROUND, LOADS_ROUND, REBALANCE_ROUND, ROWS_ROUND, SERVED_ROUND};
 use crate::driver::Driver;
 use crate::error::TrainError;
 use crate::expert_parallel::{ExpertGroup, ExpertLinks};
@@ -31,8 +32,11 @@ impl<D: Driver> Trainer<D> {
             })
             .flatten();
         let mut totals = sum_by_layer(copies);
+        if self.held.len() < self.config.ranks {
+            totals = self.counts_over_ranks(step, COUNTS_ROUND, totals)?;
+        }
         let mut worker_rows = None;
-        if let Some(group) = &mut self.expert_group {
+        if self.expert_group.is_some() {
             let served = self
                 .stages
                 .iter()
@@ -47,19 +51,22 @@ impl<D: Driver> Trainer<D> {
                     ModelStage::Mlp(_) => None,
                 })
                 .flatten();
-            let served: Vec<(usize, u64)> = sum_by_layer(served)
-                .into_iter()
-                .map(|(l, v)| (l, v[0]))
-                .collect();
-            let out = group.step(
-                step,
-                &totals,
-                &served,
-                &mut self.stages,
-                &mut self.optimizers,
-            )?;
-            totals = out.totals;
-            worker_rows = out.worker_rows;
+            let mut served = sum_by_layer(served);
+            if self.held.len() < self.config.ranks {
+                served = self.counts_over_ranks(step, SERVED_ROUND, served)?;
+            }
+            let served: Vec<(usize, u64)> = served.into_iter().map(|(l, v)| (l, v[0])).collect();
+            if let Some(group) = &mut self.expert_group {
+                let out = group.step(
+                    step,
+                    &totals,
+                    &served,
+                    &mut self.stages,
+                    &mut self.optimizers,
+                )?;
+                totals = out.totals;
+                worker_rows = out.worker_rows;
+            }
         }
         if moe.bias_update_rate > 0.0 {
             for (_, stage) in self.stages.iter_mut().flat_map(RankStages::iter_mut) {
@@ -75,11 +82,105 @@ impl<D: Driver> Trainer<D> {
                 }
             }
         }
+        if self.held.len() < self.config.ranks {
+            totals = self.blocks_over_ranks(step, LOADS_ROUND, &totals)?;
+            if let Some(rows) = worker_rows {
+                worker_rows = Some(self.blocks_over_ranks(step, ROWS_ROUND, &rows)?);
+            }
+        }
         let load = ExpertLoad::new(step, totals);
         Ok(Some(match worker_rows {
             Some(rows) => load.with_worker_rows(rows),
             None => load,
         }))
+    }
+
+    /// This process's counts per MoE block (`mine`, over its copies) summed with the other
+    /// ranks' of the same blocks (DualPipe keeps a block's two copies on two ranks), as a
+    /// process holding every rank sums them. A collective call of the pipeline's processes
+    /// (gather `round` of `step`).
+    fn counts_over_ranks(
+        &mut self,
+        step: usize,
+        round: usize,
+        mine: Vec<(usize, Vec<u64>)>,
+    ) -> Result<Vec<(usize, Vec<u64>)>, TrainError> {
+        let parts = self.gather_blocks(step, round, &mine)?;
+        let mut totals: Vec<(usize, Vec<u64>)> =
+            mine.iter().map(|(l, c)| (*l, vec![0; c.len()])).collect();
+        for (l, counts) in parts.into_iter().flatten() {
+            if let Some((_, total)) = totals.iter_mut().find(|(b, _)| *b == l) {
+                if total.len() != counts.len() {
+                    return Err(TrainError::Execution(format!(
+                        "gathering the router counts: block {l}: {} counts for {}",
+                        counts.len(),
+                        total.len()
+                    )));
+                }
+                total.iter_mut().zip(counts).for_each(|(t, c)| *t += c);
+            }
+        }
+        Ok(totals)
+    }
+
+    /// Every block's figures from the processes holding it (`mine`: this process's, the
+    /// same on every holder), in block order: the whole model's, for the step's report. A
+    /// collective call of the pipeline's processes (gather `round` of `step`).
+    fn blocks_over_ranks(
+        &mut self,
+        step: usize,
+        round: usize,
+        mine: &[(usize, Vec<u64>)],
+    ) -> Result<Vec<(usize, Vec<u64>)>, TrainError> {
+        let mut all: Vec<(usize, Vec<u64>)> = Vec::new();
+        for (l, values) in self.gather_blocks(step, round, mine)?.into_iter().flatten() {
+            if !all.iter().any(|(b, _)| *b == l) {
+                all.push((l, values));
+            }
+        }
+        all.sort_by_key(|(l, _)| *l);
+        Ok(all)
+    }
+
+    /// Every process's per-block figures (`mine` here), in process order.
+    #[allow(clippy::type_complexity)]
+    fn gather_blocks(
+        &mut self,
+        step: usize,
+        round: usize,
+        mine: &[(usize, Vec<u64>)],
+    ) -> Result<Vec<Vec<(usize, Vec<u64>)>>, TrainError> {
+        let flat: Vec<f64> = mine
+            .iter()
+            .flat_map(|(l, c)| {
+                [*l as f64, c.len() as f64]
+                    .into_iter()
+                    .chain(c.iter().map(|&v| v as f64))
+            })
+            .collect();
+        let parts = self.driver.all_gather(
+            step,
+            round,
+            vec![WireData::from_f64s(&flat)],
+            &self.exec_options,
+        )?;
+        let bad = |e: String| TrainError::Execution(format!("gathering the MoE blocks: {e}"));
+        let mut out = Vec::with_capacity(parts.len());
+        for part in parts.iter().flatten() {
+            let values = part.to_f64s().map_err(|e| bad(e.to_string()))?;
+            let mut blocks = Vec::new();
+            let mut rest = &values[..];
+            while let [l, n, tail @ ..] = rest {
+                let n = *n as usize;
+                let counts = tail
+                    .get(..n)
+                    .ok_or_else(|| bad(format!("block {l}: {n} values announced")))?;
+                blocks.push((*l as usize, counts.iter().map(|&c| c as u64).collect()));
+                rest = &tail[n..];
+            }
+            out.push(blocks);
+        }
+        Ok(out)
     }
 
     /// Joins replica `replica` to its MoE group over `links` (called once, before the first
@@ -106,6 +207,55 @@ impl<D: Driver> Trainer<D> {
             .as_ref()
             .filter(|_| self.config.moe.is_some_and(|m| m.expert_parallel))
             .map(ExpertGroup::bytes_moved)
+    }
+
+    /// EPLB's figures of the run so far over every rank of this replica: rebalances, expert
+    /// replicas moved, the replicas re-planning from scratch would have moved, and the bytes
+    /// this replica sent (`None`: no expert parallelism). A collective call of the pipeline's
+    /// processes when they are several: each counts its blocks' figures, so a block held by
+    /// `c` ranks (DualPipe's copies) is counted `c` times and the sums are divided by `c`.
+    pub(super) fn rebalance_over_ranks(
+        &mut self,
+    ) -> Result<Option<(usize, usize, u64, u64)>, TrainError> {
+        let Some((rebalances, moved, scratch)) = self.rebalance_totals() else {
+            return Ok(None);
+        };
+        let bytes = self.expert_bytes_moved().unwrap_or(0);
+        if self.held.len() == self.config.ranks {
+            return Ok(Some((rebalances, moved, scratch, bytes)));
+        }
+        let mine = [
+            rebalances as f64,
+            moved as f64,
+            scratch as f64,
+            bytes as f64,
+        ];
+        let parts = self.driver.all_gather(
+            self.steps_done,
+            REBALANCE_ROUND,
+            vec![WireData::from_f64s(&mine)],
+            &self.exec_options,
+        )?;
+        let mut sums = [0.0f64; 4];
+        for part in parts.iter().flatten() {
+            let values = part.to_f64s().map_err(|e| {
+                TrainError::Execution(format!("gathering the rebalances' figures: {e}"))
+            })?;
+            sums[0] = sums[0].max(values.first().copied().unwrap_or(0.0));
+            for (acc, v) in sums[1..].iter_mut().zip(values.iter().skip(1)) {
+                *acc += v;
+            }
+        }
+        let held: usize = (0..self.config.ranks)
+            .map(|r| self.schedule.placement.stages_of(r).len())
+            .sum();
+        let copies = (held / self.config.model_stages().max(1)).max(1) as f64;
+        Ok(Some((
+            sums[0] as usize,
+            (sums[1] / copies) as usize,
+            (sums[2] / copies) as u64,
+            (sums[3] / copies) as u64,
+        )))
     }
 
     /// EPLB's figures of the run so far: rebalances, expert replicas moved, and the replicas

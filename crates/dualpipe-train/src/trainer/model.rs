@@ -46,16 +46,22 @@ impl<D: Driver> Trainer<D> {
         };
         let done = self.steps_done;
         if self.gathered.as_ref().map(|(s, _)| *s) != Some(done) {
-            let mut weights = collective::gather_weights(
+            // The routed experts of the held blocks first (each worker stores only its own),
+            // then everything over the pipeline's ranks.
+            let mut template = gpt.weights.clone();
+            let sharded =
+                self.config.moe.is_some_and(|m| m.expert_parallel) && self.expert_group.is_some();
+            if let Some(group) = &mut self.expert_group {
+                group.gather_experts(done, &mut self.stages, &mut template)?;
+            }
+            let weights = collective::gather_weights(
                 &mut self.driver,
                 &self.stages,
-                &gpt.weights,
+                &template,
+                sharded,
                 done,
                 &self.exec_options,
             )?;
-            if let Some(group) = &mut self.expert_group {
-                group.gather_experts(done, &mut self.stages, &mut weights)?;
-            }
             self.gathered = Some((done, weights));
         }
         Ok(self.gathered.as_ref().map(|(_, w)| w))

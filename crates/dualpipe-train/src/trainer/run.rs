@@ -56,13 +56,14 @@ impl<D: Driver> Trainer<D> {
         let total = began.elapsed();
         let samples = self.samples()?;
         let exchanged = self.exchange_totals(total.as_secs_f64())?;
+        let rebalanced = self.rebalance_over_ranks()?;
         self.finish()?;
         let mut summary = summary.finish(total, samples);
-        if let Some((rebalances, moved, scratch)) = self.rebalance_totals() {
+        if let Some((rebalances, moved, scratch, bytes)) = rebalanced {
             summary.eplb_rebalances = Some(rebalances);
             summary.experts_moved = Some(moved);
             summary.experts_moved_from_scratch = Some(scratch);
-            summary.expert_bytes_moved = self.expert_bytes_moved();
+            summary.expert_bytes_moved = Some(bytes);
         }
         if let Some([sent, uncompressed, overhead, workers]) = exchanged {
             summary.grad_exchange = self.dp.as_ref().map(|dp| dp.method().to_string());

@@ -297,19 +297,26 @@ impl ExpertLink for ChannelExpertLink {
                 })?;
             }
         }
-        let kind = match (tag.phase, holds_token()) {
-            (Phase::Dispatch | Phase::Combine, false) => WaitKind::Forward,
-            (Phase::GradDispatch | Phase::GradCombine, false) => WaitKind::Backward,
-            (Phase::Dispatch | Phase::Combine, true) => WaitKind::PairForward,
-            (Phase::GradDispatch | Phase::GradCombine, true) => WaitKind::PairBackward,
-        };
-        let start = Instant::now();
-        while_waiting(|| {
-            let out = self.receive(tag, seq, got);
-            waits::add_wait(kind, start.elapsed());
-            out
-        })
+        link_wait(tag.phase, || self.receive(tag, seq, got))
     }
+}
+
+/// Runs `wait`, the receive of an all-to-all of `phase`, as every link waits: inside an
+/// overlapped FB pair with the compute token given up meanwhile, and its time added to the
+/// process's [`waits`] tallies.
+pub fn link_wait<R>(phase: Phase, wait: impl FnOnce() -> R) -> R {
+    let kind = match (phase, holds_token()) {
+        (Phase::Dispatch | Phase::Combine, false) => WaitKind::Forward,
+        (Phase::GradDispatch | Phase::GradCombine, false) => WaitKind::Backward,
+        (Phase::Dispatch | Phase::Combine, true) => WaitKind::PairForward,
+        (Phase::GradDispatch | Phase::GradCombine, true) => WaitKind::PairBackward,
+    };
+    let start = Instant::now();
+    while_waiting(|| {
+        let out = wait();
+        waits::add_wait(kind, start.elapsed());
+        out
+    })
 }
 
 impl ChannelExpertLink {
