@@ -10,6 +10,7 @@ use dualpipe_schedule::Chunk;
 use crate::data::Batch;
 use crate::error::NnError;
 use crate::gpt::moe::overlap::{compute_with, ComputeToken};
+use crate::gpt::moe::waits::PairChunk;
 use crate::gpt::{GptStage, TokenBatch};
 use crate::layers::Param;
 use crate::stage::{MlpStage, StagePosition};
@@ -176,8 +177,9 @@ impl Stage for ModelStage {
         }
         let token = Arc::new(ComputeToken::default());
         std::thread::scope(|scope| {
-            let forward = scope.spawn(|| compute_with(&token, || self.forward(f, input)));
-            let grad = compute_with(&token, || backward(other));
+            let forward =
+                scope.spawn(|| compute_with(&token, PairChunk::Forward, || self.forward(f, input)));
+            let grad = compute_with(&token, PairChunk::Backward, || backward(other));
             let out = forward.join().map_err(|_| {
                 StageError(format!(
                     "the forward of {f} in an overlapped FB pair panicked"

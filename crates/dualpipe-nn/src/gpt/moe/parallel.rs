@@ -307,20 +307,26 @@ impl ExpertLink for ChannelExpertLink {
         while_waiting(|| {
             let out = self.receive(tag, seq, got);
             waits::add_wait(kind, start.elapsed());
-            out
+            if let Ok((_, last_visible)) = &out {
+                if !self.model.is_none() {
+                    waits::add_due(kind, (last_visible - sent_at).max(0.0));
+                }
+            }
+            out.map(|(parts, _)| parts)
         })
     }
 }
 
 impl ChannelExpertLink {
     /// The rest of all-to-all `seq`: every peer's part into `got`, then the wait until the
-    /// last of them is visible.
+    /// last of them is visible. Returns the parts and when the last of them became visible
+    /// (on the link's clock; `-inf` without peers).
     fn receive(
         &mut self,
         tag: ExchangeTag,
         seq: u64,
         mut got: Vec<Option<Vec<f64>>>,
-    ) -> Result<Vec<Vec<f64>>, NnError> {
+    ) -> Result<(Vec<Vec<f64>>, f64), NnError> {
         let n = got.len();
         let deadline = Instant::now() + self.timeout;
         let mut visible_at = f64::NEG_INFINITY;
@@ -382,7 +388,8 @@ impl ChannelExpertLink {
         if !self.model.is_none() {
             self.clock.wait_until(visible_at);
         }
-        Ok(got.into_iter().map(Option::unwrap_or_default).collect())
+        let parts = got.into_iter().map(Option::unwrap_or_default).collect();
+        Ok((parts, visible_at))
     }
 }
 
