@@ -324,7 +324,11 @@ impl Optimizer {
     /// moment keeps moving and their gradient is their own, not a folded momentum (the
     /// sharded experts of an expert-parallel run, whose gradients are summed exactly among
     /// their holders instead of compressed). Outside that phase `plain` changes nothing.
-    pub fn step_masked(&mut self, params: &mut [&mut Param], plain: &[bool]) -> Result<(), NnError> {
+    pub fn step_masked(
+        &mut self,
+        params: &mut [&mut Param],
+        plain: &[bool],
+    ) -> Result<(), NnError> {
         if self.steps > 0 && self.state.len() != params.len() {
             return Err(NnError::Stage(format!(
                 "optimizer was set up for {} parameters and got {}",

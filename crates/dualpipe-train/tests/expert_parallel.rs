@@ -403,9 +403,13 @@ fn one_bit_adam_with_sharded_experts_keeps_holders_and_replicas_identical() {
         let [a, b] = dp.replicas() else {
             panic!("two replicas")
         };
-        let ((dense_a, experts_a), (dense_b, experts_b)) = (dense_and_experts(a), dense_and_experts(b));
+        let ((dense_a, experts_a), (dense_b, experts_b)) =
+            (dense_and_experts(a), dense_and_experts(b));
         assert!(!dense_a.is_empty());
-        assert_eq!(dense_a, dense_b, "step {step}: the replicas' dense parameters");
+        assert_eq!(
+            dense_a, dense_b,
+            "step {step}: the replicas' dense parameters"
+        );
         // An expert both workers hold (a redundant slot) is the same on both, bit for bit.
         for (key, values) in &experts_a {
             if let Some(other) = experts_b.get(key) {
@@ -422,7 +426,9 @@ fn one_bit_adam_with_sharded_experts_keeps_holders_and_replicas_identical() {
     );
     // The warm-up is AdamW on the uncompressed exchange; afterwards 1-bit Adam differs.
     let mut plain = DataParallel::new(config(dualpipe_train::Compression::None, 2)).unwrap();
-    let reference: Vec<f64> = (0..one_bit.steps).map(|_| plain.step().unwrap().loss).collect();
+    let reference: Vec<f64> = (0..one_bit.steps)
+        .map(|_| plain.step().unwrap().loss)
+        .collect();
     assert_eq!(losses[..3], reference[..3], "steps 1-2 are uncompressed");
     assert_ne!(losses[3..], reference[3..], "1-bit Adam from step 3");
 }
