@@ -82,20 +82,28 @@ for path in sorted(glob.glob(f"{d}/*.*.json")):
     hand = n * m("token_regain")
     if w["token_held"]["count"]:
         fb = m("held_forward") + m("held_backward")
-        pair = [m("held_forward"), n * m("pair_forward"), m("start_forward") + n * m("regain_forward"),
-                m("held_backward"), n * m("pair_backward"), m("start_backward") + n * m("regain_backward")]
+        # The forward chunk runs on a thread of its own: it first waits for that thread to
+        # run, then (as the backward chunk) for the token.
+        pair = [m("held_forward"), n * m("pair_forward"),
+                m("thread_start") + m("start_forward") + n * m("regain_forward"),
+                m("held_backward"), n * m("pair_backward"),
+                m("start_backward") + n * m("regain_backward")]
+        span = m("pair_span")
     else:
         fb, pair = max((o["fb"] or 0) - wf - wb, 0), []
+        span = fb
     link = n * latency  # n all-to-alls of one latency each
     with open(path[:-5] + ".costs", "w") as out:
         print(*[f, b, o["w"] or 0, fb, wf, wb, hand] + pair, file=out)
         print(f, b, o["w"] or 0, fb, link, link, hand, file=out)
+        print(*[f, b, o["w"] or 0, span, wf, wb, hand] + pair, file=out)
 PY
 for round in $(seq 1 "$rounds"); do
   for r in "${runs[@]}"; do
-    { read -r -a now; read -r -a prev; } < "$out/$r.$round.costs"
+    { read -r -a now; read -r -a prev; read -r -a span; } < "$out/$r.$round.costs"
     "$sim" "${kind[$r]}" "${overlap[$r]}" $ranks $mb "${now[@]}" > "$out/$r.$round.sim"
     "$sim" "${kind[$r]}" "${overlap[$r]}" $ranks $mb "${prev[@]}" > "$out/$r.$round.simprev"
+    "$sim" "${kind[$r]}" "${overlap[$r]}" $ranks $mb "${span[@]}" > "$out/$r.$round.simspan"
   done
 done
 
@@ -109,15 +117,17 @@ for r in runs:
     costs = [list(map(float, open(f"{d}/{r}.{k}.costs").readline().split())) for k in ks]
     sims = [float(open(f"{d}/{r}.{k}.sim").read()) for k in ks]
     prevs = [float(open(f"{d}/{r}.{k}.simprev").read()) for k in ks]
+    spans = [float(open(f"{d}/{r}.{k}.simspan").read()) for k in ks]
     losses = {j["final_loss"] for j in js}
     assert len(losses) == 1, f"{r}: the runs ended on different losses {losses}"
     med = lambda key: st.median(j["expert_waits"][key]["seconds"] for j in js)
     waits = {k: (med(k), med(k + "_due")) for k in ("forward", "backward", "pair_forward", "pair_backward")}
     pair_op = st.median(j["op_seconds"]["fb"] or 0 for j in js)
+    span = st.median(j["expert_waits"]["pair_span"]["seconds"] for j in js)
     rows[r] = dict(pipe=[j["pipeline_seconds_median"] for j in js],
-                   step=[j["step_seconds_median"] for j in js], sim=sims, prev=prevs,
+                   step=[j["step_seconds_median"] for j in js], sim=sims, prev=prevs, span=spans,
                    costs=[st.median(c[i] if i < len(c) else 0 for c in costs) for i in range(13)],
-                   waits=waits, pair_op=pair_op, loss=losses.pop())
+                   waits=waits, pair_op=pair_op, pair_span=span, loss=losses.pop())
 print(f"link latency {latency * 1e3:.3f} ms per message ({n} all-to-alls per chunk); "
       f"medians of {rounds} rounds")
 ms = lambda v: f"{v * 1e3:.2f}"
@@ -131,26 +141,28 @@ for r, x in rows.items():
 print()
 print(f"{'run':20} {'compute only, ms: F':>19} {'B':>5} {'W':>5} {'F&B':>6} "
       f"{'pair: F':>7} {'waits':>6} {'hand':>5} {'B':>5} {'waits':>6} {'hand':>5} "
-      f"{'pair op':>7} {'model':>6}")
+      f"{'pair op':>7} {'span':>5} {'model':>6}")
 for r, x in rows.items():
     c = x["costs"]
     model = max(c[3], c[7] + c[8] + c[9], c[10] + c[11] + c[12]) if c[7] else 0
     print(f"{r:20} {ms(c[0]):>19} {ms(c[1]):>5} {ms(c[2]):>5} {ms(c[3]):>6} "
           + " ".join(f"{ms(v):>{wd}}" for v, wd in zip(c[7:13], (7, 6, 5, 5, 6, 5)))
-          + f" {ms(x['pair_op']):>7} {ms(model):>6}")
+          + f" {ms(x['pair_op']):>7} {ms(x['pair_span']):>5} {ms(model):>6}")
 print()
-print(f"{'run':20} {'step':>7} {'pipe':>7} {'sim':>7} {'sim, prev':>9} {'final loss':>10}")
+print(f"{'run':20} {'step':>7} {'pipe':>7} {'sim':>7} {'sim, prev':>9} {'sim, span':>9} "
+      f"{'final loss':>10}")
 for r, x in rows.items():
     print(f"{r:20} {st.median(x['step']):7.4f} {st.median(x['pipe']):7.4f} "
-          f"{st.median(x['sim']):7.4f} {st.median(x['prev']):9.4f} {x['loss']:10.6f}")
+          f"{st.median(x['sim']):7.4f} {st.median(x['prev']):9.4f} {st.median(x['span']):9.4f} "
+          f"{x['loss']:10.6f}")
 print()
 print(f"{'ratio (median of rounds)':40} {'pipe':>6} {'range':>11} {'sim':>6} {'sim/pipe':>8} "
-      f"{'prev':>6} {'prev/pipe':>9}")
+      f"{'prev':>6} {'prev/pipe':>9} {'span':>6} {'span/pipe':>9}")
 for a, b in [("dualpipe_overlap", "dualpipe_no_overlap"), ("dualpipe_overlap", "1f1b"),
              ("dualpipe_no_overlap", "1f1b")]:
     per = lambda k: [x / y for x, y in zip(rows[a][k], rows[b][k])]
-    pipe, sim, prev = per("pipe"), per("sim"), per("prev")
-    p, s, s0 = st.median(pipe), st.median(sim), st.median(prev)
+    pipe, sim, prev, span = per("pipe"), per("sim"), per("prev"), per("span")
+    p, s, s0, s1 = st.median(pipe), st.median(sim), st.median(prev), st.median(span)
     print(f"{a + ' / ' + b:40} {p:6.3f} {min(pipe):5.3f}-{max(pipe):5.3f} {s:6.3f} "
-          f"{s / p:8.3f} {s0:6.3f} {s0 / p:9.3f}")
+          f"{s / p:8.3f} {s0:6.3f} {s0 / p:9.3f} {s1:6.3f} {s1 / p:9.3f}")
 PY

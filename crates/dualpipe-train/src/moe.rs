@@ -392,7 +392,8 @@ impl From<Tally> for WaitMean {
 /// the last peer sent); per overlapped chunk, the time it held the compute token; per
 /// all-to-all inside a pair, the hand-over (from the end of its wait to having the token
 /// back); the holds and hand-overs also per chunk (`held_*`, `regain_*`), and per chunk its
-/// wait for the token before it first computed (`start_*`).
+/// wait for the token before it first computed (`start_*`); per pair, its forward chunk's
+/// thread start (`thread_start`) and its span to the later chunk's end (`pair_span`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExpertWaits {
     /// A lone forward's all-to-all.
@@ -419,6 +420,10 @@ pub struct ExpertWaits {
     pub start_forward: WaitMean,
     /// A pair's backward chunk's wait for the token before it first computed.
     pub start_backward: WaitMean,
+    /// A pair's start until its forward chunk's thread ran.
+    pub thread_start: WaitMean,
+    /// A pair's start to the end of its later chunk.
+    pub pair_span: WaitMean,
     /// The link's part of a lone forward's all-to-all wait.
     pub forward_due: WaitMean,
     /// The link's part of a lone input backward's all-to-all wait.
@@ -446,6 +451,8 @@ impl ExpertWaits {
             regain_backward: w.regain_backward.into(),
             start_forward: w.start_forward.into(),
             start_backward: w.start_backward.into(),
+            thread_start: w.thread_start.into(),
+            pair_span: w.pair_span.into(),
             forward_due: w.forward_due.into(),
             backward_due: w.backward_due.into(),
             pair_forward_due: w.pair_forward_due.into(),

@@ -240,6 +240,8 @@ fn expert_parallel_runs_report_the_load_per_worker_and_the_rebalances() {
         "pair_backward_due",
         "start_forward",
         "start_backward",
+        "thread_start",
+        "pair_span",
     ] {
         assert!(
             count(&overlapped, what) > 0,

@@ -7,7 +7,8 @@
 //! latency plus how late the peers sent); the time an overlapped chunk held the pair's
 //! compute token; and the time a chunk whose wait was over waited to get the token back (the
 //! hand-over), both per chunk (the pair's forward or backward), and the time a chunk waited
-//! for the token before its first compute (the other chunk computes first).
+//! for the token before its first compute (the other chunk computes first); per pair, the
+//! start of its forward chunk's thread and the pair's span (to its later chunk's end).
 //!
 //! The tallies are global to the process (runs at the same time in one process add into the
 //! same sums); [`reset`] starts them over.
@@ -95,6 +96,11 @@ pub struct Waits {
     pub start_forward: Tally,
     /// [`Waits::start_forward`] of the backward chunks.
     pub start_backward: Tally,
+    /// Per overlapped pair: the seconds from the pair's start until its forward chunk's
+    /// thread ran (the backward chunk runs on the calling thread).
+    pub thread_start: Tally,
+    /// Per overlapped pair: the seconds from its start to the end of its later chunk.
+    pub pair_span: Tally,
     /// Per all-to-all of a lone forward over an emulated link: the link's own part of the
     /// wait, from this worker's send to the delivery of the last peer part (the latency
     /// plus how much later than this worker the last peer sent; 0 when everything was
@@ -139,14 +145,16 @@ impl Sum {
     }
 }
 
-static SUMS: [Sum; 14] = [const { Sum::new() }; 14];
+static SUMS: [Sum; 16] = [const { Sum::new() }; 16];
 /// Where each tally lives in [`SUMS`]: the waits by [`WaitKind`] first, then the link's
 /// part of them by kind, the holds, the hand-overs and the first waits for the token by
-/// chunk.
+/// chunk, then the pairs' thread starts and spans.
 const DUE: usize = 4;
 const HELD: usize = 8;
 const REGAIN: usize = 10;
 const START: usize = 12;
+const THREAD: usize = 14;
+const SPAN: usize = 15;
 
 /// Adds one all-to-all receive's wait.
 pub(crate) fn add_wait(kind: WaitKind, d: Duration) {
@@ -170,6 +178,14 @@ pub(crate) fn add_start(chunk: PairChunk, d: Duration) {
     SUMS[START + chunk as usize].add(d);
 }
 
+pub(crate) fn add_thread_start(d: Duration) {
+    SUMS[THREAD].add(d);
+}
+
+pub(crate) fn add_pair_span(d: Duration) {
+    SUMS[SPAN].add(d);
+}
+
 /// The tallies so far.
 pub fn snapshot() -> Waits {
     let get = |i: usize| SUMS[i].get();
@@ -186,6 +202,8 @@ pub fn snapshot() -> Waits {
         regain_backward: get(REGAIN + 1),
         start_forward: get(START),
         start_backward: get(START + 1),
+        thread_start: get(THREAD),
+        pair_span: get(SPAN),
         forward_due: get(DUE),
         backward_due: get(DUE + 1),
         pair_forward_due: get(DUE + 2),
