@@ -12,9 +12,12 @@
 # compute-only op costs (an op's duration less its measured all-to-all waits), each
 # all-to-all's measured wait (the link's latency + how late the last peer sent + how late
 # the receiving thread woke, each printed), and, for an overlapped pair, each chunk's own
-# compute (its token holds), waits and hand-overs measured inside the pairs
-# (`ExpertComm::pair_chunks`). `sim, prev` is the previous model: every all-to-all waits
-# the latency, the pair's chunks cost what lone ops do, plus the mean hand-over. The modes
+# compute (its token holds), waits and hand-overs (its first wait for the token, its
+# all-to-alls' hand-overs, and for the forward chunk its thread's start) measured inside
+# the pairs (`ExpertComm::pair_chunks`). `sim, prev` is the previous model: every
+# all-to-all waits the latency, the pair's chunks cost what lone ops do, plus the mean
+# hand-over; `sim, span` the new one with each overlapped pair lasting its measured span (a
+# check of the pair model). The modes
 # run interleaved (A B C A B C ...) for ROUNDS rounds; each figure is the median over the
 # rounds (a run's own figures: median step and pipeline time, mean op durations and
 # waits). Prints the figures, the ratios, their spread over the rounds and the load
