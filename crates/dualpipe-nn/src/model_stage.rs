@@ -2,6 +2,7 @@
 //! trainer, the drivers and the runtime are written once for every model.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use candle_core::Tensor;
 use dualpipe_runtime::{ForwardInput, ForwardOutput, Stage, StageError};
@@ -10,6 +11,7 @@ use dualpipe_schedule::Chunk;
 use crate::data::Batch;
 use crate::error::NnError;
 use crate::gpt::moe::overlap::{compute_with, ComputeToken};
+use crate::gpt::moe::waits::{self, PairChunk};
 use crate::gpt::{GptStage, TokenBatch};
 use crate::layers::Param;
 use crate::stage::{MlpStage, StagePosition};
@@ -175,14 +177,21 @@ impl Stage for ModelStage {
             return Ok((out, backward(other)?));
         }
         let token = Arc::new(ComputeToken::default());
+        let begun = Instant::now();
         std::thread::scope(|scope| {
-            let forward = scope.spawn(|| compute_with(&token, || self.forward(f, input)));
-            let grad = compute_with(&token, || backward(other));
-            let out = forward.join().map_err(|_| {
+            let forward = scope.spawn(|| {
+                waits::add_thread_start(begun.elapsed());
+                let out = compute_with(&token, PairChunk::Forward, || self.forward(f, input));
+                (out, begun.elapsed())
+            });
+            let grad = compute_with(&token, PairChunk::Backward, || backward(other));
+            let backward_end = begun.elapsed();
+            let (out, forward_end) = forward.join().map_err(|_| {
                 StageError(format!(
                     "the forward of {f} in an overlapped FB pair panicked"
                 ))
             })?;
+            waits::add_pair_span(forward_end.max(backward_end));
             Ok((out?, grad?))
         })
     }

@@ -245,15 +245,20 @@ impl Optimizer {
 
     /// In 1-bit Adam's compression phase ([`Optimizer::variance_frozen`]; a no-op otherwise),
     /// replaces each gradient `g` by this optimizer's next momentum `β₁ m + (1 − β₁) g`, the
-    /// value 1-bit Adam exchanges between replicas instead of the gradient.
-    pub fn fold_momentum(&self, params: &mut [&mut Param]) -> Result<(), NnError> {
+    /// value 1-bit Adam exchanges between replicas instead of the gradient. The parameters
+    /// marked in `plain` (by position, a missing entry is `false`) keep their gradient: they
+    /// stay plain AdamW (see [`Optimizer::step_masked`]).
+    pub fn fold_momentum(&self, params: &mut [&mut Param], plain: &[bool]) -> Result<(), NnError> {
         let OptimizerKind::AdamW { beta1, .. } = self.kind else {
             return Ok(());
         };
         if !self.variance_frozen() {
             return Ok(());
         }
-        for (p, state) in params.iter_mut().zip(&self.state) {
+        for (i, (p, state)) in params.iter_mut().zip(&self.state).enumerate() {
+            if plain.get(i).copied().unwrap_or(false) {
+                continue;
+            }
             if let State::AdamW { m, .. } = state {
                 let folded = m
                     .affine(beta1, 0.0)
@@ -311,6 +316,19 @@ impl Optimizer {
 
     /// Updates every parameter from its accumulated gradient (gradients are left as they are).
     pub fn step(&mut self, params: &mut [&mut Param]) -> Result<(), NnError> {
+        self.step_masked(params, &[])
+    }
+
+    /// [`Optimizer::step`], where the parameters marked in `plain` (by position, a missing
+    /// entry is `false`) stay plain AdamW in 1-bit Adam's compression phase: their second
+    /// moment keeps moving and their gradient is their own, not a folded momentum (the
+    /// sharded experts of an expert-parallel run, whose gradients are summed exactly among
+    /// their holders instead of compressed). Outside that phase `plain` changes nothing.
+    pub fn step_masked(
+        &mut self,
+        params: &mut [&mut Param],
+        plain: &[bool],
+    ) -> Result<(), NnError> {
         if self.steps > 0 && self.state.len() != params.len() {
             return Err(NnError::Stage(format!(
                 "optimizer was set up for {} parameters and got {}",
@@ -343,6 +361,7 @@ impl Optimizer {
                     eps,
                     weight_decay,
                 } => {
+                    let frozen = frozen && !plain.get(i).copied().unwrap_or(false);
                     let t = self.steps as i32;
                     let t2 = match self.variance_frozen_from {
                         Some(w) if frozen => w as i32,
@@ -478,15 +497,21 @@ mod tests {
             eps,
             weight_decay: wd,
         };
-        let mut p = param(1.0, 0.5);
+        // `q` is marked plain (a sharded expert): it stays AdamW throughout.
+        let (mut p, mut q) = (param(1.0, 0.5), param(-1.0, 0.5));
         let mut opt = Optimizer::new(kind, lr).with_variance_frozen_from(2);
         let (mut x, mut m, mut v) = (1.0f64, 0.0f64, 0.0f64);
+        let (mut y, mut mq, mut vq) = (-1.0f64, 0.0f64, 0.0f64);
         for (t, g) in [(1, 0.5), (2, -0.25), (3, 0.75), (4, 0.125)] {
             p.grad = Tensor::new(&[g], &Device::Cpu).unwrap();
+            q.grad = Tensor::new(&[-g], &Device::Cpu).unwrap();
             assert_eq!(opt.variance_frozen(), t > 2, "step {t}");
             // The replicas would average the folded momentum here; one replica keeps it.
-            opt.fold_momentum(&mut [&mut p]).unwrap();
-            opt.step(&mut [&mut p]).unwrap();
+            let plain = [false, true];
+            opt.fold_momentum(&mut [&mut p, &mut q], &plain).unwrap();
+            let grad = q.grad.to_vec1::<f64>().unwrap()[0];
+            assert_eq!(grad, -g, "step {t}: a plain gradient is not folded");
+            opt.step_masked(&mut [&mut p, &mut q], &plain).unwrap();
             x *= 1.0 - lr * wd;
             m = b1 * m + (1.0 - b1) * g;
             if t <= 2 {
@@ -499,6 +524,17 @@ mod tests {
                 (value(&p) - x).abs() < 1e-14,
                 "step {t}: {} vs {x}",
                 value(&p)
+            );
+            y *= 1.0 - lr * wd;
+            mq = b1 * mq + (1.0 - b1) * -g;
+            vq = b2 * vq + (1.0 - b2) * g * g;
+            let mhat = mq / (1.0 - b1.powi(t));
+            let vhat = vq / (1.0 - b2.powi(t));
+            y -= lr * mhat / (vhat.sqrt() + eps);
+            assert!(
+                (value(&q) - y).abs() < 1e-14,
+                "step {t}, plain: {} vs {y}",
+                value(&q)
             );
         }
         let ParamState::AdamW { v: kept, .. } = &opt.state()[0] else {
@@ -514,7 +550,7 @@ mod tests {
             let mut p = param(1.0, 0.5);
             for _ in 0..3 {
                 assert!(!opt.variance_frozen());
-                opt.fold_momentum(&mut [&mut p]).unwrap();
+                opt.fold_momentum(&mut [&mut p], &[]).unwrap();
                 assert_eq!(p.grad.to_vec1::<f64>().unwrap()[0], 0.5);
                 opt.step(&mut [&mut p]).unwrap();
             }

@@ -149,6 +149,11 @@ impl Default for CommCost {
 /// either chunk's own chain of compute, waits and hand-overs (a chunk whose wait is over
 /// waits `handover` seconds in all to get the compute resource back from the other),
 /// whichever is longer. Without `overlap` it lasts `F&B + forward + backward`.
+///
+/// Inside an overlapped pair a chunk's costs need not be a lone op's: its compute shares the
+/// core with the other chunk's, and its all-to-alls wait for the peers' matching chunks, which
+/// wait for their own compute tokens. [`ExpertComm::pair_chunks`] gives them as measured
+/// inside the pairs; each chunk's chain is then its own compute + waits + hand-over.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExpertComm {
     /// Seconds a forward waits on its all-to-alls.
@@ -160,6 +165,22 @@ pub struct ExpertComm {
     /// Seconds an overlapped chunk's waits, all together, take to hand the compute back
     /// (0: at once).
     #[serde(default)]
+    pub handover: f64,
+    /// The forward and the backward chunk of an overlapped pair, each as it costs inside
+    /// the pair (`None`: the lone `F` and `B` compute, `forward` and `backward` waits and
+    /// `handover`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pair_chunks: Option<[PairChunkCost; 2]>,
+}
+
+/// One chunk of an overlapped `F&B` pair, as it costs inside the pair (seconds).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PairChunkCost {
+    /// Its compute.
+    pub compute: f64,
+    /// Its all-to-alls' waits, all together.
+    pub wait: f64,
+    /// Its all-to-alls' hand-overs (getting the compute back), all together.
     pub handover: f64,
 }
 
@@ -182,6 +203,7 @@ impl ExpertComm {
             backward: wait,
             overlap,
             handover: 0.0,
+            pair_chunks: None,
         }
     }
 
@@ -191,27 +213,59 @@ impl ExpertComm {
         self
     }
 
-    /// Checks both waits and the hand-over: finite and `>= 0`.
+    /// The same waits with an overlapped pair's `forward` and `backward` chunks costing
+    /// what they cost inside the pair.
+    pub fn with_pair_chunks(mut self, forward: PairChunkCost, backward: PairChunkCost) -> Self {
+        self.pair_chunks = Some([forward, backward]);
+        self
+    }
+
+    /// Checks both waits, the hand-over and the pair's chunks: finite and `>= 0`.
     pub fn check(&self) -> Result<(), SimError> {
-        for (name, value) in [
+        let mut values = vec![
             ("forward", self.forward),
             ("backward", self.backward),
             ("pair hand-over", self.handover),
-        ] {
+        ];
+        if let Some([f, b]) = self.pair_chunks {
+            values.extend([
+                ("pair's forward chunk's compute", f.compute),
+                ("pair's forward chunk's wait", f.wait),
+                ("pair's forward chunk's hand-over", f.handover),
+                ("pair's backward chunk's compute", b.compute),
+                ("pair's backward chunk's wait", b.wait),
+                ("pair's backward chunk's hand-over", b.handover),
+            ]);
+        }
+        for (name, value) in values {
             if !value.is_finite() || value < 0.0 {
                 return Err(SimError::Cost(format!(
-                    "expert all-to-all wait of the {name} = {value} is invalid; it must be a finite number of seconds >= 0"
+                    "expert all-to-all cost: {name} = {value} is invalid; it must be a finite number of seconds >= 0"
                 )));
             }
         }
         Ok(())
     }
 
-    /// How long an `F&B` pair lasts: `f` and `b` its halves' compute, `fb` the pair's.
+    /// How long an `F&B` pair lasts: `f` and `b` its halves' lone compute, `fb` the pair's
+    /// (with [`ExpertComm::pair_chunks`], overlapped, each chunk's chain is its own).
     pub fn pair(&self, f: f64, b: f64, fb: f64) -> f64 {
         if self.overlap {
             let h = self.handover;
-            fb.max(f + self.forward + h).max(b + self.backward + h)
+            let [cf, cb] = self.pair_chunks.unwrap_or([
+                PairChunkCost {
+                    compute: f,
+                    wait: self.forward,
+                    handover: h,
+                },
+                PairChunkCost {
+                    compute: b,
+                    wait: self.backward,
+                    handover: h,
+                },
+            ]);
+            let chain = |c: PairChunkCost| c.compute + c.wait + c.handover;
+            fb.max(chain(cf)).max(chain(cb))
         } else {
             fb + self.forward + self.backward
         }
@@ -402,6 +456,7 @@ mod tests {
             backward: 1.5,
             overlap: true,
             handover: 0.0,
+            pair_chunks: None,
         };
         let cost = CostModel::uniform(1.0, 2.0, 0.5, 3.0).with_expert_comm(comm);
         let c = Chunk::new(0, 0, 0);
@@ -441,6 +496,31 @@ mod tests {
         });
         assert_eq!(apart_handed.duration(&Op::FB { f: c, b: c }), 6.0);
         assert_eq!(apart_handed.duration(&Op::F(c)), 2.5);
+        // Chunks that cost more inside the pair (compute 1.25 and 1.75, waits 2 and 1.5,
+        // hand-overs 0.5 and 0.25): the forward's chain 1.25 + 2 + 0.5 = 3.75 is the longest;
+        // a sequential pair and lone ops ignore them.
+        let inside = |compute, wait, handover| PairChunkCost {
+            compute,
+            wait,
+            handover,
+        };
+        let chunks = comm.with_pair_chunks(inside(1.25, 2.0, 0.5), inside(1.75, 1.5, 0.25));
+        let measured = cost.clone().with_expert_comm(chunks);
+        assert_eq!(measured.duration(&Op::FB { f: c, b: c }), 3.75);
+        assert_eq!(measured.duration(&Op::F(c)), 2.5);
+        let apart_measured = cost.clone().with_expert_comm(ExpertComm {
+            overlap: false,
+            ..chunks
+        });
+        assert_eq!(apart_measured.duration(&Op::FB { f: c, b: c }), 6.0);
+        let bad_chunk = cost.clone().with_expert_comm(
+            comm.with_pair_chunks(inside(1.0, f64::NAN, 0.0), inside(1.0, 1.0, 0.0)),
+        );
+        assert!(bad_chunk
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("forward chunk's wait"));
         // From link parameters: 2 blocks, 4 all-to-alls of 0.5 + 100 / 200 s each way.
         let link = ExpertComm::of_link(2, 0.5, Some(200.0), 100.0, true);
         assert_eq!((link.forward, link.backward), (4.0, 4.0));

@@ -39,7 +39,7 @@ pub mod timeline;
 pub mod topology;
 pub mod trace;
 
-pub use cost::{CommCost, CostModel, ExpertComm, StageCost};
+pub use cost::{CommCost, CostModel, ExpertComm, PairChunkCost, StageCost};
 pub use error::SimError;
 pub use measure::{OpTally, OpTimes};
 pub use metrics::{metrics, Metrics};

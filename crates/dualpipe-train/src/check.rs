@@ -161,14 +161,6 @@ impl TrainConfig {
             }
             moe.check(matches!(naming, Naming::Flags))?;
             moe.check_parallel(self.data_parallel, matches!(naming, Naming::Flags))?;
-            if moe.expert_parallel && self.data_parallel > 1 && self.one_bit_adam_from().is_some() {
-                return Err(TrainError::Config(
-                    "1-bit Adam with expert parallelism: the sharded experts' momentum is not \
-                     exchanged yet; use another gradient compression or drop the expert \
-                     parallelism"
-                        .into(),
-                ));
-            }
             if moe.expert_parallel && self.data_parallel > 1 && self.rebalance.is_some() {
                 return Err(TrainError::Config(
                     "re-partitioning the stages rebuilds them without their expert groups; \

@@ -388,9 +388,12 @@ impl From<Tally> for WaitMean {
 /// expert all-to-alls went over the run (`expert_waits` in the JSON;
 /// [`dualpipe_nn::gpt::moe::waits`] measures it): per all-to-all, the wait of its receive
 /// in a lone forward, a lone input backward, and the forward and backward chunks of an
-/// overlapped FB pair; per overlapped chunk, the time it held the compute token; per
+/// overlapped FB pair, and the link's own part of each (`*_due`: the latency plus how late
+/// the last peer sent); per overlapped chunk, the time it held the compute token; per
 /// all-to-all inside a pair, the hand-over (from the end of its wait to having the token
-/// back).
+/// back); the holds and hand-overs also per chunk (`held_*`, `regain_*`), and per chunk its
+/// wait for the token before it first computed (`start_*`); per pair, its forward chunk's
+/// thread start (`thread_start`) and its span to the later chunk's end (`pair_span`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExpertWaits {
     /// A lone forward's all-to-all.
@@ -405,6 +408,30 @@ pub struct ExpertWaits {
     pub token_held: WaitMean,
     /// An overlapped all-to-all's hand-over.
     pub token_regain: WaitMean,
+    /// The compute of an overlapped pair's forward chunk.
+    pub held_forward: WaitMean,
+    /// The compute of an overlapped pair's backward chunk.
+    pub held_backward: WaitMean,
+    /// The hand-over of an all-to-all of a pair's forward chunk.
+    pub regain_forward: WaitMean,
+    /// The hand-over of an all-to-all of a pair's backward chunk.
+    pub regain_backward: WaitMean,
+    /// A pair's forward chunk's wait for the token before it first computed.
+    pub start_forward: WaitMean,
+    /// A pair's backward chunk's wait for the token before it first computed.
+    pub start_backward: WaitMean,
+    /// A pair's start until its forward chunk's thread ran.
+    pub thread_start: WaitMean,
+    /// A pair's start to the end of its later chunk.
+    pub pair_span: WaitMean,
+    /// The link's part of a lone forward's all-to-all wait.
+    pub forward_due: WaitMean,
+    /// The link's part of a lone input backward's all-to-all wait.
+    pub backward_due: WaitMean,
+    /// The link's part of a pair's forward all-to-all wait.
+    pub pair_forward_due: WaitMean,
+    /// The link's part of a pair's backward all-to-all wait.
+    pub pair_backward_due: WaitMean,
 }
 
 impl ExpertWaits {
@@ -418,6 +445,18 @@ impl ExpertWaits {
             pair_backward: w.pair_backward.into(),
             token_held: w.token_held.into(),
             token_regain: w.token_regain.into(),
+            held_forward: w.held_forward.into(),
+            held_backward: w.held_backward.into(),
+            regain_forward: w.regain_forward.into(),
+            regain_backward: w.regain_backward.into(),
+            start_forward: w.start_forward.into(),
+            start_backward: w.start_backward.into(),
+            thread_start: w.thread_start.into(),
+            pair_span: w.pair_span.into(),
+            forward_due: w.forward_due.into(),
+            backward_due: w.backward_due.into(),
+            pair_forward_due: w.pair_forward_due.into(),
+            pair_backward_due: w.pair_backward_due.into(),
         }
     }
 }

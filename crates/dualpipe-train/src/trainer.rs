@@ -505,22 +505,27 @@ impl<D: Driver> Trainer<D> {
     }
 
     /// 1-bit Adam's compression phase: each copy's gradients become its optimizer's next
-    /// momentum, the value the replicas then average (a no-op in every other step).
+    /// momentum, the value the replicas then average (a no-op in every other step). The
+    /// sharded experts of an expert-parallel block keep their gradient: it is summed exactly
+    /// among their holders, not compressed, and they stay plain AdamW.
     fn fold_momentum(&mut self) -> Result<(), TrainError> {
         for (rank_stages, rank_opts) in self.stages.iter_mut().zip(&self.optimizers) {
             for ((_, stage), opt) in rank_stages.iter_mut().zip(rank_opts) {
-                opt.fold_momentum(&mut stage.params_mut())?;
+                let plain = stage.sharded_params();
+                opt.fold_momentum(&mut stage.params_mut(), &plain)?;
             }
         }
         Ok(())
     }
 
     /// Every held rank updates its own copies, on its own thread when this process holds
-    /// several, as ranks of a real run would.
+    /// several, as ranks of a real run would (the sharded experts plain AdamW under 1-bit
+    /// Adam, see [`Optimizer::step_masked`]).
     fn optimizer_step(&mut self) -> Result<(), TrainError> {
         let update = |rank_stages: &mut RankStages<ModelStage>, rank_opts: &mut Vec<Optimizer>| {
             for ((_, stage), opt) in rank_stages.iter_mut().zip(rank_opts) {
-                opt.step(&mut stage.params_mut())?;
+                let plain = stage.sharded_params();
+                opt.step_masked(&mut stage.params_mut(), &plain)?;
             }
             Ok::<(), TrainError>(())
         };

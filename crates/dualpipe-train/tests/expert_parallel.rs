@@ -382,17 +382,85 @@ fn clipping_with_sharded_experts_equals_the_dense_exchange() {
     );
 }
 
+/// A replica's parameter values, every copy of every stage: (stage, direction, name) ->
+/// values, split into the dense ones and the routed experts it stores.
+type Values = std::collections::BTreeMap<(usize, usize, String), Vec<f64>>;
+
+fn dense_and_experts(t: &Trainer<LocalThreads>) -> (Values, Values) {
+    let (mut dense, mut experts) = (Values::new(), Values::new());
+    for (_, stage) in t.stages().iter().flat_map(RankStages::iter) {
+        for (name, p) in stage.param_names().into_iter().zip(stage.params()) {
+            let values = p.value.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+            let key = (stage.model_stage(), stage.dir(), name);
+            match key.2.contains(".moe.experts.") {
+                true => experts.insert(key, values),
+                false => dense.insert(key, values),
+            };
+        }
+    }
+    (dense, experts)
+}
+
 #[test]
-fn one_bit_adam_with_sharded_experts_is_refused() {
-    let config = TrainConfig {
+fn one_bit_adam_with_sharded_experts_keeps_holders_and_replicas_identical() {
+    // 1-bit Adam (AdamW, 2 warm-up steps, 1bit) with redundant experts re-placed every 2
+    // steps: the dense parameters follow 1-bit Adam (the compressed momentum, the same on
+    // both replicas), the sharded experts plain AdamW on their exact sum among holders.
+    let config = |compression, warmup| TrainConfig {
         data_parallel: 2,
+        steps: 8,
         optimizer: OptimizerKind::adamw(),
-        gradient_compression: dualpipe_train::Compression::OneBit,
-        compression_warmup: 2,
-        ..tiny(ScheduleKind::OneFOneB, 4, moe(true))
+        lr: 0.01,
+        gradient_compression: compression,
+        compression_warmup: warmup,
+        ..tiny(
+            ScheduleKind::DualPipe,
+            4,
+            MoeSettings {
+                redundant_experts: 2,
+                eplb_every: 2,
+                ..moe(true)
+            },
+        )
     };
-    let err = DataParallel::new(config).unwrap_err().to_string();
-    assert!(err.contains("1-bit Adam with expert parallelism"), "{err}");
+    let one_bit = config(dualpipe_train::Compression::OneBit, 2);
+    assert_eq!(one_bit.one_bit_adam_from(), Some(2));
+    let mut dp = DataParallel::new(one_bit.clone()).unwrap();
+    let mut losses = Vec::new();
+    let mut replicated = 0;
+    for step in 0..one_bit.steps {
+        losses.push(dp.step().unwrap().loss);
+        let [a, b] = dp.replicas() else {
+            panic!("two replicas")
+        };
+        let ((dense_a, experts_a), (dense_b, experts_b)) =
+            (dense_and_experts(a), dense_and_experts(b));
+        assert!(!dense_a.is_empty());
+        assert_eq!(
+            dense_a, dense_b,
+            "step {step}: the replicas' dense parameters"
+        );
+        // An expert both workers hold (a redundant slot) is the same on both, bit for bit.
+        for (key, values) in &experts_a {
+            if let Some(other) = experts_b.get(key) {
+                assert_eq!(values, other, "step {step}: {key:?} on its two holders");
+                replicated += 1;
+            }
+        }
+    }
+    assert!(replicated > 0, "some expert had two holders");
+    assert!(losses.iter().all(|l| l.is_finite()));
+    assert!(
+        losses[losses.len() - 1] < losses[0],
+        "the losses decrease: {losses:?}"
+    );
+    // The warm-up is AdamW on the uncompressed exchange; afterwards 1-bit Adam differs.
+    let mut plain = DataParallel::new(config(dualpipe_train::Compression::None, 2)).unwrap();
+    let reference: Vec<f64> = (0..one_bit.steps)
+        .map(|_| plain.step().unwrap().loss)
+        .collect();
+    assert_eq!(losses[..3], reference[..3], "steps 1-2 are uncompressed");
+    assert_ne!(losses[3..], reference[3..], "1-bit Adam from step 3");
 }
 
 #[test]

@@ -232,6 +232,16 @@ fn expert_parallel_runs_report_the_load_per_worker_and_the_rebalances() {
         "pair_backward",
         "token_held",
         "token_regain",
+        "held_forward",
+        "held_backward",
+        "regain_forward",
+        "regain_backward",
+        "pair_forward_due",
+        "pair_backward_due",
+        "start_forward",
+        "start_backward",
+        "thread_start",
+        "pair_span",
     ] {
         assert!(
             count(&overlapped, what) > 0,
@@ -240,7 +250,7 @@ fn expert_parallel_runs_report_the_load_per_worker_and_the_rebalances() {
         );
         assert_eq!(count(&sequential, what), 0, "{what}");
     }
-    for what in ["forward", "backward"] {
+    for what in ["forward", "backward", "forward_due", "backward_due"] {
         assert!(
             count(&sequential, what) > 0,
             "{what}: {}",

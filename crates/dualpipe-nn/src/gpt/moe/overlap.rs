@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::waits;
+use super::waits::{self, PairChunk};
 
 /// One rank's right to compute, shared by the two chunks of an FB pair.
 #[derive(Debug, Default)]
@@ -40,6 +40,7 @@ impl ComputeToken {
 /// The token a thread computes under, with the time it has held it (for [`waits`]).
 struct Held {
     token: Arc<ComputeToken>,
+    chunk: PairChunk,
     since: Instant,
     total: Duration,
 }
@@ -55,7 +56,7 @@ struct Holding(Arc<ComputeToken>);
 impl Drop for Holding {
     fn drop(&mut self) {
         if let Some(held) = HELD.with(|h| h.borrow_mut().take()) {
-            waits::add_held(held.total + held.since.elapsed());
+            waits::add_held(held.chunk, held.total + held.since.elapsed());
         }
         self.0.release();
     }
@@ -66,13 +67,16 @@ pub fn holds_token() -> bool {
     HELD.with(|h| h.borrow().is_some())
 }
 
-/// Runs `work` on this thread holding `token` (waiting for it first); expert all-to-alls
-/// inside `work` give it up while they wait.
-pub fn compute_with<R>(token: &Arc<ComputeToken>, work: impl FnOnce() -> R) -> R {
+/// Runs `work`, the pair's `chunk`, on this thread holding `token` (waiting for it first);
+/// expert all-to-alls inside `work` give it up while they wait.
+pub fn compute_with<R>(token: &Arc<ComputeToken>, chunk: PairChunk, work: impl FnOnce() -> R) -> R {
+    let asked = Instant::now();
     token.acquire();
+    waits::add_start(chunk, asked.elapsed());
     HELD.with(|h| {
         *h.borrow_mut() = Some(Held {
             token: token.clone(),
+            chunk,
             since: Instant::now(),
             total: Duration::ZERO,
         })
@@ -87,17 +91,17 @@ pub fn while_waiting<R>(wait: impl FnOnce() -> R) -> R {
     let token = HELD.with(|h| {
         h.borrow_mut().as_mut().map(|held| {
             held.total += held.since.elapsed();
-            held.token.clone()
+            (held.token.clone(), held.chunk)
         })
     });
-    let Some(token) = token else {
+    let Some((token, chunk)) = token else {
         return wait();
     };
     token.release();
     let out = wait();
     let done = Instant::now();
     token.acquire();
-    waits::add_regain(done.elapsed());
+    waits::add_regain(chunk, done.elapsed());
     HELD.with(|h| {
         if let Some(held) = h.borrow_mut().as_mut() {
             held.since = Instant::now();
@@ -121,9 +125,9 @@ mod tests {
         let before = waits::snapshot();
         std::thread::scope(|s| {
             let (t, l) = (token.clone(), log.clone());
-            compute_with(&token, || {
+            compute_with(&token, PairChunk::Forward, || {
                 let b = s.spawn(move || {
-                    compute_with(&t, || {
+                    compute_with(&t, PairChunk::Backward, || {
                         l.lock().unwrap().push("B computes");
                         tx.send(7).unwrap();
                     })
@@ -144,6 +148,10 @@ mod tests {
         assert!(after.token_held.count >= before.token_held.count + 2);
         assert!(after.token_held.seconds > before.token_held.seconds);
         assert!(after.token_regain.count > before.token_regain.count);
+        assert!(after.held_forward.count > before.held_forward.count);
+        assert!(after.held_backward.count > before.held_backward.count);
+        assert!(after.regain_forward.count > before.regain_forward.count);
+        assert!(after.start_backward.count > before.start_backward.count);
         // Without a token, a wait is just the wait, and no hand-over is counted.
         assert_eq!(while_waiting(|| 3), 3);
     }

@@ -297,7 +297,15 @@ impl ExpertLink for ChannelExpertLink {
                 })?;
             }
         }
-        link_wait(tag.phase, || self.receive(tag, seq, got))
+        link_wait(tag.phase, || {
+            let out = self.receive(tag, seq, got);
+            if let Ok((_, last_visible)) = &out {
+                if !self.model.is_none() {
+                    waits::add_due(wait_kind(tag.phase), (last_visible - sent_at).max(0.0));
+                }
+            }
+            out.map(|(parts, _)| parts)
+        })
     }
 }
 
@@ -305,12 +313,7 @@ impl ExpertLink for ChannelExpertLink {
 /// overlapped FB pair with the compute token given up meanwhile, and its time added to the
 /// process's [`waits`] tallies.
 pub fn link_wait<R>(phase: Phase, wait: impl FnOnce() -> R) -> R {
-    let kind = match (phase, holds_token()) {
-        (Phase::Dispatch | Phase::Combine, false) => WaitKind::Forward,
-        (Phase::GradDispatch | Phase::GradCombine, false) => WaitKind::Backward,
-        (Phase::Dispatch | Phase::Combine, true) => WaitKind::PairForward,
-        (Phase::GradDispatch | Phase::GradCombine, true) => WaitKind::PairBackward,
-    };
+    let kind = wait_kind(phase);
     let start = Instant::now();
     while_waiting(|| {
         let out = wait();
@@ -319,15 +322,27 @@ pub fn link_wait<R>(phase: Phase, wait: impl FnOnce() -> R) -> R {
     })
 }
 
+/// The tally a wait of an all-to-all of `phase` on this thread counts in: a lone forward or
+/// backward op's, or a chunk's of an overlapped FB pair (the thread holds the token).
+fn wait_kind(phase: Phase) -> WaitKind {
+    match (phase, holds_token()) {
+        (Phase::Dispatch | Phase::Combine, false) => WaitKind::Forward,
+        (Phase::GradDispatch | Phase::GradCombine, false) => WaitKind::Backward,
+        (Phase::Dispatch | Phase::Combine, true) => WaitKind::PairForward,
+        (Phase::GradDispatch | Phase::GradCombine, true) => WaitKind::PairBackward,
+    }
+}
+
 impl ChannelExpertLink {
     /// The rest of all-to-all `seq`: every peer's part into `got`, then the wait until the
-    /// last of them is visible.
+    /// last of them is visible. Returns the parts and when the last of them became visible
+    /// (on the link's clock; `-inf` without peers).
     fn receive(
         &mut self,
         tag: ExchangeTag,
         seq: u64,
         mut got: Vec<Option<Vec<f64>>>,
-    ) -> Result<Vec<Vec<f64>>, NnError> {
+    ) -> Result<(Vec<Vec<f64>>, f64), NnError> {
         let n = got.len();
         let deadline = Instant::now() + self.timeout;
         let mut visible_at = f64::NEG_INFINITY;
@@ -392,7 +407,8 @@ impl ChannelExpertLink {
         if !self.model.is_none() {
             self.clock.wait_until(visible_at);
         }
-        Ok(got.into_iter().map(Option::unwrap_or_default).collect())
+        let parts = got.into_iter().map(Option::unwrap_or_default).collect();
+        Ok((parts, visible_at))
     }
 }
 

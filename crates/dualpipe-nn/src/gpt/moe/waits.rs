@@ -2,9 +2,13 @@
 //! for measuring the overlap against the simulator (`scripts/moe_overlap_measure.sh` reads
 //! them from the run's JSON, `expert_waits`): the time each all-to-all's receive waited
 //! (its peers' parts, then the emulated link's delivery), split by direction (forward or
-//! input backward) and by whether it ran inside an overlapped FB pair; the time an
-//! overlapped chunk held the pair's compute token; and the time a chunk whose wait was over
-//! waited to get the token back (the hand-over).
+//! input backward) and by whether it ran inside an overlapped FB pair, and the part of it
+//! the link itself imposed (`due`: from its own send to the last peer part's delivery, the
+//! latency plus how late the peers sent); the time an overlapped chunk held the pair's
+//! compute token; and the time a chunk whose wait was over waited to get the token back (the
+//! hand-over), both per chunk (the pair's forward or backward), and the time a chunk waited
+//! for the token before its first compute (the other chunk computes first); per pair, the
+//! start of its forward chunk's thread and the pair's span (to its later chunk's end).
 //!
 //! The tallies are global to the process (runs at the same time in one process add into the
 //! same sums); [`reset`] starts them over.
@@ -25,6 +29,15 @@ pub(crate) enum WaitKind {
     PairBackward,
 }
 
+/// Which chunk of an overlapped FB pair a thread computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PairChunk {
+    /// The forward chunk.
+    Forward,
+    /// The backward chunk.
+    Backward,
+}
+
 /// A sum of durations and how many were added.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Tally {
@@ -43,6 +56,14 @@ impl Tally {
             self.seconds / self.count as f64
         }
     }
+
+    /// Both tallies together.
+    pub fn plus(self, other: Tally) -> Tally {
+        Tally {
+            seconds: self.seconds + other.seconds,
+            count: self.count + other.count,
+        }
+    }
 }
 
 /// A snapshot of the tallies (see the module's doc).
@@ -56,11 +77,41 @@ pub struct Waits {
     pub pair_forward: Tally,
     /// All-to-all receives of backwards inside overlapped pairs.
     pub pair_backward: Tally,
-    /// Token holds: one per chunk of an overlapped pair, the seconds it computed.
+    /// Token holds: one per chunk of an overlapped pair, the seconds it computed (both
+    /// chunks: `held_forward` plus `held_backward`).
     pub token_held: Tally,
     /// Token hand-overs: one per all-to-all inside a pair, the seconds from the end of its
-    /// wait to getting the token back.
+    /// wait to getting the token back (both chunks).
     pub token_regain: Tally,
+    /// [`Waits::token_held`] of the pairs' forward chunks.
+    pub held_forward: Tally,
+    /// [`Waits::token_held`] of the pairs' backward chunks.
+    pub held_backward: Tally,
+    /// [`Waits::token_regain`] of the pairs' forward chunks' all-to-alls.
+    pub regain_forward: Tally,
+    /// [`Waits::token_regain`] of the pairs' backward chunks' all-to-alls.
+    pub regain_backward: Tally,
+    /// Per forward chunk of an overlapped pair: the seconds it waited for the token before
+    /// it first computed (the backward chunk had it).
+    pub start_forward: Tally,
+    /// [`Waits::start_forward`] of the backward chunks.
+    pub start_backward: Tally,
+    /// Per overlapped pair: the seconds from the pair's start until its forward chunk's
+    /// thread ran (the backward chunk runs on the calling thread).
+    pub thread_start: Tally,
+    /// Per overlapped pair: the seconds from its start to the end of its later chunk.
+    pub pair_span: Tally,
+    /// Per all-to-all of a lone forward over an emulated link: the link's own part of the
+    /// wait, from this worker's send to the delivery of the last peer part (the latency
+    /// plus how much later than this worker the last peer sent; 0 when everything was
+    /// already delivered). The rest of the wait is the receiving thread's own lateness.
+    pub forward_due: Tally,
+    /// [`Waits::forward_due`] of lone input backwards.
+    pub backward_due: Tally,
+    /// [`Waits::forward_due`] of the forward chunks of overlapped pairs.
+    pub pair_forward_due: Tally,
+    /// [`Waits::forward_due`] of the backward chunks of overlapped pairs.
+    pub pair_backward_due: Tally,
 }
 
 struct Sum {
@@ -94,39 +145,69 @@ impl Sum {
     }
 }
 
-static SUMS: [Sum; 6] = [
-    Sum::new(),
-    Sum::new(),
-    Sum::new(),
-    Sum::new(),
-    Sum::new(),
-    Sum::new(),
-];
-const HELD: usize = 4;
-const REGAIN: usize = 5;
+static SUMS: [Sum; 16] = [const { Sum::new() }; 16];
+/// Where each tally lives in [`SUMS`]: the waits by [`WaitKind`] first, then the link's
+/// part of them by kind, the holds, the hand-overs and the first waits for the token by
+/// chunk, then the pairs' thread starts and spans.
+const DUE: usize = 4;
+const HELD: usize = 8;
+const REGAIN: usize = 10;
+const START: usize = 12;
+const THREAD: usize = 14;
+const SPAN: usize = 15;
 
 /// Adds one all-to-all receive's wait.
 pub(crate) fn add_wait(kind: WaitKind, d: Duration) {
     SUMS[kind as usize].add(d);
 }
 
-pub(crate) fn add_held(d: Duration) {
-    SUMS[HELD].add(d);
+/// Adds the link's own part of one all-to-all receive's wait, in seconds.
+pub(crate) fn add_due(kind: WaitKind, seconds: f64) {
+    SUMS[DUE + kind as usize].add(Duration::from_secs_f64(seconds));
 }
 
-pub(crate) fn add_regain(d: Duration) {
-    SUMS[REGAIN].add(d);
+pub(crate) fn add_held(chunk: PairChunk, d: Duration) {
+    SUMS[HELD + chunk as usize].add(d);
+}
+
+pub(crate) fn add_regain(chunk: PairChunk, d: Duration) {
+    SUMS[REGAIN + chunk as usize].add(d);
+}
+
+pub(crate) fn add_start(chunk: PairChunk, d: Duration) {
+    SUMS[START + chunk as usize].add(d);
+}
+
+pub(crate) fn add_thread_start(d: Duration) {
+    SUMS[THREAD].add(d);
+}
+
+pub(crate) fn add_pair_span(d: Duration) {
+    SUMS[SPAN].add(d);
 }
 
 /// The tallies so far.
 pub fn snapshot() -> Waits {
+    let get = |i: usize| SUMS[i].get();
     Waits {
-        forward: SUMS[0].get(),
-        backward: SUMS[1].get(),
-        pair_forward: SUMS[2].get(),
-        pair_backward: SUMS[3].get(),
-        token_held: SUMS[HELD].get(),
-        token_regain: SUMS[REGAIN].get(),
+        forward: get(0),
+        backward: get(1),
+        pair_forward: get(2),
+        pair_backward: get(3),
+        token_held: get(HELD).plus(get(HELD + 1)),
+        token_regain: get(REGAIN).plus(get(REGAIN + 1)),
+        held_forward: get(HELD),
+        held_backward: get(HELD + 1),
+        regain_forward: get(REGAIN),
+        regain_backward: get(REGAIN + 1),
+        start_forward: get(START),
+        start_backward: get(START + 1),
+        thread_start: get(THREAD),
+        pair_span: get(SPAN),
+        forward_due: get(DUE),
+        backward_due: get(DUE + 1),
+        pair_forward_due: get(DUE + 2),
+        pair_backward_due: get(DUE + 3),
     }
 }
 
