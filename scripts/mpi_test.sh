@@ -33,7 +33,8 @@
 #      overlap); 6 processes for that grid are one error naming both numbers;
 #   4b. a mixture of experts on 2 ranks x 2 replicas (4 processes): dualpipe and dualpipev with
 #      expert parallelism, 2 redundant experts and EPLB every 2 steps (experts move between
-#      processes), 1f1b with the replicas' counts only; losses and validations equal the local
+#      processes), dualpipe so with 1-bit Adam after 2 warm-up steps, 1f1b with the replicas'
+#      counts only; losses and validations equal the local
 #      run's to 1e-10 (they are bit-identical), the samples, per-step expert load and EPLB's
 #      totals are the same; the link emulation and checkpoints of an expert-parallel run are
 #      one clear error each under MPI.
@@ -250,9 +251,11 @@ EOF
     #     EPLB's totals equal the local run of the same flags (threads) to 1e-10 relative.
     MOE=(--model gpt --ranks 2 --micro-batches 4 --micro-batch-size 2 --d-model 16 --heads 2
          --seq-len 8 --layers-per-stage 1 --dtype f64 --seed 7 --steps 4 --eval-every 2
-         --clip-grad 0.5 --format json --quiet --experts 4 --top-k 2 --data-parallel 2)
-    for variant in "dualpipe --expert-parallel --redundant-experts 2 --eplb-every 2" \
-        "dualpipev --expert-parallel --redundant-experts 2 --eplb-every 2" "1f1b"; do
+         --format json --quiet --experts 4 --top-k 2 --data-parallel 2)
+    EPLB="--expert-parallel --redundant-experts 2 --eplb-every 2"
+    for variant in "dualpipe $EPLB --clip-grad 0.5" "dualpipev $EPLB --clip-grad 0.5" \
+        "1f1b --clip-grad 0.5" \
+        "dualpipe $EPLB --optimizer adamw --lr 0.01 --gradient-compression 1bit --compression-warmup 2"; do
         # shellcheck disable=SC2086 # $variant: the schedule and the variant's own flags
         "$BIN" train --schedule $variant "${MOE[@]}" >"$TMP/moe-local.json" 2>"$TMP/moe-local.err"
         # shellcheck disable=SC2086
