@@ -38,6 +38,27 @@ fn wire_error(e: impl std::fmt::Display) -> TrainError {
     TrainError::Execution(format!("gathering across ranks: {e}"))
 }
 
+/// Every process's `mine` (one array of `f64` each), in process order: one
+/// [`Driver::all_gather`] round; `what` names the figures in an error.
+pub(crate) fn gather_f64s<D: Driver>(
+    driver: &mut D,
+    step: usize,
+    round: usize,
+    mine: &[f64],
+    options: &ExecOptions,
+    what: &str,
+) -> Result<Vec<Vec<f64>>, TrainError> {
+    let parts = driver.all_gather(step, round, vec![WireData::from_f64s(mine)], options)?;
+    parts
+        .iter()
+        .flatten()
+        .map(|part| {
+            part.to_f64s()
+                .map_err(|e| TrainError::Execution(format!("gathering {what}: {e}")))
+        })
+        .collect()
+}
+
 /// The L2 norm of the step's whole gradient, the same on every process: each stage's sum of
 /// squares (in f64, parameter by parameter) is gathered, and the sums are added in stage
 /// order, then the processes' `sharded_squares` (in process order): each one's sum of squares
@@ -62,11 +83,17 @@ pub fn gradient_norm<D: Driver>(
         }
         mine.extend([stage.model_stage() as f64, sum]);
     }
-    let parts = driver.all_gather(step, NORM_ROUND, vec![WireData::from_f64s(&mine)], options)?;
+    let parts = gather_f64s(
+        driver,
+        step,
+        NORM_ROUND,
+        &mine,
+        options,
+        "the gradient norm",
+    )?;
     let mut per_stage = vec![None; model_stages];
     let mut sharded = 0.0;
-    for part in parts.iter().flatten() {
-        let values = part.to_f64s().map_err(wire_error)?;
+    for values in &parts {
         let (first, pairs) = values
             .split_first()
             .ok_or_else(|| wire_error("an empty norm message"))?;

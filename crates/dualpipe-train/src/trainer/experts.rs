@@ -3,10 +3,10 @@
 //! [`ExpertLoad`].
 
 use dualpipe_nn::ModelStage;
-use dualpipe_runtime::transport::wire::WireData;
 use dualpipe_runtime::RankStages;
 
 use super::{Trainer, COUNTS_ROUND, LOADS_ROUND, REBALANCE_ROUND, ROWS_ROUND, SERVED_ROUND};
+use crate::collective::gather_f64s;
 use crate::driver::Driver;
 use crate::error::TrainError;
 use crate::expert_parallel::{ExpertGroup, ExpertLinks};
@@ -158,16 +158,17 @@ impl<D: Driver> Trainer<D> {
                     .chain(c.iter().map(|&v| v as f64))
             })
             .collect();
-        let parts = self.driver.all_gather(
+        let parts = gather_f64s(
+            &mut self.driver,
             step,
             round,
-            vec![WireData::from_f64s(&flat)],
+            &flat,
             &self.exec_options,
+            "the MoE blocks",
         )?;
         let bad = |e: String| TrainError::Execution(format!("gathering the MoE blocks: {e}"));
         let mut out = Vec::with_capacity(parts.len());
-        for part in parts.iter().flatten() {
-            let values = part.to_f64s().map_err(|e| bad(e.to_string()))?;
+        for values in &parts {
             let mut blocks = Vec::new();
             let mut rest = &values[..];
             while let [l, n, tail @ ..] = rest {
@@ -230,17 +231,16 @@ impl<D: Driver> Trainer<D> {
             scratch as f64,
             bytes as f64,
         ];
-        let parts = self.driver.all_gather(
+        let parts = gather_f64s(
+            &mut self.driver,
             self.steps_done,
             REBALANCE_ROUND,
-            vec![WireData::from_f64s(&mine)],
+            &mine,
             &self.exec_options,
+            "the rebalances' figures",
         )?;
         let mut sums = [0.0f64; 4];
-        for part in parts.iter().flatten() {
-            let values = part.to_f64s().map_err(|e| {
-                TrainError::Execution(format!("gathering the rebalances' figures: {e}"))
-            })?;
+        for values in &parts {
             sums[0] = sums[0].max(values.first().copied().unwrap_or(0.0));
             for (acc, v) in sums[1..].iter_mut().zip(values.iter().skip(1)) {
                 *acc += v;

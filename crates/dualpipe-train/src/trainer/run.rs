@@ -3,9 +3,8 @@
 
 use std::time::Instant;
 
-use dualpipe_runtime::transport::wire::WireData;
-
 use super::{StepEvent, Trainer, TOTALS_ROUND};
+use crate::collective::gather_f64s;
 use crate::driver::Driver;
 use crate::error::{Divergence, TrainError};
 use crate::summary::{RunSummary, SummaryBuilder};
@@ -90,17 +89,16 @@ impl<D: Driver> Trainer<D> {
             1.0,
         ];
         let done = self.steps_done;
-        let parts = self.driver.all_gather(
+        let parts = gather_f64s(
+            &mut self.driver,
             done,
             TOTALS_ROUND,
-            vec![WireData::from_f64s(&mine)],
+            &mine,
             &self.exec_options,
+            "the exchange's figures",
         )?;
         let mut pipeline = [0.0; 4];
-        for part in parts.iter().flatten() {
-            let values = part.to_f64s().map_err(|e| {
-                TrainError::Execution(format!("gathering the exchange's figures: {e}"))
-            })?;
+        for values in parts {
             for (acc, v) in pipeline.iter_mut().zip(values) {
                 *acc += v;
             }
