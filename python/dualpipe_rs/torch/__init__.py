@@ -6,6 +6,9 @@
 
 - :func:`schedule` builds, validates and loads one of our schedules into torch's
   ``_PipelineScheduleRuntime`` for this rank's ``PipelineStage`` objects;
+- :class:`DualPipeStrategy` trains a user's own model under any of our schedules (DualPipe's two
+  copies included) with our executor over torch autograd and torch.distributed, launched by
+  torchrun, with compressed data parallelism and checkpoints (see docs/python.md);
 - :func:`profile` measures a module's F, B, I, W and FB times on a sample micro-batch, and
   :func:`predict` simulates each schedule kind's step from them.
 
@@ -26,7 +29,8 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test wi
 
 from ._runtime import TORCH_KINDS, schedule, torch_actions  # noqa: E402
 from ._profile import StageProfile, plan_profile, predict, profile  # noqa: E402
+from ._strategy import DualPipeStrategy, PendingLoss  # noqa: E402
 
 del _torch
 
-__all__ = ["TORCH_KINDS", "StageProfile", "plan_profile", "predict", "profile", "schedule", "torch_actions"]
+__all__ = ["DualPipeStrategy", "PendingLoss", "TORCH_KINDS", "StageProfile", "plan_profile", "predict", "profile", "schedule", "torch_actions"]

@@ -1,0 +1,407 @@
+"""`DualPipeStrategy`: a user's torch model trained under our schedules, launched by torchrun."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import _native
+from . import _onebit
+from ._codec import check_compression
+from ._dp import GradExchange, exchange_copies
+from ._executor import Executor
+from ._p2p import P2P, wait_for
+from ._split import StageModule, copy_stage, layers_of, partition_sizes, stage_units
+from ._world import World, backend_for, init, world_from_env
+
+KINDS = ("dualpipe", "dualpipev", "1f1b", "zb1p", "gpipe", "interleaved")
+_COPY_TAG = 1 << 26
+
+
+def _stages_per_rank(kind: str, virtual_stages: int) -> int:
+    return {"dualpipev": 2, "interleaved": virtual_stages}.get(kind, 1)
+
+
+def _check_kind(schedule: Any) -> str:
+    if not isinstance(schedule, str):
+        raise TypeError(f"schedule must be a schedule kind name (str), not {type(schedule).__name__}")
+    if schedule not in KINDS:
+        raise ValueError(f"unknown schedule '{schedule}': use one of {', '.join(KINDS)}")
+    return schedule
+
+
+def _make_optimizer(optimizer: Any, params: List[nn.Parameter], kwargs: Dict[str, Any]) -> torch.optim.Optimizer:
+    if inspect.isclass(optimizer) and issubclass(optimizer, torch.optim.Optimizer):
+        return optimizer(params, **kwargs)
+    if kwargs:
+        raise TypeError("optimizer_kwargs go with an optimizer class (e.g. torch.optim.AdamW), not a factory")
+    if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
+        opt = optimizer(params)
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"the optimizer factory returned a {type(opt).__name__}, not a torch.optim.Optimizer")
+        return opt
+    raise TypeError(
+        "optimizer must be an optimizer class (with optimizer_kwargs) or a factory params -> Optimizer, "
+        f"not {type(optimizer).__name__}: each rank builds it over its own stages' parameters"
+    )
+
+
+def _make_loss(loss_fn: Any) -> Callable:
+    if inspect.isclass(loss_fn):
+        if not issubclass(loss_fn, nn.Module):
+            raise TypeError(f"loss_fn class {loss_fn.__name__} is not an nn.Module loss (e.g. nn.CrossEntropyLoss)")
+        return loss_fn()
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a callable (out, labels) -> scalar or a loss class, not {type(loss_fn).__name__}")
+    return loss_fn
+
+
+class PendingLoss:
+    """What :meth:`DualPipeStrategy.compute_loss` returns: the step's loss, known once
+    :meth:`DualPipeStrategy.backward` has run the pipeline (``float(loss)``, ``loss.item()``)."""
+
+    def __init__(self) -> None:
+        self.value: Optional[float] = None
+
+    def item(self) -> float:
+        """The mean loss over the step's micro-batches and replicas."""
+        if self.value is None:
+            raise RuntimeError("the loss is known after backward(loss): a pipeline computes it with the backward")
+        return self.value
+
+    __float__ = item
+
+
+class DualPipeStrategy:
+    """Trains ``model`` with one of our pipeline schedules over the processes torchrun started.
+
+    ``model``: an ``nn.Sequential`` (its children are the blocks), or any module with
+    ``blocks='<attribute>'`` naming its ``nn.ModuleList`` of blocks (its other children run in
+    registration order, those before on the first stage, those after on the last). Every process
+    builds the same model (same seed) and keeps its own stages. ``partition``: ``None`` (even), a
+    list of blocks per stage, or ``"plan"`` (each block measured with :func:`profile` on
+    ``sample``, cut where the slowest stage is fastest). ``optimizer``: a class plus
+    ``optimizer_kwargs``, or a factory ``params -> Optimizer``. ``loss_fn``: a callable
+    ``(out, labels) -> scalar`` or a loss class. ``compression``: ``None``, ``"bf16"``,
+    ``"int8"`` or ``"1bit"`` for the data-parallel exchange (``"1bit"`` with ``torch.optim.AdamW``
+    is 1-bit Adam after ``compression_warmup`` steps). ``pipeline_stages``: pipeline ranks per
+    replica (default: the whole world); the world is ``pipeline_stages x replicas`` processes,
+    rank = ``replica x pipeline_stages + pipeline rank``. CUDA models run on ``cuda:LOCAL_RANK``
+    over NCCL, CPU ones over gloo. ``schedule``: ``dualpipe`` (two copies of every stage, their
+    gradients summed), ``dualpipev``, ``1f1b``, ``zb1p``, ``gpipe``, ``interleaved``;
+    ``micro_batches`` per replica and step (default ``2 x pipeline_stages``).
+    """
+
+    def __init__(self, model: Any, optimizer: Any, loss_fn: Any, compression: Optional[str] = None,
+                 pipeline_stages: Optional[int] = None, schedule: str = "dualpipe",
+                 micro_batches: Optional[int] = None, partition: Any = None, *, blocks: Optional[str] = None,
+                 optimizer_kwargs: Optional[Dict[str, Any]] = None, virtual_stages: int = 2,
+                 compression_warmup: Optional[int] = None, sample: Any = None, timeout: float = 60.0,
+                 metrics_port: Optional[int] = None, use_hooks: bool = True):
+        # Everything checkable alone is checked before any process waits on another.
+        self.kind = _check_kind(schedule)
+        self.compression = check_compression(compression)
+        self.world: World = world_from_env(pipeline_stages)
+        P = self.world.pipeline_ranks
+        if micro_batches is None:
+            micro_batches = 2 * P
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int):
+            raise TypeError(f"micro_batches must be an int, not {type(micro_batches).__name__}")
+        if isinstance(virtual_stages, bool) or not isinstance(virtual_stages, int) or virtual_stages < 1:
+            raise ValueError(f"virtual_stages must be a positive int, got {virtual_stages!r}")
+        try:
+            self.plan = _native.schedule(self.kind, P, micro_batches,
+                                         virtual_stages=virtual_stages if self.kind == "interleaved" else None)
+        except ValueError as e:
+            msg = str(e).replace("--micro-batches ", "micro_batches=").replace("--ranks ", "pipeline_stages=")
+            raise ValueError(msg.replace("--virtual-stages ", "virtual_stages=")) from None
+        self.micro_batches = micro_batches
+        self.loss_fn = _make_loss(loss_fn)
+        if compression_warmup is None:
+            compression_warmup = 1 if self.compression == "1bit" else 0
+        if isinstance(compression_warmup, bool) or not isinstance(compression_warmup, int) or compression_warmup < 0:
+            raise ValueError(f"compression_warmup must be a non-negative int, got {compression_warmup!r}")
+        self.warmup = compression_warmup
+        self.timeout = float(timeout)
+        self.num_stages = len(self.plan.placement[0])
+        layers = layers_of(model, blocks)
+        if isinstance(partition, str):
+            if partition != "plan":
+                raise ValueError(f"unknown partition '{partition}': use None (even), 'plan' or a list of blocks per stage")
+            from ._plan import planned_partition
+
+            sizes = planned_partition(layers, self.num_stages, sample)
+        else:
+            sizes = partition_sizes(layers, self.num_stages, partition)
+        self.partition = sizes
+        params = list(model.parameters())
+        device = params[0].device if params else torch.device("cpu")
+        if device.type == "cuda":
+            device = torch.device("cuda", self.world.local_rank)
+            torch.cuda.set_device(device)
+        self.device = device
+        self.backend = backend_for(device)
+        units = stage_units(layers, sizes)
+        me = self.world.pipeline_rank
+        self.stages: Dict[Tuple[int, int], StageModule] = {}
+        built: Dict[int, StageModule] = {}
+        for d, row in enumerate(self.plan.placement):
+            for s, r in enumerate(row):
+                if r != me:
+                    continue
+                m = copy_stage(built[s]) if s in built else StageModule(units[s]).to(device)
+                built[s] = m
+                self.stages[(d, s)] = m
+        local_params = [p for m in self.stages.values() for p in m.parameters() if p.requires_grad]
+        self.optimizer = _make_optimizer(optimizer, local_params, dict(optimizer_kwargs or {}))
+        self.onebit_adam = self.compression == "1bit" and _onebit.is_adamw(self.optimizer)
+        # Joining the job: from here on processes wait on each other.
+        init(self.world, device, self.timeout)
+        w = self.world
+        self.p2p = P2P([w.global_rank(p) for p in range(P)], me, device, early=self.backend == "gloo", timeout=self.timeout)
+        self.executor = Executor(self.plan.programs[me], self.stages, self.plan.placement, micro_batches, me,
+                                 self.p2p, self.loss_fn, use_hooks=use_hooks)
+        self.exchange = GradExchange([w.global_rank(me, d) for d in range(w.replicas)], w.replica, self.compression,
+                                     self.warmup, timeout=self.timeout)
+        self._shapes_seen: set = set()
+        self.steps = 0
+        self._stats: Dict[str, Any] = {}
+        self._pending: Dict[str, Any] = {}
+        self.metrics = None
+        if metrics_port is not None:
+            from ._metrics import Metrics
+
+            self.metrics = Metrics(metrics_port + w.rank, w.rank)
+
+    # -- the step ------------------------------------------------------------------------------
+
+    def _split(self, what: str, t: Any) -> List[Any]:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what} must be a tensor (the replica's batch, micro-batches along dim 0), not {type(t).__name__}")
+        if t.dim() == 0 or t.shape[0] % self.micro_batches:
+            n = t.shape[0] if t.dim() else 0
+            raise ValueError(
+                f"{what} has {n} rows, which do not divide into micro_batches={self.micro_batches}: "
+                f"give a batch of a multiple of {self.micro_batches} rows"
+            )
+        return list(t.to(self.device).chunk(self.micro_batches))
+
+    def step(self, inputs: torch.Tensor, labels: torch.Tensor) -> float:
+        """One training step on this replica's batch: every micro-batch through the schedule,
+        DualPipe's copies summed, the data-parallel exchange, the optimizer step. Returns the
+        mean loss over all replicas' micro-batches (the same on every rank)."""
+        loss = self._forward_backward(inputs, labels)
+        self.update_weights()
+        return loss
+
+    def _forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> float:
+        xs = self._split("inputs", inputs)
+        ys = self._split("labels", labels)
+        if len(xs[0]) != len(ys[0]):
+            raise ValueError(f"inputs has {inputs.shape[0]} rows but labels {labels.shape[0]}: give one label row per input row")
+        key = (tuple(xs[0].shape), xs[0].dtype)
+        headers = key not in self._shapes_seen
+        self._shapes_seen.add(key)
+        t0 = time.perf_counter()
+        for m in self.stages.values():
+            m.zero_grad(set_to_none=True)
+        res = self.executor.run(xs, ys, headers)
+        t1 = time.perf_counter()
+        self._sum_copies()
+        if self.onebit_adam and _onebit.frozen(self.optimizer, self.warmup):
+            _onebit.fold_momentum(self.optimizer, [p for g in self.optimizer.param_groups for p in g["params"]])
+        b0 = self.exchange.bytes_sent
+        x0 = time.perf_counter()
+        for bucket, (key_, m) in enumerate(sorted(self.stages.items())):
+            ps = [p for p in m.parameters() if p.requires_grad]
+            if not ps:
+                continue
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in ps])
+            out = self.exchange.exchange(self.steps, bucket, flat)
+            at = 0
+            for p in ps:
+                p.grad = out[at : at + p.numel()].view_as(p).clone()
+                at += p.numel()
+        x1 = time.perf_counter()
+        losses = self._gather_losses(res.losses)
+        self._pending = {
+            "t0": t0, "pipeline_seconds": t1 - t0, "exchange_seconds": x1 - x0, "res": res,
+            "gradient_bytes_sent": self.exchange.bytes_sent - b0, "losses": losses,
+        }
+        return sum(losses) / len(losses)
+
+    def _sum_copies(self) -> None:
+        """DualPipe: each stage's two copies get the sum of both copies' gradients."""
+        if self.kind != "dualpipe":
+            return
+        me, P = self.world.pipeline_rank, self.world.pipeline_ranks
+        partner = P - 1 - me
+        if partner == me:
+            a, b = self.stages[(0, me)], self.stages[(1, me)]
+            for pa, pb in zip(a.parameters(), b.parameters()):
+                if pa.grad is not None:
+                    total = pa.grad + pb.grad
+                    pa.grad, pb.grad = total, total.clone()
+            return
+        mine = [self.stages[(0, me)], self.stages[(1, partner)]]
+        flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
+                          for m in mine for p in m.parameters() if p.requires_grad])
+        other = exchange_copies(flat, self.world.global_rank(partner), self.world.rank, _COPY_TAG, self.timeout)
+        # other = the partner's [(0, partner), (1, me)]; sum in direction order on both ranks
+        n0 = sum(p.numel() for p in mine[0].parameters() if p.requires_grad)
+        n_partner = other.numel() - (flat.numel() - n0)
+        mine0, mine1 = flat[:n0], flat[n0:]
+        their0, their1 = other[:n_partner], other[n_partner:]
+        stage_me = mine0 + their1  # (0, me) + (1, me)
+        stage_partner = their0 + mine1  # (0, partner) + (1, partner)
+        for m, total in ((mine[0], stage_me), (mine[1], stage_partner)):
+            at = 0
+            for p in m.parameters():
+                if p.requires_grad:
+                    p.grad = total[at : at + p.numel()].view_as(p).clone()
+                    at += p.numel()
+
+    def _gather_losses(self, mine: Dict[int, float]) -> List[float]:
+        w = self.world
+        M = self.micro_batches
+        v = torch.zeros(M * w.replicas, dtype=torch.float64)
+        for g, loss in mine.items():
+            v[w.replica * M + g] = loss
+        if w.size > 1:
+            t = v.to(self.device)
+            wait_for(dist.all_reduce(t, async_op=True), f"rank {w.rank}: the step's losses from every rank", self.timeout)
+            v = t.cpu()
+        return v.tolist()
+
+    def update_weights(self) -> None:
+        """The optimizer step on this rank's stages (after :meth:`backward`)."""
+        if not self._pending:
+            raise RuntimeError("update_weights() comes after backward(loss) (or use step())")
+        u0 = time.perf_counter()
+        if self.onebit_adam and _onebit.frozen(self.optimizer, self.warmup):
+            _onebit.frozen_step(self.optimizer, self.warmup)
+        else:
+            self.optimizer.step()
+        p = self._pending
+        end = time.perf_counter()
+        res = p["res"]
+        step_seconds = end - p["t0"]
+        self._stats = {
+            "step": self.steps,
+            "step_seconds": step_seconds,
+            "pipeline_seconds": p["pipeline_seconds"],
+            "compute_seconds": res.compute_seconds,
+            "bubble_ratio": res.wait_seconds / max(p["pipeline_seconds"], 1e-12),
+            "message_wait_seconds": res.wait_seconds,
+            "communication_overhead_ratio": p["exchange_seconds"] / max(step_seconds, 1e-12),
+            "exchange_seconds": p["exchange_seconds"],
+            "optimizer_seconds": end - u0,
+            "gradient_bytes_sent": p["gradient_bytes_sent"],
+            "gradient_bytes_sent_total": self.exchange.bytes_sent,
+            "activation_bytes_sent": res.bytes_sent,
+            "losses": p["losses"],
+            "loss": sum(p["losses"]) / len(p["losses"]),
+            "fb_seconds": list(res.fb_seconds),
+            "ops": list(res.ops),
+            "peak_activations": res.peak_activations,
+            "peak_activation_bytes": res.peak_activation_bytes,
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None,
+        }
+        self.steps += 1
+        self._pending = {}
+        self._mark_updated()
+        if self.metrics is not None:
+            self.metrics.observe(self._stats)
+
+    def stats(self) -> Dict[str, Any]:
+        """The last step's measurements on this rank: ``step_seconds``; ``bubble_ratio`` (the
+        share of the pipeline phase spent waiting for a message); ``communication_overhead_ratio``
+        (the data-parallel exchange's share of the step); ``gradient_bytes_sent`` (this step) and
+        ``gradient_bytes_sent_total``; ``activation_bytes_sent``; ``losses`` (every micro-batch of
+        every replica); ``peak_activations`` (chunks alive at once, measured) beside
+        ``peak_activations_simulated`` (the simulator's figure for this schedule and rank);
+        ``peak_activation_bytes`` (bytes autograd saved for those chunks) and, on CUDA,
+        ``peak_memory_bytes``; ``ops`` (this rank's measured timeline)."""
+        out = dict(self._stats)
+        if out:
+            sim = self.plan.simulate()
+            out["peak_activations_simulated"] = sim["peak_activations_per_rank"][self.world.pipeline_rank]
+            out["bubble_ratio_simulated"] = sim["bubble_ratio"]
+        return out
+
+    # -- the design documents' loop, over step() -------------------------------------------------
+
+    @contextmanager
+    def context(self) -> Iterator["DualPipeStrategy"]:
+        """One step in the design documents' form::
+
+            with s.context():
+                out = s.forward(inputs)        # records the batch: nothing runs yet
+                loss = s.compute_loss(out, labels)  # records the labels
+                s.backward(loss)               # runs the whole pipeline: every micro-batch's
+                                               # forward and backward in the schedule's order,
+                                               # the copies summed, the data-parallel exchange
+                s.update_weights()             # the optimizer step
+
+        A pipeline cannot run a forward alone (stages wait on each other's backward), so
+        ``forward`` and ``compute_loss`` only record; the work happens in ``backward``.
+        """
+        self._ctx: Dict[str, Any] = {}
+        try:
+            yield self
+        finally:
+            ctx, self._ctx = self._ctx, {}
+            if ctx.get("backward") and not ctx.get("updated") and self._pending:
+                raise RuntimeError("the step's context ended without update_weights(): call it after backward(loss)")
+
+    def forward(self, inputs: torch.Tensor) -> Any:
+        """Records this step's inputs (inside :meth:`context`); returns a handle for compute_loss."""
+        if not hasattr(self, "_ctx"):
+            raise RuntimeError("forward() runs inside `with strategy.context():` (or use step(inputs, labels))")
+        self._ctx["inputs"] = inputs
+        return self._ctx
+
+    def compute_loss(self, out: Any, labels: torch.Tensor) -> PendingLoss:
+        """Records the labels; the loss is computed on the last stage during :meth:`backward`."""
+        if out is not getattr(self, "_ctx", None):
+            raise RuntimeError("compute_loss(out, labels) takes what forward() returned in this context")
+        self._ctx["labels"] = labels
+        self._ctx["loss"] = PendingLoss()
+        return self._ctx["loss"]
+
+    def backward(self, loss: PendingLoss) -> None:
+        """Runs the pipeline (forward and backward of every micro-batch) and the exchange."""
+        ctx = getattr(self, "_ctx", {})
+        if loss is not ctx.get("loss"):
+            raise RuntimeError("backward(loss) takes what compute_loss() returned in this context")
+        loss.value = self._forward_backward(ctx["inputs"], ctx["labels"])
+        ctx["backward"] = True
+
+    def _mark_updated(self) -> None:
+        if getattr(self, "_ctx", None) is not None:
+            self._ctx["updated"] = True
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def save(self, path: str) -> None:
+        """Writes a checkpoint (see ``_checkpoint``); every rank calls it."""
+        from ._checkpoint import save
+
+        save(self, path)
+
+    def load(self, path: str) -> None:
+        """Restores a checkpoint written by :meth:`save` on any grid shape; every rank calls it."""
+        from ._checkpoint import load
+
+        load(self, path)
+
+    def close(self) -> None:
+        """Leaves the process group (if we joined it)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
