@@ -8,6 +8,7 @@
 use pyo3::prelude::*;
 
 mod eplb;
+mod plan;
 mod schedule;
 mod sim;
 
@@ -18,5 +19,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     schedule::register(m)?;
     eplb::register(m)?;
     sim::register(m)?;
+    plan::register(m)?;
     Ok(())
 }

@@ -88,7 +88,7 @@ def partition_sizes(layers: Layers, stages: int, partition: Any) -> List[int]:
     if partition is None:
         if n < stages:
             raise ValueError(
-                f"the model has {n} blocks, which cannot be split into {stages} pipeline stages (each "
+                f"the model has {n} block{'s' if n != 1 else ''}, which cannot be split into {stages} pipeline stages (each "
                 f"needs at least one block): use fewer pipeline_stages or a model with at least {stages} blocks"
             )
         base, extra = divmod(n, stages)
@@ -113,18 +113,21 @@ def partition_sizes(layers: Layers, stages: int, partition: Any) -> List[int]:
     return sizes
 
 
+def unit_sizes(layers: Layers, block_sizes: List[int]) -> List[int]:
+    """Layers per stage from blocks per stage: the leading units join the first stage, the
+    trailing ones the last."""
+    sizes = list(block_sizes)
+    sizes[0] += layers.first
+    sizes[-1] += len(layers.units) - layers.first - layers.blocks
+    return sizes
+
+
 def stage_units(layers: Layers, sizes: List[int]) -> List[List[Tuple[str, nn.Module]]]:
-    """The layers of each stage, in order: the blocks of ``sizes``, the leading units on the
-    first stage and the trailing ones on the last."""
+    """The layers of each stage, in order, ``sizes[s]`` layers (units) for stage ``s``."""
     out = []
-    at = layers.first
-    for s, k in enumerate(sizes):
-        units = layers.units[at : at + k]
-        if s == 0:
-            units = layers.units[: layers.first] + units
-        if s == len(sizes) - 1:
-            units = units + layers.units[layers.first + layers.blocks :]
-        out.append(units)
+    at = 0
+    for k in sizes:
+        out.append(layers.units[at : at + k])
         at += k
     return out
 

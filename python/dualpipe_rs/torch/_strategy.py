@@ -17,7 +17,7 @@ from ._codec import check_compression
 from ._dp import GradExchange, exchange_copies
 from ._executor import Executor
 from ._p2p import P2P, wait_for
-from ._split import StageModule, copy_stage, layers_of, partition_sizes, stage_units
+from ._split import StageModule, copy_stage, layers_of, partition_sizes, stage_units, unit_sizes
 from ._world import World, backend_for, init, world_from_env
 
 KINDS = ("dualpipe", "dualpipev", "1f1b", "zb1p", "gpipe", "interleaved")
@@ -138,7 +138,7 @@ class DualPipeStrategy:
 
             sizes = planned_partition(layers, self.num_stages, sample)
         else:
-            sizes = partition_sizes(layers, self.num_stages, partition)
+            sizes = unit_sizes(layers, partition_sizes(layers, self.num_stages, partition))
         self.partition = sizes
         params = list(model.parameters())
         device = params[0].device if params else torch.device("cpu")
@@ -147,23 +147,18 @@ class DualPipeStrategy:
             torch.cuda.set_device(device)
         self.device = device
         self.backend = backend_for(device)
-        units = stage_units(layers, sizes)
-        me = self.world.pipeline_rank
-        self.stages: Dict[Tuple[int, int], StageModule] = {}
-        built: Dict[int, StageModule] = {}
-        for d, row in enumerate(self.plan.placement):
-            for s, r in enumerate(row):
-                if r != me:
-                    continue
-                m = copy_stage(built[s]) if s in built else StageModule(units[s]).to(device)
-                built[s] = m
-                self.stages[(d, s)] = m
-        local_params = [p for m in self.stages.values() for p in m.parameters() if p.requires_grad]
-        self.optimizer = _make_optimizer(optimizer, local_params, dict(optimizer_kwargs or {}))
-        self.onebit_adam = self.compression == "1bit" and _onebit.is_adamw(self.optimizer)
+        self._layers = layers
+        self._optimizer_args = (optimizer, dict(optimizer_kwargs or {}))
+        self._build(sizes)
         # Joining the job: from here on processes wait on each other.
         init(self.world, device, self.timeout)
         w = self.world
+        if partition == "plan" and w.size > 1:
+            agreed = torch.tensor(sizes, dtype=torch.int64)
+            wait_for(dist.broadcast(agreed, src=0, async_op=True), f"rank {w.rank}: rank 0's planned partition", self.timeout)
+            if agreed.tolist() != sizes:
+                self._build(agreed.tolist())
+        me = w.pipeline_rank
         self.p2p = P2P([w.global_rank(p) for p in range(P)], me, device, early=self.backend == "gloo", timeout=self.timeout)
         self.executor = Executor(self.plan.programs[me], self.stages, self.plan.placement, micro_batches, me,
                                  self.p2p, self.loss_fn, use_hooks=use_hooks)
@@ -178,6 +173,25 @@ class DualPipeStrategy:
             from ._metrics import Metrics
 
             self.metrics = Metrics(metrics_port + w.rank, w.rank)
+
+    def _build(self, sizes: List[int]) -> None:
+        """This rank's stage modules (DualPipe's second copy where a rank holds both) and optimizer."""
+        self.partition = list(sizes)
+        units = stage_units(self._layers, sizes)
+        me = self.world.pipeline_rank
+        self.stages: Dict[Tuple[int, int], StageModule] = {}
+        built: Dict[int, StageModule] = {}
+        for d, row in enumerate(self.plan.placement):
+            for s, r in enumerate(row):
+                if r != me:
+                    continue
+                m = copy_stage(built[s]) if s in built else StageModule(units[s]).to(self.device)
+                built[s] = m
+                self.stages[(d, s)] = m
+        local_params = [p for m in self.stages.values() for p in m.parameters() if p.requires_grad]
+        optimizer, kwargs = self._optimizer_args
+        self.optimizer = _make_optimizer(optimizer, local_params, kwargs)
+        self.onebit_adam = self.compression == "1bit" and _onebit.is_adamw(self.optimizer)
 
     # -- the step ------------------------------------------------------------------------------
 
@@ -317,7 +331,7 @@ class DualPipeStrategy:
         self._pending = {}
         self._mark_updated()
         if self.metrics is not None:
-            self.metrics.observe(self._stats)
+            self.metrics.observe(self._stats, self.plan.simulate()["bubble_ratio"])
 
     def stats(self) -> Dict[str, Any]:
         """The last step's measurements on this rank: ``step_seconds``; ``bubble_ratio`` (the
