@@ -260,9 +260,9 @@ def test_codec_layouts_match_the_rust_ones():
     v = torch.tensor([1.0, -3.0, 0.0, 4.0, -2.0, -0.5])
     b = encode(v, "1bit", 4)
     assert b.numel() == 10 == encoded_bytes(6, "1bit", 4, 4)
-    # scales first (one f32 per chunk), then the sign bits, least significant first
-    assert b[:8].view(torch.float32).tolist() == [2.0, 1.25]
-    assert b[8].item() == 0b1101 and b[9].item() == 0b00
+    # per chunk: its f32 scale (mean |x|), then its sign bits, least significant first (the Rust test's bytes)
+    assert b[:4].view(torch.float32).item() == 2.0 and b[5:9].clone().view(torch.float32).item() == 1.25
+    assert b[4].item() == 0b1101 and b[9].item() == 0b00
     assert decode(b, "1bit", 6, torch.float32, 4).tolist() == [2.0, -2.0, 2.0, 2.0, -1.25, -1.25]
     q = encode(torch.tensor([127.0, -63.5, 0.0], dtype=torch.float64), "int8", 4)
     assert q[:4].view(torch.float32).item() == 1.0 and q[4:].view(torch.int8).tolist() == [127, -64, 0]

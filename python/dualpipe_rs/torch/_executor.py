@@ -27,13 +27,14 @@ def _chunk(d: Dict[str, Any]) -> Chunk:
     return (d.get("dir", 0), d["stage"], d["mb"])
 
 
-def _hook(module: Any) -> Optional[Callable]:
-    """The stage's overlapped forward-backward hook: its single layer's class's, if any."""
+def _hook(module: Any) -> Optional[Tuple[type, Callable]]:
+    """The stage's overlapped forward-backward hook: its single layer's class and the hook."""
     layers = getattr(module, "layers", None)
     if layers is None or len(layers) != 1:
         return None
     cls = type(layers[0])
-    return getattr(cls, "overlapped_forward_backward", None) or getattr(cls, "overlaped_forward_backward", None)
+    hook = getattr(cls, "overlapped_forward_backward", None) or getattr(cls, "overlaped_forward_backward", None)
+    return (cls, hook) if hook is not None else None
 
 
 class StepResult:
@@ -267,8 +268,8 @@ class Executor:
     def _forward_backward(self, f: Chunk, b: Chunk) -> None:
         module_f, module_b = self.stages[(f[0], f[1])], self.stages[(b[0], b[1])]
         hook = _hook(module_f) if self.use_hooks else None
-        if hook is not None and _hook(module_b) is hook:
-            self._hooked_pair(hook, module_f, f, module_b, b)
+        if hook is not None and _hook(module_b) is not None and _hook(module_b)[0] is hook[0]:
+            self._hooked_pair(hook[1], module_f, f, module_b, b)
             return
         self._forward(f)
         self._backward(b)
