@@ -74,6 +74,7 @@ class Executor:
         self.loss_fn = loss_fn
         self.use_hooks = use_hooks
         self.params = {k: [p for p in m.parameters() if p.requires_grad] for k, m in stages.items()}
+        self.saved_bytes: Dict[Tuple, int] = {}  # bytes autograd saves per forward, by stage and input shape
 
     def global_mb(self, c: Chunk) -> int:
         """The step's micro-batch index of a chunk: direction 1 takes the second half."""
@@ -208,15 +209,20 @@ class Executor:
 
     def _forward(self, c: Chunk) -> None:
         x = self._input(c)
-        seen: Dict[int, int] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            seen[t.data_ptr()] = t.numel() * t.element_size()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        key = (c[0], c[1], tuple(x.shape))
+        if key in self.saved_bytes:  # counted once per stage and shape: the hook costs time
             out = self.stages[(c[0], c[1])](x)
-        self._alive(c, sum(seen.values()))
+        else:
+            seen: Dict[int, int] = {}
+
+            def pack(t: torch.Tensor) -> torch.Tensor:
+                seen[t.data_ptr()] = t.numel() * t.element_size()
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = self.stages[(c[0], c[1])](x)
+            self.saved_bytes[key] = sum(seen.values())
+        self._alive(c, self.saved_bytes[key])
         self._after_forward(c, x, out)
 
     def _alive(self, c: Chunk, nbytes: int) -> None:
