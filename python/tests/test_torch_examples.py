@@ -1,5 +1,6 @@
 """The torch examples of docs/python.md run: python/examples/train_dualpipev.py trains (its loss
-falls) and python/examples/torch_dualpipev.py sets ours beside torch's ScheduleDualPipeV."""
+falls), python/examples/torch_dualpipev.py sets ours beside torch's ScheduleDualPipeV, and
+python/examples/torch_strategy_train.py trains a small transformer under torchrun."""
 
 from __future__ import annotations
 
@@ -49,3 +50,19 @@ def test_side_by_side_example_runs(tmp_path):
         assert float(ours) == pytest.approx(float(theirs), rel=1e-5)
     assert "median step over 2 steps" in out
     assert "torch's says: ValueError: DualPipeV requires at least as many microbatches as stages" in out
+
+
+def test_strategy_example_trains_under_torchrun(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(EXAMPLES.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
+    p = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(EXAMPLES / "torch_strategy_train.py"), "--steps", "11", "--rows", "16", "--save", str(tmp_path / "ckpt")],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    assert out.startswith("2 processes: 2 pipeline ranks x 1 replicas, dualpipe, 8 micro-batches, stages of [4, 4] layers")
+    losses = [float(v) for v in re.findall(r"^step +\d+  loss (\S+)", out, re.M)]
+    assert len(losses) == 3 and losses[-1] < 0.8 * losses[0], losses
+    assert (tmp_path / "ckpt" / "manifest.json").exists() and (tmp_path / "ckpt" / "model" / "blocks.0.safetensors").exists()

@@ -127,7 +127,7 @@ def test_overlapped_forward_backward_hook_is_called(runs, world):
     assert all(r["hook_calls"] > 0 for r in per_rank)  # every rank runs FB pairs in DualPipe
 
 
-@pytest.mark.parametrize("kind", ["dualpipe", "1f1b"])
+@pytest.mark.parametrize("kind", ["dualpipe", "1f1b", "dualpipe-uneven"])
 def test_pipeline_2_by_data_parallel_2_equals_one_replica_with_twice_the_micro_batches(runs, kind):
     per_rank = load(runs, f"dp-{kind}")
     want_losses, want_grads, want_params = reference(worker.build_model(), worker.batches(3, 8 * worker.ROWS), 8)

@@ -125,6 +125,11 @@ def suite_grid(out, world):
         s = dpt.DualPipeStrategy(build_model(), adamw, nn.MSELoss, schedule=kind, pipeline_stages=2, micro_batches=4)
         losses, grads = train(s, batches(3, 2 * 4 * ROWS))
         save(out, f"dp-{kind}", s, losses=losses, grads=grads, micro_batches=4)
+    # DualPipe's copies summed across ranks when the stages differ in size
+    s = dpt.DualPipeStrategy(build_model(), adamw, nn.MSELoss, schedule="dualpipe", pipeline_stages=2, micro_batches=4,
+                             partition=[3, 5])
+    losses, grads = train(s, batches(3, 2 * 4 * ROWS))
+    save(out, "dp-dualpipe-uneven", s, losses=losses, grads=grads, micro_batches=4)
     # compression: f32, wider, bytes counted against the uncompressed exchange
     for comp in (None, "bf16", "int8", "1bit"):
         s = dpt.DualPipeStrategy(build_model(64, 4, torch.float32), adamw, nn.MSELoss, schedule="1f1b",

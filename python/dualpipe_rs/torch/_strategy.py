@@ -82,7 +82,7 @@ class DualPipeStrategy:
     """Trains ``model`` with one of our pipeline schedules over the processes torchrun started.
 
     ``model``: an ``nn.Sequential`` (its children are the blocks), or any module with
-    ``blocks='<attribute>'`` naming its ``nn.ModuleList`` of blocks (its other children run in
+    ``blocks='<attribute>'`` (or the pair ``(model, '<attribute>')``) naming its ``nn.ModuleList`` of blocks (its other children run in
     registration order, those before on the first stage, those after on the last). Every process
     builds the same model (same seed) and keeps its own stages. ``partition``: ``None`` (even), a
     list of blocks per stage, or ``"plan"`` (each block measured with :func:`profile` on
@@ -140,7 +140,7 @@ class DualPipeStrategy:
         else:
             sizes = unit_sizes(layers, partition_sizes(layers, self.num_stages, partition))
         self.partition = sizes
-        params = list(model.parameters())
+        params = [p for _, m in layers.units for p in m.parameters()]
         device = params[0].device if params else torch.device("cpu")
         if device.type == "cuda":
             device = torch.device("cuda", self.world.local_rank)
@@ -269,7 +269,7 @@ class DualPipeStrategy:
         other = exchange_copies(flat, self.world.global_rank(partner), self.world.rank, _COPY_TAG, self.timeout)
         # other = the partner's [(0, partner), (1, me)]; sum in direction order on both ranks
         n0 = sum(p.numel() for p in mine[0].parameters() if p.requires_grad)
-        n_partner = other.numel() - (flat.numel() - n0)
+        n_partner = other.numel() - n0  # the partner's (1, me) is as large as my (0, me)
         mine0, mine1 = flat[:n0], flat[n0:]
         their0, their1 = other[:n_partner], other[n_partner:]
         stage_me = mine0 + their1  # (0, me) + (1, me)
