@@ -5,7 +5,8 @@
     python scripts/torch_side_by_side.py [--ranks 4] [--hidden 256] [--rows 32] [--micro-batches 16] [--steps 6]
 
 Run it plainly: it starts itself under torchrun (``--ranks`` gloo processes on this machine).
-Needs torch and DeepSeek's package (``pip install dualpipe``, PyPI); DeepSeek's code asks for
+Needs dualpipe-rs (``pip install ./python``), torch and DeepSeek's package (``pip install
+dualpipe``, PyPI); DeepSeek's code asks for
 CUDA, so this script points its two device checks at the CPU (nothing else of it changes).
 
 The model is their example's: stages of two linear layers (Linear, GELU, Linear), f64, an MSE
@@ -48,10 +49,8 @@ def parse():
 def main() -> None:
     args = parse()
     if "RANK" not in os.environ:  # start ourselves under torchrun
-        here = os.path.dirname(os.path.abspath(__file__))
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
-        env["PYTHONPATH"] = os.pathsep.join([os.path.join(here, "..", "python")] + [p for p in [env.get("PYTHONPATH")] if p])
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.ranks),
                os.path.abspath(__file__)] + sys.argv[1:]
         sys.exit(subprocess.call(cmd, env=env))
@@ -194,9 +193,9 @@ def run(args) -> None:
     pipeline_only = {"DeepSeek dualpipe.py (DualPipe)": ds_pipe}
 
     # -- ours, DualPipe -------------------------------------------------------------------------
-    def ours(kind, n_blocks, partition=None):
+    def ours(kind, n_blocks, partition=None, eager_sends=True):
         s = dpt.DualPipeStrategy(blocks(n_blocks), torch.optim.SGD, mse, schedule=kind, micro_batches=M,
-                                 optimizer_kwargs={"lr": 0.0}, partition=partition)
+                                 optimizer_kwargs={"lr": 0.0}, partition=partition, eager_sends=eager_sends)
         times, parts, pipes = [], [], []
         grads = losses = None
         for step in range(args.steps + 1):
@@ -228,6 +227,11 @@ def run(args) -> None:
     results["ours DualPipeStrategy(schedule='dualpipe')"] = times
     pipeline_only["ours DualPipeStrategy(schedule='dualpipe')"] = pipes
     our_parts = parts
+
+    # the same without sending early: what the FB pair's overlap of the message with the backward gains
+    _, times_late, late_grads, _, _, pipes_late = ours("dualpipe", N * per, partition=[per] * N, eager_sends=False)
+    results["ours, eager_sends=False"] = times_late
+    pipeline_only["ours, eager_sends=False"] = pipes_late
 
     def max_diff(a, b):
         return max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-300)) for k in b)
@@ -282,11 +286,11 @@ def run(args) -> None:
         print()
         print("| contender | pipeline: median (s) | ratio | + copies' sum and losses: median (s) | ratio |")
         print("|---|---:|---:|---:|---:|")
-        pairs = [("DeepSeek dualpipe.py (DualPipe)", "ours DualPipeStrategy(schedule='dualpipe')"),
+        pairs = [("DeepSeek dualpipe.py (DualPipe)", "ours DualPipeStrategy(schedule='dualpipe')", "ours, eager_sends=False"),
                  ("torch ScheduleDualPipeV", "ours DualPipeStrategy(schedule='dualpipev')")]
-        for ref, us in pairs:
+        for ref, *us in pairs:
             r1, r2 = statistics.median(pipeline_only[ref]), statistics.median(results[ref])
-            for name in (ref, us):
+            for name in (ref, *us):
                 m1, m2 = statistics.median(pipeline_only[name]), statistics.median(results[name])
                 q1 = "1.00 (reference)" if name == ref else f"{m1 / r1:.2f} x"
                 q2 = "1.00 (reference)" if name == ref else f"{m2 / r2:.2f} x"

@@ -54,7 +54,6 @@ def test_side_by_side_example_runs(tmp_path):
 
 def test_strategy_example_trains_under_torchrun(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(EXAMPLES.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
     p = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(EXAMPLES / "torch_strategy_train.py"), "--steps", "11", "--rows", "16", "--save", str(tmp_path / "ckpt")],

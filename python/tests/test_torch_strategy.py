@@ -39,7 +39,6 @@ KINDS = ["dualpipe", "dualpipev", "1f1b", "zb1p", "gpipe", "interleaved"]
 def torchrun(nproc: int, suite: str, out: Path, timeout: float = 300):
     """Runs the worker under torchrun; returns (returncode, output, seconds)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
     env.setdefault("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
            "--monitor_interval", "0.2", str(HERE / "torch_strategy_worker.py"), "--out", str(out), "--suite", suite]
@@ -52,6 +51,11 @@ def torchrun(nproc: int, suite: str, out: Path, timeout: float = 300):
 def runs(tmp_path_factory):
     """The parity suite on 2 and 4 processes and the grid suite on 4."""
     out = tmp_path_factory.mktemp("strategy")
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        os.environ["DUALPIPE_TEST_METRICS_PORT"] = str(sock.getsockname()[1])
     for nproc, suite in ((2, "parity"), (4, "parity"), (4, "grid")):
         rc, log, _ = torchrun(nproc, suite, out)
         assert rc == 0, log[-6000:]
@@ -243,7 +247,6 @@ def test_a_killed_rank_is_named_by_the_survivor(tmp_path):
     for rank in (0, 1):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
         procs.append(subprocess.Popen([sys.executable, str(HERE / "torch_strategy_worker.py"), "--out", str(tmp_path),
                                        "--suite", "kill"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
     outs = [p.communicate(timeout=120)[0] for p in procs]
@@ -252,6 +255,17 @@ def test_a_killed_rank_is_named_by_the_survivor(tmp_path):
     assert procs[0].returncode != 0
     assert seconds < 60, seconds
     assert "RankFailed: rank 0:" in outs[0] and "rank 1" in outs[0].split("RankFailed: rank 0:")[-1], outs[0][-3000:]
+
+
+def test_prometheus_metrics_per_rank(runs):
+    for rank in (0, 1):
+        text = (runs / f"metrics-rank{rank}.txt").read_text()
+        for name in ("dualpipe_pipeline_bubble_ratio", "dualpipe_pipeline_bubble_ratio_simulated",
+                     "dualpipe_communication_overhead_ratio", "dualpipe_steps_total", "dualpipe_loss"):
+            assert f'{name}{{rank="{rank}"}}' in text, name
+        assert f'dualpipe_steps_total{{rank="{rank}"}} 2.0' in text
+        assert f'dualpipe_step_duration_seconds_count{{rank="{rank}"}} 2.0' in text
+        assert f'dualpipe_bytes_sent_total{{kind="activation",rank="{rank}"}}' in text
 
 
 def test_codec_layouts_match_the_rust_ones():

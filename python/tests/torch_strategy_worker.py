@@ -84,6 +84,17 @@ def suite_parity(out, world):
         s = dpt.DualPipeStrategy(build_model(), adamw, nn.MSELoss, schedule=kind, micro_batches=M)
         losses, grads = train(s, batches(3, M * ROWS))
         save(out, f"{kind}-{world}", s, losses=losses, grads=grads, micro_batches=M)
+    # Prometheus metrics: each rank serves its own on port + rank
+    port = int(os.environ.get("DUALPIPE_TEST_METRICS_PORT", "0"))
+    if port and world == 2:
+        import urllib.request
+
+        s = dpt.DualPipeStrategy(build_model(), adamw, nn.MSELoss, schedule="1f1b", micro_batches=4, metrics_port=port)
+        train(s, batches(2, 4 * ROWS))
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port + s.world.rank}/metrics", timeout=10).read().decode()
+        with open(os.path.join(out, f"metrics-rank{s.world.rank}.txt"), "w") as f:
+            f.write(text)
+        s.metrics.server[0].shutdown()
     # DeepSeek's overlapped forward-backward hook on the stage's single layer
     s = dpt.DualPipeStrategy(hooked_model(world), adamw, nn.MSELoss, schedule="dualpipe", micro_batches=2 * world)
     losses, grads = train(s, batches(2, 2 * world * ROWS))

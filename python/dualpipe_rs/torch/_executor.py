@@ -61,7 +61,8 @@ class Executor:
     """
 
     def __init__(self, program: List[Dict[str, Any]], stages: Dict[Tuple[int, int], Any], placement: List[List[int]],
-                 micro_batches: int, rank: int, p2p: P2P, loss_fn: Callable, use_hooks: bool = True):
+                 micro_batches: int, rank: int, p2p: P2P, loss_fn: Callable, use_hooks: bool = True,
+                 eager_sends: bool = True):
         self.program = program
         self.stages = stages
         self.placement = placement
@@ -73,6 +74,7 @@ class Executor:
         self.p2p = p2p
         self.loss_fn = loss_fn
         self.use_hooks = use_hooks
+        self.eager_sends = eager_sends
         self.params = {k: [p for p in m.parameters() if p.requires_grad] for k, m in stages.items()}
         self.saved_bytes: Dict[Tuple, int] = {}  # bytes autograd saves per forward, by stage and input shape
 
@@ -204,8 +206,8 @@ class Executor:
         nxt = (c[0], c[1] + 1, c[2])
         if self._local(c, 1):
             self.local_act[nxt] = local_tensor(out)
-        else:
-            self._send("F", c)  # at once: the message travels while this rank computes on
+        elif self.eager_sends:
+            self._send("F", c)  # at once: in an FB pair the message travels during the backward
 
     def _forward(self, c: Chunk) -> None:
         x = self._input(c)
@@ -245,7 +247,8 @@ class Executor:
             self.local_grad[prev] = g
         else:
             self.in_grad[c] = g
-            self._send("B", c)
+            if self.eager_sends:
+                self._send("B", c)
 
     def _backward(self, c: Chunk) -> None:
         roots, grads = self._roots(c)

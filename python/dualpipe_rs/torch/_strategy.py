@@ -96,6 +96,13 @@ class DualPipeStrategy:
     over NCCL, CPU ones over gloo. ``schedule``: ``dualpipe`` (two copies of every stage, their
     gradients summed), ``dualpipev``, ``1f1b``, ``zb1p``, ``gpipe``, ``interleaved``;
     ``micro_batches`` per replica and step (default ``2 x pipeline_stages``).
+
+    Also: ``virtual_stages`` (interleaved), ``compression_warmup`` (uncompressed steps first;
+    1 for ``"1bit"``), ``sample`` (for ``partition="plan"``), ``timeout`` (seconds a rank waits
+    for another before it stops, naming it), ``metrics_port`` (Prometheus on ``port + rank``),
+    ``use_hooks`` (call a layer's ``overlapped_forward_backward`` for FB pairs), ``eager_sends``
+    (send each result the moment it exists, so in an FB pair the forward's activations travel
+    during the backward; ``False`` sends at the op's place in the lowered program).
     """
 
     def __init__(self, model: Any, optimizer: Any, loss_fn: Any, compression: Optional[str] = None,
@@ -103,7 +110,7 @@ class DualPipeStrategy:
                  micro_batches: Optional[int] = None, partition: Any = None, *, blocks: Optional[str] = None,
                  optimizer_kwargs: Optional[Dict[str, Any]] = None, virtual_stages: int = 2,
                  compression_warmup: Optional[int] = None, sample: Any = None, timeout: float = 60.0,
-                 metrics_port: Optional[int] = None, use_hooks: bool = True):
+                 metrics_port: Optional[int] = None, use_hooks: bool = True, eager_sends: bool = True):
         # Everything checkable alone is checked before any process waits on another.
         self.kind = _check_kind(schedule)
         self.compression = check_compression(compression)
@@ -161,7 +168,7 @@ class DualPipeStrategy:
         me = w.pipeline_rank
         self.p2p = P2P([w.global_rank(p) for p in range(P)], me, device, early=self.backend == "gloo", timeout=self.timeout)
         self.executor = Executor(self.plan.programs[me], self.stages, self.plan.placement, micro_batches, me,
-                                 self.p2p, self.loss_fn, use_hooks=use_hooks)
+                                 self.p2p, self.loss_fn, use_hooks=use_hooks, eager_sends=eager_sends)
         self.exchange = GradExchange([w.global_rank(me, d) for d in range(w.replicas)], w.replica, self.compression,
                                      self.warmup, timeout=self.timeout)
         self._shapes_seen: set = set()
