@@ -299,8 +299,9 @@ def run(args) -> None:
         comp, wait, fb, pipe = mid
         print()
         print(f"where our dualpipe time goes (rank 0, its median step): pipeline {pipe:.4f} s = compute {comp:.4f} s "
-              f"+ waiting for messages {wait:.4f} s + the rest {max(pipe - comp - wait, 0):.4f} s (copies' sum, "
-              f"losses' all-reduce, zeroing gradients); {len(fb)} FB pairs, median {statistics.median(fb) if fb else 0:.5f} s each")
+              f"+ waiting for messages {wait:.4f} s + the executor's own work {max(pipe - comp - wait, 0):.4f} s; "
+              f"{len(fb)} FB pairs, median {statistics.median(fb) if fb else 0:.5f} s each; after the pipeline, the "
+              f"copies' sum and the losses' all-reduce")
     dist.barrier()
     dist.destroy_process_group()
 
