@@ -115,9 +115,10 @@ def test_every_schedule_equals_one_process(runs, kind, world):
     if kind == "dualpipe":
         for key in want_params:
             assert torch.equal(params[f"0:{key}"], params[f"1:{key}"]), key
-    st = per_rank[0]["stats"]
-    assert st["peak_activations"] == st["peak_activations_simulated"], (kind, st)
-    assert 0 <= st["bubble_ratio"] < 1 and st["step_seconds"] > 0
+    for rank, r in enumerate(per_rank):  # the measured peak of live chunks is the simulator's, rank by rank
+        st = r["stats"]
+        assert st["peak_activations"] == st["peak_activations_simulated"], (kind, rank, st)
+        assert st["peak_activation_bytes"] > 0 and 0 <= st["bubble_ratio"] < 1 and st["step_seconds"] > 0
 
 
 @pytest.mark.parametrize("world", [2, 4])
