@@ -14,7 +14,6 @@ import glob
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -285,3 +284,16 @@ def test_codec_layouts_match_the_rust_ones():
     for comp in (None, "bf16", "int8", "1bit"):
         assert encode(x, comp, 2048).numel() == encoded_bytes(5000, comp, 8, 2048)
     assert torch.equal(decode(encode(x, None, 2048), None, 5000, torch.float64, 2048), x)
+
+
+def test_a_message_of_another_step_or_bucket_is_refused():
+    from dualpipe_rs.torch._dp import GradExchange, StaleMessage
+
+    ex = GradExchange([0, 1], 0, "int8", warmup=0)
+    body = torch.arange(5, dtype=torch.uint8)
+    ok = torch.cat([ex._stamp(7, 2, 0, "cpu"), body])
+    assert torch.equal(ex._check(ok, 7, 2, 0, 1), body)
+    for stale in ((6, 2, 0), (8, 2, 0), (7, 1, 0), (7, 2, 1)):
+        msg = torch.cat([ex._stamp(*stale, "cpu"), body])
+        with pytest.raises(StaleMessage, match=r"stamped step %d, bucket %d, phase %d where step 7, bucket 2, phase 0 was awaited: refused" % stale):
+            ex._check(msg, 7, 2, 0, 1)
