@@ -84,7 +84,8 @@ class GradExchange:
             x = flat + res if res is not None else flat.clone()
         else:
             x = flat
-        sends = []
+        sends: List[Tuple[torch.Tensor, int]] = []
+        ops: List[dist.P2POp] = []
         mine: Dict[int, torch.Tensor] = {}
         lo, hi = shard_range(n, d, self.me)
         recv_sizes = {}
@@ -99,16 +100,22 @@ class GradExchange:
                 recv_sizes = body.numel()
                 continue
             msg = torch.cat([self._stamp(step, bucket, 0, dev), body])
-            sends.append((dist.isend(msg, dst=self.ranks[j], tag=self._tag(bucket, 0, j)), msg, j))
+            ops.append(dist.P2POp(dist.isend, msg, self.ranks[j], tag=self._tag(bucket, 0, j)))
+            sends.append((msg, j))
             self.bytes_sent += msg.numel()
         if comp is not None:
             self.worker_residual[bucket] = dropped
         # my shard: the others' contributions have the size of mine
-        recvs = {}
+        bufs = {}
         for j in range(d):
             if j != self.me:
-                buf = torch.empty(8 * _STAMP + recv_sizes, dtype=torch.uint8, device=dev)
-                recvs[j] = (dist.irecv(buf, src=self.ranks[j], tag=self._tag(bucket, 0, self.me)), buf)
+                bufs[j] = torch.empty(8 * _STAMP + recv_sizes, dtype=torch.uint8, device=dev)
+                ops.append(dist.P2POp(dist.irecv, bufs[j], self.ranks[j], tag=self._tag(bucket, 0, self.me)))
+        # one group of sends and receives: NCCL, which serialises a pair's traffic, cannot deadlock on it
+        works = dist.batch_isend_irecv(ops)
+        n_sends = len(sends)
+        recvs = {j: (w, bufs[j]) for j, w in zip(sorted(bufs), works[n_sends:])}
+        send_works = list(zip(works[:n_sends], [j for _, j in sends]))
         total = None
         for j in range(d):
             if j == self.me:
@@ -128,22 +135,25 @@ class GradExchange:
         if comp is not None:
             self.server_residual[bucket] = mean - decode(result, comp, hi - lo, dtype, self.chunk)
         msg = torch.cat([self._stamp(step, bucket, 1, dev), result])
-        for j in range(d):
-            if j != self.me:
-                sends.append((dist.isend(msg, dst=self.ranks[j], tag=self._tag(bucket, 1, self.me)), msg, j))
-                self.bytes_sent += msg.numel()
-        out = torch.empty_like(flat)
-        out[lo:hi] = decode(result, comp, hi - lo, dtype, self.chunk)
-        for j in range(d):
-            if j == self.me:
-                continue
+        ops = []
+        others = [j for j in range(d) if j != self.me]
+        for j in others:
+            ops.append(dist.P2POp(dist.isend, msg, self.ranks[j], tag=self._tag(bucket, 1, self.me)))
+            self.bytes_sent += msg.numel()
+        bufs = {}
+        for j in others:
             a, b = shard_range(n, d, j)
             size = encode(torch.zeros(b - a, dtype=dtype, device=dev), comp, self.chunk).numel()
-            buf = torch.empty(8 * _STAMP + size, dtype=torch.uint8, device=dev)
-            wait_for(dist.irecv(buf, src=self.ranks[j], tag=self._tag(bucket, 1, j)),
-                     f"rank {self.ranks[self.me]}: averaged gradients of bucket {bucket} from rank {self.ranks[j]}", self.timeout)
-            out[a:b] = decode(self._check(buf, step, bucket, 1, self.ranks[j]), comp, b - a, dtype, self.chunk)
-        for work, _, j in sends:
+            bufs[j] = torch.empty(8 * _STAMP + size, dtype=torch.uint8, device=dev)
+            ops.append(dist.P2POp(dist.irecv, bufs[j], self.ranks[j], tag=self._tag(bucket, 1, j)))
+        works = dist.batch_isend_irecv(ops)
+        out = torch.empty_like(flat)
+        out[lo:hi] = decode(result, comp, hi - lo, dtype, self.chunk)
+        for j, work in zip(others, works[len(others):]):
+            a, b = shard_range(n, d, j)
+            wait_for(work, f"rank {self.ranks[self.me]}: averaged gradients of bucket {bucket} from rank {self.ranks[j]}", self.timeout)
+            out[a:b] = decode(self._check(bufs[j], step, bucket, 1, self.ranks[j]), comp, b - a, dtype, self.chunk)
+        for work, j in send_works + list(zip(works[: len(others)], others)):
             wait_for(work, f"rank {self.ranks[self.me]}: gradients to rank {self.ranks[j]}", self.timeout)
         self.seconds += time.perf_counter() - t0
         return out
@@ -166,8 +176,9 @@ class GradExchange:
 def exchange_copies(flat: torch.Tensor, partner: int, me: int, tag: int, timeout: float) -> torch.Tensor:
     """Swaps ``flat`` with the partner rank holding DualPipe's other copies (uncompressed)."""
     other = torch.empty_like(flat)
-    send = dist.isend(flat.contiguous(), dst=partner, tag=tag)
-    wait_for(dist.irecv(other, src=partner, tag=tag), f"rank {me}: the other copy's gradients from rank {partner}", timeout)
+    send, recv = dist.batch_isend_irecv([dist.P2POp(dist.isend, flat.contiguous(), partner, tag=tag),
+                                         dist.P2POp(dist.irecv, other, partner, tag=tag)])
+    wait_for(recv, f"rank {me}: the other copy's gradients from rank {partner}", timeout)
     wait_for(send, f"rank {me}: this copy's gradients to rank {partner}", timeout)
     return other
 
