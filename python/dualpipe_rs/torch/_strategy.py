@@ -228,6 +228,8 @@ class DualPipeStrategy:
             raise ValueError(f"inputs has {inputs.shape[0]} rows but labels {labels.shape[0]}: give one label row per input row")
         key = (tuple(xs[0].shape), xs[0].dtype)
         headers = key not in self._shapes_seen
+        if headers:
+            self._check_loss_is_scalar(xs[0], ys[0])
         self._shapes_seen.add(key)
         t0 = time.perf_counter()
         for m in self.stages.values():
@@ -256,6 +258,29 @@ class DualPipeStrategy:
             "gradient_bytes_sent": self.exchange.bytes_sent - b0, "losses": losses,
         }
         return sum(losses) / len(losses)
+
+    def _check_loss_is_scalar(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Run the whole model and ``loss_fn`` on shapes alone (the ``meta`` device: no memory, no
+        arithmetic) for one micro-batch, so a loss that is not a scalar is refused on every rank
+        before any rank waits on another. A model with an op that has no meta kernel skips this
+        check; the last stage then refuses the loss during the pipeline."""
+        from torch.func import functional_call
+
+        try:
+            out: Any = x.to("meta")
+            for _, unit in self._layers.units:
+                tensors = {n: torch.empty_like(t, device="meta") for n, t in unit.named_parameters()}
+                tensors.update({n: torch.empty_like(t, device="meta") for n, t in unit.named_buffers()})
+                out = functional_call(unit, tensors, (out,))
+            loss = self.loss_fn(out, y.to("meta"))
+        except Exception:  # noqa: BLE001 - an op without a meta kernel: leave it to the pipeline
+            return
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise ValueError(
+                f"loss_fn returned {shape}, not a scalar tensor: reduce it (e.g. reduction='mean') so each "
+                "micro-batch has one loss"
+            )
 
     def _sum_copies(self) -> None:
         """DualPipe: each stage's two copies get the sum of both copies' gradients."""
