@@ -48,10 +48,10 @@ pub struct TraceArgs {
     #[arg(long, default_value_t = SynthOptions::default().devices, value_parser = super::count)]
     pub devices: usize,
     /// Offered load: requested device-seconds per second over the devices.
-    #[arg(long, default_value_t = SynthOptions::default().load)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = SynthOptions::default().load)]
     pub load: f64,
     /// Share of multi-device jobs that are elastic (min gpus/2, max 2 x gpus).
-    #[arg(long, default_value_t = SynthOptions::default().elastic_share)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = SynthOptions::default().elastic_share)]
     pub elastic_share: f64,
     /// Write the CSV to FILE instead of stdout.
     #[arg(long)]
@@ -82,7 +82,7 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub svg: Option<PathBuf>,
     /// Elastic: the largest share of a job's run time spent paused by moves.
-    #[arg(long, default_value_t = ElasticParams::default().overhead_budget)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = ElasticParams::default().overhead_budget)]
     pub overhead_budget: f64,
     /// Elastic: never grow jobs beyond their requested devices.
     #[arg(long)]
@@ -94,16 +94,16 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub no_consolidate: bool,
     /// Seconds to stop, restart and reload a moved job (besides the checkpoint transfer).
-    #[arg(long, default_value_t = MoveCost::default().restart_s)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = MoveCost::default().restart_s)]
     pub restart_s: f64,
     /// Checkpoint bytes per device a moved job holds (sent over the inter-node link).
-    #[arg(long, default_value_t = MoveCost::default().checkpoint_bytes_per_device)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = MoveCost::default().checkpoint_bytes_per_device)]
     pub checkpoint_bytes_per_device: f64,
     /// Scaling curve: the serial share sigma of a step (jobs without a profile).
-    #[arg(long, default_value_t = Curve::default().serial)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = Curve::default().serial)]
     pub serial: f64,
     /// Scaling curve: the slowdown per node spanned beyond the fewest (jobs without a profile).
-    #[arg(long, default_value_t = Curve::default().locality)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = Curve::default().locality)]
     pub locality: f64,
 }
 
