@@ -326,9 +326,11 @@ mod tests {
             assert!(err.contains(want), "{err}");
             assert!(!err.contains('\n'), "{err}");
         }
-        let err = Cluster::from_json(r#"{"links": {"intra_node": {"latency": 0, "bandwidth": 1},
+        let err = Cluster::from_json(
+            r#"{"links": {"intra_node": {"latency": 0, "bandwidth": 1},
             "inter_node": {"latency": 0, "bandwidth": 1},
-            "inter_datacenter": {"latency": 0, "bandwidth": 1}}, "nodes": []}"#)
+            "inter_datacenter": {"latency": 0, "bandwidth": 1}}, "nodes": []}"#,
+        )
         .unwrap_err()
         .to_string();
         assert!(err.contains("no devices"), "{err}");

@@ -98,7 +98,14 @@ pub fn schedule(params: &ElasticParams, state: &mut State<'_>, now: f64) {
     }
     let mut grow_running: Vec<(usize, usize)> = Vec::new(); // (job, new count)
     if params.grow && !waiting && free > 0 {
-        grow(params, state, &mut admitted, &mut grow_running, &mut free, now);
+        grow(
+            params,
+            state,
+            &mut admitted,
+            &mut grow_running,
+            &mut free,
+            now,
+        );
     }
     // 3. Place the admitted jobs.
     place(state, admitted, now);
@@ -183,10 +190,8 @@ fn grow(
     now: f64,
 ) {
     // Candidates: (job, current count, target count, running?).
-    let mut cands: Vec<(usize, usize, usize, bool)> = admitted
-        .iter()
-        .map(|&(j, k)| (j, k, k, false))
-        .collect();
+    let mut cands: Vec<(usize, usize, usize, bool)> =
+        admitted.iter().map(|&(j, k)| (j, k, k, false)).collect();
     for r in &state.running {
         if r.paused_until <= now {
             let k = r.devices.len();
@@ -201,7 +206,8 @@ fn grow(
                 continue;
             }
             let job = &state.jobs[j];
-            let gain = state.throughput.rate_at(j, job, k + 1) - state.throughput.rate_at(j, job, k);
+            let gain =
+                state.throughput.rate_at(j, job, k + 1) - state.throughput.rate_at(j, job, k);
             if gain > 0.0 && best.is_none_or(|(g, _)| gain > g) {
                 best = Some((gain, c));
             }
@@ -295,11 +301,7 @@ fn consolidate(params: &ElasticParams, state: &mut State<'_>, now: f64) {
         .map(|r| r.job)
         .collect();
     for j in candidates {
-        let r = state
-            .running
-            .iter()
-            .find(|r| r.job == j)
-            .expect("running");
+        let r = state.running.iter().find(|r| r.job == j).expect("running");
         let k = r.devices.len();
         let own = r.devices.clone();
         let old_rate = r.rate;

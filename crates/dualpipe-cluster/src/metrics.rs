@@ -86,7 +86,13 @@ pub(crate) fn metrics(
     let mean_jct_s = jct.iter().sum::<f64>() / n;
     jct.sort_by(f64::total_cmp);
     let rank = ((0.95 * n).ceil() as usize).clamp(1, jct.len());
-    let share = |a: f64, b: f64| if b > 0.0 { (a / b).clamp(0.0, 1.0) } else { 0.0 };
+    let share = |a: f64, b: f64| {
+        if b > 0.0 {
+            (a / b).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    };
     Metrics {
         jobs: state.jobs.len(),
         devices,

@@ -49,7 +49,12 @@ const DONE_SLACK: f64 = 1e-9;
 pub fn simulate(mut state: State<'_>, policy: &mut Policy) -> Result<Outcome, ClusterError> {
     let jobs = state.jobs;
     let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by(|&a, &b| jobs[a].arrival_s.total_cmp(&jobs[b].arrival_s).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        jobs[a]
+            .arrival_s
+            .total_cmp(&jobs[b].arrival_s)
+            .then(a.cmp(&b))
+    });
     let mut next_arrival = 0;
     let mut now = jobs[order[0]].arrival_s;
     let start = now;

@@ -190,7 +190,11 @@ mod tests {
         };
         let a = synth_trace(&o).unwrap();
         assert_eq!(a, synth_trace(&o).unwrap());
-        let b = synth_trace(&SynthOptions { seed: 8, ..o.clone() }).unwrap();
+        let b = synth_trace(&SynthOptions {
+            seed: 8,
+            ..o.clone()
+        })
+        .unwrap();
         assert_ne!(a, b);
         let single = a.iter().filter(|j| j.gpus == 1).count() as f64 / a.len() as f64;
         assert!((0.55..0.70).contains(&single), "{single}");
@@ -201,7 +205,10 @@ mod tests {
         assert!(d[d.len() * 99 / 100] > 20.0 * d[d.len() / 2]);
         assert!(a.windows(2).all(|w| w[0].arrival_s <= w[1].arrival_s));
         // Bursty: gaps vary more than a Poisson process's (coefficient of variation > 1).
-        let gaps: Vec<f64> = a.windows(2).map(|w| w[1].arrival_s - w[0].arrival_s).collect();
+        let gaps: Vec<f64> = a
+            .windows(2)
+            .map(|w| w[1].arrival_s - w[0].arrival_s)
+            .collect();
         let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
         let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
         assert!(var.sqrt() / mean > 1.1, "cv {}", var.sqrt() / mean);

@@ -138,10 +138,7 @@ fn parse_row(line: &str, line_no: usize) -> Result<Job, ClusterError> {
             }
         }
     }
-    let profile = cols
-        .get(6)
-        .filter(|p| !p.is_empty())
-        .map(|p| p.to_string());
+    let profile = cols.get(6).filter(|p| !p.is_empty()).map(|p| p.to_string());
     Ok(Job {
         name: name.to_string(),
         arrival_s,
@@ -233,6 +230,9 @@ mod tests {
         let cluster = Cluster::uniform(2, 8).unwrap();
         let jobs = parse_trace("big,0,17,60").unwrap();
         let err = check_fits(&jobs, &cluster).unwrap_err().to_string();
-        assert!(err.contains("gpus = 17 but the cluster has 16 devices"), "{err}");
+        assert!(
+            err.contains("gpus = 17 but the cluster has 16 devices"),
+            "{err}"
+        );
     }
 }

@@ -9,7 +9,14 @@ use dualpipe_cluster::{
 
 fn simulate(cluster: &Cluster, trace: &str, policy: Policy) -> Outcome {
     let jobs = parse_trace(trace).unwrap();
-    run(cluster, &jobs, &BTreeMap::new(), policy, &SimOptions::default()).unwrap()
+    run(
+        cluster,
+        &jobs,
+        &BTreeMap::new(),
+        policy,
+        &SimOptions::default(),
+    )
+    .unwrap()
 }
 
 /// No device is held by two jobs at once; every job starts after it arrives and finishes.
@@ -37,7 +44,10 @@ fn check_invariants(cluster: &Cluster, outcome: &Outcome, budget: f64) {
     for j in &outcome.jobs {
         assert!(j.start_s >= j.arrival_s, "{j:?}");
         assert!(j.finish_s > j.start_s, "{j:?}");
-        assert!(j.overhead_s <= budget * (j.finish_s - j.start_s) + 1e-9, "{j:?}");
+        assert!(
+            j.overhead_s <= budget * (j.finish_s - j.start_s) + 1e-9,
+            "{j:?}"
+        );
     }
     let m = &outcome.metrics;
     for (name, v) in [
@@ -64,16 +74,28 @@ fn invariants_hold_on_synthetic_traces() {
         })
         .unwrap();
         for policy in [Policy::Static, Policy::by_name("elastic").unwrap()] {
-            let out = run(&cluster, &jobs, &BTreeMap::new(), policy.clone(), &SimOptions::default())
-                .unwrap();
+            let out = run(
+                &cluster,
+                &jobs,
+                &BTreeMap::new(),
+                policy.clone(),
+                &SimOptions::default(),
+            )
+            .unwrap();
             assert_eq!(out.jobs.len(), 200);
             check_invariants(&cluster, &out, 0.05);
             if policy == Policy::Static {
                 assert_eq!(out.metrics.migrations + out.metrics.resizes, 0);
             }
             // Same trace, same policy: byte-identical JSON.
-            let again = run(&cluster, &jobs, &BTreeMap::new(), policy, &SimOptions::default())
-                .unwrap();
+            let again = run(
+                &cluster,
+                &jobs,
+                &BTreeMap::new(),
+                policy,
+                &SimOptions::default(),
+            )
+            .unwrap();
             assert_eq!(
                 serde_json::to_string(&out).unwrap(),
                 serde_json::to_string(&again).unwrap()
@@ -110,7 +132,10 @@ fn static_keeps_a_node_sized_job_in_one_node() {
     assert_eq!(starts, [0.0, 0.0, 0.0]);
     for s in &out.segments {
         let node = cluster.node_of[s.devices[0]];
-        assert!(s.devices.iter().all(|&d| cluster.node_of[d] == node), "{s:?}");
+        assert!(
+            s.devices.iter().all(|&d| cluster.node_of[d] == node),
+            "{s:?}"
+        );
         // In one node at the requested count: exactly its duration.
         assert_eq!(s.end_s - s.start_s, 10.0);
     }
@@ -120,7 +145,11 @@ fn static_keeps_a_node_sized_job_in_one_node() {
 fn elastic_shrinks_to_admit_and_grows_when_idle() {
     let cluster = Cluster::uniform(1, 8).unwrap();
     // a is elastic 2..16 and alone: it starts at 4 and grows to 8 (nobody waits).
-    let out = simulate(&cluster, "a,0,4,1000,2,16\n", Policy::by_name("elastic").unwrap());
+    let out = simulate(
+        &cluster,
+        "a,0,4,1000,2,16\n",
+        Policy::by_name("elastic").unwrap(),
+    );
     let first = &out.segments.iter().find(|s| s.job == 0).unwrap();
     assert_eq!(first.devices.len(), 8);
     // b arrives when a has run long enough for a move within its budget: a shrinks.
@@ -159,8 +188,14 @@ fn a_spread_job_is_consolidated_when_a_node_frees() {
     );
     let z: Vec<_> = out.segments.iter().filter(|s| s.job == 2).collect();
     assert_eq!(z.len(), 2, "{z:?}");
-    assert_ne!(cluster.node_of[z[0].devices[0]], cluster.node_of[z[0].devices[1]]);
-    assert_eq!(cluster.node_of[z[1].devices[0]], cluster.node_of[z[1].devices[1]]);
+    assert_ne!(
+        cluster.node_of[z[0].devices[0]],
+        cluster.node_of[z[0].devices[1]]
+    );
+    assert_eq!(
+        cluster.node_of[z[1].devices[0]],
+        cluster.node_of[z[1].devices[1]]
+    );
     assert_eq!(out.metrics.migrations, 1);
     check_invariants(&cluster, &out, 0.05);
 }

@@ -156,7 +156,9 @@ fn check_number(flag: &str, v: f64, positive: bool) -> Result<(), UsageError> {
         return Ok(());
     }
     let bound = if positive { "> 0" } else { ">= 0" };
-    Err(UsageError(format!("{flag} {v}: give a finite number {bound}")))
+    Err(UsageError(format!(
+        "{flag} {v}: give a finite number {bound}"
+    )))
 }
 
 fn simulate(a: SimulateArgs) -> anyhow::Result<()> {

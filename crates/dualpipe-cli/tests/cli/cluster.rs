@@ -15,13 +15,30 @@ fn a_seeded_trace_simulates_under_both_policies() {
     let dir = TempDir::new("cluster");
     let trace = dir.join("trace.csv");
     let t = dualpipe([
-        "cluster", "trace", "--jobs", "120", "--seed", "5", "--devices", "16", "--output",
+        "cluster",
+        "trace",
+        "--jobs",
+        "120",
+        "--seed",
+        "5",
+        "--devices",
+        "16",
+        "--output",
         s(&trace),
     ]);
     t.ok();
     let text = std::fs::read_to_string(&trace).unwrap();
     assert_eq!(text.lines().count(), 121);
-    let again = dualpipe(["cluster", "trace", "--jobs", "120", "--seed", "5", "--devices", "16"]);
+    let again = dualpipe([
+        "cluster",
+        "trace",
+        "--jobs",
+        "120",
+        "--seed",
+        "5",
+        "--devices",
+        "16",
+    ]);
     again.ok();
     assert_eq!(again.stdout, text);
     let cluster = data("small.json");
@@ -29,8 +46,18 @@ fn a_seeded_trace_simulates_under_both_policies() {
         let svg = dir.join(&format!("{policy}.svg"));
         let run = || {
             dualpipe([
-                "cluster", "simulate", "--cluster", &cluster, "--trace", s(&trace), "--policy",
-                policy, "--format", "json", "--svg", s(&svg),
+                "cluster",
+                "simulate",
+                "--cluster",
+                &cluster,
+                "--trace",
+                s(&trace),
+                "--policy",
+                policy,
+                "--format",
+                "json",
+                "--svg",
+                s(&svg),
             ])
         };
         let a = run();
@@ -51,7 +78,11 @@ fn a_seeded_trace_simulates_under_both_policies() {
         let u = m["utilization"].as_f64().unwrap();
         assert!(u > 0.0 && u <= 1.0, "{u}");
         assert_eq!(m["jobs"], 120);
-        assert_eq!(run().stdout, a.stdout, "the same trace gives the same bytes");
+        assert_eq!(
+            run().stdout,
+            a.stdout,
+            "the same trace gives the same bytes"
+        );
         let picture = std::fs::read_to_string(&svg).unwrap();
         assert!(picture.starts_with("<svg") && picture.contains("<rect"));
     }
@@ -70,7 +101,13 @@ fn bad_input_is_one_line_and_exit_code_2() {
     ] {
         let trace = dir.write("t.csv", row);
         dualpipe([
-            "cluster", "simulate", "--cluster", &cluster, "--trace", s(&trace), "--policy",
+            "cluster",
+            "simulate",
+            "--cluster",
+            &cluster,
+            "--trace",
+            s(&trace),
+            "--policy",
             "elastic",
         ])
         .usage_error(&[needle]);
@@ -83,12 +120,25 @@ fn bad_input_is_one_line_and_exit_code_2() {
             "inter_datacenter": {"latency": 0, "bandwidth": 1}}, "nodes": []}"#,
     );
     dualpipe([
-        "cluster", "simulate", "--cluster", s(&empty), "--trace", s(&trace), "--policy",
+        "cluster",
+        "simulate",
+        "--cluster",
+        s(&empty),
+        "--trace",
+        s(&trace),
+        "--policy",
         "static",
     ])
     .usage_error(&["no devices"]);
     dualpipe([
-        "cluster", "simulate", "--cluster", &cluster, "--trace", s(&trace), "--policy", "lottery",
+        "cluster",
+        "simulate",
+        "--cluster",
+        &cluster,
+        "--trace",
+        s(&trace),
+        "--policy",
+        "lottery",
     ])
     .usage_error(&["--policy lottery"]);
     dualpipe(["cluster", "trace", "--jobs", "10", "--load", "-1"]).usage_error(&["load = -1"]);
