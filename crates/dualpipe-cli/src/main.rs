@@ -39,6 +39,9 @@ enum Command {
     /// Regenerate docs/planning.md's studies (heterogeneous devices, two datacenters) and
     /// their pictures from the simulator.
     PlanStudy(cmd::plan::StudyArgs),
+    /// EPLB for the cluster: synthetic traces, and many jobs simulated on a shared pool
+    /// under the static or the elastic policy.
+    Cluster(cmd::cluster::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -55,6 +58,7 @@ fn main() -> std::process::ExitCode {
         Command::Checkpoint(args) => cmd::checkpoint::run(args),
         Command::Plan(args) => cmd::plan::run(args),
         Command::PlanStudy(args) => cmd::plan::run_study(args),
+        Command::Cluster(args) => cmd::cluster::run_cluster(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

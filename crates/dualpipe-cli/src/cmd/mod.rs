@@ -1,6 +1,7 @@
 //! One module per subcommand; each parses its flags, calls the library crates and prints.
 
 pub mod checkpoint;
+pub mod cluster;
 pub mod compare;
 pub mod eplb;
 pub mod eval;

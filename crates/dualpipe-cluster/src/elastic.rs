@@ -1,0 +1,339 @@
+//! The elastic policy (EPLB for the cluster). At every event:
+//!
+//! 1. **Admit** queued jobs in arrival order at their `min_gpus` while devices are free; a job
+//!    that does not fit may take devices from running elastic jobs shrunk toward their
+//!    `min_gpus`, when their move budget allows; a job that still does not fit waits, and later
+//!    jobs that fit pass it (backfilling).
+//! 2. **Size** the admitted jobs: first up to their requested `gpus` in arrival order, then, when
+//!    nobody waits, every free device goes by marginal gain (the rate one more device adds, from
+//!    the throughput model) to admitted and running elastic jobs up to `max_gpus`. A running
+//!    job is grown only when the move pays (below) and its budget allows.
+//! 3. **Place** the admitted jobs that fit in a node by Kuhn-Munkres on a job x node reward
+//!    (placed first, then the tightest fit: the fewest devices left free in the node), in
+//!    rounds of one job per node; the others take the emptiest nodes.
+//! 4. **Migrate** a running job spread over more nodes than it needs into one node with room
+//!    when the move pays and its budget allows.
+//!
+//! A move pays when the time it saves exceeds its cost. The scheduler does not know a job's
+//! remaining work; it takes the work done so far as its estimate (jobs that have run long tend
+//! to run long, the least-attained-service prior): saved = done x (1 / old rate - 1 / new rate).
+//! The budget: a job's pauses for moves, this one included, stay at most `overhead_budget` of
+//! its run time so far, so at most that share of its whole run time.
+
+use serde::Serialize;
+
+use crate::assign::assign;
+use crate::policy::spread;
+use crate::state::State;
+
+/// The elastic policy's parameters (documented in docs/cluster.md).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ElasticParams {
+    /// Largest share of a job's run time it may spend paused by moves.
+    pub overhead_budget: f64,
+    /// Grow jobs beyond their requested `gpus` when nobody waits.
+    pub grow: bool,
+    /// Shrink running jobs to admit waiting ones.
+    pub shrink: bool,
+    /// Migrate spread jobs into one node.
+    pub consolidate: bool,
+}
+
+impl Default for ElasticParams {
+    fn default() -> Self {
+        ElasticParams {
+            overhead_budget: 0.05,
+            grow: true,
+            shrink: true,
+            consolidate: true,
+        }
+    }
+}
+
+/// Whether job `j` may pause `cost` more seconds within its budget.
+fn within_budget(params: &ElasticParams, state: &State<'_>, j: usize, cost: f64, now: f64) -> bool {
+    state.progress[j].overhead_s + cost <= params.overhead_budget * state.run_time(j, now)
+}
+
+/// Seconds a move from `old_rate` to `new_rate` saves on the estimated remaining work.
+fn saving(state: &State<'_>, j: usize, old_rate: f64, new_rate: f64) -> f64 {
+    if old_rate <= 0.0 || new_rate <= 0.0 {
+        return 0.0;
+    }
+    state.progress[j].done * (1.0 / old_rate - 1.0 / new_rate)
+}
+
+/// One elastic scheduling pass at `now`.
+pub fn schedule(params: &ElasticParams, state: &mut State<'_>, now: f64) {
+    let devices = state.cluster.devices();
+    let mut free = state.free();
+    // 1. Admit.
+    let mut admitted: Vec<(usize, usize)> = Vec::new();
+    let mut shrinks: Vec<(usize, usize)> = Vec::new(); // (running index, new count)
+    let queue = state.queue.clone();
+    let mut waiting = false;
+    for &j in &queue {
+        let need = state.jobs[j].min_gpus.min(devices);
+        if need > free && params.shrink {
+            free += shrink_for(params, state, need - free, &mut shrinks, now);
+        }
+        if need <= free {
+            admitted.push((j, need));
+            free -= need;
+        } else {
+            waiting = true;
+        }
+    }
+    for &(i, k) in &shrinks {
+        let r = &state.running[i];
+        let keep = keep_devices(state, &r.devices, k);
+        let j = r.job;
+        state.reshape(j, keep, now);
+    }
+    // 2. Size: up to the requested count in arrival order, then by marginal gain.
+    for (j, k) in admitted.iter_mut() {
+        let add = (state.jobs[*j].gpus.min(devices) - *k).min(free);
+        *k += add;
+        free -= add;
+    }
+    let mut grow_running: Vec<(usize, usize)> = Vec::new(); // (job, new count)
+    if params.grow && !waiting && free > 0 {
+        grow(
+            params,
+            state,
+            &mut admitted,
+            &mut grow_running,
+            &mut free,
+            now,
+        );
+    }
+    // 3. Place the admitted jobs.
+    place(state, admitted, now);
+    for (j, k) in grow_running {
+        let Some(r) = state.running.iter().find(|r| r.job == j) else {
+            continue;
+        };
+        let own = r.devices.clone();
+        let prefer: Vec<usize> = own.iter().map(|&d| state.cluster.node_of[d]).collect();
+        if let Some(extra) = spread(state, k - own.len(), &prefer) {
+            let mut all = own;
+            all.extend(extra);
+            all.sort_unstable();
+            state.reshape(j, all, now);
+        }
+    }
+    // 4. Consolidate.
+    if params.consolidate {
+        consolidate(params, state, now);
+    }
+}
+
+/// Plans shrinks of running elastic jobs freeing `need` devices; returns how many it frees
+/// (all of `need`, or 0 when that many cannot be freed within the budgets).
+fn shrink_for(
+    params: &ElasticParams,
+    state: &State<'_>,
+    need: usize,
+    shrinks: &mut Vec<(usize, usize)>,
+    now: f64,
+) -> usize {
+    let mut candidates: Vec<(usize, usize)> = Vec::new(); // (running index, surplus)
+    for (i, r) in state.running.iter().enumerate() {
+        if shrinks.iter().any(|&(s, _)| s == i) || r.paused_until > now {
+            continue;
+        }
+        let min = state.jobs[r.job].min_gpus;
+        let held = r.devices.len();
+        if held > min && within_budget(params, state, r.job, state.move_cost(r.job, held), now) {
+            candidates.push((i, held - min));
+        }
+    }
+    if candidates.iter().map(|c| c.1).sum::<usize>() < need {
+        return 0;
+    }
+    candidates.sort_by_key(|&(i, s)| (std::cmp::Reverse(s), i));
+    let mut left = need;
+    for (i, surplus) in candidates {
+        if left == 0 {
+            break;
+        }
+        let take = surplus.min(left);
+        shrinks.push((i, state.running[i].devices.len() - take));
+        left -= take;
+    }
+    need
+}
+
+/// The `k` of `devices` to keep: those on the nodes holding most of them.
+fn keep_devices(state: &State<'_>, devices: &[usize], k: usize) -> Vec<usize> {
+    let mut sorted = devices.to_vec();
+    let count = |d: usize| {
+        devices
+            .iter()
+            .filter(|&&e| state.cluster.node_of[e] == state.cluster.node_of[d])
+            .count()
+    };
+    sorted.sort_by_key(|&d| (std::cmp::Reverse(count(d)), d));
+    let mut keep = sorted[..k].to_vec();
+    keep.sort_unstable();
+    keep
+}
+
+/// Hands the free devices out one by one by marginal gain to admitted jobs (free) and running
+/// elastic jobs (a move: kept only when it pays and fits the budget).
+fn grow(
+    params: &ElasticParams,
+    state: &mut State<'_>,
+    admitted: &mut [(usize, usize)],
+    grow_running: &mut Vec<(usize, usize)>,
+    free: &mut usize,
+    now: f64,
+) {
+    // Candidates: (job, current count, target count, running?).
+    let mut cands: Vec<(usize, usize, usize, bool)> =
+        admitted.iter().map(|&(j, k)| (j, k, k, false)).collect();
+    for r in &state.running {
+        if r.paused_until <= now {
+            let k = r.devices.len();
+            cands.push((r.job, k, k, true));
+        }
+    }
+    let devices = state.cluster.devices();
+    while *free > 0 {
+        let mut best: Option<(f64, usize)> = None;
+        for (c, &(j, _, k, _)) in cands.iter().enumerate() {
+            if k >= state.jobs[j].max_gpus.min(devices) {
+                continue;
+            }
+            let job = &state.jobs[j];
+            let gain =
+                state.throughput.rate_at(j, job, k + 1) - state.throughput.rate_at(j, job, k);
+            if gain > 0.0 && best.is_none_or(|(g, _)| gain > g) {
+                best = Some((gain, c));
+            }
+        }
+        let Some((_, c)) = best else { break };
+        cands[c].2 += 1;
+        *free -= 1;
+    }
+    for (j, k0, k, running) in cands {
+        if k == k0 {
+            continue;
+        }
+        if !running {
+            if let Some(a) = admitted.iter_mut().find(|a| a.0 == j) {
+                a.1 = k;
+            }
+            continue;
+        }
+        let job = &state.jobs[j];
+        let old = state.throughput.rate_at(j, job, k0);
+        let new = state.throughput.rate_at(j, job, k);
+        let cost = state.move_cost(j, k);
+        if saving(state, j, old, new) > cost && within_budget(params, state, j, cost, now) {
+            grow_running.push((j, k));
+        } else {
+            *free += k - k0;
+        }
+    }
+}
+
+/// Places admitted `(job, count)` pairs: node-sized ones by Kuhn-Munkres rounds, the rest
+/// spread over the emptiest nodes.
+fn place(state: &mut State<'_>, mut pending: Vec<(usize, usize)>, now: f64) {
+    let largest = state.cluster.largest_node();
+    // Larger jobs first: multi-node ones take the emptiest nodes before small ones split them.
+    pending.sort_by_key(|&(j, k)| (std::cmp::Reverse(k), j));
+    let (mut small, big): (Vec<_>, Vec<_>) = pending.into_iter().partition(|&(_, k)| k <= largest);
+    for (j, k) in big {
+        let devices = spread(state, k, &[]).expect("admitted within the free devices");
+        state.start(j, devices, now);
+    }
+    let nodes = state.cluster.nodes.len();
+    while !small.is_empty() {
+        let rows = small.len().min(nodes);
+        let reward: Vec<Vec<Option<i64>>> = small[..rows]
+            .iter()
+            .map(|&(_, k)| {
+                (0..nodes)
+                    .map(|n| {
+                        let f = state.free_per_node[n];
+                        (f >= k).then(|| 1_000_000 - 1000 * (f - k) as i64 + k as i64)
+                    })
+                    .collect()
+            })
+            .collect();
+        let answer = assign(&reward);
+        if answer.iter().all(Option::is_none) {
+            break;
+        }
+        let mut placed = Vec::new();
+        for (row, slot) in answer.iter().enumerate() {
+            if let Some(n) = *slot {
+                let (j, k) = small[row];
+                let devices = state.free_devices_of(n)[..k].to_vec();
+                state.start(j, devices, now);
+                placed.push(row);
+            }
+        }
+        for row in placed.into_iter().rev() {
+            small.remove(row);
+        }
+    }
+    // No node has room for these: spread them (consolidated later when a node frees up).
+    for (j, k) in small {
+        let devices = spread(state, k, &[]).expect("admitted within the free devices");
+        state.start(j, devices, now);
+    }
+}
+
+/// Moves running jobs spread over more nodes than they need into the tightest node with room.
+fn consolidate(params: &ElasticParams, state: &mut State<'_>, now: f64) {
+    let largest = state.cluster.largest_node();
+    let candidates: Vec<usize> = state
+        .running
+        .iter()
+        .filter(|r| r.paused_until <= now && r.devices.len() <= largest)
+        .filter(|r| {
+            let first = state.cluster.node_of[r.devices[0]];
+            r.devices.iter().any(|&d| state.cluster.node_of[d] != first)
+        })
+        .map(|r| r.job)
+        .collect();
+    for j in candidates {
+        let r = state.running.iter().find(|r| r.job == j).expect("running");
+        let k = r.devices.len();
+        let own = r.devices.clone();
+        let old_rate = r.rate;
+        let room = |n: usize| {
+            state.free_per_node[n]
+                + own
+                    .iter()
+                    .filter(|&&d| state.cluster.node_of[d] == n)
+                    .count()
+        };
+        let Some(n) = (0..state.cluster.nodes.len())
+            .filter(|&n| room(n) >= k)
+            .min_by_key(|&n| (room(n), n))
+        else {
+            continue;
+        };
+        let mut devices: Vec<usize> = own
+            .iter()
+            .copied()
+            .filter(|&d| state.cluster.node_of[d] == n)
+            .collect();
+        for d in state.free_devices_of(n) {
+            if devices.len() < k {
+                devices.push(d);
+            }
+        }
+        devices.sort_unstable();
+        let new_rate = state.throughput.rate(j, &state.jobs[j], &devices);
+        let cost = state.move_cost(j, k);
+        if saving(state, j, old_rate, new_rate) > cost && within_budget(params, state, j, cost, now)
+        {
+            state.reshape(j, devices, now);
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! The metrics of a simulated (or real) run, defined once (docs/cluster.md repeats them).
+//!
+//! Time runs from the first arrival to the last completion (`makespan_s`).
+//!
+//! * `utilization`: device-seconds held by jobs (including pauses for moves) over
+//!   `devices x makespan_s`.
+//! * `mean_jct_s`, `p95_jct_s`: job completion time, finish minus arrival; the 95th percentile
+//!   by nearest rank.
+//! * `mean_queue_s`: first start minus arrival, averaged over jobs.
+//! * `fragmentation`: device-seconds that were free while at least one job waited, over
+//!   `devices x makespan_s`: capacity stranded by the placement rules or the queue order.
+//! * `migrations`, `resizes`: moves to other devices with the same count, and to another count.
+//! * `migration_overhead`: seconds jobs were paused by moves over the jobs' summed run time
+//!   (first start to finish); `max_job_overhead` is the largest such share of one job.
+
+use serde::Serialize;
+
+use crate::state::State;
+
+/// The figures of one run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Metrics {
+    /// Jobs run.
+    pub jobs: usize,
+    /// Devices of the cluster.
+    pub devices: usize,
+    /// Busy device-seconds over total, in [0, 1].
+    pub utilization: f64,
+    /// Mean job completion time, seconds.
+    pub mean_jct_s: f64,
+    /// 95th percentile of job completion time, seconds.
+    pub p95_jct_s: f64,
+    /// Mean queueing delay, seconds.
+    pub mean_queue_s: f64,
+    /// Mean number of waiting jobs over the run.
+    pub mean_queue_length: f64,
+    /// Free device-seconds while a job waits, over total, in [0, 1].
+    pub fragmentation: f64,
+    /// Moves to other devices with the same count.
+    pub migrations: usize,
+    /// Moves to another device count.
+    pub resizes: usize,
+    /// Seconds paused by moves over summed run time, in [0, 1].
+    pub migration_overhead: f64,
+    /// The largest share of one job's run time paused by moves, in [0, 1].
+    pub max_job_overhead: f64,
+    /// First arrival to last completion, seconds.
+    pub makespan_s: f64,
+}
+
+/// The metrics of a finished run held in `state`.
+pub(crate) fn metrics(
+    state: &State<'_>,
+    makespan_s: f64,
+    waiting_free: f64,
+    queue_len_time: f64,
+) -> Metrics {
+    let devices = state.cluster.devices();
+    let total = devices as f64 * makespan_s;
+    let busy: f64 = state
+        .segments
+        .iter()
+        .map(|s| s.devices.len() as f64 * (s.end_s - s.start_s))
+        .sum();
+    let mut jct = Vec::with_capacity(state.jobs.len());
+    let mut queue = 0.0;
+    let (mut paused, mut run) = (0.0, 0.0);
+    let mut max_job_overhead = 0.0f64;
+    let (mut migrations, mut resizes) = (0, 0);
+    for (job, p) in state.jobs.iter().zip(&state.progress) {
+        let (start, finish) = (
+            p.first_start.expect("every job started"),
+            p.finish.expect("every job finished"),
+        );
+        jct.push(finish - job.arrival_s);
+        queue += start - job.arrival_s;
+        paused += p.overhead_s;
+        run += finish - start;
+        if finish > start {
+            max_job_overhead = max_job_overhead.max(p.overhead_s / (finish - start));
+        }
+        migrations += p.migrations;
+        resizes += p.resizes;
+    }
+    let n = jct.len() as f64;
+    let mean_jct_s = jct.iter().sum::<f64>() / n;
+    jct.sort_by(f64::total_cmp);
+    let rank = ((0.95 * n).ceil() as usize).clamp(1, jct.len());
+    let share = |a: f64, b: f64| {
+        if b > 0.0 {
+            (a / b).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    };
+    Metrics {
+        jobs: state.jobs.len(),
+        devices,
+        utilization: share(busy, total),
+        mean_jct_s,
+        p95_jct_s: jct[rank - 1],
+        mean_queue_s: queue / n,
+        mean_queue_length: if makespan_s > 0.0 {
+            queue_len_time / makespan_s
+        } else {
+            0.0
+        },
+        fragmentation: share(waiting_free, total),
+        migrations,
+        resizes,
+        migration_overhead: share(paused, run),
+        max_job_overhead: max_job_overhead.min(1.0),
+        makespan_s,
+    }
+}

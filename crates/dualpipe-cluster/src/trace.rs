@@ -1,0 +1,238 @@
+//! Jobs and the trace CSV they come in.
+//!
+//! One job per row: `job,arrival_s,gpus,duration_s[,min_gpus,max_gpus,profile]`. `duration_s`
+//! is the job's run time on `gpus` devices of speed 1 placed as compactly as possible; an
+//! elastic job gives `min_gpus` and `max_gpus` (both, or neither: a rigid job); `profile`
+//! names a cost profile (JSON of `dualpipe plan`) whose simulated throughput replaces the
+//! scaling curve. A first row starting with `job,` is a header; empty lines and lines starting
+//! with `#` are skipped.
+
+use serde::Serialize;
+
+use crate::cluster::Cluster;
+use crate::error::ClusterError;
+
+/// The most jobs a trace may hold.
+pub const MAX_JOBS: usize = 1_000_000;
+
+/// One training job.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Job {
+    /// Its name (unique in the trace).
+    pub name: String,
+    /// When it is submitted, in seconds.
+    pub arrival_s: f64,
+    /// Devices it asks for.
+    pub gpus: usize,
+    /// Run time on `gpus` devices, in seconds.
+    pub duration_s: f64,
+    /// Fewest devices it can run on (`gpus` for a rigid job).
+    pub min_gpus: usize,
+    /// Most devices it can use (`gpus` for a rigid job).
+    pub max_gpus: usize,
+    /// Its cost profile's name, if any.
+    pub profile: Option<String>,
+}
+
+impl Job {
+    /// Whether the job can run on other device counts than it asked for.
+    pub fn elastic(&self) -> bool {
+        self.min_gpus != self.max_gpus
+    }
+}
+
+/// Parses a trace. Errors name the line, the column and the fix.
+pub fn parse_trace(text: &str) -> Result<Vec<Job>, ClusterError> {
+    let mut jobs = Vec::new();
+    let mut names = std::collections::BTreeSet::new();
+    for (i, line) in text.lines().enumerate() {
+        let line_no = i + 1;
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if jobs.is_empty() && line.starts_with("job,") {
+            continue;
+        }
+        if jobs.len() == MAX_JOBS {
+            return Err(ClusterError::Trace(format!(
+                "line {line_no}: more than {MAX_JOBS} jobs; split the trace"
+            )));
+        }
+        let job = parse_row(line, line_no)?;
+        if !names.insert(job.name.clone()) {
+            return Err(ClusterError::Trace(format!(
+                "line {line_no}: job {} appears twice; give each job its own name",
+                job.name
+            )));
+        }
+        jobs.push(job);
+    }
+    if jobs.is_empty() {
+        return Err(ClusterError::Trace(
+            "no jobs; give rows job,arrival_s,gpus,duration_s[,min_gpus,max_gpus,profile]".into(),
+        ));
+    }
+    Ok(jobs)
+}
+
+fn parse_row(line: &str, line_no: usize) -> Result<Job, ClusterError> {
+    let bad = |what: String| ClusterError::Trace(format!("line {line_no}: {what}"));
+    let cols: Vec<&str> = line.split(',').map(str::trim).collect();
+    if !(cols.len() == 4 || cols.len() == 6 || cols.len() == 7) {
+        return Err(bad(format!(
+            "{} columns; give job,arrival_s,gpus,duration_s[,min_gpus,max_gpus[,profile]]",
+            cols.len()
+        )));
+    }
+    let name = cols[0];
+    if name.is_empty() {
+        return Err(bad("job: empty name; give each job a name".into()));
+    }
+    let number = |col: usize, field: &str| -> Result<f64, ClusterError> {
+        cols[col]
+            .parse::<f64>()
+            .map_err(|_| bad(format!("{field} = {:?}: not a number", cols[col])))
+    };
+    let count = |col: usize, field: &str| -> Result<usize, ClusterError> {
+        cols[col].parse::<usize>().map_err(|_| {
+            bad(format!(
+                "{field} = {:?}: give a whole number of devices >= 1",
+                cols[col]
+            ))
+        })
+    };
+    let arrival_s = number(1, "arrival_s")?;
+    if !(arrival_s.is_finite() && arrival_s >= 0.0) {
+        return Err(bad(format!(
+            "arrival_s = {arrival_s}: give a finite time in seconds >= 0"
+        )));
+    }
+    let gpus = count(2, "gpus")?;
+    if gpus == 0 {
+        return Err(bad("gpus = 0: a job needs at least 1 device".into()));
+    }
+    let duration_s = number(3, "duration_s")?;
+    if !(duration_s.is_finite() && duration_s > 0.0) {
+        return Err(bad(format!(
+            "duration_s = {duration_s}: give a finite run time in seconds > 0"
+        )));
+    }
+    let (mut min_gpus, mut max_gpus) = (gpus, gpus);
+    if cols.len() >= 6 {
+        match (cols[4].is_empty(), cols[5].is_empty()) {
+            (true, true) => {}
+            (false, false) => {
+                min_gpus = count(4, "min_gpus")?;
+                max_gpus = count(5, "max_gpus")?;
+                if min_gpus == 0 || min_gpus > gpus || max_gpus < gpus {
+                    return Err(bad(format!(
+                        "min_gpus = {min_gpus}, gpus = {gpus}, max_gpus = {max_gpus}: give 1 <= min_gpus <= gpus <= max_gpus"
+                    )));
+                }
+            }
+            _ => {
+                return Err(bad(
+                    "give both min_gpus and max_gpus, or leave both empty for a rigid job".into(),
+                ))
+            }
+        }
+    }
+    let profile = cols.get(6).filter(|p| !p.is_empty()).map(|p| p.to_string());
+    Ok(Job {
+        name: name.to_string(),
+        arrival_s,
+        gpus,
+        duration_s,
+        min_gpus,
+        max_gpus,
+        profile,
+    })
+}
+
+/// Checks that every job can run on `cluster`: its `gpus` and `min_gpus` are at most the
+/// cluster's devices (a larger `max_gpus` is capped by the policies, not refused).
+pub fn check_fits(jobs: &[Job], cluster: &Cluster) -> Result<(), ClusterError> {
+    let devices = cluster.devices();
+    for job in jobs {
+        if job.gpus > devices {
+            return Err(ClusterError::Trace(format!(
+                "job {}: gpus = {} but the cluster has {devices} devices; ask for at most {devices} or give a larger cluster",
+                job.name, job.gpus
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Writes jobs as trace CSV (with a header); `parse_trace` reads it back unchanged.
+pub fn write_trace(jobs: &[Job]) -> String {
+    let mut out = String::from("job,arrival_s,gpus,duration_s,min_gpus,max_gpus,profile\n");
+    for j in jobs {
+        let (min, max) = if j.elastic() {
+            (j.min_gpus.to_string(), j.max_gpus.to_string())
+        } else {
+            (String::new(), String::new())
+        };
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{}\n",
+            j.name,
+            j.arrival_s,
+            j.gpus,
+            j.duration_s,
+            min,
+            max,
+            j.profile.as_deref().unwrap_or("")
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_rigid_and_elastic_rows() {
+        let jobs = parse_trace(
+            "job,arrival_s,gpus,duration_s,min_gpus,max_gpus,profile\n\
+             # a comment\n\
+             a,0,1,60\n\
+             b,5.5,8,3600,4,16,\n\
+             c,7,2,10,,,gpt.json\n",
+        )
+        .unwrap();
+        assert_eq!(jobs.len(), 3);
+        assert!(!jobs[0].elastic());
+        assert_eq!((jobs[1].min_gpus, jobs[1].max_gpus), (4, 16));
+        assert_eq!(jobs[2].profile.as_deref(), Some("gpt.json"));
+        assert_eq!(parse_trace(&write_trace(&jobs)).unwrap(), jobs);
+    }
+
+    #[test]
+    fn refuses_bad_rows_in_one_line() {
+        for (row, want) in [
+            ("a,0,0,60", "line 1: gpus = 0"),
+            ("a,-1,1,60", "line 1: arrival_s = -1"),
+            ("a,0,1,-5", "line 1: duration_s = -5"),
+            ("a,0,1,nan", "duration_s = NaN"),
+            ("a,0,x,60", "gpus = \"x\""),
+            ("a,0,4,60,8,16", "min_gpus = 8"),
+            ("a,0,4,60,2,", "give both"),
+            ("a,0,4", "3 columns"),
+            ("a,0,1,1\na,1,1,1", "line 2: job a appears twice"),
+            ("", "no jobs"),
+        ] {
+            let err = parse_trace(row).unwrap_err().to_string();
+            assert!(err.contains(want), "{row}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+        let cluster = Cluster::uniform(2, 8).unwrap();
+        let jobs = parse_trace("big,0,17,60").unwrap();
+        let err = check_fits(&jobs, &cluster).unwrap_err().to_string();
+        assert!(
+            err.contains("gpus = 17 but the cluster has 16 devices"),
+            "{err}"
+        );
+    }
+}

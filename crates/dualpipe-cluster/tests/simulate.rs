@@ -1,0 +1,201 @@
+//! Simulator invariants on synthetic traces, and small cases worked out by hand.
+
+use std::collections::BTreeMap;
+
+use dualpipe_cluster::{
+    parse_trace, run, synth_trace, Cluster, ElasticParams, Outcome, Policy, SimOptions,
+    SynthOptions,
+};
+
+fn simulate(cluster: &Cluster, trace: &str, policy: Policy) -> Outcome {
+    let jobs = parse_trace(trace).unwrap();
+    run(
+        cluster,
+        &jobs,
+        &BTreeMap::new(),
+        policy,
+        &SimOptions::default(),
+    )
+    .unwrap()
+}
+
+/// No device is held by two jobs at once; every job starts after it arrives and finishes.
+fn check_invariants(cluster: &Cluster, outcome: &Outcome, budget: f64) {
+    let mut holds: Vec<Vec<(f64, f64, usize)>> = vec![Vec::new(); cluster.devices()];
+    for s in &outcome.segments {
+        assert!(s.end_s >= s.start_s, "{s:?}");
+        for &d in &s.devices {
+            holds[d].push((s.start_s, s.end_s, s.job));
+        }
+    }
+    for (d, h) in holds.iter_mut().enumerate() {
+        h.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        for w in h.windows(2) {
+            assert!(
+                w[0].1 <= w[1].0,
+                "device {d} double-booked: job {} until {} and job {} from {}",
+                w[0].2,
+                w[0].1,
+                w[1].2,
+                w[1].0
+            );
+        }
+    }
+    for j in &outcome.jobs {
+        assert!(j.start_s >= j.arrival_s, "{j:?}");
+        assert!(j.finish_s > j.start_s, "{j:?}");
+        assert!(
+            j.overhead_s <= budget * (j.finish_s - j.start_s) + 1e-9,
+            "{j:?}"
+        );
+    }
+    let m = &outcome.metrics;
+    for (name, v) in [
+        ("utilization", m.utilization),
+        ("fragmentation", m.fragmentation),
+        ("migration_overhead", m.migration_overhead),
+        ("max_job_overhead", m.max_job_overhead),
+    ] {
+        assert!((0.0..=1.0).contains(&v), "{name} = {v}");
+    }
+    assert!(m.p95_jct_s >= 0.0 && m.mean_jct_s > 0.0 && m.mean_queue_s >= 0.0);
+    assert!(m.utilization + m.fragmentation <= 1.0 + 1e-9, "{m:?}");
+}
+
+#[test]
+fn invariants_hold_on_synthetic_traces() {
+    let cluster = Cluster::uniform(8, 8).unwrap();
+    for seed in 1..=4 {
+        let jobs = synth_trace(&SynthOptions {
+            jobs: 200,
+            seed,
+            devices: 64,
+            ..SynthOptions::default()
+        })
+        .unwrap();
+        for policy in [Policy::Static, Policy::by_name("elastic").unwrap()] {
+            let out = run(
+                &cluster,
+                &jobs,
+                &BTreeMap::new(),
+                policy.clone(),
+                &SimOptions::default(),
+            )
+            .unwrap();
+            assert_eq!(out.jobs.len(), 200);
+            check_invariants(&cluster, &out, 0.05);
+            if policy == Policy::Static {
+                assert_eq!(out.metrics.migrations + out.metrics.resizes, 0);
+            }
+            // Same trace, same policy: byte-identical JSON.
+            let again = run(
+                &cluster,
+                &jobs,
+                &BTreeMap::new(),
+                policy,
+                &SimOptions::default(),
+            )
+            .unwrap();
+            assert_eq!(
+                serde_json::to_string(&out).unwrap(),
+                serde_json::to_string(&again).unwrap()
+            );
+        }
+    }
+}
+
+#[test]
+fn static_blocks_the_queue_and_elastic_backfills() {
+    let cluster = Cluster::uniform(1, 8).unwrap();
+    let trace = "a,0,6,100\nb,1,4,100\nc,2,2,50\n";
+    let s = simulate(&cluster, trace, Policy::Static);
+    // b waits for a; c, though it fits, waits behind b (first come first served).
+    let starts: Vec<f64> = s.jobs.iter().map(|j| j.start_s).collect();
+    assert_eq!(starts, [0.0, 100.0, 100.0]);
+    let finishes: Vec<f64> = s.jobs.iter().map(|j| j.finish_s).collect();
+    assert_eq!(finishes, [100.0, 200.0, 150.0]);
+    // 2 devices free from 1 s to 100 s while b waits: 99 x 2 of 8 x 200 device-seconds.
+    assert!((s.metrics.fragmentation - 99.0 * 2.0 / 1600.0).abs() < 1e-12);
+    let e = simulate(&cluster, trace, Policy::by_name("elastic").unwrap());
+    let starts: Vec<f64> = e.jobs.iter().map(|j| j.start_s).collect();
+    assert_eq!(starts, [0.0, 100.0, 2.0]);
+    assert!(e.metrics.mean_jct_s < s.metrics.mean_jct_s);
+}
+
+#[test]
+fn static_keeps_a_node_sized_job_in_one_node() {
+    let cluster = Cluster::uniform(2, 4).unwrap();
+    // Two 2-device jobs take one node each? No: the fullest node with room, so both share n-0;
+    // the 4-device job then gets n-1 whole.
+    let out = simulate(&cluster, "a,0,2,10\nb,0,2,10\nc,0,4,10\n", Policy::Static);
+    let starts: Vec<f64> = out.jobs.iter().map(|j| j.start_s).collect();
+    assert_eq!(starts, [0.0, 0.0, 0.0]);
+    for s in &out.segments {
+        let node = cluster.node_of[s.devices[0]];
+        assert!(
+            s.devices.iter().all(|&d| cluster.node_of[d] == node),
+            "{s:?}"
+        );
+        // In one node at the requested count: exactly its duration.
+        assert_eq!(s.end_s - s.start_s, 10.0);
+    }
+}
+
+#[test]
+fn elastic_shrinks_to_admit_and_grows_when_idle() {
+    let cluster = Cluster::uniform(1, 8).unwrap();
+    // a is elastic 2..16 and alone: it starts at 4 and grows to 8 (nobody waits).
+    let out = simulate(
+        &cluster,
+        "a,0,4,1000,2,16\n",
+        Policy::by_name("elastic").unwrap(),
+    );
+    let first = &out.segments.iter().find(|s| s.job == 0).unwrap();
+    assert_eq!(first.devices.len(), 8);
+    // b arrives when a has run long enough for a move within its budget: a shrinks.
+    let out = simulate(
+        &cluster,
+        "a,0,8,100000,4,8\nb,5000,4,100\n",
+        Policy::by_name("elastic").unwrap(),
+    );
+    assert_eq!(out.jobs[1].start_s, 5000.0);
+    // Shrunk for b, grown back when b is done (the move pays on a's long run).
+    assert_eq!(out.metrics.resizes, 2);
+    check_invariants(&cluster, &out, 0.05);
+    // Too early in a's run: its budget does not allow the move; b waits for a to finish.
+    let out = simulate(
+        &cluster,
+        "a,0,8,1000,4,8\nb,10,4,100\n",
+        Policy::by_name("elastic").unwrap(),
+    );
+    assert_eq!(out.jobs[1].start_s, 1000.0);
+    assert_eq!(out.metrics.resizes, 0);
+}
+
+#[test]
+fn a_spread_job_is_consolidated_when_a_node_frees() {
+    let cluster = Cluster::uniform(2, 4).unwrap();
+    let params = ElasticParams {
+        grow: false,
+        ..ElasticParams::default()
+    };
+    // x and y hold 3 devices of each node; z (2 devices) must spread 1 + 1; when x ends,
+    // z moves into x's node (if it has run long enough for the budget and the move pays).
+    let out = simulate(
+        &cluster,
+        "x,0,3,20000\ny,0,3,400000\nz,1,2,400000\n",
+        Policy::Elastic(params),
+    );
+    let z: Vec<_> = out.segments.iter().filter(|s| s.job == 2).collect();
+    assert_eq!(z.len(), 2, "{z:?}");
+    assert_ne!(
+        cluster.node_of[z[0].devices[0]],
+        cluster.node_of[z[0].devices[1]]
+    );
+    assert_eq!(
+        cluster.node_of[z[1].devices[0]],
+        cluster.node_of[z[1].devices[1]]
+    );
+    assert_eq!(out.metrics.migrations, 1);
+    check_invariants(&cluster, &out, 0.05);
+}
