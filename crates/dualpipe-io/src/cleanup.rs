@@ -56,7 +56,8 @@ fn install() {
             .name("dualpipe-io-signals".into())
             .spawn(move || {
                 for signal in signals.forever() {
-                    let first = PENDING.compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst);
+                    let first =
+                        PENDING.compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst);
                     if DEFER.load(Ordering::SeqCst) && first.is_ok() {
                         continue;
                     }

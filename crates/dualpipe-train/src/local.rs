@@ -85,7 +85,11 @@ impl LocalRun {
             LocalRun::Replicas(r) => {
                 let lead = crate::StopRequest::new(source, true);
                 for d in 0..r.replicas().len() {
-                    let request = if d == 0 { lead.clone() } else { lead.follower() };
+                    let request = if d == 0 {
+                        lead.clone()
+                    } else {
+                        lead.follower()
+                    };
                     r.replica_mut(d).set_stop(request);
                 }
             }

@@ -129,13 +129,24 @@ fn latest_is_never_written_through_a_link_nor_over_a_users_file() {
     dualpipe(&train).usage_error(&["latest", "a directory"]);
     // A FIFO named `latest` is never opened: inspect and --resume do not block.
     let run4 = dir.join("run4");
-    let train = mlp(&["--steps", "2", "--checkpoint-dir", s(&run4), "--checkpoint-every", "1"]);
+    let train = mlp(&[
+        "--steps",
+        "2",
+        "--checkpoint-dir",
+        s(&run4),
+        "--checkpoint-every",
+        "1",
+    ]);
     dualpipe(&train).ok();
     std::fs::remove_file(run4.join("latest")).unwrap();
     mkfifo(&run4.join("latest"));
     let inspect = dualpipe(["checkpoint", "inspect", s(&run4)]);
     inspect.ok();
-    assert!(inspect.stdout.contains("not a pointer"), "{}", inspect.stdout);
+    assert!(
+        inspect.stdout.contains("not a pointer"),
+        "{}",
+        inspect.stdout
+    );
     let resume = mlp(&["--steps", "3", "--checkpoint-dir", s(&run4), "--resume"]);
     // The resume finds step 2 by the directories, and refuses to replace the FIFO.
     dualpipe(&resume).usage_error(&["latest", "FIFO"]);
@@ -145,14 +156,28 @@ fn latest_is_never_written_through_a_link_nor_over_a_users_file() {
 fn a_directory_is_owned_by_one_run() {
     let dir = TempDir::new("own-run");
     let ckpt = dir.join("ckpt");
-    let a = mlp(&["--steps", "4", "--checkpoint-dir", s(&ckpt), "--checkpoint-every", "2"]);
+    let a = mlp(&[
+        "--steps",
+        "4",
+        "--checkpoint-dir",
+        s(&ckpt),
+        "--checkpoint-every",
+        "2",
+    ]);
     dualpipe(&a).ok();
     let state = || std::fs::read_to_string(ckpt.join("step-000004/state.json")).unwrap();
     let before = state();
     let manifest = std::fs::read_to_string(ckpt.join("step-000004/manifest.json")).unwrap();
     assert!(manifest.contains("\"run\""), "{manifest}");
     // A fresh run (another seed) is refused, naming --resume; nothing of run A is touched.
-    let mut b = mlp(&["--steps", "6", "--checkpoint-dir", s(&ckpt), "--checkpoint-every", "2"]);
+    let mut b = mlp(&[
+        "--steps",
+        "6",
+        "--checkpoint-dir",
+        s(&ckpt),
+        "--checkpoint-every",
+        "2",
+    ]);
     b.extend(["--seed", "5"].map(String::from));
     dualpipe(&b).usage_error(&["already holds checkpoints", "step-000004", "--resume"]);
     assert_eq!(state(), before);
@@ -218,7 +243,14 @@ fn only_our_directories_are_pruned_and_dead_runs_temps_removed() {
 fn resume_refuses_changed_settings_unless_allowed() {
     let dir = TempDir::new("own-settings");
     let ckpt = dir.join("ckpt");
-    let base = gpt(&["--steps", "2", "--checkpoint-dir", s(&ckpt), "--checkpoint-every", "2"]);
+    let base = gpt(&[
+        "--steps",
+        "2",
+        "--checkpoint-dir",
+        s(&ckpt),
+        "--checkpoint-every",
+        "2",
+    ]);
     dualpipe(&base).ok();
     let resumed = |extra: &[&str]| {
         let mut args = gpt(&["--steps", "3", "--checkpoint-dir", s(&ckpt), "--resume"]);
@@ -305,14 +337,29 @@ fn non_finite_weights_are_never_published_saved_or_loaded() {
     let mut bytes = std::fs::read(&good).unwrap();
     poison(&mut bytes);
     let bad = dir.write("bad.safetensors", &bytes);
-    let text = dir.write("text.txt", "some text to evaluate on, again and again. ".repeat(10));
+    let text = dir.write(
+        "text.txt",
+        "some text to evaluate on, again and again. ".repeat(10),
+    );
     dualpipe(["eval", "--weights", s(&bad), "--data", s(&text)])
         .usage_error(&["tensor", "not a finite number"]);
     dualpipe(["generate", "--weights", s(&bad), "--prompt", "hi"])
         .usage_error(&["tensor", "not a finite number"]);
     let init = vec![
-        "train", "--quiet", "--ranks", "2", "--micro-batches", "4", "--steps", "1",
-        "--micro-batch-size", "2", "--eval-every", "0", "--init-from", s(&bad),
+        "train",
+        "--quiet",
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+        "--steps",
+        "1",
+        "--micro-batch-size",
+        "2",
+        "--eval-every",
+        "0",
+        "--init-from",
+        s(&bad),
     ];
     dualpipe(&init).usage_error(&["--init-from", "not a finite number"]);
     // A non-regular file as weights: refused up front, never read (no hang, no memory).
@@ -323,8 +370,20 @@ fn non_finite_weights_are_never_published_saved_or_loaded() {
     dualpipe(["generate", "--weights", s(&fifo), "--prompt", "hi"])
         .usage_error(&["not a regular file"]);
     let init = vec![
-        "train", "--quiet", "--ranks", "2", "--micro-batches", "4", "--steps", "1",
-        "--micro-batch-size", "2", "--eval-every", "0", "--init-from", s(&fifo),
+        "train",
+        "--quiet",
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+        "--steps",
+        "1",
+        "--micro-batch-size",
+        "2",
+        "--eval-every",
+        "0",
+        "--init-from",
+        s(&fifo),
     ];
     dualpipe(&init).usage_error(&["not a regular file"]);
 }
@@ -333,7 +392,16 @@ fn non_finite_weights_are_never_published_saved_or_loaded() {
 fn a_non_finite_checkpoint_is_damaged_and_the_previous_used() {
     let dir = TempDir::new("own-nan-resume");
     let ckpt = dir.join("ckpt");
-    let base = gpt(&["--dtype", "f64", "--steps", "4", "--checkpoint-dir", s(&ckpt), "--checkpoint-every", "2"]);
+    let base = gpt(&[
+        "--dtype",
+        "f64",
+        "--steps",
+        "4",
+        "--checkpoint-dir",
+        s(&ckpt),
+        "--checkpoint-every",
+        "2",
+    ]);
     let full = floats(&dualpipe(&base).ok().json()["losses"]);
     // Poison step 4's first block and make its manifest agree (a diverged run's checkpoint).
     let step4 = ckpt.join("step-000004");
@@ -369,8 +437,19 @@ fn a_non_finite_checkpoint_is_damaged_and_the_previous_used() {
     let manifest = std::fs::read_to_string(step4.join("manifest.json")).unwrap();
     assert!(manifest.contains(&crc32(&bytes)));
     let init = vec![
-        "train", "--ranks", "2", "--micro-batches", "4", "--steps", "1",
-        "--micro-batch-size", "2", "--eval-every", "0", "--init-from", s(&ckpt),
+        "train",
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+        "--steps",
+        "1",
+        "--micro-batch-size",
+        "2",
+        "--eval-every",
+        "0",
+        "--init-from",
+        s(&ckpt),
     ];
     let run = dualpipe(&init);
     run.ok();
@@ -388,13 +467,31 @@ fn checkpoint_path_messages_say_what_is_wrong() {
     let file = dir.write("afile", "x");
     dualpipe(mlp(&["--steps", "1", "--checkpoint-dir", s(&file)]))
         .usage_error(&["afile", "is a file"]);
-    dualpipe(mlp(&["--steps", "1", "--checkpoint-dir", s(&file), "--resume"]))
-        .usage_error(&["afile", "is a file"]);
-    dualpipe(mlp(&["--steps", "1", "--resume-from", s(&dir.join("nothere/step-000002"))]))
-        .usage_error(&["nothere", "does not exist"]);
+    dualpipe(mlp(&[
+        "--steps",
+        "1",
+        "--checkpoint-dir",
+        s(&file),
+        "--resume",
+    ]))
+    .usage_error(&["afile", "is a file"]);
+    dualpipe(mlp(&[
+        "--steps",
+        "1",
+        "--resume-from",
+        s(&dir.join("nothere/step-000002")),
+    ]))
+    .usage_error(&["nothere", "does not exist"]);
     // A manifest that leaves out a file: damaged, and the previous checkpoint used.
     let ckpt = dir.join("ckpt");
-    let base = gpt(&["--steps", "4", "--checkpoint-dir", s(&ckpt), "--checkpoint-every", "2"]);
+    let base = gpt(&[
+        "--steps",
+        "4",
+        "--checkpoint-dir",
+        s(&ckpt),
+        "--checkpoint-every",
+        "2",
+    ]);
     dualpipe(&base).ok();
     let path = ckpt.join("step-000004/manifest.json");
     let mut manifest: serde_json::Value =
@@ -457,12 +554,24 @@ fn sigterm_and_ctrl_c_stop_at_a_step_boundary_with_a_checkpoint_that_resumes_exa
         let run = interrupted(&ckpt, extra, signal);
         assert_eq!(run.code, Some(code), "{}", run.stderr);
         assert!(run.stdout.is_empty());
-        let line = run.stderr_lines().last().copied().unwrap_or_default().to_string();
-        assert!(line.contains(name) && line.contains("last checkpoint"), "{}", run.stderr);
+        let line = run
+            .stderr_lines()
+            .last()
+            .copied()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            line.contains(name) && line.contains("last checkpoint"),
+            "{}",
+            run.stderr
+        );
         // The final checkpoint is of the step the run stopped after, complete.
         let pointer = std::fs::read_to_string(ckpt.join("latest")).unwrap();
         let step: usize = pointer.trim().trim_start_matches("step-").parse().unwrap();
-        assert!(line.contains(&format!("after step {step} ")), "{line} vs {pointer}");
+        assert!(
+            line.contains(&format!("after step {step} ")),
+            "{line} vs {pointer}"
+        );
         assert!(ckpt.join(pointer.trim()).join("manifest.json").is_file());
         let names: Vec<String> = std::fs::read_dir(&ckpt)
             .unwrap()

@@ -526,11 +526,41 @@ mod load_tests {
     #[test]
     fn a_bad_architecture_blames_its_own_key() {
         let key = |c: GptConfig| c.invalid_key();
-        assert_eq!(key(GptConfig { heads: 0, ..config() }), "heads");
-        assert_eq!(key(GptConfig { heads: 3, ..config() }), "heads");
-        assert_eq!(key(GptConfig { layers: 0, ..config() }), "layers");
-        assert_eq!(key(GptConfig { seq_len: 0, ..config() }), "seq_len");
-        assert_eq!(key(GptConfig { layers: 1 << 40, ..config() }), "layers");
+        assert_eq!(
+            key(GptConfig {
+                heads: 0,
+                ..config()
+            }),
+            "heads"
+        );
+        assert_eq!(
+            key(GptConfig {
+                heads: 3,
+                ..config()
+            }),
+            "heads"
+        );
+        assert_eq!(
+            key(GptConfig {
+                layers: 0,
+                ..config()
+            }),
+            "layers"
+        );
+        assert_eq!(
+            key(GptConfig {
+                seq_len: 0,
+                ..config()
+            }),
+            "seq_len"
+        );
+        assert_eq!(
+            key(GptConfig {
+                layers: 1 << 40,
+                ..config()
+            }),
+            "layers"
+        );
         let moe = super::super::MoeConfig {
             experts: 1 << 40,
             top_k: 1,
@@ -538,9 +568,25 @@ mod load_tests {
             shared_experts: 0,
             every: 1,
         };
-        assert_eq!(key(GptConfig { moe: Some(moe), ..config() }), "experts");
-        let top = super::super::MoeConfig { experts: 2, top_k: 3, ..moe };
-        assert_eq!(key(GptConfig { moe: Some(top), ..config() }), "top_k");
+        assert_eq!(
+            key(GptConfig {
+                moe: Some(moe),
+                ..config()
+            }),
+            "experts"
+        );
+        let top = super::super::MoeConfig {
+            experts: 2,
+            top_k: 3,
+            ..moe
+        };
+        assert_eq!(
+            key(GptConfig {
+                moe: Some(top),
+                ..config()
+            }),
+            "top_k"
+        );
     }
 
     #[test]
@@ -551,7 +597,10 @@ mod load_tests {
         assert!(GptWeights::from_safetensors(&bytes, DType::F32).is_ok());
         let bad = Tensor::new(&[f32::NAN; 8], &Device::Cpu).unwrap();
         w.set("blocks.0.norm1.weight", bad).unwrap();
-        assert_eq!(w.first_non_finite().as_deref(), Some("blocks.0.norm1.weight"));
+        assert_eq!(
+            w.first_non_finite().as_deref(),
+            Some("blocks.0.norm1.weight")
+        );
         let bytes = w.to_safetensors().unwrap();
         let err = GptWeights::from_safetensors(&bytes, DType::F32)
             .unwrap_err()
@@ -567,7 +616,10 @@ mod load_tests {
         for given in [0, 4] {
             let err = config().check_flag("experts", Some(given)).unwrap_err();
             let text = err.to_string();
-            assert!(text.contains("dense") && text.contains("drop the flag"), "{text}");
+            assert!(
+                text.contains("dense") && text.contains("drop the flag"),
+                "{text}"
+            );
             assert!(!text.contains("make it"), "{text}");
         }
         assert!(config().check_flag("d-model", Some(8)).is_ok());

@@ -121,7 +121,9 @@ pub enum CheckpointError {
     #[error("the checkpoint writer failed: {0}")]
     Writer(String),
     /// Something other than a pointer is where the `latest` pointer goes.
-    #[error("{path} is {what}; it is not replaced: move it away, or use another checkpoint directory")]
+    #[error(
+        "{path} is {what}; it is not replaced: move it away, or use another checkpoint directory"
+    )]
     ForeignPointer {
         /// The `latest` path.
         path: PathBuf,

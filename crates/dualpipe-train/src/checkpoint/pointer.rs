@@ -63,7 +63,9 @@ pub fn read(root: &Path) -> Pointer {
     if let Err(e) = read {
         return Pointer::Foreign(format!("cannot be read ({e})"));
     }
-    let name = std::str::from_utf8(&text).ok().map(|t| t.trim_end_matches('\n'));
+    let name = std::str::from_utf8(&text)
+        .ok()
+        .map(|t| t.trim_end_matches('\n'));
     match name {
         Some(name) if parse_dir_name(name).is_some() => Pointer::Names(name.to_string()),
         _ => Pointer::Foreign("a file that does not hold a step-NNNNNN pointer".into()),
@@ -125,7 +127,10 @@ mod tests {
         std::fs::remove_file(r.join(LATEST)).unwrap();
         std::os::unix::fs::symlink(&victim, r.join(LATEST)).unwrap();
         let err = write(r, "step-000006").unwrap_err().to_string();
-        assert!(err.contains("symbolic link") && err.contains(LATEST), "{err}");
+        assert!(
+            err.contains("symbolic link") && err.contains(LATEST),
+            "{err}"
+        );
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "my notes\n");
         assert!(matches!(read(r), Pointer::Foreign(_)));
 

@@ -244,7 +244,8 @@ mod tests {
             std::thread::sleep(Duration::from_millis(50));
             save_share(&r, 4, vec![part(4, 1, true)], 0, &share(1), None).unwrap()
         });
-        let record = save_share(root.path(), 4, vec![part(4, 0, true)], 0, &share(0), None).unwrap();
+        let record =
+            save_share(root.path(), 4, vec![part(4, 0, true)], 0, &share(0), None).unwrap();
         other.join().unwrap();
         let ckpt = Checkpoint::read(&record.path).unwrap();
         assert_eq!(ckpt.state.step, 4);

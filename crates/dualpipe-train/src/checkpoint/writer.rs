@@ -86,8 +86,7 @@ pub(crate) fn create_root(root: &Path) -> Result<(), CheckpointError> {
     if root.exists() && !root.is_dir() {
         return Err(CheckpointError::Io {
             path: root.to_path_buf(),
-            message: "is a file, not a directory; give a directory (created when missing)"
-                .into(),
+            message: "is a file, not a directory; give a directory (created when missing)".into(),
         });
     }
     std::fs::create_dir_all(root)
@@ -315,14 +314,9 @@ impl CheckpointWriter {
             .spawn(move || {
                 let save = |step: usize, group: Vec<CheckpointPart>| match &layout {
                     Layout::Whole { .. } => save(&root, step, group, keep, run.as_ref()),
-                    Layout::Shared(share) => super::shared::save_share(
-                        &root,
-                        step,
-                        group,
-                        keep,
-                        share,
-                        run.as_ref(),
-                    ),
+                    Layout::Shared(share) => {
+                        super::shared::save_share(&root, step, group, keep, share, run.as_ref())
+                    }
                 };
                 writer_loop(&rx, parts, &flag, save, on_saved.as_deref())
             })
@@ -546,7 +540,10 @@ mod tests {
         let sink = writer.sink().unwrap();
         let part = |step: usize, x: f64| CheckpointPart {
             step,
-            tensors: vec![HostTensor::from_f64s("blocks.0.up.weight".into(), &[x, 1.0])],
+            tensors: vec![HostTensor::from_f64s(
+                "blocks.0.up.weight".into(),
+                &[x, 1.0],
+            )],
             state: Some(CheckpointState::new(
                 &crate::TrainConfig::MLP,
                 super::super::ScheduleShape {

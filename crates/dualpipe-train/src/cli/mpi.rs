@@ -126,7 +126,7 @@ impl TrainArgs {
         // Every rank takes part in gathering the weights for --save; rank 0 writes them.
         let finished = match self.finished(&mut trainer, summary) {
             Ok(finished) => finished,
-            Err(err) => leave(world, told(err, |e| Failure::error(None, &e)), say),
+            Err(err) => leave(world, told(err, |e| self.unsaved(e, &config)), say),
         };
         drop(trainer);
         drop(world);

@@ -103,7 +103,10 @@ impl TrainArgs {
         let saved = &checkpoint.state.config;
         let mut changed = Vec::new();
         if saved.seed != config.seed {
-            changed.push(format!("--seed {} (the checkpoint's: {})", config.seed, saved.seed));
+            changed.push(format!(
+                "--seed {} (the checkpoint's: {})",
+                config.seed, saved.seed
+            ));
         }
         if saved.data.is_none() && config.data.is_none() && saved.task != config.task {
             changed.push(format!(
@@ -211,10 +214,7 @@ impl TrainArgs {
             }
         }
         if !self.observe.quiet {
-            say(&format!(
-                "--init-from: the weights of {}",
-                chosen.display()
-            ));
+            say(&format!("--init-from: the weights of {}", chosen.display()));
         }
     }
 

@@ -106,7 +106,7 @@ impl TrainArgs {
             }
         }
         self.finished(local.lead(), summary)
-            .map_err(|e| Failure::error(None, &e))
+            .map_err(|e| self.unsaved(e, &config))
     }
 
     /// Starts the watch of process `rank` (`lead`: the one that reports) with `start`: the
@@ -176,6 +176,18 @@ impl TrainArgs {
         Ok(checkpoints)
     }
 
+    /// A failure to hand over the final weights, in the words of the command line.
+    pub(crate) fn unsaved(&self, err: crate::TrainError, config: &TrainConfig) -> Failure {
+        match (&err, &self.save) {
+            (crate::TrainError::NonFiniteWeights { .. }, Some(path)) => Failure::run(format!(
+                "{err}; --save {} is not written; lower the learning rate (now --lr {:e})",
+                path.display(),
+                config.lr
+            )),
+            _ => Failure::error(None, &err),
+        }
+    }
+
     /// The line and exit code of a run a signal stopped at the boundary after `step` steps.
     fn interrupted(&self, step: usize, signal: i32, steps: usize) -> Failure {
         let name = match signal {
@@ -192,8 +204,9 @@ impl TrainArgs {
                 ),
                 _ => format!("no checkpoint was published in {}", dir.display()),
             },
-            None => "no checkpoint (give --checkpoint-dir to keep an interrupted run's state)"
-                .into(),
+            None => {
+                "no checkpoint (give --checkpoint-dir to keep an interrupted run's state)".into()
+            }
         };
         Failure::interrupted(
             format!("interrupted by {name} after step {step} of {steps}; {kept}"),
@@ -225,14 +238,8 @@ impl TrainArgs {
         let weights = match &self.save {
             Some(path) => match trainer.weights()? {
                 Some(weights) => {
-                    if let Some(name) = weights.first_non_finite() {
-                        return Err(crate::TrainError::Config(format!(
-                            "the run diverged: the final weights hold a value that is not a \
-                             finite number (inf or NaN) in the tensor {name}; --save {} is not \
-                             written; lower the learning rate (now --lr {:e})",
-                            path.display(),
-                            self.lr.unwrap_or(TrainConfig::DEFAULT.lr)
-                        )));
+                    if let Some(tensor) = weights.first_non_finite() {
+                        return Err(crate::TrainError::NonFiniteWeights { tensor });
                     }
                     Some(weights.to_safetensors()?)
                 }
