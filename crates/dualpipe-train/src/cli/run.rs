@@ -236,7 +236,7 @@ impl TrainArgs {
         summary: RunSummary,
     ) -> Result<Finished, crate::TrainError> {
         let weights = match &self.save {
-            Some(path) => match trainer.weights()? {
+            Some(_) => match trainer.weights()? {
                 Some(weights) => {
                     if let Some(tensor) = weights.first_non_finite() {
                         return Err(crate::TrainError::NonFiniteWeights { tensor });
