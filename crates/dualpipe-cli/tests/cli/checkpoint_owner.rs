@@ -405,14 +405,18 @@ fn a_non_finite_checkpoint_is_damaged_and_the_previous_used() {
     let full = floats(&dualpipe(&base).ok().json()["losses"]);
     // Poison step 4's first block and make its manifest agree (a diverged run's checkpoint).
     let step4 = ckpt.join("step-000004");
-    let file = step4.join("block-0000.safetensors");
-    let mut bytes = std::fs::read(&file).unwrap();
-    let old_crc = crc32(&bytes);
-    poison(&mut bytes);
-    std::fs::write(&file, &bytes).unwrap();
-    let manifest = std::fs::read_to_string(step4.join("manifest.json")).unwrap();
-    let manifest = manifest.replace(&old_crc, &crc32(&bytes));
-    std::fs::write(step4.join("manifest.json"), manifest).unwrap();
+    let poison_step4 = || {
+        let file = step4.join("block-0000.safetensors");
+        let mut bytes = std::fs::read(&file).unwrap();
+        let old_crc = crc32(&bytes);
+        poison(&mut bytes);
+        std::fs::write(&file, &bytes).unwrap();
+        let manifest = std::fs::read_to_string(step4.join("manifest.json")).unwrap();
+        assert!(manifest.contains(&old_crc));
+        let manifest = manifest.replace(&old_crc, &crc32(&bytes));
+        std::fs::write(step4.join("manifest.json"), manifest).unwrap();
+    };
+    poison_step4();
     let inspect = dualpipe(["checkpoint", "inspect", s(&ckpt)]);
     inspect.ok();
     assert!(
@@ -432,10 +436,9 @@ fn a_non_finite_checkpoint_is_damaged_and_the_previous_used() {
     let doc = run.json();
     assert_eq!(doc["first_step"], 3);
     assert_eq!(bits(&floats(&doc["losses"])), bits(&full[2..]));
-    // --init-from the directory: the same warning, and the checkpoint read is named.
-    std::fs::write(&file, &bytes).unwrap();
-    let manifest = std::fs::read_to_string(step4.join("manifest.json")).unwrap();
-    assert!(manifest.contains(&crc32(&bytes)));
+    // --init-from the directory: the same warning, and the checkpoint read is named (the
+    // resumed run rewrote a good step 4: poison it again).
+    poison_step4();
     let init = vec![
         "train",
         "--ranks",
