@@ -146,7 +146,7 @@ pub enum CheckpointError {
         /// The newest checkpoint that is in the way.
         newest: PathBuf,
         /// The run that wrote it, when recorded.
-        run: Option<RunIdentity>,
+        run: Option<Box<RunIdentity>>,
     },
     /// Weights or optimizer state hold a value that is not a finite number.
     #[error("after step {step} the tensor {tensor} holds a value that is not a finite number (inf or NaN): training diverged, and this state is not saved")]
@@ -158,7 +158,7 @@ pub enum CheckpointError {
     },
 }
 
-fn run_words(run: &Option<RunIdentity>) -> String {
+fn run_words(run: &Option<Box<RunIdentity>>) -> String {
     match run {
         Some(r) => format!("run {}, seed {}, task {}", r.id, r.seed, r.task),
         None => "an earlier run".into(),

@@ -68,7 +68,7 @@ pub fn check_owner(root: &Path, run: &RunIdentity, resuming: bool) -> Result<(),
             return Err(CheckpointError::Occupied {
                 dir: root.to_path_buf(),
                 newest: dir,
-                run: manifest.run,
+                run: manifest.run.map(Box::new),
             });
         }
     }
