@@ -1,17 +1,42 @@
 //! Temp files that exist right now, removed if SIGINT, SIGTERM or SIGHUP ends the process.
 //!
+//! A long-running command can ask ([`defer_signals`]) that the first such signal be only
+//! recorded ([`interrupted`]), so it stops at a point of its choosing and finishes its writes;
+//! a second signal then ends the process at once, as before.
+//!
 //! Creating a temp file and registering it happen under one lock, and so do renaming it and
 //! unregistering it, so the signal thread (which takes the same lock) never misses a temp file
 //! nor removes a file that was already renamed into place.
 
 use std::fs::Permissions;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard, Once};
 
 use tempfile::NamedTempFile;
 
 static TEMPS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 static INSTALL: Once = Once::new();
+/// Whether the first signal is only recorded ([`defer_signals`]).
+static DEFER: AtomicBool = AtomicBool::new(false);
+/// The first signal recorded while deferred (0: none).
+static PENDING: AtomicI32 = AtomicI32::new(0);
+
+/// From now on, the first SIGINT, SIGTERM or SIGHUP is recorded instead of ending the
+/// process: the caller polls [`interrupted`] and stops where it can. A second one ends the
+/// process at once (temp files removed, exit code `128 + signal`).
+pub fn defer_signals() {
+    DEFER.store(true, Ordering::SeqCst);
+    install();
+}
+
+/// The signal that asked the process to stop while signals were deferred, if one did.
+pub fn interrupted() -> Option<i32> {
+    match PENDING.load(Ordering::SeqCst) {
+        0 => None,
+        signal => Some(signal),
+    }
+}
 
 fn temps() -> MutexGuard<'static, Vec<PathBuf>> {
     TEMPS
@@ -30,7 +55,12 @@ fn install() {
         let spawned = std::thread::Builder::new()
             .name("dualpipe-io-signals".into())
             .spawn(move || {
-                if let Some(signal) = signals.forever().next() {
+                for signal in signals.forever() {
+                    let first =
+                        PENDING.compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst);
+                    if DEFER.load(Ordering::SeqCst) && first.is_ok() {
+                        continue;
+                    }
                     let list = temps();
                     for path in list.iter() {
                         let _ = std::fs::remove_file(path);

@@ -20,7 +20,9 @@
 //!
 //! Temp files are registered while they exist; Ctrl-C (SIGINT), SIGTERM and SIGHUP during a
 //! write remove them before the process exits with `128 + signal` (130, 143, 129). The handler is
-//! installed on the first write to a file and stays for the rest of the process.
+//! installed on the first write to a file and stays for the rest of the process. A long
+//! command (training) may defer the first signal ([`defer_signals`]) and poll for it
+//! ([`interrupted`]) to stop cleanly; a second signal still ends the process at once.
 //!
 //! A command that writes several files checks every path first ([`check`]) before its long work,
 //! then writes them together with [`Batch`], which stages every file before renaming any, so a
@@ -46,6 +48,7 @@ mod stdout;
 mod target;
 
 pub use batch::Batch;
+pub use cleanup::{defer_signals, interrupted};
 pub use error::WriteError;
 pub use stdout::{check_stdout, write_stdout};
 pub use target::{check, Target};

@@ -29,6 +29,21 @@ pub enum TrainError {
     /// The loss stopped being a finite number.
     #[error("{0}")]
     Diverged(Divergence),
+    /// The final weights hold a value that is not a finite number (a diverged run): they are
+    /// not saved.
+    #[error("the run diverged: the final weights hold a value that is not a finite number (inf or NaN) in the tensor {tensor}")]
+    NonFiniteWeights {
+        /// The first such tensor.
+        tensor: String,
+    },
+    /// A signal (Ctrl-C, SIGTERM) stopped the run at a step boundary.
+    #[error("interrupted by signal {signal} after step {step}")]
+    Interrupted {
+        /// Steps done.
+        step: usize,
+        /// The signal's number.
+        signal: i32,
+    },
     /// The run's step callback asked it to stop, with this reason (the other ranks are told).
     #[error("{0}")]
     Stopped(String),

@@ -78,6 +78,24 @@ impl LocalRun {
         }
     }
 
+    /// Stops the run at a step boundary when `source` asks (see [`crate::stop`]).
+    pub fn set_stop(&mut self, source: crate::stop::StopSource) {
+        match self {
+            LocalRun::One(t) => t.set_stop(crate::StopRequest::new(source, false)),
+            LocalRun::Replicas(r) => {
+                let lead = crate::StopRequest::new(source, true);
+                for d in 0..r.replicas().len() {
+                    let request = if d == 0 {
+                        lead.clone()
+                    } else {
+                        lead.follower()
+                    };
+                    r.replica_mut(d).set_stop(request);
+                }
+            }
+        }
+    }
+
     /// Stops every pipeline's checkpoints (so the writer can finish).
     pub fn clear_checkpoints(&mut self) {
         match self {

@@ -114,6 +114,8 @@ pub struct Trainer<D: Driver = LocalThreads> {
     expert_group: Option<crate::expert_parallel::ExpertGroup>,
     /// The re-partitionings made so far (`--rebalance-stages`).
     repartitions: Vec<crate::rebalance::Repartition>,
+    /// A request to stop at a step boundary (Ctrl-C), when one may come.
+    stop: Option<crate::stop::StopRequest>,
 }
 
 impl Trainer<LocalThreads> {
@@ -241,6 +243,7 @@ impl<D: Driver> Trainer<D> {
                     checkpoints: None,
                     expert_group: None,
                     repartitions: Vec::new(),
+                    stop: None,
                 })
             }
             Err(err) => {

@@ -354,6 +354,15 @@ pub fn read_weights(path: &Path, config: &TrainConfig) -> Result<GptWeights, Tra
             config.dtype.candle(),
         )?);
     }
+    if let Ok(meta) = std::fs::metadata(path) {
+        if !meta.is_file() {
+            return Err(TrainError::Config(format!(
+                "{} is not a regular file (a FIFO, socket or device); give a safetensors file \
+                 or a checkpoint directory",
+                path.display()
+            )));
+        }
+    }
     let bytes = read_file(path, "the weights")?;
     GptWeights::from_safetensors(&bytes, config.dtype.candle())
         .map_err(|e| TrainError::Config(format!("{}: {e}", path.display())))

@@ -577,9 +577,9 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
     };
     let dir = tempfile::tempdir().unwrap();
     let options = CheckpointOptions {
-        dir: dir.path().to_path_buf(),
         every: 3,
         keep: 0,
+        ..CheckpointOptions::new(dir.path())
     };
     let writer = CheckpointWriter::start(&options, 2).unwrap();
     let mut whole = DataParallel::new(config.clone()).unwrap();

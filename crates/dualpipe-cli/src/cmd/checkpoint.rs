@@ -77,9 +77,12 @@ fn listing(dir: &std::path::Path) -> Result<Vec<Listed>, UsageError> {
 
 fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
     let listed = listing(&args.dir)?;
-    let latest = std::fs::read_to_string(args.dir.join("latest"))
-        .ok()
-        .map(|t| t.trim().to_string());
+    // The pointer is read only when it is a small regular file (never a FIFO or a huge file).
+    let latest = match checkpoint::pointer::read(&args.dir) {
+        checkpoint::pointer::Pointer::Names(name) => Some(name),
+        checkpoint::pointer::Pointer::Foreign(what) => Some(format!("not a pointer: {what}")),
+        checkpoint::pointer::Pointer::Absent => None,
+    };
     let text = match args.format {
         Format::Json => {
             let items: Vec<_> = listed

@@ -61,6 +61,15 @@ pub fn plain(e: NnError) -> String {
 
 /// Loads a whole model from a weights file.
 pub fn load_model(path: &Path, dtype: DType) -> Result<GptStage, UsageError> {
+    if let Ok(meta) = std::fs::metadata(path) {
+        if !meta.is_file() {
+            return Err(UsageError(format!(
+                "{} (--weights) is not a regular file (a directory, FIFO, socket or device); \
+                 give a safetensors file",
+                path.display()
+            )));
+        }
+    }
     let bytes = read_input(path, "--weights")?;
     let weights = GptWeights::from_safetensors(&bytes, dtype)
         .map_err(|e| UsageError(format!("{} (--weights): {e}", path.display())))?;

@@ -99,10 +99,30 @@ impl From<dualpipe_train::TrainError> for UsageError {
     }
 }
 
-/// The process exit code for an error: 2 for usage errors, 1 otherwise.
+/// A run a signal stopped at a step boundary: its line, and the exit code `128 + signal`.
+#[derive(Debug)]
+pub struct Interrupted {
+    /// What happened, and what was kept.
+    pub message: String,
+    /// The exit code.
+    pub code: u8,
+}
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// The process exit code for an error: 2 for usage errors, `128 + signal` for a run a signal
+/// stopped, 1 otherwise.
 pub fn exit_code(err: &anyhow::Error) -> u8 {
     if err.downcast_ref::<UsageError>().is_some() {
         2
+    } else if let Some(stopped) = err.downcast_ref::<Interrupted>() {
+        stopped.code
     } else {
         1
     }

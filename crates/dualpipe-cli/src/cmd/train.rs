@@ -10,7 +10,7 @@ use dualpipe_metrics::RunWatch;
 use dualpipe_train::cli::{Failure, Finished, TrainArgs, Transport};
 
 use super::output::{check_outputs, write_together};
-use super::UsageError;
+use super::{Interrupted, UsageError};
 
 /// Runs `dualpipe train`.
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
@@ -61,8 +61,17 @@ fn say(line: &str) {
     let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
 
-/// A failure as `main` reports it: a usage error exits with code 2.
+/// A failure as `main` reports it: a usage error exits with code 2, a run a signal stopped
+/// with `128 + signal`.
 fn error(failure: Failure) -> anyhow::Error {
+    if failure.signal.is_some() {
+        let code = failure.exit_code();
+        return Interrupted {
+            message: failure.message,
+            code,
+        }
+        .into();
+    }
     if failure.usage {
         UsageError(failure.message).into()
     } else {

@@ -363,6 +363,7 @@ fn damage_is_reported_and_the_previous_checkpoint_used() {
     assert_eq!(
         names,
         [
+            ".lock",
             "latest",
             "notes.txt",
             "step-000004",
@@ -433,7 +434,7 @@ fn bad_resumes_are_one_line_and_exit_two() {
     dualpipe(&args).usage_error(&["--resume", "does not exist"]);
     let mut args = tiny("mlp");
     args.extend(["--steps", "2", "--resume-from", s(&missing)].map(String::from));
-    dualpipe(&args).usage_error(&["--resume-from", "not a directory"]);
+    dualpipe(&args).usage_error(&["--resume-from", "does not exist"]);
     // A checkpoint of the MLP does not fit the GPT, nor another width.
     let ckpt = dir.join("ckpt");
     run_json(

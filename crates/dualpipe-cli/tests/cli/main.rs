@@ -4,6 +4,7 @@
 //! One test binary (this folder) keeps link time down; each subcommand has its own module.
 
 mod checkpoint;
+mod checkpoint_owner;
 mod cluster;
 mod compare;
 mod eplb;

@@ -31,6 +31,14 @@ pub enum WeightsError {
         /// What is wrong with it.
         problem: String,
     },
+    /// A mixture-of-experts flag given for a dense weights file.
+    #[error("--{flag} is {given} but the weights file is a dense model (it has no experts); drop the flag")]
+    Dense {
+        /// The flag's name.
+        flag: String,
+        /// The flag's value.
+        given: usize,
+    },
     /// A flag disagrees with the architecture stored in the file.
     #[error("--{flag} is {given} but the weights file has {key} = {file}; drop the flag or make it {file}")]
     Mismatch {
@@ -178,7 +186,7 @@ impl GptWeights {
         mut tensors: HashMap<String, Tensor>,
     ) -> Result<Self, WeightsError> {
         config.validate().map_err(|e| WeightsError::Metadata {
-            key: "d_model".into(),
+            key: config.invalid_key().into(),
             problem: e.to_string(),
         })?;
         let names = tensor_names(config);
@@ -204,6 +212,14 @@ impl GptWeights {
                 name: name.clone(),
                 problem: e.to_string(),
             })?;
+            if !all_finite(&t) {
+                return Err(WeightsError::Tensor {
+                    name: name.clone(),
+                    problem: "holds a value that is not a finite number (inf or NaN): these \
+                              weights are unusable (saved from a diverged run?)"
+                        .into(),
+                });
+            }
             out.insert(name.clone(), t);
         }
         if let Some(extra) = tensors.keys().min() {
@@ -221,6 +237,15 @@ impl GptWeights {
     /// The architecture.
     pub fn config(&self) -> &GptConfig {
         &self.config
+    }
+
+    /// The first tensor (in [`tensor_names`] order) holding a value that is not a finite
+    /// number, if any: such weights must not be saved or used.
+    pub fn first_non_finite(&self) -> Option<String> {
+        tensor_names(&self.config)
+            .into_iter()
+            .map(|(name, _)| name)
+            .find(|name| self.tensors.get(name).is_some_and(|t| !all_finite(t)))
     }
 
     /// The tensor called `name`.
@@ -337,7 +362,7 @@ impl GptWeights {
             moe,
         };
         config.validate().map_err(|e| WeightsError::Metadata {
-            key: "d_model".into(),
+            key: config.invalid_key().into(),
             problem: e.to_string(),
         })?;
         let st = safetensors::SafeTensors::deserialize(bytes)
@@ -352,6 +377,15 @@ impl GptWeights {
         }
         Self::from_tensors(&config, tensors)
     }
+}
+
+/// Whether every value of `t` is a finite number (a tensor that cannot be read counts as
+/// not finite).
+fn all_finite(t: &Tensor) -> bool {
+    t.flatten_all()
+        .and_then(|f| f.to_dtype(DType::F64))
+        .and_then(|f| f.to_vec1::<f64>())
+        .is_ok_and(|v| v.iter().all(|x| x.is_finite()))
 }
 
 /// Rewrites a safetensors file's JSON header in place with its members (and the metadata's)
@@ -391,6 +425,52 @@ fn sort_header(bytes: &mut [u8]) -> Result<(), NnError> {
 }
 
 impl GptConfig {
+    /// The metadata key to blame when [`GptConfig::validate`] refuses this architecture: the
+    /// first key that is 0, `heads` when it does not divide `d_model`, the MoE key at fault,
+    /// and for a model too large `experts` when the dense model would fit, else `layers`.
+    pub fn invalid_key(&self) -> &'static str {
+        for (key, v) in [
+            ("d_model", self.d_model),
+            ("heads", self.heads),
+            ("layers", self.layers),
+            ("seq_len", self.seq_len),
+        ] {
+            if v == 0 {
+                return key;
+            }
+        }
+        if !self.d_model.is_multiple_of(self.heads) {
+            return "heads";
+        }
+        if let Some(m) = &self.moe {
+            for (key, v) in [
+                ("experts", m.experts),
+                ("top_k", m.top_k),
+                ("expert_hidden", m.expert_hidden),
+                ("moe_every", m.every),
+            ] {
+                if v == 0 {
+                    return key;
+                }
+            }
+            if m.top_k > m.experts {
+                return "top_k";
+            }
+            let dense = GptConfig { moe: None, ..*self };
+            if dense.validate().is_ok() {
+                return "experts";
+            }
+        }
+        if self.seq_len > self.d_model.max(self.layers) {
+            return "seq_len";
+        }
+        if self.d_model >= self.layers {
+            "d_model"
+        } else {
+            "layers"
+        }
+    }
+
     /// Checks a flag's value against this (file's) architecture: `Ok` when the flag was not
     /// given or agrees, [`WeightsError::Mismatch`] naming both values otherwise.
     pub fn check_flag(&self, flag: &str, given: Option<usize>) -> Result<(), WeightsError> {
@@ -411,7 +491,12 @@ impl GptConfig {
                 })
             }
         };
+        let moe_flag = !matches!(flag, "d-model" | "heads" | "layers" | "seq-len");
         match given {
+            Some(g) if moe_flag && self.moe.is_none() => Err(WeightsError::Dense {
+                flag: flag.into(),
+                given: g,
+            }),
             Some(g) if g != file => Err(WeightsError::Mismatch {
                 flag: flag.into(),
                 key: key.into(),
@@ -420,5 +505,123 @@ impl GptConfig {
             }),
             _ => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod load_tests {
+    use super::*;
+
+    fn config() -> GptConfig {
+        GptConfig {
+            d_model: 8,
+            heads: 2,
+            layers: 1,
+            seq_len: 4,
+            dtype: DType::F32,
+            moe: None,
+        }
+    }
+
+    #[test]
+    fn a_bad_architecture_blames_its_own_key() {
+        let key = |c: GptConfig| c.invalid_key();
+        assert_eq!(
+            key(GptConfig {
+                heads: 0,
+                ..config()
+            }),
+            "heads"
+        );
+        assert_eq!(
+            key(GptConfig {
+                heads: 3,
+                ..config()
+            }),
+            "heads"
+        );
+        assert_eq!(
+            key(GptConfig {
+                layers: 0,
+                ..config()
+            }),
+            "layers"
+        );
+        assert_eq!(
+            key(GptConfig {
+                seq_len: 0,
+                ..config()
+            }),
+            "seq_len"
+        );
+        assert_eq!(
+            key(GptConfig {
+                layers: 1 << 40,
+                ..config()
+            }),
+            "layers"
+        );
+        let moe = super::super::MoeConfig {
+            experts: 1 << 40,
+            top_k: 1,
+            expert_hidden: 8,
+            shared_experts: 0,
+            every: 1,
+        };
+        assert_eq!(
+            key(GptConfig {
+                moe: Some(moe),
+                ..config()
+            }),
+            "experts"
+        );
+        let top = super::super::MoeConfig {
+            experts: 2,
+            top_k: 3,
+            ..moe
+        };
+        assert_eq!(
+            key(GptConfig {
+                moe: Some(top),
+                ..config()
+            }),
+            "top_k"
+        );
+    }
+
+    #[test]
+    fn non_finite_weights_are_refused_on_load_naming_the_tensor() {
+        let mut w = GptWeights::random(&config(), 1).unwrap();
+        assert_eq!(w.first_non_finite(), None);
+        let bytes = w.to_safetensors().unwrap();
+        assert!(GptWeights::from_safetensors(&bytes, DType::F32).is_ok());
+        let bad = Tensor::new(&[f32::NAN; 8], &Device::Cpu).unwrap();
+        w.set("blocks.0.norm1.weight", bad).unwrap();
+        assert_eq!(
+            w.first_non_finite().as_deref(),
+            Some("blocks.0.norm1.weight")
+        );
+        let bytes = w.to_safetensors().unwrap();
+        let err = GptWeights::from_safetensors(&bytes, DType::F32)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("blocks.0.norm1.weight") && err.contains("not a finite number"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn moe_flags_on_a_dense_file_say_to_drop_them() {
+        for given in [0, 4] {
+            let err = config().check_flag("experts", Some(given)).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains("dense") && text.contains("drop the flag"),
+                "{text}"
+            );
+            assert!(!text.contains("make it"), "{text}");
+        }
+        assert!(config().check_flag("d-model", Some(8)).is_ok());
     }
 }

@@ -93,6 +93,20 @@ impl HostTensor {
         self.len() == 0
     }
 
+    /// Whether every value is a finite number (no infinity, no NaN).
+    pub fn is_finite(&self) -> bool {
+        match self.dtype {
+            DType::F32 => self
+                .data
+                .chunks_exact(4)
+                .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
+            DType::F64 => self
+                .data
+                .chunks_exact(8)
+                .all(|b| f64::from_le_bytes(b.try_into().unwrap_or([0; 8])).is_finite()),
+        }
+    }
+
     /// The values as f64 (exact for f32).
     pub fn to_f64s(&self) -> Vec<f64> {
         match self.dtype {
@@ -318,6 +332,78 @@ pub struct Manifest {
     pub step: usize,
     /// Every other file of the checkpoint.
     pub files: Vec<FileEntry>,
+    /// The run that wrote it (absent in checkpoints of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunIdentity>,
+}
+
+/// The name of the first tensor of `tensors` (in name order) that holds a value that is not a
+/// finite number, if any: such weights are never published as a checkpoint.
+pub fn first_non_finite<'a>(tensors: impl IntoIterator<Item = &'a HostTensor>) -> Option<&'a str> {
+    tensors
+        .into_iter()
+        .filter(|t| !t.is_finite())
+        .map(|t| t.name.as_str())
+        .min()
+}
+
+/// Who wrote a checkpoint: the run's random identifier (kept by `--resume`, new for every
+/// fresh run) and what the run trained on, so a checkpoint directory is owned by one run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunIdentity {
+    /// A random identifier, 16 hex digits, drawn when the run started fresh.
+    pub id: String,
+    /// The run's seed.
+    pub seed: u64,
+    /// The synthetic task, or `data` when the run trains on a file.
+    pub task: String,
+    /// The training file's size and CRC-32 (`BYTES:CRC`), when the run trains on a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_digest: Option<String>,
+}
+
+impl RunIdentity {
+    /// A fresh run's identity: a new random identifier with `seed`, `task` and the data digest.
+    pub fn fresh(seed: u64, task: String, data_digest: Option<String>) -> Self {
+        RunIdentity {
+            id: random_id(),
+            seed,
+            task,
+            data_digest,
+        }
+    }
+}
+
+/// 16 random hex digits (the standard library's per-process random hash keys, the clock and
+/// the process id mixed).
+pub fn random_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!("{:016x}", h.finish())
+}
+
+/// The size and CRC-32 of the file at `path` (`BYTES:CRC`), read in pieces.
+pub fn file_digest(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes: u64 = 0;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        bytes += n as u64;
+        hasher.update(&buf[..n]);
+    }
+    Ok(format!("{bytes}:{:08x}", hasher.finalize()))
 }
 
 /// The CRC-32 of `bytes`, as the manifest writes it.
@@ -340,7 +426,13 @@ impl Manifest {
                     crc32: crc32_hex(bytes),
                 })
                 .collect(),
+            run: None,
         }
+    }
+
+    /// The same manifest, written by `run`.
+    pub fn by(self, run: Option<RunIdentity>) -> Self {
+        Manifest { run, ..self }
     }
 
     /// The total size of the files it lists.

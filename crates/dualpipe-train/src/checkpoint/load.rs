@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use super::format::{
     self, CheckpointState, HostTensor, Manifest, FORMAT, MANIFEST, STATE, VERSION,
 };
-use super::writer::{checkpoint_dirs, parse_dir_name, LATEST};
+use super::pointer::{self, Pointer};
+use super::writer::{checkpoint_dirs, parse_dir_name};
 use super::CheckpointError;
 use crate::memory;
 
@@ -100,9 +101,28 @@ fn read_listed(dir: &Path, entry: &format::FileEntry) -> Result<Vec<u8>, Checkpo
 }
 
 impl Checkpoint {
-    /// Reads the checkpoint in `dir`, verifying every file against the manifest.
+    /// Reads the checkpoint in `dir`, verifying every file against the manifest, every value
+    /// finite, and (for the GPT) every parameter of the model its `state.json` describes
+    /// present: a checkpoint that fails any of these is damaged.
     pub fn read(dir: &Path) -> Result<Self, CheckpointError> {
-        Checkpoint::read_files(dir, |_| true)
+        let ckpt = Checkpoint::read_files(dir, |_| true)?;
+        let config = &ckpt.state.config;
+        if config.model == crate::ModelKind::Gpt {
+            let missing = dualpipe_nn::gpt::tensor_names(&config.gpt())
+                .into_iter()
+                .map(|(name, _)| name)
+                .find(|name| !ckpt.tensors.contains_key(name));
+            if let Some(name) = missing {
+                return Err(damaged(
+                    dir,
+                    format!(
+                        "it holds no tensor {name}, which its {STATE} says the model has (a \
+                         file left out of the {MANIFEST}?)"
+                    ),
+                ));
+            }
+        }
+        Ok(ckpt)
     }
 
     /// Reads the checkpoint in `dir`, but of its files only `state.json` and those `wanted`
@@ -128,6 +148,17 @@ impl Checkpoint {
             }
         }
         let state = state.ok_or_else(|| damaged(dir, format!("the manifest lists no {STATE}")))?;
+        let mut names: Vec<&String> = tensors.keys().collect();
+        names.sort();
+        if let Some(name) = names.into_iter().find(|n| !tensors[*n].is_finite()) {
+            return Err(damaged(
+                dir,
+                format!(
+                    "the tensor {name} holds a value that is not a finite number (inf or NaN): \
+                     the run had diverged"
+                ),
+            ));
+        }
         if state.step != manifest.step {
             return Err(damaged(
                 dir,
@@ -171,9 +202,8 @@ fn candidates(root: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
     let mut dirs = checkpoint_dirs(root)?;
     dirs.sort_by_key(|d| std::cmp::Reverse(d.0));
     let mut out: Vec<PathBuf> = Vec::new();
-    if let Ok(text) = std::fs::read_to_string(root.join(LATEST)) {
-        let name = text.trim();
-        if parse_dir_name(name).is_some() && root.join(name).is_dir() {
+    if let Pointer::Names(name) = pointer::read(root) {
+        if root.join(&name).is_dir() {
             out.push(root.join(name));
         }
     }
@@ -191,7 +221,7 @@ fn candidates(root: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
 pub fn find_latest(root: &Path) -> Result<Option<Found>, CheckpointError> {
     if !root.is_dir() {
         return Err(CheckpointError::NotFound(format!(
-            "{} is not a directory; give the --checkpoint-dir of an earlier run",
+            "{} is not a directory; give the checkpoint directory of an earlier run",
             root.display()
         )));
     }
@@ -239,6 +269,13 @@ pub fn step_dir(path: &Path, step: usize) -> PathBuf {
 /// The checkpoint at `path`: a checkpoint's own directory (read as it is: no fallback), or a
 /// checkpoint directory (its latest complete one, [`find_latest`]).
 pub fn open(path: &Path) -> Result<Found, CheckpointError> {
+    if !path.exists() {
+        return Err(CheckpointError::NotFound(format!(
+            "{} does not exist; give a checkpoint directory or one of its step-NNNNNN \
+             checkpoints",
+            path.display()
+        )));
+    }
     if is_own(path) {
         return Ok(Found {
             checkpoint: Checkpoint::read(path)?,
@@ -301,9 +338,36 @@ mod tests {
             virtual_stages: 1,
             model_stages: 2,
         };
-        let state = CheckpointState::new(&TrainConfig::default(), shape, step);
+        let state = CheckpointState::new(&TrainConfig::MLP, shape, step);
         files.push((STATE.into(), serde_json::to_vec(&state).unwrap()));
         write_dir(root, step, &files, 0).unwrap()
+    }
+
+    #[test]
+    fn a_checkpoint_holding_a_non_finite_value_is_damaged() {
+        let root = tempfile::tempdir().unwrap();
+        save(root.path(), 1);
+        let t = HostTensor::from_f64s("blocks.0.up.weight".into(), &[1.0, f64::NAN]);
+        let mut files = encode_files(&[t]).unwrap();
+        let shape = ScheduleShape {
+            kind: "1f1b".into(),
+            ranks: 2,
+            micro_batches: 4,
+            virtual_stages: 1,
+            model_stages: 2,
+        };
+        let state = CheckpointState::new(&TrainConfig::MLP, shape, 2);
+        files.push((STATE.into(), serde_json::to_vec(&state).unwrap()));
+        write_dir(root.path(), 2, &files, 0).unwrap();
+        let found = find_latest(root.path()).unwrap().unwrap();
+        assert_eq!(found.checkpoint.state.step, 1);
+        let why = found.skipped[0].to_string();
+        assert!(
+            why.contains("blocks.0.up.weight") && why.contains("not a finite number"),
+            "{why}"
+        );
+        let listed = list(root.path()).unwrap();
+        assert!(listed[1].status.is_err());
     }
 
     #[test]

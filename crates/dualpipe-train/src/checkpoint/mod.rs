@@ -15,9 +15,11 @@
 //! - `manifest.json` ([`Manifest`]), written last: every file with its size and CRC-32.
 //!
 //! The directory is written under a temp name, every file and the directory fsynced, then
-//! renamed into place; the `latest` pointer (a one-line file, replaced atomically by
-//! `dualpipe_io`) moves after. Only the newest `keep` `step-*` directories are kept; nothing
-//! else in the checkpoint directory is touched.
+//! renamed into place; the `latest` pointer (a one-line regular file of the directory,
+//! [`pointer`]) moves after. Weights or optimizer state holding a value that is not a finite
+//! number are never published. Only the newest `keep` checkpoints this program wrote are
+//! kept; nothing else in the checkpoint directory is touched. The directory is owned by one
+//! run ([`owner`]): its identity in every manifest, a lock while it writes.
 //!
 //! - [`format`](mod@format) — names, host tensors, the safetensors files, `state.json` and the manifest;
 //! - [`writer`] — the directory's atomic write, the `latest` pointer, pruning, and
@@ -26,18 +28,23 @@
 //!   skipped), verifying it, reading it ([`Checkpoint`]), and listing ([`list`]);
 //! - [`shared`] — a checkpoint several processes write together (one process per rank
 //!   under MPI): each its own layers' files and a part-manifest, process 0 the manifest;
+//! - [`pointer`] — the `latest` pointer, read and written;
+//! - [`owner`] — the run that owns a directory: its lock, the refusal of another run's
+//!   directory, the removal of dead runs' temp directories;
 //! - [`weights`] — a checkpoint's GPT weights alone (`--init-from`);
 //! - [`session`] — [`Checkpointing`]: a run's writer from its start to the note of what it
 //!   saved.
 
 pub mod format;
 pub mod load;
+pub mod owner;
+pub mod pointer;
 pub mod session;
 pub mod shared;
 pub mod weights;
 pub mod writer;
 
-pub use format::{CheckpointState, HostTensor, Manifest, ScheduleShape};
+pub use format::{CheckpointState, HostTensor, Manifest, RunIdentity, ScheduleShape};
 pub use load::{find_latest, list, open, step_dir, Checkpoint, Found, Listed};
 pub use session::Checkpointing;
 pub use shared::Share;
@@ -60,6 +67,11 @@ pub struct CheckpointOptions {
     pub every: usize,
     /// Keep the newest this many checkpoints (0: keep all).
     pub keep: usize,
+    /// The run that writes (named in every manifest; `None`: not recorded).
+    pub run: Option<RunIdentity>,
+    /// Whether the run continues a checkpoint (then the directory may hold that run's
+    /// checkpoints); a fresh run refuses a directory that holds any.
+    pub resuming: bool,
 }
 
 impl CheckpointOptions {
@@ -69,6 +81,8 @@ impl CheckpointOptions {
             dir: dir.into(),
             every: DEFAULT_EVERY,
             keep: DEFAULT_KEEP,
+            run: None,
+            resuming: false,
         }
     }
 }
@@ -106,6 +120,49 @@ pub enum CheckpointError {
     /// The background writer failed or stopped.
     #[error("the checkpoint writer failed: {0}")]
     Writer(String),
+    /// Something other than a pointer is where the `latest` pointer goes.
+    #[error(
+        "{path} is {what}; it is not replaced: move it away, or use another checkpoint directory"
+    )]
+    ForeignPointer {
+        /// The `latest` path.
+        path: PathBuf,
+        /// What is there.
+        what: String,
+    },
+    /// Another process holds the checkpoint directory's lock.
+    #[error("the checkpoint directory {dir} is in use by {holder}")]
+    InUse {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Who holds it, as its lock file says.
+        holder: String,
+    },
+    /// The checkpoint directory holds checkpoints of another run (or any, for a fresh run).
+    #[error("the checkpoint directory {dir} already holds checkpoints ({} of {})", newest.display(), run_words(run))]
+    Occupied {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// The newest checkpoint that is in the way.
+        newest: PathBuf,
+        /// The run that wrote it, when recorded.
+        run: Option<Box<RunIdentity>>,
+    },
+    /// Weights or optimizer state hold a value that is not a finite number.
+    #[error("after step {step} the tensor {tensor} holds a value that is not a finite number (inf or NaN): training diverged, and this state is not saved")]
+    NonFinite {
+        /// Steps done.
+        step: usize,
+        /// The first such tensor (in name order).
+        tensor: String,
+    },
+}
+
+fn run_words(run: &Option<Box<RunIdentity>>) -> String {
+    match run {
+        Some(r) => format!("run {}, seed {}, task {}", r.id, r.seed, r.task),
+        None => "an earlier run".into(),
+    }
 }
 
 impl CheckpointError {

@@ -90,6 +90,7 @@ pub fn save_share(
     parts: Vec<CheckpointPart>,
     keep: usize,
     share: &Share,
+    run: Option<&super::RunIdentity>,
 ) -> Result<SaveRecord, CheckpointError> {
     let began = Instant::now();
     let (mut files, state, host_bytes) = encode_parts(parts)?;
@@ -123,7 +124,7 @@ pub fn save_share(
     let mut bytes: u64 = files.iter().map(|(_, b)| b.len() as u64).sum();
     let path = root.join(dir_name(step));
     if share.process == 0 {
-        let manifest = merge(&tmp, step, share)?;
+        let manifest = merge(&tmp, step, share)?.by(run.cloned());
         bytes = manifest.bytes();
         write_manifest(&tmp, &manifest)?;
         publish(root, step, &tmp, keep)?;
@@ -191,6 +192,7 @@ fn merge(tmp: &Path, step: usize, share: &Share) -> Result<Manifest, CheckpointE
         version: format::VERSION,
         step,
         files,
+        run: None,
     })
 }
 
@@ -218,7 +220,7 @@ mod tests {
                     &[0.5 + layer as f64],
                 ),
             ],
-            state: state.then(|| CheckpointState::new(&TrainConfig::default(), shape, step)),
+            state: state.then(|| CheckpointState::new(&TrainConfig::MLP, shape, step)),
         }
     }
 
@@ -240,9 +242,10 @@ mod tests {
         let r = root.path().to_path_buf();
         let other = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
-            save_share(&r, 4, vec![part(4, 1, true)], 0, &share(1)).unwrap()
+            save_share(&r, 4, vec![part(4, 1, true)], 0, &share(1), None).unwrap()
         });
-        let record = save_share(root.path(), 4, vec![part(4, 0, true)], 0, &share(0)).unwrap();
+        let record =
+            save_share(root.path(), 4, vec![part(4, 0, true)], 0, &share(0), None).unwrap();
         other.join().unwrap();
         let ckpt = Checkpoint::read(&record.path).unwrap();
         assert_eq!(ckpt.state.step, 4);
@@ -291,7 +294,7 @@ mod tests {
             job: 1,
             wait: Duration::from_millis(50),
         };
-        let err = save_share(root.path(), 2, vec![part(2, 0, true)], 0, &share).unwrap_err();
+        let err = save_share(root.path(), 2, vec![part(2, 0, true)], 0, &share, None).unwrap_err();
         assert!(err.to_string().contains("process(es) 1, 2"), "{err}");
         assert!(!root.path().join(dir_name(2)).exists());
     }

@@ -17,11 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::format::{self, CheckpointState, HostTensor, Manifest, MANIFEST, STATE};
-use super::{CheckpointError, CheckpointOptions};
+use super::format::{self, CheckpointState, HostTensor, Manifest, RunIdentity, MANIFEST, STATE};
+use super::owner::{self, DirLock};
+use super::{pointer, CheckpointError, CheckpointOptions};
 
-/// The `latest` pointer's file name.
-pub const LATEST: &str = "latest";
+pub use super::pointer::LATEST;
 
 /// A checkpoint's directory name: `step-` and the steps done, 6 digits or more.
 pub fn dir_name(step: usize) -> String {
@@ -54,13 +54,23 @@ pub fn write_dir(
     files: &[(String, Vec<u8>)],
     keep: usize,
 ) -> Result<PathBuf, CheckpointError> {
-    std::fs::create_dir_all(root)
-        .map_err(|e| CheckpointError::io(root, "create the checkpoint directory", &e))?;
+    write_dir_by(root, step, files, keep, None)
+}
+
+/// [`write_dir`], the manifest naming `run` as the writer.
+pub fn write_dir_by(
+    root: &Path,
+    step: usize,
+    files: &[(String, Vec<u8>)],
+    keep: usize,
+    run: Option<&RunIdentity>,
+) -> Result<PathBuf, CheckpointError> {
+    create_root(root)?;
     let name = dir_name(step);
     let tmp = root.join(format!(".{name}.tmp-{}-{}", std::process::id(), nonce()));
     std::fs::create_dir(&tmp).map_err(|e| CheckpointError::io(&tmp, "create", &e))?;
     let written = write_files(&tmp, files).and_then(|()| {
-        let manifest = Manifest::of(step, files);
+        let manifest = Manifest::of(step, files).by(run.cloned());
         write_manifest(&tmp, &manifest)
     });
     if let Err(e) = written {
@@ -68,6 +78,19 @@ pub fn write_dir(
         return Err(e);
     }
     publish(root, step, &tmp, keep)
+}
+
+/// Creates the checkpoint directory `root` when missing; a path that exists but is not a
+/// directory is an error saying so.
+pub(crate) fn create_root(root: &Path) -> Result<(), CheckpointError> {
+    if root.exists() && !root.is_dir() {
+        return Err(CheckpointError::Io {
+            path: root.to_path_buf(),
+            message: "is a file, not a directory; give a directory (created when missing)".into(),
+        });
+    }
+    std::fs::create_dir_all(root)
+        .map_err(|e| CheckpointError::io(root, "create the checkpoint directory", &e))
 }
 
 /// A number that differs from run to run (the clock's nanoseconds), for temp names.
@@ -99,12 +122,7 @@ pub(crate) fn publish(
     if replaced {
         let _ = std::fs::remove_dir_all(&old);
     }
-    dualpipe_io::write(&root.join(LATEST), format!("{name}\n").as_bytes()).map_err(|e| {
-        CheckpointError::Io {
-            path: root.join(LATEST),
-            message: e.to_string(),
-        }
-    })?;
+    pointer::write(root, &name)?;
     prune(root, keep)?;
     Ok(target)
 }
@@ -137,12 +155,14 @@ pub(crate) fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<(), Chec
 }
 
 /// Removes all but the newest `keep` checkpoint directories of `root` (0: keeps all). Only
-/// `step-NNNNNN` directories are candidates.
+/// `step-NNNNNN` directories this program wrote (holding our manifest) are candidates: a
+/// user's own directory of that name is never removed, nor counted.
 pub fn prune(root: &Path, keep: usize) -> Result<(), CheckpointError> {
     if keep == 0 {
         return Ok(());
     }
     let mut steps = checkpoint_dirs(root)?;
+    steps.retain(|(_, path)| owner::is_ours(path));
     steps.sort_by_key(|d| std::cmp::Reverse(d.0));
     for (_, path) in steps.into_iter().skip(keep) {
         std::fs::remove_dir_all(&path)
@@ -232,6 +252,10 @@ pub struct CheckpointWriter {
     sink: Option<CheckpointSink>,
     handle: Option<JoinHandle<Vec<SaveRecord>>>,
     failed: Arc<Mutex<Option<String>>>,
+    /// The directory's lock, held until the writer finishes (by the process that publishes).
+    _lock: Option<DirLock>,
+    /// The temp directories of dead runs removed at the start.
+    removed: Vec<PathBuf>,
 }
 
 impl CheckpointWriter {
@@ -249,14 +273,33 @@ impl CheckpointWriter {
         layout: Layout,
         on_saved: Option<OnSaved>,
     ) -> Result<Self, CheckpointError> {
-        std::fs::create_dir_all(&options.dir).map_err(|e| {
-            CheckpointError::io(&options.dir, "create the checkpoint directory", &e)
-        })?;
+        create_root(&options.dir)?;
+        let publishes = match &layout {
+            Layout::Whole { .. } => true,
+            Layout::Shared(share) => share.process == 0,
+        };
+        let mut lock = None;
+        let mut removed = Vec::new();
+        if publishes {
+            let run = options.run.clone().unwrap_or_else(|| RunIdentity {
+                id: format::random_id(),
+                seed: 0,
+                task: String::new(),
+                data_digest: None,
+            });
+            lock = Some(DirLock::acquire(&options.dir, &run)?);
+            if options.run.is_some() {
+                owner::check_owner(&options.dir, &run, options.resuming)?;
+            }
+            pointer::check_replaceable(&options.dir)?;
+            removed = owner::remove_stale_temps(&options.dir);
+        }
         if let Layout::Shared(share) = &layout {
             if share.process == 0 {
                 super::shared::remove_stale(&options.dir, share.job);
             }
         }
+        let run = options.run.clone();
         let parts = match &layout {
             Layout::Whole { parts } => (*parts).max(1),
             Layout::Shared(_) => 1,
@@ -270,9 +313,9 @@ impl CheckpointWriter {
             .name("checkpoint-writer".into())
             .spawn(move || {
                 let save = |step: usize, group: Vec<CheckpointPart>| match &layout {
-                    Layout::Whole { .. } => save(&root, step, group, keep),
+                    Layout::Whole { .. } => save(&root, step, group, keep, run.as_ref()),
                     Layout::Shared(share) => {
-                        super::shared::save_share(&root, step, group, keep, share)
+                        super::shared::save_share(&root, step, group, keep, share, run.as_ref())
                     }
                 };
                 writer_loop(&rx, parts, &flag, save, on_saved.as_deref())
@@ -286,7 +329,14 @@ impl CheckpointWriter {
             }),
             handle: Some(handle),
             failed,
+            _lock: lock,
+            removed,
         })
+    }
+
+    /// The temp directories of runs that were killed while writing, removed at the start.
+    pub fn removed(&self) -> &[PathBuf] {
+        &self.removed
     }
 
     /// A handle for a trainer.
@@ -373,6 +423,13 @@ pub(super) type Files = Vec<(String, Vec<u8>)>;
 pub(super) fn encode_parts(
     parts: Vec<CheckpointPart>,
 ) -> Result<(Files, Option<CheckpointState>, usize), CheckpointError> {
+    let tensors = parts.iter().flat_map(|p| &p.tensors);
+    if let Some(tensor) = format::first_non_finite(tensors) {
+        return Err(CheckpointError::NonFinite {
+            step: parts.first().map_or(0, |p| p.step),
+            tensor: tensor.to_string(),
+        });
+    }
     let host_bytes = parts.iter().map(CheckpointPart::bytes).sum();
     let mut state = None;
     let mut tensors = Vec::new();
@@ -396,6 +453,7 @@ fn save(
     step: usize,
     parts: Vec<CheckpointPart>,
     keep: usize,
+    run: Option<&RunIdentity>,
 ) -> Result<SaveRecord, CheckpointError> {
     let began = Instant::now();
     let (mut files, state, host_bytes) = encode_parts(parts)?;
@@ -403,7 +461,7 @@ fn save(
         .ok_or_else(|| CheckpointError::Writer(format!("step {step}: no part held the state")))?;
     files.push(state_file(&state)?);
     let bytes = files.iter().map(|(_, b)| b.len() as u64).sum();
-    let path = write_dir(root, step, &files, keep)?;
+    let path = write_dir_by(root, step, &files, keep, run)?;
     Ok(SaveRecord {
         step,
         path,
@@ -454,6 +512,64 @@ mod tests {
             .join("step-000400")
             .join("a.safetensors")
             .is_file());
+    }
+
+    #[test]
+    fn a_users_step_directory_is_never_pruned_nor_counted() {
+        let root = tempfile::tempdir().unwrap();
+        let users = root.path().join("step-000001");
+        std::fs::create_dir(&users).unwrap();
+        std::fs::write(users.join("notes.txt"), "my own file").unwrap();
+        for step in [2, 4, 6] {
+            write_dir(root.path(), step, &files(), 1).unwrap();
+        }
+        assert!(users.join("notes.txt").is_file());
+        assert!(root.path().join("step-000006").is_dir());
+        assert!(!root.path().join("step-000004").exists());
+    }
+
+    #[test]
+    fn non_finite_state_is_never_published() {
+        let root = tempfile::tempdir().unwrap();
+        let options = CheckpointOptions {
+            every: 1,
+            keep: 1,
+            ..CheckpointOptions::new(root.path())
+        };
+        let writer = CheckpointWriter::start(&options, 1).unwrap();
+        let sink = writer.sink().unwrap();
+        let part = |step: usize, x: f64| CheckpointPart {
+            step,
+            tensors: vec![HostTensor::from_f64s(
+                "blocks.0.up.weight".into(),
+                &[x, 1.0],
+            )],
+            state: Some(CheckpointState::new(
+                &crate::TrainConfig::MLP,
+                super::super::ScheduleShape {
+                    kind: "1f1b".into(),
+                    ranks: 2,
+                    micro_batches: 4,
+                    virtual_stages: 1,
+                    model_stages: 2,
+                },
+                step,
+            )),
+        };
+        sink.send(part(1, 0.5)).unwrap();
+        sink.send(part(2, f64::INFINITY)).unwrap();
+        drop(sink);
+        let err = writer.finish().unwrap_err().to_string();
+        assert!(
+            err.contains("blocks.0.up.weight") && err.contains("not a finite number"),
+            "{err}"
+        );
+        assert!(root.path().join("step-000001").join(MANIFEST).is_file());
+        assert!(!root.path().join("step-000002").exists());
+        assert_eq!(
+            std::fs::read_to_string(root.path().join(LATEST)).unwrap(),
+            "step-000001\n"
+        );
     }
 
     #[test]

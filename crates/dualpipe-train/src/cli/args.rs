@@ -104,7 +104,7 @@ pub struct TrainArgs {
     pub save: Option<PathBuf>,
     /// Start the GPT from FILE's weights (safetensors; its metadata fixes the architecture,
     /// and a flag that disagrees is an error), or from a checkpoint directory's weights.
-    #[arg(long, value_name = "FILE.safetensors")]
+    #[arg(long, value_name = "FILE.safetensors", conflicts_with_all = ["resume", "resume_from"])]
     pub init_from: Option<PathBuf>,
     /// Training steps (the help text, with the defaults of both models, is `help`'s).
     #[arg(long, value_parser = count, allow_negative_numbers = true,
@@ -205,13 +205,17 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N", requires = "checkpoint_dir", value_parser = count, allow_negative_numbers = true)]
     pub checkpoint_every: Option<usize>,
     /// Checkpoints kept in --checkpoint-dir: the newest K (0 keeps every one); nothing but
-    /// its step-* directories is ever removed.
+    /// the step-* directories this program wrote is ever removed.
     #[arg(long, value_name = "K", default_value_t = crate::checkpoint::DEFAULT_KEEP)]
     pub keep_checkpoints: usize,
     /// Continue from the latest complete checkpoint in --checkpoint-dir (a damaged one is
     /// reported and the previous used; none yet: start at step 1). --steps stays the total.
     #[arg(long, requires = "checkpoint_dir", conflicts_with = "resume_from")]
     pub resume: bool,
+    /// With --resume or --resume-from: continue although the seed, task, data, --shuffle or
+    /// --validation-fraction differ from the checkpoint's (refused otherwise, naming each).
+    #[arg(long)]
+    pub allow_changed_settings: bool,
     /// Continue from the checkpoint at PATH: a step-NNNNNN directory, or a checkpoint
     /// directory (its latest complete checkpoint). Any schedule, ranks, layers per stage or
     /// data-parallel degree that gives the same model can read it.

@@ -14,6 +14,8 @@ pub struct Failure {
     pub message: String,
     /// Whether the request is at fault (bad flags or input) rather than the run.
     pub usage: bool,
+    /// The signal that stopped the run at a step boundary (exit code `128 + signal`).
+    pub signal: Option<i32>,
 }
 
 impl Failure {
@@ -22,6 +24,7 @@ impl Failure {
         Failure {
             message: message.into(),
             usage: true,
+            signal: None,
         }
     }
 
@@ -30,6 +33,16 @@ impl Failure {
         Failure {
             message: message.into(),
             usage: false,
+            signal: None,
+        }
+    }
+
+    /// A run stopped by `signal` at a step boundary, told in these words.
+    pub fn interrupted(message: impl Into<String>, signal: i32) -> Self {
+        Failure {
+            message: message.into(),
+            usage: false,
+            signal: Some(signal),
         }
     }
 
@@ -57,20 +70,25 @@ impl Failure {
         }
     }
 
-    /// A failed run: a diverged loss names the flags to change.
+    /// A failed run: a diverged loss (or weights that stopped being finite) names the flags
+    /// to change.
     pub fn training(err: TrainError, config: &TrainConfig) -> Self {
         match err {
             TrainError::Diverged(d) => Failure::run(super::divergence(&d, config)),
+            TrainError::Checkpoint(e @ crate::CheckpointError::NonFinite { .. }) => Failure::run(
+                format!("{e}; lower the learning rate (now --lr {:e})", config.lr),
+            ),
             other => Failure::error(Some("training failed"), &other),
         }
     }
 
-    /// The process exit code: 2 for a usage error, 1 otherwise.
+    /// The process exit code: `128 + signal` for a run a signal stopped, 2 for a usage
+    /// error, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
-        if self.usage {
-            2
-        } else {
-            1
+        match self.signal {
+            Some(signal) => u8::try_from(128 + signal).unwrap_or(1),
+            None if self.usage => 2,
+            None => 1,
         }
     }
 }

@@ -77,7 +77,7 @@ impl TrainArgs {
                 Err(failure) => leave(world, failure, say),
             };
         let on_saved = watch.on_checkpoint();
-        let checkpoints = match self.mpi_checkpoints(&world, &mut trainer, on_saved, say) {
+        let checkpoints = match self.mpi_checkpoints(&world, &mut trainer, &config, on_saved, say) {
             Ok(checkpoints) => checkpoints,
             Err(failure) => refuse(world, rank, failure, say),
         };
@@ -126,7 +126,7 @@ impl TrainArgs {
         // Every rank takes part in gathering the weights for --save; rank 0 writes them.
         let finished = match self.finished(&mut trainer, summary) {
             Ok(finished) => finished,
-            Err(err) => leave(world, told(err, |e| Failure::error(None, &e)), say),
+            Err(err) => leave(world, told(err, |e| self.unsaved(e, &config)), say),
         };
         drop(trainer);
         drop(world);
@@ -142,14 +142,22 @@ impl TrainArgs {
         &self,
         world: &MpiWorld,
         trainer: &mut Trainer<D>,
+        config: &TrainConfig,
         on_saved: Option<crate::checkpoint::OnSaved>,
         say: &mut dyn FnMut(&str),
     ) -> Result<Checkpointing, Failure> {
         let rank = world.info().rank;
+        let mut resumed = None;
         if self.resume || self.resume_from.is_some() {
             let chosen = match rank {
                 0 => self
                     .resume_checkpoint(say)
+                    .and_then(|c| {
+                        if let Some(c) = &c {
+                            self.check_resumed_settings(c, config)?;
+                        }
+                        Ok(c)
+                    })
                     .map_err(|f| TrainError::Config(f.message)),
                 _ => Ok(None),
             };
@@ -160,6 +168,7 @@ impl TrainArgs {
             let restored = restore_agreed(world, trainer, chosen, source)
                 .map_err(|e| told(e, Failure::setup))?;
             if let Some((checkpoint, restored)) = restored.filter(|_| rank == 0) {
+                resumed = Some(checkpoint.manifest.run.clone());
                 self.say_resumed(&checkpoint, &restored, say);
             }
         }
@@ -167,7 +176,8 @@ impl TrainArgs {
             return Ok(Checkpointing::default());
         }
         let share = checkpoint_share(world);
-        let checkpoints = self.checkpointing(Layout::Shared(share), on_saved)?;
+        let checkpoints =
+            self.checkpointing(Layout::Shared(share), on_saved, config, resumed, say)?;
         if let Some(sink) = checkpoints.writer().and_then(|w| w.sink()) {
             trainer.set_checkpoints(sink);
         }

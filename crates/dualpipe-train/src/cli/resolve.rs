@@ -205,8 +205,17 @@ fn adopt_architecture(
     config: &mut TrainConfig,
     path: &Path,
 ) -> Result<(), TrainError> {
-    let weights = read_weights(path, config)
-        .map_err(|e| TrainError::Config(format!("--init-from {}", message(e))))?;
+    let (weights, chosen) = if path.is_dir() {
+        let found = crate::checkpoint::open(path)
+            .map_err(|e| TrainError::Config(format!("--init-from: {e}")))?;
+        let weights = crate::checkpoint::gpt_weights(&found.checkpoint, config.dtype.candle())
+            .map_err(|e| TrainError::Config(format!("--init-from: {e}")))?;
+        (weights, Some(found.checkpoint.path))
+    } else {
+        let weights = read_weights(path, config)
+            .map_err(|e| TrainError::Config(format!("--init-from {}", message(e))))?;
+        (weights, None)
+    };
     let file = *weights.config();
     let stages = config.model_stages();
     let check = |flag: &str, given: Option<usize>| {
@@ -246,6 +255,11 @@ fn adopt_architecture(
             path.display(),
             file.layers
         )));
+    }
+    if let Some(chosen) = chosen {
+        // The checkpoint actually read (an older one when the newest is damaged): the run
+        // reads it again, and its summary names it.
+        config.init_from = Some(chosen);
     }
     config.d_model = file.d_model;
     config.heads = file.heads;

@@ -3,8 +3,11 @@
 //! The checkpoints themselves are [`checkpoint`]'s.
 
 use super::{Failure, TrainArgs};
-use crate::checkpoint::{self, Checkpoint, CheckpointOptions, Found, DEFAULT_EVERY};
-use crate::{Restored, TrainError};
+use crate::checkpoint::format::file_digest;
+use crate::checkpoint::{
+    self, Checkpoint, CheckpointError, CheckpointOptions, Found, RunIdentity, DEFAULT_EVERY,
+};
+use crate::{Restored, TrainConfig, TrainError};
 
 impl TrainArgs {
     /// The checkpoint `--resume` or `--resume-from` asks for, with why each damaged newer one
@@ -21,6 +24,13 @@ impl TrainArgs {
         let Some(dir) = self.checkpoint_dir.as_ref().filter(|_| self.resume) else {
             return Ok(None);
         };
+        if dir.exists() && !dir.is_dir() {
+            return Err(TrainError::Config(format!(
+                "--checkpoint-dir {} is a file, not a directory; give the --checkpoint-dir of \
+                 an earlier run",
+                dir.display()
+            )));
+        }
         if !dir.is_dir() {
             return Err(TrainError::Config(format!(
                 "--resume: the checkpoint directory {} does not exist; drop --resume for a \
@@ -38,7 +48,124 @@ impl TrainArgs {
             dir: self.checkpoint_dir.clone()?,
             every: self.checkpoint_every.unwrap_or(DEFAULT_EVERY),
             keep: self.keep_checkpoints,
+            run: None,
+            resuming: false,
         })
+    }
+
+    /// A fresh run's identity: a new random id, the seed, the task (`data` with `--data`)
+    /// and the training file's digest.
+    pub fn run_identity(&self, config: &TrainConfig) -> Result<RunIdentity, Failure> {
+        let digest = match &config.data {
+            Some(path) => Some(file_digest(path).map_err(|e| {
+                Failure::usage(format!("cannot read --data {}: {e}", path.display()))
+            })?),
+            None => None,
+        };
+        let task = match &config.data {
+            Some(_) => "data".to_string(),
+            None => config.task.name().to_string(),
+        };
+        Ok(RunIdentity::fresh(config.seed, task, digest))
+    }
+
+    /// A refusal of the checkpoint writer in the words of the command line.
+    pub fn checkpoint_refusal(&self, err: CheckpointError) -> Failure {
+        match &err {
+            CheckpointError::Occupied { .. } if self.resume || self.resume_from.is_some() => {
+                Failure::usage(format!(
+                    "--checkpoint-dir: {err}, not the run being resumed; give another \
+                     --checkpoint-dir"
+                ))
+            }
+            CheckpointError::Occupied { .. } => Failure::usage(format!(
+                "--checkpoint-dir: {err}; add --resume to continue that run, or give another \
+                 --checkpoint-dir (a fresh run never replaces another run's checkpoints)"
+            )),
+            CheckpointError::InUse { .. } => Failure::usage(format!(
+                "--checkpoint-dir: {err}; wait until it ends, or give another --checkpoint-dir"
+            )),
+            _ => Failure::usage(format!("--checkpoint-dir: {err}")),
+        }
+    }
+
+    /// Refuses to resume `checkpoint` when the settings that decide what the run trains on
+    /// (the seed, the task, the data, the order, the held-out share) differ from `config`'s,
+    /// naming each one, unless `--allow-changed-settings`.
+    pub fn check_resumed_settings(
+        &self,
+        checkpoint: &Checkpoint,
+        config: &TrainConfig,
+    ) -> Result<(), Failure> {
+        if self.allow_changed_settings {
+            return Ok(());
+        }
+        let saved = &checkpoint.state.config;
+        let mut changed = Vec::new();
+        if saved.seed != config.seed {
+            changed.push(format!(
+                "--seed {} (the checkpoint's: {})",
+                config.seed, saved.seed
+            ));
+        }
+        if saved.data.is_none() && config.data.is_none() && saved.task != config.task {
+            changed.push(format!(
+                "--task {} (the checkpoint's: {})",
+                config.task.name(),
+                saved.task.name()
+            ));
+        }
+        let recorded = checkpoint
+            .manifest
+            .run
+            .as_ref()
+            .and_then(|r| r.data_digest.clone());
+        let data_changed = match (&saved.data, &config.data) {
+            (None, None) => false,
+            (Some(_), Some(path)) => match &recorded {
+                Some(digest) => file_digest(path).ok().as_ref() != Some(digest),
+                None => saved.data != config.data,
+            },
+            _ => true,
+        };
+        if data_changed {
+            let show = |d: &Option<std::path::PathBuf>| match d {
+                Some(p) => p.display().to_string(),
+                None => format!("none, the {} task", saved.task.name()),
+            };
+            changed.push(format!(
+                "--data {} (the checkpoint's: {}{})",
+                show(&config.data),
+                show(&saved.data),
+                if saved.data.is_some() && saved.data == config.data {
+                    ", whose contents have changed"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if saved.shuffle != config.shuffle {
+            changed.push(format!(
+                "--shuffle {} (the checkpoint's: {})",
+                config.shuffle, saved.shuffle
+            ));
+        }
+        if saved.validation_fraction.to_bits() != config.validation_fraction.to_bits() {
+            changed.push(format!(
+                "--validation-fraction {} (the checkpoint's: {})",
+                config.validation_fraction, saved.validation_fraction
+            ));
+        }
+        if changed.is_empty() {
+            return Ok(());
+        }
+        Err(Failure::usage(format!(
+            "cannot resume {}: changed {}; a resumed run continues the same training, so give \
+             the checkpoint's settings, or add --allow-changed-settings to continue from its \
+             weights with the new ones",
+            checkpoint.path.display(),
+            changed.join(", ")
+        )))
     }
 
     /// The checkpoint to resume from ([`TrainArgs::resume_point`]), telling `say` of each
@@ -59,6 +186,36 @@ impl TrainArgs {
             ));
         }
         Ok(Some(found.checkpoint))
+    }
+
+    /// Tells `say` which checkpoint `--init-from DIR` read (`config.init_from`, unless
+    /// `--quiet`) and, always, why each newer one was skipped, as `--resume` does.
+    pub fn say_init_from(&self, config: &TrainConfig, say: &mut dyn FnMut(&str)) {
+        let (Some(given), Some(chosen)) = (&self.init_from, &config.init_from) else {
+            return;
+        };
+        if !given.is_dir() {
+            return;
+        }
+        let chosen_step = chosen
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(checkpoint::writer::parse_dir_name);
+        if chosen != given {
+            if let (Ok(mut dirs), Some(at)) =
+                (checkpoint::writer::checkpoint_dirs(given), chosen_step)
+            {
+                dirs.sort_by_key(|d| std::cmp::Reverse(d.0));
+                for (_, dir) in dirs.into_iter().filter(|d| d.0 > at) {
+                    if let Err(e @ CheckpointError::Damaged { .. }) = Checkpoint::read(&dir) {
+                        say(&format!("warning: {e}; using the previous checkpoint"));
+                    }
+                }
+            }
+        }
+        if !self.observe.quiet {
+            say(&format!("--init-from: the weights of {}", chosen.display()));
+        }
     }
 
     /// Tells `say` where the run continues from (unless `--quiet`).

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use dualpipe_schedule::Schedule;
 
 use super::{rank_addr, Failure, TrainArgs};
-use crate::checkpoint::{Checkpointing, Layout, OnSaved};
+use crate::checkpoint::{Checkpointing, Layout, OnSaved, RunIdentity};
 use crate::partition::format_partition;
 use crate::rebalance::Repartition;
 use crate::watch::{Watch, WatchError, WatchPlan};
@@ -63,7 +63,11 @@ impl TrainArgs {
         start: impl FnOnce(WatchPlan<'_>, &mut dyn FnMut(&str)) -> Result<W, WatchError>,
         say: &mut dyn FnMut(&str),
     ) -> Result<Finished, Failure> {
+        self.say_init_from(&config, say);
         let resume_from = self.resume_checkpoint(say)?;
+        if let Some(checkpoint) = &resume_from {
+            self.check_resumed_settings(checkpoint, &config)?;
+        }
         let mut local = LocalRun::new(config.clone(), given).map_err(Failure::setup)?;
         if let Some(checkpoint) = &resume_from {
             let restored = local.restore(checkpoint).map_err(Failure::setup)?;
@@ -71,13 +75,28 @@ impl TrainArgs {
         }
         let mut watch = self.start_watch(&config, local.schedule(), 0, true, start, say)?;
         let parts = local.checkpoint_parts();
-        let checkpoints = self.checkpointing(Layout::Whole { parts }, watch.on_checkpoint())?;
+        let resumed = resume_from.as_ref().map(|c| c.manifest.run.clone());
+        let checkpoints = self.checkpointing(
+            Layout::Whole { parts },
+            watch.on_checkpoint(),
+            &config,
+            resumed,
+            say,
+        )?;
         if let Some(writer) = checkpoints.writer() {
             local.set_checkpoints(writer);
         }
+        // Ctrl-C and SIGTERM stop the run at the next step boundary (a second one at once).
+        dualpipe_io::defer_signals();
+        local.set_stop(dualpipe_io::interrupted);
         let outcome = local.run(|event| watch.on_event(event));
         local.clear_checkpoints();
         let saved = self.finish_checkpoints(checkpoints, !self.observe.quiet, say);
+        if let Err(crate::TrainError::Interrupted { step, signal }) = outcome {
+            watch.finish();
+            saved?;
+            return Err(self.interrupted(step, signal, config.steps));
+        }
         let summary = outcome.map_err(|e| Failure::training(e, &config))?;
         saved?;
         watch.finish();
@@ -87,7 +106,7 @@ impl TrainArgs {
             }
         }
         self.finished(local.lead(), summary)
-            .map_err(|e| Failure::error(None, &e))
+            .map_err(|e| self.unsaved(e, &config))
     }
 
     /// Starts the watch of process `rank` (`lead`: the one that reports) with `start`: the
@@ -123,15 +142,76 @@ impl TrainArgs {
         })
     }
 
-    /// The writer `--checkpoint-dir` asks for (none without it), writing `layout`.
+    /// The writer `--checkpoint-dir` asks for (none without it), writing `layout` for the run
+    /// of `config`; `resumed`: the identity of the run the resumed checkpoint holds (`None`:
+    /// a fresh run). Tells `say` of dead runs' temp directories it removed.
     pub(crate) fn checkpointing(
         &self,
         layout: Layout,
         on_saved: Option<OnSaved>,
+        config: &TrainConfig,
+        resumed: Option<Option<RunIdentity>>,
+        say: &mut dyn FnMut(&str),
     ) -> Result<Checkpointing, Failure> {
-        let options = self.checkpoint_options();
-        Checkpointing::start(options.as_ref(), layout, on_saved)
-            .map_err(|e| Failure::usage(e.to_string()))
+        let Some(mut options) = self.checkpoint_options() else {
+            return Ok(Checkpointing::default());
+        };
+        options.resuming = resumed.is_some();
+        options.run = Some(match resumed.flatten() {
+            Some(run) => run,
+            None => self.run_identity(config)?,
+        });
+        let checkpoints = Checkpointing::start(Some(&options), layout, on_saved)
+            .map_err(|e| self.checkpoint_refusal(e))?;
+        if let Some(writer) = checkpoints.writer() {
+            for removed in writer.removed() {
+                if !self.observe.quiet {
+                    say(&format!(
+                        "removed {}, a checkpoint a killed run left half-written",
+                        removed.display()
+                    ));
+                }
+            }
+        }
+        Ok(checkpoints)
+    }
+
+    /// A failure to hand over the final weights, in the words of the command line.
+    pub(crate) fn unsaved(&self, err: crate::TrainError, config: &TrainConfig) -> Failure {
+        match (&err, &self.save) {
+            (crate::TrainError::NonFiniteWeights { .. }, Some(path)) => Failure::run(format!(
+                "{err}; --save {} is not written; lower the learning rate (now --lr {:e})",
+                path.display(),
+                config.lr
+            )),
+            _ => Failure::error(None, &err),
+        }
+    }
+
+    /// The line and exit code of a run a signal stopped at the boundary after `step` steps.
+    fn interrupted(&self, step: usize, signal: i32, steps: usize) -> Failure {
+        let name = match signal {
+            2 => "SIGINT (Ctrl-C)".to_string(),
+            15 => "SIGTERM".to_string(),
+            1 => "SIGHUP".to_string(),
+            n => format!("signal {n}"),
+        };
+        let kept = match &self.checkpoint_dir {
+            Some(dir) => match crate::checkpoint::pointer::read(dir) {
+                crate::checkpoint::pointer::Pointer::Names(name) => format!(
+                    "the last checkpoint is {} (continue with --resume)",
+                    dir.join(name).display()
+                ),
+                _ => format!("no checkpoint was published in {}", dir.display()),
+            },
+            None => {
+                "no checkpoint (give --checkpoint-dir to keep an interrupted run's state)".into()
+            }
+        };
+        Failure::interrupted(
+            format!("interrupted by {name} after step {step} of {steps}; {kept}"),
+            signal,
+        )
     }
 
     /// Waits for the writer's queued checkpoints; tells `say` what it saved when `tell`.
@@ -157,7 +237,12 @@ impl TrainArgs {
     ) -> Result<Finished, crate::TrainError> {
         let weights = match &self.save {
             Some(_) => match trainer.weights()? {
-                Some(weights) => Some(weights.to_safetensors()?),
+                Some(weights) => {
+                    if let Some(tensor) = weights.first_non_finite() {
+                        return Err(crate::TrainError::NonFiniteWeights { tensor });
+                    }
+                    Some(weights.to_safetensors()?)
+                }
                 None => None,
             },
             None => None,

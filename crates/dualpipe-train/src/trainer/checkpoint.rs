@@ -329,15 +329,39 @@ impl<D: Driver> Trainer<D> {
     }
 
     pub(super) fn save_due_checkpoint(&mut self, step: usize) -> Result<(), TrainError> {
+        match &self.checkpoints {
+            Some(sink) if sink.due(self.steps_done) => self.send_checkpoint(step),
+            _ => Ok(()),
+        }
+    }
+
+    /// Hands the writer the checkpoint of the steps done now, unless the interval's own
+    /// checkpoint already covers them (a run stopped at a step boundary).
+    pub(super) fn save_final_checkpoint(&mut self, step: usize) -> Result<(), TrainError> {
+        match &self.checkpoints {
+            Some(sink) if !sink.due(self.steps_done) => self.send_checkpoint(step),
+            _ => Ok(()),
+        }
+    }
+
+    /// Copies this trainer's part of the checkpoint of the steps done and hands it to the
+    /// writer; state that holds a value that is not a finite number is refused (naming the
+    /// first such tensor), so it is never published.
+    fn send_checkpoint(&mut self, step: usize) -> Result<(), TrainError> {
         let Some(sink) = self.checkpoints.clone() else {
             return Ok(());
         };
-        if !sink.due(self.steps_done) {
-            return Ok(());
-        }
-        let sent = self
-            .checkpoint_part()
-            .and_then(|part| sink.send(part).map_err(TrainError::from));
+        let done = self.steps_done;
+        let sent = self.checkpoint_part().and_then(|part| {
+            if let Some(tensor) = crate::checkpoint::format::first_non_finite(&part.tensors) {
+                return Err(CheckpointError::NonFinite {
+                    step: done,
+                    tensor: tensor.to_string(),
+                }
+                .into());
+            }
+            sink.send(part).map_err(TrainError::from)
+        });
         self.own(step, sent)
     }
 }

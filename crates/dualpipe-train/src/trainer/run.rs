@@ -23,8 +23,15 @@ impl<D: Driver> Trainer<D> {
         let mut summary = SummaryBuilder::new(&self.config, &self.schedule);
         let began = Instant::now();
         let mut rebalancer = None;
+        let first = self.steps_done;
         while self.steps_done < self.config.steps {
             let step = self.steps_done;
+            if let Some(signal) = self.stop.as_ref().and_then(|s| s.stops(step)) {
+                if step > first {
+                    self.save_final_checkpoint(step)?;
+                }
+                return Err(TrainError::Interrupted { step, signal });
+            }
             if let Err(reason) = on_step(StepEvent::Starting { step }) {
                 return Err(self.stop(reason));
             }
@@ -107,6 +114,12 @@ impl<D: Driver> Trainer<D> {
             return Ok(None);
         };
         Ok(Some(dp.sum_over_replicas(done, pipeline)?))
+    }
+
+    /// Stops [`Trainer::run`] at the step boundary `request` fixes (with a final checkpoint
+    /// when checkpoints are on and a step was done since the run started).
+    pub fn set_stop(&mut self, request: crate::stop::StopRequest) {
+        self.stop = Some(request);
     }
 
     /// Stops the run at the callback's request: the other ranks are told `reason` in its own
