@@ -61,7 +61,18 @@ impl Failure {
     pub fn training(err: TrainError, config: &TrainConfig) -> Self {
         match err {
             TrainError::Diverged(d) => Failure::run(super::divergence(&d, config)),
-            other => Failure::error(Some("training failed"), &other),
+            other => {
+                let mut failure = Failure::error(Some("training failed"), &other);
+                // The runtime's advice names its field; the user gave (or can give) the flag.
+                failure.message = failure.message.replace(
+                    "raise recv_timeout",
+                    &format!(
+                        "raise --recv-timeout (now {} s)",
+                        crate::check::compact(config.recv_timeout)
+                    ),
+                );
+                failure
+            }
         }
     }
 
@@ -89,3 +100,28 @@ impl std::fmt::Display for Failure {
 }
 
 impl Error for Failure {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_names_the_flag_that_raises_it() {
+        let err = TrainError::Runtime(dualpipe_runtime::RuntimeError::Timeout {
+            rank: 1,
+            what: "RECV_F (dir 0, stage 1, mb 0)".into(),
+            peer: 0,
+            timeout: std::time::Duration::from_nanos(1),
+        });
+        let config = TrainConfig {
+            recv_timeout: 1e-9,
+            ..TrainConfig::default()
+        };
+        let failure = Failure::training(err, &config);
+        assert!(
+            failure.message.contains("raise --recv-timeout (now 1e-9 s)"),
+            "{failure}"
+        );
+        assert!(!failure.message.contains("ExecOptions"), "{failure}");
+    }
+}
