@@ -21,6 +21,8 @@ fn exchange(addr: SocketAddr, request: &[u8]) -> String {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     stream.write_all(request).unwrap();
+    // Nothing more comes: a request that never completes is closed at once, not timed out.
+    let _ = stream.shutdown(std::net::Shutdown::Write);
     let mut response = Vec::new();
     let _ = stream.read_to_end(&mut response);
     String::from_utf8_lossy(&response).into_owned()
@@ -92,9 +94,9 @@ fn thousands_of_idle_connections_hold_one_thread_and_a_bounded_count_and_scrapes
     let stats = server.stats();
     assert!(stats.peak_open <= cap, "{stats:?}");
     assert!(stats.evicted > 0, "{stats:?}");
-    // One thread for the server, whatever the number of clients (other tests of this file
-    // may run a server of their own at the same time).
-    assert!(server_threads() <= 3, "{} server threads", server_threads());
+    // One thread for the server, whatever the number of clients (the other three tests of
+    // this file may run a server of their own at the same time).
+    assert!(server_threads() <= 4, "{} server threads", server_threads());
     drop(idle);
 }
 

@@ -146,6 +146,15 @@ pub const MIN_BANDWIDTH: f64 = 1.0;
 /// The relative device speeds accepted, slowest and fastest.
 pub const SPEED_RANGE: (f64, f64) = (1e-6, 1e6);
 
+/// A number as a user would write it: `1e-308` rather than its 308 zeros.
+fn shown(x: f64) -> String {
+    if x.is_finite() && x != 0.0 && !(1e-4..1e9).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        x.to_string()
+    }
+}
+
 /// The longest datacenter, node or device name, in characters.
 pub const MAX_NAME_CHARS: usize = 128;
 
@@ -201,7 +210,7 @@ impl Topology {
             }
             if link.latency > MAX_LATENCY {
                 return Err(bad(
-                    format!("links.{name}.latency = {:e}", link.latency),
+                    format!("links.{name}.latency = {}", shown(link.latency)),
                     &format!(
                         "more than {MAX_LATENCY} seconds; give the latency in seconds, such as \
                          5e-6 within a node"
@@ -216,7 +225,7 @@ impl Topology {
             }
             if link.bandwidth < MIN_BANDWIDTH {
                 return Err(bad(
-                    format!("links.{name}.bandwidth = {:e}", link.bandwidth),
+                    format!("links.{name}.bandwidth = {}", shown(link.bandwidth)),
                     "less than one byte per second; give the bandwidth in bytes per second, \
                      such as 25e9 for 25 GB/s",
                 ));
@@ -253,7 +262,7 @@ impl Topology {
                     }
                     if !(SPEED_RANGE.0..=SPEED_RANGE.1).contains(&dev.speed) {
                         return Err(bad(
-                            format!("{at}.speed = {:e}", dev.speed),
+                            format!("{at}.speed = {}", shown(dev.speed)),
                             &format!(
                                 "give a relative speed from {:e} to {:e} (1 for the reference \
                                  device)",
