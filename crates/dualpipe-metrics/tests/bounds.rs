@@ -19,7 +19,9 @@ fn server(limits: ServerLimits) -> MetricsServer {
 
 fn exchange(addr: SocketAddr, request: &[u8]) -> String {
     let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     stream.write_all(request).unwrap();
     // Nothing more comes: a request that never completes is closed at once, not timed out.
     let _ = stream.shutdown(std::net::Shutdown::Write);
@@ -109,7 +111,8 @@ fn idle_connections_are_closed_at_the_request_timeout() {
     let mut idle: Vec<TcpStream> = (0..10)
         .map(|_| {
             let mut s = TcpStream::connect(server.addr()).unwrap();
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                .unwrap();
             s
         })
         .collect();
@@ -135,7 +138,8 @@ fn an_endless_header_is_cut_at_the_cap() {
     let server = server(ServerLimits::default());
     let mut s = TcpStream::connect(server.addr()).unwrap();
     s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: ").unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        .unwrap();
     let chunk = vec![b'a'; 64 * 1024];
     let mut sent = 0usize;
     // 64 MiB unless cut: the server stops reading and closes at its 16 KiB cap.
@@ -184,12 +188,20 @@ fn hostile_requests_get_a_clear_status_and_scrapes_go_on() {
         );
     }
     let head = exchange(addr, b"HEAD /metrics HTTP/1.1\r\n\r\n");
-    assert!(head.starts_with("HTTP/1.1 200") && head.ends_with("\r\n\r\n"), "{head}");
+    assert!(
+        head.starts_with("HTTP/1.1 200") && head.ends_with("\r\n\r\n"),
+        "{head}"
+    );
     // Pipelined requests: the first is answered, the connection closes cleanly.
     let pipelined = exchange(addr, &b"GET /metrics HTTP/1.1\r\n\r\n".repeat(200));
     assert_eq!(pipelined.matches("HTTP/1.1 200").count(), 1);
     let binary: Vec<u8> = (0..4096u32).map(|i| (i * 7919 % 251) as u8).collect();
     let _ = exchange(addr, &binary);
     assert!(scrape(addr).starts_with("HTTP/1.1 200"));
+    // Every connection is closed once its client has gone (the last one a moment later).
+    let t = Instant::now();
+    while server.stats().open > 0 && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(server.stats().open, 0);
 }

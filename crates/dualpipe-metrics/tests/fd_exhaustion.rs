@@ -77,8 +77,7 @@ fn the_listener_survives_descriptor_exhaustion_and_says_so() {
     let lines = lines.lock().unwrap().clone();
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(
-        lines[0].contains("cannot accept connections")
-            && lines[0].contains("Too many open files"),
+        lines[0].contains("cannot accept connections") && lines[0].contains("Too many open files"),
         "{lines:?}"
     );
     assert!(lines[1].contains("accepts connections again"), "{lines:?}");

@@ -70,7 +70,10 @@ impl Plan {
             };
             return Err(bad(
                 "virtual_stages",
-                format!("{} for a {kind} plan; it must be {expected}", self.virtual_stages),
+                format!(
+                    "{} for a {kind} plan; it must be {expected}",
+                    self.virtual_stages
+                ),
             ));
         }
         if self.partition != "min-max" && self.partition != "even" {
@@ -101,7 +104,11 @@ impl Plan {
             if s.stage != want {
                 return Err(bad(
                     &format!("stages[{i}].stage"),
-                    format!("{}; the stages must be numbered 0 to {}", s.stage, stages - 1),
+                    format!(
+                        "{}; the stages must be numbered 0 to {}",
+                        s.stage,
+                        stages - 1
+                    ),
                 ));
             }
             if s.first_layer != next || s.end_layer <= s.first_layer {
@@ -230,26 +237,62 @@ mod tests {
     fn a_good_plan_passes_and_each_fault_names_its_field() {
         assert_eq!(good().check("plans[0]").unwrap(), ScheduleKind::OneFOneB);
         let cases: Vec<(&str, Box<dyn Fn(&mut Plan)>)> = vec![
-            ("plans[0].schedule", Box::new(|p| p.schedule = "bogus".into())),
+            (
+                "plans[0].schedule",
+                Box::new(|p| p.schedule = "bogus".into()),
+            ),
             ("plans[0].ranks: 3", Box::new(|p| p.ranks = 3)),
-            ("plans[0].ranks: 1099511627776", Box::new(|p| p.ranks = 1 << 40)),
-            ("plans[0].micro_batches: 0", Box::new(|p| p.micro_batches = 0)),
-            ("plans[0].virtual_stages: 7", Box::new(|p| p.virtual_stages = 7)),
-            ("plans[0].partition", Box::new(|p| p.partition = "weird".into())),
-            ("plans[0].stages: 1 stages", Box::new(|p| {
-                p.stages.pop();
-            })),
-            ("plans[0].stages[0]: layers 5..2", Box::new(|p| {
-                p.stages[0].first_layer = 5;
-                p.stages[0].end_layer = 2;
-            })),
-            ("plans[0].stages[1]: layers 4..4", Box::new(|p| p.stages[1].first_layer = 4)),
-            ("plans[0].placement[1].device", Box::new(|p| p.placement[1].device = "dc/n/g0".into())),
-            ("plans[0].placement[0].device", Box::new(|p| p.placement[0].device = "a/b".into())),
-            ("plans[0].placement[0].layers: layer 99999", Box::new(|p| {
-                p.placement[0].layers = (0..100_000).collect();
-            })),
-            ("plans[0].placement[1].rank", Box::new(|p| p.placement[1].rank = 0)),
+            (
+                "plans[0].ranks: 1099511627776",
+                Box::new(|p| p.ranks = 1 << 40),
+            ),
+            (
+                "plans[0].micro_batches: 0",
+                Box::new(|p| p.micro_batches = 0),
+            ),
+            (
+                "plans[0].virtual_stages: 7",
+                Box::new(|p| p.virtual_stages = 7),
+            ),
+            (
+                "plans[0].partition",
+                Box::new(|p| p.partition = "weird".into()),
+            ),
+            (
+                "plans[0].stages: 1 stages",
+                Box::new(|p| {
+                    p.stages.pop();
+                }),
+            ),
+            (
+                "plans[0].stages[0]: layers 5..2",
+                Box::new(|p| {
+                    p.stages[0].first_layer = 5;
+                    p.stages[0].end_layer = 2;
+                }),
+            ),
+            (
+                "plans[0].stages[1]: layers 4..4",
+                Box::new(|p| p.stages[1].first_layer = 4),
+            ),
+            (
+                "plans[0].placement[1].device",
+                Box::new(|p| p.placement[1].device = "dc/n/g0".into()),
+            ),
+            (
+                "plans[0].placement[0].device",
+                Box::new(|p| p.placement[0].device = "a/b".into()),
+            ),
+            (
+                "plans[0].placement[0].layers: layer 99999",
+                Box::new(|p| {
+                    p.placement[0].layers = (0..100_000).collect();
+                }),
+            ),
+            (
+                "plans[0].placement[1].rank",
+                Box::new(|p| p.placement[1].rank = 0),
+            ),
         ];
         for (want, spoil) in cases {
             let mut p = good();

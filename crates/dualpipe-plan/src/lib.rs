@@ -43,8 +43,8 @@ pub mod study;
 pub use error::PlanError;
 pub use partition::{min_max, Partition, StageSlot};
 pub use plan::{
-    evaluate, plan, plan_with_progress, Evaluated, Plan, PlanOptions, PlanReport, Progress, RankPlan,
-    Rejected,
+    evaluate, plan, plan_with_progress, Evaluated, Plan, PlanOptions, PlanReport, Progress,
+    RankPlan, Rejected,
 };
 pub use previous::PreviousLayers;
 pub use profile::{LayerCost, Profile};

@@ -345,7 +345,9 @@ pub fn evaluate(
         .map_err(|e| PlanError::NoPlan(e.to_string()))?;
     let stages = schedule.placement.stages();
     if profile.layers.len() < stages {
-        return Err(PlanError::NoPlan(too_few_layers(kind, ranks, stages, profile)));
+        return Err(PlanError::NoPlan(too_few_layers(
+            kind, ranks, stages, profile,
+        )));
     }
     let peaks: Vec<usize> = schedule
         .programs

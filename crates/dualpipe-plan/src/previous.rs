@@ -72,9 +72,7 @@ impl PreviousLayers {
             return Err(PlanError::Previous(format!(
                 "{at}.placement: none of the previous plan's devices (such as {}) is in the \
                  topology; give the previous plan of this job, or plan afresh",
-                plan.placement
-                    .first()
-                    .map_or("none", |r| r.device.as_str())
+                plan.placement.first().map_or("none", |r| r.device.as_str())
             )));
         }
         Ok(PreviousLayers::from_plan(&plan))

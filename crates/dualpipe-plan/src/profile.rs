@@ -172,9 +172,14 @@ mod tests {
                 && err.contains("seconds"),
             "{err}"
         );
-        let err = Profile::from_json(&ok.replace("\"activation_bytes\": 4", "\"activation_bytes\": 1e308"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("layers[0].activation_bytes = 1e308") && err.contains("bytes"), "{err}");
+        let err = Profile::from_json(
+            &ok.replace("\"activation_bytes\": 4", "\"activation_bytes\": 1e308"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("layers[0].activation_bytes = 1e308") && err.contains("bytes"),
+            "{err}"
+        );
     }
 }

@@ -178,7 +178,9 @@ fn check_name(field: &str, name: &str) -> Result<(), SimError> {
     };
     let shown: String = name.chars().take(40).collect();
     let more = if shown.len() < name.len() { "..." } else { "" };
-    Err(SimError::Topology(format!("{field} = {shown:?}{more}: {why}")))
+    Err(SimError::Topology(format!(
+        "{field} = {shown:?}{more}: {why}"
+    )))
 }
 
 impl Topology {
@@ -477,17 +479,32 @@ mod tests {
     #[test]
     fn out_of_scale_links_and_speeds_get_the_unit_advice() {
         for (topology, want) in [
-            (text("1", "1e-308"), "links.inter_node.bandwidth = 1e-308: less than one byte"),
-            (text("1", "5e-324"), "links.inter_node.bandwidth = 5e-324: less than one byte"),
-            (text("1e-300", "1"), "devices[0].speed = 1e-300: give a relative speed from"),
-            (text("1e308", "1"), "devices[0].speed = 1e308: give a relative speed from"),
+            (
+                text("1", "1e-308"),
+                "links.inter_node.bandwidth = 1e-308: less than one byte",
+            ),
+            (
+                text("1", "5e-324"),
+                "links.inter_node.bandwidth = 5e-324: less than one byte",
+            ),
+            (
+                text("1e-300", "1"),
+                "devices[0].speed = 1e-300: give a relative speed from",
+            ),
+            (
+                text("1e308", "1"),
+                "devices[0].speed = 1e308: give a relative speed from",
+            ),
         ] {
             let err = Topology::from_json(&topology).unwrap_err().to_string();
             assert!(err.contains(want), "{want}: {err}");
         }
         let late = text("1", "1").replacen("\"latency\": 1.0", "\"latency\": 1e308", 1);
         let err = Topology::from_json(&late).unwrap_err().to_string();
-        assert!(err.contains(".latency = 1e308: more than 3600 seconds"), "{err}");
+        assert!(
+            err.contains(".latency = 1e308: more than 3600 seconds"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -511,7 +528,10 @@ mod tests {
         assert!(err.starts_with("datacenters[0].nodes[1].name"), "{err}");
         let dc = text("1", "1").replacen("\"b\"", &format!("\"{}\"", "b".repeat(200)), 1);
         let err = Topology::from_json(&dc).unwrap_err().to_string();
-        assert!(err.contains("datacenters[1].name") && err.contains("longer than"), "{err}");
+        assert!(
+            err.contains("datacenters[1].name") && err.contains("longer than"),
+            "{err}"
+        );
         assert!(err.len() < 300, "{err}");
     }
 }

@@ -250,11 +250,27 @@ mod tests {
             "{err}"
         );
         for (field, value, want) in [
-            ("\"micro_batches\": 8", "\"micro_batches\": 0", "plans[0].micro_batches: 0"),
-            ("\"schedule\": \"1f1b\"", "\"schedule\": \"dualpipev\"", "plans[0].stages"),
-            ("\"virtual_stages\": 1", "\"virtual_stages\": 7", "plans[0].virtual_stages: 7"),
+            (
+                "\"micro_batches\": 8",
+                "\"micro_batches\": 0",
+                "plans[0].micro_batches: 0",
+            ),
+            (
+                "\"schedule\": \"1f1b\"",
+                "\"schedule\": \"dualpipev\"",
+                "plans[0].stages",
+            ),
+            (
+                "\"virtual_stages\": 1",
+                "\"virtual_stages\": 7",
+                "plans[0].virtual_stages: 7",
+            ),
             ("\"ranks\": 4", "\"ranks\": 3", "plans[0].stages"),
-            ("\"partition\": \"min-max\"", "\"partition\": \"weird\"", "plans[0].partition"),
+            (
+                "\"partition\": \"min-max\"",
+                "\"partition\": \"weird\"",
+                "plans[0].partition",
+            ),
         ] {
             let good = plan_json("1f1b", &[(0, 3), (3, 5), (5, 7), (7, 8)]);
             let bad = good.replacen(field, value, 1);

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use dualpipe_plan::{
     evaluate, plan_with_progress, PlanError, PlanOptions, PlanReport, PreviousLayers, Profile,
 };
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use dualpipe_schedule::ScheduleKind;
 use dualpipe_sim::svg::{self, SvgOptions};
 use dualpipe_sim::Topology;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::output::{check_outputs, write_together};
 use super::simulate::Format;
@@ -121,7 +121,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let searched = plan_with_progress(&topology, &profile, &options, &mut |p| {
         bar.set_length(p.total as u64);
         bar.set_position(p.done as u64);
-        bar.set_message(format!("{} with {} micro-batches", p.schedule, p.micro_batches));
+        bar.set_message(format!(
+            "{} with {} micro-batches",
+            p.schedule, p.micro_batches
+        ));
     });
     bar.finish_and_clear();
     let mut report = searched.map_err(|e| match e {

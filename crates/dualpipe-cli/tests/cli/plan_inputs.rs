@@ -68,7 +68,11 @@ fn a_cause_shared_by_candidates_is_said_once_with_the_candidates() {
     // activations alive: nothing fits, for the same reason at every micro-batch count.
     let t = write(&dir, "t8.json", &topology(8, 1e9));
     let p = write(&dir, "p8.json", &profile(8, 1e-3, 1e9));
-    let run = plan(&t, &p, &["--schedules", "1f1b,gpipe", "--micro-batches", "8,16,32"]);
+    let run = plan(
+        &t,
+        &p,
+        &["--schedules", "1f1b,gpipe", "--micro-batches", "8,16,32"],
+    );
     run.usage_error(&[
         "no contiguous partition of the 8 layers into 8 stages fits the devices' memory \
          (1f1b x 8, 16, 32; gpipe x 8, 16, 32 micro-batches)",
@@ -89,9 +93,8 @@ fn out_of_scale_inputs_get_advice_for_their_field() {
     let mut far = topology(8, 8e10);
     far["links"]["inter_datacenter"]["latency"] = json!(1e308);
     let t = write(&dir, "far.json", &far);
-    plan(&t, &data("gpt32.json"), &[]).usage_error(&[
-        "links.inter_datacenter.latency = 1e308: more than 3600 seconds",
-    ]);
+    plan(&t, &data("gpt32.json"), &[])
+        .usage_error(&["links.inter_datacenter.latency = 1e308: more than 3600 seconds"]);
     let p = write(&dir, "slowlayers.json", &profile(32, 1e308, 1e6));
     plan(&data("hetero.json"), &p, &[]).usage_error(&[
         &format!("--profile {p}: layers[0].f = 1e308: more than 1e6"),
@@ -146,12 +149,27 @@ fn a_previous_plan_is_checked_like_a_train_plan() {
     };
     let first = good["plans"][0]["placement"][0]["device"].clone();
     let cases: Vec<(Value, &str)> = vec![
-        (spoil(&|p| p["schedule"] = json!("bogus")), "plans[0].schedule"),
+        (
+            spoil(&|p| p["schedule"] = json!("bogus")),
+            "plans[0].schedule",
+        ),
         (spoil(&|p| p["ranks"] = json!(3)), "plans[0].stages"),
-        (spoil(&|p| p["ranks"] = json!(1u64 << 40)), "plans[0].ranks: 1099511627776 is not 1 to 512"),
-        (spoil(&|p| p["micro_batches"] = json!(0)), "plans[0].micro_batches: 0"),
-        (spoil(&|p| p["virtual_stages"] = json!(7)), "plans[0].virtual_stages: 7"),
-        (spoil(&|p| p["partition"] = json!("weird")), "plans[0].partition"),
+        (
+            spoil(&|p| p["ranks"] = json!(1u64 << 40)),
+            "plans[0].ranks: 1099511627776 is not 1 to 512",
+        ),
+        (
+            spoil(&|p| p["micro_batches"] = json!(0)),
+            "plans[0].micro_batches: 0",
+        ),
+        (
+            spoil(&|p| p["virtual_stages"] = json!(7)),
+            "plans[0].virtual_stages: 7",
+        ),
+        (
+            spoil(&|p| p["partition"] = json!("weird")),
+            "plans[0].partition",
+        ),
         (
             spoil(&|p| {
                 let s = p["stages"].as_array().unwrap()[..3].to_vec();
@@ -166,11 +184,22 @@ fn a_previous_plan_is_checked_like_a_train_plan() {
             }),
             "plans[0].stages[0]: layers 5..2",
         ),
-        (spoil(&|p| p["stages"][1]["first_layer"] = json!(7)), "plans[0].stages[1]"),
-        (spoil(&|p| p["placement"][1]["device"] = first.clone()), "holds two ranks"),
+        (
+            spoil(&|p| p["stages"][1]["first_layer"] = json!(7)),
+            "plans[0].stages[1]",
+        ),
+        (
+            spoil(&|p| p["placement"][1]["device"] = first.clone()),
+            "holds two ranks",
+        ),
         (
             spoil(&|p| {
-                for (i, r) in p["placement"].as_array_mut().unwrap().iter_mut().enumerate() {
+                for (i, r) in p["placement"]
+                    .as_array_mut()
+                    .unwrap()
+                    .iter_mut()
+                    .enumerate()
+                {
                     r["device"] = json!(format!("dc9/none/gpu{i}"));
                 }
             }),

@@ -168,8 +168,16 @@ fn a_measured_profile_plans_and_its_plan_trains() {
     // A bad field of the plan file is named as such, not as a flag the user did not give.
     let text = std::fs::read_to_string(&plan).unwrap();
     for (from, to, want) in [
-        ("\"micro_batches\": 8", "\"micro_batches\": 0", "plans[0].micro_batches: 0"),
-        ("\"virtual_stages\": 1", "\"virtual_stages\": 7", "plans[0].virtual_stages: 7"),
+        (
+            "\"micro_batches\": 8",
+            "\"micro_batches\": 0",
+            "plans[0].micro_batches: 0",
+        ),
+        (
+            "\"virtual_stages\": 1",
+            "\"virtual_stages\": 7",
+            "plans[0].virtual_stages: 7",
+        ),
     ] {
         let bad = dir.join("bad-plan.json");
         assert!(text.contains(from), "{text}");

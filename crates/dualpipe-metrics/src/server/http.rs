@@ -40,10 +40,8 @@ pub(crate) enum Status {
     BadRequest,
     NotFound,
     MethodNotAllowed,
-    RequestTimeout,
     UriTooLong,
     HeadersTooLarge,
-    ServiceUnavailable,
     VersionNotSupported,
 }
 
@@ -54,10 +52,8 @@ impl Status {
             Status::BadRequest => "400 Bad Request",
             Status::NotFound => "404 Not Found",
             Status::MethodNotAllowed => "405 Method Not Allowed",
-            Status::RequestTimeout => "408 Request Timeout",
             Status::UriTooLong => "414 URI Too Long",
             Status::HeadersTooLarge => "431 Request Header Fields Too Large",
-            Status::ServiceUnavailable => "503 Service Unavailable",
             Status::VersionNotSupported => "505 HTTP Version Not Supported",
         }
     }
@@ -169,7 +165,12 @@ fn origin_path(target: &str) -> Option<&str> {
 /// The whole response (head and, unless `HEAD`, body) to `request`.
 pub(crate) fn respond(request: &Request, metrics: &TrainingMetrics) -> Vec<u8> {
     if !request.allowed {
-        return response(Status::MethodNotAllowed, TEXT, b"only GET /metrics\n", false);
+        return response(
+            Status::MethodNotAllowed,
+            TEXT,
+            b"only GET /metrics\n",
+            false,
+        );
     }
     let (status, content_type, body) = match request.path.as_str() {
         "/metrics" => {
@@ -194,8 +195,6 @@ pub(crate) fn reject(status: Status) -> Vec<u8> {
     let body = match status {
         Status::UriTooLong => "the request line is too long\n",
         Status::HeadersTooLarge => "the request headers are too large\n",
-        Status::RequestTimeout => "the request did not arrive in time\n",
-        Status::ServiceUnavailable => "too many connections; try again\n",
         Status::VersionNotSupported => "only HTTP/1.0 and HTTP/1.1\n",
         _ => "a malformed request; GET /metrics\n",
     };
@@ -243,7 +242,10 @@ mod tests {
             p(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
             get("/metrics", None)
         );
-        assert_eq!(p(b"GET /metrics HTTP/1.1\nHost: x\n\n"), get("/metrics", None));
+        assert_eq!(
+            p(b"GET /metrics HTTP/1.1\nHost: x\n\n"),
+            get("/metrics", None)
+        );
         assert_eq!(p(b"GET /metrics HTTP/1.0\r\n\r\n"), get("/metrics", None));
         assert_eq!(
             p(b"GET /metrics?x=1 HTTP/1.1\r\naCcEpT: text/plain \r\n\r\n"),
@@ -268,7 +270,10 @@ mod tests {
     #[test]
     fn an_unfinished_head_waits_and_a_bad_one_is_rejected() {
         let p = |b: &[u8]| parse(b, 1024, 4096);
-        assert_eq!(p(b"GET /metrics HTTP/1.1\r\nHost: x\r\n"), Parsed::Incomplete);
+        assert_eq!(
+            p(b"GET /metrics HTTP/1.1\r\nHost: x\r\n"),
+            Parsed::Incomplete
+        );
         assert_eq!(p(b"GET /met"), Parsed::Incomplete);
         for bad in [
             &b"GARBAGE\r\n\r\n"[..],

@@ -140,7 +140,9 @@ impl Serve {
                 };
                 let expired = c.deadline <= now;
                 if matches!(next, Next::Close) || expired {
-                    if expired && matches!(next, Next::Keep) && !matches!(c.phase, Phase::Draining(_))
+                    if expired
+                        && matches!(next, Next::Keep)
+                        && !matches!(c.phase, Phase::Draining(_))
                     {
                         self.counters.timed_out.fetch_add(1, Ordering::Relaxed);
                     }
@@ -148,9 +150,16 @@ impl Serve {
                 }
             }
             if fds[1].revents != 0 {
-                self.accept(&mut connections, &mut paused_until, &mut backoff, &mut failing);
+                self.accept(
+                    &mut connections,
+                    &mut paused_until,
+                    &mut backoff,
+                    &mut failing,
+                );
             }
-            self.counters.open.store(connections.len(), Ordering::Relaxed);
+            self.counters
+                .open
+                .store(connections.len(), Ordering::Relaxed);
             self.counters
                 .peak_open
                 .fetch_max(connections.len(), Ordering::Relaxed);
@@ -260,7 +269,9 @@ impl Serve {
         let mut chunk = [0u8; 4096];
         loop {
             // Never hold more than one byte past the cap: enough to know it was passed.
-            let room = (max_head + 1).saturating_sub(c.head.len()).clamp(1, chunk.len());
+            let room = (max_head + 1)
+                .saturating_sub(c.head.len())
+                .clamp(1, chunk.len());
             match c.stream.read(&mut chunk[..room]) {
                 Ok(0) => return Next::Close,
                 Ok(n) => {
@@ -350,9 +361,18 @@ fn transient(e: &std::io::Error) -> bool {
     e.kind() == ErrorKind::Interrupted
         || matches!(
             e.raw_os_error(),
-            Some(libc::ECONNABORTED | libc::EPROTO | libc::EPERM | libc::ENETDOWN
-                | libc::ENOPROTOOPT | libc::EHOSTDOWN | libc::ENONET | libc::EHOSTUNREACH
-                | libc::EOPNOTSUPP | libc::ENETUNREACH)
+            Some(
+                libc::ECONNABORTED
+                    | libc::EPROTO
+                    | libc::EPERM
+                    | libc::ENETDOWN
+                    | libc::ENOPROTOOPT
+                    | libc::EHOSTDOWN
+                    | libc::ENONET
+                    | libc::EHOSTUNREACH
+                    | libc::EOPNOTSUPP
+                    | libc::ENETUNREACH
+            )
         )
 }
 

@@ -119,7 +119,9 @@ mod tests {
         };
         let failure = Failure::training(err, &config);
         assert!(
-            failure.message.contains("raise --recv-timeout (now 1e-9 s)"),
+            failure
+                .message
+                .contains("raise --recv-timeout (now 1e-9 s)"),
             "{failure}"
         );
         assert!(!failure.message.contains("ExecOptions"), "{failure}");

@@ -40,9 +40,7 @@ pub fn rank_addr(addr: &str, rank: usize) -> Result<String, TrainError> {
         return Err(bad("it holds a space (drop it)"));
     }
     if let Some((scheme, _)) = addr.split_once("://") {
-        return Err(bad(&format!(
-            "an address, not a URL: drop \"{scheme}://\""
-        )));
+        return Err(bad(&format!("an address, not a URL: drop \"{scheme}://\"")));
     }
     let (host, port) = addr.rsplit_once(':').ok_or_else(|| bad("no port"))?;
     let port: u16 = port.parse().map_err(|_| bad("the port is not 0-65535"))?;
