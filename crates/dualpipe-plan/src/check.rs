@@ -241,7 +241,10 @@ mod tests {
                 "plans[0].schedule",
                 Box::new(|p| p.schedule = "bogus".into()),
             ),
-            ("plans[0].ranks: 3", Box::new(|p| p.ranks = 3)),
+            (
+                "plans[0].stages: 2 stages listed; 1f1b on 3 ranks",
+                Box::new(|p| p.ranks = 3),
+            ),
             (
                 "plans[0].ranks: 1099511627776",
                 Box::new(|p| p.ranks = 1 << 40),
@@ -284,7 +287,7 @@ mod tests {
                 Box::new(|p| p.placement[0].device = "a/b".into()),
             ),
             (
-                "plans[0].placement[0].layers: layer 99999",
+                "plans[0].placement[0].layers: layer 4,",
                 Box::new(|p| {
                     p.placement[0].layers = (0..100_000).collect();
                 }),
