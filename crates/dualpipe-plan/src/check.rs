@@ -233,10 +233,13 @@ mod tests {
         }
     }
 
+    /// A change that makes a good plan bad.
+    type Spoil = Box<dyn Fn(&mut Plan)>;
+
     #[test]
     fn a_good_plan_passes_and_each_fault_names_its_field() {
         assert_eq!(good().check("plans[0]").unwrap(), ScheduleKind::OneFOneB);
-        let cases: Vec<(&str, Box<dyn Fn(&mut Plan)>)> = vec![
+        let cases: Vec<(&str, Spoil)> = vec![
             (
                 "plans[0].schedule",
                 Box::new(|p| p.schedule = "bogus".into()),

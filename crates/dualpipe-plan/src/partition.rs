@@ -291,9 +291,9 @@ mod tests {
         let sums = Sums::new(profile);
         let mut best = vec![vec![f64::INFINITY; layers + 1]; stages];
         let mut from = vec![vec![0usize; layers + 1]; stages];
-        for b in 1..=layers {
+        for (b, cell) in best[0].iter_mut().enumerate().skip(1) {
             if sums.fits(&slots[0], 0, b) {
-                best[0][b] = sums.time(&slots[0], 0, b);
+                *cell = sums.time(&slots[0], 0, b);
             }
         }
         for s in 1..stages {
