@@ -140,6 +140,12 @@ refuse "a scrape config that misses the ranks' ports" prometheus/scrape.yaml "re
 refuse "a policy that opens only rank 0's metrics port" k8s/networkpolicy.yaml "          port: 9100
           endPort: 9199" "          port: 9100" \
     "$PY" deploy/check/manifests.py consistency "$B/k8s" "$B/runtime.sh"
+refuse "a policy that opens the metrics ports to every pod of the monitoring namespace" \
+    k8s/networkpolicy.yaml "          podSelector:
+            matchLabels:
+              app.kubernetes.io/name: prometheus
+" "" \
+    "$PY" deploy/check/manifests.py consistency "$B/k8s" "$B/runtime.sh"
 refuse "a Dockerfile build step CI does not run" Dockerfile "RUN deploy/build.sh /opt/dualpipe" \
     "RUN cargo build --release -p dualpipe-cli --features mpi" \
     "$PY" deploy/check/manifests.py dockerfile "$B/Dockerfile" Cargo.toml

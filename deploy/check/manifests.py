@@ -106,12 +106,15 @@ def policy_ports(rule):
 
 
 def allows(rules, peer_labels, protocol, low, high, namespace_peer=None):
-    """Whether some rule admits TCP [low, high] from/to pods labelled peer_labels (or a namespace)."""
+    """Whether some rule admits TCP [low, high] from/to pods labelled peer_labels (or, with
+    namespace_peer, the pods labelled peer_labels in that namespace)."""
     for rule in rules:
         peers = rule.get("from", rule.get("to", []))
         for peer in peers:
             if namespace_peer is not None:
                 if "namespaceSelector" not in peer or not selects(peer["namespaceSelector"], namespace_peer):
+                    continue
+                if peer_labels is not None and not selects(peer.get("podSelector", {}), peer_labels):
                     continue
             elif "namespaceSelector" in peer or not selects(peer.get("podSelector", {}), peer_labels):
                 continue
@@ -205,8 +208,17 @@ def cmd_consistency(k8s_dir, runtime_sh):
     if annotations.get("prometheus.io/scrape") != "true" or annotations.get("prometheus.io/path") != "/metrics":
         fail("worker pods lack prometheus.io/scrape \"true\" and prometheus.io/path /metrics: mpijob.yaml")
     last = metrics + processes - 1  # rank r serves on the base port + r
-    if not allows(win, None, "TCP", metrics, last, namespace_peer={"kubernetes.io/metadata.name": "monitoring"}):
-        fail(f"the ranks' metrics ports {metrics}-{last} are not open to the monitoring namespace: networkpolicy.yaml")
+    prometheus = {"app.kubernetes.io/name": "prometheus"}
+    if not allows(win, prometheus, "TCP", metrics, last, namespace_peer={"kubernetes.io/metadata.name": "monitoring"}):
+        fail(f"the ranks' metrics ports {metrics}-{last} are not open to the Prometheus pods of the monitoring namespace: networkpolicy.yaml")
+    # The server binds 0.0.0.0 in the pod (Prometheus scrapes the pod IP): the policy alone keeps
+    # other clients out, so no rule may open a metrics port to every pod of a namespace.
+    for rule in win:
+        if not any(plow <= metrics and last >= plow and metrics <= phigh for _, plow, phigh in policy_ports(rule)):
+            continue
+        for peer in rule.get("from", [{}]):
+            if not peer.get("podSelector", {}).get("matchLabels") or "ipBlock" in peer:
+                fail(f"a rule opens the metrics ports {metrics}-{last} to more than the Prometheus pods ({peer}): networkpolicy.yaml")
     scrape = yaml.safe_load((k8s.parent / "prometheus" / "scrape.yaml").read_text(encoding="utf-8"))
     rules = next(j for j in scrape["scrape_configs"] if j["job_name"] == "dualpipe")["relabel_configs"]
     replacements = {r["regex"]: r["replacement"] for r in rules if r.get("target_label") == "__tmp_rank_port"}

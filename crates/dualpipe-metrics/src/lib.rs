@@ -4,7 +4,7 @@
 //! - [`record`] — [`StepRecord`]: every figure of one step (serde; one JSON line per step);
 //! - [`registry`] — [`TrainingMetrics`]: the `dualpipe_*` metrics (prometheus-client), in the
 //!   OpenMetrics or the Prometheus text format;
-//! - [`server`] — [`MetricsServer`]: `/metrics` on a thread of its own (tiny_http; no async
+//! - [`server`] — [`MetricsServer`]: `/metrics` on one thread of its own (std::net and poll; no async
 //!   runtime), the format chosen by the `Accept` header, port 0 for a free port;
 //! - [`log`] — [`RunLog`]: the JSONL run log, each line flushed whole;
 //! - [`observer`] — [`RunObserver`]: turns the trainer's step events into records and feeds
@@ -73,5 +73,5 @@ pub use observer::{message_bytes, tokens_per_step, RunObserver};
 pub use record::{BytesSent, RankRecord, StepRecord};
 pub use registry::{to_prometheus_text, TrainingMetrics};
 pub use report::{read_log, RunReport};
-pub use server::MetricsServer;
+pub use server::{MetricsServer, ServerLimits, ServerStats};
 pub use watch::RunWatch;

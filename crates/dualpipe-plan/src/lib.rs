@@ -32,6 +32,7 @@
 #![warn(missing_docs)]
 
 pub mod assign;
+pub mod check;
 pub mod error;
 pub mod partition;
 pub mod plan;
@@ -41,6 +42,9 @@ pub mod study;
 
 pub use error::PlanError;
 pub use partition::{min_max, Partition, StageSlot};
-pub use plan::{evaluate, plan, Evaluated, Plan, PlanOptions, PlanReport, RankPlan, Rejected};
+pub use plan::{
+    evaluate, plan, plan_with_progress, Evaluated, Plan, PlanOptions, PlanReport, Progress,
+    RankPlan, Rejected,
+};
 pub use previous::PreviousLayers;
 pub use profile::{LayerCost, Profile};

@@ -7,7 +7,7 @@
 //! simulated; the best simulated step is kept. Placements never split what the schedule puts
 //! on one rank: DualPipe's stage and its mirror (and DualPipeV's two arms) move together.
 
-use dualpipe_schedule::{build, Op, Schedule, ScheduleKind};
+use dualpipe_schedule::{build, Op, Placement, Schedule, ScheduleKind};
 use dualpipe_sim::metrics::peak_activations;
 use dualpipe_sim::topology::{DeviceSlot, Topology};
 use dualpipe_sim::{metrics, simulate, CommCost, CostModel, StageCost, Timeline};
@@ -132,12 +132,37 @@ pub struct Evaluated {
     pub schedule: Schedule,
 }
 
+/// How far a search has come, told before each candidate is planned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// Candidates planned so far.
+    pub done: usize,
+    /// Candidates in the search (those refused before any work not counted).
+    pub total: usize,
+    /// The schedule kind of the candidate now being planned.
+    pub schedule: ScheduleKind,
+    /// Its micro-batch count.
+    pub micro_batches: usize,
+}
+
 /// Searches every candidate of `options` on `topology` with `profile`'s costs; one rank per
 /// device.
 pub fn plan(
     topology: &Topology,
     profile: &Profile,
     options: &PlanOptions,
+) -> Result<PlanReport, PlanError> {
+    plan_with_progress(topology, profile, options, &mut |_| {})
+}
+
+/// [`plan()`], telling `progress` before each candidate. Shapes no plan can have (more
+/// stages than layers for every kind asked for, more parameters than all devices' memory)
+/// are refused before any work, in one sentence each.
+pub fn plan_with_progress(
+    topology: &Topology,
+    profile: &Profile,
+    options: &PlanOptions,
+    progress: &mut dyn FnMut(Progress),
 ) -> Result<PlanReport, PlanError> {
     let devices = topology.devices();
     let ranks = devices.len();
@@ -164,12 +189,56 @@ pub fn plan(
             "at most {MAX_CANDIDATES} schedule kinds and {MAX_CANDIDATES} micro-batch counts per search"
         )));
     }
+    let too_few = |kind: ScheduleKind| {
+        let stages = Placement::for_kind(kind, ranks, kind.default_virtual_stages()).stages();
+        (profile.layers.len() < stages).then(|| too_few_layers(kind, ranks, stages, profile))
+    };
+    let refused: Vec<Option<String>> = kinds.iter().map(|&k| too_few(k)).collect();
+    if refused.iter().all(Option::is_some) {
+        let least = kinds
+            .iter()
+            .map(|&k| Placement::for_kind(k, ranks, k.default_virtual_stages()).stages())
+            .min()
+            .unwrap_or(ranks);
+        return Err(PlanError::NoPlan(format!(
+            "the profile has {} layers but every schedule asked for has at least {least} \
+             stages on the topology's {ranks} devices, and every stage needs a layer; give a \
+             profile of at least {least} layers or a topology of fewer devices",
+            profile.layers.len()
+        )));
+    }
+    let params = profile.sum(0..profile.layers.len()).parameter_bytes;
+    let memory: f64 = devices.iter().map(|d| d.memory).sum();
+    if params > memory {
+        return Err(PlanError::NoPlan(format!(
+            "the profile's layers hold {params:.4e} bytes of parameters, more than the \
+             {memory:.4e} bytes of memory of all {ranks} devices together; give devices more \
+             memory, more devices, or a smaller model"
+        )));
+    }
     let mut report = PlanReport {
         plans: Vec::new(),
         rejected: Vec::new(),
     };
-    for &kind in &kinds {
+    let total = refused.iter().filter(|r| r.is_none()).count() * mbs.len();
+    let mut done = 0;
+    for (&kind, refused) in kinds.iter().zip(refused) {
         for &n in &mbs {
+            if let Some(reason) = &refused {
+                report.rejected.push(Rejected {
+                    schedule: kind.name().into(),
+                    micro_batches: n,
+                    reason: reason.clone(),
+                });
+                continue;
+            }
+            progress(Progress {
+                done,
+                total,
+                schedule: kind,
+                micro_batches: n,
+            });
+            done += 1;
             match evaluate(topology, profile, kind, n, options) {
                 Ok(e) => report.plans.push(e.plan),
                 Err(PlanError::NoPlan(reason))
@@ -188,6 +257,15 @@ pub fn plan(
         .plans
         .sort_by(|a, b| b.throughput.total_cmp(&a.throughput));
     Ok(report)
+}
+
+/// Why `kind` cannot run on `ranks` ranks with `profile`'s layers.
+fn too_few_layers(kind: ScheduleKind, ranks: usize, stages: usize, profile: &Profile) -> String {
+    format!(
+        "{kind} on {ranks} ranks has {stages} stages but the profile has {} layers; every \
+         stage needs a layer",
+        profile.layers.len()
+    )
 }
 
 /// What a rank holds for a partition: its compute per step (speed 1), its parameter bytes and
@@ -267,9 +345,8 @@ pub fn evaluate(
         .map_err(|e| PlanError::NoPlan(e.to_string()))?;
     let stages = schedule.placement.stages();
     if profile.layers.len() < stages {
-        return Err(PlanError::NoPlan(format!(
-            "{kind} on {ranks} ranks has {stages} stages but the profile has {} layers; every stage needs a layer",
-            profile.layers.len()
+        return Err(PlanError::NoPlan(too_few_layers(
+            kind, ranks, stages, profile,
         )));
     }
     let peaks: Vec<usize> = schedule
@@ -307,7 +384,7 @@ pub fn evaluate(
             };
             let Some(part) = part else {
                 return Err(PlanError::NoPlan(format!(
-                "{kind} with {micro_batches} micro-batches: no {} partition of the {} layers into {stages} stages fits the devices' memory",
+                "no {} partition of the {} layers into {stages} stages fits the devices' memory",
                 if options.even { "even" } else { "contiguous" },
                 profile.layers.len()
             )));

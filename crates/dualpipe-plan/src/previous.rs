@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use dualpipe_sim::Topology;
+
 use crate::error::PlanError;
 use crate::plan::{Plan, PlanReport};
 
@@ -28,30 +30,52 @@ impl PreviousLayers {
     }
 
     /// Reads a plan written by `dualpipe plan --format json` (the first, best plan of the
-    /// report) or a single plan object, checking its layers exist in a model of `layers`
-    /// layers.
-    pub fn from_json(text: &str, layers: usize) -> Result<PreviousLayers, PlanError> {
-        let plan = match serde_json::from_str::<PlanReport>(text) {
-            Ok(report) => report.plans.into_iter().next().ok_or_else(|| {
-                PlanError::Previous(
-                    "plans: the previous plan file lists no plan; give a file written by `dualpipe plan --format json`".into(),
-                )
-            })?,
-            Err(_) => serde_json::from_str::<Plan>(text).map_err(|e| {
-                PlanError::Previous(format!(
-                    "not a plan ({e}); give a file written by `dualpipe plan --format json`"
-                ))
-            })?,
+    /// report) or a single plan object, checked whole ([`Plan::check`]); its stages must
+    /// cover the `layers` layers of the profile, and at least one of its devices must be in
+    /// `topology` (a re-placement keeps layers on the devices that remain; a plan sharing no
+    /// device with the topology is another job's).
+    pub fn from_json(
+        text: &str,
+        layers: usize,
+        topology: &Topology,
+    ) -> Result<PreviousLayers, PlanError> {
+        let (plan, at) = match serde_json::from_str::<PlanReport>(text) {
+            Ok(report) => (
+                report.plans.into_iter().next().ok_or_else(|| {
+                    PlanError::Previous(
+                        "plans: the previous plan file lists no plan; give a file written by \
+                         `dualpipe plan --format json`"
+                            .into(),
+                    )
+                })?,
+                "plans[0]",
+            ),
+            Err(_) => (
+                serde_json::from_str::<Plan>(text).map_err(|e| {
+                    PlanError::Previous(format!(
+                        "not a plan ({e}); give a file written by `dualpipe plan --format json`"
+                    ))
+                })?,
+                "plan",
+            ),
         };
-        let previous = PreviousLayers::from_plan(&plan);
-        for (device, held) in &previous.by_device {
-            if let Some(&l) = held.iter().find(|&&l| l >= layers) {
-                return Err(PlanError::Previous(format!(
-                    "placement: device {device} held layer {l} but the profile has {layers} layers; plan with the profile the previous plan was made for"
-                )));
-            }
+        plan.check(at)?;
+        let covered = plan.stages.iter().map(|s| s.end_layer).max().unwrap_or(0);
+        if covered != layers {
+            return Err(PlanError::Previous(format!(
+                "{at}.stages: the previous plan covers {covered} layers but the profile has \
+                 {layers}; plan with the profile the previous plan was made for"
+            )));
         }
-        Ok(previous)
+        let here: BTreeSet<String> = topology.devices().into_iter().map(|d| d.path).collect();
+        if !plan.placement.iter().any(|r| here.contains(&r.device)) {
+            return Err(PlanError::Previous(format!(
+                "{at}.placement: none of the previous plan's devices (such as {}) is in the \
+                 topology; give the previous plan of this job, or plan afresh",
+                plan.placement.first().map_or("none", |r| r.device.as_str())
+            )));
+        }
+        Ok(PreviousLayers::from_plan(&plan))
     }
 
     /// How many of `layers` the device at `path` already held.

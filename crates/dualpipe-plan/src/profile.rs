@@ -20,6 +20,11 @@ use crate::error::PlanError;
 
 /// The most layers a profile may list (checked before anything per layer is allocated).
 pub const MAX_LAYERS: usize = 4096;
+/// The longest `f`, `i` or `w` of one layer, in seconds (about 11 days: anything longer is a
+/// unit mistake, and would overflow the simulated times).
+pub const MAX_LAYER_SECONDS: f64 = 1e6;
+/// The most activation or parameter bytes of one layer (an exabyte).
+pub const MAX_LAYER_BYTES: f64 = 1e18;
 
 /// The cost of one layer for one micro-batch.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -88,6 +93,17 @@ impl Profile {
                         "layers[{l}].{name} = {value}: give a finite number >= 0"
                     )));
                 }
+                let (most, unit) = if name.ends_with("bytes") {
+                    (MAX_LAYER_BYTES, "bytes, such as 2e8")
+                } else {
+                    (MAX_LAYER_SECONDS, "seconds, such as 0.004")
+                };
+                if value > most {
+                    return Err(PlanError::Profile(format!(
+                        "layers[{l}].{name} = {value:e}: more than {most:e} for one layer; give \
+                         it in {unit}"
+                    )));
+                }
             }
         }
         Ok(())
@@ -142,5 +158,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("missing field `layers`"), "{err}");
+    }
+
+    #[test]
+    fn out_of_scale_costs_get_the_unit_advice() {
+        let ok = r#"{"message_bytes": 8, "layers": [
+            {"f": 1, "i": 1, "w": 1, "activation_bytes": 4, "parameter_bytes": 2}]}"#;
+        let err = Profile::from_json(&ok.replace("\"f\": 1", "\"f\": 1e308"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("layers[0].f = 1e308: more than 1e6 for one layer")
+                && err.contains("seconds"),
+            "{err}"
+        );
+        let err = Profile::from_json(
+            &ok.replace("\"activation_bytes\": 4", "\"activation_bytes\": 1e308"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("layers[0].activation_bytes = 1e308") && err.contains("bytes"),
+            "{err}"
+        );
     }
 }

@@ -38,7 +38,7 @@ pub enum RuntimeError {
     /// A message a compute op needs never arrived.
     #[error(
         "rank {rank}: timed out after {timeout:?} waiting for {what} from rank {peer} \
-         (a peer is slow or its program never sends it; raise ExecOptions::recv_timeout \
+         (a peer is slow or its program never sends it; raise recv_timeout \
          if stages are slow)"
     )]
     Timeout {

@@ -138,6 +138,51 @@ pub struct DeviceSlot {
     pub memory: f64,
 }
 
+/// The longest link latency, in seconds (an hour: anything longer is a unit mistake, and
+/// would overflow the simulated times).
+pub const MAX_LATENCY: f64 = 3600.0;
+/// The smallest link bandwidth, in bytes per second.
+pub const MIN_BANDWIDTH: f64 = 1.0;
+/// The relative device speeds accepted, slowest and fastest.
+pub const SPEED_RANGE: (f64, f64) = (1e-6, 1e6);
+
+/// A number as a user would write it: `1e-308` rather than its 308 zeros.
+fn shown(x: f64) -> String {
+    if x.is_finite() && x != 0.0 && !(1e-4..1e9).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        x.to_string()
+    }
+}
+
+/// The longest datacenter, node or device name, in characters.
+pub const MAX_NAME_CHARS: usize = 128;
+
+/// A datacenter, node or device name is printed in tables and joined into device paths
+/// (`dc/node/device`, how `--previous` matches devices): it must be non-empty, without
+/// control characters (a terminal would run them) or `/`, and at most
+/// [`MAX_NAME_CHARS`] characters. `field` is its path in the file.
+fn check_name(field: &str, name: &str) -> Result<(), SimError> {
+    let why = if name.trim().is_empty() {
+        "is empty; give it a name such as \"gpu0\"".to_string()
+    } else if name.chars().any(char::is_control) {
+        "holds a control character; use printable characters only".to_string()
+    } else if name.contains('/') {
+        "holds '/', which separates the parts of a device path (datacenter/node/device); \
+         use another character such as '-'"
+            .to_string()
+    } else if name.chars().count() > MAX_NAME_CHARS {
+        format!("is longer than {MAX_NAME_CHARS} characters; give a shorter name")
+    } else {
+        return Ok(());
+    };
+    let shown: String = name.chars().take(40).collect();
+    let more = if shown.len() < name.len() { "..." } else { "" };
+    Err(SimError::Topology(format!(
+        "{field} = {shown:?}{more}: {why}"
+    )))
+}
+
 impl Topology {
     /// Parses and checks a topology from JSON text. Errors name the field and the fix.
     pub fn from_json(text: &str) -> Result<Topology, SimError> {
@@ -165,16 +210,33 @@ impl Topology {
                     "give a finite number of seconds >= 0",
                 ));
             }
+            if link.latency > MAX_LATENCY {
+                return Err(bad(
+                    format!("links.{name}.latency = {}", shown(link.latency)),
+                    &format!(
+                        "more than {MAX_LATENCY} seconds; give the latency in seconds, such as \
+                         5e-6 within a node"
+                    ),
+                ));
+            }
             if !link.bandwidth.is_finite() || link.bandwidth <= 0.0 {
                 return Err(bad(
                     format!("links.{name}.bandwidth = {}", link.bandwidth),
                     "give a finite number of bytes per second > 0",
                 ));
             }
+            if link.bandwidth < MIN_BANDWIDTH {
+                return Err(bad(
+                    format!("links.{name}.bandwidth = {}", shown(link.bandwidth)),
+                    "less than one byte per second; give the bandwidth in bytes per second, \
+                     such as 25e9 for 25 GB/s",
+                ));
+            }
         }
         let mut count = 0usize;
         let mut dc_names = std::collections::BTreeSet::new();
         for (d, dc) in self.datacenters.iter().enumerate() {
+            check_name(&format!("datacenters[{d}].name"), &dc.name)?;
             if !dc_names.insert(dc.name.as_str()) {
                 return Err(bad(
                     format!("datacenters[{d}].name = {:?}", dc.name),
@@ -183,6 +245,7 @@ impl Topology {
             }
             let mut node_names = std::collections::BTreeSet::new();
             for (n, node) in dc.nodes.iter().enumerate() {
+                check_name(&format!("datacenters[{d}].nodes[{n}].name"), &node.name)?;
                 if !node_names.insert(node.name.as_str()) {
                     return Err(bad(
                         format!("datacenters[{d}].nodes[{n}].name = {:?}", node.name),
@@ -192,16 +255,21 @@ impl Topology {
                 let mut dev_names = std::collections::BTreeSet::new();
                 for (i, dev) in node.devices.iter().enumerate() {
                     let at = format!("datacenters[{d}].nodes[{n}].devices[{i}]");
+                    check_name(&format!("{at}.name"), &dev.name)?;
                     if !dev_names.insert(dev.name.as_str()) {
                         return Err(bad(
                             format!("{at}.name = {:?}", dev.name),
                             "is used twice in its node; give every device its own name",
                         ));
                     }
-                    if !dev.speed.is_finite() || dev.speed <= 0.0 {
+                    if !(SPEED_RANGE.0..=SPEED_RANGE.1).contains(&dev.speed) {
                         return Err(bad(
-                            format!("{at}.speed = {}", dev.speed),
-                            "give a finite relative speed > 0 (1 for the reference device)",
+                            format!("{at}.speed = {}", shown(dev.speed)),
+                            &format!(
+                                "give a relative speed from {:e} to {:e} (1 for the reference \
+                                 device)",
+                                SPEED_RANGE.0, SPEED_RANGE.1
+                            ),
                         ));
                     }
                     if !dev.memory.is_finite() || dev.memory <= 0.0 {
@@ -406,5 +474,64 @@ mod tests {
         let dup = text("1", "1").replace("\"g1\"", "\"g0\"");
         let err = Topology::from_json(&dup).unwrap_err().to_string();
         assert!(err.contains("used twice"), "{err}");
+    }
+
+    #[test]
+    fn out_of_scale_links_and_speeds_get_the_unit_advice() {
+        for (topology, want) in [
+            (
+                text("1", "1e-308"),
+                "links.inter_node.bandwidth = 1e-308: less than one byte",
+            ),
+            (
+                text("1", "5e-324"),
+                "links.inter_node.bandwidth = 5e-324: less than one byte",
+            ),
+            (
+                text("1e-300", "1"),
+                "devices[0].speed = 1e-300: give a relative speed from",
+            ),
+            (
+                text("1e308", "1"),
+                "devices[0].speed = 1e308: give a relative speed from",
+            ),
+        ] {
+            let err = Topology::from_json(&topology).unwrap_err().to_string();
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        let late = text("1", "1").replacen("\"latency\": 1.0", "\"latency\": 1e308", 1);
+        let err = Topology::from_json(&late).unwrap_err().to_string();
+        assert!(
+            err.contains(".latency = 1e308: more than 3600 seconds"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn names_with_control_characters_slashes_or_nothing_are_refused() {
+        for (name, why) in [
+            ("\\u001b[31mred\\u001b[0m\\n", "control character"),
+            ("a/b", "'/'"),
+            ("", "is empty"),
+            ("  ", "is empty"),
+        ] {
+            let bad = text("1", "1").replacen("\"g1\"", &format!("\"{name}\""), 1);
+            let err = Topology::from_json(&bad).unwrap_err().to_string();
+            assert!(
+                err.starts_with("datacenters[0].nodes[0].devices[1].name = ") && err.contains(why),
+                "{name}: {err}"
+            );
+            assert!(!err.contains('\u{1b}'), "{err}");
+        }
+        let node = text("1", "1").replacen("\"n1\"", "\"x/y\"", 1);
+        let err = Topology::from_json(&node).unwrap_err().to_string();
+        assert!(err.starts_with("datacenters[0].nodes[1].name"), "{err}");
+        let dc = text("1", "1").replacen("\"b\"", &format!("\"{}\"", "b".repeat(200)), 1);
+        let err = Topology::from_json(&dc).unwrap_err().to_string();
+        assert!(
+            err.contains("datacenters[1].name") && err.contains("longer than"),
+            "{err}"
+        );
+        assert!(err.len() < 300, "{err}");
     }
 }

@@ -9,8 +9,20 @@ use crate::memory::{self, MemoryEstimate, MEMORY_LIMIT_BYTES};
 
 /// The most data-parallel replicas of a run.
 pub const MAX_DATA_PARALLEL: usize = 1024;
+/// The longest receive timeout, in seconds (exclusive).
+pub const MAX_RECV_TIMEOUT: f64 = 1e9;
 /// The largest gradient bucket, in MiB.
 pub const MAX_BUCKET_MB: f64 = 1024.0 * 1024.0;
+
+/// A number as a user would write it: `1e300` rather than its 301 digits, `1e-9` rather than
+/// `0.000000001`.
+pub(crate) fn compact(x: f64) -> String {
+    if x.is_finite() && x != 0.0 && !(1e-3..1e6).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        x.to_string()
+    }
+}
 
 impl TrainConfig {
     /// [`TrainConfig::check`] in field names, for a process that holds every rank.
@@ -69,11 +81,15 @@ impl TrainConfig {
                 )));
             }
         }
-        if !(self.recv_timeout.is_finite() && self.recv_timeout > 0.0 && self.recv_timeout < 1e9) {
+        if !(self.recv_timeout.is_finite()
+            && self.recv_timeout > 0.0
+            && self.recv_timeout < MAX_RECV_TIMEOUT)
+        {
             return Err(TrainError::Config(format!(
-                "{} {}: the timeout must be a positive number of seconds such as 60",
+                "{} {}: the timeout must be more than 0 and less than {MAX_RECV_TIMEOUT:e} \
+                 seconds (about 31 years), such as 60",
                 name(Field::RecvTimeout),
-                self.recv_timeout
+                compact(self.recv_timeout)
             )));
         }
         self.check_data_parallel(naming)?;

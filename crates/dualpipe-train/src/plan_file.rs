@@ -46,30 +46,16 @@ impl PlanChoice {
         Self::from_plan(plan, source)
     }
 
-    /// What training takes from `plan`; the stages must be contiguous from layer 0, one per
-    /// model stage of the schedule, each with at least one layer.
+    /// What training takes from `plan`, the first plan of the file `source`, checked whole
+    /// first ([`Plan::check`]: its schedule, ranks, micro-batches, stages per rank,
+    /// partition, stages and placement, each fault named by its field in the file).
     pub fn from_plan(plan: &Plan, source: &str) -> Result<PlanChoice, TrainError> {
-        let schedule = ScheduleKind::from_name(&plan.schedule).ok_or_else(|| {
-            TrainError::Config(format!(
-                "{source}: unknown schedule '{}' in the plan",
-                plan.schedule
-            ))
-        })?;
+        let schedule = plan
+            .check("plans[0]")
+            .map_err(|e| TrainError::Config(format!("{source}: {e}")))?;
         let mut stages = plan.stages.clone();
         stages.sort_by_key(|s| s.stage);
-        let mut partition = Vec::with_capacity(stages.len());
-        let mut next = 0;
-        for (i, s) in stages.iter().enumerate() {
-            if s.stage != i || s.first_layer != next || s.end_layer <= s.first_layer {
-                return Err(TrainError::Config(format!(
-                    "{source}: stages[{i}] holds layers {}..{}; the stages must cover the \
-                     layers in order from 0, each with at least one layer",
-                    s.first_layer, s.end_layer
-                )));
-            }
-            partition.push(s.end_layer - s.first_layer);
-            next = s.end_layer;
-        }
+        let partition = stages.iter().map(|s| s.end_layer - s.first_layer).collect();
         let mut placement: Vec<(usize, String)> = plan
             .placement
             .iter()
@@ -196,9 +182,16 @@ mod tests {
         format!(
             r#"{{"plans": [{{"schedule": "{schedule}", "ranks": 4, "micro_batches": 8,
             "virtual_stages": 1, "partition": "min-max", "step_time": 1, "throughput": 8,
-            "bubble_ratio": 0.1, "peak_memory_share": 0.5, "stages": [{}], "placement": []}}],
+            "bubble_ratio": 0.1, "peak_memory_share": 0.5, "stages": [{}], "placement": [{}]}}],
             "rejected": []}}"#,
-            stages.join(",")
+            stages.join(","),
+            (0..4)
+                .map(|r| format!(
+                    r#"{{"rank": {r}, "device": "dc/n/g{r}", "speed": 1, "memory_capacity": 1,
+                    "stages": [[0, {r}]], "layers": [], "memory": 1, "busy": 1}}"#
+                ))
+                .collect::<Vec<_>>()
+                .join(",")
         )
     }
 
@@ -252,7 +245,42 @@ mod tests {
         let err = PlanChoice::from_json(&gap, "p.json")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("stages[1] holds layers 4..5"), "{err}");
+        assert!(
+            err.starts_with("p.json: plans[0].stages[1]: layers 4..5"),
+            "{err}"
+        );
+        for (field, value, want) in [
+            (
+                "\"micro_batches\": 8",
+                "\"micro_batches\": 0",
+                "plans[0].micro_batches: 0",
+            ),
+            (
+                "\"schedule\": \"1f1b\"",
+                "\"schedule\": \"dualpipev\"",
+                "plans[0].stages",
+            ),
+            (
+                "\"virtual_stages\": 1",
+                "\"virtual_stages\": 7",
+                "plans[0].virtual_stages: 7",
+            ),
+            ("\"ranks\": 4", "\"ranks\": 3", "plans[0].stages"),
+            (
+                "\"partition\": \"min-max\"",
+                "\"partition\": \"weird\"",
+                "plans[0].partition",
+            ),
+        ] {
+            let good = plan_json("1f1b", &[(0, 3), (3, 5), (5, 7), (7, 8)]);
+            let bad = good.replacen(field, value, 1);
+            assert_ne!(bad, good, "{field}");
+            let err = PlanChoice::from_json(&bad, "p.json")
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with(&format!("p.json: {want}")), "{err}");
+            assert!(!err.contains("--"), "{err}");
+        }
         let none = r#"{"plans": [], "rejected": []}"#;
         let err = PlanChoice::from_json(none, "p.json")
             .unwrap_err()

@@ -1,12 +1,16 @@
 //! `dualpipe plan`: search schedule x micro-batches x layer partition x placement for a
 //! topology and a cost profile; print the best plans.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-use dualpipe_plan::{evaluate, plan, PlanError, PlanOptions, PlanReport, PreviousLayers, Profile};
+use dualpipe_plan::{
+    evaluate, plan_with_progress, PlanError, PlanOptions, PlanReport, PreviousLayers, Profile,
+};
 use dualpipe_schedule::ScheduleKind;
 use dualpipe_sim::svg::{self, SvgOptions};
 use dualpipe_sim::Topology;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::output::{check_outputs, write_together};
 use super::simulate::Format;
@@ -49,6 +53,9 @@ pub struct Args {
     /// Draw the best plan's simulated step as an SVG picture.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// No progress bar (it shows only when standard error is a terminal).
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 /// Reads a file the user named, refusing files past [`MAX_INPUT`].
@@ -90,8 +97,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let previous = match &args.previous {
         None => None,
         Some(path) => Some(
-            PreviousLayers::from_json(&read_text(path, "--previous")?, profile.layers.len())
-                .map_err(|e| UsageError(format!("--previous {}: {e}", path.display())))?,
+            PreviousLayers::from_json(
+                &read_text(path, "--previous")?,
+                profile.layers.len(),
+                &topology,
+            )
+            .map_err(|e| UsageError(format!("--previous {}: {e}", path.display())))?,
         ),
     };
     let options = PlanOptions {
@@ -101,10 +112,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         previous,
     };
     let usage = |e: PlanError| -> anyhow::Error { UsageError(e.to_string()).into() };
-    let mut report = plan(&topology, &profile, &options).map_err(usage)?;
+    let inputs = format!(
+        "--topology {} and --profile {}",
+        args.topology.display(),
+        args.profile.display()
+    );
+    let bar = progress_bar(args.quiet);
+    let searched = plan_with_progress(&topology, &profile, &options, &mut |p| {
+        bar.set_length(p.total as u64);
+        bar.set_position(p.done as u64);
+        bar.set_message(format!(
+            "{} with {} micro-batches",
+            p.schedule, p.micro_batches
+        ));
+    });
+    bar.finish_and_clear();
+    let mut report = searched.map_err(|e| match e {
+        PlanError::NoPlan(why) => UsageError(format!("no plan fits {inputs}: {why}")).into(),
+        other => usage(other),
+    })?;
     if report.plans.is_empty() {
-        let reasons: Vec<String> = report.rejected.iter().map(|r| r.reason.clone()).collect();
-        return Err(UsageError(format!("no plan fits: {}", reasons.join("; "))).into());
+        return Err(UsageError(format!("no plan fits {inputs}: {}", reasons(&report))).into());
     }
     let mut files = Vec::new();
     if let Some(path) = &args.svg {
@@ -139,6 +167,55 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     files.push((args.output.clone(), text.into_bytes()));
     write_together(files)
+}
+
+/// A bar of the candidates searched, on standard error when it is a terminal and not
+/// `--quiet`.
+fn progress_bar(quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(
+        "planning {pos}/{len} candidates [{elapsed_precise}, about {eta} left] {msg}",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Why no candidate gave a plan: each distinct reason once, with the candidates it holds
+/// for (`gpipe x 8, 16; 1f1b x 8`).
+fn reasons(report: &PlanReport) -> String {
+    let mut causes: Vec<(&str, Vec<(&str, Vec<usize>)>)> = Vec::new();
+    for r in &report.rejected {
+        let at = match causes.iter().position(|(reason, _)| *reason == r.reason) {
+            Some(i) => i,
+            None => {
+                causes.push((&r.reason, Vec::new()));
+                causes.len() - 1
+            }
+        };
+        let kinds = &mut causes[at].1;
+        match kinds.iter_mut().find(|(k, _)| *k == r.schedule) {
+            Some((_, counts)) => counts.push(r.micro_batches),
+            None => kinds.push((&r.schedule, vec![r.micro_batches])),
+        }
+    }
+    causes
+        .iter()
+        .map(|(reason, kinds)| {
+            let which: Vec<String> = kinds
+                .iter()
+                .map(|(k, counts)| {
+                    let counts: Vec<String> = counts.iter().map(ToString::to_string).collect();
+                    format!("{k} x {}", counts.join(", "))
+                })
+                .collect();
+            format!("{reason} ({} micro-batches)", which.join("; "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// "layers per stage 3 6 3" for a picture's caption.

@@ -14,6 +14,7 @@ mod help;
 mod output;
 mod output_targets;
 mod plan;
+mod plan_inputs;
 mod report;
 mod schedule;
 mod simulate;

@@ -140,7 +140,7 @@ fn bad_files_are_one_line_errors() {
         "--profile",
         &data("gpt32.json"),
     ])
-    .usage_error(&["--topology", "devices[0].speed = -1", "speed > 0"]);
+    .usage_error(&["--topology", "devices[0].speed = -1", "relative speed from"]);
     let profile = dir.join("profile.json");
     std::fs::write(&profile, r#"{"message_bytes": 1, "layers": [{"f": 1}]}"#).unwrap();
     dualpipe([

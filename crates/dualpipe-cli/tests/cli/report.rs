@@ -145,6 +145,11 @@ fn bad_logs_and_addresses_are_usage_errors() {
     let missing = dir.join("missing.jsonl");
     dualpipe(["report", missing.to_str().unwrap()]).usage_error(&["missing.jsonl"]);
     tiny_train(&["--metrics-addr", "nonsense"]).usage_error(&["--metrics-addr", "HOST:PORT"]);
+    tiny_train(&["--metrics-addr", "127.0.0.1:0 "])
+        .usage_error(&["--metrics-addr \"127.0.0.1:0 \"", "trailing space"]);
+    let huge = tiny_train(&["--recv-timeout", "1e300"]);
+    huge.usage_error(&["--recv-timeout 1e300: ", "less than 1e9 seconds"]);
+    assert!(!huge.stderr.contains("0000000000"), "{}", huge.stderr);
     let no_dir = dir.join("no/such/dir/run.jsonl");
     tiny_train(&["--log", no_dir.to_str().unwrap()]).usage_error(&["run.jsonl"]);
 }

@@ -165,6 +165,27 @@ fn a_measured_profile_plans_and_its_plan_trains() {
         .usage_error(&["--micro-batches 4 disagrees with the plan's 8"]);
     dualpipe(gpt(&["--plan", s(&plan), "--schedule", "gpipe"]))
         .usage_error(&["--schedule gpipe disagrees with the plan's 1f1b"]);
+    // A bad field of the plan file is named as such, not as a flag the user did not give.
+    let text = std::fs::read_to_string(&plan).unwrap();
+    for (from, to, want) in [
+        (
+            "\"micro_batches\": 8",
+            "\"micro_batches\": 0",
+            "plans[0].micro_batches: 0",
+        ),
+        (
+            "\"virtual_stages\": 1",
+            "\"virtual_stages\": 7",
+            "plans[0].virtual_stages: 7",
+        ),
+    ] {
+        let bad = dir.join("bad-plan.json");
+        assert!(text.contains(from), "{text}");
+        std::fs::write(&bad, text.replacen(from, to, 1)).unwrap();
+        let run = dualpipe(gpt(&["--plan", s(&bad), "--steps", "2"]));
+        run.usage_error(&[want]);
+        assert!(!run.stderr.contains("--micro-batches"), "{}", run.stderr);
+    }
     // The profile also plans dualpipe.
     dualpipe([
         "plan",

@@ -78,7 +78,18 @@ impl Failure {
             TrainError::Checkpoint(e @ crate::CheckpointError::NonFinite { .. }) => Failure::run(
                 format!("{e}; lower the learning rate (now --lr {:e})", config.lr),
             ),
-            other => Failure::error(Some("training failed"), &other),
+            other => {
+                let mut failure = Failure::error(Some("training failed"), &other);
+                // The runtime's advice names its field; the user gave (or can give) the flag.
+                failure.message = failure.message.replace(
+                    "raise recv_timeout",
+                    &format!(
+                        "raise --recv-timeout (now {} s)",
+                        crate::check::compact(config.recv_timeout)
+                    ),
+                );
+                failure
+            }
         }
     }
 
@@ -107,3 +118,30 @@ impl std::fmt::Display for Failure {
 }
 
 impl Error for Failure {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_names_the_flag_that_raises_it() {
+        let err = TrainError::Runtime(dualpipe_runtime::RuntimeError::Timeout {
+            rank: 1,
+            what: "RECV_F (dir 0, stage 1, mb 0)".into(),
+            peer: 0,
+            timeout: std::time::Duration::from_nanos(1),
+        });
+        let config = TrainConfig {
+            recv_timeout: 1e-9,
+            ..TrainConfig::default()
+        };
+        let failure = Failure::training(err, &config);
+        assert!(
+            failure
+                .message
+                .contains("raise --recv-timeout (now 1e-9 s)"),
+            "{failure}"
+        );
+        assert!(!failure.message.contains("ExecOptions"), "{failure}");
+    }
+}

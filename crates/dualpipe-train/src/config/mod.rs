@@ -381,6 +381,23 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_recv_timeout_states_the_range_in_short_numbers() {
+        for (timeout, shown) in [(1e300, "1e300"), (0.0, "0"), (-5.0, "-5"), (2e9, "2e9")] {
+            let config = TrainConfig {
+                recv_timeout: timeout,
+                ..TrainConfig::default()
+            };
+            let err = config.check(Naming::Flags, 1).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("--recv-timeout {shown}: "))
+                    && err.contains("less than 1e9 seconds"),
+                "{err}"
+            );
+            assert!(err.len() < 200, "{err}");
+        }
+    }
+
+    #[test]
     fn memory_is_checked_against_the_cap_and_the_machine() {
         // 68 GB of parameters: under the cap, over a machine with 16 GiB available.
         let wide = TrainConfig {
