@@ -201,7 +201,7 @@ fn the_exchange_starts_inside_the_pipeline_once_per_stage() {
         assert_eq!(started(plain), vec![0; 2], "{kind} --no-overlap");
         let one_bit_adam = TrainConfig {
             gradient_compression: Compression::OneBit,
-            compression_warmup: 1,
+            compression_warmup: Some(1),
             optimizer: OptimizerKind::adamw(),
             ..config
         };
@@ -218,7 +218,7 @@ fn one_bit_adam_keeps_the_replicas_identical_and_its_warmup_is_uncompressed() {
         let config = TrainConfig {
             data_parallel: 2,
             gradient_compression: compression,
-            compression_warmup: warmup,
+            compression_warmup: Some(warmup),
             optimizer: OptimizerKind::adamw(),
             lr: 0.01,
             steps: 5,

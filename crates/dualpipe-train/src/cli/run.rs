@@ -65,6 +65,7 @@ impl TrainArgs {
     ) -> Result<Finished, Failure> {
         let resume_from = self.resume_checkpoint(say)?;
         let mut local = LocalRun::new(config.clone(), given).map_err(Failure::setup)?;
+        self.say_compression_warmup(&config, say);
         if let Some(checkpoint) = &resume_from {
             let restored = local.restore(checkpoint).map_err(Failure::setup)?;
             self.say_resumed(checkpoint, &restored, say);
