@@ -9,7 +9,9 @@
 # Usage: scripts/compression_bench.sh [SEEDS] [-- TRAIN_FLAGS...]
 #   SEEDS: comma-separated, default 0,1,2. TRAIN_FLAGS go to every run (e.g. --steps 100).
 #   COMPRESSIONS (env): default "none bf16 int8 1bit"; KEEP (env): a directory to keep the
-#   runs' JSON in.
+#   runs' JSON in (a run whose JSON is already there is not run again, so an interrupted
+#   benchmark continues where it stopped). The runs go compression by compression, seed by
+#   seed.
 set -euo pipefail
 seeds=${1:-0,1,2}
 shift || true
@@ -27,10 +29,17 @@ else
 fi
 echo "load before: $(uptime)"
 echo "flags: train --data-parallel 2 --seed S --gradient-compression C $*"
-for seed in ${seeds//,/ }; do
-    for c in $compressions; do
+for c in $compressions; do
+    for seed in ${seeds//,/ }; do
+        json="$out/$seed.$c.json"
+        if [ -n "${KEEP:-}" ] && python3 -c "import json,sys; json.load(open(sys.argv[1]))" \
+            "$json" 2>/dev/null; then
+            echo "seed $seed $c: kept from $json" >&2
+            continue
+        fi
         "$bin" train --data-parallel 2 --seed "$seed" --gradient-compression "$c" \
-            --format json --quiet "$@" > "$out/$seed.$c.json"
+            --format json --quiet "$@" > "$json.part"
+        mv "$json.part" "$json"
         echo "seed $seed $c done ($(uptime | sed 's/.*load/load/'))" >&2
     done
 done
