@@ -26,7 +26,8 @@
 #   3. a world size that does not match --ranks, or no launcher, is one clear usage error;
 #   4. 8 processes train 4 ranks x 2 data-parallel replicas (dualpipe, 1f1b, zb1p, dualpipev,
 #      dualpipe --no-overlap, f64, on MPI's own all-reduce; dualpipe and 1f1b with bf16,
-#      dualpipe with int8, 1bit and int8 --no-overlap on our point-to-point exchange): their
+#      dualpipe with int8, 1bit (the gradient compressed, --compression-warmup 0) and int8
+#      --no-overlap on our point-to-point exchange): their
 #      losses equal the local run's (threads) to 1e-12 (compressed DualPipe bit for bit, its two
 #      copies of a stage summed inside the exchange), ours sends the local run's gradient bytes,
 #      and the JSON names the exchange that ran and where it started (inside the pipeline with
@@ -194,7 +195,7 @@ EOF
     local variant want
     for variant in "dualpipe" "1f1b" "zb1p" "dualpipev" "dualpipe --no-overlap" \
         "dualpipe --gradient-compression bf16" "1f1b --gradient-compression bf16" \
-        "dualpipe --gradient-compression int8" "dualpipe --gradient-compression 1bit" \
+        "dualpipe --gradient-compression int8" "dualpipe --gradient-compression 1bit --compression-warmup 0" \
         "dualpipe --gradient-compression int8 --no-overlap"; do
         # shellcheck disable=SC2086 # $variant: the schedule and the variant's own flags
         "$BIN" train --schedule $variant "${DP[@]}" >"$TMP/dp-local.json" 2>"$TMP/dp-local.err"

@@ -52,6 +52,64 @@ impl<T: GradFloat> ErrorFeedbackState<T> {
     }
 }
 
+impl<T: GradFloat> ErrorFeedbackState<T> {
+    /// The state of worker `rank` of a group of `workers` that takes over from `saved`, the
+    /// states of every worker of a group of another size (listed by worker) with the same
+    /// `layout` (a checkpoint resumed on another data-parallel degree):
+    ///
+    /// - the worker side is the mean of the saved workers' residuals. The exchange averages
+    ///   `g + e` over the workers, so what the residuals add to the next mean is their mean;
+    ///   every new worker holding that mean adds the same, whatever the group's size.
+    /// - the server side: the saved owners' residuals, laid end to end in shard order, are
+    ///   the residual of the whole averaged bucket; the new worker takes its own shard of it.
+    ///
+    /// On the same group size this is not the identity (each worker's own residual is
+    /// replaced by the mean): restore a same-size state as it was. Empty buffers count as
+    /// zeros; a result that would be all zeros stays empty. Refused when a saved state does
+    /// not fit `layout` for its place in the saved group.
+    pub fn regroup(
+        saved: &[ErrorFeedbackState<T>],
+        layout: &BucketLayout,
+        rank: usize,
+        workers: usize,
+    ) -> Result<Self, DpError> {
+        if saved.is_empty() || rank >= workers {
+            return Err(DpError::FeedbackState(format!(
+                "cannot regroup {} saved workers' error feedback for worker {rank} of {workers}",
+                saved.len()
+            )));
+        }
+        for (old_rank, state) in saved.iter().enumerate() {
+            state.check(layout, old_rank, saved.len())?;
+        }
+        let mut out = Self::empty(layout.buckets());
+        let count = T::from_f64(saved.len() as f64);
+        for b in 0..layout.buckets() {
+            let len = layout.len(b);
+            if saved.iter().any(|s| !s.worker[b].is_empty()) {
+                let mut sum = vec![T::ZERO; len];
+                for s in saved.iter().filter(|s| !s.worker[b].is_empty()) {
+                    for (acc, &x) in sum.iter_mut().zip(&s.worker[b]) {
+                        *acc = *acc + x;
+                    }
+                }
+                out.worker[b] = sum.into_iter().map(|x| x / count).collect();
+            }
+            if saved.iter().any(|s| !s.server[b].is_empty()) {
+                let mut whole = vec![T::ZERO; len];
+                for (old_rank, s) in saved.iter().enumerate() {
+                    if !s.server[b].is_empty() {
+                        let range = layout.shard(b, old_rank, saved.len());
+                        whole[range].copy_from_slice(&s.server[b]);
+                    }
+                }
+                out.server[b] = whole[layout.shard(b, rank, workers)].to_vec();
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// `buffer` as a residual of `len` values (allocated as zeros on first use).
 pub(crate) fn residual<T: GradFloat>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
     if buffer.len() != len {
@@ -59,4 +117,69 @@ pub(crate) fn residual<T: GradFloat>(buffer: &mut Vec<T>, len: usize) -> &mut [T
         buffer.resize(len, T::ZERO);
     }
     buffer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(worker: Vec<Vec<f64>>, server: Vec<Vec<f64>>) -> ErrorFeedbackState<f64> {
+        ErrorFeedbackState { worker, server }
+    }
+
+    #[test]
+    fn regrouping_keeps_what_the_residuals_add_to_the_mean() {
+        // Two buckets of 5 and 3 values; the second bucket has no server residual saved.
+        let layout = BucketLayout::from_bucket_lens(&[5, 3]);
+        let saved = [
+            state(
+                vec![vec![1.0, 2.0, 3.0, 4.0, 5.0], vec![1.0, 1.0, 1.0]],
+                vec![vec![0.5, 0.25, 0.125], vec![]],
+            ),
+            state(
+                vec![vec![3.0, 2.0, 1.0, 0.0, -1.0], vec![]],
+                vec![vec![-0.5, -0.25], vec![]],
+            ),
+        ];
+        // Three workers now: each holds the mean worker residual and a third of the server's.
+        let new: Vec<_> = (0..3)
+            .map(|r| ErrorFeedbackState::regroup(&saved, &layout, r, 3).unwrap())
+            .collect();
+        for s in &new {
+            assert_eq!(s.worker[0], [2.0, 2.0, 2.0, 2.0, 2.0]);
+            assert_eq!(s.worker[1], [0.5, 0.5, 0.5]);
+            assert!(s.server[1].is_empty());
+        }
+        let whole: Vec<f64> = new.iter().flat_map(|s| s.server[0].clone()).collect();
+        assert_eq!(whole, [0.5, 0.25, 0.125, -0.5, -0.25]);
+        assert_eq!(new[0].server[0], [0.5, 0.25]);
+        // What the residuals add to the next averaged bucket is unchanged: the mean of the
+        // worker residuals plus the server residual at each value.
+        let mean_old = |v: usize| (saved[0].worker[0][v] + saved[1].worker[0][v]) / 2.0;
+        let mean_new = |v: usize| new.iter().map(|s| s.worker[0][v]).sum::<f64>() / 3.0;
+        for v in 0..5 {
+            assert_eq!(mean_old(v), mean_new(v));
+        }
+        // Back to one worker: the whole server residual, the same mean.
+        let one = ErrorFeedbackState::regroup(&saved, &layout, 0, 1).unwrap();
+        assert_eq!(one.server[0], [0.5, 0.25, 0.125, -0.5, -0.25]);
+        assert_eq!(one.worker[0], [2.0, 2.0, 2.0, 2.0, 2.0]);
+        one.check(&layout, 0, 1).unwrap();
+    }
+
+    #[test]
+    fn a_saved_state_of_another_shape_is_refused() {
+        let layout = BucketLayout::from_bucket_lens(&[4]);
+        let wrong = [
+            state(vec![vec![1.0; 3]], vec![vec![]]),
+            state(vec![vec![]], vec![vec![]]),
+        ];
+        let err = ErrorFeedbackState::regroup(&wrong, &layout, 0, 3).unwrap_err();
+        assert!(err.to_string().contains("expected 4"), "{err}");
+        assert!(ErrorFeedbackState::<f64>::regroup(&[], &layout, 0, 1).is_err());
+        let empty = [ErrorFeedbackState::<f64>::empty(1)];
+        assert!(ErrorFeedbackState::regroup(&empty, &layout, 3, 3).is_err());
+        let zeros = ErrorFeedbackState::regroup(&empty, &layout, 0, 2).unwrap();
+        assert_eq!(zeros, ErrorFeedbackState::empty(1));
+    }
 }

@@ -206,6 +206,8 @@ pub struct Optimizer {
     state: Vec<State>,
     /// 1-bit Adam: AdamW's second moment stops at this many steps ([`Optimizer::step`]).
     variance_frozen_from: Option<u64>,
+    /// 1-bit Adam: exchange the momentum divided by Adam's (frozen) denominator.
+    preconditioned: bool,
 }
 
 impl Optimizer {
@@ -222,6 +224,7 @@ impl Optimizer {
             steps: 0,
             state: Vec::new(),
             variance_frozen_from: None,
+            preconditioned: false,
         }
     }
 
@@ -235,6 +238,24 @@ impl Optimizer {
         self
     }
 
+    /// In 1-bit Adam's compression phase, whether [`Optimizer::fold_momentum`] divides the
+    /// momentum by Adam's frozen denominator `√v̂ + ε` before it is exchanged (`true`), or
+    /// gives the momentum itself, as Tang et al. do (`false`, the default). The two are the
+    /// same update without compression (the denominator is frozen and equal on every
+    /// replica); compressed, the preconditioned momentum's entries are all of the size of
+    /// an Adam step, so one sign scale per chunk suits every entry, where the raw
+    /// momentum's scale turns the sign of an entry with a small `v` into a step many times
+    /// Adam's (docs/distributed.md, "Why 1-bit lost").
+    pub fn with_preconditioned_momentum(mut self, preconditioned: bool) -> Self {
+        self.preconditioned = preconditioned;
+        self
+    }
+
+    /// The step from which the second moment stays frozen (`None`: never).
+    pub fn variance_frozen_from(&self) -> Option<u64> {
+        self.variance_frozen_from
+    }
+
     /// Whether the next [`Optimizer::step`] keeps the second moment frozen and takes the
     /// gradients as the new first moment.
     pub fn variance_frozen(&self) -> bool {
@@ -245,24 +266,37 @@ impl Optimizer {
 
     /// In 1-bit Adam's compression phase ([`Optimizer::variance_frozen`]; a no-op otherwise),
     /// replaces each gradient `g` by this optimizer's next momentum `β₁ m + (1 − β₁) g`, the
-    /// value 1-bit Adam exchanges between replicas instead of the gradient. The parameters
+    /// value 1-bit Adam exchanges between replicas instead of the gradient (divided by
+    /// `√(v / (1 − β₂ʷ)) + ε`, `w` the warm-up, with
+    /// [`Optimizer::with_preconditioned_momentum`]). The parameters
     /// marked in `plain` (by position, a missing entry is `false`) keep their gradient: they
     /// stay plain AdamW (see [`Optimizer::step_masked`]).
     pub fn fold_momentum(&self, params: &mut [&mut Param], plain: &[bool]) -> Result<(), NnError> {
-        let OptimizerKind::AdamW { beta1, .. } = self.kind else {
+        let OptimizerKind::AdamW {
+            beta1, beta2, eps, ..
+        } = self.kind
+        else {
             return Ok(());
         };
         if !self.variance_frozen() {
             return Ok(());
         }
+        let inv_bc2 = 1.0 / (1.0 - beta2.powi(self.variance_frozen_from.unwrap_or(1) as i32));
         for (i, (p, state)) in params.iter_mut().zip(&self.state).enumerate() {
             if plain.get(i).copied().unwrap_or(false) {
                 continue;
             }
-            if let State::AdamW { m, .. } = state {
+            if let State::AdamW { m, v } = state {
                 let folded = m
                     .affine(beta1, 0.0)
-                    .and_then(|m| m + p.grad.affine(1.0 - beta1, 0.0)?);
+                    .and_then(|m| m + p.grad.affine(1.0 - beta1, 0.0)?)
+                    .and_then(|m| {
+                        if self.preconditioned {
+                            m / v.affine(inv_bc2, 0.0)?.sqrt()?.affine(1.0, eps)?
+                        } else {
+                            Ok(m)
+                        }
+                    });
                 p.grad = folded.map_err(|e| NnError::tensor("1-bit Adam's momentum", e))?;
             }
         }
@@ -375,6 +409,7 @@ impl Optimizer {
                         inv_bc2: 1.0 / (1.0 - beta2.powi(t2)),
                         step_size: lr / (1.0 - beta1.powi(t)),
                         frozen_variance: frozen,
+                        preconditioned: self.preconditioned,
                     };
                     let old = match self.state.get(i) {
                         Some(State::AdamW { m, v }) => Some((m, v)),
@@ -541,6 +576,64 @@ mod tests {
             panic!("AdamW keeps m and v");
         };
         assert_eq!(kept.to_vec1::<f64>().unwrap()[0], v);
+    }
+
+    #[test]
+    fn the_preconditioned_momentum_is_the_momentum_over_adams_frozen_denominator() {
+        let (b1, b2, eps, lr) = (0.9, 0.999, 1e-8, 0.1);
+        let kind = OptimizerKind::AdamW {
+            beta1: b1,
+            beta2: b2,
+            eps,
+            weight_decay: 0.01,
+        };
+        // The same gradients through both variants: without compression in between they
+        // take the same steps (to rounding), and the preconditioned one exchanges
+        // m / (√(v / (1 − β₂²)) + ε), every entry of the size of an Adam step.
+        let mut raw = Optimizer::new(kind, lr).with_variance_frozen_from(2);
+        let mut pre = Optimizer::new(kind, lr)
+            .with_variance_frozen_from(2)
+            .with_preconditioned_momentum(true);
+        let (mut p, mut q) = (param(1.0, 0.0), param(1.0, 0.0));
+        let (mut m, mut v) = (0.0f64, 0.0f64);
+        for (t, g) in [(1, 0.5), (2, -0.25), (3, 0.75), (4, 0.125), (5, -1.5)] {
+            for x in [&mut p, &mut q] {
+                x.grad = Tensor::new(&[g], &Device::Cpu).unwrap();
+            }
+            raw.fold_momentum(&mut [&mut p], &[]).unwrap();
+            pre.fold_momentum(&mut [&mut q], &[]).unwrap();
+            m = b1 * m + (1.0 - b1) * g;
+            if t <= 2 {
+                v = b2 * v + (1.0 - b2) * g * g;
+            }
+            let sent = q.grad.to_vec1::<f64>().unwrap()[0];
+            if t > 2 {
+                let want = m / ((v / (1.0 - b2 * b2)).sqrt() + eps);
+                assert!((sent - want).abs() < 1e-12, "step {t}: {sent} vs {want}");
+                assert!(sent.abs() < 10.0, "step {t}: {sent} is not step-sized");
+            } else {
+                assert_eq!(sent, g, "step {t}: the warm-up folds nothing");
+            }
+            raw.step(&mut [&mut p]).unwrap();
+            pre.step(&mut [&mut q]).unwrap();
+            assert!(
+                (value(&p) - value(&q)).abs() < 1e-12,
+                "step {t}: {} vs {}",
+                value(&p),
+                value(&q)
+            );
+            let (State::AdamW { m: mp, .. }, State::AdamW { m: mq, .. }) =
+                (&raw.state()[0], &pre.state()[0])
+            else {
+                panic!("AdamW keeps m and v");
+            };
+            let (mp, mq) = (
+                mp.to_vec1::<f64>().unwrap()[0],
+                mq.to_vec1::<f64>().unwrap()[0],
+            );
+            assert!((mp - m).abs() < 1e-12 && (mq - m).abs() < 1e-12, "step {t}");
+        }
+        assert_eq!(pre.variance_frozen_from(), Some(2));
     }
 
     #[test]

@@ -164,9 +164,10 @@ impl TrainConfig {
             return Err(TrainError::Config(format!(
                 "{} {clip} with 1bit compression after {warmup} warm-up steps: 1-bit Adam \
                  exchanges AdamW's momentum, not the gradient, so there is no gradient norm \
-                 to clip; drop {} or the warm-up",
+                 to clip; drop {} or compress the gradient from the first step ({} 0)",
                 name(Field::ClipGrad),
-                name(Field::ClipGrad)
+                name(Field::ClipGrad),
+                name(Field::CompressionWarmup)
             )));
         }
         if let Some(moe) = &self.moe {

@@ -258,6 +258,10 @@ pub struct StepExchange {
     /// How many of this replica's stage exchanges started during the pipeline (from the
     /// [`ExchangeHook`]); 0 when the exchange runs after the pipeline.
     pub started_in_pipeline: usize,
+    /// The L2 norm of this replica's error-feedback buffers after the step (worker and
+    /// server residuals of every stage whose feedback it keeps): what compression still owes
+    /// the model; 0 without a lossy compression or during the warm-up.
+    pub feedback_norm: f64,
 }
 
 /// One replica's end of the gradient exchange (see the [module](self) documentation).
@@ -596,7 +600,31 @@ impl ReplicaExchange {
                 .grad_bytes_uncompressed
                 .saturating_sub(before.grad_bytes_uncompressed),
             started_in_pipeline,
+            feedback_norm: self.feedback_norm(),
         })
+    }
+
+    /// The L2 norm of every error-feedback buffer this replica keeps.
+    fn feedback_norm(&self) -> f64 {
+        fn squares<T: GradFloat>(state: &ErrorFeedbackState<T>) -> f64 {
+            state
+                .worker
+                .iter()
+                .chain(&state.server)
+                .flatten()
+                .map(|&x| x.to_f64() * x.to_f64())
+                .sum()
+        }
+        let mut total = 0.0;
+        for slot in self.slots.iter().filter(|slot| slot.keeps_feedback) {
+            if let Ok(state) = slot.state.lock() {
+                total += match &state.grads {
+                    StageGrads::F32(ex) => squares(ex.error_feedback()),
+                    StageGrads::F64(ex) => squares(ex.error_feedback()),
+                };
+            }
+        }
+        total.sqrt()
     }
 
     /// Every replica's micro-batch losses of step `step`, in global micro-batch order
@@ -651,6 +679,20 @@ impl ReplicaExchange {
                 Some((slot.stage, fb))
             })
             .collect()
+    }
+
+    /// The bucket layout of model stage `stage`'s exchange when this replica keeps its error
+    /// feedback (`None` otherwise): what [`ErrorFeedbackState::regroup`] re-splits by.
+    pub fn feedback_layout(&self, stage: usize) -> Option<dualpipe_dp::BucketLayout> {
+        let slot = self
+            .slots
+            .iter()
+            .find(|slot| slot.stage == stage && slot.keeps_feedback)?;
+        let state = slot.state.lock().ok()?;
+        Some(match &state.grads {
+            StageGrads::F32(ex) => ex.layout().clone(),
+            StageGrads::F64(ex) => ex.layout().clone(),
+        })
     }
 
     /// Restores model stage `stage`'s error-feedback buffers (from

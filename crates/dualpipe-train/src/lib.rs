@@ -90,7 +90,9 @@ pub mod watch;
 pub mod workload;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointOptions, CheckpointWriter};
-pub use config::{DType, Field, ModelKind, Naming, Task, TrainConfig, MAX_STEPS};
+pub use config::{
+    DType, Field, ModelKind, Naming, Task, TrainConfig, MAX_STEPS, ONE_BIT_ADAM_WARMUP_SHARE,
+};
 pub use data_parallel::{DataParallel, GroupLink, ReplicaExchange, ReplicaLinks, StepExchange};
 pub use driver::{Driver, LocalThreads, MAX_LOCAL_RANKS};
 pub use dualpipe_dp as dp;

@@ -201,7 +201,7 @@ fn the_exchange_starts_inside_the_pipeline_once_per_stage() {
         assert_eq!(started(plain), vec![0; 2], "{kind} --no-overlap");
         let one_bit_adam = TrainConfig {
             gradient_compression: Compression::OneBit,
-            compression_warmup: 1,
+            compression_warmup: Some(1),
             optimizer: OptimizerKind::adamw(),
             ..config
         };
@@ -211,14 +211,16 @@ fn the_exchange_starts_inside_the_pipeline_once_per_stage() {
 
 /// 1-bit Adam (1bit, AdamW, a warm-up): the replicas exchange the momentum after the warm-up
 /// and stay bit-identical; it trains differently from compressing the gradient (no warm-up),
-/// and the warm-up steps are the uncompressed run's.
+/// and the warm-up steps are the uncompressed run's. The same with the preconditioned
+/// momentum (`one_bit_preconditioned`), which trains differently again.
 #[test]
 fn one_bit_adam_keeps_the_replicas_identical_and_its_warmup_is_uncompressed() {
-    let run = |compression: Compression, warmup: u64| {
+    let run_with = |compression: Compression, warmup: u64, preconditioned: bool| {
         let config = TrainConfig {
             data_parallel: 2,
             gradient_compression: compression,
-            compression_warmup: warmup,
+            compression_warmup: Some(warmup),
+            one_bit_preconditioned: preconditioned,
             optimizer: OptimizerKind::adamw(),
             lr: 0.01,
             steps: 5,
@@ -240,7 +242,11 @@ fn one_bit_adam_keeps_the_replicas_identical_and_its_warmup_is_uncompressed() {
         assert_eq!(values(a), values(b), "the replicas' weights");
         losses
     };
+    let run = |compression, warmup| run_with(compression, warmup, false);
     let adam = run(Compression::OneBit, 2);
+    let preconditioned = run_with(Compression::OneBit, 2, true);
+    assert_eq!(adam[..3], preconditioned[..3]);
+    assert_ne!(adam[3..], preconditioned[3..]);
     let gradients = run(Compression::OneBit, 0);
     let none = run(Compression::None, 2);
     assert!(adam.iter().all(|l| l.is_finite()));
@@ -282,6 +288,21 @@ fn the_transport_counts_fewer_bytes_for_each_compression() {
             assert!(json.contains(key), "{key} in {json}");
         }
         assert!(summary.table(true).contains("communication overhead"));
+        // The residual's norm after every step: what a lossy compression still owes (SGD:
+        // compressed from the first step, no warm-up).
+        match compression {
+            Compression::None => assert!(summary.feedback_norms.is_empty()),
+            _ => {
+                assert_eq!(summary.feedback_norms.len(), 3, "{compression}");
+                assert!(
+                    summary.feedback_norms.iter().all(|n| *n > 0.0),
+                    "{compression}: {:?}",
+                    summary.feedback_norms
+                );
+                assert_eq!(summary.compression_warmup, Some(0));
+                assert!(json.contains("feedback_norms"));
+            }
+        }
     }
     // The uncompressed figure is the same for every run; what is sent shrinks.
     assert!(sent.iter().all(|s| s.1 == sent[0].1));

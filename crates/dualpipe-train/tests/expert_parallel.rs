@@ -412,7 +412,7 @@ fn one_bit_adam_with_sharded_experts_keeps_holders_and_replicas_identical() {
         optimizer: OptimizerKind::adamw(),
         lr: 0.01,
         gradient_compression: compression,
-        compression_warmup: warmup,
+        compression_warmup: Some(warmup),
         ..tiny(
             ScheduleKind::DualPipe,
             4,

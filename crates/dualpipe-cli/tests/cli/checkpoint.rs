@@ -336,6 +336,78 @@ fn a_checkpoint_resumes_on_another_grid() {
     }
 }
 
+/// A 1-bit checkpoint of 2 replicas resumed on 4 (the same global batch: half the
+/// micro-batches each) carries its error feedback over (worker residuals averaged, the
+/// averaged buckets' residuals re-split) and says so; the resumed steps differ from a resume
+/// that drops the feedback (a different `--bucket-mb` with the same single bucket), so the
+/// residuals carried over are really used. 1-bit Adam after its default warm-up (a quarter of
+/// the 4 steps: from step 2) is told of at the start of the run.
+#[test]
+fn a_one_bit_checkpoint_carries_its_error_feedback_to_another_data_parallel_degree() {
+    let dir = TempDir::new("ckpt-regroup");
+    let ckpt = dir.join("ckpt");
+    let grid = |replicas: &'static str, micro_batches: &'static str| {
+        [
+            "--dtype",
+            "f64",
+            "--schedule",
+            "1f1b",
+            "--ranks",
+            "2",
+            "--gradient-compression",
+            "1bit",
+            "--data-parallel",
+            replicas,
+            "--micro-batches",
+            micro_batches,
+            "--steps",
+            "4",
+        ]
+    };
+    let mut flags = grid("2", "4").to_vec();
+    flags.extend(["--checkpoint-dir", s(&ckpt), "--checkpoint-every", "2"]);
+    let mut args = tiny("mlp");
+    args.retain(|a| a != "--quiet");
+    args.extend(flags.iter().map(|f| f.to_string()));
+    let first = dualpipe(&args);
+    first.ok();
+    assert!(
+        first
+            .stderr
+            .contains("1-bit Adam: steps 1-1 of 4 exchange uncompressed gradients"),
+        "{}",
+        first.stderr
+    );
+    let resume = |extra: &[&str]| {
+        let mut args = tiny("mlp");
+        args.retain(|a| a != "--quiet");
+        args.extend(grid("4", "2").iter().map(|f| f.to_string()));
+        args.extend(["--resume-from".into(), s(&ckpt.join("step-000002")).into()]);
+        args.extend(extra.iter().map(|f| f.to_string()));
+        let run = dualpipe(&args);
+        run.ok();
+        (floats(&run.json()["losses"]), run.stderr)
+    };
+    let (carried, said) = resume(&[]);
+    assert!(
+        said.contains("error feedback of 2 replicas carried over to 4"),
+        "{said}"
+    );
+    let (dropped, said) = resume(&["--bucket-mb", "24"]);
+    assert!(said.contains("starts from zeros"), "{said}");
+    assert_eq!(carried.len(), 2);
+    assert_eq!(
+        carried[0].to_bits(),
+        dropped[0].to_bits(),
+        "step 3's forward"
+    );
+    assert_ne!(
+        carried[1].to_bits(),
+        dropped[1].to_bits(),
+        "the carried-over feedback changed nothing"
+    );
+}
+
 #[test]
 fn damage_is_reported_and_the_previous_checkpoint_used() {
     let dir = TempDir::new("ckpt-damage");

@@ -183,9 +183,15 @@ pub struct TrainArgs {
     /// Wire format of the gradient exchange: none, bf16, int8 or 1bit.
     #[arg(long, default_value_t = D.gradient_compression.name().to_string())]
     pub gradient_compression: String,
-    /// Steps exchanged uncompressed before --gradient-compression starts.
-    #[arg(long, value_name = "N", default_value_t = D.compression_warmup)]
-    pub compression_warmup: u64,
+    /// Steps exchanged uncompressed before --gradient-compression starts [default: a quarter
+    /// of --steps for 1bit under AdamW (1-bit Adam's warm-up), else 0]; 0 compresses from
+    /// the first step.
+    #[arg(long, value_name = "N")]
+    pub compression_warmup: Option<u64>,
+    /// With 1bit under AdamW: exchange 1-bit Adam's momentum divided by AdamW's frozen
+    /// denominator (every entry of an Adam step's size) instead of the raw momentum.
+    #[arg(long)]
+    pub one_bit_preconditioned: bool,
     /// Under MPI, exchange uncompressed gradients with our point-to-point exchange instead of
     /// MPI's own all-reduce (to compare the two).
     #[arg(long)]

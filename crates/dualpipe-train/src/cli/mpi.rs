@@ -67,6 +67,9 @@ impl TrainArgs {
             ));
         }
         let rank = info.rank;
+        if rank == 0 {
+            self.say_compression_warmup(&config, say);
+        }
         let mut trainer = match mpi_trainer(&world, &config, given) {
             Ok(trainer) => trainer,
             Err(err) => refuse(world, rank, told(err, Failure::setup), say),

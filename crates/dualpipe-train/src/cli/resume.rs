@@ -233,11 +233,38 @@ impl TrainArgs {
             checkpoint.path.display(),
             restored.step
         ));
+        if let Some(from) = restored.feedback_regrouped_from {
+            say(&format!(
+                "note: the gradient compression's error feedback of {from} replicas carried \
+                 over to {} (worker residuals averaged, the averaged buckets' residuals \
+                 re-split)",
+                self.data_parallel
+            ));
+        }
         if restored.feedback_dropped {
             say(
                 "note: the grid changed, so the gradient compression's error feedback starts \
                  from zeros",
             );
+        }
+    }
+
+    /// Tells `say` of 1-bit Adam's warm-up when it is the default one (unless `--quiet`), so
+    /// a user who passed only `--gradient-compression 1bit` knows why the first steps send
+    /// every byte.
+    pub fn say_compression_warmup(&self, config: &crate::TrainConfig, say: &mut dyn FnMut(&str)) {
+        if self.observe.quiet || config.compression_warmup.is_some() {
+            return;
+        }
+        if let Some(warmup) = config.one_bit_adam_from() {
+            say(&format!(
+                "1-bit Adam: steps 1-{warmup} of {} exchange uncompressed gradients (the \
+                 default warm-up, {:.0}% of the steps), then the momentum in 1 bit with \
+                 AdamW's variance frozen; --compression-warmup N sets it, 0 compresses the \
+                 gradient from the first step",
+                config.steps,
+                100.0 * crate::config::ONE_BIT_ADAM_WARMUP_SHARE
+            ));
         }
     }
 }

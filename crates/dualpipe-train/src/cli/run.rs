@@ -69,6 +69,7 @@ impl TrainArgs {
             self.check_resumed_settings(checkpoint, &config)?;
         }
         let mut local = LocalRun::new(config.clone(), given).map_err(Failure::setup)?;
+        self.say_compression_warmup(&config, say);
         if let Some(checkpoint) = &resume_from {
             let restored = local.restore(checkpoint).map_err(Failure::setup)?;
             self.say_resumed(checkpoint, &restored, say);

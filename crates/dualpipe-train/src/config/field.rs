@@ -55,6 +55,8 @@ pub enum Field {
     BucketMb,
     /// SGD's momentum in [`TrainConfig::optimizer`].
     Momentum,
+    /// [`TrainConfig::compression_warmup`].
+    CompressionWarmup,
 }
 
 /// How messages name a [`Field`].
@@ -94,6 +96,7 @@ impl Field {
             Field::DataParallel => "data_parallel",
             Field::BucketMb => "bucket_mb",
             Field::Momentum => "momentum",
+            Field::CompressionWarmup => "compression_warmup",
         }
     }
 

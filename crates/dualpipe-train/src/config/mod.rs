@@ -29,6 +29,16 @@ fn is_true(b: &bool) -> bool {
     *b
 }
 
+/// Whether `b` does not hold (the default of [`TrainConfig::one_bit_preconditioned`]).
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// The share of the steps 1-bit Adam runs uncompressed by default (its warm-up, when
+/// [`TrainConfig::compression_warmup`] is `None`); see docs/distributed.md for the runs
+/// behind it.
+pub const ONE_BIT_ADAM_WARMUP_SHARE: f64 = 0.25;
+
 /// Everything a training run depends on. The model and the data depend only on `model`,
 /// `seed`, [`TrainConfig::model_stages`], the model's shape (`hidden` for the MLP; `d_model`,
 /// `heads`, `seq_len` for the GPT), `layers_per_stage`, `micro_batches`, `micro_batch_size`,
@@ -124,8 +134,17 @@ pub struct TrainConfig {
     /// The wire format of the gradient exchange after the warm-up (`--gradient-compression`).
     #[serde(with = "compression_name")]
     pub gradient_compression: Compression,
-    /// Steps exchanged uncompressed before the compression starts (`--compression-warmup`).
-    pub compression_warmup: u64,
+    /// Steps exchanged uncompressed before the compression starts (`--compression-warmup`;
+    /// `None`: [`TrainConfig::compression_warmup_steps`]'s default, a share of the steps
+    /// for 1-bit Adam, none otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compression_warmup: Option<u64>,
+    /// Under 1-bit Adam, exchange the momentum divided by Adam's frozen denominator
+    /// (`true`: `--one-bit-preconditioned`, see
+    /// [`Optimizer::with_preconditioned_momentum`]) instead of the raw momentum, as Tang et
+    /// al. publish it (`false`, the default).
+    #[serde(skip_serializing_if = "is_false")]
+    pub one_bit_preconditioned: bool,
     /// Keep what a lossy compression dropped and add it to the next step's gradient
     /// (`false`: `--no-error-feedback`).
     pub error_feedback: bool,
@@ -186,7 +205,8 @@ impl TrainConfig {
         bucket_mb: 25.0,
         overlap: true,
         gradient_compression: Compression::None,
-        compression_warmup: 0,
+        compression_warmup: None,
+        one_bit_preconditioned: false,
         error_feedback: true,
         mpi_allreduce: true,
         moe: None,
@@ -310,8 +330,33 @@ impl TrainConfig {
     pub fn new_optimizer(&self) -> Optimizer {
         let opt = Optimizer::scheduled(self.optimizer, self.lr_schedule());
         match self.one_bit_adam_from() {
-            Some(w) => opt.with_variance_frozen_from(w),
+            Some(w) => opt
+                .with_variance_frozen_from(w)
+                .with_preconditioned_momentum(self.one_bit_preconditioned),
             None => opt,
+        }
+    }
+
+    /// Whether the compression is 1-bit Adam's when it starts: `--gradient-compression
+    /// 1bit` under AdamW with more than one replica (whatever the warm-up).
+    pub fn one_bit_adam(&self) -> bool {
+        matches!(self.optimizer, OptimizerKind::AdamW { .. })
+            && self.data_parallel > 1
+            && self.gradient_compression == Compression::OneBit
+    }
+
+    /// The steps exchanged uncompressed before the compression starts: `compression_warmup`
+    /// when given; otherwise, for 1-bit Adam ([`TrainConfig::one_bit_adam`]),
+    /// [`ONE_BIT_ADAM_WARMUP_SHARE`] of `steps` (rounded down, at least 1: AdamW's second
+    /// moment needs a step before it can be frozen), as DeepSpeed's 1-bit Adam warms up for
+    /// 15-25% of a run; 0 for every other compression.
+    pub fn compression_warmup_steps(&self) -> u64 {
+        match self.compression_warmup {
+            Some(w) => w,
+            None if self.one_bit_adam() => {
+                ((self.steps as f64 * ONE_BIT_ADAM_WARMUP_SHARE) as u64).max(1)
+            }
+            None => 0,
         }
     }
 
@@ -320,12 +365,8 @@ impl TrainConfig {
     /// `--compression-warmup` exchange AdamW's momentum, not the gradient, and keep the second
     /// moment frozen ([`crate::Optimizer::with_variance_frozen_from`]).
     pub fn one_bit_adam_from(&self) -> Option<u64> {
-        let adam = matches!(self.optimizer, OptimizerKind::AdamW { .. });
-        (adam
-            && self.data_parallel > 1
-            && self.gradient_compression == Compression::OneBit
-            && self.compression_warmup > 0)
-            .then_some(self.compression_warmup)
+        let warmup = self.compression_warmup_steps();
+        (self.one_bit_adam() && warmup > 0).then_some(warmup)
     }
 
     /// The gradient exchange's settings for one stage's data-parallel group.
@@ -333,7 +374,7 @@ impl TrainConfig {
         dualpipe_dp::ExchangeConfig {
             compression: self.gradient_compression,
             error_feedback: self.error_feedback,
-            compression_warmup: self.compression_warmup,
+            compression_warmup: self.compression_warmup_steps(),
             bucket_bytes: (self.bucket_mb * (1u64 << 20) as f64).round().max(1.0) as usize,
             timeout: std::time::Duration::from_secs_f64(self.recv_timeout),
             ..dualpipe_dp::ExchangeConfig::default()
@@ -366,6 +407,59 @@ mod tests {
         );
         assert!(serde_json::from_str::<TrainConfig>(r#"{"schedule": "zigzag"}"#).is_err());
         assert!(serde_json::from_str::<TrainConfig>(r#"{"rank": 2}"#).is_err());
+    }
+
+    #[test]
+    fn one_bit_adam_warms_up_for_a_quarter_of_the_steps_by_default() {
+        let one_bit = TrainConfig {
+            data_parallel: 2,
+            gradient_compression: Compression::OneBit,
+            ..TrainConfig::default()
+        };
+        assert_eq!(one_bit.compression_warmup_steps(), 75);
+        assert_eq!(one_bit.one_bit_adam_from(), Some(75));
+        assert_eq!(one_bit.exchange_config().compression_warmup, 75);
+        let short = TrainConfig {
+            steps: 3,
+            ..one_bit.clone()
+        };
+        assert_eq!(short.one_bit_adam_from(), Some(1), "at least one step");
+        // `--compression-warmup 0`: the gradient compressed from the first step, as before.
+        let none = TrainConfig {
+            compression_warmup: Some(0),
+            ..one_bit.clone()
+        };
+        assert_eq!(none.one_bit_adam_from(), None);
+        assert_eq!(none.exchange_config().compression_warmup, 0);
+        let given = TrainConfig {
+            compression_warmup: Some(120),
+            ..one_bit.clone()
+        };
+        assert_eq!(given.one_bit_adam_from(), Some(120));
+        // No default warm-up for int8 and bf16, SGD, or one replica.
+        for other in [
+            TrainConfig {
+                gradient_compression: Compression::Int8,
+                ..one_bit.clone()
+            },
+            TrainConfig {
+                optimizer: OptimizerKind::sgd(),
+                ..one_bit.clone()
+            },
+            TrainConfig {
+                data_parallel: 1,
+                ..one_bit.clone()
+            },
+        ] {
+            assert_eq!(other.compression_warmup_steps(), 0);
+            assert_eq!(other.one_bit_adam_from(), None);
+        }
+        // The resolved default is not written; a given warm-up is.
+        let text = serde_json::to_string(&one_bit).unwrap();
+        assert!(!text.contains("compression_warmup"), "{text}");
+        let text = serde_json::to_string(&given).unwrap();
+        assert!(text.contains("\"compression_warmup\":120"), "{text}");
+        assert_eq!(serde_json::from_str::<TrainConfig>(&text).unwrap(), given);
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub struct SummaryBuilder {
     last_step: Option<(Timeline, Metrics)>,
     expert_loads: Vec<crate::moe::ExpertLoad>,
     first_step: Option<usize>,
+    feedback_norms: Vec<f64>,
 }
 
 impl SummaryBuilder {
@@ -54,6 +55,7 @@ impl SummaryBuilder {
             last_step: None,
             expert_loads: Vec::new(),
             first_step: None,
+            feedback_norms: Vec::new(),
         }
     }
 
@@ -64,6 +66,9 @@ impl SummaryBuilder {
         self.walls.push(report.wall.as_secs_f64());
         self.evaluations.extend(report.evaluation);
         self.expert_loads.extend(report.expert_load);
+        if let Some(exchange) = &report.exchange {
+            self.feedback_norms.push(exchange.feedback_norm);
+        }
         if let Some(timeline) = report.timeline {
             let measured = metrics(&timeline, &self.schedule.placement);
             self.makespans.push(measured.makespan);
@@ -154,6 +159,15 @@ impl SummaryBuilder {
             grad_exchange_started: None,
             grad_bytes_sent: 0,
             grad_bytes_uncompressed: 0,
+            compression_warmup: (config.data_parallel > 1
+                && config.gradient_compression != dualpipe_dp::Compression::None)
+                .then(|| config.compression_warmup_steps()),
+            one_bit_adam_from: config.one_bit_adam_from(),
+            feedback_norms: if config.gradient_compression == dualpipe_dp::Compression::None {
+                Vec::new()
+            } else {
+                self.feedback_norms
+            },
             communication_overhead: 0.0,
             expert_load_imbalance: self.expert_loads,
             eplb_rebalances: None,

@@ -136,6 +136,18 @@ pub struct RunSummary {
     pub grad_bytes_sent: u64,
     /// What the same messages would have carried uncompressed.
     pub grad_bytes_uncompressed: u64,
+    /// With a compression and more than one replica: the steps exchanged uncompressed first
+    /// (`TrainConfig::compression_warmup_steps`, the default resolved).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compression_warmup: Option<u64>,
+    /// Under 1-bit Adam: the step after which AdamW's variance is frozen and the momentum
+    /// is exchanged in 1 bit (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub one_bit_adam_from: Option<u64>,
+    /// With a compression: the L2 norm of the reporting replica's error-feedback residuals
+    /// after each step (what compression still owes the model).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub feedback_norms: Vec<f64>,
     /// The share of the run's time spent in the gradient exchange that compute did not hide
     /// (mean over replicas; the exchange follows the pipeline, so none of it is hidden).
     pub communication_overhead: f64,

@@ -27,6 +27,10 @@ pub struct Restored {
     pub feedback_restored: bool,
     /// Whether the checkpoint held error feedback that a change of grid dropped.
     pub feedback_dropped: bool,
+    /// The data-parallel degree of the checkpoint when its error feedback was carried over
+    /// to another one (worker residuals averaged, server residuals re-split:
+    /// [`ErrorFeedbackState::regroup`]); `None` otherwise.
+    pub feedback_regrouped_from: Option<usize>,
 }
 
 fn mismatch(ckpt: &Checkpoint, problem: String) -> TrainError {
@@ -273,6 +277,9 @@ impl<D: Driver> Trainer<D> {
             }
         }
         let (feedback_restored, feedback_dropped) = self.restore_feedback(ckpt)?;
+        let feedback_regrouped_from = (feedback_restored
+            && ckpt.state.config.data_parallel != self.config.data_parallel)
+            .then_some(ckpt.state.config.data_parallel);
         self.steps_done = step;
         self.prefetched = None;
         self.gathered = None;
@@ -281,18 +288,21 @@ impl<D: Driver> Trainer<D> {
             step,
             feedback_restored,
             feedback_dropped,
+            feedback_regrouped_from,
         })
     }
 
-    /// Restores the error feedback when the grid is the checkpoint's; (restored, dropped).
+    /// Restores the error feedback when the grid is the checkpoint's, and carries it over
+    /// ([`ErrorFeedbackState::regroup`]) when only the data-parallel degree changed (the
+    /// same model stages, buckets and compression); (restored, dropped).
     fn restore_feedback(&mut self, ckpt: &Checkpoint) -> Result<(bool, bool), TrainError> {
         let held = ckpt.tensors.keys().any(|k| k.starts_with("feedback."));
         let saved = &ckpt.state.config;
-        let same_grid = saved.model_stages() == self.config.model_stages()
-            && saved.data_parallel == self.config.data_parallel
+        let same_buckets = saved.model_stages() == self.config.model_stages()
             && saved.bucket_mb.to_bits() == self.config.bucket_mb.to_bits()
             && saved.gradient_compression == self.config.gradient_compression
             && saved.error_feedback == self.config.error_feedback;
+        let (old_replicas, replicas) = (saved.data_parallel, self.config.data_parallel);
         let replica = self.replica_index();
         let Some(dp) = self.dp.as_mut() else {
             return Ok((false, held));
@@ -300,23 +310,40 @@ impl<D: Driver> Trainer<D> {
         if !held {
             return Ok((false, false));
         }
-        if !same_grid {
+        if !same_buckets {
             return Ok((false, true));
         }
+        let side = |s: usize, r: usize, server: bool, count: usize| -> Vec<Vec<f64>> {
+            (0..count)
+                .map(|b| {
+                    ckpt.tensors
+                        .get(&feedback_name(s, r, b, server))
+                        .map(HostTensor::to_f64s)
+                        .unwrap_or_default()
+                })
+                .collect()
+        };
+        let saved_state = |s: usize, r: usize, buckets: usize| ErrorFeedbackState {
+            worker: side(s, r, false, buckets),
+            server: side(s, r, true, buckets),
+        };
         for (s, current) in dp.error_feedback() {
-            let side = |server: bool, count: usize| -> Vec<Vec<f64>> {
-                (0..count)
-                    .map(|b| {
-                        ckpt.tensors
-                            .get(&feedback_name(s, replica, b, server))
-                            .map(HostTensor::to_f64s)
-                            .unwrap_or_default()
-                    })
-                    .collect()
-            };
-            let state = ErrorFeedbackState {
-                worker: side(false, current.worker.len()),
-                server: side(true, current.server.len()),
+            let buckets = current.worker.len();
+            let state = if old_replicas == replicas {
+                saved_state(s, replica, buckets)
+            } else {
+                let Some(layout) = dp.feedback_layout(s) else {
+                    continue;
+                };
+                let olds: Vec<_> = (0..old_replicas)
+                    .map(|r| saved_state(s, r, buckets))
+                    .collect();
+                ErrorFeedbackState::regroup(&olds, &layout, replica, replicas).map_err(|e| {
+                    mismatch(
+                        ckpt,
+                        format!("its error feedback of model stage {s} does not fit: {e}"),
+                    )
+                })?
             };
             dp.set_error_feedback(s, &state)?;
         }

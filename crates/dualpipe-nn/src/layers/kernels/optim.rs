@@ -20,6 +20,11 @@ pub(crate) struct AdamWStep {
     /// 1-bit Adam's compression phase: the gradient slot holds the new first moment (the
     /// replicas' averaged momentum), and the second moment is left as it is.
     pub(crate) frozen_variance: bool,
+    /// With `frozen_variance`: the gradient slot holds the averaged momentum already divided
+    /// by Adam's denominator `√(v / (1 - β₂ᵗ)) + ε` (the preconditioned momentum
+    /// [`crate::Optimizer::fold_momentum`] gives), so the step is `step_size ⋅ g` and the
+    /// first moment kept is `g` times the denominator.
+    pub(crate) preconditioned: bool,
 }
 
 /// One fused AdamW pass: returns the new `(p, m, v)`; `m` and `v` are `None` on the first step
@@ -65,13 +70,25 @@ fn adamw_t<T: Elem>(
             ),
         })
     })??;
+    let preconditioned = frozen && s.preconditioned;
     let new_p = read::<T, _>(p, WHAT, |p| {
         p.iter()
             .zip(&m)
             .zip(&v)
-            .map(|((&p, &m), &v)| p * decay - (m * step_size) / ((v * inv_bc2).sqrt() + eps))
+            .map(|((&p, &m), &v)| {
+                if preconditioned {
+                    p * decay - m * step_size
+                } else {
+                    p * decay - (m * step_size) / ((v * inv_bc2).sqrt() + eps)
+                }
+            })
             .collect::<Vec<T>>()
     })?;
+    let m = if preconditioned {
+        zip_map(&m, &v, |u, v| u * ((v * inv_bc2).sqrt() + eps))
+    } else {
+        m
+    };
     let shape = p.shape().clone();
     Ok((
         tensor(new_p, shape.clone(), WHAT)?,
