@@ -16,7 +16,9 @@
 //!   and the error is returned; the caller drops the log and goes on.
 //! - **Never a blocking open.** The file is opened with `O_NONBLOCK`: a FIFO no process reads
 //!   is refused at once instead of blocking the run before its first step. Devices, FIFOs with
-//!   a reader and descriptor paths (`/dev/stdout`, a pipe, a terminal) are written as streams.
+//!   a reader and descriptor paths are written as streams; a descriptor path (`/dev/stdout`,
+//!   `/dev/fd/N`) writes through that descriptor itself, so `>> FILE` appends and nothing the
+//!   descriptor already wrote is overwritten.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
@@ -54,6 +56,27 @@ impl RunLog {
             path: path.to_path_buf(),
             reason,
         };
+        if let Some(fd) = descriptor(path) {
+            // `/dev/stdout` and its kin: the descriptor itself (its offset and `O_APPEND`
+            // shared), never reopened at offset 0 over what it already holds.
+            // SAFETY: dup of a descriptor number; the new descriptor is owned below.
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+            if dup < 0 {
+                return Err(fail(format!(
+                    "descriptor {fd} is not open: {}",
+                    dualpipe_io::os_reason(&std::io::Error::last_os_error())
+                )));
+            }
+            // SAFETY: `dup` is a fresh descriptor nothing else owns.
+            let file = unsafe { <File as std::os::unix::io::FromRawFd>::from_raw_fd(dup) };
+            return Ok(RunLog {
+                path: path.to_path_buf(),
+                file,
+                regular: false,
+                pending_cut: false,
+                good_len: 0,
+            });
+        }
         // A regular file (or a new one) is read back on resume; anything else (a FIFO, a
         // device, a descriptor path) is opened for writing only: a FIFO opened read-write
         // would be its own reader.
@@ -149,6 +172,20 @@ impl RunLog {
             path: self.path.clone(),
             reason,
         }
+    }
+}
+
+/// The descriptor a path names (`/dev/stdout` 1, `/dev/stderr` 2, `/dev/fd/N`,
+/// `/proc/self/fd/N`), if it names one.
+fn descriptor(path: &Path) -> Option<libc::c_int> {
+    let text = path.to_str()?;
+    match text {
+        "/dev/stdout" => Some(1),
+        "/dev/stderr" => Some(2),
+        _ => text
+            .strip_prefix("/dev/fd/")
+            .or_else(|| text.strip_prefix("/proc/self/fd/"))
+            .and_then(|n| n.parse().ok()),
     }
 }
 

@@ -9,7 +9,7 @@ use std::io::Write;
 use dualpipe_metrics::RunWatch;
 use dualpipe_train::cli::{Failure, Finished, TrainArgs, Transport};
 
-use super::output::{check_outputs, check_paths, write_together};
+use super::output::{check_paths, write_together};
 use super::UsageError;
 
 /// Runs `dualpipe train`.
@@ -33,8 +33,6 @@ fn execute(args: &TrainArgs) -> anyhow::Result<Option<Finished>> {
         }
         return Ok(None);
     }
-    let side = [&args.trace, &args.svg, &args.save].map(|p| p.as_deref());
-    check_outputs(args.output.as_deref(), &side)?;
     match args.transport {
         Transport::Local => args
             .run_local(config, given, RunWatch::start, &mut say)

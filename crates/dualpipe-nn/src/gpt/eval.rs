@@ -207,4 +207,33 @@ mod tests {
         assert_eq!(sample(&v, 1.0, 0.3), 1);
         assert_eq!(sample(&v, 1.0, 0.9), 2);
     }
+
+    #[test]
+    fn a_spread_validation_scores_every_window_up_to_its_cap_then_evenly_spread_ones() {
+        use crate::gpt::{GptConfig, GptWeights};
+        let config = GptConfig {
+            d_model: 8,
+            heads: 2,
+            layers: 1,
+            seq_len: 4,
+            dtype: candle_core::DType::F64,
+            moe: None,
+        };
+        let model = GptStage::whole(&GptWeights::random(&config, 3).unwrap()).unwrap();
+        let bytes: Vec<u8> = (0..200u32).map(|i| (i * 7 % 13) as u8 + b'a').collect();
+        let windows = ByteWindows::new(bytes.as_slice().into(), 4, "text").unwrap();
+        assert_eq!(windows.len(), 40);
+        let all = evaluate_windows(&model, &windows).unwrap();
+        let under = evaluate_spread(&model, &windows, 40).unwrap();
+        assert_eq!(all.loss.to_bits(), under.loss.to_bits());
+        let spread = evaluate_spread(&model, &windows, 10).unwrap();
+        assert_eq!(spread.windows, 10);
+        // Windows 0, 4, 8, ..., 36: the same as scoring those windows alone.
+        let picked: Vec<u8> = (0..10)
+            .flat_map(|i| windows.window(4 * i).to_vec())
+            .collect();
+        let alone = ByteWindows::new(picked.as_slice().into(), 4, "text").unwrap();
+        let expected = evaluate_windows(&model, &alone).unwrap();
+        assert!((spread.loss - expected.loss).abs() < 1e-12);
+    }
 }
