@@ -249,7 +249,10 @@ mod tests {
         )
         .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        check_clashes(&[named("--init-from", dir.path())], &[named("--log", dir.path())])
-            .unwrap();
+        check_clashes(
+            &[named("--init-from", dir.path())],
+            &[named("--log", dir.path())],
+        )
+        .unwrap();
     }
 }

@@ -102,7 +102,7 @@ impl RunLog {
             .metadata()
             .map_err(|e| fail(dualpipe_io::os_reason(&e)))?
             .is_file();
-        let mut log = RunLog {
+        let log = RunLog {
             path: path.to_path_buf(),
             file,
             regular,
@@ -282,12 +282,19 @@ mod tests {
         }
         drop(log);
         // A kill tore the last line.
-        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         f.write_all(b"{\"step\":10,\"elap").unwrap();
         drop(f);
         // Resumed from the checkpoint of step 6: steps 7.. are run again.
         let mut log = RunLog::open(&path, true).unwrap();
-        assert_eq!(steps_prefix(&path), 9, "nothing changes before the first write");
+        assert_eq!(
+            steps_prefix(&path),
+            9,
+            "nothing changes before the first write"
+        );
         for step in 7..=10 {
             log.write(&record(step)).unwrap();
         }

@@ -78,7 +78,10 @@ pub fn load_model(path: &Path, dtype: DType) -> Result<GptStage, UsageError> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let dtype = parse_dtype(&args.dtype)?;
     check_paths(
-        &[("--weights", Some(&args.weights)), ("--data", Some(&args.data))],
+        &[
+            ("--weights", Some(&args.weights)),
+            ("--data", Some(&args.data)),
+        ],
         ("--output", None),
         &[],
     )?;

@@ -29,7 +29,11 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub weights: PathBuf,
     /// The text to continue (at least one byte; any bytes, UTF-8 or not).
-    #[arg(long, required_unless_present = "prompt_file", conflicts_with = "prompt_file")]
+    #[arg(
+        long,
+        required_unless_present = "prompt_file",
+        conflicts_with = "prompt_file"
+    )]
     pub prompt: Option<OsString>,
     /// Read the prompt's bytes from FILE (exactly, no newline removed; at most 1 MiB).
     #[arg(long, value_name = "FILE")]

@@ -8,7 +8,7 @@ use dualpipe_schedule::ScheduleKind;
 use dualpipe_sim::svg::{self, SvgOptions};
 use dualpipe_sim::Topology;
 
-use super::output::{check_outputs, check_paths, write_together};
+use super::output::{check_paths, write_together};
 use super::simulate::Format;
 use super::{parse_kind, UsageError};
 

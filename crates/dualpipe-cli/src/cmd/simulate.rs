@@ -154,7 +154,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     check_paths(
         &[("--schedule-file", args.schedule_file.as_deref())],
         ("--output", args.output.as_deref()),
-        &[("--svg", args.svg.as_deref()), ("--trace", args.trace.as_deref())],
+        &[
+            ("--svg", args.svg.as_deref()),
+            ("--trace", args.trace.as_deref()),
+        ],
     )?;
     let run = match (&args.schedule_file, generated) {
         (Some(path), _) => {

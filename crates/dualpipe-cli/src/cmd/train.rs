@@ -62,7 +62,11 @@ fn check_train_paths(args: &TrainArgs) -> anyhow::Result<()> {
     ];
     // `--profile` runs print no summary: standard output is then not an output.
     match (&args.layout.profile, &args.output) {
-        (Some(_), None) => check_paths(&inputs, ("--profile", args.layout.profile.as_deref()), &side[..4]),
+        (Some(_), None) => check_paths(
+            &inputs,
+            ("--profile", args.layout.profile.as_deref()),
+            &side[..4],
+        ),
         _ => check_paths(&inputs, ("--output", args.output.as_deref()), &side),
     }
 }

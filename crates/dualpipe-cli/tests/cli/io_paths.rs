@@ -46,7 +46,9 @@ fn mkfifo(path: &std::path::Path) {
 
 /// The text every test trains on: 4,000 bytes.
 fn corpus(dir: &TempDir) -> std::path::PathBuf {
-    let text: Vec<u8> = (0..4000u32).map(|i| b"abcdefgh "[(i % 9) as usize]).collect();
+    let text: Vec<u8> = (0..4000u32)
+        .map(|i| b"abcdefgh "[(i % 9) as usize])
+        .collect();
     dir.write("data.txt", text)
 }
 
@@ -57,7 +59,11 @@ fn an_output_onto_an_input_is_refused_before_any_work_and_the_input_kept() {
     let before = std::fs::read(&data).unwrap();
     let init = dir.write("init.safetensors", b"not read: the clash is found first");
     for flag in ["--log", "--save", "--output", "--trace", "--svg"] {
-        train("2", &["--data", s(&data), flag, s(&data)]).usage_error(&[flag, "--data", "same file"]);
+        train("2", &["--data", s(&data), flag, s(&data)]).usage_error(&[
+            flag,
+            "--data",
+            "same file",
+        ]);
         assert_eq!(std::fs::read(&data).unwrap(), before, "{flag}");
     }
     // A hard link and a `./` spelling are the same file too.
@@ -154,7 +160,11 @@ fn steps(path: &std::path::Path) -> Vec<u64> {
     std::fs::read_to_string(path)
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
         .collect()
 }
 
@@ -162,7 +172,14 @@ fn steps(path: &std::path::Path) -> Vec<u64> {
 fn resume_keeps_the_log_before_the_checkpoint_and_drops_what_is_run_again() {
     let dir = TempDir::new("log-resume");
     let (ck, log) = (dir.join("ck"), dir.join("run.jsonl"));
-    let common = ["--checkpoint-dir", s(&ck), "--checkpoint-every", "3", "--log", s(&log)];
+    let common = [
+        "--checkpoint-dir",
+        s(&ck),
+        "--checkpoint-every",
+        "3",
+        "--log",
+        s(&log),
+    ];
     train("6", &common).ok();
     assert_eq!(steps(&log), (1..=6).collect::<Vec<_>>());
     let kept = std::fs::read_to_string(&log).unwrap();
@@ -212,7 +229,11 @@ fn a_log_that_cannot_be_written_is_dropped_and_training_goes_on() {
         .filter(|l| l.contains("run log"))
         .collect();
     assert_eq!(warnings.len(), 1, "{}", run.stderr);
-    assert!(warnings[0].contains("No space left on device"), "{}", run.stderr);
+    assert!(
+        warnings[0].contains("No space left on device"),
+        "{}",
+        run.stderr
+    );
     assert!(!warnings[0].contains("os error"), "{}", run.stderr);
     assert!(run.stdout.contains("final"), "{}", run.stdout);
     assert!(save.exists());
@@ -222,7 +243,10 @@ fn a_log_that_cannot_be_written_is_dropped_and_training_goes_on() {
 fn within_20s(args: &[&str]) -> crate::Run {
     let start = Instant::now();
     let run = dualpipe(args);
-    assert!(start.elapsed() < Duration::from_secs(20), "{args:?} took too long");
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{args:?} took too long"
+    );
     run
 }
 
@@ -256,7 +280,11 @@ fn report_skips_a_torn_last_line_and_refuses_two_runs_in_one_file() {
     let run = dualpipe(["report", s(&torn)]);
     run.ok();
     assert!(run.stdout.contains("3 steps"), "{}", run.stdout);
-    assert!(run.stderr.contains("line 4 is an incomplete last line"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("line 4 is an incomplete last line"),
+        "{}",
+        run.stderr
+    );
     let twice = dir.write("twice.jsonl", format!("{whole}{whole}"));
     dualpipe(["report", s(&twice)]).usage_error(&["line 4", "step 1 follows step 3"]);
 }
@@ -267,7 +295,11 @@ fn validation_none_and_short_data_name_the_fraction() {
     let data = corpus(&dir);
     let run = train("2", &["--data", s(&data), "--validation-fraction", "0"]);
     run.ok();
-    assert!(run.stdout.contains("loss none (nothing held out"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("loss none (nothing held out"),
+        "{}",
+        run.stdout
+    );
     assert!(!run.stdout.contains("NaN"), "{}", run.stdout);
     let forty = dir.write("forty", [b'a'; 40]);
     train("2", &["--data", s(&forty)]).usage_error(&["--validation-fraction"]);
@@ -280,7 +312,12 @@ fn an_unwritable_save_path_is_one_cause_and_exit_2_before_training() {
     let under = file.join("w.safetensors");
     let run = train("2", &["--save", s(&under)]);
     run.usage_error(&["afile"]);
-    assert_eq!(run.stderr.matches("Not a directory").count(), 1, "{}", run.stderr);
+    assert_eq!(
+        run.stderr.matches("Not a directory").count(),
+        1,
+        "{}",
+        run.stderr
+    );
 }
 
 #[test]
@@ -309,8 +346,16 @@ fn generate_streams_exact_bytes_with_a_capped_count_and_range_messages() {
     ] {
         let run = dualpipe(["generate", "--weights", w, "--prompt", "a", flag, value]);
         assert_eq!(run.code, Some(2), "{flag} {value}: {}", run.stderr);
-        assert!(run.stderr.contains(needle), "{flag} {value}: {}", run.stderr);
-        assert!(!run.stderr.contains("unexpected argument"), "{}", run.stderr);
+        assert!(
+            run.stderr.contains(needle),
+            "{flag} {value}: {}",
+            run.stderr
+        );
+        assert!(
+            !run.stderr.contains("unexpected argument"),
+            "{}",
+            run.stderr
+        );
     }
     // A prompt that is not UTF-8 comes back byte for byte, and so does every generated byte.
     let prompt = dir.write("prompt.bin", [0xff, 0xfe, 0x80, b'a']);
@@ -328,7 +373,12 @@ fn generate_streams_exact_bytes_with_a_capped_count_and_range_messages() {
         ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(&out.stdout[..4], &[0xff, 0xfe, 0x80, b'a']);
     assert_eq!(out.stdout.len(), 4 + 50 + 1, "no byte replaced by U+FFFD");
 }
