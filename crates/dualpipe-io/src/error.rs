@@ -42,14 +42,15 @@ pub enum WriteError {
     /// Standard output is closed (the command ran with `>&-`).
     #[error("standard output is closed, so the result would be lost; redirect it (> FILE) or pass --output FILE")]
     StdoutClosed,
-    /// The operating system refused a step of the write.
-    #[error("cannot write {path}: {source}")]
+    /// The operating system refused a step of the write. The system's error is said once, in
+    /// the message (it is not also given as the error's source, which a caller printing the
+    /// chain would repeat).
+    #[error("cannot write {path}: {}", crate::input::os_reason(error))]
     Io {
         /// The path asked for (`-` for standard output).
         path: PathBuf,
         /// The system's error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -57,13 +58,26 @@ impl WriteError {
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> WriteError {
         WriteError::Io {
             path: path.to_path_buf(),
-            source,
+            error: source,
         }
     }
 
     /// Whether the error is in the request (a path that cannot be written: fix the flag) rather
     /// than in the system at write time (a full disk, a device error).
     pub fn is_usage(&self) -> bool {
-        !matches!(self, WriteError::Io { .. } | WriteError::StdoutClosed)
+        match self {
+            WriteError::Io { error, .. } => is_path_error(error),
+            WriteError::StdoutClosed => false,
+            _ => true,
+        }
     }
+}
+
+/// Whether the system refused the path itself (a file where a folder should be, a name too
+/// long, a read-only file system, no permission): the flag is wrong, not the moment.
+fn is_path_error(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::ENOTDIR | libc::ENAMETOOLONG | libc::EROFS | libc::EACCES | libc::EPERM)
+    )
 }

@@ -24,6 +24,12 @@
 //! command (training) may defer the first signal ([`defer_signals`]) and poll for it
 //! ([`interrupted`]) to stop cleanly; a second signal still ends the process at once.
 //!
+//! Before any work, a command also checks its output paths against its input paths and against
+//! each other ([`check_clashes`]): an output that is the same file as an input (same device and
+//! inode, or the same resolved path for a file not yet there) or as another output is refused,
+//! naming both flags. Inputs the user names are read with [`read_regular`]: regular files only
+//! (a FIFO or `/dev/zero` is refused before any read, and never blocks the open), under a cap.
+//!
 //! A command that writes several files checks every path first ([`check`]) before its long work,
 //! then writes them together with [`Batch`], which stages every file before renaming any, so a
 //! failure leaves none of them behind.
@@ -40,16 +46,20 @@
 #![warn(missing_docs)]
 
 mod batch;
+mod clash;
 mod cleanup;
 mod error;
+mod input;
 mod replace;
 mod startup;
 mod stdout;
 mod target;
 
 pub use batch::Batch;
+pub use clash::{check_clashes, Named, PathClash};
 pub use cleanup::{defer_signals, interrupted};
 pub use error::WriteError;
+pub use input::{os_reason, read_regular, ReadError};
 pub use stdout::{check_stdout, write_stdout};
 pub use target::{check, Target};
 

@@ -21,6 +21,16 @@ pub enum MetricsError {
         /// Why not.
         reason: String,
     },
+    /// Another process holds the run log's lock: it is writing it.
+    #[error(
+        "the run log {} is being written by another run (it holds the file's lock); give this \
+         run another --log, or wait for that run to end",
+        path.display()
+    )]
+    LogLocked {
+        /// The log's path.
+        path: PathBuf,
+    },
     /// The run log cannot be read, or a line of it is not a step record.
     #[error("{}: {reason}", path.display())]
     LogRead {

@@ -72,6 +72,6 @@ pub use log::RunLog;
 pub use observer::{message_bytes, tokens_per_step, RunObserver};
 pub use record::{BytesSent, RankRecord, StepRecord};
 pub use registry::{to_prometheus_text, TrainingMetrics};
-pub use report::{read_log, RunReport};
+pub use report::{read_log, read_log_checked, LogRead, RunReport};
 pub use server::{MetricsServer, ServerLimits, ServerStats};
 pub use watch::RunWatch;

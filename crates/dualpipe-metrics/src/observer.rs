@@ -45,6 +45,8 @@ pub struct RunObserver {
     ops: OpTally,
     metrics: Option<TrainingMetrics>,
     log: Option<RunLog>,
+    /// Why the log was dropped, until [`RunObserver::take_log_failure`] takes it.
+    log_failure: Option<MetricsError>,
 }
 
 impl RunObserver {
@@ -58,6 +60,7 @@ impl RunObserver {
             ops: OpTally::default(),
             metrics: None,
             log: None,
+            log_failure: None,
         }
     }
 
@@ -73,7 +76,9 @@ impl RunObserver {
         self
     }
 
-    /// Takes in an event; returns the record of a finished step.
+    /// Takes in an event; returns the record of a finished step. A record the log cannot take
+    /// (a full disk) drops the log, with its complete lines kept, and the run goes on: the
+    /// reason waits in [`RunObserver::take_log_failure`].
     pub fn observe(&mut self, event: StepEvent<'_>) -> Result<Option<StepRecord>, MetricsError> {
         let StepEvent::Finished { report, elapsed } = event else {
             return Ok(None);
@@ -83,9 +88,17 @@ impl RunObserver {
             m.record(&record);
         }
         if let Some(log) = &mut self.log {
-            log.write(&record)?;
+            if let Err(err) = log.write(&record) {
+                self.log = None;
+                self.log_failure = Some(err);
+            }
         }
         Ok(Some(record))
+    }
+
+    /// Why the log was dropped, once (`None`: it was not, or this was already taken).
+    pub fn take_log_failure(&mut self) -> Option<MetricsError> {
+        self.log_failure.take()
     }
 
     /// The record of a finished step, `elapsed` seconds into the run.

@@ -1,7 +1,7 @@
 //! [`RunWatch`]: the [`Watch`] of `dualpipe train`: the Prometheus metrics server, the JSONL
 //! run log and a progress bar on standard error, each when its [`WatchPlan`] asks.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 
 use dualpipe_train::checkpoint::OnSaved;
 use dualpipe_train::watch::{Watch, WatchError, WatchPlan};
@@ -38,7 +38,8 @@ impl RunWatch {
         }
         if let Some(path) = &plan.log {
             dualpipe_io::check(path)?;
-            let log = RunLog::create(path).map_err(|e| WatchError::Log(e.to_string()))?;
+            let log =
+                RunLog::open(path, plan.keep_log).map_err(|e| WatchError::Log(e.to_string()))?;
             observer = observer.with_log(log);
         }
         let progress = if plan.progress && std::io::stderr().is_terminal() {
@@ -56,10 +57,18 @@ impl RunWatch {
 }
 
 impl Watch for RunWatch {
-    /// Records a finished step (metrics, log) and shows it; an `Err` when the log cannot be
-    /// written.
+    /// Records a finished step (metrics, log) and shows it. A log that cannot be written is
+    /// said once on stderr and dropped; the run goes on.
     fn on_event(&mut self, event: StepEvent<'_>) -> Result<(), String> {
         let record = self.observer.observe(event).map_err(|e| e.to_string())?;
+        if let Some(err) = self.observer.take_log_failure() {
+            let line = format!(
+                "warning: {err}; the run log stops here (its complete lines are kept) and \
+                 training goes on\n"
+            );
+            self.progress
+                .suspend(|| std::io::stderr().write_all(line.as_bytes()).ok());
+        }
         if let Some(record) = record {
             show(&self.progress, &record);
         }

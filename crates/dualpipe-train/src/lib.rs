@@ -107,4 +107,5 @@ pub use reference::{Reference, ReferenceStep};
 pub use stop::StopRequest;
 pub use summary::{RunSummary, SummaryBuilder};
 pub use trainer::{Restored, StepEvent, StepReport, Trainer};
+pub use workload::{read_data, MAX_DATA_BYTES};
 pub use workload::{Evaluation, Sample, Workload};

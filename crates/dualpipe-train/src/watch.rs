@@ -48,6 +48,9 @@ pub struct WatchPlan<'a> {
     pub metrics_addr: Option<String>,
     /// Write the run log here (given to the reporting process only).
     pub log: Option<PathBuf>,
+    /// The run resumes from a checkpoint: keep the log's records before the first step it
+    /// writes (and drop those of the steps it runs again) instead of emptying the log.
+    pub keep_log: bool,
     /// Show progress (the reporting process, unless asked to be quiet).
     pub progress: bool,
 }

@@ -39,7 +39,8 @@ pub const SAMPLES: usize = 4;
 pub struct Evaluation {
     /// Steps trained before it (1-based: after step `step`).
     pub step: usize,
-    /// Mean next-token cross-entropy on the validation text, in nats.
+    /// Mean next-token cross-entropy on the validation text, in nats (NaN when nothing is held
+    /// out: see `held_out`).
     pub loss: f64,
     /// The same in bits per byte.
     pub bits_per_byte: f64,
@@ -48,6 +49,10 @@ pub struct Evaluation {
     /// The best possible validation loss (the Markov source's entropy rate; `None` for other
     /// texts).
     pub best_loss: Option<f64>,
+    /// Whether any text was held out (`--validation-fraction` above 0): without, `loss` and
+    /// `bits_per_byte` are NaN and mean "none", not a diverged model.
+    #[serde(skip)]
+    pub held_out: bool,
 }
 
 /// A prompt and the model's continuation.
@@ -188,8 +193,8 @@ impl GptWorkload {
                 )
             }
         };
-        let text = TextData::new(
-            &bytes,
+        let text = TextData::from_vec(
+            bytes,
             config.seq_len,
             config.validation_fraction,
             config.shuffle.then_some(config.seed),
@@ -229,7 +234,7 @@ impl GptWorkload {
         let model = GptStage::whole(weights)?;
         let (loss, bits_per_byte) = match &self.text.validation {
             Some(windows) => {
-                let report = eval::evaluate_windows(&model, windows)?;
+                let report = eval::evaluate_spread(&model, windows, MAX_VALIDATION_WINDOWS)?;
                 (report.loss, report.bits_per_byte)
             }
             None => (f64::NAN, f64::NAN),
@@ -243,6 +248,7 @@ impl GptWorkload {
             bits_per_byte,
             accuracy,
             best_loss: self.best_loss,
+            held_out: self.text.validation.is_some(),
         })
     }
 
@@ -370,7 +376,33 @@ pub fn read_weights(path: &Path, config: &TrainConfig) -> Result<GptWeights, Tra
 
 /// Reads a training text (any bytes).
 fn read_text(path: &Path) -> Result<Vec<u8>, TrainError> {
-    read_file(path, "the training text")
+    read_data(path)
+}
+
+/// The most validation windows one validation during training scores (a held-out part with
+/// more is sampled evenly: window `⌊i · n / MAX⌋` for i = 0..MAX), so a validation costs at most
+/// this many forward passes of one window, whatever the size of `--data` (the embedded tasks
+/// and files up to about 2.5 MB at the default 10% and seq_len 32 are scored whole).
+pub const MAX_VALIDATION_WINDOWS: usize = 8192;
+
+/// The largest text `--data` reads (4 GiB), and never more than half the memory available
+/// when the run starts. The text is read once into the buffer the windows use.
+pub const MAX_DATA_BYTES: u64 = 4 << 30;
+
+/// Reads a text to train or evaluate on (`--data`): a regular file only (a FIFO, `/dev/zero`
+/// or another device is refused before a byte is read, and a FIFO never blocks the open), at
+/// most [`MAX_DATA_BYTES`] and at most half the memory available; a buffer the memory cannot
+/// hold is an error, not an abort. Every refusal is a [`TrainError::Config`] naming the file.
+pub fn read_data(path: &Path) -> Result<Vec<u8>, TrainError> {
+    let (cap, why) = match memory::available_bytes() {
+        Some(available) if available / 2 < u128::from(MAX_DATA_BYTES) => (
+            available as u64 / 2,
+            format!("half the {available} bytes of memory available"),
+        ),
+        _ => (MAX_DATA_BYTES, "the cap of --data".to_string()),
+    };
+    dualpipe_io::read_regular(path, cap, &why, "the training text")
+        .map_err(|e| TrainError::Config(format!("{e} (--data)")))
 }
 
 /// Reads a whole file, refusing one larger than half this machine's available memory.

@@ -12,7 +12,7 @@ use dualpipe_eplb::{
     EplbError, Layout, LoadMatrix, Placement, PlanOutcome, PlanReport, Planner, Policy, MAX_SLOTS,
 };
 
-use crate::cmd::output::write_output;
+use crate::cmd::output::{check_paths, write_output};
 use crate::cmd::UsageError;
 
 /// Flags of `dualpipe eplb`.
@@ -149,6 +149,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// Reads the loads and the previous placement and checks the flags; every problem is a
 /// [`UsageError`].
 pub fn parse(args: Args) -> anyhow::Result<Request> {
+    check_paths(
+        &[
+            ("--loads", Some(&args.loads)),
+            ("--previous", args.previous.as_deref()),
+        ],
+        ("--output", args.output.as_deref()),
+        &[],
+    )?;
     let predictor = match (args.ema, args.window) {
         (Some(alpha), _) => Predictor::Ema(alpha),
         (None, Some(n)) => Predictor::Window(n),

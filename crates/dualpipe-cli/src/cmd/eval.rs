@@ -6,7 +6,7 @@ use dualpipe_nn::gpt::eval::evaluate;
 use dualpipe_nn::gpt::{DType, GptStage, GptWeights};
 use dualpipe_nn::NnError;
 
-use super::output::{check_outputs, write_output};
+use super::output::{check_paths, write_output};
 use super::simulate::Format;
 use super::UsageError;
 
@@ -20,7 +20,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub data: PathBuf,
     /// Tokens per window (windows are N+1 bytes) [default: the model's seq_len].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = super::count)]
     pub seq_len: Option<usize>,
     /// Element type of the computation: f32 or f64.
     #[arg(long, default_value = "f32")]
@@ -49,6 +49,12 @@ pub fn read_input(path: &Path, flag: &str) -> Result<Vec<u8>, UsageError> {
             path.display()
         ))
     })
+}
+
+/// Reads `--data`: a regular file only (a FIFO or `/dev/zero` is refused before any read),
+/// at most [`dualpipe_train::MAX_DATA_BYTES`].
+fn read_data(path: &Path) -> Result<Vec<u8>, UsageError> {
+    dualpipe_train::read_data(path).map_err(UsageError::from)
 }
 
 /// The message of a library error without the configuration-error prefix.
@@ -80,10 +86,17 @@ pub fn load_model(path: &Path, dtype: DType) -> Result<GptStage, UsageError> {
 /// Runs `dualpipe eval`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let dtype = parse_dtype(&args.dtype)?;
-    check_outputs(None, &[])?;
+    check_paths(
+        &[
+            ("--weights", Some(&args.weights)),
+            ("--data", Some(&args.data)),
+        ],
+        ("--output", None),
+        &[],
+    )?;
     let model = load_model(&args.weights, dtype)?;
     let seq_len = args.seq_len.unwrap_or(model.config().seq_len);
-    let bytes = read_input(&args.data, "--data")?;
+    let bytes = read_data(&args.data)?;
     if seq_len == 0 || seq_len > model.config().seq_len {
         return Err(UsageError(format!(
             "--seq-len {seq_len} must be between 1 and the model's seq_len {}",

@@ -73,7 +73,7 @@ pub fn kind_and_virtual_stages(
     ))
 }
 
-pub use dualpipe_train::cli::count;
+pub use dualpipe_train::cli::{count, seed};
 
 /// Parses a `--schedule` value, naming the valid kinds when it is unknown.
 pub fn parse_kind(name: &str) -> Result<ScheduleKind, UsageError> {

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use dualpipe_io::{Batch, WriteError};
+use dualpipe_io::{Batch, Named, WriteError};
 
 use super::UsageError;
 
@@ -56,6 +56,37 @@ pub fn check_outputs(main: Option<&Path>, side: &[Option<&Path>]) -> anyhow::Res
         check_output(path)?;
     }
     Ok(())
+}
+
+/// Standard output's name in a clash (`--log /dev/stdout` while the summary goes there too).
+const STDOUT: &str = "standard output";
+
+/// The one check of a command's paths, before any work: every output can be written
+/// ([`check_outputs`]), and no output is the same file as an input or as another output
+/// ([`dualpipe_io::check_clashes`]; a clash is a usage error naming both flags). `main` is the
+/// main result's flag and path (`None`: standard output, which then takes part in the clash
+/// check too); `side` the other outputs; `inputs` every file the command reads.
+pub fn check_paths(
+    inputs: &[(&str, Option<&Path>)],
+    main: (&str, Option<&Path>),
+    side: &[(&str, Option<&Path>)],
+) -> anyhow::Result<()> {
+    let present = |list: &[(&str, Option<&Path>)]| -> Vec<(String, PathBuf)> {
+        list.iter()
+            .filter_map(|(f, p)| p.map(|p| (f.to_string(), p.to_path_buf())))
+            .collect()
+    };
+    let ins = present(inputs);
+    let mut outs = vec![match main.1 {
+        Some(path) => (main.0.to_string(), path.to_path_buf()),
+        None => (STDOUT.to_string(), PathBuf::from("-")),
+    }];
+    outs.extend(present(side));
+    let ins: Vec<Named> = ins.iter().map(|(f, p)| Named::new(f, p)).collect();
+    let outs: Vec<Named> = outs.iter().map(|(f, p)| Named::new(f, p)).collect();
+    dualpipe_io::check_clashes(&ins, &outs).map_err(|e| UsageError(e.to_string()))?;
+    let side: Vec<Option<&Path>> = side.iter().map(|(_, p)| *p).collect();
+    check_outputs(main.1, &side)
 }
 
 /// Writes several results together, all or nothing: every file is staged before any is put in

@@ -12,7 +12,7 @@ use dualpipe_sim::svg::{self, SvgOptions};
 use dualpipe_sim::Topology;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::output::{check_outputs, write_together};
+use super::output::{check_paths, write_together};
 use super::simulate::Format;
 use super::{parse_kind, UsageError};
 
@@ -78,7 +78,15 @@ fn read_text(path: &Path, flag: &str) -> Result<String, UsageError> {
 
 /// Runs `dualpipe plan`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    check_outputs(args.output.as_deref(), &[args.svg.as_deref()])?;
+    check_paths(
+        &[
+            ("--topology", Some(&args.topology)),
+            ("--profile", Some(&args.profile)),
+            ("--previous", args.previous.as_deref()),
+        ],
+        ("--output", args.output.as_deref()),
+        &[("--svg", args.svg.as_deref())],
+    )?;
     let topology = Topology::from_json(&read_text(&args.topology, "--topology")?)
         .map_err(|e| UsageError(format!("--topology {}: {e}", args.topology.display())))?;
     let profile = Profile::from_json(&read_text(&args.profile, "--profile")?)

@@ -4,9 +4,9 @@
 
 use std::path::PathBuf;
 
-use dualpipe_metrics::{read_log, RunReport};
+use dualpipe_metrics::{read_log_checked, RunReport};
 
-use super::output::{check_outputs, write_together};
+use super::output::{check_paths, write_together};
 use super::UsageError;
 
 /// Output format of the summary.
@@ -38,9 +38,16 @@ pub struct Args {
 
 /// Runs `dualpipe report`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    check_outputs(args.output.as_deref(), &[args.svg.as_deref()])?;
-    let records = read_log(&args.log).map_err(|e| UsageError(e.to_string()))?;
-    let report = RunReport::new(records);
+    check_paths(
+        &[("the run log", Some(&args.log))],
+        ("--output", args.output.as_deref()),
+        &[("--svg", args.svg.as_deref())],
+    )?;
+    let read = read_log_checked(&args.log).map_err(|e| UsageError(e.to_string()))?;
+    for warning in &read.warnings {
+        eprintln!("warning: {}: {warning}", args.log.display());
+    }
+    let report = RunReport::new(read.records);
     let source = args.log.display().to_string();
     let mut files = Vec::new();
     if let Some(path) = &args.svg {

@@ -9,7 +9,7 @@ use dualpipe_sim::report::{self, RunError};
 use dualpipe_sim::svg::{self, SvgOptions};
 use dualpipe_sim::{ascii, trace, CommCost, CostModel, SimError};
 
-use super::output::{check_outputs, write_together};
+use super::output::{check_paths, write_together};
 use super::{count, UsageError};
 
 /// Output format of `simulate` and `compare`.
@@ -151,9 +151,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?),
     };
     let cost = args.cost.cost_model()?;
-    check_outputs(
-        args.output.as_deref(),
-        &[args.svg.as_deref(), args.trace.as_deref()],
+    check_paths(
+        &[("--schedule-file", args.schedule_file.as_deref())],
+        ("--output", args.output.as_deref()),
+        &[
+            ("--svg", args.svg.as_deref()),
+            ("--trace", args.trace.as_deref()),
+        ],
     )?;
     let run = match (&args.schedule_file, generated) {
         (Some(path), _) => {

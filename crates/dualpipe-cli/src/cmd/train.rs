@@ -9,7 +9,7 @@ use std::io::Write;
 use dualpipe_metrics::RunWatch;
 use dualpipe_train::cli::{Failure, Finished, TrainArgs, Transport};
 
-use super::output::{check_outputs, write_together};
+use super::output::{check_paths, write_together};
 use super::{Interrupted, UsageError};
 
 /// Runs `dualpipe train`.
@@ -24,6 +24,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
 /// Trains and returns what to write (`None`: nothing). Every output path is checked first,
 /// so a bad one is found before training.
 fn execute(args: &TrainArgs) -> anyhow::Result<Option<Finished>> {
+    check_train_paths(args)?;
     let (config, given) = args.config().map_err(UsageError::from)?;
     if let Some(profile) = args.profile_run(&config).map_err(error)? {
         write_together(vec![(Some(profile.path), profile.text.into_bytes())])?;
@@ -32,8 +33,6 @@ fn execute(args: &TrainArgs) -> anyhow::Result<Option<Finished>> {
         }
         return Ok(None);
     }
-    let side = [&args.trace, &args.svg, &args.save].map(|p| p.as_deref());
-    check_outputs(args.output.as_deref(), &side)?;
     match args.transport {
         Transport::Local => args
             .run_local(config, given, RunWatch::start, &mut say)
@@ -41,6 +40,35 @@ fn execute(args: &TrainArgs) -> anyhow::Result<Option<Finished>> {
         Transport::Mpi => run_rank(args, config, given),
     }
     .map_err(error)
+}
+
+/// The one check of `train`'s paths before any work (even before `--schedule-file` or
+/// `--init-from` is read): no output (`--output` or standard output, `--log`, `--save`,
+/// `--trace`, `--svg`, `--profile`) is the same file as an input (`--data`, `--init-from`,
+/// `--plan`, `--schedule-file`) or as another output.
+fn check_train_paths(args: &TrainArgs) -> anyhow::Result<()> {
+    let inputs = [
+        ("--data", args.data.as_deref()),
+        ("--init-from", args.init_from.as_deref()),
+        ("--plan", args.layout.plan.as_deref()),
+        ("--schedule-file", args.schedule_file.as_deref()),
+    ];
+    let side = [
+        ("--log", args.observe.log.as_deref()),
+        ("--save", args.save.as_deref()),
+        ("--trace", args.trace.as_deref()),
+        ("--svg", args.svg.as_deref()),
+        ("--profile", args.layout.profile.as_deref()),
+    ];
+    // `--profile` runs print no summary: standard output is then not an output.
+    match (&args.layout.profile, &args.output) {
+        (Some(_), None) => check_paths(
+            &inputs,
+            ("--profile", args.layout.profile.as_deref()),
+            &side[..4],
+        ),
+        _ => check_paths(&inputs, ("--output", args.output.as_deref()), &side),
+    }
 }
 
 /// Writes the weights, the trace and the picture (when asked) and the summary, all or

@@ -11,6 +11,7 @@ mod eplb;
 mod eplb_previous;
 mod gpt;
 mod help;
+mod io_paths;
 mod output;
 mod output_targets;
 mod plan;

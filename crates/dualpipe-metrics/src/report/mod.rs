@@ -13,9 +13,35 @@ use crate::record::StepRecord;
 /// The largest run log read (1 GiB: about three million steps).
 pub const MAX_LOG_BYTES: u64 = 1 << 30;
 
+/// A run log read back: its records, and what was skipped on the way.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LogRead {
+    /// The step records, in the file's order (their steps increase).
+    pub records: Vec<StepRecord>,
+    /// What was skipped, one sentence each (an incomplete last line).
+    pub warnings: Vec<String>,
+}
+
 /// Reads a JSONL run log (`-` for standard input): one [`StepRecord`] per line; blank lines
-/// are skipped. Errors name the line and what is wrong with it.
+/// are skipped. Errors name the line and what is wrong with it ([`read_log_checked`], without
+/// its warnings).
 pub fn read_log(path: &Path) -> Result<Vec<StepRecord>, MetricsError> {
+    read_log_checked(path).map(|read| read.records)
+}
+
+/// Reads a JSONL run log (`-` for standard input), one [`StepRecord`] per line:
+///
+/// - blank lines and a UTF-8 byte-order mark at the start are skipped;
+/// - a last line without its newline that is not a whole record (the run was killed, or its
+///   disk filled, while writing it) is skipped with a warning;
+/// - any other line that is not a step record is an error naming the line;
+/// - steps must increase from line to line (gaps are fine: a resumed run whose log was
+///   dropped for a while): a step that repeats or goes back means two runs in one file (logs
+///   concatenated, or a run restarted without `--resume` into a copy), whose sums would mean
+///   nothing, and is an error naming both lines;
+/// - a FIFO with no writer reads as empty instead of blocking; a device is refused; at most
+///   [`MAX_LOG_BYTES`] are read.
+pub fn read_log_checked(path: &Path) -> Result<LogRead, MetricsError> {
     let fail = |reason: String| MetricsError::LogRead {
         path: path.to_path_buf(),
         reason,
@@ -23,45 +49,96 @@ pub fn read_log(path: &Path) -> Result<Vec<StepRecord>, MetricsError> {
     let reader: Box<dyn Read> = if path == Path::new("-") {
         Box::new(std::io::stdin().lock())
     } else {
-        let file = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
-        let meta = file.metadata().map_err(|e| fail(e.to_string()))?;
-        if meta.is_dir() {
-            return Err(fail(
-                "is a directory; give the JSONL file of `train --log`".into(),
-            ));
-        }
-        Box::new(file)
+        Box::new(open_log(path).map_err(fail)?)
     };
     // Read at most one byte past the cap, so an endless stream stops too.
-    let limited = reader.take(MAX_LOG_BYTES + 1);
-    let mut records = Vec::new();
-    let mut read = 0u64;
-    for (i, line) in BufReader::new(limited).lines().enumerate() {
-        let line = line.map_err(|e| fail(format!("line {}: {e}", i + 1)))?;
-        read += line.len() as u64 + 1;
-        if read > MAX_LOG_BYTES {
+    let mut reader = BufReader::new(reader.take(MAX_LOG_BYTES + 1));
+    let mut read = LogRead::default();
+    let (mut total, mut buf, mut previous) = (0u64, Vec::new(), None::<(usize, usize)>);
+    for number in 1.. {
+        buf.clear();
+        let n = reader
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| fail(format!("line {number}: {}", dualpipe_io::os_reason(&e))))?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        if total > MAX_LOG_BYTES {
             return Err(fail(format!(
                 "larger than {MAX_LOG_BYTES} bytes, the most a run log may be; report on a part \
                  of it (e.g. `tail -n 100000`)"
             )));
         }
-        if line.trim().is_empty() {
+        let complete = buf.last() == Some(&b'\n');
+        let mut line: &[u8] = &buf;
+        if number == 1 {
+            line = line.strip_prefix("\u{feff}".as_bytes()).unwrap_or(line);
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let record: StepRecord = serde_json::from_str(&line).map_err(|e| {
-            fail(format!(
-                "line {}: not a step record of `dualpipe train --log` ({e})",
-                i + 1
-            ))
-        })?;
-        records.push(record);
+        let record: StepRecord = match serde_json::from_slice(line) {
+            Ok(record) => record,
+            Err(_) if !complete => {
+                read.warnings.push(format!(
+                    "line {number} is an incomplete last line ({n} bytes, no newline: the run \
+                     was stopped while writing it); skipped"
+                ));
+                break;
+            }
+            Err(e) => {
+                return Err(fail(format!(
+                    "line {number}: not a step record of `dualpipe train --log` ({e})"
+                )))
+            }
+        };
+        if let Some((step, at)) = previous.filter(|(step, _)| record.step <= *step) {
+            return Err(fail(format!(
+                "line {number}: step {} follows step {step} (line {at}): the steps do not \
+                 increase, so these are two runs in one file (logs concatenated, or a run \
+                 restarted); report on each run's lines alone",
+                record.step
+            )));
+        }
+        previous = Some((record.step, number));
+        read.records.push(record);
     }
-    if records.is_empty() {
+    if read.records.is_empty() {
         return Err(fail(
             "holds no step record; give the JSONL file written by `dualpipe train --log`".into(),
         ));
     }
-    Ok(records)
+    Ok(read)
+}
+
+/// Opens a log file without blocking on a FIFO that has no writer (it then reads as empty),
+/// refusing a folder or a device.
+fn open_log(path: &Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    use std::os::unix::io::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| dualpipe_io::os_reason(&e))?;
+    let meta = file.metadata().map_err(|e| dualpipe_io::os_reason(&e))?;
+    let kind = meta.file_type();
+    if kind.is_dir() {
+        return Err("is a directory; give the JSONL file of `train --log`".into());
+    }
+    if kind.is_char_device() || kind.is_block_device() || kind.is_socket() {
+        return Err("is a device, not a file; give the JSONL file of `train --log`".into());
+    }
+    // SAFETY: fcntl on an open descriptor with integer arguments.
+    unsafe {
+        let fd = file.as_raw_fd();
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags != -1 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(file)
 }
 
 /// The summary of a run, from its log.

@@ -152,3 +152,54 @@ fn a_log_written_before_the_data_parallel_bytes_still_reads() {
     assert_eq!(read[0].bytes_sent.data_parallel, 0);
     assert_eq!(read[0].bytes_sent.activation, 1500);
 }
+
+#[test]
+fn a_torn_last_line_is_skipped_with_a_warning_and_a_bom_is_skipped() {
+    let records: Vec<_> = (1..=3).map(|s| record(s, 1.0, None)).collect();
+    let mut file = write_log(&records);
+    use std::io::Write;
+    file.write_all(b"{\"step\":4,\"elapsed_sec").unwrap();
+    let read = read_log_checked(file.path()).unwrap();
+    assert_eq!(read.records, records);
+    assert_eq!(read.warnings.len(), 1);
+    assert!(read.warnings[0].contains("line 4"), "{:?}", read.warnings);
+    // The same torn text followed by a newline is a bad line, not a torn one.
+    file.write_all(b"\n").unwrap();
+    let err = read_log(file.path()).unwrap_err().to_string();
+    assert!(err.contains("line 4: not a step record"), "{err}");
+    let mut bom = tempfile::NamedTempFile::new().unwrap();
+    bom.write_all("\u{feff}".as_bytes()).unwrap();
+    writeln!(bom, "{}", serde_json::to_string(&records[0]).unwrap()).unwrap();
+    assert_eq!(read_log(bom.path()).unwrap(), records[..1]);
+}
+
+#[test]
+fn steps_that_do_not_increase_are_two_runs() {
+    let mut twice: Vec<_> = (1..=3).map(|s| record(s, 1.0, None)).collect();
+    twice.extend((1..=3).map(|s| record(s, 1.0, None)));
+    let err = read_log(write_log(&twice).path()).unwrap_err().to_string();
+    assert!(
+        err.contains("line 4: step 1 follows step 3 (line 3)"),
+        "{err}"
+    );
+    let backwards: Vec<_> = (1..=3).rev().map(|s| record(s, 1.0, None)).collect();
+    assert!(read_log(write_log(&backwards).path()).is_err());
+    // A gap (a log dropped for a while, then resumed) is one run.
+    let gap: Vec<_> = [1, 2, 7, 8].iter().map(|&s| record(s, 1.0, None)).collect();
+    assert_eq!(read_log(write_log(&gap).path()).unwrap().len(), 4);
+}
+
+#[test]
+fn a_fifo_without_a_writer_and_a_device_do_not_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let err = read_log(&fifo).unwrap_err().to_string();
+    assert!(err.contains("holds no step record"), "{err}");
+    let err = read_log(std::path::Path::new("/dev/zero"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("device"), "{err}");
+}

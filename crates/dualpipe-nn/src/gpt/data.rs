@@ -13,32 +13,53 @@ use super::{TokenBatch, TokenMicroBatch};
 use crate::error::NnError;
 use crate::rng::{self, Purpose};
 
-/// The non-overlapping windows of `seq_len + 1` bytes of a text.
+/// The non-overlapping windows of `seq_len + 1` bytes of a text: a part of a buffer that may
+/// be shared with other parts (a text's training and validation windows share one buffer).
 #[derive(Clone, Debug)]
 pub struct ByteWindows {
-    bytes: Arc<[u8]>,
+    bytes: Arc<Vec<u8>>,
+    start: usize,
+    end: usize,
     seq_len: usize,
 }
 
 impl ByteWindows {
     /// Windows over `bytes`; an error when not even one window fits.
     pub fn new(bytes: Arc<[u8]>, seq_len: usize, what: &str) -> Result<Self, NnError> {
+        let len = bytes.len();
+        Self::part(Arc::new(bytes.to_vec()), 0..len, seq_len, what, "")
+    }
+
+    /// Windows over `bytes[range]` (the buffer is shared, not copied); an error naming `what`
+    /// when not even one window fits, `advice` added to it.
+    fn part(
+        bytes: Arc<Vec<u8>>,
+        range: std::ops::Range<usize>,
+        seq_len: usize,
+        what: &str,
+        advice: &str,
+    ) -> Result<Self, NnError> {
         if seq_len == 0 {
             return Err(NnError::Config("seq_len must be at least 1".into()));
         }
-        if bytes.len() < seq_len + 1 {
+        if range.len() < seq_len + 1 {
             return Err(NnError::Config(format!(
-                "{what} has {} bytes, fewer than one window of seq_len + 1 = {}; use a longer file or a smaller --seq-len",
-                bytes.len(),
+                "{what} has {} bytes, fewer than one window of seq_len + 1 = {}; use a longer file or a smaller --seq-len{advice}",
+                range.len(),
                 seq_len + 1
             )));
         }
-        Ok(ByteWindows { bytes, seq_len })
+        Ok(ByteWindows {
+            bytes,
+            start: range.start,
+            end: range.end,
+            seq_len,
+        })
     }
 
     /// Number of windows.
     pub fn len(&self) -> usize {
-        self.bytes.len() / (self.seq_len + 1)
+        (self.end - self.start) / (self.seq_len + 1)
     }
 
     /// Whether there is no window (never, once built).
@@ -54,7 +75,7 @@ impl ByteWindows {
     /// Window `w` (of [`ByteWindows::len`]) as `seq_len + 1` bytes.
     pub fn window(&self, w: usize) -> &[u8] {
         let n = self.seq_len + 1;
-        &self.bytes[w * n..(w + 1) * n]
+        &self.bytes[self.start + w * n..self.start + (w + 1) * n]
     }
 
     /// The micro-batch of the given windows: inputs are each window's first `seq_len` bytes,
@@ -90,9 +111,21 @@ pub struct TextData {
 }
 
 impl TextData {
-    /// Splits `bytes`; `validation_fraction` in `[0, 1)`.
+    /// Splits `bytes`; `validation_fraction` in `[0, 1)`. The bytes are copied once into the
+    /// buffer both parts share ([`TextData::from_vec`] takes a buffer without copying).
     pub fn new(
         bytes: &[u8],
+        seq_len: usize,
+        validation_fraction: f64,
+        shuffle_seed: Option<u64>,
+    ) -> Result<Self, NnError> {
+        Self::from_vec(bytes.to_vec(), seq_len, validation_fraction, shuffle_seed)
+    }
+
+    /// [`TextData::new`] over a buffer it keeps: the training and the validation windows are
+    /// two parts of it, so a text is held in memory once.
+    pub fn from_vec(
+        bytes: Vec<u8>,
         seq_len: usize,
         validation_fraction: f64,
         shuffle_seed: Option<u64>,
@@ -102,13 +135,31 @@ impl TextData {
                 "validation fraction {validation_fraction} must be in [0, 1)"
             )));
         }
-        let val_len = (bytes.len() as f64 * validation_fraction).floor() as usize;
-        let (train, val) = bytes.split_at(bytes.len() - val_len);
+        let len = bytes.len();
+        let val_len = (len as f64 * validation_fraction).floor() as usize;
+        let split = len - val_len;
+        let bytes = Arc::new(bytes);
         let validation = (val_len > 0)
-            .then(|| ByteWindows::new(val.into(), seq_len, "the validation part"))
+            .then(|| {
+                ByteWindows::part(
+                    bytes.clone(),
+                    split..len,
+                    seq_len,
+                    "the validation part",
+                    &format!(
+                        ", or hold out more (--validation-fraction {validation_fraction}; 0 \
+                         holds nothing out)"
+                    ),
+                )
+            })
             .transpose()?;
+        let advice = if val_len > 0 {
+            format!(", or hold out less (--validation-fraction {validation_fraction})")
+        } else {
+            String::new()
+        };
         Ok(TextData {
-            train: ByteWindows::new(train.into(), seq_len, "the training part")?,
+            train: ByteWindows::part(bytes, 0..split, seq_len, "the training part", &advice)?,
             validation,
             shuffle_seed,
         })
@@ -243,6 +294,19 @@ mod tests {
         assert_eq!(&batch[1].inputs[..4], &[5, 6, 7, 8]);
         assert_eq!(&batch[1].targets[..4], &[6, 7, 8, 9]);
         assert!(TextData::new(&bytes[..4], 4, 0.0, None).is_err());
+    }
+
+    #[test]
+    fn both_parts_share_one_buffer_and_a_short_part_names_the_fraction() {
+        let bytes: Vec<u8> = (0..50u8).collect();
+        let data = TextData::from_vec(bytes, 4, 0.2, None).unwrap();
+        let validation = data.validation.as_ref().unwrap();
+        assert!(Arc::ptr_eq(&data.train.bytes, &validation.bytes));
+        assert_eq!(validation.len(), 2);
+        assert_eq!(data.train.window(7), &[35, 36, 37, 38, 39]);
+        // 40 bytes, 10% held out: the validation part's 4 bytes hold no window of 17.
+        let err = TextData::new(&[0u8; 40], 16, 0.1, None).unwrap_err();
+        assert!(err.to_string().contains("--validation-fraction"), "{err}");
     }
 
     #[test]

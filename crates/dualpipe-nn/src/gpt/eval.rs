@@ -42,10 +42,29 @@ pub fn evaluate(model: &GptStage, bytes: &[u8], seq_len: usize) -> Result<EvalRe
 
 /// [`evaluate`] over prepared windows.
 pub fn evaluate_windows(model: &GptStage, windows: &ByteWindows) -> Result<EvalReport, NnError> {
-    let n = windows.len();
+    evaluate_spread(model, windows, usize::MAX)
+}
+
+/// [`evaluate_windows`] over at most `max_windows` of them, spread evenly (window
+/// `⌊i · n / max_windows⌋` for `i` in `0..max_windows` when there are `n > max_windows`; all of
+/// them, with the same figures as [`evaluate_windows`], otherwise).
+pub fn evaluate_spread(
+    model: &GptStage,
+    windows: &ByteWindows,
+    max_windows: usize,
+) -> Result<EvalReport, NnError> {
+    let all = windows.len();
+    let n = all.min(max_windows.max(1));
+    let pick = |i: usize| {
+        if n == all {
+            i
+        } else {
+            (i as u128 * all as u128 / n as u128) as usize
+        }
+    };
     let mut total = 0.0;
     for start in (0..n).step_by(EVAL_ROWS) {
-        let idx: Vec<usize> = (start..(start + EVAL_ROWS).min(n)).collect();
+        let idx: Vec<usize> = (start..(start + EVAL_ROWS).min(n)).map(pick).collect();
         let mb = windows.micro_batch(&idx);
         let logits = model.logits(&mb.inputs, mb.seq)?;
         let (loss, _) = cross_entropy(&logits, &mb.targets, 1.0)?;
@@ -77,6 +96,22 @@ pub struct Sampling {
 /// Continues `prompt` (at least one byte) by up to `sampling.max_tokens` bytes; the context is
 /// the last `seq_len` bytes.
 pub fn generate(model: &GptStage, prompt: &[u8], sampling: Sampling) -> Result<Vec<u8>, NnError> {
+    let mut out = Vec::new();
+    generate_each(model, prompt, sampling, |byte| {
+        out.push(byte);
+        true
+    })?;
+    Ok(out)
+}
+
+/// [`generate`], handing each byte to `each` as soon as it is chosen (to stream it); `each`
+/// returning `false` stops the generation (the reader went away).
+pub fn generate_each(
+    model: &GptStage,
+    prompt: &[u8],
+    sampling: Sampling,
+    mut each: impl FnMut(u8) -> bool,
+) -> Result<(), NnError> {
     if prompt.is_empty() {
         return Err(NnError::Config(
             "the prompt must hold at least one byte".into(),
@@ -91,7 +126,6 @@ pub fn generate(model: &GptStage, prompt: &[u8], sampling: Sampling) -> Result<V
     let seq_len = model.config().seq_len;
     let mut rng = rng::stream(sampling.seed, Purpose::Text, 2, 0);
     let mut text: Vec<u32> = prompt.iter().map(|&b| u32::from(b)).collect();
-    let mut out = Vec::new();
     for _ in 0..sampling.max_tokens {
         let ctx = &text[text.len().saturating_sub(seq_len)..];
         let logits = model.logits(ctx, ctx.len())?;
@@ -103,12 +137,11 @@ pub fn generate(model: &GptStage, prompt: &[u8], sampling: Sampling) -> Result<V
             sample(last, sampling.temperature, rng.random::<f64>())
         };
         text.push(next as u32);
-        out.push(next as u8);
-        if sampling.stop == Some(next as u8) {
+        if !each(next as u8) || sampling.stop == Some(next as u8) {
             break;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 fn argmax(v: &[f64]) -> usize {
@@ -173,5 +206,34 @@ mod tests {
         assert_eq!(sample(&v, 1.0, 0.1), 0);
         assert_eq!(sample(&v, 1.0, 0.3), 1);
         assert_eq!(sample(&v, 1.0, 0.9), 2);
+    }
+
+    #[test]
+    fn a_spread_validation_scores_every_window_up_to_its_cap_then_evenly_spread_ones() {
+        use crate::gpt::{GptConfig, GptWeights};
+        let config = GptConfig {
+            d_model: 8,
+            heads: 2,
+            layers: 1,
+            seq_len: 4,
+            dtype: candle_core::DType::F64,
+            moe: None,
+        };
+        let model = GptStage::whole(&GptWeights::random(&config, 3).unwrap()).unwrap();
+        let bytes: Vec<u8> = (0..200u32).map(|i| (i * 7 % 13) as u8 + b'a').collect();
+        let windows = ByteWindows::new(bytes.as_slice().into(), 4, "text").unwrap();
+        assert_eq!(windows.len(), 40);
+        let all = evaluate_windows(&model, &windows).unwrap();
+        let under = evaluate_spread(&model, &windows, 40).unwrap();
+        assert_eq!(all.loss.to_bits(), under.loss.to_bits());
+        let spread = evaluate_spread(&model, &windows, 10).unwrap();
+        assert_eq!(spread.windows, 10);
+        // Windows 0, 4, 8, ..., 36: the same as scoring those windows alone.
+        let picked: Vec<u8> = (0..10)
+            .flat_map(|i| windows.window(4 * i).to_vec())
+            .collect();
+        let alone = ByteWindows::new(picked.as_slice().into(), 4, "text").unwrap();
+        let expected = evaluate_windows(&model, &alone).unwrap();
+        assert!((spread.loss - expected.loss).abs() < 1e-12);
     }
 }

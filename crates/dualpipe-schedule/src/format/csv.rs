@@ -73,6 +73,14 @@ pub fn to_string(schedule: &Schedule) -> String {
 /// One parsed cell part: (letter, global stage, global micro-batch).
 type Action = (char, usize, usize);
 
+/// Most rows (ranks) a CSV schedule may have: every rank runs at least one chunk, so no
+/// schedule within [`crate::MAX_CHUNKS`] has more.
+pub const MAX_ROWS: usize = crate::MAX_CHUNKS;
+
+/// Most cells (actions, an overlapped pair counted once per comma-separated cell) a CSV
+/// schedule may have: a chunk is at most three actions (`F`, `I`, `W`).
+pub const MAX_ACTIONS: usize = 3 * crate::MAX_CHUNKS;
+
 fn parse_err(message: String) -> ScheduleError {
     ScheduleError::Parse(format!("CSV schedule: {message}"))
 }
@@ -154,7 +162,21 @@ pub fn from_str_unvalidated(
             "the text holds no rows; expected one row per rank".into(),
         ));
     }
-    let mut rows: Vec<Vec<Cell>> = Vec::new();
+    let lines = body.split('\n').count();
+    if lines > MAX_ROWS {
+        return Err(parse_err(format!(
+            "{lines} rows, more than the {MAX_ROWS} ranks a schedule may have (one row per rank)"
+        )));
+    }
+    let cells = body.bytes().filter(|&b| b == b',').count() + lines;
+    if cells > MAX_ACTIONS {
+        return Err(parse_err(format!(
+            "{cells} cells, more than the {MAX_ACTIONS} actions a schedule of at most {} chunks \
+             may have",
+            crate::MAX_CHUNKS
+        )));
+    }
+    let mut rows: Vec<Vec<Cell>> = Vec::with_capacity(lines);
     for (rank, line) in body.split('\n').enumerate() {
         let line = line.strip_suffix('\r').unwrap_or(line);
         let mut row = Vec::new();
@@ -360,6 +382,16 @@ fn rows_to_text(rows: &[Vec<Cell>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_and_cells_past_the_caps_are_refused_before_parsing() {
+        let rows = "0F0\n".repeat(MAX_ROWS + 1);
+        let err = from_str(&rows, None).unwrap_err().to_string();
+        assert!(err.contains("ranks a schedule may have"), "{err}");
+        let wide = "0F0,".repeat(MAX_ACTIONS + 1);
+        let err = from_str(&wide, None).unwrap_err().to_string();
+        assert!(err.contains("actions a schedule"), "{err}");
+    }
 
     #[test]
     fn cells() {

@@ -66,9 +66,21 @@ pub fn read_schedule(text: &str, origin: &str) -> Result<Schedule, ScheduleError
     Ok(lowered)
 }
 
-/// The largest schedule file [`read_schedule_file`] reads, in bytes (a schedule at the size
-/// cap, [`crate::MAX_CHUNKS`] chunks, is about 500 MB of JSON).
-pub const MAX_SCHEDULE_FILE_BYTES: u64 = 1 << 30;
+/// The largest schedule file [`read_schedule_file`] reads, in bytes: 64 MiB, the cap of every
+/// file `dualpipe plan` reads. Parsing costs about 30 bytes of memory per byte of CSV, so the
+/// cap keeps a read near 2 GB at worst; a CSV's rows (ranks) and actions are also capped
+/// ([`csv::MAX_ROWS`], [`csv::MAX_ACTIONS`]) before its cells are parsed. (A schedule at the
+/// size cap, [`crate::MAX_CHUNKS`] chunks, is larger than this as JSON: generate it instead.)
+pub const MAX_SCHEDULE_FILE_BYTES: u64 = 64 << 20;
+
+/// The refusal of a schedule file over [`MAX_SCHEDULE_FILE_BYTES`].
+fn too_large(origin: &str) -> ScheduleError {
+    ScheduleError::Parse(format!(
+        "schedule file {origin} is over {} MiB, the most a schedule file may be; generate a \
+         schedule that large with --schedule instead",
+        MAX_SCHEDULE_FILE_BYTES >> 20
+    ))
+}
 
 /// Reads the schedule file at `path` (`-`: standard input) and hands it to [`read_schedule`]:
 /// validated and lowered. A file that cannot be read, is a folder, is over
@@ -88,21 +100,21 @@ pub fn read_schedule_file(path: &std::path::Path) -> Result<Schedule, ScheduleEr
             .map_err(cannot)?;
     } else {
         let file = std::fs::File::open(path).map_err(cannot)?;
-        if file.metadata().map_err(cannot)?.is_dir() {
+        let meta = file.metadata().map_err(cannot)?;
+        if meta.is_dir() {
             return Err(ScheduleError::Parse(format!(
                 "schedule file {origin} is a folder; give a .json or .csv file"
             )));
+        }
+        if meta.is_file() && meta.len() > MAX_SCHEDULE_FILE_BYTES {
+            return Err(too_large(&origin));
         }
         file.take(MAX_SCHEDULE_FILE_BYTES + 1)
             .read_to_end(&mut bytes)
             .map_err(cannot)?;
     }
     if bytes.len() as u64 > MAX_SCHEDULE_FILE_BYTES {
-        return Err(ScheduleError::Parse(format!(
-            "schedule file {origin} is over {} MiB, the most read; a schedule at the size cap is \
-             about 500 MB",
-            MAX_SCHEDULE_FILE_BYTES >> 20
-        )));
+        return Err(too_large(&origin));
     }
     let text = String::from_utf8(bytes).map_err(|e| {
         ScheduleError::Parse(format!(

@@ -138,7 +138,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = D.dtype.name().to_string())]
     pub dtype: String,
     /// Seed of the model, the data and the shuffled order.
-    #[arg(long, default_value_t = D.seed, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = D.seed, allow_negative_numbers = true, value_parser = super::seed)]
     pub seed: u64,
     /// Output format of the summary.
     #[arg(long, value_enum, default_value_t = Format::Table)]

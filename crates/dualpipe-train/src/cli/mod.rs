@@ -73,6 +73,18 @@ pub fn count(text: &str) -> Result<usize, String> {
     Err(format!("{t} is not a number; give a count such as 4"))
 }
 
+/// Parses a `--seed`: a whole number from 0 to 2^64 - 1. A negative number reaches this check
+/// (the flag uses `allow_negative_numbers`) and gets the range, not "unexpected argument".
+pub fn seed(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    t.parse::<u64>().map_err(|_| {
+        format!(
+            "{t} is not a seed; give a whole number from 0 to {}",
+            u64::MAX
+        )
+    })
+}
+
 /// Parses a `--schedule` value, naming the valid kinds when it is unknown.
 pub fn parse_kind(name: &str) -> Result<ScheduleKind, TrainError> {
     name.parse().map_err(|_: UnknownScheduleKind| {

@@ -133,6 +133,7 @@ impl TrainArgs {
             rank,
             metrics_addr,
             log: observe.log.clone().filter(|_| rank == 0),
+            keep_log: self.resume || self.resume_from.is_some(),
             progress: lead && !observe.quiet,
         };
         start(plan, say).map_err(|e| match e {

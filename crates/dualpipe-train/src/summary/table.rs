@@ -83,13 +83,15 @@ impl RunSummary {
                     (None, Some(a)) => format!("{:.1}%", 100.0 * a),
                     (None, None) => String::new(),
                 };
-                out.push_str(
+                let line = if e.held_out {
                     format!(
                         "  {:>4}  {:<15.6}  {:<9.4}  {score}",
                         e.step, e.loss, e.bits_per_byte
                     )
-                    .trim_end(),
-                );
+                } else {
+                    format!("  {:>4}  {:<15}  {:<9}  {score}", e.step, "none", "-")
+                };
+                out.push_str(line.trim_end());
                 out.push('\n');
             }
         }
@@ -224,16 +226,12 @@ impl RunSummary {
                 (None, Some(a)) => format!(", accuracy {:.1}%", 100.0 * a),
                 (None, None) => String::new(),
             };
-            rows.insert(
-                1,
-                (
-                    "validation",
-                    format!(
-                        "loss {:.6} ({:.4} bits/byte){accuracy}",
-                        e.loss, e.bits_per_byte
-                    ),
-                ),
-            );
+            let loss = if e.held_out {
+                format!("loss {:.6} ({:.4} bits/byte)", e.loss, e.bits_per_byte)
+            } else {
+                "loss none (nothing held out: --validation-fraction 0)".to_string()
+            };
+            rows.insert(1, ("validation", format!("{loss}{accuracy}")));
         }
         out.push('\n');
         for (name, value) in rows {
