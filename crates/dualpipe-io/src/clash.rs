@@ -170,7 +170,7 @@ fn descriptor_identity(fd: libc::c_int) -> Option<Identity> {
         return None;
     }
     ((st.st_mode & libc::S_IFMT) == libc::S_IFREG)
-        .then(|| Identity::Inode(st.st_dev as u64, st.st_ino as u64))
+        .then_some(Identity::Inode(st.st_dev as u64, st.st_ino as u64))
 }
 
 /// A path that does not exist yet, resolved: the links of its last component followed, its

@@ -94,7 +94,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, None) => Vec::new(),
     };
     if prompt.is_empty() {
-        return Err(UsageError("the prompt is empty: give at least one byte".into()).into());
+        return Err(UsageError(
+            "--prompt is empty: give at least one byte (or a --prompt-file)".into(),
+        )
+        .into());
     }
     let model = load_model(&args.weights, dtype)?;
     let mut out = Stream {

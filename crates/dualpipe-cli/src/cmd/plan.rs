@@ -192,10 +192,13 @@ fn progress_bar(quiet: bool) -> ProgressBar {
     bar
 }
 
+/// The schedule kinds a rejection reason holds for, each with its micro-batch counts.
+type KindsRejected<'a> = Vec<(&'a str, Vec<usize>)>;
+
 /// Why no candidate gave a plan: each distinct reason once, with the candidates it holds
 /// for (`gpipe x 8, 16; 1f1b x 8`).
 fn reasons(report: &PlanReport) -> String {
-    let mut causes: Vec<(&str, Vec<(&str, Vec<usize>)>)> = Vec::new();
+    let mut causes: Vec<(&str, KindsRejected)> = Vec::new();
     for r in &report.rejected {
         let at = match causes.iter().position(|(reason, _)| *reason == r.reason) {
             Some(i) => i,

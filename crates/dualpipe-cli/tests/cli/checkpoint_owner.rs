@@ -541,7 +541,8 @@ fn interrupted(ckpt: &Path, extra: &[&str], signal: i32) -> Run {
     Run {
         args,
         code: out.status.code(),
-        stdout: String::from_utf8(out.stdout).unwrap(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stdout_bytes: out.stdout,
         stderr: String::from_utf8(out.stderr).unwrap(),
     }
 }

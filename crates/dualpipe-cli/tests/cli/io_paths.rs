@@ -329,7 +329,22 @@ fn a_schedule_file_over_64_mib_is_refused_before_reading() {
         .set_len((64 << 20) + 1)
         .unwrap();
     dualpipe(["simulate", "--schedule-file", s(&big)]).usage_error(&["64 MiB"]);
-    train("2", &["--schedule-file", s(&big)]).usage_error(&["64 MiB"]);
+    // (no --ranks or --micro-batches: the schedule file gives them)
+    dualpipe([
+        "train",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--seq-len",
+        "8",
+        "--steps",
+        "2",
+        "--quiet",
+        "--schedule-file",
+        s(&big),
+    ])
+    .usage_error(&["64 MiB"]);
 }
 
 #[test]

@@ -39,8 +39,10 @@ pub struct Run {
     pub args: Vec<String>,
     /// Exit code (`None` if killed by a signal).
     pub code: Option<i32>,
-    /// Everything written to stdout.
+    /// Everything written to stdout (not UTF-8 bytes shown as U+FFFD; `stdout_bytes` has them).
     pub stdout: String,
+    /// Everything written to stdout, byte for byte (`generate` prints a byte-level model's bytes).
+    pub stdout_bytes: Vec<u8>,
     /// Everything written to stderr.
     pub stderr: String,
 }
@@ -66,7 +68,8 @@ where
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
         code: out.status.code(),
-        stdout: String::from_utf8(out.stdout).expect("stdout is UTF-8"),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stdout_bytes: out.stdout,
         stderr: String::from_utf8(out.stderr).expect("stderr is UTF-8"),
     }
 }
