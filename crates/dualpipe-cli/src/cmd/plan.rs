@@ -58,22 +58,9 @@ pub struct Args {
     pub quiet: bool,
 }
 
-/// Reads a file the user named, refusing files past [`MAX_INPUT`].
+/// Reads a file the user named ([`super::read_input_text`]), at most [`MAX_INPUT`] bytes.
 fn read_text(path: &Path, flag: &str) -> Result<String, UsageError> {
-    let cannot = |e: std::io::Error| {
-        UsageError(format!(
-            "{flag} {}: cannot read it: {e}; check the path",
-            path.display()
-        ))
-    };
-    let len = std::fs::metadata(path).map_err(cannot)?.len();
-    if len > MAX_INPUT {
-        return Err(UsageError(format!(
-            "{flag} {}: {len} bytes is more than the {MAX_INPUT} a plan input may have",
-            path.display()
-        )));
-    }
-    std::fs::read_to_string(path).map_err(cannot)
+    super::read_input_text(path, flag, MAX_INPUT, "a plan input")
 }
 
 /// Runs `dualpipe plan`.

@@ -268,6 +268,24 @@ fn fifos_and_devices_never_hang_a_command() {
     within_20s(&a).usage_error(&["--log", "no process reads"]);
     within_20s(&["report", s(&fifo)]).usage_error(&["no step record"]);
     within_20s(&["report", "/dev/zero"]).usage_error(&["device"]);
+    // JSON and CSV inputs of plan and cluster simulate: refused before any read
+    let profile = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testdata/plan/gpt32.json"
+    );
+    within_20s(&["plan", "--topology", s(&fifo), "--profile", profile])
+        .usage_error(&["--topology", "not a regular file"]);
+    within_20s(&[
+        "cluster",
+        "simulate",
+        "--cluster",
+        "/dev/zero",
+        "--trace",
+        s(&fifo),
+        "--policy",
+        "static",
+    ])
+    .usage_error(&["--cluster", "not a regular file"]);
 }
 
 #[test]
