@@ -14,6 +14,8 @@
 //! assert_eq!(format::json::from_str(&text).unwrap(), schedule);
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod error;
 pub mod format;
 pub mod generate;

@@ -6,7 +6,7 @@ deferred weight gradient; ``FB`` a forward and a full backward of two chunks, th
 ``overlapped_forward_backward`` hook when its layer defines one (DeepSeek's name, or its spelling
 ``overlaped_forward_backward``), otherwise the forward, its activations sent at once, then the
 backward, so the message travels while the backward computes. Sends never wait; receives are
-posted early (see ``_p2p``). A first stage has no input gradient to produce: its ``I`` does
+posted at the step's start, in each sender's order (see ``_p2p``). A first stage has no input gradient to produce: its ``I`` does
 nothing and its ``W`` runs the whole backward.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from ._p2p import P2P, local_tensor, tag_of
+from ._p2p import P2P, local_tensor
 
 Chunk = Tuple[int, int, int]
 
@@ -86,13 +86,6 @@ class Executor:
         s = c[1] + delta
         return 0 <= s < self.num_stages and self.placement[c[0]][s] == self.rank
 
-    def _tag(self, kind: str, c: Chunk, receiving: bool) -> int:
-        """The message's tag, the same on both sides: numbered by the boundary it crosses
-        (the lower of its two stages), as a comm op names its own side's chunk."""
-        d, s, m = c
-        lower = s - 1 if (kind == "F") == receiving else s
-        return tag_of(kind, (d, lower, m), self.num_stages, self.per_dir)
-
     def run(self, inputs: List[Any], labels: List[Any], headers: bool) -> StepResult:
         """Runs the program on the step's micro-batches (``inputs[g]``, ``labels[g]``)."""
         self.inputs, self.labels = inputs, labels
@@ -108,23 +101,15 @@ class Executor:
         self.send_to: Dict[Tuple[str, Chunk], int] = {}
         res = StepResult()
         self.res = res
-        self.p2p.begin(headers)
         for op in self.program:
             if op["op"] in ("SEND_F", "SEND_B"):
                 self.send_to[(op["op"][-1], _chunk(op))] = op["peer"]
-        if self.p2p.early and not headers:
-            for op in self.program:
-                if op["op"] in ("RECV_F", "RECV_B"):
-                    c = _chunk(op)
-                    self.p2p.post(op["op"][-1], c, op["peer"], self._tag(op["op"][-1], c, True))
+        self.p2p.begin(headers)
         t_start = time.perf_counter()
         for op in self.program:
             name = op["op"]
             if name in ("RECV_F", "RECV_B"):
-                if not self.p2p.early or headers:
-                    c = _chunk(op)
-                    self.p2p.post(name[-1], c, op["peer"], self._tag(name[-1], c, True))
-                continue
+                continue  # posted by begin()
             if name in ("SEND_F", "SEND_B"):
                 self._send(name[-1], _chunk(op))
                 continue
@@ -180,7 +165,7 @@ class Executor:
             return
         self.sent.add((kind, c))
         t = self.out[c] if kind == "F" else self.in_grad.pop(c)
-        self.p2p.send(kind, c, self.send_to[(kind, c)], self._tag(kind, c, False), t)
+        self.p2p.send(kind, c, self.send_to[(kind, c)], t)
 
     # -- compute -------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from . import _onebit
 from ._codec import check_compression
 from ._dp import GradExchange, exchange_copies
 from ._executor import Executor
-from ._p2p import P2P, wait_for
+from ._p2p import P2P, incoming, pair_groups, wait_for
 from ._split import StageModule, copy_stage, layers_of, partition_sizes, stage_units, unit_sizes
 from ._world import World, backend_for, init, world_from_env
 
@@ -166,7 +166,10 @@ class DualPipeStrategy:
             if agreed.tolist() != sizes:
                 self._build(agreed.tolist())
         me = w.pipeline_rank
-        self.p2p = P2P([w.global_rank(p) for p in range(P)], me, device, early=self.backend == "gloo", timeout=self.timeout)
+        programs = self.plan.programs
+        groups = pair_groups(programs, w.global_rank, w.replicas, w.replica, self.timeout) if w.size > 1 else {}
+        self.p2p = P2P([w.global_rank(p) for p in range(P)], me, device, self.timeout, incoming(programs, me),
+                       len(self.plan.placement[0]), micro_batches // len(self.plan.placement), groups)
         self.executor = Executor(self.plan.programs[me], self.stages, self.plan.placement, micro_batches, me,
                                  self.p2p, self.loss_fn, use_hooks=use_hooks, eager_sends=eager_sends)
         self.exchange = GradExchange([w.global_rank(me, d) for d in range(w.replicas)], w.replica, self.compression,
