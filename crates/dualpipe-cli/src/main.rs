@@ -36,9 +36,6 @@ enum Command {
     /// Plan a job for a topology and a cost profile: schedule, micro-batches, layer
     /// partition and stage-to-device placement, scored by simulation.
     Plan(cmd::plan::Args),
-    /// Regenerate docs/planning.md's studies (heterogeneous devices, two datacenters) and
-    /// their pictures from the simulator.
-    PlanStudy(cmd::plan::StudyArgs),
     /// EPLB for the cluster: synthetic traces, and many jobs simulated on a shared pool
     /// under the static or the elastic policy.
     Cluster(cmd::cluster::Args),
@@ -57,7 +54,6 @@ fn main() -> std::process::ExitCode {
         Command::Report(args) => cmd::report::run(args),
         Command::Checkpoint(args) => cmd::checkpoint::run(args),
         Command::Plan(args) => cmd::plan::run(args),
-        Command::PlanStudy(args) => cmd::plan::run_study(args),
         Command::Cluster(args) => cmd::cluster::run_cluster(args),
     };
     match result {

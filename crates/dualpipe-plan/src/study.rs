@@ -1,5 +1,5 @@
 //! The planning studies of docs/planning.md, computed from the simulator so they can be
-//! regenerated (`dualpipe plan-study --out DIR`):
+//! regenerated (`cargo run --release -p dualpipe-plan --example plan_study -- DIR`):
 //!
 //! - heterogeneous: four devices of speed 1 and four of speed 0.5; the even partition in
 //!   topology order against the planned partition and placement;
@@ -387,6 +387,24 @@ pub fn run_all() -> Result<(String, Vec<StudyFile>), PlanError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_all_gives_the_tables_and_every_picture() {
+        let (md, files) = run_all().unwrap();
+        assert!(md.contains("Two datacenters 200 ms apart"), "{md}");
+        // 2 bandwidths x 6 micro-batch counts.
+        assert_eq!(md.matches("\n| 10 |").count(), 6, "{md}");
+        let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
+        for name in [
+            "planning-study.md",
+            "planning-cross-dc.svg",
+            "planning-hetero-even.svg",
+            "planning-hetero-planned.svg",
+        ] {
+            assert!(names.contains(&name), "{name} missing from {names:?}");
+        }
+        assert!(files.iter().all(|(_, text)| !text.is_empty()));
+    }
 
     #[test]
     fn the_planned_partition_beats_the_even_one_on_mixed_speeds() {

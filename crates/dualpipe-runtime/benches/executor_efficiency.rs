@@ -10,9 +10,9 @@
 
 use std::time::Duration;
 
-use dualpipe_runtime::{run_step, ExecOptions, OpTimes, SleepCosts, SleepStage};
+use dualpipe_runtime::{run_step, ExecOptions, SleepCosts, SleepStage};
 use dualpipe_schedule::{build, ScheduleKind};
-use dualpipe_sim::{metrics, simulate, CostModel};
+use dualpipe_sim::{metrics, simulate, CostModel, OpTimes};
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);

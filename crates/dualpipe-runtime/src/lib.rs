@@ -20,7 +20,7 @@
 //!
 //! One thread per rank runs that rank's program ([`run_step`]); tensors cross ranks through
 //! in-process channels, keyed by (kind, dir, stage, mb). Every step returns the losses and a
-//! measured [`dualpipe_sim::Timeline`], the type the simulator predicts, so the simulator's
+//! measured [`dualpipe_schedule::Timeline`], the type the simulator predicts, so the simulator's
 //! metrics and renderers apply to real runs too. A stage error, a panic or a message that
 //! never arrives stops every rank with one [`RuntimeError`] naming the rank, the op and the
 //! cause.
@@ -47,8 +47,6 @@ pub mod sleep;
 pub mod stage;
 pub mod transport;
 
-/// Measured op durations now live beside the simulator they feed (`dualpipe_sim::measure`).
-pub use dualpipe_sim::OpTimes;
 pub use error::RuntimeError;
 pub use exec::{
     all_gather, barrier, build_ranks, last_weight_ops, run_rank_step, run_rank_step_with, run_step,

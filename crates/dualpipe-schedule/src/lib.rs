@@ -22,6 +22,7 @@ pub mod generate;
 pub mod ir;
 pub mod lower;
 mod size;
+pub mod timeline;
 pub mod validate;
 
 pub use error::ScheduleError;
@@ -29,6 +30,7 @@ pub use generate::generate;
 pub use ir::{Chunk, Op, OpKind, Placement, Schedule, ScheduleKind};
 pub use lower::lower;
 pub use size::{check_size, chunks, MAX_CHUNKS};
+pub use timeline::{ComputeInterval, MessageInterval, MessageKind, Timeline};
 pub use validate::{validate, ValidationError};
 
 /// Generates, lowers and validates a schedule in one call.

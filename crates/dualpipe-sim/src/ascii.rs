@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use dualpipe_schedule::{Op, OpKind};
 
 use crate::svg::lane;
-use crate::timeline::Timeline;
+use dualpipe_schedule::timeline::Timeline;
 
 /// ANSI 256-colour background of an op kind in a lane.
 fn ansi_bg(kind: OpKind, lane: usize) -> u8 {
@@ -128,7 +128,7 @@ pub fn render_ascii(timeline: &Timeline, width: usize, color: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::timeline::ComputeInterval;
+    use dualpipe_schedule::timeline::ComputeInterval;
     use dualpipe_schedule::Chunk;
 
     fn sample() -> Timeline {

@@ -35,14 +35,13 @@ pub mod metrics;
 pub mod report;
 pub mod simulate;
 pub mod svg;
-pub mod timeline;
 pub mod topology;
 pub mod trace;
 
 pub use cost::{CommCost, CostModel, ExpertComm, PairChunkCost, StageCost};
+pub use dualpipe_schedule::timeline::{ComputeInterval, MessageInterval, MessageKind, Timeline};
 pub use error::SimError;
 pub use measure::{OpTally, OpTimes};
 pub use metrics::{metrics, Metrics};
 pub use simulate::simulate;
-pub use timeline::{ComputeInterval, MessageInterval, MessageKind, Timeline};
 pub use topology::{Link, LinkClass, Links, Network, Topology};

@@ -6,7 +6,7 @@
 use dualpipe_schedule::{Op, Placement};
 use serde::{Deserialize, Serialize};
 
-use crate::timeline::Timeline;
+use dualpipe_schedule::timeline::Timeline;
 
 /// What one step cost, per rank and overall.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -112,7 +112,7 @@ pub fn peak_activations<'a>(ops: impl IntoIterator<Item = &'a Op>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::timeline::ComputeInterval;
+    use dualpipe_schedule::timeline::ComputeInterval;
     use dualpipe_schedule::Chunk;
 
     fn interval(op: Op, start: f64, end: f64) -> ComputeInterval {

@@ -12,7 +12,7 @@ use crate::formula::{readme_formula, ReadmeFormula};
 use crate::metrics::{metrics, Metrics};
 use crate::simulate::simulate;
 use crate::svg::num;
-use crate::timeline::Timeline;
+use dualpipe_schedule::timeline::Timeline;
 
 /// Why a schedule could not be simulated.
 #[derive(Debug, thiserror::Error)]

@@ -29,7 +29,7 @@ use dualpipe_schedule::{Chunk, Op, Schedule};
 
 use crate::cost::CostModel;
 use crate::error::SimError;
-use crate::timeline::{ComputeInterval, MessageInterval, MessageKind, Timeline};
+use dualpipe_schedule::timeline::{ComputeInterval, MessageInterval, MessageKind, Timeline};
 
 /// Simulates a lowered schedule on `cost` and returns its timeline.
 ///

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use dualpipe_schedule::{Chunk, Op, OpKind};
 
 use crate::metrics::Metrics;
-use crate::timeline::Timeline;
+use dualpipe_schedule::timeline::Timeline;
 
 /// Text around the picture.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -305,7 +305,7 @@ pub fn render_svg(timeline: &Timeline, options: &SvgOptions) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::timeline::ComputeInterval;
+    use dualpipe_schedule::timeline::ComputeInterval;
 
     fn sample() -> Timeline {
         let c = |dir, stage, mb| Chunk::new(dir, stage, mb);

@@ -9,7 +9,7 @@
 use dualpipe_schedule::{Chunk, Op};
 use serde_json::{json, Value};
 
-use crate::timeline::{MessageKind, Timeline};
+use dualpipe_schedule::timeline::{MessageKind, Timeline};
 
 const COMPUTE_TID: usize = 0;
 const COMM_TID: usize = 1;
@@ -130,7 +130,7 @@ pub fn render_trace(timeline: &Timeline) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::timeline::{ComputeInterval, MessageInterval};
+    use dualpipe_schedule::timeline::{ComputeInterval, MessageInterval};
 
     #[test]
     fn trace_has_tracks_slices_and_flows() {

@@ -297,30 +297,3 @@ pub fn table(report: &PlanReport) -> String {
     }
     out
 }
-
-/// Flags of `dualpipe plan-study`.
-#[derive(clap::Args, Debug)]
-pub struct StudyArgs {
-    /// Folder to write planning-study.md and the SVG pictures into (created if missing).
-    #[arg(long)]
-    pub out: PathBuf,
-}
-
-/// Runs `dualpipe plan-study`: the heterogeneous and cross-datacenter studies of
-/// docs/planning.md, regenerated from the simulator.
-pub fn run_study(args: StudyArgs) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.out).map_err(|e| {
-        UsageError(format!(
-            "--out {}: cannot create it: {e}",
-            args.out.display()
-        ))
-    })?;
-    let (md, files) = dualpipe_plan::study::run_all().map_err(|e| UsageError(e.to_string()))?;
-    let files = files
-        .into_iter()
-        .map(|(name, text)| (Some(args.out.join(name)), text.into_bytes()))
-        .collect();
-    write_together(files)?;
-    print!("{md}");
-    Ok(())
-}

@@ -186,26 +186,3 @@ fn bad_files_are_one_line_errors() {
     ])
     .usage_error(&["--previous", "not a plan"]);
 }
-
-#[test]
-fn plan_study_writes_its_tables_and_pictures() {
-    let dir = TempDir::new("plan-study");
-    let run = dualpipe(["plan-study", "--out", dir.path().to_str().unwrap()]);
-    run.ok();
-    assert!(
-        run.stdout.contains("Two datacenters 200 ms apart"),
-        "{}",
-        run.stdout
-    );
-    for name in [
-        "planning-study.md",
-        "planning-cross-dc.svg",
-        "planning-hetero-even.svg",
-        "planning-hetero-planned.svg",
-    ] {
-        let text = std::fs::read_to_string(dir.join(name)).unwrap();
-        assert!(!text.is_empty(), "{name} is empty");
-    }
-    // 2 bandwidths x 6 micro-batch counts.
-    assert_eq!(run.stdout.matches("\n| 10 |").count(), 6, "{}", run.stdout);
-}

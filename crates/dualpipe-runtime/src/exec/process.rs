@@ -20,8 +20,8 @@ use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
+use dualpipe_schedule::{MessageKind, Timeline};
 use dualpipe_schedule::{Placement, Schedule};
-use dualpipe_sim::{MessageKind, Timeline};
 
 use super::check::check_rank_setup;
 use super::cpu::{available_cores, RankTimes};

@@ -3,7 +3,7 @@
 //! f64s.
 
 use dualpipe_schedule::{Chunk, Op};
-use dualpipe_sim::{ComputeInterval, MessageInterval, MessageKind};
+use dualpipe_schedule::{ComputeInterval, MessageInterval, MessageKind};
 
 use super::cpu::RankTime;
 use super::types::MicroBatchLoss;

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use dualpipe_schedule::Schedule;
-use dualpipe_sim::Timeline;
+use dualpipe_schedule::Timeline;
 
 use super::check::check_setup;
 use super::cpu::{available_cores, RankTimes};

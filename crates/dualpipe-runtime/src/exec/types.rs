@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use dualpipe_schedule::Timeline;
 use dualpipe_schedule::{Op, Placement};
-use dualpipe_sim::Timeline;
 
 use super::cpu::RankTimes;
 

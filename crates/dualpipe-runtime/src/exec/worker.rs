@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use dualpipe_schedule::ir::Neighbour;
 use dualpipe_schedule::{Chunk, Op, Schedule};
-use dualpipe_sim::{ComputeInterval, MessageInterval, MessageKind};
+use dualpipe_schedule::{ComputeInterval, MessageInterval, MessageKind};
 
 use super::cpu::{thread_cpu_seconds, thread_run_delay_seconds, RankTime};
 use super::hook::{last_weight_ops, StepHook};

@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use dualpipe_schedule::Chunk;
-use dualpipe_sim::MessageKind;
+use dualpipe_schedule::MessageKind;
 
 use crate::RuntimeError;
 

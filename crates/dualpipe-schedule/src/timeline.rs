@@ -1,10 +1,10 @@
 //! Timelines: what ran where and when, simulated or measured.
 //!
-//! The simulator produces a [`Timeline`]; the runtime records one while it really runs a
-//! step. Metrics, pictures and traces take a timeline, so "predicted vs measured" compares
+//! The simulator (`dualpipe-sim`) produces a [`Timeline`]; the runtime records one while it
+//! really runs a step. The vocabulary lives here, below both, so the runtime needs no simulator. Metrics, pictures and traces take a timeline, so "predicted vs measured" compares
 //! two values of one type. Times are seconds from the start of the step.
 
-use dualpipe_schedule::{Chunk, Op};
+use crate::{Chunk, Op};
 
 /// One compute op (F, B, I, W or FB) as it ran on a rank.
 #[derive(Clone, Debug, PartialEq)]
