@@ -31,9 +31,17 @@ pub(crate) fn size(name: &str, value: i64) -> PyResult<usize> {
     })
 }
 
-/// A schedule error as a `ValueError` carrying the crate's message.
+/// A schedule error as a `ValueError` carrying the crate's message, an unsupported
+/// configuration naming each setting as this function's keyword argument (`ranks=2`).
 fn value_error(e: ScheduleError) -> PyErr {
-    PyValueError::new_err(e.to_string())
+    let text = match e {
+        ScheduleError::InvalidConfig(e) => e.render(|knob, value| match value {
+            Some(v) => format!("{}={v}", knob.field()),
+            None => knob.field().to_string(),
+        }),
+        other => other.to_string(),
+    };
+    PyValueError::new_err(text)
 }
 
 /// Builds (generates, lowers, validates) a schedule with the GIL released.

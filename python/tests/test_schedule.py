@@ -109,10 +109,16 @@ def test_unknown_kind_lists_the_known_ones():
     )
 
 
-def test_configuration_errors_carry_the_cli_message():
+def test_configuration_errors_name_the_keyword_arguments():
     with pytest.raises(ValueError) as info:
         dualpipe_rs.schedule("dualpipe", 3, 8)
-    assert str(info.value).startswith("dualpipe needs an even number of ranks")
+    msg = str(info.value)
+    assert msg.startswith("dualpipe needs an even number of ranks"), msg
+    # Settings by this function's keyword arguments, never by the command line's flags.
+    assert "use ranks=2 or ranks=4" in msg and "--" not in msg, msg
+    with pytest.raises(ValueError) as info:
+        dualpipe_rs.schedule("gpipe", 1024, 16384)
+    assert "at most micro_batches=2048 with 1024 ranks" in str(info.value), str(info.value)
 
 
 def test_negative_sizes_are_value_errors():

@@ -25,7 +25,7 @@ mod size;
 pub mod timeline;
 pub mod validate;
 
-pub use error::ScheduleError;
+pub use error::{ConfigError, Knob, Part, ScheduleError};
 pub use generate::generate;
 pub use ir::{Chunk, Op, OpKind, Placement, Schedule, ScheduleKind};
 pub use lower::lower;

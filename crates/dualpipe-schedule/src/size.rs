@@ -6,7 +6,7 @@
 //! micro-batches, 262,144 chunks, peak at 150 MB), so [`MAX_CHUNKS`] = 2,097,152 keeps one
 //! schedule near 1.3 GB.
 
-use crate::{ScheduleError, ScheduleKind};
+use crate::{ConfigError, Knob, ScheduleError, ScheduleKind};
 
 /// Most chunks (stage x micro-batch pairs, over every direction) one schedule may hold.
 pub const MAX_CHUNKS: usize = 1 << 21;
@@ -61,40 +61,51 @@ pub fn check_size(
     }
     let cap = thousands(MAX_CHUNKS);
     let total = count.map_or_else(|| "more than 2^64".to_string(), thousands);
-    let v_is_flag = kind.fixed_virtual_stages().is_none();
-    let shape = format!(
-        "{kind} with --ranks {ranks} and --micro-batches {micro_batches}{} holds {total} chunks \
-         (over the cap of {cap}, about 1.3 GB)",
-        if v_is_flag && virtual_stages != 1 {
-            format!(" and --virtual-stages {virtual_stages}")
-        } else {
-            String::new()
-        }
-    );
-    // For each flag: the most it can be with the others as given (none if even 1 is too many).
-    let mut options = Vec::new();
+    let v_is_setting = kind.fixed_virtual_stages().is_none();
+    let mut e = ConfigError::new(format!("{kind} with "))
+        .setting(Knob::Ranks, ranks)
+        .text(" and ")
+        .setting(Knob::MicroBatches, micro_batches);
+    if v_is_setting && virtual_stages != 1 {
+        e = e.text(" and ").setting(Knob::VirtualStages, virtual_stages);
+    }
+    e = e.text(format!(
+        " holds {total} chunks (over the cap of {cap}, about 1.3 GB): use "
+    ));
+    // For each setting: the most it can be with the others as given (none if even 1 is too many).
+    let mut options: Vec<(Knob, usize, String)> = Vec::new();
     let mbs = largest_fitting(|m| chunks(kind, ranks, m, virtual_stages));
     if mbs > 0 {
-        options.push(format!("at most --micro-batches {mbs} with {ranks} ranks"));
+        options.push((Knob::MicroBatches, mbs, format!(" with {ranks} ranks")));
     }
     let rs = largest_fitting(|r| chunks(kind, r, micro_batches, virtual_stages));
     if rs > 0 {
-        options.push(format!(
-            "at most --ranks {rs} with {micro_batches} micro-batches"
+        options.push((
+            Knob::Ranks,
+            rs,
+            format!(" with {micro_batches} micro-batches"),
         ));
     }
-    if v_is_flag && virtual_stages > 1 {
+    if v_is_setting && virtual_stages > 1 {
         let vs = largest_fitting(|v| chunks(kind, ranks, micro_batches, v));
         if vs > 0 {
-            options.push(format!("at most --virtual-stages {vs}"));
+            options.push((Knob::VirtualStages, vs, String::new()));
         }
     }
-    let hint = if options.is_empty() {
-        "use fewer --ranks and --micro-batches".to_string()
-    } else {
-        format!("use {}", options.join(", or "))
-    };
-    Err(ScheduleError::InvalidConfig(format!("{shape}: {hint}")))
+    if options.is_empty() {
+        e = e
+            .text("fewer ")
+            .name(Knob::Ranks)
+            .text(" and ")
+            .name(Knob::MicroBatches);
+    }
+    for (i, (knob, most, with)) in options.into_iter().enumerate() {
+        if i > 0 {
+            e = e.text(", or ");
+        }
+        e = e.text("at most ").setting(knob, most).text(with);
+    }
+    Err(ScheduleError::InvalidConfig(e))
 }
 
 /// The largest `r` in `1 ..= MAX_CHUNKS` with `count(r) <= MAX_CHUNKS` (0 if none), for a count
@@ -131,17 +142,17 @@ mod tests {
         let msg = |k, r, m, v| check_size(k, r, m, v).unwrap_err().to_string();
         let m = msg(ScheduleKind::GPipe, 1024, 16384, 1);
         assert!(
-            m.contains("use at most --micro-batches 2048 with 1024 ranks, or at most --ranks 128"),
+            m.contains("use at most micro_batches = 2048 with 1024 ranks, or at most ranks = 128"),
             "{m}"
         );
         assert!(m.contains("16,777,216 chunks"), "{m}");
         let m = msg(ScheduleKind::OneFOneB, 1_000_000_000_000, 8, 1);
-        assert!(m.contains("use at most --ranks 262144 with 8"), "{m}");
+        assert!(m.contains("use at most ranks = 262144 with 8"), "{m}");
         assert!(!m.contains("at most --micro-batches"), "{m}");
         let m = msg(ScheduleKind::Interleaved, 4, 8, 1 << 20);
-        assert!(m.contains("use at most --virtual-stages 65536"), "{m}");
+        assert!(m.contains("use at most virtual_stages = 65536"), "{m}");
         let m = msg(ScheduleKind::DualPipe, 4096, 2, 1);
-        assert!(m.contains("use at most --ranks 1024 with 2"), "{m}");
+        assert!(m.contains("use at most ranks = 1024 with 2"), "{m}");
         assert!(check_size(ScheduleKind::GPipe, 1024, 2048, 1).is_ok());
         assert!(check_size(ScheduleKind::GPipe, 0, usize::MAX, 1).is_ok());
     }

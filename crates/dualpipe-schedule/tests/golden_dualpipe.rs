@@ -431,20 +431,21 @@ fn short_batches_are_no_slower_than_the_full_warm_up() {
 #[test]
 fn impossible_configurations_are_refused() {
     for (kind, ranks, m, needle) in [
-        (ScheduleKind::DualPipe, 3, 8, "--ranks 2 or --ranks 4"),
+        (ScheduleKind::DualPipe, 3, 8, "ranks = 2 or ranks = 4"),
         (ScheduleKind::DualPipe, 0, 8, "at least 2 ranks"),
         (ScheduleKind::DualPipe, 4, 0, "at least 2 micro-batches"),
         (
             ScheduleKind::DualPipe,
             4,
             9,
-            "--micro-batches 8 or --micro-batches 10",
+            "micro_batches = 8 or micro_batches = 10",
         ),
         (ScheduleKind::DualPipeV, 0, 8, "at least 1 rank"),
         (ScheduleKind::DualPipeV, 4, 0, "at least 1 micro-batch"),
     ] {
         match generate(kind, ranks, m, 1) {
-            Err(dualpipe_schedule::ScheduleError::InvalidConfig(msg)) => {
+            Err(dualpipe_schedule::ScheduleError::InvalidConfig(e)) => {
+                let msg = e.to_string();
                 assert!(
                     msg.contains(needle) && !msg.contains('\n'),
                     "{kind} {ranks}x{m}: {msg}"

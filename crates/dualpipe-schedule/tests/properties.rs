@@ -22,7 +22,7 @@ proptest! {
         let v = if kind == ScheduleKind::Interleaved { virtual_stages } else { 1 };
         match generate(kind, ranks, micro_batches, v) {
             // A configuration the kind does not support (e.g. DualPipe with odd ranks).
-            Err(ScheduleError::InvalidConfig(msg)) => prop_assert!(!msg.is_empty()),
+            Err(ScheduleError::InvalidConfig(e)) => prop_assert!(!e.to_string().is_empty()),
             Err(e) => prop_assert!(false, "{kind}: unexpected error {e}"),
             Ok(s) => {
                 prop_assert!(s.programs.iter().flatten().all(|op| op.is_compute()));

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -126,8 +127,10 @@ class DualPipeStrategy:
             self.plan = _native.schedule(self.kind, P, micro_batches,
                                          virtual_stages=virtual_stages if self.kind == "interleaved" else None)
         except ValueError as e:
-            msg = str(e).replace("--micro-batches ", "micro_batches=").replace("--ranks ", "pipeline_stages=")
-            raise ValueError(msg.replace("--virtual-stages ", "virtual_stages=")) from None
+            # The binding names the settings by its own keyword arguments; ours call two of them
+            # otherwise.
+            msg = re.sub(r"\branks=", "pipeline_stages=", str(e))
+            raise ValueError(re.sub(r"\bkind=", "schedule=", msg)) from None
         self.micro_batches = micro_batches
         self.loss_fn = _make_loss(loss_fn)
         if compression_warmup is None:

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use dualpipe_sim::report;
 
-use dualpipe_schedule::ScheduleKind;
+use dualpipe_schedule::{ScheduleError, ScheduleKind};
 
 use super::output::{check_outputs, write_output};
 use super::simulate::{CostArgs, Format};
@@ -45,7 +45,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Sizes no kind can hold (even 1F1B, with one stage per rank) are refused once, naming the
     // flag, rather than once per kind.
     dualpipe_schedule::check_size(ScheduleKind::OneFOneB, args.ranks, args.micro_batches, 1)
-        .map_err(|e| UsageError(e.to_string()))?;
+        .map_err(|e| match e {
+            ScheduleError::InvalidConfig(e) => UsageError(dualpipe_train::cli::schedule_flags(&e)),
+            other => UsageError(other.to_string()),
+        })?;
     let basis = if args.per_rank_costs {
         report::CostBasis::PerRank
     } else {

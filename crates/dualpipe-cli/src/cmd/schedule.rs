@@ -42,7 +42,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     check_outputs(args.output.as_deref(), &[])?;
     let schedule = match build(kind, ranks, micro_batches, virtual_stages) {
         Ok(s) => s,
-        Err(ScheduleError::InvalidConfig(msg)) => return Err(UsageError(msg).into()),
+        Err(ScheduleError::InvalidConfig(e)) => {
+            return Err(UsageError(dualpipe_train::cli::schedule_flags(&e)).into())
+        }
         Err(e) => return Err(anyhow::Error::new(e).context(format!("{kind} schedule is invalid"))),
     };
     let text = match args.format {

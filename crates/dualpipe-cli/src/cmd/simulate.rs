@@ -128,7 +128,9 @@ pub fn read_schedule_file(path: &Path) -> Result<Schedule, UsageError> {
 /// Maps a library error to a usage error (bad configuration) or a plain error.
 pub fn run_error(err: RunError) -> anyhow::Error {
     match err {
-        RunError::Schedule(ScheduleError::InvalidConfig(msg)) => UsageError(msg).into(),
+        RunError::Schedule(ScheduleError::InvalidConfig(e)) => {
+            UsageError(dualpipe_train::cli::schedule_flags(&e)).into()
+        }
         RunError::Sim(SimError::Cost(msg)) => UsageError(msg).into(),
         RunError::Sim(SimError::Overflow(msg)) => UsageError(format!(
             "{msg} (flags --f --b --w --fb --latency --bandwidth)"

@@ -24,7 +24,7 @@
 
 use std::collections::VecDeque;
 
-use crate::{Chunk, Op, Placement, Schedule, ScheduleError, ScheduleKind};
+use crate::{Chunk, ConfigError, Knob, Op, Placement, Schedule, ScheduleError, ScheduleKind};
 
 /// Upper bound on the ops of one generated schedule, so an absurd request fails with a message
 /// instead of exhausting memory.
@@ -61,44 +61,53 @@ pub fn generate(ranks: usize, micro_batches: usize) -> Result<Schedule, Schedule
 
 /// Rejects configurations for which no DualPipe schedule exists, naming the nearest valid ones.
 fn check_config(ranks: usize, micro_batches: usize) -> Result<(), ScheduleError> {
-    let bad = |msg: String| Err(ScheduleError::InvalidConfig(msg));
+    let bad = |e: ConfigError| Err(ScheduleError::InvalidConfig(e));
     if ranks == 0 {
-        return bad("dualpipe needs at least 2 ranks, got 0: use --ranks 2".into());
-    }
-    if ranks % 2 == 1 {
-        return bad(format!(
-            "dualpipe needs an even number of ranks (one pipeline per direction folds over them), \
-             got {ranks}: use {} (or dualpipev, which takes any number)",
-            even_neighbours("--ranks", ranks)
-        ));
-    }
-    if micro_batches == 0 {
         return bad(
-            "dualpipe needs at least 2 micro-batches (one per direction), got 0: use --micro-batches 2"
-                .into(),
+            ConfigError::new("dualpipe needs at least 2 ranks, got 0: use ")
+                .setting(Knob::Ranks, 2),
         );
     }
-    if micro_batches % 2 == 1 {
-        return bad(format!(
-            "dualpipe needs an even number of micro-batches (half flow in each direction), \
-             got {micro_batches}: use {}",
-            even_neighbours("--micro-batches", micro_batches)
+    if ranks % 2 == 1 {
+        let e = ConfigError::new(format!(
+            "dualpipe needs an even number of ranks (one pipeline per direction folds over them), \
+             got {ranks}: use "
         ));
+        return bad(
+            even_neighbours(e, Knob::Ranks, ranks).text(" (or dualpipev, which takes any number)")
+        );
+    }
+    if micro_batches == 0 {
+        return bad(ConfigError::new(
+            "dualpipe needs at least 2 micro-batches (one per direction), got 0: use ",
+        )
+        .setting(Knob::MicroBatches, 2));
+    }
+    if micro_batches % 2 == 1 {
+        let e = ConfigError::new(format!(
+            "dualpipe needs an even number of micro-batches (half flow in each direction), \
+             got {micro_batches}: use "
+        ));
+        return bad(even_neighbours(e, Knob::MicroBatches, micro_batches));
     }
     check_size("dualpipe", ranks, micro_batches)
 }
 
-/// The even values next to an odd `value` as flags: "--flag 2 or --flag 4" (no 0, no overflow).
-fn even_neighbours(flag: &str, value: usize) -> String {
-    [
+/// `error` followed by the even values next to an odd `value`: "ranks = 2 or ranks = 4" (no 0,
+/// no overflow).
+fn even_neighbours(error: ConfigError, knob: Knob, value: usize) -> ConfigError {
+    let options = [
         value.checked_sub(1).filter(|&v| v > 0),
         value.checked_add(1),
-    ]
-    .into_iter()
-    .flatten()
-    .map(|v| format!("{flag} {v}"))
-    .collect::<Vec<_>>()
-    .join(" or ")
+    ];
+    options
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .fold(error, |e, (i, v)| {
+            let e = if i > 0 { e.text(" or ") } else { e };
+            e.setting(knob, v)
+        })
 }
 
 /// Fails when generating would walk more than [`MAX_OPS`] ops. The walk covers at least
@@ -113,10 +122,15 @@ pub(super) fn check_size(
     let ops = ranks.checked_mul(walked).and_then(|x| x.checked_mul(6));
     match ops {
         Some(ops) if ops <= MAX_OPS => Ok(()),
-        _ => Err(ScheduleError::InvalidConfig(format!(
-            "{name} with {ranks} ranks and {micro_batches} micro-batches is too large to \
-             generate (over {MAX_OPS} ops): use fewer ranks or micro-batches"
-        ))),
+        _ => Err(ScheduleError::InvalidConfig(
+            ConfigError::new(format!(
+                "{name} with {ranks} ranks and {micro_batches} micro-batches is too large to \
+                 generate (over {MAX_OPS} ops): use fewer "
+            ))
+            .name(Knob::Ranks)
+            .text(" or ")
+            .name(Knob::MicroBatches),
+        )),
     }
 }
 
@@ -289,7 +303,7 @@ mod tests {
 
     fn message(r: Result<Schedule, ScheduleError>) -> String {
         match r {
-            Err(ScheduleError::InvalidConfig(m)) => m,
+            Err(ScheduleError::InvalidConfig(m)) => m.to_string(),
             other => panic!("expected InvalidConfig, got {other:?}"),
         }
     }
@@ -298,29 +312,29 @@ mod tests {
     fn rejects_impossible_configurations_with_one_line() {
         let m = message(generate(3, 8));
         assert!(
-            m.contains("even number of ranks") && m.contains("--ranks 2 or --ranks 4"),
+            m.contains("even number of ranks") && m.contains("ranks = 2 or ranks = 4"),
             "{m}"
         );
         let m = message(generate(1, 8));
-        assert!(m.contains("--ranks 2") && !m.contains("--ranks 0"), "{m}");
+        assert!(m.contains("ranks = 2") && !m.contains("ranks = 0"), "{m}");
         let m = message(generate(0, 8));
         assert!(m.contains("at least 2 ranks"), "{m}");
         let m = message(generate(4, 0));
         assert!(m.contains("at least 2 micro-batches"), "{m}");
         let m = message(generate(4, 7));
-        assert!(m.contains("--micro-batches 6 or --micro-batches 8"), "{m}");
+        assert!(m.contains("micro_batches = 6 or micro_batches = 8"), "{m}");
         let m = message(generate(4, 1));
         assert!(
-            m.contains("--micro-batches 2") && !m.contains("--micro-batches 0"),
+            m.contains("micro_batches = 2") && !m.contains("micro_batches = 0"),
             "{m}"
         );
         let m = message(generate(usize::MAX - 1, 2));
         assert!(m.contains("use fewer ranks"), "{m}");
         let m = message(generate(usize::MAX, 2));
-        assert!(m.contains(&format!("--ranks {}", usize::MAX - 1)), "{m}");
+        assert!(m.contains(&format!("ranks = {}", usize::MAX - 1)), "{m}");
         let m = message(generate(2, usize::MAX));
         assert!(
-            m.contains(&format!("--micro-batches {}", usize::MAX - 1)),
+            m.contains(&format!("micro_batches = {}", usize::MAX - 1)),
             "{m}"
         );
         for m in [message(generate(3, 8)), message(generate(4, 7))] {

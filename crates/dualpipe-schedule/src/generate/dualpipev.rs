@@ -13,7 +13,7 @@
 //! and deadlock-free. Odd micro-batch counts need nothing special: the reference handles them.
 
 use super::dualpipe::{check_size, eight_phase_program};
-use crate::{Placement, Schedule, ScheduleError, ScheduleKind};
+use crate::{ConfigError, Knob, Placement, Schedule, ScheduleError, ScheduleKind};
 
 /// Generates the compute-only `dualpipev` schedule.
 ///
@@ -22,15 +22,19 @@ use crate::{Placement, Schedule, ScheduleError, ScheduleKind};
 pub fn generate(ranks: usize, micro_batches: usize) -> Result<Schedule, ScheduleError> {
     if ranks == 0 {
         return Err(ScheduleError::InvalidConfig(
-            "dualpipev needs at least 1 rank, got 0: use --ranks 1".into(),
+            ConfigError::new("dualpipev needs at least 1 rank, got 0: use ")
+                .setting(Knob::Ranks, 1),
         ));
     }
     if micro_batches == 0 {
-        return Err(ScheduleError::InvalidConfig(format!(
-            "dualpipev needs at least 1 micro-batch, got 0: use --micro-batches 1 \
-             (or {} to fill the pipeline)",
-            ranks.saturating_mul(2)
-        )));
+        return Err(ScheduleError::InvalidConfig(
+            ConfigError::new("dualpipev needs at least 1 micro-batch, got 0: use ")
+                .setting(Knob::MicroBatches, 1)
+                .text(format!(
+                    " (or {} to fill the pipeline)",
+                    ranks.saturating_mul(2)
+                )),
+        ));
     }
     check_size("dualpipev", ranks, micro_batches)?;
     let stages = 2 * ranks;
@@ -61,7 +65,7 @@ mod tests {
 
     fn message(r: Result<Schedule, ScheduleError>) -> String {
         match r {
-            Err(ScheduleError::InvalidConfig(m)) => m,
+            Err(ScheduleError::InvalidConfig(m)) => m.to_string(),
             other => panic!("expected InvalidConfig, got {other:?}"),
         }
     }

@@ -11,7 +11,7 @@ mod interleaved;
 mod one_f_one_b;
 mod zb1p;
 
-use crate::{Op, Placement, Schedule, ScheduleError, ScheduleKind};
+use crate::{ConfigError, Knob, Op, Placement, Schedule, ScheduleError, ScheduleKind};
 
 /// Generates the compute-only schedule of `kind` for `ranks` ranks and `micro_batches`
 /// micro-batches (`virtual_stages` is chosen for `interleaved` only; other kinds take 1, or the
@@ -24,11 +24,17 @@ pub fn generate(
 ) -> Result<Schedule, ScheduleError> {
     if let Some(fixed) = kind.fixed_virtual_stages() {
         if virtual_stages != 1 && virtual_stages != fixed {
-            return Err(ScheduleError::InvalidConfig(format!(
-                "{kind} has {fixed} stage(s) per rank, fixed by the schedule, got \
-                 --virtual-stages {virtual_stages}: use --virtual-stages 1 (or --schedule \
-                 interleaved to choose it)"
-            )));
+            return Err(ScheduleError::InvalidConfig(
+                ConfigError::new(format!(
+                    "{kind} has {fixed} stage(s) per rank, fixed by the schedule, got "
+                ))
+                .setting(Knob::VirtualStages, virtual_stages)
+                .text(": use ")
+                .setting(Knob::VirtualStages, 1)
+                .text(" (or ")
+                .setting(Knob::Kind, "interleaved")
+                .text(" to choose it)"),
+            ));
         }
     }
     match kind {
@@ -50,19 +56,24 @@ fn check_common(
     virtual_stages: usize,
 ) -> Result<(), ScheduleError> {
     if ranks == 0 {
-        return Err(ScheduleError::InvalidConfig(format!(
-            "{name} needs at least 1 rank, got 0: use --ranks 1"
-        )));
+        return Err(ScheduleError::InvalidConfig(
+            ConfigError::new(format!("{name} needs at least 1 rank, got 0: use "))
+                .setting(Knob::Ranks, 1),
+        ));
     }
     if micro_batches == 0 {
-        return Err(ScheduleError::InvalidConfig(format!(
-            "{name} needs at least 1 micro-batch, got 0: use --micro-batches 1"
-        )));
+        return Err(ScheduleError::InvalidConfig(
+            ConfigError::new(format!("{name} needs at least 1 micro-batch, got 0: use "))
+                .setting(Knob::MicroBatches, 1),
+        ));
     }
     if virtual_stages == 0 {
-        return Err(ScheduleError::InvalidConfig(format!(
-            "{name} needs at least 1 virtual stage per rank, got 0: use --virtual-stages 1"
-        )));
+        return Err(ScheduleError::InvalidConfig(
+            ConfigError::new(format!(
+                "{name} needs at least 1 virtual stage per rank, got 0: use "
+            ))
+            .setting(Knob::VirtualStages, 1),
+        ));
     }
     let ops = ranks
         .checked_mul(micro_batches)
@@ -70,11 +81,16 @@ fn check_common(
         .and_then(|x| x.checked_mul(3));
     match ops {
         Some(ops) if ops <= dualpipe::MAX_OPS => Ok(()),
-        _ => Err(ScheduleError::InvalidConfig(format!(
-            "{name} with {ranks} ranks, {micro_batches} micro-batches and {virtual_stages} \
-             virtual stage(s) would need more than {} ops: use fewer ranks or micro-batches",
-            dualpipe::MAX_OPS
-        ))),
+        _ => Err(ScheduleError::InvalidConfig(
+            ConfigError::new(format!(
+                "{name} with {ranks} ranks, {micro_batches} micro-batches and {virtual_stages} \
+                 virtual stage(s) would need more than {} ops: use fewer ",
+                dualpipe::MAX_OPS
+            ))
+            .name(Knob::Ranks)
+            .text(" or ")
+            .name(Knob::MicroBatches),
+        )),
     }
 }
 

@@ -65,7 +65,9 @@ impl Failure {
         match err {
             TrainError::Config(msg) => Failure::usage(msg),
             TrainError::Checkpoint(e) => Failure::usage(e.to_string()),
-            TrainError::Schedule(ScheduleError::InvalidConfig(msg)) => Failure::usage(msg),
+            TrainError::Schedule(ScheduleError::InvalidConfig(e)) => {
+                Failure::usage(super::schedule_flags(&e))
+            }
             other => Failure::error(Some("cannot set up training"), &other),
         }
     }

@@ -27,7 +27,7 @@
 use std::path::Path;
 
 use dualpipe_schedule::ir::UnknownScheduleKind;
-use dualpipe_schedule::{Schedule, ScheduleError, ScheduleKind};
+use dualpipe_schedule::{ConfigError, Knob, Schedule, ScheduleError, ScheduleKind};
 
 use crate::{Divergence, ModelKind, TrainConfig, TrainError};
 
@@ -132,10 +132,28 @@ pub fn divergence(d: &Divergence, config: &TrainConfig) -> String {
     }
 }
 
+/// A schedule's unsupported configuration in the command line's words: each setting by its
+/// flag (`--ranks 2`, `--schedule interleaved`).
+pub fn schedule_flags(err: &ConfigError) -> String {
+    err.render(|knob, value| {
+        let flag = match knob {
+            Knob::Kind => "--schedule",
+            Knob::Ranks => "--ranks",
+            Knob::MicroBatches => "--micro-batches",
+            Knob::VirtualStages => "--virtual-stages",
+        };
+        match value {
+            Some(v) => format!("{flag} {v}"),
+            None => flag.to_string(),
+        }
+    })
+}
+
 /// A configuration error's own words (without the library's prefix).
 pub fn message(err: TrainError) -> String {
     match err {
         TrainError::Config(msg) => msg,
+        TrainError::Schedule(ScheduleError::InvalidConfig(e)) => schedule_flags(&e),
         other => other.to_string(),
     }
 }
