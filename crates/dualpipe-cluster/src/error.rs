@@ -15,4 +15,7 @@ pub enum ClusterError {
     /// The generator's parameters are out of range.
     #[error("synthetic trace: {0}")]
     Synth(String),
+    /// The scheduler of the real mode cannot start (its state directory, address, slots).
+    #[error("{0}")]
+    Serve(String),
 }
