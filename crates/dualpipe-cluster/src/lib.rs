@@ -27,6 +27,8 @@ pub mod assign;
 pub mod cluster;
 pub mod elastic;
 pub mod error;
+pub mod k8s;
+pub mod las;
 pub mod metrics;
 pub mod policy;
 pub mod serve;

@@ -22,11 +22,12 @@
 //!
 //! A job is moved only while it runs (not in a pause), and only if its pauses, with this
 //! move's expected one, stay within `overhead_budget` of its expected run time (elapsed
-//! plus remaining at the scraped rate). While any move is in flight nothing else is decided.
+//! plus remaining at the scraped rate). While any move is in flight (from the stop request to
+//! the moved job's first step) nothing else is decided.
 
 use std::collections::BTreeSet;
 
-use super::spec::{JobRecord, Phase, StopReason};
+use super::spec::{JobRecord, PauseKind, Phase, StopReason};
 
 /// The policy's parameters.
 #[derive(Clone, Debug, PartialEq)]
@@ -129,10 +130,11 @@ fn movable(job: &JobRecord, p: &PolicyParams, now: f64) -> bool {
 pub fn plan(jobs: &[JobRecord], slots: usize, p: &PolicyParams, now: f64) -> Vec<Action> {
     let size = p.node_size.clamp(1, slots.max(1));
     let nodes = slots.div_ceil(size);
-    if jobs
-        .iter()
-        .any(|j| j.phase == Phase::Stopping && j.stop_reason == Some(StopReason::Move))
-    {
+    let in_flight = |j: &JobRecord| {
+        (j.phase == Phase::Stopping && j.stop_reason == Some(StopReason::Move))
+            || j.pause.is_some_and(|p| p.kind == PauseKind::Move)
+    };
+    if jobs.iter().any(in_flight) {
         return Vec::new();
     }
     let mut free: BTreeSet<usize> = (0..slots).collect();

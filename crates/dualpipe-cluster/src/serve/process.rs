@@ -51,9 +51,15 @@ pub struct Launch {
 
 /// What knows the training command: its checks and its command line.
 pub trait Launcher: Send {
-    /// Checks a job's arguments on `ranks` ranks: the steps it trains, or one line saying
+    /// Checks a job's arguments on each rank count in `min_ranks..=max_ranks`: the counts
+    /// it runs on (the same model on each) and the steps it trains, or one line saying
     /// what is wrong.
-    fn check(&self, args: &[String], ranks: usize) -> Result<usize, String>;
+    fn check(
+        &self,
+        args: &[String],
+        min_ranks: usize,
+        max_ranks: usize,
+    ) -> Result<(Vec<usize>, usize), String>;
     /// The command that runs `job` on `ranks` ranks, resuming from its checkpoints if any,
     /// with its files at `paths` and its metrics served at `metrics_addr`.
     fn command(
@@ -115,6 +121,18 @@ pub fn alive(pid: u32, marker: &Path) -> bool {
     !marker.is_empty() && cmdline.windows(marker.len()).any(|w| w == marker)
 }
 
+/// The processes whose command line mentions `marker` (this process excluded).
+pub fn holders(marker: &Path) -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me && alive(pid, marker))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,6 +163,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         assert!(!alive(pid, &dir.path().join("another")));
+        assert_eq!(holders(&dir.path().join("another")), Vec::<u32>::new());
         signal(pid, libc::SIGTERM);
         let status = child.wait().unwrap();
         use std::os::unix::process::ExitStatusExt;

@@ -14,7 +14,7 @@ use super::api::{Call, Envelope, Reply};
 use super::http;
 use super::journal::{DirLock, Journal};
 use super::policy::{plan, Action, PolicyParams};
-use super::process::{alive, signal, spawn, JobPaths, Launcher};
+use super::process::{holders, signal, spawn, JobPaths, Launcher};
 use super::spec::{JobRecord, JobRequest, Pause, PauseKind, Phase, StopReason};
 use crate::ClusterError;
 
@@ -180,17 +180,14 @@ impl Scheduler<'_> {
             .collect();
         for id in ids {
             let marker = self.paths(&id).checkpoints;
-            let pid = self.job_mut(&id).and_then(|j| j.pid);
-            if let Some(pid) = pid {
-                while alive(pid, &marker) && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                if alive(pid, &marker) {
-                    signal(pid, libc::SIGKILL);
-                    while alive(pid, &marker) {
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                }
+            while !holders(&marker).is_empty() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            for pid in holders(&marker) {
+                signal(pid, libc::SIGKILL);
+            }
+            while !holders(&marker).is_empty() {
+                std::thread::sleep(Duration::from_millis(20));
             }
             let job = self.job_mut(&id).expect("listed");
             let cancelled = job.stop_reason == Some(StopReason::Cancel);
@@ -330,23 +327,12 @@ impl Scheduler<'_> {
                 return Err("name: give at most 100 printable characters".into());
             }
         }
-        let mut allowed = Vec::new();
-        let mut steps = None;
-        let mut first_error = None;
-        for k in request.min_ranks..=request.max_ranks {
-            match self.launcher.check(&request.args, k) {
-                Ok(n) => {
-                    allowed.push(k);
-                    steps = Some(n);
-                }
-                Err(e) => {
-                    first_error.get_or_insert(format!("on {k} ranks: {e}"));
-                }
-            }
+        let (allowed, steps) =
+            self.launcher
+                .check(&request.args, request.min_ranks, request.max_ranks)?;
+        if allowed.is_empty() {
+            return Err("no rank count in min_ranks..=max_ranks fits the job".into());
         }
-        let Some(steps) = steps else {
-            return Err(first_error.unwrap_or_else(|| "no rank count fits".into()));
-        };
         let seq = self.journal.next_seq;
         self.journal.next_seq += 1;
         let id = format!("job-{seq:04}");
@@ -409,6 +395,16 @@ impl Scheduler<'_> {
     /// Starts job `id`'s process on `slots`; a failure to start fails the job.
     fn start(&mut self, id: &str, slots: Vec<usize>) {
         let paths = self.paths(id);
+        if !holders(&paths.checkpoints).is_empty() {
+            // A process of a scheduler that died still holds the checkpoints: wait for it
+            // (it was asked to stop and writes its final checkpoint).
+            if let Some(job) = self.job_mut(id) {
+                job.phase = Phase::Queued;
+                job.slots.clear();
+                job.target.clear();
+            }
+            return;
+        }
         let port = match free_port() {
             Ok(p) => p,
             Err(e) => return self.fail(id, &format!("no free port for its metrics: {e}")),
@@ -453,7 +449,6 @@ impl Scheduler<'_> {
                 job.pid = Some(pid);
                 job.metrics_addr = Some(metrics_addr);
                 job.attempts += 1;
-                job.step_seconds = None;
                 job.started_at.get_or_insert(unix_now());
                 let how = if resumes { "resumed" } else { "started" };
                 let text = format!(
