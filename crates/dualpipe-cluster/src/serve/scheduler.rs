@@ -410,8 +410,12 @@ impl Scheduler<'_> {
             Err(e) => return self.fail(id, &format!("no free port for its metrics: {e}")),
         };
         let metrics_addr = format!("127.0.0.1:{port}");
-        if let Err(e) = std::fs::create_dir_all(&paths.dir) {
-            return self.fail(id, &format!("cannot create {}: {e}", paths.dir.display()));
+        // An empty checkpoint directory: `--resume` then starts at step 1.
+        if let Err(e) = std::fs::create_dir_all(&paths.checkpoints) {
+            return self.fail(
+                id,
+                &format!("cannot create {}: {e}", paths.checkpoints.display()),
+            );
         }
         let job = self.job_mut(id).expect("a known job").clone();
         let launch = self
@@ -451,10 +455,9 @@ impl Scheduler<'_> {
                 job.attempts += 1;
                 job.started_at.get_or_insert(unix_now());
                 let how = if resumes { "resumed" } else { "started" };
-                let text = format!(
-                    "{id}: {how} on slots {slots:?} ({} ranks, pid {pid})",
-                    slots.len()
-                );
+                let n = slots.len();
+                let plural = if n == 1 { "" } else { "s" };
+                let text = format!("{id}: {how} on slots {slots:?} ({n} rank{plural}, pid {pid})");
                 self.event(&text);
             }
             Err(e) => self.fail(
