@@ -15,4 +15,10 @@ pub enum ClusterError {
     /// The generator's parameters are out of range.
     #[error("synthetic trace: {0}")]
     Synth(String),
+    /// A placement file is malformed or holds a bad value.
+    #[error("placement: {0}")]
+    Placement(String),
+    /// The scheduler of the real mode cannot start (its state directory, address, slots).
+    #[error("{0}")]
+    Serve(String),
 }

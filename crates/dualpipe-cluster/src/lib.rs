@@ -9,6 +9,7 @@
 //!   placement on a job x node reward, grow and shrink by marginal gain, migration when it pays,
 //!   at most 5% of a job's run time spent moving).
 //! * [`simulate()`]: the trace-driven discrete-event simulator and its [`Metrics`].
+//! * [`serve`]: the real mode, a scheduler of real training processes on local slots.
 //!
 //! ```
 //! use dualpipe_cluster::{run, Cluster, Policy, SimOptions, synth_trace, SynthOptions};
@@ -26,8 +27,11 @@ pub mod assign;
 pub mod cluster;
 pub mod elastic;
 pub mod error;
+pub mod k8s;
+pub mod las;
 pub mod metrics;
 pub mod policy;
+pub mod serve;
 pub mod simulate;
 pub mod state;
 pub mod svg;

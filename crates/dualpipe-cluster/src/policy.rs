@@ -5,11 +5,12 @@
 //! emptiest nodes; the head of the queue waits until it fits and nobody passes it; nothing is
 //! ever moved.
 //!
-//! `elastic`: see [`crate::elastic`].
+//! `elastic`: see [`crate::elastic`]. `las`: see [`crate::las`].
 
 use serde::Serialize;
 
 use crate::elastic::ElasticParams;
+use crate::las::LasParams;
 use crate::state::State;
 
 /// A placement policy.
@@ -20,14 +21,17 @@ pub enum Policy {
     Static,
     /// EPLB: Kuhn-Munkres placement, elastic sizes, migration under an overhead budget.
     Elastic(ElasticParams),
+    /// Least attained service first (as Tiresias): rigid, preemptive.
+    Las(LasParams),
 }
 
 impl Policy {
-    /// The policy named `name` (`static` or `elastic`, the latter with default parameters).
+    /// The policy named `name` (`static`, `elastic` or `las`, with default parameters).
     pub fn by_name(name: &str) -> Option<Policy> {
         match name {
             "static" => Some(Policy::Static),
             "elastic" => Some(Policy::Elastic(ElasticParams::default())),
+            "las" => Some(Policy::Las(LasParams::default())),
             _ => None,
         }
     }
@@ -37,6 +41,7 @@ impl Policy {
         match self {
             Policy::Static => "static",
             Policy::Elastic(_) => "elastic",
+            Policy::Las(_) => "las",
         }
     }
 
@@ -45,6 +50,7 @@ impl Policy {
         match self {
             Policy::Static => schedule_static(state, now),
             Policy::Elastic(params) => crate::elastic::schedule(params, state, now),
+            Policy::Las(params) => crate::las::schedule(params, state, now),
         }
     }
 }

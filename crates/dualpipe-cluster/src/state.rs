@@ -54,6 +54,8 @@ pub struct Progress {
     pub resizes: usize,
     /// Device-seconds held so far (least attained service).
     pub attained: f64,
+    /// Preempted and not restarted yet: the restart pays the move cost.
+    pub preempted: bool,
 }
 
 /// What a move costs.
@@ -173,13 +175,40 @@ impl<'a> State<'a> {
         self.queue.retain(|&q| q != j);
         let rate = self.throughput.rate(j, &self.jobs[j], &devices);
         self.progress[j].first_start.get_or_insert(now);
+        let mut paused_until = now;
+        if std::mem::take(&mut self.progress[j].preempted) {
+            let cost = self.move_cost(j, devices.len());
+            paused_until += cost;
+            self.progress[j].overhead_s += cost;
+            self.progress[j].migrations += 1;
+        }
         self.running.push(Running {
             job: j,
             devices,
             rate,
-            paused_until: now,
+            paused_until,
             since: now,
         });
+    }
+
+    /// Stops running job `j` at `now` (checkpoint and stop) and queues it again; its restart
+    /// pays the move cost.
+    pub fn preempt(&mut self, j: usize, now: f64) {
+        let i = self
+            .running
+            .iter()
+            .position(|r| r.job == j)
+            .expect("a running job");
+        let r = self.running.remove(i);
+        self.release(&r.devices);
+        self.segments.push(Segment {
+            job: j,
+            devices: r.devices,
+            start_s: r.since,
+            end_s: now,
+        });
+        self.progress[j].preempted = true;
+        self.queue.push(j);
     }
 
     /// Moves running job `j` onto `devices` (free, or its own) at `now`: it pays the move's

@@ -73,7 +73,11 @@ fn invariants_hold_on_synthetic_traces() {
             ..SynthOptions::default()
         })
         .unwrap();
-        for policy in [Policy::Static, Policy::by_name("elastic").unwrap()] {
+        for policy in [
+            Policy::Static,
+            Policy::by_name("elastic").unwrap(),
+            Policy::by_name("las").unwrap(),
+        ] {
             let out = run(
                 &cluster,
                 &jobs,
@@ -83,7 +87,9 @@ fn invariants_hold_on_synthetic_traces() {
             )
             .unwrap();
             assert_eq!(out.jobs.len(), 200);
-            check_invariants(&cluster, &out, 0.05);
+            // LAS preempts without a budget; elastic keeps its moves within 5%.
+            let budget = if policy.name() == "las" { 1e9 } else { 0.05 };
+            check_invariants(&cluster, &out, budget);
             if policy == Policy::Static {
                 assert_eq!(out.metrics.migrations + out.metrics.resizes, 0);
             }
@@ -198,4 +204,35 @@ fn a_spread_job_is_consolidated_when_a_node_frees() {
     );
     assert_eq!(out.metrics.migrations, 1);
     check_invariants(&cluster, &out, 0.05);
+}
+
+#[test]
+fn las_preempts_the_job_with_more_attained_service() {
+    use dualpipe_cluster::las::LasParams;
+    use dualpipe_cluster::MoveCost;
+    let cluster = Cluster::uniform(1, 4).unwrap();
+    // a holds all 4 devices from 0 s; at 50 s it has attained 200 device-seconds, past the
+    // 100 threshold, so b (0 attained) preempts it; a resumes when b ends, after the restart.
+    let jobs = parse_trace("a,0,4,100\nb,50,4,10\n").unwrap();
+    let options = SimOptions {
+        cost: MoveCost {
+            restart_s: 5.0,
+            checkpoint_bytes_per_device: 0.0,
+        },
+        ..SimOptions::default()
+    };
+    let policy = Policy::Las(LasParams {
+        thresholds: vec![100.0],
+    });
+    let out = run(&cluster, &jobs, &BTreeMap::new(), policy, &options).unwrap();
+    check_invariants(&cluster, &out, 1.0);
+    let (a, b) = (&out.jobs[0], &out.jobs[1]);
+    assert_eq!((b.start_s, b.finish_s), (50.0, 60.0));
+    let pause = a.overhead_s;
+    assert!((5.0..5.1).contains(&pause), "{pause}");
+    assert!((a.finish_s - (60.0 + pause + 50.0)).abs() < 1e-9, "{a:?}");
+    assert_eq!((a.migrations, out.metrics.migrations), (1, 1));
+    // Under static, b waits for a instead.
+    let s = simulate(&cluster, "a,0,4,100\nb,50,4,10\n", Policy::Static);
+    assert_eq!(s.jobs[1].start_s, 100.0);
 }

@@ -6,6 +6,7 @@
 mod checkpoint;
 mod checkpoint_owner;
 mod cluster;
+mod cluster_serve;
 mod compare;
 mod eplb;
 mod eplb_previous;

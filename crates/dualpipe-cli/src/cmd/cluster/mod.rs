@@ -1,6 +1,11 @@
 //! `dualpipe cluster ...`: EPLB for the cluster (many jobs on a shared pool). `trace` writes a
 //! seeded synthetic trace; `simulate` runs a trace under a policy and reports the metrics of
-//! docs/cluster.md.
+//! docs/cluster.md; `serve` runs real `train` jobs on local slots ([`serve`]), and `submit`,
+//! `list` and `cancel` are its clients ([`client`]).
+
+mod client;
+mod manifests;
+mod serve;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,9 +16,9 @@ use dualpipe_cluster::{
 };
 use dualpipe_plan::Profile;
 
-use super::output::{check_outputs, write_together};
-use super::simulate::Format;
-use super::UsageError;
+use crate::cmd::output::{check_outputs, write_together};
+use crate::cmd::simulate::Format;
+use crate::cmd::UsageError;
 
 /// The largest cluster, trace or profile file read (bytes).
 const MAX_INPUT: u64 = 256 << 20;
@@ -33,19 +38,30 @@ enum Command {
     /// Simulate a trace on a cluster under a policy; print utilisation, job completion
     /// times, queueing, fragmentation and migrations.
     Simulate(SimulateArgs),
+    /// Run real `dualpipe train` jobs on local slots (one rank each), submitted over
+    /// HTTP/JSON; move, resize and recover them by checkpoint, stop and resume.
+    Serve(serve::ServeArgs),
+    /// Submit a job to `serve`: `train`'s flags after `--`.
+    Submit(client::SubmitArgs),
+    /// List `serve`'s jobs.
+    List(client::ListArgs),
+    /// Cancel one of `serve`'s jobs (its checkpoints are kept).
+    Cancel(client::CancelArgs),
+    /// Kubernetes MPIJobs for a placement: one per job, its workers pinned to its nodes.
+    Manifests(manifests::ManifestsArgs),
 }
 
 /// Flags of `dualpipe cluster trace`.
 #[derive(clap::Args, Debug)]
 pub struct TraceArgs {
     /// How many jobs.
-    #[arg(long, default_value_t = SynthOptions::default().jobs, value_parser = super::count)]
+    #[arg(long, default_value_t = SynthOptions::default().jobs, value_parser = crate::cmd::count)]
     pub jobs: usize,
     /// The seed (the same seed gives the same trace).
     #[arg(long, default_value_t = SynthOptions::default().seed)]
     pub seed: u64,
     /// Devices of the cluster the trace is meant for (sets the arrival rate).
-    #[arg(long, default_value_t = SynthOptions::default().devices, value_parser = super::count)]
+    #[arg(long, default_value_t = SynthOptions::default().devices, value_parser = crate::cmd::count)]
     pub devices: usize,
     /// Offered load: requested device-seconds per second over the devices.
     #[arg(long, allow_negative_numbers = true, default_value_t = SynthOptions::default().load)]
@@ -69,7 +85,8 @@ pub struct SimulateArgs {
     /// a `dualpipe plan` cost profile file, named relative to the trace's folder.
     #[arg(long)]
     pub trace: PathBuf,
-    /// Policy: static (first come first served, rigid, never moved) or elastic (EPLB).
+    /// Policy: static (first come first served, rigid, never moved), elastic (EPLB) or las
+    /// (least attained service first, as Tiresias).
     #[arg(long)]
     pub policy: String,
     /// Output format.
@@ -102,6 +119,12 @@ pub struct SimulateArgs {
     /// Scaling curve: the serial share sigma of a step (jobs without a profile).
     #[arg(long, allow_negative_numbers = true, default_value_t = Curve::default().serial)]
     pub serial: f64,
+    /// Write the placement at --placement-at seconds (JSON, for `cluster manifests`) to FILE.
+    #[arg(long, requires = "placement_at")]
+    pub placement_out: Option<PathBuf>,
+    /// The simulated time of --placement-out's placement, in seconds.
+    #[arg(long, requires = "placement_out", allow_negative_numbers = true)]
+    pub placement_at: Option<f64>,
     /// Scaling curve: the slowdown per node spanned beyond the fewest (jobs without a profile).
     #[arg(long, allow_negative_numbers = true, default_value_t = Curve::default().locality)]
     pub locality: f64,
@@ -112,6 +135,11 @@ pub fn run_cluster(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Trace(a) => trace(a),
         Command::Simulate(a) => simulate(a),
+        Command::Serve(a) => serve::run_serve(a),
+        Command::Submit(a) => client::run_submit(a),
+        Command::List(a) => client::run_list(a),
+        Command::Cancel(a) => client::run_cancel(a),
+        Command::Manifests(a) => manifests::run_manifests(a),
     }
 }
 
@@ -121,7 +149,7 @@ fn usage(e: ClusterError) -> anyhow::Error {
 
 /// Reads a file the user named ([`super::read_input_text`]), at most [`MAX_INPUT`] bytes.
 fn read_text(path: &Path, flag: &str) -> Result<String, UsageError> {
-    super::read_input_text(path, flag, MAX_INPUT, "a cluster input")
+    crate::cmd::read_input_text(path, flag, MAX_INPUT, "a cluster input")
 }
 
 fn trace(a: TraceArgs) -> anyhow::Result<()> {
@@ -138,7 +166,7 @@ fn trace(a: TraceArgs) -> anyhow::Result<()> {
 }
 
 /// A finite number >= 0 (or > 0 when `positive`), or a usage error naming the flag.
-fn check_number(flag: &str, v: f64, positive: bool) -> Result<(), UsageError> {
+pub(crate) fn check_number(flag: &str, v: f64, positive: bool) -> Result<(), UsageError> {
     if v.is_finite() && (v > 0.0 || (!positive && v == 0.0)) {
         return Ok(());
     }
@@ -149,10 +177,16 @@ fn check_number(flag: &str, v: f64, positive: bool) -> Result<(), UsageError> {
 }
 
 fn simulate(a: SimulateArgs) -> anyhow::Result<()> {
-    check_outputs(a.output.as_deref(), &[a.svg.as_deref()])?;
+    check_outputs(
+        a.output.as_deref(),
+        &[a.svg.as_deref(), a.placement_out.as_deref()],
+    )?;
+    if let Some(t) = a.placement_at {
+        check_number("--placement-at", t, false)?;
+    }
     let mut policy = Policy::by_name(&a.policy).ok_or_else(|| {
         UsageError(format!(
-            "--policy {}: unknown policy; give static or elastic",
+            "--policy {}: unknown policy; give static, elastic or las",
             a.policy
         ))
     })?;
@@ -217,6 +251,12 @@ fn simulate(a: SimulateArgs) -> anyhow::Result<()> {
             Some(path.clone()),
             svg::render_svg(&outcome, cluster.devices(), &title).into_bytes(),
         ));
+    }
+    if let (Some(path), Some(t)) = (&a.placement_out, a.placement_at) {
+        let placement = dualpipe_cluster::k8s::placement_at(&outcome, &cluster, &jobs, t);
+        let mut text = serde_json::to_string_pretty(&placement)?;
+        text.push('\n');
+        files.push((Some(path.clone()), text.into_bytes()));
     }
     let text = match a.format {
         Format::Json => {

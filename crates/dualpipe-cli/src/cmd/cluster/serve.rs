@@ -1,0 +1,273 @@
+//! `dualpipe cluster serve`: the real mode's scheduler, running `dualpipe train` processes
+//! on local slots ([`TrainLauncher`] knows `train`'s flags; `dualpipe_cluster::serve` does
+//! the rest).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dualpipe_cluster::serve::{
+    serve, JobPaths, JobRecord, Launch, Launcher, PolicyParams, ServeOptions,
+};
+use dualpipe_train::cli::TrainArgs;
+
+use super::check_number;
+use crate::cmd::UsageError;
+
+/// The default address of the scheduler's API (and of the clients).
+pub const DEFAULT_ADDR: &str = "127.0.0.1:7070";
+
+/// Flags of `dualpipe cluster serve`.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Slots to run jobs on; a slot holds one rank.
+    #[arg(long, value_parser = crate::cmd::count)]
+    pub slots: usize,
+    /// State directory: the journal, and each job's checkpoints, run log and output.
+    #[arg(long)]
+    pub state: PathBuf,
+    /// Address of the HTTP/JSON API and of the scheduler's metrics (`/metrics`).
+    #[arg(long, default_value = DEFAULT_ADDR)]
+    pub addr: String,
+    /// Seconds between two scrapes of each job's metrics.
+    #[arg(long, default_value_t = 10.0, allow_negative_numbers = true)]
+    pub scrape_interval: f64,
+    /// Seconds between two decisions of the policy.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub tick: f64,
+    /// Slots per node: a job that fits in a node is placed in one (default: all slots).
+    #[arg(long, value_parser = crate::cmd::count)]
+    pub node_size: Option<usize>,
+    /// The largest share of a job's expected run time spent paused by moves.
+    #[arg(long, default_value_t = PolicyParams::default().overhead_budget, allow_negative_numbers = true)]
+    pub overhead_budget: f64,
+    /// A move's expected pause (seconds) until one of the job's moves was measured.
+    #[arg(long, default_value_t = PolicyParams::default().move_cost_s, allow_negative_numbers = true)]
+    pub move_cost_s: f64,
+    /// Crashes of one job resumed from its checkpoint before it is given up.
+    #[arg(long, default_value_t = 3)]
+    pub max_restarts: u32,
+    /// Seconds the jobs get to write their final checkpoints when the scheduler stops.
+    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
+    pub stop_grace: f64,
+    /// Never grow running jobs into free slots.
+    #[arg(long)]
+    pub no_grow: bool,
+    /// Never shrink running jobs to admit queued ones.
+    #[arg(long)]
+    pub no_shrink: bool,
+    /// Never migrate a running job to empty a node.
+    #[arg(long)]
+    pub no_migrate: bool,
+}
+
+/// `train`'s flags the scheduler sets itself; a job may not give them.
+const SET_BY_SCHEDULER: [&str; 11] = [
+    "--ranks",
+    "--checkpoint-dir",
+    "--resume",
+    "--resume-from",
+    "--metrics-addr",
+    "--log",
+    "--transport",
+    "--schedule-file",
+    "--init-from",
+    "--data-parallel",
+    "--inject-failure",
+];
+
+/// Runs jobs as `dualpipe train` processes (this very program).
+///
+/// A job's flags describe its model on `min_ranks` ranks; on another rank count the
+/// scheduler keeps the model (its blocks) and sets `--layers-per-stage` to the blocks over
+/// that count's model stages, so a resize resumes the same model from the same checkpoint.
+pub struct TrainLauncher {
+    program: PathBuf,
+}
+
+/// `train`'s flags parsed and resolved, or the one-line reason.
+fn resolve(flags: &[String]) -> Result<dualpipe_train::TrainConfig, String> {
+    // The scheduler gives every job a checkpoint directory (flags such as
+    // --checkpoint-every require one); resolving the flags does not touch it.
+    let mut flags = flags.to_vec();
+    flags.extend(["--checkpoint-dir".to_string(), "checkpoints".to_string()]);
+    let parsed = TrainArgs::try_parse_flags(&flags).map_err(|e| {
+        let text = e.render().to_string();
+        let lines: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+            .filter(|l| !l.is_empty())
+            .collect();
+        let line = lines.join(" ");
+        line.strip_prefix("error: ").unwrap_or(&line).to_string()
+    })?;
+    parsed
+        .config()
+        .map(|(config, _)| config)
+        .map_err(dualpipe_train::cli::message)
+}
+
+/// `args` without any `--layers-per-stage` (the scheduler sets it per rank count).
+fn without_layers(args: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut skip = false;
+    for a in args {
+        if skip {
+            skip = false;
+        } else if a == "--layers-per-stage" {
+            skip = true;
+        } else if !a.starts_with("--layers-per-stage=") {
+            out.push(a.clone());
+        }
+    }
+    out
+}
+
+impl TrainLauncher {
+    /// The flags of `args` on `ranks` ranks with the model of `min_ranks`, and its steps.
+    fn flags(
+        &self,
+        args: &[String],
+        min_ranks: usize,
+        ranks: usize,
+    ) -> Result<(Vec<String>, usize), String> {
+        for a in args {
+            let flag = a.split('=').next().unwrap_or(a);
+            if SET_BY_SCHEDULER.contains(&flag) {
+                return Err(format!(
+                    "{flag}: the scheduler sets it (ranks from the slots, checkpoints, log and metrics in --state); leave it out"
+                ));
+            }
+        }
+        let with = |args: &[String], k: usize, layers: Option<usize>| {
+            let mut f = args.to_vec();
+            f.extend(["--ranks".to_string(), k.to_string()]);
+            if let Some(l) = layers {
+                f.extend(["--layers-per-stage".to_string(), l.to_string()]);
+            }
+            f
+        };
+        let base = resolve(&with(args, min_ranks, None))?;
+        if ranks == min_ranks {
+            return Ok((with(args, ranks, None), base.steps));
+        }
+        if args
+            .iter()
+            .any(|a| a.starts_with("--partition") || a.starts_with("--plan"))
+        {
+            return Err("--partition and --plan fix the stages of one rank count; give min_ranks = max_ranks".into());
+        }
+        let blocks = base.model_stages() * base.layers_per_stage;
+        let rest = without_layers(args);
+        let stages = resolve(&with(&rest, ranks, Some(1)))?.model_stages();
+        if stages == 0 || blocks % stages != 0 {
+            return Err(format!(
+                "the model's {blocks} blocks do not split evenly over {stages} model stages"
+            ));
+        }
+        let flags = with(&rest, ranks, Some(blocks / stages));
+        let config = resolve(&flags)?;
+        Ok((flags, config.steps))
+    }
+}
+
+impl Launcher for TrainLauncher {
+    fn check(
+        &self,
+        args: &[String],
+        min_ranks: usize,
+        max_ranks: usize,
+    ) -> Result<(Vec<usize>, usize), String> {
+        let (_, steps) = self
+            .flags(args, min_ranks, min_ranks)
+            .map_err(|e| format!("on {min_ranks} ranks: {e}"))?;
+        let allowed = (min_ranks..=max_ranks)
+            .filter(|&k| self.flags(args, min_ranks, k).is_ok())
+            .collect();
+        Ok((allowed, steps))
+    }
+
+    fn command(
+        &self,
+        job: &JobRecord,
+        ranks: usize,
+        paths: &JobPaths,
+        metrics_addr: &str,
+    ) -> Launch {
+        let (flags, _) = self
+            .flags(&job.args, job.min_ranks, ranks)
+            .unwrap_or_else(|_| (job.args.clone(), 0));
+        let mut args = vec!["train".to_string()];
+        args.extend(flags);
+        for (flag, value) in [
+            ("--checkpoint-dir", paths.checkpoints.display().to_string()),
+            ("--metrics-addr", metrics_addr.to_string()),
+            ("--log", paths.log.display().to_string()),
+        ] {
+            args.push(flag.to_string());
+            args.push(value);
+        }
+        args.push("--resume".to_string());
+        Launch {
+            program: self.program.clone(),
+            args,
+        }
+    }
+}
+
+/// Seconds as a duration, or a usage error naming the flag.
+fn seconds(flag: &str, v: f64) -> Result<Duration, UsageError> {
+    check_number(flag, v, true)?;
+    Duration::try_from_secs_f64(v).map_err(|_| UsageError(format!("{flag} {v}: too large")))
+}
+
+/// Runs `dualpipe cluster serve`.
+pub fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
+    let tick = seconds("--tick", a.tick)?;
+    let scrape_interval = seconds("--scrape-interval", a.scrape_interval)?;
+    let stop_grace = seconds("--stop-grace", a.stop_grace)?;
+    check_number("--move-cost-s", a.move_cost_s, false)?;
+    if !(0.0..=1.0).contains(&a.overhead_budget) {
+        return Err(UsageError(format!(
+            "--overhead-budget {}: give a share in [0, 1] (0.05 is 5%)",
+            a.overhead_budget
+        ))
+        .into());
+    }
+    if a.state.exists() && !a.state.is_dir() {
+        return Err(UsageError(format!(
+            "--state {}: is not a directory; give a directory (created when missing)",
+            a.state.display()
+        ))
+        .into());
+    }
+    let program = std::env::current_exe()
+        .map_err(|e| anyhow::anyhow!("cannot find this program to run `train` with: {e}"))?;
+    let options = ServeOptions {
+        slots: a.slots,
+        state: a.state,
+        addr: a.addr,
+        tick,
+        scrape_interval,
+        policy: PolicyParams {
+            node_size: a.node_size.unwrap_or(a.slots),
+            overhead_budget: a.overhead_budget,
+            move_cost_s: a.move_cost_s,
+            grow: !a.no_grow,
+            shrink: !a.no_shrink,
+            migrate: !a.no_migrate,
+            ..PolicyParams::default()
+        },
+        max_restarts: a.max_restarts,
+        stop_grace,
+    };
+    dualpipe_io::defer_signals();
+    let mut say = |line: &str| println!("{line}");
+    serve(
+        options,
+        Box::new(TrainLauncher { program }),
+        dualpipe_io::interrupted,
+        &mut say,
+    )
+    .map_err(|e| UsageError(e.to_string()).into())
+}

@@ -1,0 +1,374 @@
+//! `dualpipe cluster serve` end to end, with real `train` processes on 4 local slots in 2
+//! nodes of 2: an elastic job shrunk (a resize) to admit a 2-rank job, then migrated to
+//! empty a node for it (a migration), then grown back (a resize); the scheduler killed with
+//! SIGKILL and restarted; a job's process killed (a crash) and resumed. Every job finishes,
+//! every step is in its run log once, and the f64 losses are the unmoved runs': bit for bit
+//! on the same rank count, within 1e-10 across rank counts.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::{dualpipe, floats, s, TempDir};
+
+/// A running `dualpipe cluster serve`.
+struct Serve {
+    child: Option<Child>,
+}
+
+impl Serve {
+    fn start(state: &Path, addr: &str, out: &Path) -> Serve {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(out)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_dualpipe"))
+            .args([
+                "cluster",
+                "serve",
+                "--slots",
+                "4",
+                "--node-size",
+                "2",
+                "--state",
+                s(state),
+                "--addr",
+                addr,
+                "--tick",
+                "0.05",
+                "--scrape-interval",
+                "0.1",
+                "--overhead-budget",
+                "1",
+                "--move-cost-s",
+                "0.01",
+                "--stop-grace",
+                "30",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let serve = Serve { child: Some(child) };
+        wait(addr, "the scheduler answers", |_| true);
+        serve
+    }
+
+    /// Ends the scheduler with `signal` and returns its exit status.
+    fn end(&mut self, signal: i32) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        unsafe { libc::kill(child.id() as i32, signal) };
+        child.wait().unwrap()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// The scheduler's jobs (`list --format json`), or `None` while it does not answer.
+fn jobs(addr: &str) -> Option<Vec<Value>> {
+    let r = dualpipe(["cluster", "list", "--addr", addr, "--format", "json"]);
+    (r.code == Some(0)).then(|| r.json()["jobs"].as_array().unwrap().clone())
+}
+
+/// Polls until `ready` holds of the jobs (60 s at most).
+#[track_caller]
+fn wait(addr: &str, what: &str, ready: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(j) = jobs(addr) {
+            if ready(&j) {
+                return j;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited 60 s for {what}: {:#?}",
+            jobs(addr)
+        );
+        std::thread::sleep(Duration::from_millis(30));
+    }
+}
+
+fn job<'a>(jobs: &'a [Value], id: &str) -> &'a Value {
+    jobs.iter().find(|j| j["id"] == id).unwrap()
+}
+
+fn phase(jobs: &[Value], id: &str) -> String {
+    job(jobs, id)["phase"].as_str().unwrap().to_string()
+}
+
+fn slots(jobs: &[Value], id: &str) -> Vec<u64> {
+    job(jobs, id)["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap())
+        .collect()
+}
+
+/// The tiny f64 MLP job's flags: `steps` steps, a checkpoint every 20.
+fn mlp(steps: usize, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "--model",
+        "mlp",
+        "--hidden",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--micro-batches",
+        "4",
+        "--schedule",
+        "1f1b",
+        "--dtype",
+        "f64",
+        "--quiet",
+        "--checkpoint-every",
+        "20",
+        "--steps",
+    ]
+    .map(String::from)
+    .to_vec();
+    a.push(steps.to_string());
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn submit(addr: &str, name: &str, ranks: &[&str], args: &[String]) -> String {
+    let mut cmd: Vec<String> = ["cluster", "submit", "--addr", addr, "--name", name]
+        .map(String::from)
+        .to_vec();
+    cmd.extend(ranks.iter().map(|s| s.to_string()));
+    cmd.push("--".into());
+    cmd.extend(args.iter().cloned());
+    let r = dualpipe(&cmd);
+    r.ok();
+    r.stdout.trim().to_string()
+}
+
+/// The job's run log: (step, loss) of every record, in order.
+fn logged(state: &Path, id: &str) -> Vec<(u64, f64)> {
+    let text = std::fs::read_to_string(state.join("jobs").join(id).join("run.jsonl")).unwrap();
+    text.lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap())
+        })
+        .collect()
+}
+
+/// The losses of the unmoved run of `args` on `ranks` ranks (checkpoints into `dir`, as the
+/// scheduler's runs do: `--checkpoint-every` needs a directory; they do not change a loss).
+fn unmoved(args: Vec<String>, ranks: usize, dir: PathBuf) -> Vec<f64> {
+    let mut a: Vec<String> = vec!["train".into(), "--format".into(), "json".into()];
+    a.extend(args);
+    a.extend(["--ranks".to_string(), ranks.to_string()]);
+    a.extend(["--checkpoint-dir".to_string(), s(&dir).to_string()]);
+    floats(&dualpipe(&a).ok().json()["losses"])
+}
+
+fn events(out: &PathBuf) -> String {
+    std::fs::read_to_string(out).unwrap()
+}
+
+#[test]
+fn serve_migrates_resizes_restarts_and_recovers_without_losing_a_step() {
+    const LONG: usize = 6000;
+    let dir = TempDir::new("cluster-serve");
+    let state = dir.join("state");
+    let out = dir.join("serve.log");
+    let addr = free_addr();
+    let mut serve = Serve::start(&state, &addr, &out);
+
+    // Bad input: one line, exit code 2, nothing queued.
+    dualpipe([
+        "cluster", "submit", "--addr", &addr, "--ranks", "5", "--", "--steps", "3",
+    ])
+    .usage_error(&["max_ranks 5", "4 slots"]);
+    dualpipe([
+        "cluster", "submit", "--addr", &addr, "--ranks", "1", "--", "--ranks", "2",
+    ])
+    .usage_error(&["--ranks", "the scheduler sets it"]);
+    dualpipe([
+        "cluster",
+        "submit",
+        "--addr",
+        &addr,
+        "--ranks",
+        "1",
+        "--",
+        "--schedule",
+        "nope",
+    ])
+    .usage_error(&["nope"]);
+    dualpipe(["cluster", "cancel", "--addr", &addr, "job-9999"]).usage_error(&["no job job-9999"]);
+
+    // The MLP has 2 blocks: E's first process runs them on 2 ranks (1 block each), and an
+    // elastic job's model is that of its first shape; its unmoved run is on 2 ranks. The
+    // unmoved runs go on beside the scheduler.
+    let e_args = mlp(LONG, &[]);
+    let b_args = mlp(LONG, &[]);
+    let e_unmoved = {
+        let (args, dir) = (
+            mlp(LONG, &["--layers-per-stage", "1"]),
+            dir.join("e-unmoved"),
+        );
+        std::thread::spawn(move || unmoved(args, 2, dir))
+    };
+    let b_unmoved = {
+        let (args, dir) = (b_args.clone(), dir.join("b-unmoved"));
+        std::thread::spawn(move || unmoved(args, 1, dir))
+    };
+    // E, elastic on 1-2 ranks and alone, starts on 2 slots of node 0; B and C fill node 1.
+    let e = submit(
+        &addr,
+        "elastic",
+        &["--min-ranks", "1", "--max-ranks", "2"],
+        &e_args,
+    );
+    let j = wait(&addr, "E running", |j| phase(j, &e) == "running");
+    assert_eq!(slots(&j, &e), [0, 1]);
+    let b = submit(&addr, "rigid", &["--ranks", "1"], &b_args);
+    wait(&addr, "B running", |j| phase(j, &b) == "running");
+    let c = submit(&addr, "short", &["--ranks", "1"], &mlp(30, &[]));
+    let j = wait(&addr, "C running", |j| phase(j, &c) == "running");
+    assert_eq!((slots(&j, &b), slots(&j, &c)), (vec![2], vec![3]));
+    // D needs 2 ranks: E shrinks to 1 (a resize); once C is done, E migrates to C's slot
+    // in node 1 so that D gets node 0 whole (a migration).
+    let d = submit(&addr, "pair", &["--ranks", "2"], &mlp(20, &[]));
+    let j = wait(&addr, "D done", |j| phase(j, &d) == "done");
+    assert_eq!(job(&j, &e)["resizes"], 1, "{}", events(&out));
+    assert_eq!(job(&j, &e)["migrations"], 1, "{}", events(&out));
+    assert!(
+        events(&out).contains(&format!("{d}: started on slots [0, 1]")),
+        "{}",
+        events(&out)
+    );
+    // With nobody queued, E grows back to 2 ranks in node 0 (a second resize).
+    let j = wait(&addr, "E grown", |j| {
+        job(j, &e)["resizes"] == 2 && phase(j, &e) == "running" && job(j, &e)["pause"].is_null()
+    });
+    assert_eq!(slots(&j, &e), [0, 1]);
+    // The scheduler killed outright: its jobs stop at a checkpoint (PR_SET_PDEATHSIG) and
+    // the restarted scheduler resumes them from its journal.
+    let before = j;
+    let status = serve.end(libc::SIGKILL);
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL)
+    );
+    let mut serve = Serve::start(&state, &addr, &out);
+    let j = wait(&addr, "E and B resumed", |j| {
+        [&e, &b].iter().all(|id| {
+            let now = job(j, id);
+            now["phase"] == "done"
+                || (now["phase"] == "running"
+                    && now["attempts"].as_u64() > job(&before, id)["attempts"].as_u64())
+        })
+    });
+    // A crash: B's process killed; resumed from its last checkpoint.
+    assert_eq!(
+        phase(&j, &b),
+        "running",
+        "B ended too soon: {}",
+        events(&out)
+    );
+    let pid = job(&j, &b)["pid"].as_u64().unwrap() as i32;
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    wait(&addr, "B recovered", |j| {
+        job(j, &b)["recoveries"].as_array().unwrap().len() == 1
+    });
+    let j = wait(&addr, "every job done", |j| {
+        j.iter().all(|x| x["phase"] == "done")
+    });
+    assert_eq!(j.len(), 4);
+    assert_eq!(
+        (
+            job(&j, &b)["crashes"].as_u64(),
+            job(&j, &b)["migrations"].as_u64()
+        ),
+        (Some(1), Some(0))
+    );
+    let metrics = dualpipe_cluster::serve::http::request(
+        &addr,
+        "GET",
+        "/metrics",
+        None,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    for needle in [
+        "dualpipe_cluster_recoveries_total 1\n",
+        "dualpipe_cluster_queue_length 0\n",
+        "dualpipe_cluster_jobs{phase=\"done\"} 4\n",
+    ] {
+        assert!(
+            metrics.body.contains(needle),
+            "{needle} in\n{}",
+            metrics.body
+        );
+    }
+    let moved = |name: &str| {
+        let line = metrics.body.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split(' ').nth(1).unwrap().parse::<f64>().unwrap()
+    };
+    assert!(
+        moved("dualpipe_cluster_migrations_total ") >= 1.0
+            && moved("dualpipe_cluster_resizes_total ") >= 2.0
+    );
+    assert_eq!(serve.end(libc::SIGTERM).code(), Some(0));
+    // No process is left holding the state directory.
+    assert_eq!(
+        dualpipe_cluster::serve::process::holders(&state),
+        Vec::<u32>::new()
+    );
+
+    // Nothing lost: every step logged once, in order; the losses are the unmoved runs'.
+    for (id, steps) in [(&e, LONG), (&b, LONG), (&c, 30), (&d, 20)] {
+        let steps_logged: Vec<u64> = logged(&state, id).iter().map(|r| r.0).collect();
+        assert_eq!(steps_logged, (1..=steps as u64).collect::<Vec<_>>(), "{id}");
+    }
+    let b_losses: Vec<u64> = logged(&state, &b).iter().map(|r| r.1.to_bits()).collect();
+    let b_unmoved: Vec<u64> = b_unmoved
+        .join()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    assert_eq!(
+        b_losses, b_unmoved,
+        "B (restarted, crashed) is bit-identical"
+    );
+    let e_unmoved = e_unmoved.join().unwrap();
+    assert_eq!(e_unmoved.len(), LONG);
+    for ((step, got), want) in logged(&state, &e).iter().zip(&e_unmoved) {
+        assert!(
+            (got - want).abs() <= 1e-10 * want.abs().max(1.0),
+            "E step {step}: {got} vs the unmoved {want}"
+        );
+    }
+    let log = events(&out);
+    for needle in [
+        "resize from slots [0, 1] to [0]",
+        "migrate from slots [0] to [3]",
+        "the move paused it",
+        "recovered at step",
+    ] {
+        assert!(log.contains(needle), "missing {needle:?} in\n{log}");
+    }
+}

@@ -1,0 +1,134 @@
+//! A minimal HTTP/1.1 client on `std::net` (the `submit`, `list` and `cancel` commands, and
+//! the scrapes of each job's metrics endpoint), and the reading of a Prometheus text page.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+/// The largest response read (bytes).
+const MAX_RESPONSE: u64 = 16 << 20;
+
+/// A response: its status code and body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    /// The status code.
+    pub status: u16,
+    /// The body, as text.
+    pub body: String,
+}
+
+/// Sends one request to `addr` (`host:port`) and reads the whole response; `timeout`
+/// bounds connecting, and each read and write. The error is one line naming the address.
+pub fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    timeout: Duration,
+) -> Result<Response, String> {
+    let fail = |what: &str, e: std::io::Error| format!("{addr}: {what}: {e}");
+    let target = addr
+        .to_socket_addrs()
+        .map_err(|e| fail("not an address (give HOST:PORT)", e))?
+        .next()
+        .ok_or_else(|| format!("{addr}: the name has no address"))?;
+    let mut stream =
+        TcpStream::connect_timeout(&target, timeout).map_err(|e| fail("cannot connect", e))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| fail("socket", e))?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(|e| fail("socket", e))?;
+    let body = body.unwrap_or("");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream
+        .write_all(head.as_bytes())
+        .and_then(|()| stream.write_all(body.as_bytes()))
+        .map_err(|e| fail("cannot send the request", e))?;
+    let mut raw = Vec::new();
+    stream
+        .take(MAX_RESPONSE)
+        .read_to_end(&mut raw)
+        .map_err(|e| fail("cannot read the response", e))?;
+    parse_response(&raw).ok_or_else(|| format!("{addr}: the answer is not an HTTP response"))
+}
+
+/// Splits a whole HTTP/1.x response into status and body (chunked bodies decoded).
+fn parse_response(raw: &[u8]) -> Option<Response> {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..end]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next()?;
+    let mut parts = status_line.split_whitespace();
+    if !parts.next()?.starts_with("HTTP/1.") {
+        return None;
+    }
+    let status: u16 = parts.next()?.parse().ok()?;
+    let chunked = lines.any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    });
+    let mut body = raw[end + 4..].to_vec();
+    if chunked {
+        body = dechunk(&body)?;
+    }
+    Some(Response {
+        status,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
+}
+
+/// Decodes a chunked body.
+fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n")?;
+        let size_text = std::str::from_utf8(&data[..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(data.get(..size)?);
+        data = data.get(size + 2..)?;
+    }
+}
+
+/// The value of the sample `name` (without labels) in a Prometheus text page, if present
+/// and a number.
+pub fn sample(page: &str, name: &str) -> Option<f64> {
+    page.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        let value = rest.strip_prefix(' ')?;
+        value.split_whitespace().next()?.parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses_and_chunked_bodies_are_read() {
+        let r = parse_response(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}").unwrap();
+        assert_eq!((r.status, r.body.as_str()), (201, "{}"));
+        let r = parse_response(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.body, "abcde");
+        assert_eq!(parse_response(b"SSH-2.0\r\n\r\n"), None);
+    }
+
+    #[test]
+    fn samples_are_found_by_exact_name() {
+        let page = "# HELP dualpipe_loss x\ndualpipe_loss_scale 3\ndualpipe_loss 0.25\ndualpipe_steps_total 7\n";
+        assert_eq!(sample(page, "dualpipe_loss"), Some(0.25));
+        assert_eq!(sample(page, "dualpipe_steps_total"), Some(7.0));
+        assert_eq!(sample(page, "dualpipe_tokens_total"), None);
+    }
+}
