@@ -64,6 +64,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod collective;
 pub mod config;
+pub mod custom;
 pub mod data_parallel;
 pub mod driver;
 pub mod eplb_runtime;
