@@ -355,7 +355,7 @@ impl ExpertGroup {
         let versions: BTreeMap<usize, u64> = stages
             .iter()
             .flat_map(RankStages::iter)
-            .filter_map(|(_, s)| s.as_gpt())
+            .filter_map(|(_, s)| s.experts())
             .flat_map(|g| g.moe_layers())
             .filter_map(|(l, m)| m.expert_parallel().map(|p| (l, p.placement().version)))
             .collect();
