@@ -8,7 +8,12 @@
 //!   data, the synthetic addition task, eval and generation;
 //! - [`stage::MlpStage`]: a slice of the MLP model implementing the runtime's
 //!   [`dualpipe_runtime::Stage`];
-//! - [`model_stage::ModelStage`]: a stage of either model, so the trainer is written once;
+//! - [`model_stage`]: the open stage API: [`PipelineStage`], one pipeline stage of any model
+//!   (the MLP, the GPT, a user's), and [`ModelStage`], the trainer's box around one, so the
+//!   trainer is written once;
+//! - [`custom`]: a user's model from layers: the [`custom::Layer`] trait, a stage of layers
+//!   with a loss ([`custom::LayerStage`]), and [`custom::AutogradLayer`], a layer whose backward
+//!   is candle's autograd;
 //! - [`data`]: seeded teacher-student regression data;
 //! - [`optim`]: SGD with momentum and AdamW;
 //! - [`distributed`]: the wire codec of the stage's tensors, so a stage's activations and
@@ -22,6 +27,7 @@
 
 #![warn(missing_docs)]
 
+pub mod custom;
 pub mod data;
 pub mod distributed;
 pub mod error;
@@ -33,6 +39,6 @@ pub mod rng;
 pub mod stage;
 
 pub use error::NnError;
-pub use model_stage::{ModelStage, StepBatch};
+pub use model_stage::{ExpertStage, ModelStage, PipelineStage, StepBatch};
 pub use optim::{LrDecay, LrSchedule, Optimizer, OptimizerKind, ParamState};
 pub use stage::{MlpStage, ModelConfig, StagePosition};

@@ -1,6 +1,19 @@
-//! [`ModelStage`]: a stage of whichever model a run trains (the MLP or the GPT), so the
-//! trainer, the drivers and the runtime are written once for every model.
+//! The open stage API.
+//!
+//! - [`PipelineStage`]: one pipeline stage of any model (forward, input-gradient backward,
+//!   deferred weight-gradient backward, parameters by name, state for checkpoints). The MLP
+//!   ([`MlpStage`]), the GPT ([`GptStage`], with MoE) and a user's own stages
+//!   ([`crate::custom`]) implement it;
+//! - [`ExpertStage`]: the optional extension of a stage with MoE blocks (router counts, the
+//!   expert layers for expert parallelism and re-placement), reached through
+//!   [`PipelineStage::experts`];
+//! - [`ModelStage`]: the trainer's box around one stage copy: it implements the runtime's
+//!   [`dualpipe_runtime::Stage`], so the trainer, data parallelism, compression, checkpoints,
+//!   metrics and every schedule are written once, for any model;
+//! - [`StepBatch`]: one step's data, in the form its model reads.
 
+use std::any::Any;
+use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,43 +25,253 @@ use crate::data::Batch;
 use crate::error::NnError;
 use crate::gpt::moe::overlap::{compute_with, ComputeToken};
 use crate::gpt::moe::waits::{self, PairChunk};
+use crate::gpt::moe::MoeLayer;
 use crate::gpt::{GptStage, TokenBatch};
 use crate::layers::Param;
 use crate::stage::{MlpStage, StagePosition};
 
 /// One step's data for every micro-batch, in the form its model reads.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub enum StepBatch {
     /// Teacher-student regression rows ([`MlpStage`]).
     Mlp(Batch),
     /// Token sequences ([`GptStage`]).
     Gpt(TokenBatch),
+    /// A user's micro-batches: a `Vec<T>` of any type `T` the user's stages read (indexed by
+    /// the replica's micro-batch, `dir · micro_batches_per_dir + mb`); read it with
+    /// [`StepBatch::micro_batches`].
+    Custom(Arc<dyn Any + Send + Sync>),
 }
 
-/// One copy of one model stage of either model; implements the runtime's
-/// [`dualpipe_runtime::Stage`] by handing every call to the model's own stage.
-#[derive(Debug)]
-pub enum ModelStage {
-    /// A slice of the residual MLP.
-    Mlp(MlpStage),
-    /// A slice of the GPT.
-    Gpt(Box<GptStage>),
-}
+impl StepBatch {
+    /// A user's micro-batches as a [`StepBatch::Custom`].
+    pub fn custom<T: Send + Sync + 'static>(micro_batches: Vec<T>) -> Self {
+        StepBatch::Custom(Arc::new(micro_batches))
+    }
 
-/// Calls the same method on whichever stage `self` holds.
-macro_rules! each {
-    ($self:expr, $s:ident => $body:expr) => {
-        match $self {
-            ModelStage::Mlp($s) => $body,
-            ModelStage::Gpt($s) => $body,
+    /// The micro-batches of a [`StepBatch::Custom`] holding a `Vec<T>`; an error names what
+    /// was expected otherwise.
+    pub fn micro_batches<T: 'static>(&self) -> Result<&[T], NnError> {
+        match self {
+            StepBatch::Custom(any) => {
+                any.downcast_ref::<Vec<T>>()
+                    .map(Vec::as_slice)
+                    .ok_or_else(|| {
+                        NnError::Stage(format!(
+                            "the step's batch does not hold micro-batches of type {}",
+                            std::any::type_name::<T>()
+                        ))
+                    })
+            }
+            other => Err(NnError::Stage(format!(
+                "a stage that reads micro-batches of type {} was given the {} batch",
+                std::any::type_name::<T>(),
+                other.kind()
+            ))),
         }
-    };
+    }
+
+    /// The batch's kind in words: `MLP`, `GPT` or `custom`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StepBatch::Mlp(_) => "MLP",
+            StepBatch::Gpt(_) => "GPT",
+            StepBatch::Custom(_) => "custom",
+        }
+    }
 }
+
+impl fmt::Debug for StepBatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StepBatch::Mlp(b) => f.debug_tuple("Mlp").field(b).finish(),
+            StepBatch::Gpt(b) => f.debug_tuple("Gpt").field(b).finish(),
+            StepBatch::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+/// One copy of one pipeline stage of a model: what the trainer, the data-parallel exchange,
+/// gradient compression, checkpoints, metrics and every schedule need of it.
+///
+/// A stage computes the chunks (`dir`, `stage`, `mb`) of its [`StagePosition`]. The first
+/// stage of a direction is given [`ForwardInput::MicroBatch`] and reads its input from the
+/// step's [`StepBatch`]; the others get the previous stage's activation. The last stage
+/// computes the micro-batch's loss, scaled by `1 / micro_batches` so the step's loss is the
+/// mean, and returns [`ForwardOutput::Loss`]; its backward starts from that loss
+/// (`grad_output` is `None`). The first stage's `backward_input` returns `None`.
+///
+/// The backward is split as zero-bubble schedules want it: `backward_input` (I) computes
+/// only the gradient of the stage's input, which the previous stage waits for;
+/// `backward_weight` (W) computes the weight gradients later, in the schedule's bubbles. A
+/// stage that computes everything in `backward_input` (as [`crate::custom::AutogradLayer`]
+/// does) keeps the default `backward_weight`, which does nothing: every schedule still
+/// trains it correctly, but a zero-bubble schedule (ZB1P, DualPipe, DualPipeV) can no longer
+/// fill its bubbles with W work.
+///
+/// Weight gradients accumulate over the step's micro-batches into each [`Param::grad`]; the
+/// trainer zeroes them ([`PipelineStage::zero_grad`]) before each step, sums DualPipe's two
+/// copies of a stage, exchanges them among data-parallel replicas (compressed if asked) and
+/// applies the optimizer to [`PipelineStage::params_mut`].
+pub trait PipelineStage: fmt::Debug + Send + Any {
+    /// Where this copy sits (direction, model stage, micro-batches of the step).
+    fn position(&self) -> StagePosition;
+
+    /// Gives the stage the step's data, before the step (every stage gets it; the first and
+    /// last read it).
+    fn set_batch(&mut self, batch: &StepBatch) -> Result<(), NnError>;
+
+    /// F: the forward of `chunk`, keeping what its backward needs.
+    fn forward(
+        &mut self,
+        chunk: Chunk,
+        input: ForwardInput<Tensor>,
+    ) -> Result<ForwardOutput<Tensor>, NnError>;
+
+    /// I: the gradient of `chunk`'s input from its output's (`None` on the last stage: the
+    /// loss); `None` on the first stage.
+    fn backward_input(
+        &mut self,
+        chunk: Chunk,
+        grad_output: Option<Tensor>,
+    ) -> Result<Option<Tensor>, NnError>;
+
+    /// W: the deferred weight gradients of `chunk`, accumulated into the parameters'
+    /// gradients. The default does nothing: for a stage whose `backward_input` computed them.
+    fn backward_weight(&mut self, chunk: Chunk) -> Result<(), NnError> {
+        let _ = chunk;
+        Ok(())
+    }
+
+    /// The parameters in a fixed order.
+    fn params(&self) -> Vec<&Param>;
+
+    /// The parameters mutably, in the order of [`PipelineStage::params`].
+    fn params_mut(&mut self) -> Vec<&mut Param>;
+
+    /// The parameters' names by model layer (never by rank), in the order of
+    /// [`PipelineStage::params`]: checkpoints and saved weights are keyed by them, so any
+    /// grid shape can load them.
+    fn param_names(&self) -> Vec<String>;
+
+    /// Tensors saved by chunks whose backward has not run yet; 0 after a complete step (the
+    /// trainer checks it).
+    fn pending(&self) -> usize;
+
+    /// Resets every accumulated gradient to zero (before each step).
+    fn zero_grad(&mut self) -> Result<(), NnError> {
+        self.params_mut().into_iter().try_for_each(Param::zero_grad)
+    }
+
+    /// Per parameter (in the order of [`PipelineStage::params`]): whether only some
+    /// data-parallel workers store it (a routed expert of an expert-parallel MoE block); the
+    /// data-parallel exchange carries the others. The default: none.
+    fn sharded_params(&self) -> Vec<bool> {
+        vec![false; self.params().len()]
+    }
+
+    /// Model state beside the parameters that checkpoints keep, by name (e.g. the MoE
+    /// selection biases). The default: none.
+    fn buffers(&self) -> Vec<(String, Vec<f64>)> {
+        Vec::new()
+    }
+
+    /// Sets the buffer `name` (one of [`PipelineStage::buffers`]) to a checkpoint's values.
+    fn set_buffer(&mut self, name: &str, values: &[f64]) -> Result<(), NnError> {
+        let _ = values;
+        Err(NnError::Stage(format!("this stage has no buffer `{name}`")))
+    }
+
+    /// The stage's MoE side, if it has MoE blocks (router counts, expert parallelism,
+    /// re-placement). The default: none.
+    fn experts(&self) -> Option<&dyn ExpertStage> {
+        None
+    }
+
+    /// [`PipelineStage::experts`], mutably.
+    fn experts_mut(&mut self) -> Option<&mut dyn ExpertStage> {
+        None
+    }
+}
+
+/// The MoE side of a [`PipelineStage`]: what expert parallelism, EPLB's re-placement and the
+/// auxiliary-loss-free bias need of a stage's [`MoeLayer`]s.
+pub trait ExpertStage {
+    /// The MoE blocks of the stage (model-wide index, layer).
+    fn moe_layers(&self) -> Vec<(usize, &MoeLayer)>;
+
+    /// The MoE blocks mutably (model-wide index, layer).
+    fn moe_layers_mut(&mut self) -> Vec<(usize, &mut MoeLayer)>;
+
+    /// Per MoE block: its model-wide index and the tokens its forwards routed to each expert
+    /// since the last zero_grad.
+    fn router_counts(&self) -> Vec<(usize, Vec<u64>)> {
+        self.moe_layers()
+            .into_iter()
+            .map(|(l, m)| (l, m.token_counts().to_vec()))
+            .collect()
+    }
+
+    /// The auxiliary-loss-free bias step of MoE block `layer` from `loads`, the step's
+    /// counts over every copy of the block.
+    fn update_selection_bias(
+        &mut self,
+        layer: usize,
+        loads: &[u64],
+        rate: f64,
+    ) -> Result<(), NnError>;
+
+    /// Whether an FB pair with this stage in it overlaps its two chunks (some block is
+    /// expert-parallel with the overlap on).
+    fn overlaps_expert_traffic(&self) -> bool {
+        self.moe_layers()
+            .iter()
+            .any(|(_, m)| m.expert_parallel().is_some_and(|p| p.overlap()))
+    }
+}
+
+/// One copy of one model stage, of any model: a boxed [`PipelineStage`] implementing the
+/// runtime's [`dualpipe_runtime::Stage`], so the trainer, the drivers and the runtime are
+/// written once for every model.
+#[derive(Debug)]
+pub struct ModelStage(Box<dyn PipelineStage>);
 
 impl ModelStage {
+    /// Boxes `stage`.
+    pub fn new(stage: impl PipelineStage) -> Self {
+        ModelStage(Box::new(stage))
+    }
+
+    /// Wraps a boxed stage.
+    pub fn from_box(stage: Box<dyn PipelineStage>) -> Self {
+        ModelStage(stage)
+    }
+
+    /// The stage.
+    pub fn stage(&self) -> &dyn PipelineStage {
+        &*self.0
+    }
+
+    /// The stage, mutably.
+    pub fn stage_mut(&mut self) -> &mut dyn PipelineStage {
+        &mut *self.0
+    }
+
+    /// The stage as its own type `T`, if it is one.
+    pub fn downcast_ref<T: PipelineStage>(&self) -> Option<&T> {
+        let any: &dyn Any = &*self.0;
+        any.downcast_ref::<T>()
+    }
+
+    /// The stage as its own type `T`, mutably, if it is one.
+    pub fn downcast_mut<T: PipelineStage>(&mut self) -> Option<&mut T> {
+        let any: &mut dyn Any = &mut *self.0;
+        any.downcast_mut::<T>()
+    }
+
     /// Where this copy sits.
     pub fn position(&self) -> StagePosition {
-        each!(self, s => s.position())
+        self.0.position()
     }
 
     /// The model stage index.
@@ -61,50 +284,38 @@ impl ModelStage {
         self.position().dir
     }
 
-    /// Gives the stage the step's data; a batch of the other model is an error.
+    /// Gives the stage the step's data; a batch of another model is an error.
     pub fn set_batch(&mut self, batch: StepBatch) -> Result<(), NnError> {
-        match (self, batch) {
-            (ModelStage::Mlp(s), StepBatch::Mlp(b)) => s.set_batch(b),
-            (ModelStage::Gpt(s), StepBatch::Gpt(b)) => s.set_batch(b),
-            _ => {
-                return Err(NnError::Stage(
-                    "a batch of one model was given to a stage of the other".into(),
-                ))
-            }
-        }
-        Ok(())
+        self.0.set_batch(&batch)
     }
 
     /// Resets every accumulated gradient to zero.
     pub fn zero_grad(&mut self) -> Result<(), NnError> {
-        each!(self, s => s.zero_grad())
+        self.0.zero_grad()
     }
 
     /// Parameters in the model's fixed order.
     pub fn params(&self) -> Vec<&Param> {
-        each!(self, s => s.params())
+        self.0.params()
     }
 
     /// The parameters' names by model layer (never by rank), in the order of
     /// [`ModelStage::params`]: the GPT's documented tensor names, the MLP's
     /// `blocks.{l}.{up,down}.{weight,bias}`.
     pub fn param_names(&self) -> Vec<String> {
-        each!(self, s => s.param_names())
+        self.0.param_names()
     }
 
     /// Per parameter (in the order of [`ModelStage::params`]): whether it is a routed expert
     /// of an expert-parallel MoE block (see [`GptStage::sharded_params`]); the data-parallel
     /// exchange carries the others.
     pub fn sharded_params(&self) -> Vec<bool> {
-        match self {
-            ModelStage::Gpt(s) => s.sharded_params(),
-            ModelStage::Mlp(s) => vec![false; s.params().len()],
-        }
+        self.0.sharded_params()
     }
 
     /// Parameters mutably, in the order of [`ModelStage::params`].
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        each!(self, s => s.params_mut())
+        self.0.params_mut()
     }
 
     /// Parameter values, in the order of [`ModelStage::params`].
@@ -114,21 +325,56 @@ impl ModelStage {
 
     /// Saved tensors of chunks whose backward has not run yet; 0 after a complete step.
     pub fn pending(&self) -> usize {
-        each!(self, s => s.pending())
+        self.0.pending()
     }
 
-    /// Whether an FB pair with this stage in it overlaps its two chunks (a GPT stage with an
+    /// The stage's checkpointed state beside its parameters ([`PipelineStage::buffers`]).
+    pub fn buffers(&self) -> Vec<(String, Vec<f64>)> {
+        self.0.buffers()
+    }
+
+    /// Sets a buffer from a checkpoint ([`PipelineStage::set_buffer`]).
+    pub fn set_buffer(&mut self, name: &str, values: &[f64]) -> Result<(), NnError> {
+        self.0.set_buffer(name, values)
+    }
+
+    /// The stage's MoE side, if any ([`PipelineStage::experts`]).
+    pub fn experts(&self) -> Option<&dyn ExpertStage> {
+        self.0.experts()
+    }
+
+    /// The stage's MoE side mutably, if any.
+    pub fn experts_mut(&mut self) -> Option<&mut dyn ExpertStage> {
+        self.0.experts_mut()
+    }
+
+    /// Whether an FB pair with this stage in it overlaps its two chunks (a stage with an
     /// expert-parallel MoE block, the overlap on).
     pub fn overlaps_expert_traffic(&self) -> bool {
-        self.as_gpt().is_some_and(GptStage::overlaps_expert_traffic)
+        self.experts()
+            .is_some_and(ExpertStage::overlaps_expert_traffic)
     }
 
     /// The GPT stage, if this is one.
     pub fn as_gpt(&self) -> Option<&GptStage> {
-        match self {
-            ModelStage::Gpt(s) => Some(s),
-            ModelStage::Mlp(_) => None,
-        }
+        self.downcast_ref::<GptStage>()
+    }
+
+    /// The GPT stage mutably, if this is one.
+    pub fn as_gpt_mut(&mut self) -> Option<&mut GptStage> {
+        self.downcast_mut::<GptStage>()
+    }
+}
+
+impl From<MlpStage> for ModelStage {
+    fn from(stage: MlpStage) -> Self {
+        ModelStage::new(stage)
+    }
+}
+
+impl From<GptStage> for ModelStage {
+    fn from(stage: GptStage) -> Self {
+        ModelStage::new(stage)
     }
 }
 
@@ -140,7 +386,7 @@ impl Stage for ModelStage {
         chunk: Chunk,
         input: ForwardInput<Tensor>,
     ) -> Result<ForwardOutput<Tensor>, StageError> {
-        each!(self, s => s.forward(chunk, input))
+        Ok(self.0.forward(chunk, input)?)
     }
 
     fn backward_input(
@@ -148,11 +394,11 @@ impl Stage for ModelStage {
         chunk: Chunk,
         grad_output: Option<Tensor>,
     ) -> Result<Option<Tensor>, StageError> {
-        each!(self, s => s.backward_input(chunk, grad_output))
+        Ok(self.0.backward_input(chunk, grad_output)?)
     }
 
     fn backward_weight(&mut self, chunk: Chunk) -> Result<(), StageError> {
-        each!(self, s => s.backward_weight(chunk))
+        Ok(self.0.backward_weight(chunk)?)
     }
 
     /// With expert parallelism (and the overlap on), the forward of `f` and the backward of
@@ -168,12 +414,12 @@ impl Stage for ModelStage {
         grad_output: Option<Tensor>,
     ) -> Result<(ForwardOutput<Tensor>, Option<Tensor>), StageError> {
         let backward = |stage: &mut ModelStage| -> Result<Option<Tensor>, StageError> {
-            let grad = stage.backward_input(b, grad_output)?;
-            stage.backward_weight(b)?;
+            let grad = Stage::backward_input(stage, b, grad_output)?;
+            Stage::backward_weight(stage, b)?;
             Ok(grad)
         };
         if !(self.overlaps_expert_traffic() || other.overlaps_expert_traffic()) {
-            let out = self.forward(f, input)?;
+            let out = Stage::forward(self, f, input)?;
             return Ok((out, backward(other)?));
         }
         let token = Arc::new(ComputeToken::default());
@@ -181,7 +427,9 @@ impl Stage for ModelStage {
         std::thread::scope(|scope| {
             let forward = scope.spawn(|| {
                 waits::add_thread_start(begun.elapsed());
-                let out = compute_with(&token, PairChunk::Forward, || self.forward(f, input));
+                let out = compute_with(&token, PairChunk::Forward, || {
+                    Stage::forward(self, f, input)
+                });
                 (out, begun.elapsed())
             });
             let grad = compute_with(&token, PairChunk::Backward, || backward(other));
@@ -197,10 +445,16 @@ impl Stage for ModelStage {
     }
 
     fn gradients(&self) -> Vec<Tensor> {
-        each!(self, s => s.gradients())
+        self.params().into_iter().map(|p| p.grad.clone()).collect()
     }
 
     fn add_gradients(&mut self, other: &[Tensor]) -> Result<(), StageError> {
-        each!(self, s => s.add_gradients(other))
+        let mut params = self.params_mut();
+        crate::stage::check_grads(&params.iter().map(|p| &**p).collect::<Vec<_>>(), other)?;
+        for (p, g) in params.iter_mut().zip(other) {
+            p.grad = crate::layers::kernels::add(&p.grad, g, "adding a copy's gradients")
+                .map_err(StageError::from)?;
+        }
+        Ok(())
     }
 }

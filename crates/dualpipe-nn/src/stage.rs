@@ -379,3 +379,62 @@ pub fn to_f64_vec(t: &Tensor) -> Result<Vec<f64>, NnError> {
         .and_then(|t| t.to_vec1::<f64>())
         .ctx("to_f64_vec")
 }
+
+impl crate::model_stage::PipelineStage for MlpStage {
+    fn position(&self) -> StagePosition {
+        self.position
+    }
+
+    fn set_batch(&mut self, batch: &crate::model_stage::StepBatch) -> Result<(), NnError> {
+        match batch {
+            crate::model_stage::StepBatch::Mlp(b) => {
+                MlpStage::set_batch(self, b.clone());
+                Ok(())
+            }
+            other => Err(NnError::Stage(format!(
+                "an MLP stage was given the {} batch",
+                other.kind()
+            ))),
+        }
+    }
+
+    fn forward(
+        &mut self,
+        chunk: Chunk,
+        input: ForwardInput<Tensor>,
+    ) -> Result<ForwardOutput<Tensor>, NnError> {
+        self.forward_impl(chunk, input)
+    }
+
+    fn backward_input(
+        &mut self,
+        chunk: Chunk,
+        grad_output: Option<Tensor>,
+    ) -> Result<Option<Tensor>, NnError> {
+        self.backward_input_impl(chunk, grad_output)
+    }
+
+    fn backward_weight(&mut self, chunk: Chunk) -> Result<(), NnError> {
+        self.backward_weight_impl(chunk)
+    }
+
+    fn params(&self) -> Vec<&Param> {
+        MlpStage::params(self)
+    }
+
+    fn params_mut(&mut self) -> Vec<&mut Param> {
+        MlpStage::params_mut(self)
+    }
+
+    fn param_names(&self) -> Vec<String> {
+        MlpStage::param_names(self)
+    }
+
+    fn pending(&self) -> usize {
+        MlpStage::pending(self)
+    }
+
+    fn zero_grad(&mut self) -> Result<(), NnError> {
+        MlpStage::zero_grad(self)
+    }
+}

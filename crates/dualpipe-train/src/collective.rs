@@ -160,7 +160,7 @@ pub fn gather_weights<D: Driver>(
         }
         // A block's header has three values: the block, 1 if its experts follow, and the
         // tensors that follow (its bias first).
-        if let ModelStage::Gpt(g) = stage {
+        if let Some(g) = stage.experts() {
             for (l, m) in g.moe_layers() {
                 let count = 1 + if sharded {
                     experts * EXPERT_TENSORS.len()

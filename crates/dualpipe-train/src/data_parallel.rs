@@ -864,7 +864,25 @@ impl DataParallel {
         DataParallel::build(config, Some(schedule))
     }
 
+    /// The replicas of `config` training `workload` (a user's model) instead of the one
+    /// `config` describes, each on `schedule` or the one `config` generates.
+    pub fn with_workload(
+        config: TrainConfig,
+        schedule: Option<Schedule>,
+        workload: &crate::custom::CustomWorkload,
+    ) -> Result<Self, TrainError> {
+        DataParallel::build_of(config, schedule, Some(workload))
+    }
+
     fn build(config: TrainConfig, schedule: Option<Schedule>) -> Result<Self, TrainError> {
+        DataParallel::build_of(config, schedule, None)
+    }
+
+    fn build_of(
+        config: TrainConfig,
+        schedule: Option<Schedule>,
+        workload: Option<&crate::custom::CustomWorkload>,
+    ) -> Result<Self, TrainError> {
         let replicas = config.data_parallel.max(1);
         let mut stage_groups: Vec<_> = (0..config.model_stages())
             .map(|_| ChannelTransport::group(replicas).into_iter())
@@ -888,8 +906,18 @@ impl DataParallel {
                 stages,
                 losses,
             };
-            let mut trainer =
-                Trainer::for_replica(config.clone(), schedule.clone(), LocalThreads, links)?;
+            let mut trainer = match workload {
+                Some(w) => Trainer::with_workload(
+                    config.clone(),
+                    schedule.clone(),
+                    LocalThreads,
+                    Some(links),
+                    crate::Workload::Custom(Box::new(w.clone())),
+                )?,
+                None => {
+                    Trainer::for_replica(config.clone(), schedule.clone(), LocalThreads, links)?
+                }
+            };
             if let Some(links) = expert_links.next() {
                 trainer.join_expert_group(replica, links)?;
             }

@@ -174,7 +174,7 @@ impl ExpertGroup {
             let mut layers = Vec::new();
             for (_, stage) in stages.iter_mut().flat_map(RankStages::iter_mut) {
                 let dir = stage.dir();
-                if let ModelStage::Gpt(g) = stage {
+                if let Some(g) = stage.experts_mut() {
                     for (l, m) in g.moe_layers_mut() {
                         let link = blocks.remove(&(l, dir)).ok_or_else(|| {
                             TrainError::Execution(format!("no expert link for block {l}"))
@@ -355,7 +355,7 @@ impl ExpertGroup {
         let versions: BTreeMap<usize, u64> = stages
             .iter()
             .flat_map(RankStages::iter)
-            .filter_map(|(_, s)| s.as_gpt())
+            .filter_map(|(_, s)| s.experts())
             .flat_map(|g| g.moe_layers())
             .filter_map(|(l, m)| m.expert_parallel().map(|p| (l, p.placement().version)))
             .collect();

@@ -62,7 +62,7 @@ fn moe_copies(stages: &mut [RankStages<ModelStage>]) -> Vec<(usize, usize, &mut 
     let mut out = Vec::new();
     for (_, stage) in stages.iter_mut().flat_map(RankStages::iter_mut) {
         let dir = stage.dir();
-        if let ModelStage::Gpt(g) = stage {
+        if let Some(g) = stage.experts_mut() {
             out.extend(g.moe_layers_mut().into_iter().map(|(l, m)| (l, dir, m)));
         }
     }
@@ -425,7 +425,7 @@ fn expert_payload(
 ) -> Result<(Vec<f64>, usize), TrainError> {
     for (rank, rank_states) in stages.iter().zip(states) {
         for ((_, s), state) in rank.iter().zip(rank_states) {
-            let ModelStage::Gpt(g) = s else { continue };
+            let Some(g) = s.experts() else { continue };
             let Some((_, m)) = g.moe_layers().into_iter().find(|(l, _)| *l == t.layer) else {
                 continue;
             };
@@ -468,7 +468,7 @@ fn expert_payload(
 /// from `stage`: those of the experts of expert-parallel blocks whose lowest holder it is
 /// (each expert is written once, by one holder).
 pub fn owned_names(stage: &ModelStage, worker: usize) -> Vec<String> {
-    let ModelStage::Gpt(g) = stage else {
+    let Some(g) = stage.experts() else {
         return Vec::new();
     };
     let mut names = Vec::new();

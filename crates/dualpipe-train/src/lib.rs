@@ -9,6 +9,11 @@
 //!   [`RankTrainer`];
 //! - [`workload`] — [`Workload`]: the model (the GPT by default, or the MLP), its data and
 //!   its validation;
+//! - [`strategy`] — [`DualPipeStrategy`]: a user's model (stages, or layers cut into stages)
+//!   with an optimizer, a loss, compression, a schedule, data parallelism, checkpoints and a
+//!   watch; one call per step with the user's batch (the design documents'
+//!   `DualPipeStrategy(model, optimizer, loss_fn, compression, pipeline_stages)`);
+//! - [`custom`](mod@custom) — [`custom::CustomWorkload`]: a user's model as the trainer's workload;
 //! - [`data_parallel`] — [`DataParallel`]: `data_parallel` replicas of the pipeline, their
 //!   gradients averaged per stage over a bucketed, optionally compressed exchange;
 //! - [`local`] — [`LocalRun`]: one pipeline or its data-parallel replicas, every rank on a
@@ -64,6 +69,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod collective;
 pub mod config;
+pub mod custom;
 pub mod data_parallel;
 pub mod driver;
 pub mod eplb_runtime;
@@ -84,6 +90,7 @@ pub mod rank;
 pub mod rebalance;
 pub mod reference;
 pub mod stop;
+pub mod strategy;
 pub mod summary;
 pub mod trainer;
 pub mod watch;
@@ -105,6 +112,7 @@ pub use moe::{ExpertLoad, MoeSettings};
 pub use rank::{OneRank, RankTrainer};
 pub use reference::{Reference, ReferenceStep};
 pub use stop::StopRequest;
+pub use strategy::{DualPipeStrategy, Partition, StrategyBuilder};
 pub use summary::{RunSummary, SummaryBuilder};
 pub use trainer::{Restored, StepEvent, StepReport, Trainer};
 pub use workload::{read_data, MAX_DATA_BYTES};

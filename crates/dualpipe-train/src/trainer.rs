@@ -189,13 +189,36 @@ impl<D: Driver> Trainer<D> {
         Self::with_parts(config, schedule, driver, Some(links))
     }
 
+    /// [`Trainer::with_driver`] or [`Trainer::for_replica`] (with `links`) training
+    /// `workload` (e.g. a user's model, [`Workload::Custom`]) instead of the one `config`
+    /// describes.
+    pub fn with_workload(
+        config: TrainConfig,
+        schedule: Option<Schedule>,
+        driver: D,
+        links: Option<ReplicaLinks>,
+        workload: Workload,
+    ) -> Result<Self, TrainError> {
+        Self::with_parts_of(config, schedule, driver, links, Some(workload))
+    }
+
     fn with_parts(
+        config: TrainConfig,
+        schedule: Option<Schedule>,
+        driver: D,
+        links: Option<ReplicaLinks>,
+    ) -> Result<Self, TrainError> {
+        Self::with_parts_of(config, schedule, driver, links, None)
+    }
+
+    fn with_parts_of(
         config: TrainConfig,
         schedule: Option<Schedule>,
         mut driver: D,
         links: Option<ReplicaLinks>,
+        workload: Option<Workload>,
     ) -> Result<Self, TrainError> {
-        let built = Self::build(&config, schedule, &driver).and_then(|mut parts| {
+        let built = Self::build(&config, schedule, &driver, workload).and_then(|mut parts| {
             let dp = match links {
                 Some(links) => Some(ReplicaExchange::new(
                     &config,
@@ -258,6 +281,7 @@ impl<D: Driver> Trainer<D> {
         config: &TrainConfig,
         given: Option<Schedule>,
         driver: &D,
+        workload: Option<Workload>,
     ) -> Result<(Schedule, Workload, Vec<usize>, Vec<RankStages<ModelStage>>), TrainError> {
         driver.check(config, Naming::Fields)?;
         config.check(Naming::Fields, 1)?;
@@ -276,7 +300,10 @@ impl<D: Driver> Trainer<D> {
                 schedule.placement.stages()
             )));
         }
-        let workload = Workload::new(config)?;
+        let workload = match workload {
+            Some(workload) => workload,
+            None => Workload::new(config)?,
+        };
         let per_dir = schedule.micro_batches_per_dir();
         let held = driver.held_ranks(&schedule);
         crate::rebalance::check_held(config, held.len())?;
@@ -441,7 +468,7 @@ impl<D: Driver> Trainer<D> {
     ) -> Result<dualpipe_runtime::StepOutcome, TrainError> {
         let prepared = self.prepare(step);
         self.own(step, prepared)?;
-        let prefetch = step + 1 < self.config.steps;
+        let prefetch = step + 1 < self.config.steps && self.workload.prefetches();
         let replica = self.replica_index();
         let (config, workload, schedule, stages, options, driver) = (
             &self.config,

@@ -87,6 +87,8 @@ pub enum Workload {
     Mlp(Box<DataSet>),
     /// The GPT and its text.
     Gpt(Box<GptWorkload>),
+    /// A user's model, its batches given step by step ([`crate::strategy`]).
+    Custom(Box<crate::custom::CustomWorkload>),
 }
 
 impl Workload {
@@ -111,14 +113,15 @@ impl Workload {
         position: StagePosition,
     ) -> Result<ModelStage, TrainError> {
         Ok(match self {
-            Workload::Mlp(_) => ModelStage::Mlp(MlpStage::new(&config.model(), position)?),
+            Workload::Mlp(_) => ModelStage::new(MlpStage::new(&config.model(), position)?),
+            Workload::Custom(custom) => custom.stage(position)?,
             Workload::Gpt(gpt) => {
                 let layers = config.stage_layers(position.model_stage);
                 let mut stage = GptStage::with_layers(&gpt.weights, stages, position, layers)?;
                 if let Some(moe) = &config.moe {
                     stage.set_aux_loss(moe.aux_loss);
                 }
-                ModelStage::Gpt(Box::new(stage))
+                ModelStage::new(stage)
             }
         })
     }
@@ -148,14 +151,21 @@ impl Workload {
                 first..first + m,
                 config.micro_batch_size,
             )),
+            Workload::Custom(custom) => custom.batch(step, replica)?,
         })
+    }
+
+    /// Whether the next step's batch can be drawn ahead, during the step (not for a user's
+    /// model, whose batches come step by step).
+    pub fn prefetches(&self) -> bool {
+        !matches!(self, Workload::Custom(_))
     }
 
     /// The GPT's part, if this is the GPT.
     pub fn gpt(&self) -> Option<&GptWorkload> {
         match self {
             Workload::Gpt(gpt) => Some(gpt),
-            Workload::Mlp(_) => None,
+            Workload::Mlp(_) | Workload::Custom(_) => None,
         }
     }
 }
@@ -221,7 +231,7 @@ impl GptWorkload {
     ) -> Result<GptWeights, TrainError> {
         let mut weights = self.weights.clone();
         for (_, stage) in ranks.iter().flat_map(RankStages::iter) {
-            if let ModelStage::Gpt(s) = stage {
+            if let Some(s) = stage.as_gpt() {
                 s.write_into(&mut weights)?;
             }
         }

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use dualpipe_nn::{ModelStage, OptimizerKind};
+use dualpipe_nn::OptimizerKind;
 use dualpipe_runtime::RankStages;
 use dualpipe_schedule::ScheduleKind;
 use dualpipe_train::checkpoint::{step_dir, Checkpoint};
@@ -137,7 +137,7 @@ fn stored_and_placed(t: &Trainer<LocalThreads>) -> Vec<(usize, Vec<usize>, Vec<u
     let me = t.replica_index();
     let mut out = Vec::new();
     for (_, stage) in t.stages().iter().flat_map(RankStages::iter) {
-        if let ModelStage::Gpt(g) = stage {
+        if let Some(g) = stage.as_gpt() {
             for (l, m) in g.moe_layers() {
                 let placed = m.expert_parallel().map_or_else(
                     || (0..m.experts()).collect(),

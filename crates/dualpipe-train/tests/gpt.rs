@@ -9,7 +9,7 @@ use candle_core::Tensor;
 use dualpipe_nn::gpt::pipeline::sequential_step;
 use dualpipe_nn::gpt::GptStage;
 use dualpipe_nn::stage::to_f64_vec;
-use dualpipe_nn::{ModelStage, Optimizer, OptimizerKind, StagePosition, StepBatch};
+use dualpipe_nn::{Optimizer, OptimizerKind, StagePosition, StepBatch};
 use dualpipe_schedule::ScheduleKind;
 use dualpipe_train::{DType, ModelKind, Task, TrainConfig, Trainer};
 
@@ -50,7 +50,7 @@ fn values(t: &Tensor) -> Vec<f64> {
 fn trainer_gradients(trainer: &Trainer) -> HashMap<String, Vec<f64>> {
     let mut out = HashMap::new();
     for (_, stage) in trainer.stages().iter().flat_map(|r| r.iter()) {
-        let ModelStage::Gpt(s) = stage else {
+        let Some(s) = stage.as_gpt() else {
             panic!("a GPT run holds GPT stages")
         };
         for (name, p) in s.param_names().into_iter().zip(s.params()) {
@@ -221,7 +221,7 @@ fn gathered_weights_are_the_trained_ones_and_round_trip() {
     let back =
         dualpipe_nn::gpt::GptWeights::from_safetensors(&bytes, candle_core::DType::F64).unwrap();
     let first = trainer.stages()[0].iter().next().unwrap().1;
-    let ModelStage::Gpt(stage) = first else {
+    let Some(stage) = first.as_gpt() else {
         panic!("a GPT stage")
     };
     for (name, p) in stage.param_names().iter().zip(stage.params()) {

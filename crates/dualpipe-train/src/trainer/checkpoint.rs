@@ -2,7 +2,7 @@
 //! restore of a checkpoint into whatever stages this trainer holds, by name.
 
 use dualpipe_dp::ErrorFeedbackState;
-use dualpipe_nn::{ModelStage, OptimizerKind, ParamState};
+use dualpipe_nn::{OptimizerKind, ParamState};
 
 use super::Trainer;
 use dualpipe_runtime::RankStages;
@@ -148,8 +148,8 @@ impl<D: Driver> Trainer<D> {
                             }
                         }
                     }
-                    if let (ModelStage::Gpt(g), 0) = (stage, replica) {
-                        for (name, bias) in g.selection_biases() {
+                    if replica == 0 {
+                        for (name, bias) in stage.buffers() {
                             tensors.push(HostTensor::from_f64s(name, &bias));
                         }
                     }
@@ -268,11 +268,9 @@ impl<D: Driver> Trainer<D> {
                     }
                 }
                 opt.set_state(step as u64, states)?;
-                if let ModelStage::Gpt(g) = stage {
-                    for (name, _) in g.selection_biases() {
-                        let saved = ckpt.tensor(&name)?.to_f64s();
-                        g.set_selection_bias(&name, &saved)?;
-                    }
+                for (name, _) in stage.buffers() {
+                    let saved = ckpt.tensor(&name)?.to_f64s();
+                    stage.set_buffer(&name, &saved)?;
                 }
             }
         }
@@ -353,6 +351,15 @@ impl<D: Driver> Trainer<D> {
     /// Whether this replica's routed experts are sharded over an expert-parallel group.
     fn sharded_experts(&self) -> bool {
         self.expert_group.is_some() && self.config.moe.is_some_and(|m| m.expert_parallel)
+    }
+
+    /// Hands the writer this trainer's part of a checkpoint when one is due after the steps
+    /// done (a caller that runs [`Trainer::step`] itself; [`Trainer::run`] does it).
+    pub fn save_checkpoint_if_due(&mut self) -> Result<(), TrainError> {
+        match self.steps_done.checked_sub(1) {
+            Some(step) => self.save_due_checkpoint(step),
+            None => Ok(()),
+        }
     }
 
     pub(super) fn save_due_checkpoint(&mut self, step: usize) -> Result<(), TrainError> {

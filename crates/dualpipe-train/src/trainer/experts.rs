@@ -2,7 +2,6 @@
 //! summed, the auxiliary-loss-free bias step applied to every copy alike, and the step's
 //! [`ExpertLoad`].
 
-use dualpipe_nn::ModelStage;
 use dualpipe_runtime::RankStages;
 
 use super::{Trainer, COUNTS_ROUND, LOADS_ROUND, REBALANCE_ROUND, ROWS_ROUND, SERVED_ROUND};
@@ -26,10 +25,7 @@ impl<D: Driver> Trainer<D> {
             .stages
             .iter()
             .flat_map(RankStages::iter)
-            .filter_map(|(_, s)| match s {
-                ModelStage::Gpt(g) => Some(g.router_counts()),
-                ModelStage::Mlp(_) => None,
-            })
+            .filter_map(|(_, s)| s.experts().map(|g| g.router_counts()))
             .flatten();
         let mut totals = sum_by_layer(copies);
         if self.held.len() < self.config.ranks {
@@ -41,14 +37,13 @@ impl<D: Driver> Trainer<D> {
                 .stages
                 .iter()
                 .flat_map(RankStages::iter)
-                .filter_map(|(_, s)| match s {
-                    ModelStage::Gpt(g) => Some(
+                .filter_map(|(_, s)| {
+                    s.experts().map(|g| {
                         g.moe_layers()
                             .into_iter()
                             .map(|(l, m)| (l, vec![m.served_rows()]))
-                            .collect::<Vec<_>>(),
-                    ),
-                    ModelStage::Mlp(_) => None,
+                            .collect::<Vec<_>>()
+                    })
                 })
                 .flatten();
             let mut served = sum_by_layer(served);
@@ -70,7 +65,7 @@ impl<D: Driver> Trainer<D> {
         }
         if moe.bias_update_rate > 0.0 {
             for (_, stage) in self.stages.iter_mut().flat_map(RankStages::iter_mut) {
-                if let ModelStage::Gpt(g) = stage {
+                if let Some(g) = stage.experts_mut() {
                     for (layer, _) in g.router_counts() {
                         let loads = totals
                             .iter()

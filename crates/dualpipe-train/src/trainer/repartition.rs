@@ -34,9 +34,10 @@ impl<D: Driver> Trainer<D> {
         let mut states: HashMap<String, ParamState> = HashMap::new();
         let mut steps = 0;
         for s in 0..self.config.model_stages() {
-            let (Some(ModelStage::Gpt(stage)), Some(opt)) =
-                (self.canonical_copy(s), self.optimizer_of(s))
-            else {
+            let (Some(stage), Some(opt)) = (
+                self.canonical_copy(s).and_then(ModelStage::as_gpt),
+                self.optimizer_of(s),
+            ) else {
                 return Err(TrainError::Execution(format!(
                     "re-partitioning: model stage {s} is not held here"
                 )));
@@ -65,7 +66,7 @@ impl<D: Driver> Trainer<D> {
                 if let Some(moe) = &config.moe {
                     copy.set_aux_loss(moe.aux_loss);
                 }
-                copies.insert(dir, stage, ModelStage::Gpt(Box::new(copy)));
+                copies.insert(dir, stage, ModelStage::new(copy));
             }
             // `optimizers[i][j]` updates the `j`-th copy of `stages[i]` in iteration order.
             let mut optimizers = Vec::with_capacity(copies.len());
