@@ -2,19 +2,17 @@
 //! on an independent formulation of the documented architecture, and against central finite
 //! differences; the weight gradients appear only after W.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var, D};
-use common::{assert_close, from_values, rand_tensor, rel_err, scalar_rel, values};
 use dualpipe_nn::gpt::pipeline::sequential_step;
 use dualpipe_nn::gpt::{tensor_names, GptConfig, GptStage, GptWeights, TokenMicroBatch};
 use dualpipe_nn::layers::{cross_entropy, CausalSelfAttention, Linear, RmsNorm};
 use dualpipe_nn::StagePosition;
 use dualpipe_runtime::{ForwardInput, Stage};
 use dualpipe_schedule::Chunk;
+use dualpipe_testutil::{assert_close, from_values, rand_tensor, rel_err, scalar_rel, values};
 
 const KEY: Chunk = Chunk::new(0, 0, 0);
 const EPS: f64 = 1e-6;

@@ -4,12 +4,9 @@
 //! model's gradients against finite differences; the split backward (no weight gradient
 //! before W); the safetensors round trip with the MoE names; the bias step.
 
-mod common;
-
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
-use common::{from_values, rand_tensor, rel_err, scalar_rel, values};
 use dualpipe_nn::gpt::moe::router::{route, top_k};
 use dualpipe_nn::gpt::{
     tensor_names, GptConfig, GptStage, GptWeights, MoeConfig, MoeLayer, TokenMicroBatch,
@@ -18,6 +15,7 @@ use dualpipe_nn::layers::{cross_entropy, Linear, Mlp};
 use dualpipe_nn::StagePosition;
 use dualpipe_runtime::{ForwardInput, ForwardOutput, Stage};
 use dualpipe_schedule::Chunk;
+use dualpipe_testutil::{from_values, rand_tensor, rel_err, scalar_rel, values};
 
 const KEY: Chunk = Chunk::new(0, 0, 0);
 const EPS: f64 = 1e-6;

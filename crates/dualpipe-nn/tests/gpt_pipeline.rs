@@ -2,16 +2,14 @@
 //! every micro-batch loss and every gradient equal a sequential single-thread run of the same
 //! model to 1e-10 relative.
 
-mod common;
-
 use candle_core::DType;
-use common::{assert_close, scalar_rel};
 use dualpipe_nn::gpt::data::TextData;
 use dualpipe_nn::gpt::pipeline::{build_stages, gradients_by_name, sequential_step};
 use dualpipe_nn::gpt::{tensor_names, GptConfig, GptStage, GptWeights};
 use dualpipe_nn::StagePosition;
 use dualpipe_runtime::{run_step, sum_stage_copies, ExecOptions, RankStages};
 use dualpipe_schedule::ScheduleKind;
+use dualpipe_testutil::{assert_close, scalar_rel};
 
 const TOL: f64 = 1e-10;
 const MICRO_BATCHES: usize = 8;

@@ -1,13 +1,11 @@
 //! Gradient checks of the split-backward layers: against central finite differences (f64) and
 //! against candle's own autograd (`Var` + `backward()`) as an independent oracle.
 
-mod common;
-
 use candle_core::{DType, Tensor, Var};
-use common::{assert_close, from_values, rand_tensor, rel_err, scalar_rel, values};
 use dualpipe_nn::layers::{mse_grad, mse_loss, Gelu, Linear, MlpBlock};
 use dualpipe_nn::rng::{stream, Purpose};
 use dualpipe_schedule::Chunk;
+use dualpipe_testutil::{assert_close, from_values, rand_tensor, rel_err, scalar_rel, values};
 
 const KEY: Chunk = Chunk::new(0, 0, 0);
 const EPS: f64 = 1e-6;

@@ -1,16 +1,14 @@
 //! The stage contract: weight gradients run only in W, W may come in any order after I,
 //! gradients are scaled by 1/micro_batches, misuse gives errors.
 
-mod common;
-
 use std::sync::Arc;
 
 use candle_core::DType;
-use common::{assert_close, values};
 use dualpipe_nn::data::DataSet;
 use dualpipe_nn::{MlpStage, ModelConfig, StagePosition};
 use dualpipe_runtime::{ForwardInput, ForwardOutput, Stage};
 use dualpipe_schedule::Chunk;
+use dualpipe_testutil::{assert_close, values};
 
 fn model(stages: usize) -> ModelConfig {
     ModelConfig {
@@ -72,7 +70,7 @@ fn weight_gradients_do_not_depend_on_w_order() {
     let fifo = run(&mut only_stage(3), &[0, 1, 2]);
     let other = run(&mut only_stage(3), &[2, 0, 1]);
     for (a, b) in fifo.iter().zip(&other) {
-        assert!(common::rel_err(a, b) < 1e-14);
+        assert!(dualpipe_testutil::rel_err(a, b) < 1e-14);
     }
 }
 
@@ -90,7 +88,7 @@ fn gradients_are_scaled_by_one_over_micro_batches() {
     let g2: Vec<Vec<f64>> = two.gradients().iter().map(values).collect();
     for (a, b) in g1.iter().zip(&g2) {
         let halved: Vec<f64> = a.iter().map(|v| v / 2.0).collect();
-        assert!(common::rel_err(b, &halved) < 1e-14);
+        assert!(dualpipe_testutil::rel_err(b, &halved) < 1e-14);
     }
 }
 

@@ -2,11 +2,9 @@
 //! micro-batch loss and every parameter gradient equal to 1e-12 relative in f64, and the
 //! parameters still agree after three optimizer steps (SGD with momentum and AdamW).
 
-mod common;
-
 use candle_core::Tensor;
-use common::{assert_close, scalar_rel};
 use dualpipe_schedule::ScheduleKind;
+use dualpipe_testutil::{assert_close, scalar_rel};
 use dualpipe_train::{DType, OptimizerKind, Reference, TrainConfig, TrainError, Trainer};
 
 const TOL: f64 = 1e-12;

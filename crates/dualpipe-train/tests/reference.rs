@@ -1,11 +1,9 @@
 //! The sequential reference (our layers, stage by stage, moved here with the training
 //! configuration) against candle's autograd of the whole model written as one expression.
 
-mod common;
-
 use candle_core::{DType, Tensor, Var};
-use common::{assert_close, scalar_rel};
 use dualpipe_schedule::ScheduleKind;
+use dualpipe_testutil::{assert_close, scalar_rel};
 use dualpipe_train::{OptimizerKind, Reference, TrainConfig};
 
 /// GELU built from elementary ops so candle's autograd differentiates it exactly

@@ -1,5 +1,6 @@
-//! Helpers shared by the integration tests.
-#![allow(dead_code)]
+//! Helpers the integration tests of `dualpipe-nn` and `dualpipe-train` share: seeded f64
+//! tensors, their values, and relative errors between them.
+#![warn(missing_docs)]
 
 use candle_core::{DType, Device, Tensor};
 use dualpipe_nn::rng::{stream, uniform, Purpose};
