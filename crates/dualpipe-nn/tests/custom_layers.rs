@@ -9,7 +9,7 @@ use dualpipe_nn::data::MicroBatch;
 use dualpipe_nn::layers::Linear;
 use dualpipe_nn::rng::{self, Purpose};
 use dualpipe_nn::stage::to_f64_vec;
-use dualpipe_nn::{ModelStage, PipelineStage, StagePosition, StepBatch};
+use dualpipe_nn::{ModelStage, StagePosition, StepBatch};
 use dualpipe_runtime::{ForwardInput, ForwardOutput};
 use dualpipe_schedule::Chunk;
 
