@@ -5,7 +5,7 @@
 #   scripts/cluster_table.sh [SEEDS...]     (default: 1 2 3 4 5; needs target/release/dualpipe)
 set -eu
 cd "$(dirname "$0")/.."
-BIN=target/release/dualpipe
+BIN=${BIN:-target/release/dualpipe}
 CLUSTER=testdata/cluster/64x8.json
 LOAD=${LOAD:-0.9}
 TMP=$(mktemp -d)
@@ -15,7 +15,7 @@ echo "| seed | policy | utilisation | mean JCT (h) | p95 JCT (h) | mean queueing
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for seed in $SEEDS; do
     "$BIN" cluster trace --jobs 1000 --seed "$seed" --load "$LOAD" --output "$TMP/t.csv"
-    for policy in static elastic; do
+    for policy in ${POLICIES:-static elastic}; do
         start=$(date +%s.%N)
         "$BIN" cluster simulate --cluster "$CLUSTER" --trace "$TMP/t.csv" --policy "$policy" \
             --format json --output "$TMP/$policy.json"

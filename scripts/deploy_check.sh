@@ -85,6 +85,24 @@ echo "== the MPIJob: check-jsonschema against $SCHEMA"
 run "the schema is a valid JSON Schema" "$CJ" --check-metaschema "$SCHEMA"
 run "mpijob.yaml passes the schema" "$CJ" --schemafile "$SCHEMA" "$K8S/mpijob.yaml"
 
+echo "== the cluster scheduler's MPIJobs for a placement (deploy/cluster, from \`dualpipe cluster manifests\`)"
+for f in deploy/cluster/mpijob-*.yaml; do
+    name=$(basename "$f" .yaml)
+    "$PY" deploy/check/manifests.py templates "$f" "$TMP/cluster-$name" >/dev/null
+    run "$name: its pod templates pass as v1 PodTemplates" "${KV[@]}" "$TMP/cluster-$name"/*.yaml
+    run "$name: passes the MPIJob schema" "$CJ" --schemafile "$SCHEMA" "$f"
+done
+rm -rf "$TMP/broken-cluster" && mkdir -p "$TMP/broken-cluster"
+sed 's/nodeSelectorTerms:/nodeSelectorTerm:/' deploy/cluster/mpijob-dualpipe-llm-a.yaml >"$TMP/broken-cluster/mpijob.yaml"
+"$PY" deploy/check/manifests.py templates "$TMP/broken-cluster/mpijob.yaml" "$TMP/broken-cluster/t" >/dev/null
+if ! grep -q nodeSelectorTerm: "$TMP/broken-cluster/mpijob.yaml"; then
+    fail "refuse a misspelt node affinity field: the broken copy was not made"
+elif "${KV[@]}" "$TMP/broken-cluster/t"/*.yaml >"$TMP/out" 2>&1; then
+    fail "refuse a misspelt node affinity field: accepted"
+else
+    pass "refuse a misspelt node affinity field in a generated worker template"
+fi
+
 echo "== the manifests agree with each other and with the image"
 run "consistency" "$PY" deploy/check/manifests.py consistency "$K8S" deploy/runtime.sh
 

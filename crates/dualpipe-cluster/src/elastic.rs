@@ -11,8 +11,9 @@
 //! 3. **Place** the admitted jobs that fit in a node by Kuhn-Munkres on a job x node reward
 //!    (placed first, then the tightest fit: the fewest devices left free in the node), in
 //!    rounds of one job per node; the others take the emptiest nodes.
-//! 4. **Migrate** a running job spread over more nodes than it needs into one node with room
-//!    when the move pays and its budget allows.
+//! 4. **Migrate** a running job spread over more nodes than it needs into one node with room,
+//!    or a job larger than a node onto the fewest nodes with room, when the move pays and its
+//!    budget allows.
 //!
 //! A move pays when the time it saves exceeds its cost. The scheduler does not know a job's
 //! remaining work; it takes the work done so far as its estimate (jobs that have run long tend
@@ -114,12 +115,20 @@ pub fn schedule(params: &ElasticParams, state: &mut State<'_>, now: f64) {
             continue;
         };
         let own = r.devices.clone();
+        let old_rate = r.rate;
         let prefer: Vec<usize> = own.iter().map(|&d| state.cluster.node_of[d]).collect();
         if let Some(extra) = spread(state, k - own.len(), &prefer) {
             let mut all = own;
             all.extend(extra);
             all.sort_unstable();
-            state.reshape(j, all, now);
+            // The sizing step rated the count placed compactly; the free devices may lie on
+            // many nodes. Grow only if the job is faster on the devices it actually gets, by
+            // more than the move costs.
+            let job = &state.jobs[j];
+            let new_rate = state.throughput.rate(j, job, &all);
+            if saving(state, j, old_rate, new_rate) > state.move_cost(j, all.len()) {
+                state.reshape(j, all, now);
+            }
         }
     }
     // 4. Consolidate.
@@ -293,7 +302,7 @@ fn consolidate(params: &ElasticParams, state: &mut State<'_>, now: f64) {
     let candidates: Vec<usize> = state
         .running
         .iter()
-        .filter(|r| r.paused_until <= now && r.devices.len() <= largest)
+        .filter(|r| r.paused_until <= now)
         .filter(|r| {
             let first = state.cluster.node_of[r.devices[0]];
             r.devices.iter().any(|&d| state.cluster.node_of[d] != first)
@@ -301,6 +310,14 @@ fn consolidate(params: &ElasticParams, state: &mut State<'_>, now: f64) {
         .map(|r| r.job)
         .collect();
     for j in candidates {
+        if state
+            .running
+            .iter()
+            .any(|r| r.job == j && r.devices.len() > largest)
+        {
+            consolidate_wide(params, state, j, now);
+            continue;
+        }
         let r = state.running.iter().find(|r| r.job == j).expect("running");
         let k = r.devices.len();
         let own = r.devices.clone();
@@ -335,5 +352,44 @@ fn consolidate(params: &ElasticParams, state: &mut State<'_>, now: f64) {
         {
             state.reshape(j, devices, now);
         }
+    }
+}
+
+/// Moves running job `j`, larger than a node, onto fewer nodes (those with the most room,
+/// its own devices counted as room) when it spans more than it needs and the move pays.
+fn consolidate_wide(params: &ElasticParams, state: &mut State<'_>, j: usize, now: f64) {
+    let r = state.running.iter().find(|r| r.job == j).expect("running");
+    let k = r.devices.len();
+    let own = r.devices.clone();
+    let old_rate = r.rate;
+    let node_of = |d: usize| state.cluster.node_of[d];
+    let mut spanned: Vec<usize> = own.iter().map(|&d| node_of(d)).collect();
+    spanned.sort_unstable();
+    spanned.dedup();
+    let room = |n: usize| state.free_per_node[n] + own.iter().filter(|&&d| node_of(d) == n).count();
+    let mut order: Vec<usize> = (0..state.cluster.nodes.len()).collect();
+    order.sort_by_key(|&n| (std::cmp::Reverse(room(n)), n));
+    let mut devices = Vec::with_capacity(k);
+    let mut used = 0;
+    for n in order {
+        if devices.len() == k {
+            break;
+        }
+        used += 1;
+        let mine = own.iter().copied().filter(|&d| node_of(d) == n);
+        for d in mine.chain(state.free_devices_of(n)) {
+            if devices.len() < k {
+                devices.push(d);
+            }
+        }
+    }
+    if used >= spanned.len() {
+        return;
+    }
+    devices.sort_unstable();
+    let new_rate = state.throughput.rate(j, &state.jobs[j], &devices);
+    let cost = state.move_cost(j, k);
+    if saving(state, j, old_rate, new_rate) > cost && within_budget(params, state, j, cost, now) {
+        state.reshape(j, devices, now);
     }
 }

@@ -74,6 +74,11 @@ pub fn simulate(mut state: State<'_>, policy: &mut Policy) -> Result<Outcome, Cl
         }
         for r in &state.running {
             next = next.min(finish_time(&state, r, now));
+            // The end of a move's pause is an event too: the policy may act on the job again
+            // (grow it back, for one) without waiting for the next arrival or completion.
+            if r.paused_until > now {
+                next = next.min(r.paused_until);
+            }
         }
         if !next.is_finite() {
             if state.queue.is_empty() && state.running.is_empty() {

@@ -143,3 +143,100 @@ fn bad_input_is_one_line_and_exit_code_2() {
     .usage_error(&["--policy lottery"]);
     dualpipe(["cluster", "trace", "--jobs", "10", "--load", "-1"]).usage_error(&["load = -1"]);
 }
+
+/// deploy/cluster's manifests are `cluster manifests`' output for its placement, byte for
+/// byte (so they cannot drift from the code; scripts/deploy_check.sh validates them).
+#[test]
+fn the_committed_manifests_are_the_generated_ones() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/cluster");
+    let dir = TempDir::new("cluster-manifests");
+    let placement = root.join("placement.json");
+    dualpipe([
+        "cluster",
+        "manifests",
+        "--placement",
+        s(&placement),
+        "--output-dir",
+        s(dir.path()),
+    ])
+    .ok();
+    for name in ["mpijob-dualpipe-llm-a.yaml", "mpijob-dualpipe-small-b.yaml"] {
+        let made = std::fs::read_to_string(dir.join(name)).unwrap();
+        let kept = std::fs::read_to_string(root.join(name)).unwrap();
+        assert_eq!(made, kept, "{name}: regenerate deploy/cluster with `dualpipe cluster manifests --placement deploy/cluster/placement.json --output-dir deploy/cluster`");
+    }
+    // To stdout: the same documents, each after `---`.
+    let out = dualpipe(["cluster", "manifests", "--placement", s(&placement)]);
+    out.ok();
+    assert_eq!(out.stdout.matches("---\n").count(), 2);
+    assert!(out.stdout.contains("kind: \"MPIJob\""));
+}
+
+/// A simulation's placement at a time feeds `cluster manifests`; bad placements are one line.
+#[test]
+fn a_simulated_placement_becomes_manifests_and_bad_ones_are_refused() {
+    let dir = TempDir::new("cluster-placement");
+    let trace = dir.write("t.csv", "big,0,8,100\nsmall,0,4,100\n");
+    let placement = dir.join("p.json");
+    dualpipe([
+        "cluster",
+        "simulate",
+        "--cluster",
+        &data("small.json"),
+        "--trace",
+        s(&trace),
+        "--policy",
+        "static",
+        "--placement-at",
+        "20",
+        "--placement-out",
+        s(&placement),
+    ])
+    .ok();
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&placement).unwrap()).unwrap();
+    assert_eq!(p["time_s"], 20.0);
+    assert_eq!(p["jobs"].as_array().unwrap().len(), 2, "{p}");
+    let yaml = dualpipe(["cluster", "manifests", "--placement", s(&placement)]);
+    yaml.ok();
+    assert!(
+        yaml.stdout.contains("name: \"dualpipe-big\""),
+        "{}",
+        yaml.stdout
+    );
+    let uneven = dir.write(
+        "uneven.json",
+        r#"{"jobs": [{"job": "x", "nodes": [{"node": "a-0", "devices": 3}, {"node": "a-1", "devices": 1}]}]}"#,
+    );
+    dualpipe(["cluster", "manifests", "--placement", s(&uneven)]).usage_error(&[
+        "uneven.json",
+        "uneven placement",
+        "same devices on each node",
+    ]);
+    let bad = dir.write("bad.json", r#"{"jobs": [{"job": "x", "nodes": []}]}"#);
+    dualpipe(["cluster", "manifests", "--placement", s(&bad)]).usage_error(&["no nodes"]);
+    dualpipe([
+        "cluster",
+        "manifests",
+        "--placement",
+        s(&bad),
+        "--output-dir",
+        s(&dir.join("missing")),
+    ])
+    .usage_error(&[]);
+    dualpipe([
+        "cluster",
+        "simulate",
+        "--cluster",
+        &data("small.json"),
+        "--trace",
+        s(&trace),
+        "--policy",
+        "las",
+        "--placement-at",
+        "-1",
+        "--placement-out",
+        s(&placement),
+    ])
+    .usage_error(&["--placement-at -1"]);
+}
