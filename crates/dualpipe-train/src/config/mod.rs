@@ -35,14 +35,14 @@ fn is_false(b: &bool) -> bool {
 }
 
 /// The share of the steps 1-bit Adam's warm-up takes by default (when
-/// [`TrainConfig::compression_warmup`] is `None`): 1% (at least one step), exchanged in int8.
-/// See docs/distributed.md for the runs behind it.
-pub const ONE_BIT_ADAM_WARMUP_SHARE: f64 = 0.01;
+/// [`TrainConfig::compression_warmup`] is `None`): a quarter (at least one step), exchanged
+/// in int8. A warm-up of 1% (with the refreshes below, 96% fewer bytes over a run) diverged on
+/// the default task; see docs/distributed.md for the runs behind it.
+pub const ONE_BIT_ADAM_WARMUP_SHARE: f64 = 0.25;
 
 /// By default 1-bit Adam refreshes AdamW's variance every `steps / ONE_BIT_ADAM_REFRESHES`
-/// steps (when [`TrainConfig::variance_refresh`] is `None`; none when that is below 2): seven
-/// refreshes over a run, each exchanging the gradient in int8. With the warm-up that keeps a
-/// run of 300 steps above 96% fewer bytes than uncompressed.
+/// steps after its warm-up (when [`TrainConfig::variance_refresh`] is `None`; none when that
+/// is below 2), each refresh exchanging the gradient in int8.
 pub const ONE_BIT_ADAM_REFRESHES: u64 = 7;
 
 /// Everything a training run depends on. The model and the data depend only on `model`,
@@ -447,24 +447,25 @@ mod tests {
     }
 
     #[test]
-    fn one_bit_adam_warms_up_in_int8_for_one_percent_and_refreshes_seven_times() {
+    fn one_bit_adam_warms_up_in_int8_for_a_quarter_and_refreshes_every_seventh_of_the_run() {
         let one_bit = TrainConfig {
             data_parallel: 2,
             gradient_compression: Compression::OneBit,
             ..TrainConfig::default()
         };
-        assert_eq!(one_bit.compression_warmup_steps(), 3);
-        assert_eq!(one_bit.one_bit_adam_from(), Some(3));
+        assert_eq!(one_bit.compression_warmup_steps(), 75);
+        assert_eq!(one_bit.one_bit_adam_from(), Some(75));
         assert_eq!(one_bit.variance_refresh_every(), 42);
         let ex = one_bit.exchange_config();
-        assert_eq!(ex.compression_warmup, 3);
+        assert_eq!(ex.compression_warmup, 75);
         assert_eq!(ex.warmup_compression, Compression::Int8);
         assert_eq!(ex.refresh_every, 42);
         let int8_steps = (0..300)
             .filter(|&s| ex.compression_at(s) == Compression::Int8)
             .count();
-        assert_eq!(int8_steps, 3 + 7, "the warm-up and seven refreshes");
-        assert!(!ex.feedback_at(41) && ex.feedback_at(42) && !ex.feedback_at(2));
+        // Steps 1-75, then 84, 126, 168, 210, 252 and 294 (1-based).
+        assert_eq!(int8_steps, 75 + 6, "the warm-up and six refreshes");
+        assert!(!ex.feedback_at(83) && ex.feedback_at(84) && !ex.feedback_at(74));
         let frozen = TrainConfig {
             variance_refresh: Some(0),
             ..one_bit.clone()
