@@ -439,7 +439,9 @@ impl Optimizer {
                     let plain_param = plain.get(i).copied().unwrap_or(false);
                     let frozen = frozen && !plain_param;
                     let t = self.steps as i32;
-                    let (t2, beta2) = if plain_param {
+                    // The second moment's decay this step and the step its bias correction
+                    // counts to.
+                    let (t2, decay2) = if plain_param {
                         (t, beta2)
                     } else if frozen {
                         (self.variance_step(self.steps) as i32, beta2)
@@ -450,7 +452,7 @@ impl Optimizer {
                     };
                     let step = AdamWStep {
                         beta1,
-                        beta2,
+                        beta2: decay2,
                         eps,
                         decay: 1.0 - lr * weight_decay,
                         inv_bc2: 1.0 / (1.0 - beta2.powi(t2)),
@@ -625,10 +627,10 @@ mod tests {
         assert_eq!(kept.to_vec1::<f64>().unwrap()[0], v);
     }
 
-    /// Warm-up 2, refresh every 3: steps 1-2 AdamW, 3 frozen (momentum taken), 4-5 frozen,
-    /// 6 a refresh (plain AdamW on the gradient, `v` moved by the 4 steps since step 2 with
-    /// this gradient, `v ← β₂⁴ v + (1 − β₂⁴) g²`, bias correction of step 6), 7 frozen again
-    /// and read with step 6's correction; by hand.
+    /// Warm-up 2, refresh every 5: steps 1-2 AdamW, 3-4 frozen (momentum taken), 5 a refresh
+    /// (plain AdamW on the gradient, `v` moved by the 3 steps since step 2 with this
+    /// gradient, `v ← β₂³ v + (1 − β₂³) g²`, bias correction of step 5), 6-7 frozen again and
+    /// read with step 5's correction; by hand.
     #[test]
     fn one_bit_adam_refreshes_the_variance_as_adamw_over_the_steps_since_its_last_update() {
         let (b1, b2, eps, lr) = (0.9f64, 0.999f64, 1e-8, 0.1);
@@ -641,12 +643,12 @@ mod tests {
         let mut p = param(1.0, 0.5);
         let mut opt = Optimizer::new(kind, lr)
             .with_variance_frozen_from(2)
-            .with_variance_refresh(3);
+            .with_variance_refresh(5);
         let (mut x, mut m, mut v, mut last) = (1.0f64, 0.0f64, 0.0f64, 0i32);
         let grads = [0.5, -0.25, 0.75, 0.125, -0.5, 2.0, 0.25];
         for (i, g) in grads.into_iter().enumerate() {
             let t = i as i32 + 1;
-            let refresh = t == 6;
+            let refresh = t == 5;
             assert_eq!(opt.variance_frozen(), t > 2 && !refresh, "step {t}");
             p.grad = Tensor::new(&[g], &Device::Cpu).unwrap();
             opt.fold_momentum(&mut [&mut p], &[]).unwrap();
@@ -665,7 +667,7 @@ mod tests {
                 value(&p)
             );
         }
-        // Without the refresh the variance stays step 2's: step 6 moves differently.
+        // Without the refresh the variance stays step 2's: steps 5-7 move differently.
         let mut frozen = Optimizer::new(kind, lr).with_variance_frozen_from(2);
         let mut q = param(1.0, 0.5);
         for g in grads {
