@@ -26,8 +26,9 @@
 #   3. a world size that does not match --ranks, or no launcher, is one clear usage error;
 #   4. 8 processes train 4 ranks x 2 data-parallel replicas (dualpipe, 1f1b, zb1p, dualpipev,
 #      dualpipe --no-overlap, f64, on MPI's own all-reduce; dualpipe and 1f1b with bf16,
-#      dualpipe with int8, 1bit (the gradient compressed, --compression-warmup 0) and int8
-#      --no-overlap on our point-to-point exchange): their
+#      dualpipe with int8, 1bit (the gradient compressed, --compression-warmup 0), 1-bit Adam
+#      (--compression-warmup 1: the copies summed first, the direction-0 holder alone exchanges
+#      them) and int8 --no-overlap on our point-to-point exchange): their
 #      losses equal the local run's (threads) to 1e-12 (compressed DualPipe bit for bit, its two
 #      copies of a stage summed inside the exchange), ours sends the local run's gradient bytes,
 #      and the JSON names the exchange that ran and where it started (inside the pipeline with
@@ -196,6 +197,7 @@ EOF
     for variant in "dualpipe" "1f1b" "zb1p" "dualpipev" "dualpipe --no-overlap" \
         "dualpipe --gradient-compression bf16" "1f1b --gradient-compression bf16" \
         "dualpipe --gradient-compression int8" "dualpipe --gradient-compression 1bit --compression-warmup 0" \
+        "dualpipe --gradient-compression 1bit --compression-warmup 1" \
         "dualpipe --gradient-compression int8 --no-overlap"; do
         # shellcheck disable=SC2086 # $variant: the schedule and the variant's own flags
         "$BIN" train --schedule $variant "${DP[@]}" >"$TMP/dp-local.json" 2>"$TMP/dp-local.err"
@@ -217,7 +219,9 @@ local, mpi = (json.load(open(p)) for p in sys.argv[1:3])
 variant = sys.argv[4]
 how = (local.get("grad_exchange"), mpi.get("grad_exchange"))
 started = mpi.get("grad_exchange_started")
-want_started = "after-pipeline" if "--no-overlap" in variant else "in-pipeline"
+# 1-bit Adam (1bit after a warm-up) folds the momentum from the copies' sum after the pipeline.
+one_bit_adam = "1bit --compression-warmup 1" in variant
+want_started = "after-pipeline" if "--no-overlap" in variant or one_bit_adam else "in-pipeline"
 bytes_ = (local["grad_bytes_sent"], mpi["grad_bytes_sent"])
 local, mpi = local["losses"], mpi["losses"]
 assert len(local) == len(mpi) == 3, (local, mpi)

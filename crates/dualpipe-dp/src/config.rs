@@ -46,8 +46,16 @@ pub struct ExchangeConfig {
     /// Keep what compression dropped and add it to the next step (`--no-error-feedback`
     /// turns it off); only matters for a lossy compression.
     pub error_feedback: bool,
-    /// Steps `0..compression_warmup` are exchanged uncompressed (`--compression-warmup`).
+    /// Steps `0..compression_warmup` are exchanged in `warmup_compression`
+    /// (`--compression-warmup`).
     pub compression_warmup: u64,
+    /// The wire format of the warm-up and of the refresh steps (`none` by default; 1-bit
+    /// Adam's runs use int8). Error feedback is kept and used only on the steps of
+    /// `compression`, so a refresh step neither adds nor changes the residual of the others.
+    pub warmup_compression: Compression,
+    /// After the warm-up, every step whose 1-based number is a multiple of this is exchanged
+    /// in `warmup_compression` (1-bit Adam's variance refresh); 0: none.
+    pub refresh_every: u64,
     /// Bucket budget in bytes of uncompressed gradients (`--bucket-mb`).
     pub bucket_bytes: usize,
     /// Values per scale for int8 and 1bit.
@@ -66,6 +74,8 @@ impl Default for ExchangeConfig {
             compression: Compression::None,
             error_feedback: true,
             compression_warmup: 0,
+            warmup_compression: Compression::None,
+            refresh_every: 0,
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             chunk_values: DEFAULT_CHUNK_VALUES,
             rounding: Rounding::Nearest,
@@ -97,13 +107,31 @@ impl ExchangeConfig {
         Ok(())
     }
 
-    /// The compression used at `step` (none during the warm-up).
+    /// Whether `step` (0-based) is a refresh step: after the warm-up, its 1-based number a
+    /// multiple of `refresh_every`.
+    pub fn is_refresh(&self, step: u64) -> bool {
+        self.refresh_every > 0
+            && step >= self.compression_warmup
+            && (step + 1) % self.refresh_every == 0
+    }
+
+    /// The compression used at `step`: `warmup_compression` during the warm-up and on refresh
+    /// steps, else `compression`.
     pub fn compression_at(&self, step: u64) -> Compression {
-        if step < self.compression_warmup {
-            Compression::None
+        if step < self.compression_warmup || self.is_refresh(step) {
+            self.warmup_compression
         } else {
             self.compression
         }
+    }
+
+    /// Whether `step` keeps and uses error feedback: a lossy `compression` on one of its own
+    /// steps (not the warm-up's or a refresh's), unless error feedback is off.
+    pub fn feedback_at(&self, step: u64) -> bool {
+        self.error_feedback
+            && self.compression.is_lossy()
+            && step >= self.compression_warmup
+            && !self.is_refresh(step)
     }
 
     /// The codec used at `step`.

@@ -16,6 +16,12 @@
 //!
 //! Only the lead's exchange with the other replicas counts in its [`ExchangeStats`] bytes
 //! (the copies' transfers stay inside a replica, as the in-process sum does).
+//!
+//! **Copies summed before** ([`CopyLead::presummed`], [`CopyPartner::presummed`]): when every
+//! copy already holds the sum (1-bit Adam folds its momentum from the copies' sum after the
+//! pipeline), the partner sends nothing and the lead starts each bucket from its own copy at
+//! once; the lead alone exchanges it with the other replicas and sends the result back, so the
+//! replicas' exchange carries one copy per stage and replica, as a process holding both does.
 
 use std::time::{Duration, Instant};
 
@@ -156,6 +162,8 @@ pub struct CopyLead<T, X> {
     timeout: Duration,
     step: Option<u64>,
     buckets: Vec<LeadBucket<T>>,
+    /// Whether every copy already holds the sum (the partners send nothing).
+    presummed: bool,
 }
 
 impl<T: GradFloat, X: GradTransport> CopyLead<T, X> {
@@ -181,7 +189,15 @@ impl<T: GradFloat, X: GradTransport> CopyLead<T, X> {
             timeout,
             step: None,
             buckets,
+            presummed: false,
         })
+    }
+
+    /// This lead for copies that already hold their sum (see the [module](self)
+    /// documentation): each bucket starts from this copy alone, the partners send nothing.
+    pub fn presummed(mut self) -> Self {
+        self.presummed = true;
+        self
     }
 
     /// Adds the copies that have arrived, in member order, and starts every complete sum.
@@ -268,7 +284,11 @@ impl<T: GradFloat, X: GradTransport> BucketExchange<T> for CopyLead<T, X> {
             return Err(DpError::StartedTwice { bucket, step });
         }
         b.sum = Some(grads.to_vec());
-        b.added = 1;
+        b.added = if self.presummed {
+            self.copies.size()
+        } else {
+            1
+        };
         self.advance()
     }
 
@@ -342,6 +362,8 @@ pub struct CopyPartner<T, X> {
     received: Vec<bool>,
     feedback: ErrorFeedbackState<T>,
     totals: ExchangeStats,
+    /// Whether every copy already holds the sum (this one sends nothing).
+    presummed: bool,
 }
 
 impl<T: GradFloat, X: GradTransport> CopyPartner<T, X> {
@@ -368,7 +390,15 @@ impl<T: GradFloat, X: GradTransport> CopyPartner<T, X> {
             received: vec![false; buckets],
             feedback: ErrorFeedbackState::empty(buckets),
             totals: ExchangeStats::default(),
+            presummed: false,
         })
+    }
+
+    /// This partner for copies that already hold their sum (see the [module](self)
+    /// documentation): it sends nothing and takes the lead's result.
+    pub fn presummed(mut self) -> Self {
+        self.presummed = true;
+        self
     }
 
     fn take_results(&mut self, step: u64) -> Result<(), DpError> {
@@ -400,12 +430,14 @@ impl<T: GradFloat, X: GradTransport> BucketExchange<T> for CopyPartner<T, X> {
         if self.started[bucket] {
             return Err(DpError::StartedTwice { bucket, step });
         }
-        send(
-            &mut self.copies,
-            0,
-            key(step, self.stage, bucket, false),
-            grads,
-        )?;
+        if !self.presummed {
+            send(
+                &mut self.copies,
+                0,
+                key(step, self.stage, bucket, false),
+                grads,
+            )?;
+        }
         self.started[bucket] = true;
         Ok(())
     }
@@ -584,6 +616,82 @@ mod tests {
             })
             .collect();
         assert_ne!(results[0].1[0], exact);
+    }
+
+    /// Copies that already hold their sum (1-bit Adam): the partner sends nothing, the lead
+    /// exchanges its copy alone, and both take, bit for bit, what one process holding the sum
+    /// gets, at the same bytes over the replicas (once per stage and replica, not twice).
+    #[test]
+    fn presummed_copies_are_exchanged_once_per_replica() {
+        let layout = BucketLayout::new(&[5, 3, 4], 24, 8).unwrap();
+        let config = ExchangeConfig {
+            compression: Compression::OneBit,
+            chunk_values: 3,
+            ..ExchangeConfig::default()
+        };
+        fn sum(t: u64, d: usize) -> Vec<f64> {
+            (0..12)
+                .map(|i| ((i * 5 + d * 7 + t as usize) % 13) as f64 * 0.21 - 1.1)
+                .collect()
+        }
+        type Out = (Vec<Vec<f64>>, u64, u64);
+        let run = |ex: &mut dyn BucketExchange<f64>, d: usize| -> Vec<Vec<f64>> {
+            (0..3u64)
+                .map(|t| {
+                    let mut g = sum(t, d);
+                    ex.all_reduce(t, &mut g).unwrap();
+                    g
+                })
+                .collect()
+        };
+        let mut handles: Vec<JoinHandle<Out>> = Vec::new();
+        let reference = ChannelTransport::group(2);
+        let leads = ChannelTransport::group(2);
+        for (d, (alone, replicas)) in reference.into_iter().zip(leads).enumerate() {
+            let (l, c) = (layout.clone(), config.clone());
+            handles.push(spawn(move || {
+                let mut ex = GradExchange::new(c, l, 1, alone).unwrap();
+                let out = run(&mut ex, d);
+                (out, ex.totals().grad_bytes_sent, 0)
+            }));
+            let mut pair = ChannelTransport::group(2).into_iter();
+            let (lead, partner) = (pair.next().unwrap(), pair.next().unwrap());
+            let (l, c) = (layout.clone(), config.clone());
+            let timeout = config.timeout;
+            handles.push(spawn(move || {
+                let inner = GradExchange::new(c, l, 1, replicas).unwrap();
+                let mut ex = CopyLead::new(inner, lead, timeout).unwrap().presummed();
+                let out = run(&mut ex, d);
+                (out, ex.totals().grad_bytes_sent, ex.copies.stats().messages)
+            }));
+            let l = layout.clone();
+            handles.push(spawn(move || {
+                let mut ex = CopyPartner::new(l, 1, partner, timeout)
+                    .unwrap()
+                    .presummed();
+                let out = run(&mut ex, d);
+                (out, ex.totals().grad_bytes_sent, ex.copies.stats().messages)
+            }));
+        }
+        let results: Vec<Out> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        for replica in results.chunks(3) {
+            let (want, bytes, _) = &replica[0];
+            assert!(*bytes > 0);
+            let (lead, partner) = (&replica[1], &replica[2]);
+            assert_eq!(&lead.0, want, "lead");
+            assert_eq!(&partner.0, want, "partner");
+            assert_eq!(
+                lead.1, *bytes,
+                "the lead sends what one process holding the sum does"
+            );
+            assert_eq!(partner.1, 0);
+            assert_eq!(partner.2, 0, "the partner sends nothing to its lead");
+            assert_eq!(
+                lead.2,
+                3 * 3,
+                "the lead sends the partner 3 buckets x 3 steps"
+            );
+        }
     }
 
     #[test]

@@ -13,9 +13,10 @@
 //! Adam: a worker adds its worker-side residual to its gradients, compresses each shard and
 //! keeps what compression dropped as the next residual (error feedback); the owner decodes the
 //! `D` contributions (its own too, from its own bytes), averages them, adds its server-side
-//! residual, compresses the result and keeps what that dropped. During the warm-up steps, and
-//! for a group of one, nothing is compressed (a group of one sends nothing and returns the
-//! gradients unchanged).
+//! residual, compresses the result and keeps what that dropped. The warm-up steps (and 1-bit
+//! Adam's refresh steps) use [`ExchangeConfig::warmup_compression`] (none by default) without
+//! error feedback, leaving the residuals as they were; a group of one compresses nothing (it
+//! sends nothing and returns the gradients unchanged).
 //!
 //! Overlap: [`GradExchange::start_bucket`] sends a bucket's contributions at once, without
 //! waiting; [`GradExchange::progress`] (never blocking) and [`GradExchange::finish`] (waiting
@@ -98,6 +99,8 @@ pub struct GradExchange<T, X> {
     step: Option<u64>,
     finished: bool,
     codec: Codec,
+    /// Whether this step keeps and uses error feedback ([`ExchangeConfig::feedback_at`]).
+    feedback_now: bool,
     buckets: Vec<Bucket<T>>,
     feedback: ErrorFeedbackState<T>,
     last: ExchangeStats,
@@ -144,6 +147,7 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
             .collect();
         Ok(GradExchange {
             codec: config.codec_at(0),
+            feedback_now: config.feedback_at(0),
             feedback: ErrorFeedbackState::empty(layout.buckets()),
             config,
             layout,
@@ -193,6 +197,7 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
         self.step = Some(step);
         self.finished = false;
         self.codec = self.config.codec_at(step);
+        self.feedback_now = self.config.feedback_at(step);
         for b in &mut self.buckets {
             b.started = false;
             b.reduced = false;
@@ -272,7 +277,7 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
         }
         let codec = self.codec;
         let lossy = codec.compression.is_lossy();
-        let feedback = lossy && self.config.error_feedback;
+        let feedback = lossy && self.feedback_now;
         let mut values = grads.to_vec();
         if feedback {
             let r = residual(&mut self.feedback.worker[bucket], len);
@@ -421,7 +426,8 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
             acc.iter_mut().for_each(|a| *a = *a / d);
         }
         let codec = self.codec;
-        if codec.compression.is_lossy() && self.config.error_feedback {
+        let feedback = codec.compression.is_lossy() && self.feedback_now;
+        if feedback {
             let r = residual(&mut self.feedback.server[bucket], range.len());
             for (a, e) in acc.iter_mut().zip(r.iter()) {
                 *a = *a + *e;
@@ -436,7 +442,7 @@ impl<T: GradFloat, X: GradTransport> GradExchange<T, X> {
                 key,
                 error,
             })?;
-            if codec.compression.is_lossy() && self.config.error_feedback {
+            if feedback {
                 let r = &mut self.feedback.server[bucket];
                 for ((e, a), d) in r.iter_mut().zip(&acc).zip(out.iter()) {
                     *e = *a - *d;

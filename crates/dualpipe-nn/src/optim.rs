@@ -208,6 +208,9 @@ pub struct Optimizer {
     variance_frozen_from: Option<u64>,
     /// 1-bit Adam: exchange the momentum divided by Adam's (frozen) denominator.
     preconditioned: bool,
+    /// 1-bit Adam: after the warm-up, every step whose 1-based number is a multiple of this
+    /// updates the second moment again ([`Optimizer::with_variance_refresh`]); 0: never.
+    refresh_every: u64,
 }
 
 impl Optimizer {
@@ -225,6 +228,7 @@ impl Optimizer {
             state: Vec::new(),
             variance_frozen_from: None,
             preconditioned: false,
+            refresh_every: 0,
         }
     }
 
@@ -251,17 +255,54 @@ impl Optimizer {
         self
     }
 
+    /// In 1-bit Adam's compression phase, the second moment is refreshed on every step whose
+    /// 1-based number `t` is a multiple of `every` (0: never, the variance stays frozen, as
+    /// Tang et al.'s 1-bit Adam). A refresh step is a plain AdamW step on the exchanged
+    /// gradient, except that the second moment is updated as AdamW's would be over the `Δ`
+    /// steps since its last update, each with this step's gradient:
+    /// `v ← β₂^Δ v + (1 − β₂^Δ) g²`, and is read with AdamW's bias correction of step `t`
+    /// until the next refresh. So the frozen second moment follows the one AdamW would keep,
+    /// sampled every `every` steps, instead of staying what it was after the warm-up.
+    pub fn with_variance_refresh(mut self, every: u64) -> Self {
+        self.refresh_every = every;
+        self
+    }
+
     /// The step from which the second moment stays frozen (`None`: never).
     pub fn variance_frozen_from(&self) -> Option<u64> {
         self.variance_frozen_from
     }
 
+    /// Whether the step of 1-based number `t` refreshes the second moment (after the warm-up).
+    fn is_refresh(&self, t: u64) -> bool {
+        self.refresh_every > 0
+            && self.variance_frozen_from.is_some_and(|w| t > w)
+            && t % self.refresh_every == 0
+    }
+
+    /// The 1-based number of the last step up to `t` that updated the second moment: `t`
+    /// itself outside 1-bit Adam's compression phase, else the warm-up's last step or the
+    /// last refresh.
+    fn variance_step(&self, t: u64) -> u64 {
+        match self.variance_frozen_from {
+            Some(w) if t > w => {
+                let refreshed = match self.refresh_every {
+                    0 => 0,
+                    k => t / k * k,
+                };
+                refreshed.max(w)
+            }
+            _ => t,
+        }
+    }
+
     /// Whether the next [`Optimizer::step`] keeps the second moment frozen and takes the
-    /// gradients as the new first moment.
+    /// gradients as the new first moment (not on a refresh step).
     pub fn variance_frozen(&self) -> bool {
         matches!(self.kind, OptimizerKind::AdamW { .. })
             && !self.state.is_empty()
             && self.variance_frozen_from.is_some_and(|w| self.steps >= w)
+            && !self.is_refresh(self.steps + 1)
     }
 
     /// In 1-bit Adam's compression phase ([`Optimizer::variance_frozen`]; a no-op otherwise),
@@ -281,7 +322,7 @@ impl Optimizer {
         if !self.variance_frozen() {
             return Ok(());
         }
-        let inv_bc2 = 1.0 / (1.0 - beta2.powi(self.variance_frozen_from.unwrap_or(1) as i32));
+        let inv_bc2 = 1.0 / (1.0 - beta2.powi(self.variance_step(self.steps) as i32));
         for (i, (p, state)) in params.iter_mut().zip(&self.state).enumerate() {
             if plain.get(i).copied().unwrap_or(false) {
                 continue;
@@ -395,15 +436,23 @@ impl Optimizer {
                     eps,
                     weight_decay,
                 } => {
-                    let frozen = frozen && !plain.get(i).copied().unwrap_or(false);
+                    let plain_param = plain.get(i).copied().unwrap_or(false);
+                    let frozen = frozen && !plain_param;
                     let t = self.steps as i32;
-                    let t2 = match self.variance_frozen_from {
-                        Some(w) if frozen => w as i32,
-                        _ => t,
+                    // The second moment's decay this step and the step its bias correction
+                    // counts to.
+                    let (t2, decay2) = if plain_param {
+                        (t, beta2)
+                    } else if frozen {
+                        (self.variance_step(self.steps) as i32, beta2)
+                    } else {
+                        // A refresh stands for the steps since the second moment's last update.
+                        let since = self.steps - self.variance_step(self.steps - 1);
+                        (t, beta2.powi(since as i32))
                     };
                     let step = AdamWStep {
                         beta1,
-                        beta2,
+                        beta2: decay2,
                         eps,
                         decay: 1.0 - lr * weight_decay,
                         inv_bc2: 1.0 / (1.0 - beta2.powi(t2)),
@@ -576,6 +625,57 @@ mod tests {
             panic!("AdamW keeps m and v");
         };
         assert_eq!(kept.to_vec1::<f64>().unwrap()[0], v);
+    }
+
+    /// Warm-up 2, refresh every 5: steps 1-2 AdamW, 3-4 frozen (momentum taken), 5 a refresh
+    /// (plain AdamW on the gradient, `v` moved by the 3 steps since step 2 with this
+    /// gradient, `v ← β₂³ v + (1 − β₂³) g²`, bias correction of step 5), 6-7 frozen again and
+    /// read with step 5's correction; by hand.
+    #[test]
+    fn one_bit_adam_refreshes_the_variance_as_adamw_over_the_steps_since_its_last_update() {
+        let (b1, b2, eps, lr) = (0.9f64, 0.999f64, 1e-8, 0.1);
+        let kind = OptimizerKind::AdamW {
+            beta1: b1,
+            beta2: b2,
+            eps,
+            weight_decay: 0.0,
+        };
+        let mut p = param(1.0, 0.5);
+        let mut opt = Optimizer::new(kind, lr)
+            .with_variance_frozen_from(2)
+            .with_variance_refresh(5);
+        let (mut x, mut m, mut v, mut last) = (1.0f64, 0.0f64, 0.0f64, 0i32);
+        let grads = [0.5, -0.25, 0.75, 0.125, -0.5, 2.0, 0.25];
+        for (i, g) in grads.into_iter().enumerate() {
+            let t = i as i32 + 1;
+            let refresh = t == 5;
+            assert_eq!(opt.variance_frozen(), t > 2 && !refresh, "step {t}");
+            p.grad = Tensor::new(&[g], &Device::Cpu).unwrap();
+            opt.fold_momentum(&mut [&mut p], &[]).unwrap();
+            opt.step(&mut [&mut p]).unwrap();
+            m = b1 * m + (1.0 - b1) * g;
+            if t <= 2 || refresh {
+                let keep = b2.powi(t - last);
+                v = keep * v + (1.0 - keep) * g * g;
+                last = t;
+            }
+            let vhat = v / (1.0 - b2.powi(last));
+            x -= lr * (m / (1.0 - b1.powi(t))) / (vhat.sqrt() + eps);
+            assert!(
+                (value(&p) - x).abs() < 1e-14,
+                "step {t}: {} vs {x}",
+                value(&p)
+            );
+        }
+        // Without the refresh the variance stays step 2's: steps 5-7 move differently.
+        let mut frozen = Optimizer::new(kind, lr).with_variance_frozen_from(2);
+        let mut q = param(1.0, 0.5);
+        for g in grads {
+            q.grad = Tensor::new(&[g], &Device::Cpu).unwrap();
+            frozen.fold_momentum(&mut [&mut q], &[]).unwrap();
+            frozen.step(&mut [&mut q]).unwrap();
+        }
+        assert!((value(&q) - x).abs() > 1e-6);
     }
 
     #[test]

@@ -427,8 +427,11 @@ impl ReplicaExchange {
                     copies.len()
                 )));
             }
+            // Under 1-bit Adam the copies are summed (and the momentum folded from the sum)
+            // before the exchange: a lead exchanges its copy alone, its partner sends nothing.
+            let presummed = paired && config.one_bit_adam_from().is_some();
             every_copy_joins &= sums || paired || copies.len() == placement.dirs();
-            joins_remote_copies |= sums || paired;
+            joins_remote_copies |= sums || (paired && !presummed);
             let keeps_feedback = !matches!(link, GroupLink::Partner(_));
             let timeout = exchange.timeout;
             let grads = match (config.dtype, link) {
@@ -446,17 +449,29 @@ impl ReplicaExchange {
                 }
                 (DType::F32, GroupLink::Lead { replicas, copies }) => {
                     let inner = GradExchange::new(exchange.clone(), layout(4)?, s, replicas)?;
-                    StageGrads::F32(Box::new(CopyLead::new(inner, copies, timeout)?))
+                    let lead = CopyLead::new(inner, copies, timeout)?;
+                    StageGrads::F32(Box::new(if presummed { lead.presummed() } else { lead }))
                 }
                 (DType::F64, GroupLink::Lead { replicas, copies }) => {
                     let inner = GradExchange::new(exchange.clone(), layout(8)?, s, replicas)?;
-                    StageGrads::F64(Box::new(CopyLead::new(inner, copies, timeout)?))
+                    let lead = CopyLead::new(inner, copies, timeout)?;
+                    StageGrads::F64(Box::new(if presummed { lead.presummed() } else { lead }))
                 }
                 (DType::F32, GroupLink::Partner(t)) => {
-                    StageGrads::F32(Box::new(CopyPartner::new(layout(4)?, s, t, timeout)?))
+                    let partner = CopyPartner::new(layout(4)?, s, t, timeout)?;
+                    StageGrads::F32(Box::new(if presummed {
+                        partner.presummed()
+                    } else {
+                        partner
+                    }))
                 }
                 (DType::F64, GroupLink::Partner(t)) => {
-                    StageGrads::F64(Box::new(CopyPartner::new(layout(8)?, s, t, timeout)?))
+                    let partner = CopyPartner::new(layout(8)?, s, t, timeout)?;
+                    StageGrads::F64(Box::new(if presummed {
+                        partner.presummed()
+                    } else {
+                        partner
+                    }))
                 }
                 (_, GroupLink::SumF32(_)) => return Err(wrong_type("f32")),
                 (_, GroupLink::SumF64(_)) => return Err(wrong_type("f64")),

@@ -125,10 +125,12 @@ pub fn mpi_trainer(
         && one_copy_per_rank
         && !expert_copies;
     // Our exchange with DualPipe's copies of a stage in two processes of a replica: the copies
-    // are summed inside it (the lowest direction's holder leads, dualpipe_dp::copies), except
-    // under 1-bit Adam, whose momentum is folded from the copies' sum after the pipeline (and
-    // for a placement whose holders list a stage at different places, or with expert
-    // parallelism, whose routed experts the dense exchange does not carry: summed after it).
+    // are summed inside it (the lowest direction's holder leads, dualpipe_dp::copies). Under
+    // 1-bit Adam, whose momentum is folded from the copies' sum after the pipeline, the copies
+    // are summed first and the lead alone exchanges its copy (presummed; before, both holders
+    // exchanged the same sum: twice the bytes). Not for a placement whose holders list a stage
+    // at different places, or with expert parallelism, whose routed experts the dense exchange
+    // does not carry: summed after it.
     // The split of round i joins a stage's holders only if each lists the stage i-th.
     let same_place = (0..config.model_stages()).all(|s| {
         let mut places = (0..schedule.placement.dirs()).map(|d| {
@@ -143,7 +145,6 @@ pub fn mpi_trainer(
         && one_copy_per_rank
         && same_place
         && copies.iter().any(|&c| c > 1)
-        && config.one_bit_adam_from().is_none()
         && !expert_copies;
     let model_stages = config.model_stages();
     let mut stages = Vec::new();

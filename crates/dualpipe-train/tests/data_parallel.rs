@@ -211,19 +211,23 @@ fn the_exchange_starts_inside_the_pipeline_once_per_stage() {
 
 /// 1-bit Adam (1bit, AdamW, a warm-up): the replicas exchange the momentum after the warm-up
 /// and stay bit-identical; it trains differently from compressing the gradient (no warm-up),
-/// and the warm-up steps are the uncompressed run's. The same with the preconditioned
-/// momentum (`one_bit_preconditioned`), which trains differently again.
+/// and the warm-up steps are those of a run exchanging the gradient in int8 without error
+/// feedback. The same with the preconditioned momentum (`one_bit_preconditioned`), which
+/// trains differently again. A variance refresh every 2 steps changes nothing before its first
+/// refresh (step 4) and the steps after it, and keeps the replicas identical.
 #[test]
-fn one_bit_adam_keeps_the_replicas_identical_and_its_warmup_is_uncompressed() {
-    let run_with = |compression: Compression, warmup: u64, preconditioned: bool| {
+fn one_bit_adam_keeps_the_replicas_identical_and_its_warmup_is_int8() {
+    let run_with = |compression: Compression, warmup: u64, preconditioned: bool, refresh: u64| {
         let config = TrainConfig {
             data_parallel: 2,
             gradient_compression: compression,
             compression_warmup: Some(warmup),
             one_bit_preconditioned: preconditioned,
+            variance_refresh: Some(refresh),
+            error_feedback: compression == Compression::OneBit,
             optimizer: OptimizerKind::adamw(),
             lr: 0.01,
-            steps: 5,
+            steps: 6,
             ..tiny(ModelKind::Gpt, ScheduleKind::DualPipe, 4)
         };
         assert_eq!(
@@ -231,7 +235,7 @@ fn one_bit_adam_keeps_the_replicas_identical_and_its_warmup_is_uncompressed() {
             warmup > 0 && compression == Compression::OneBit
         );
         let mut dp = DataParallel::new(config).unwrap();
-        let losses: Vec<f64> = (0..5).map(|_| dp.step().unwrap().loss).collect();
+        let losses: Vec<f64> = (0..6).map(|_| dp.step().unwrap().loss).collect();
         let [a, b] = dp.replicas() else {
             panic!("two replicas")
         };
@@ -242,20 +246,23 @@ fn one_bit_adam_keeps_the_replicas_identical_and_its_warmup_is_uncompressed() {
         assert_eq!(values(a), values(b), "the replicas' weights");
         losses
     };
-    let run = |compression, warmup| run_with(compression, warmup, false);
+    let run = |compression, warmup| run_with(compression, warmup, false, 0);
     let adam = run(Compression::OneBit, 2);
-    let preconditioned = run_with(Compression::OneBit, 2, true);
+    let preconditioned = run_with(Compression::OneBit, 2, true, 0);
     assert_eq!(adam[..3], preconditioned[..3]);
     assert_ne!(adam[3..], preconditioned[3..]);
+    let refreshed = run_with(Compression::OneBit, 2, false, 2);
+    assert_eq!(adam[..4], refreshed[..4], "no refresh before step 4");
+    assert_ne!(adam[4..], refreshed[4..], "step 4 refreshed the variance");
     let gradients = run(Compression::OneBit, 0);
-    let none = run(Compression::None, 2);
+    let int8 = run(Compression::Int8, 0);
     assert!(adam.iter().all(|l| l.is_finite()));
     assert_eq!(
         adam[..3],
-        none[..3],
-        "steps 1-2 are uncompressed, step 3's loss is theirs"
+        int8[..3],
+        "steps 1-2 exchange the gradient in int8, step 3's loss is theirs"
     );
-    assert_ne!(adam[3..], none[3..]);
+    assert_ne!(adam[3..], int8[3..]);
     assert_ne!(adam[3..], gradients[3..]);
 }
 

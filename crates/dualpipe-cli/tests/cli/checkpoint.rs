@@ -374,7 +374,7 @@ fn a_one_bit_checkpoint_carries_its_error_feedback_to_another_data_parallel_degr
     assert!(
         first
             .stderr
-            .contains("1-bit Adam: steps 1-1 of 4 exchange uncompressed gradients"),
+            .contains("1-bit Adam: steps 1-1 of 4 exchange the gradient in int8"),
         "{}",
         first.stderr
     );

@@ -6,16 +6,20 @@
 //! |---|---|---|
 //! | `none` | `n * size_of::<T>()`: the values' little-endian bytes | 4 B |
 //! | `bf16` | `2 n`: each value rounded to bfloat16 (nearest, ties to even), `u16` LE | 2 B |
-//! | `int8` | `4 k + n`: per chunk an `f32` LE scale, then one `i8` per value | 1.002 B |
+//! | `int8` | `4 k + n`: per chunk an `f32` LE scale, then one byte per value (sign and a logarithmic level) | 1.002 B |
 //! | `1bit` | `4 k + sum ceil(len_i / 8)`: per chunk an `f32` LE scale, then the sign bits | 0.127 B |
 //!
 //! Chunks are consecutive runs of `c` values (the last one may be shorter) and are laid out one
 //! after the other, each as `[scale][payload]`:
 //!
-//! - **int8** ([`int8`]): `scale = max |x| / 127` over the chunk (as `f32`); value `q = x /
-//!   scale` rounded to nearest (ties away from zero) or stochastically (`floor(x / scale + u)`,
-//!   `u` uniform in [0, 1) from a seeded counter-based generator, unbiased), clamped to
-//!   [-127, 127]; decoded as `q * scale`. A chunk of zeros has scale 0.
+//! - **int8** ([`int8`]): `scale = max |x|` over the chunk (as `f32`); each value's byte is its
+//!   sign (bit 7, 1 for negative) and a level `l` in 0..=127 (bits 0-6): 0 decodes to 0, `l >= 1`
+//!   to `scale * 2^((l - 127) / 4)` (four levels per octave). The level is the nearer of the two
+//!   around `|x| / scale` (in value, not in logarithm) or, stochastically, either with the
+//!   probability that makes the result unbiased (`u` uniform in [0, 1) from a seeded
+//!   counter-based generator). Every value keeps its magnitude to within 8.6%, down to
+//!   `2^-31.5` of the chunk's largest (a linear code sent everything below `max / 254` as 0,
+//!   which AdamW did not forgive: issue 31, docs/distributed.md). A chunk of zeros has scale 0.
 //! - **1bit** ([`onebit`]): `scale = mean |x|` over the chunk (as `f32`); bit `j` of the chunk
 //!   (byte `j / 8`, bit `j % 8`, least significant first) is 1 when `x_j >= 0`; decoded as
 //!   `+scale` or `-scale`. Unused bits of the last byte are 0.
@@ -43,7 +47,7 @@ pub enum Compression {
     None,
     /// bfloat16: half the bytes of `f32`.
     Bf16,
-    /// One byte per value plus an `f32` scale per chunk.
+    /// One byte per value (sign and logarithmic level) plus an `f32` scale per chunk.
     Int8,
     /// One bit per value (the sign) plus an `f32` scale (mean absolute value) per chunk.
     OneBit,
@@ -111,13 +115,14 @@ impl FromStr for Compression {
     }
 }
 
-/// How int8 rounds a value to its integer.
+/// How int8 rounds a value to one of its levels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Rounding {
-    /// To the nearest integer, ties away from zero (error at most half a scale step).
+    /// To the nearer of the two levels around it (error at most 8.6% of the value).
     #[default]
     Nearest,
-    /// `floor(x / scale + u)` with `u` uniform in [0, 1): unbiased, error below one step. `u`
+    /// To the upper level with probability `(x - lower) / (upper - lower)`: unbiased, error
+    /// below one level's spacing. The uniform number `u`
     /// comes from a counter-based generator keyed by `seed`, the message and the value's index,
     /// so the result never depends on timing or thread count.
     Stochastic {

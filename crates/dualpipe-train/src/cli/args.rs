@@ -183,11 +183,16 @@ pub struct TrainArgs {
     /// Wire format of the gradient exchange: none, bf16, int8 or 1bit.
     #[arg(long, default_value_t = D.gradient_compression.name().to_string())]
     pub gradient_compression: String,
-    /// Steps exchanged uncompressed before --gradient-compression starts [default: a quarter
-    /// of --steps for 1bit under AdamW (1-bit Adam's warm-up), else 0]; 0 compresses from
-    /// the first step.
+    /// Warm-up steps before --gradient-compression starts [default: a quarter of --steps, at
+    /// least 1, for 1bit under AdamW (1-bit Adam's warm-up, the gradient in int8), else 0 (other
+    /// warm-ups are uncompressed)]; 0 compresses the gradient from the first step.
     #[arg(long, value_name = "N")]
     pub compression_warmup: Option<u64>,
+    /// With 1-bit Adam: every N-th step after the warm-up exchanges the gradient in int8 and
+    /// refreshes AdamW's variance [default: --steps / 7]; 0 keeps the variance frozen after
+    /// the warm-up.
+    #[arg(long, value_name = "N")]
+    pub variance_refresh: Option<u64>,
     /// With 1bit under AdamW: exchange 1-bit Adam's momentum divided by AdamW's frozen
     /// denominator (every entry of an Adam step's size) instead of the raw momentum.
     #[arg(long)]

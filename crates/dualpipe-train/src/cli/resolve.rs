@@ -171,6 +171,7 @@ fn config_and_schedule(args: &TrainArgs) -> Result<(TrainConfig, Option<Schedule
         gradient_compression,
         compression_warmup: args.compression_warmup,
         one_bit_preconditioned: args.one_bit_preconditioned,
+        variance_refresh: args.variance_refresh,
         error_feedback: !args.no_error_feedback,
         mpi_allreduce: !args.no_mpi_allreduce,
         moe: args.moe.settings()?,

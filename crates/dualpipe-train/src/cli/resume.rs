@@ -249,21 +249,48 @@ impl TrainArgs {
         }
     }
 
-    /// Tells `say` of 1-bit Adam's warm-up when it is the default one (unless `--quiet`), so
-    /// a user who passed only `--gradient-compression 1bit` knows why the first steps send
-    /// every byte.
+    /// Tells `say` how 1-bit Adam runs (unless `--quiet`): its warm-up and its variance
+    /// refresh, each saying whether it is the default, so a user who passed only
+    /// `--gradient-compression 1bit` knows what the run does.
     pub fn say_compression_warmup(&self, config: &crate::TrainConfig, say: &mut dyn FnMut(&str)) {
-        if self.observe.quiet || config.compression_warmup.is_some() {
+        if self.observe.quiet {
             return;
         }
         if let Some(warmup) = config.one_bit_adam_from() {
+            let default = |given: bool, what: &str| {
+                if given {
+                    "given".to_string()
+                } else {
+                    format!("the default, {what}")
+                }
+            };
+            let warm = default(
+                config.compression_warmup.is_some(),
+                &format!(
+                    "{:.0}% of the steps",
+                    100.0 * crate::config::ONE_BIT_ADAM_WARMUP_SHARE
+                ),
+            );
+            let every = config.variance_refresh_every();
+            let refresh = if every == 0 {
+                "frozen for the rest of the run".to_string()
+            } else {
+                format!(
+                    "refreshed on every step whose number is a multiple of {every} ({}): \
+                     such a step exchanges the gradient in int8 and updates the variance as \
+                     AdamW would have over the steps since its last update",
+                    default(
+                        config.variance_refresh.is_some(),
+                        &format!("--steps / {}", crate::config::ONE_BIT_ADAM_REFRESHES)
+                    )
+                )
+            };
             say(&format!(
-                "1-bit Adam: steps 1-{warmup} of {} exchange uncompressed gradients (the \
-                 default warm-up, {:.0}% of the steps), then the momentum in 1 bit with \
-                 AdamW's variance frozen; --compression-warmup N sets it, 0 compresses the \
-                 gradient from the first step",
+                "1-bit Adam: steps 1-{warmup} of {} exchange the gradient in int8 (the \
+                 warm-up, {warm}), then the momentum in 1 bit with AdamW's variance \
+                 {refresh}; --compression-warmup N and --variance-refresh N set them, \
+                 --compression-warmup 0 compresses the gradient from the first step",
                 config.steps,
-                100.0 * crate::config::ONE_BIT_ADAM_WARMUP_SHARE
             ));
         }
     }

@@ -34,10 +34,16 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-/// The share of the steps 1-bit Adam runs uncompressed by default (its warm-up, when
-/// [`TrainConfig::compression_warmup`] is `None`); see docs/distributed.md for the runs
-/// behind it.
+/// The share of the steps 1-bit Adam's warm-up takes by default (when
+/// [`TrainConfig::compression_warmup`] is `None`): a quarter (at least one step), exchanged
+/// in int8. A warm-up of 1% (with the refreshes below, 96% fewer bytes over a run) diverged on
+/// the default task; see docs/distributed.md for the runs behind it.
 pub const ONE_BIT_ADAM_WARMUP_SHARE: f64 = 0.25;
+
+/// By default 1-bit Adam refreshes AdamW's variance every `steps / ONE_BIT_ADAM_REFRESHES`
+/// steps after its warm-up (when [`TrainConfig::variance_refresh`] is `None`; none when that
+/// is below 2), each refresh exchanging the gradient in int8.
+pub const ONE_BIT_ADAM_REFRESHES: u64 = 7;
 
 /// Everything a training run depends on. The model and the data depend only on `model`,
 /// `seed`, [`TrainConfig::model_stages`], the model's shape (`hidden` for the MLP; `d_model`,
@@ -145,6 +151,12 @@ pub struct TrainConfig {
     /// al. publish it (`false`, the default).
     #[serde(skip_serializing_if = "is_false")]
     pub one_bit_preconditioned: bool,
+    /// Under 1-bit Adam, refresh AdamW's frozen variance on every step whose number is a
+    /// multiple of this (`--variance-refresh`; 0: never, the variance frozen after the
+    /// warm-up as Tang et al.'s 1-bit Adam; `None`: [`TrainConfig::variance_refresh_every`]'s
+    /// default). See [`Optimizer::with_variance_refresh`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variance_refresh: Option<u64>,
     /// Keep what a lossy compression dropped and add it to the next step's gradient
     /// (`false`: `--no-error-feedback`).
     pub error_feedback: bool,
@@ -207,6 +219,7 @@ impl TrainConfig {
         gradient_compression: Compression::None,
         compression_warmup: None,
         one_bit_preconditioned: false,
+        variance_refresh: None,
         error_feedback: true,
         mpi_allreduce: true,
         moe: None,
@@ -332,6 +345,7 @@ impl TrainConfig {
         match self.one_bit_adam_from() {
             Some(w) => opt
                 .with_variance_frozen_from(w)
+                .with_variance_refresh(self.variance_refresh_every())
                 .with_preconditioned_momentum(self.one_bit_preconditioned),
             None => opt,
         }
@@ -345,11 +359,13 @@ impl TrainConfig {
             && self.gradient_compression == Compression::OneBit
     }
 
-    /// The steps exchanged uncompressed before the compression starts: `compression_warmup`
-    /// when given; otherwise, for 1-bit Adam ([`TrainConfig::one_bit_adam`]),
-    /// [`ONE_BIT_ADAM_WARMUP_SHARE`] of `steps` (rounded down, at least 1: AdamW's second
-    /// moment needs a step before it can be frozen), as DeepSpeed's 1-bit Adam warms up for
-    /// 15-25% of a run; 0 for every other compression.
+    /// The warm-up steps before the compression starts: `compression_warmup` when given;
+    /// otherwise, for 1-bit Adam ([`TrainConfig::one_bit_adam`]), [`ONE_BIT_ADAM_WARMUP_SHARE`]
+    /// of `steps` (rounded down, at least 1: AdamW's second moment needs a step before it can
+    /// be frozen); 0 for every other compression. 1-bit Adam's warm-up exchanges the gradient
+    /// in int8 (every other warm-up uncompressed), and its variance is refreshed after it
+    /// ([`TrainConfig::variance_refresh_every`]), which is why its warm-up can be this short
+    /// where DeepSpeed's, with the variance frozen for good, takes 15-25% of a run.
     pub fn compression_warmup_steps(&self) -> u64 {
         match self.compression_warmup {
             Some(w) => w,
@@ -357,6 +373,21 @@ impl TrainConfig {
                 ((self.steps as f64 * ONE_BIT_ADAM_WARMUP_SHARE) as u64).max(1)
             }
             None => 0,
+        }
+    }
+
+    /// 1-bit Adam's variance refresh period (0: none): `variance_refresh` when given, else
+    /// `steps / `[`ONE_BIT_ADAM_REFRESHES`] (0 when that is below 2); 0 without 1-bit Adam.
+    pub fn variance_refresh_every(&self) -> u64 {
+        if self.one_bit_adam_from().is_none() {
+            return 0;
+        }
+        match self.variance_refresh {
+            Some(n) => n,
+            None => match self.steps as u64 / ONE_BIT_ADAM_REFRESHES {
+                n if n < 2 => 0,
+                n => n,
+            },
         }
     }
 
@@ -375,6 +406,12 @@ impl TrainConfig {
             compression: self.gradient_compression,
             error_feedback: self.error_feedback,
             compression_warmup: self.compression_warmup_steps(),
+            warmup_compression: if self.one_bit_adam_from().is_some() {
+                Compression::Int8
+            } else {
+                Compression::None
+            },
+            refresh_every: self.variance_refresh_every(),
             bucket_bytes: (self.bucket_mb * (1u64 << 20) as f64).round().max(1.0) as usize,
             timeout: std::time::Duration::from_secs_f64(self.recv_timeout),
             ..dualpipe_dp::ExchangeConfig::default()
@@ -410,7 +447,7 @@ mod tests {
     }
 
     #[test]
-    fn one_bit_adam_warms_up_for_a_quarter_of_the_steps_by_default() {
+    fn one_bit_adam_warms_up_in_int8_for_a_quarter_and_refreshes_every_seventh_of_the_run() {
         let one_bit = TrainConfig {
             data_parallel: 2,
             gradient_compression: Compression::OneBit,
@@ -418,7 +455,22 @@ mod tests {
         };
         assert_eq!(one_bit.compression_warmup_steps(), 75);
         assert_eq!(one_bit.one_bit_adam_from(), Some(75));
-        assert_eq!(one_bit.exchange_config().compression_warmup, 75);
+        assert_eq!(one_bit.variance_refresh_every(), 42);
+        let ex = one_bit.exchange_config();
+        assert_eq!(ex.compression_warmup, 75);
+        assert_eq!(ex.warmup_compression, Compression::Int8);
+        assert_eq!(ex.refresh_every, 42);
+        let int8_steps = (0..300)
+            .filter(|&s| ex.compression_at(s) == Compression::Int8)
+            .count();
+        // Steps 1-75, then 84, 126, 168, 210, 252 and 294 (1-based).
+        assert_eq!(int8_steps, 75 + 6, "the warm-up and six refreshes");
+        assert!(!ex.feedback_at(83) && ex.feedback_at(84) && !ex.feedback_at(74));
+        let frozen = TrainConfig {
+            variance_refresh: Some(0),
+            ..one_bit.clone()
+        };
+        assert_eq!(frozen.exchange_config().refresh_every, 0);
         let short = TrainConfig {
             steps: 3,
             ..one_bit.clone()

@@ -32,6 +32,7 @@ pub struct SummaryBuilder {
     expert_loads: Vec<crate::moe::ExpertLoad>,
     first_step: Option<usize>,
     feedback_norms: Vec<f64>,
+    by_format: Vec<super::FormatBytes>,
 }
 
 impl SummaryBuilder {
@@ -56,6 +57,7 @@ impl SummaryBuilder {
             expert_loads: Vec::new(),
             first_step: None,
             feedback_norms: Vec::new(),
+            by_format: Vec::new(),
         }
     }
 
@@ -68,6 +70,28 @@ impl SummaryBuilder {
         self.expert_loads.extend(report.expert_load);
         if let Some(exchange) = &report.exchange {
             self.feedback_norms.push(exchange.feedback_norm);
+            let format = self
+                .config
+                .exchange_config()
+                .compression_at(report.step as u64);
+            let at = match self
+                .by_format
+                .iter()
+                .position(|f| f.compression == format.name())
+            {
+                Some(at) => at,
+                None => {
+                    self.by_format.push(super::FormatBytes {
+                        compression: format.name().into(),
+                        ..Default::default()
+                    });
+                    self.by_format.len() - 1
+                }
+            };
+            let f = &mut self.by_format[at];
+            f.steps += 1;
+            f.bytes_sent += exchange.bytes_sent;
+            f.bytes_uncompressed += exchange.bytes_uncompressed;
         }
         if let Some(timeline) = report.timeline {
             let measured = metrics(&timeline, &self.schedule.placement);
@@ -163,10 +187,18 @@ impl SummaryBuilder {
                 && config.gradient_compression != dualpipe_dp::Compression::None)
                 .then(|| config.compression_warmup_steps()),
             one_bit_adam_from: config.one_bit_adam_from(),
+            variance_refresh: config
+                .one_bit_adam_from()
+                .map(|_| config.variance_refresh_every()),
             feedback_norms: if config.gradient_compression == dualpipe_dp::Compression::None {
                 Vec::new()
             } else {
                 self.feedback_norms
+            },
+            grad_bytes_by_format: if config.gradient_compression == dualpipe_dp::Compression::None {
+                Vec::new()
+            } else {
+                self.by_format
             },
             communication_overhead: 0.0,
             expert_load_imbalance: self.expert_loads,

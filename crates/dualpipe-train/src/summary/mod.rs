@@ -16,6 +16,19 @@ mod table;
 
 pub use builder::{median, SummaryBuilder};
 
+/// The gradient bytes of the steps of one wire format ([`RunSummary::grad_bytes_by_format`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct FormatBytes {
+    /// The wire format (`none`, `bf16`, `int8`, `1bit`).
+    pub compression: String,
+    /// Steps exchanged in it.
+    pub steps: u64,
+    /// Bytes the replica sent on those steps (bodies and headers).
+    pub bytes_sent: u64,
+    /// What their bodies would have carried uncompressed.
+    pub bytes_uncompressed: u64,
+}
+
 /// The summary of a finished run (the JSON output of `dualpipe train --format json`).
 #[derive(Serialize, Debug, Clone)]
 pub struct RunSummary {
@@ -144,10 +157,18 @@ pub struct RunSummary {
     /// is exchanged in 1 bit (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub one_bit_adam_from: Option<u64>,
+    /// Under 1-bit Adam: the variance refresh period (0: frozen after the warm-up; absent
+    /// otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variance_refresh: Option<u64>,
     /// With a compression: the L2 norm of the reporting replica's error-feedback residuals
     /// after each step (what compression still owes the model).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub feedback_norms: Vec<f64>,
+    /// With a compression: the reporting replica's gradient bytes by the wire format of the
+    /// step (1-bit Adam's int8 warm-up and refresh steps apart from its 1-bit steps).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub grad_bytes_by_format: Vec<FormatBytes>,
     /// The share of the run's time spent in the gradient exchange that compute did not hide
     /// (mean over replicas; the exchange follows the pipeline, so none of it is hidden).
     pub communication_overhead: f64,
