@@ -112,7 +112,7 @@ impl ExchangeConfig {
     pub fn is_refresh(&self, step: u64) -> bool {
         self.refresh_every > 0
             && step >= self.compression_warmup
-            && (step + 1) % self.refresh_every == 0
+            && (step + 1).is_multiple_of(self.refresh_every)
     }
 
     /// The compression used at `step`: `warmup_compression` during the warm-up and on refresh

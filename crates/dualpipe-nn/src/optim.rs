@@ -277,7 +277,7 @@ impl Optimizer {
     fn is_refresh(&self, t: u64) -> bool {
         self.refresh_every > 0
             && self.variance_frozen_from.is_some_and(|w| t > w)
-            && t % self.refresh_every == 0
+            && t.is_multiple_of(self.refresh_every)
     }
 
     /// The 1-based number of the last step up to `t` that updated the second moment: `t`

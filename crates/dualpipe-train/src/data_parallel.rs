@@ -487,8 +487,11 @@ impl ReplicaExchange {
                 }),
             });
         }
+        // Exact on every step: no warm-up or refresh format either.
         let loss_config = ExchangeConfig {
             compression: Compression::None,
+            warmup_compression: Compression::None,
+            refresh_every: 0,
             reduce: Reduce::Sum,
             ..exchange
         };
