@@ -372,3 +372,72 @@ fn serve_migrates_resizes_restarts_and_recovers_without_losing_a_step() {
         assert!(log.contains(needle), "missing {needle:?} in\n{log}");
     }
 }
+
+#[test]
+fn serve_refuses_bad_input_in_one_line() {
+    let dir = TempDir::new("cluster-serve-bad");
+    let state = dir.join("state");
+    let file = dir.write("a-file", "x");
+    dualpipe(["cluster", "serve", "--slots", "2", "--state", s(&file)])
+        .usage_error(&["--state", "not a directory"]);
+    dualpipe([
+        "cluster",
+        "serve",
+        "--slots",
+        "2",
+        "--state",
+        s(&state),
+        "--addr",
+        "nowhere",
+    ])
+    .usage_error(&["--addr nowhere", "cannot listen"]);
+    dualpipe([
+        "cluster",
+        "serve",
+        "--slots",
+        "2",
+        "--state",
+        s(&state),
+        "--tick",
+        "0",
+    ])
+    .usage_error(&["--tick 0"]);
+    dualpipe([
+        "cluster",
+        "serve",
+        "--slots",
+        "2",
+        "--state",
+        s(&state),
+        "--overhead-budget",
+        "2",
+    ])
+    .usage_error(&["--overhead-budget 2"]);
+    dualpipe(["cluster", "serve", "--slots", "0", "--state", s(&state)])
+        .usage_error(&["--slots 0"]);
+    // A second scheduler on the same state directory is refused while the first runs.
+    let addr = free_addr();
+    let out = dir.join("serve.log");
+    let _first = Serve::start(&state, &addr, &out);
+    dualpipe([
+        "cluster",
+        "serve",
+        "--slots",
+        "4",
+        "--state",
+        s(&state),
+        "--addr",
+        &free_addr(),
+    ])
+    .usage_error(&["another `dualpipe cluster serve`"]);
+    // Clients: a scheduler that is not there is one line too.
+    let r = dualpipe(["cluster", "list", "--addr", &free_addr()]);
+    assert_eq!(r.code, Some(1));
+    assert_eq!(r.stderr_lines().len(), 1, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("is `dualpipe cluster serve` running there?"),
+        "{}",
+        r.stderr
+    );
+}

@@ -223,6 +223,12 @@ fn seconds(flag: &str, v: f64) -> Result<Duration, UsageError> {
 
 /// Runs `dualpipe cluster serve`.
 pub fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
+    if a.slots == 0 {
+        return Err(UsageError("--slots 0: give at least 1 slot".into()).into());
+    }
+    if a.node_size == Some(0) {
+        return Err(UsageError("--node-size 0: give at least 1 slot per node".into()).into());
+    }
     let tick = seconds("--tick", a.tick)?;
     let scrape_interval = seconds("--scrape-interval", a.scrape_interval)?;
     let stop_grace = seconds("--stop-grace", a.stop_grace)?;
@@ -262,7 +268,11 @@ pub fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         stop_grace,
     };
     dualpipe_io::defer_signals();
-    let mut say = |line: &str| println!("{line}");
+    // The session log goes to stdout; a closed stdout must not end (or panic) the scheduler.
+    let mut say = |line: &str| {
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout(), "{line}");
+    };
     serve(
         options,
         Box::new(TrainLauncher { program }),
