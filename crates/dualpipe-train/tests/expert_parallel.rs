@@ -454,12 +454,23 @@ fn one_bit_adam_with_sharded_experts_keeps_holders_and_replicas_identical() {
         losses[losses.len() - 1] < losses[0],
         "the losses decrease: {losses:?}"
     );
-    // The warm-up is AdamW on the uncompressed exchange; afterwards 1-bit Adam differs.
+    // The warm-up is AdamW on the gradient exchanged in int8, close to the uncompressed
+    // exchange; afterwards 1-bit Adam differs.
     let mut plain = DataParallel::new(config(dualpipe_train::Compression::None, 2)).unwrap();
     let reference: Vec<f64> = (0..one_bit.steps)
         .map(|_| plain.step().unwrap().loss)
         .collect();
-    assert_eq!(losses[..3], reference[..3], "steps 1-2 are uncompressed");
+    assert_eq!(
+        losses[0], reference[0],
+        "the first loss comes before any update"
+    );
+    for (step, (l, r)) in losses.iter().zip(&reference).enumerate().take(3).skip(1) {
+        let gap = (l - r).abs() / r.abs();
+        assert!(
+            gap < 1e-2,
+            "warm-up step {step}: {losses:?} vs {reference:?}"
+        );
+    }
     assert_ne!(losses[3..], reference[3..], "1-bit Adam from step 3");
 }
 
