@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -68,17 +69,18 @@ def _check_kind(kind: Any) -> str:
     return kind
 
 
-# The generator's messages name the CLI's flags; here they are this call's arguments.
-_FLAG_TERMS = (
-    ("--micro-batches ", "n_microbatches="),
-    ("--ranks ", "a world size of "),
-    ("--virtual-stages ", "stages per rank: "),
+# The binding names the settings by its own keyword arguments; this call names two of them
+# otherwise.
+_ARGUMENT_TERMS = (
+    (r"\bmicro_batches=", "n_microbatches="),
+    (r"\branks=", "a world size of "),
+    (r"\bvirtual_stages=", "stages per rank: "),
 )
 
 
 def _in_python_terms(message: str) -> str:
-    for flag, term in _FLAG_TERMS:
-        message = message.replace(flag, term)
+    for argument, term in _ARGUMENT_TERMS:
+        message = re.sub(argument, term, message)
     return message
 
 
