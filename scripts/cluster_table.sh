@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # docs/cluster.md's table: static against elastic on seeded synthetic traces (1,000 jobs, 64
-# nodes x 8 devices), one row per seed and policy, plus the time each simulation took.
+# nodes x 8 devices; JOBS and LOAD change the length and offered load), one row per seed and
+# policy, plus the time each simulation took.
 #
 #   scripts/cluster_table.sh [SEEDS...]     (default: 1 2 3 4 5; needs target/release/dualpipe)
+#   JOBS=20000 LOAD=1.0 POLICIES="static elastic las" BIN=target/debug/dualpipe scripts/cluster_table.sh 1 2 3
 set -eu
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/dualpipe}
@@ -14,7 +16,7 @@ SEEDS=${*:-1 2 3 4 5}
 echo "| seed | policy | utilisation | mean JCT (h) | p95 JCT (h) | mean queueing (h) | fragmentation | migrations | resizes | move overhead (max job) | makespan (h) | sim time (s) |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for seed in $SEEDS; do
-    "$BIN" cluster trace --jobs 1000 --seed "$seed" --load "$LOAD" --output "$TMP/t.csv"
+    "$BIN" cluster trace --jobs "${JOBS:-1000}" --seed "$seed" --load "$LOAD" --output "$TMP/t.csv"
     for policy in ${POLICIES:-static elastic}; do
         start=$(date +%s.%N)
         "$BIN" cluster simulate --cluster "$CLUSTER" --trace "$TMP/t.csv" --policy "$policy" \

@@ -73,10 +73,12 @@ pub fn schedule(params: &ElasticParams, state: &mut State<'_>, now: f64) {
     let mut shrinks: Vec<(usize, usize)> = Vec::new(); // (running index, new count)
     let queue = state.queue.clone();
     let mut waiting = false;
+    let mut candidates: Option<Vec<(usize, usize)>> = None;
     for &j in &queue {
         let need = state.jobs[j].min_gpus.min(devices);
         if need > free && params.shrink {
-            free += shrink_for(params, state, need - free, &mut shrinks, now);
+            let candidates = candidates.get_or_insert_with(|| shrinkable(params, state, now));
+            free += shrink_for(candidates, state, need - free, &mut shrinks);
         }
         if need <= free {
             admitted.push((j, need));
@@ -137,18 +139,13 @@ pub fn schedule(params: &ElasticParams, state: &mut State<'_>, now: f64) {
     }
 }
 
-/// Plans shrinks of running elastic jobs freeing `need` devices; returns how many it frees
-/// (all of `need`, or 0 when that many cannot be freed within the budgets).
-fn shrink_for(
-    params: &ElasticParams,
-    state: &State<'_>,
-    need: usize,
-    shrinks: &mut Vec<(usize, usize)>,
-    now: f64,
-) -> usize {
-    let mut candidates: Vec<(usize, usize)> = Vec::new(); // (running index, surplus)
+/// The running elastic jobs that may be shrunk in this pass: (running index, surplus over
+/// `min_gpus`), most surplus first. A job planned for a shrink leaves the list, so each is
+/// shrunk at most once per pass.
+fn shrinkable(params: &ElasticParams, state: &State<'_>, now: f64) -> Vec<(usize, usize)> {
+    let mut candidates: Vec<(usize, usize)> = Vec::new();
     for (i, r) in state.running.iter().enumerate() {
-        if shrinks.iter().any(|&(s, _)| s == i) || r.paused_until > now {
+        if r.paused_until > now {
             continue;
         }
         let min = state.jobs[r.job].min_gpus;
@@ -157,19 +154,33 @@ fn shrink_for(
             candidates.push((i, held - min));
         }
     }
+    candidates.sort_by_key(|&(i, s)| (std::cmp::Reverse(s), i));
+    candidates
+}
+
+/// Plans shrinks of `candidates` (from [`shrinkable`]) freeing `need` devices; returns how many
+/// it frees (all of `need`, or 0 when that many cannot be freed).
+fn shrink_for(
+    candidates: &mut Vec<(usize, usize)>,
+    state: &State<'_>,
+    need: usize,
+    shrinks: &mut Vec<(usize, usize)>,
+) -> usize {
     if candidates.iter().map(|c| c.1).sum::<usize>() < need {
         return 0;
     }
-    candidates.sort_by_key(|&(i, s)| (std::cmp::Reverse(s), i));
     let mut left = need;
-    for (i, surplus) in candidates {
+    let mut used = 0;
+    for &(i, surplus) in candidates.iter() {
         if left == 0 {
             break;
         }
         let take = surplus.min(left);
         shrinks.push((i, state.running[i].devices.len() - take));
         left -= take;
+        used += 1;
     }
+    candidates.drain(..used);
     need
 }
 
@@ -322,13 +333,8 @@ fn consolidate(params: &ElasticParams, state: &mut State<'_>, now: f64) {
         let k = r.devices.len();
         let own = r.devices.clone();
         let old_rate = r.rate;
-        let room = |n: usize| {
-            state.free_per_node[n]
-                + own
-                    .iter()
-                    .filter(|&&d| state.cluster.node_of[d] == n)
-                    .count()
-        };
+        let mine = own_per_node(state, &own);
+        let room = |n: usize| state.free_per_node[n] + mine[n];
         let Some(n) = (0..state.cluster.nodes.len())
             .filter(|&n| room(n) >= k)
             .min_by_key(|&n| (room(n), n))
@@ -355,6 +361,15 @@ fn consolidate(params: &ElasticParams, state: &mut State<'_>, now: f64) {
     }
 }
 
+/// How many of `devices` lie on each node.
+fn own_per_node(state: &State<'_>, devices: &[usize]) -> Vec<usize> {
+    let mut per_node = vec![0; state.cluster.nodes.len()];
+    for &d in devices {
+        per_node[state.cluster.node_of[d]] += 1;
+    }
+    per_node
+}
+
 /// Moves running job `j`, larger than a node, onto fewer nodes (those with the most room,
 /// its own devices counted as room) when it spans more than it needs and the move pays.
 fn consolidate_wide(params: &ElasticParams, state: &mut State<'_>, j: usize, now: f64) {
@@ -366,7 +381,8 @@ fn consolidate_wide(params: &ElasticParams, state: &mut State<'_>, j: usize, now
     let mut spanned: Vec<usize> = own.iter().map(|&d| node_of(d)).collect();
     spanned.sort_unstable();
     spanned.dedup();
-    let room = |n: usize| state.free_per_node[n] + own.iter().filter(|&&d| node_of(d) == n).count();
+    let mine = own_per_node(state, &own);
+    let room = |n: usize| state.free_per_node[n] + mine[n];
     let mut order: Vec<usize> = (0..state.cluster.nodes.len()).collect();
     order.sort_by_key(|&n| (std::cmp::Reverse(room(n)), n));
     let mut devices = Vec::with_capacity(k);

@@ -141,7 +141,9 @@ pub fn synth_trace(options: &SynthOptions) -> Result<Vec<Job>, ClusterError> {
     let mean_gap = demand / (options.jobs as f64 * options.load * options.devices as f64);
     // Busy spells: 30% of the jobs arrive at 6x the calm rate; spells last ~20 jobs.
     let (busy_rate, busy_share) = (6.0, 0.3);
-    let calm_gap = mean_gap * (busy_share / busy_rate + (1.0 - busy_share));
+    // A share `busy_share` of the gaps are busy ones (`calm_gap / busy_rate`), the rest calm;
+    // their mean is `mean_gap`.
+    let calm_gap = mean_gap / (busy_share / busy_rate + (1.0 - busy_share));
     let busy_gap = calm_gap / busy_rate;
     let mut busy = false;
     let mut t = 0.0f64;
@@ -212,6 +214,35 @@ mod tests {
         let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
         let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
         assert!(var.sqrt() / mean > 1.1, "cv {}", var.sqrt() / mean);
+    }
+
+    /// Requested device-seconds over `devices` x the arrival window, as `cluster trace` prints it.
+    fn offered_load(jobs: &[Job], devices: usize) -> f64 {
+        let work: f64 = jobs.iter().map(|j| j.gpus as f64 * j.duration_s).sum();
+        let window = jobs.last().unwrap().arrival_s - jobs[0].arrival_s;
+        work / (devices as f64 * window)
+    }
+
+    #[test]
+    fn the_offered_load_is_the_requested_one() {
+        // The arrival process is bursty, so one seed's load wanders; over many jobs it must
+        // come out near the request (it was 1.8x the request when the calm gap was scaled the
+        // wrong way).
+        for load in [0.5, 0.9, 1.2] {
+            for seed in [1, 2, 3] {
+                let o = SynthOptions {
+                    jobs: 20_000,
+                    seed,
+                    load,
+                    ..SynthOptions::default()
+                };
+                let got = offered_load(&synth_trace(&o).unwrap(), o.devices);
+                assert!(
+                    (got / load - 1.0).abs() < 0.1,
+                    "load {load}, seed {seed}: offered {got:.3}"
+                );
+            }
+        }
     }
 
     #[test]
