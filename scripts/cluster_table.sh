@@ -13,10 +13,10 @@ LOAD=${LOAD:-0.9}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 SEEDS=${*:-1 2 3 4 5}
-echo "| seed | policy | utilisation | mean JCT (h) | p95 JCT (h) | mean queueing (h) | fragmentation | migrations | resizes | move overhead (max job) | makespan (h) | sim time (s) |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| seed | policy | offered load | utilisation | mean JCT (h) | p95 JCT (h) | mean queueing (h) | fragmentation | migrations | resizes | move overhead (max job) | makespan (h) | sim time (s) |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for seed in $SEEDS; do
-    "$BIN" cluster trace --jobs "${JOBS:-1000}" --seed "$seed" --load "$LOAD" --output "$TMP/t.csv"
+    "$BIN" cluster trace --jobs "${JOBS:-1000}" --seed "$seed" --load "$LOAD" --output "$TMP/t.csv" 2>/dev/null
     for policy in ${POLICIES:-static elastic}; do
         start=$(date +%s.%N)
         "$BIN" cluster simulate --cluster "$CLUSTER" --trace "$TMP/t.csv" --policy "$policy" \
@@ -27,7 +27,7 @@ import json, sys
 m = json.load(open(sys.argv[1]))
 seed, policy, t0, t1 = sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
 h = lambda s: f"{s / 3600:.2f}"
-print(f"| {seed} | {policy} | {100 * m['utilization']:.1f}% | {h(m['mean_jct_s'])} | {h(m['p95_jct_s'])} "
+print(f"| {seed} | {policy} | {m['offered_load']:.2f} | {100 * m['utilization']:.1f}% | {h(m['mean_jct_s'])} | {h(m['p95_jct_s'])} "
       f"| {h(m['mean_queue_s'])} | {100 * m['fragmentation']:.1f}% | {m['migrations']} | {m['resizes']} "
       f"| {100 * m['migration_overhead']:.2f}% ({100 * m['max_job_overhead']:.1f}%) | {h(m['makespan_s'])} | {t1 - t0:.2f} |")
 PY

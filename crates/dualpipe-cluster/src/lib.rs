@@ -50,7 +50,7 @@ pub use simulate::{simulate, JobOutcome, Outcome};
 pub use state::{MoveCost, State};
 pub use synth::{synth_trace, SynthOptions};
 pub use throughput::{Curve, Throughput};
-pub use trace::{check_fits, parse_trace, write_trace, Job};
+pub use trace::{check_fits, offered_load, parse_trace, write_trace, Job};
 
 /// The model's parameters of one simulation.
 #[derive(Clone, Debug, Default, PartialEq)]

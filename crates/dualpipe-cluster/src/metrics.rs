@@ -2,6 +2,8 @@
 //!
 //! Time runs from the first arrival to the last completion (`makespan_s`).
 //!
+//! * `offered_load`: the trace's requested device-seconds over `devices` x its arrival window
+//!   ([`crate::offered_load`]): what the cluster is asked to carry, whatever the policy.
 //! * `utilization`: device-seconds held by jobs (including pauses for moves) over
 //!   `devices x makespan_s`.
 //! * `mean_jct_s`, `p95_jct_s`: job completion time, finish minus arrival; the 95th percentile
@@ -24,6 +26,8 @@ pub struct Metrics {
     pub jobs: usize,
     /// Devices of the cluster.
     pub devices: usize,
+    /// The trace's requested device-seconds over devices x its arrival window.
+    pub offered_load: f64,
     /// Busy device-seconds over total, in [0, 1].
     pub utilization: f64,
     /// Mean job completion time, seconds.
@@ -96,6 +100,7 @@ pub(crate) fn metrics(
     Metrics {
         jobs: state.jobs.len(),
         devices,
+        offered_load: crate::offered_load(state.jobs, devices),
         utilization: share(busy, total),
         mean_jct_s,
         p95_jct_s: jct[rank - 1],

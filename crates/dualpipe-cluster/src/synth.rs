@@ -216,13 +216,6 @@ mod tests {
         assert!(var.sqrt() / mean > 1.1, "cv {}", var.sqrt() / mean);
     }
 
-    /// Requested device-seconds over `devices` x the arrival window, as `cluster trace` prints it.
-    fn offered_load(jobs: &[Job], devices: usize) -> f64 {
-        let work: f64 = jobs.iter().map(|j| j.gpus as f64 * j.duration_s).sum();
-        let window = jobs.last().unwrap().arrival_s - jobs[0].arrival_s;
-        work / (devices as f64 * window)
-    }
-
     #[test]
     fn the_offered_load_is_the_requested_one() {
         // The arrival process is bursty, so one seed's load wanders; over many jobs it must
@@ -236,7 +229,7 @@ mod tests {
                     load,
                     ..SynthOptions::default()
                 };
-                let got = offered_load(&synth_trace(&o).unwrap(), o.devices);
+                let got = crate::offered_load(&synth_trace(&o).unwrap(), o.devices);
                 assert!(
                     (got / load - 1.0).abs() < 0.1,
                     "load {load}, seed {seed}: offered {got:.3}"

@@ -165,6 +165,26 @@ pub fn check_fits(jobs: &[Job], cluster: &Cluster) -> Result<(), ClusterError> {
     Ok(())
 }
 
+/// The load a trace offers a cluster of `devices`: requested device-seconds (`gpus x
+/// duration_s`) over `devices` x the arrival window (first to last arrival); 0 for a trace
+/// whose jobs all arrive at once.
+pub fn offered_load(jobs: &[Job], devices: usize) -> f64 {
+    let work: f64 = jobs.iter().map(|j| j.gpus as f64 * j.duration_s).sum();
+    let first = jobs
+        .iter()
+        .map(|j| j.arrival_s)
+        .fold(f64::INFINITY, f64::min);
+    let last = jobs
+        .iter()
+        .map(|j| j.arrival_s)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let window = last - first;
+    if devices == 0 || window.is_nan() || window <= 0.0 {
+        return 0.0;
+    }
+    work / (devices as f64 * window)
+}
+
 /// Writes jobs as trace CSV (with a header); `parse_trace` reads it back unchanged.
 pub fn write_trace(jobs: &[Job]) -> String {
     let mut out = String::from("job,arrival_s,gpus,duration_s,min_gpus,max_gpus,profile\n");

@@ -27,6 +27,11 @@ fn a_seeded_trace_simulates_under_both_policies() {
         s(&trace),
     ]);
     t.ok();
+    assert!(
+        t.stderr.contains("120 jobs, offered load ") && t.stderr.contains("on 16 devices"),
+        "{}",
+        t.stderr
+    );
     let text = std::fs::read_to_string(&trace).unwrap();
     assert_eq!(text.lines().count(), 121);
     let again = dualpipe([

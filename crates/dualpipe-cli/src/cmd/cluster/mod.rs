@@ -162,7 +162,15 @@ fn trace(a: TraceArgs) -> anyhow::Result<()> {
         elastic_share: a.elastic_share,
     })
     .map_err(usage)?;
-    write_together(vec![(a.output, write_trace(&jobs).into_bytes())])
+    write_together(vec![(a.output, write_trace(&jobs).into_bytes())])?;
+    // Bursty arrivals make one trace's load wander around the request: say what it drew.
+    eprintln!(
+        "cluster trace: {} jobs, offered load {:.3} on {} devices (requested device-seconds over devices x arrival window)",
+        jobs.len(),
+        dualpipe_cluster::offered_load(&jobs, a.devices),
+        a.devices
+    );
+    Ok(())
 }
 
 /// A finite number >= 0 (or > 0 when `positive`), or a usage error naming the flag.
