@@ -8,6 +8,11 @@
 //! future, a second copy of a message (buffered or already used) as a duplicate. Moving to the
 //! next step fails while a message of the current step is still unused, so a gradient of step
 //! `t` can never be applied in step `t + 1`.
+//!
+//! A worker that only receives ([`Clock::receiving_only`]: the partner of presummed copies,
+//! which sends its lead nothing) holds nobody back, so its sender may be any number of steps
+//! ahead: such a clock keeps messages of every later step, in the order they came, and still
+//! refuses stale and duplicate ones.
 
 use std::collections::{HashMap, HashSet};
 
@@ -23,6 +28,8 @@ pub struct Clock {
     buffered: HashMap<(usize, MsgKey), (MsgHeader, Vec<u8>)>,
     taken: HashSet<(usize, MsgKey)>,
     early: u64,
+    /// How many steps ahead of this worker a sender may be (`None`: any number).
+    lead: Option<u64>,
 }
 
 impl Clock {
@@ -30,8 +37,26 @@ impl Clock {
     pub fn new(stage: usize) -> Self {
         Clock {
             stage,
+            lead: Some(1),
             ..Clock::default()
         }
+    }
+
+    /// A clock for a worker of `stage` that sends nothing its senders wait for, so they may be
+    /// any number of steps ahead of it: messages of every later step are kept (see the
+    /// [module](self) documentation).
+    pub fn receiving_only(stage: usize) -> Self {
+        Clock {
+            stage,
+            lead: None,
+            ..Clock::default()
+        }
+    }
+
+    /// Whether a message of step `key_step` is further ahead of `step` than a sender may be.
+    fn too_far(&self, key_step: u64, step: u64) -> bool {
+        self.lead
+            .is_some_and(|lead| key_step > step.saturating_add(lead))
     }
 
     /// The current step (`None` before the first).
@@ -63,7 +88,7 @@ impl Clock {
         let mut bad: Vec<&(usize, MsgKey)> = self
             .buffered
             .keys()
-            .filter(|(_, k)| k.step < step || k.step > step + 1)
+            .filter(|(_, k)| k.step < step || self.too_far(k.step, step))
             .collect();
         bad.sort();
         if let Some(&&(from, key)) = bad.first() {
@@ -102,7 +127,7 @@ impl Clock {
             if key.step < current {
                 return Err(DpError::Stale { from, key, current });
             }
-            if key.step > current + 1 {
+            if self.too_far(key.step, current) {
                 return Err(DpError::FromTheFuture { from, key, current });
             }
             if key.step > current {
@@ -202,5 +227,44 @@ mod tests {
         assert!(matches!(err, DpError::FromTheFuture { .. }), "{err}");
         c.begin(1000).unwrap();
         assert!(c.take(0, key(1000, 0)).is_some());
+    }
+
+    /// A worker that only receives holds its sender back in nothing: a message any number of
+    /// steps ahead waits for its step (a plain clock refuses it), a stale or duplicate one is
+    /// still refused, and a step still cannot begin while one of the last is unused.
+    #[test]
+    fn a_receiving_only_clock_keeps_every_later_step() {
+        let mut plain = Clock::new(2);
+        plain.begin(0).unwrap();
+        assert!(matches!(
+            plain.file(msg(0, 2, 0)).unwrap_err(),
+            DpError::FromTheFuture { current: 0, .. }
+        ));
+        let mut c = Clock::receiving_only(2);
+        c.file(msg(0, 0, 0)).unwrap();
+        c.file(msg(0, 5, 0)).unwrap();
+        c.begin(0).unwrap();
+        c.file(msg(0, 2, 0)).unwrap();
+        c.file(msg(0, 1, 0)).unwrap();
+        assert_eq!(c.early_arrivals(), 2);
+        assert!(matches!(
+            c.begin(1).unwrap_err(),
+            DpError::Leftover { count: 1, .. }
+        ));
+        assert!(c.take(0, key(0, 0)).is_some());
+        c.begin(1).unwrap();
+        assert!(matches!(
+            c.file(msg(0, 0, 0)).unwrap_err(),
+            DpError::Stale { .. }
+        ));
+        assert!(matches!(
+            c.file(msg(0, 2, 0)).unwrap_err(),
+            DpError::Duplicate { .. }
+        ));
+        assert!(c.take(0, key(1, 0)).is_some());
+        c.begin(2).unwrap();
+        assert!(c.take(0, key(2, 0)).is_some());
+        c.begin(5).unwrap();
+        assert!(c.take(0, key(5, 0)).is_some());
     }
 }
