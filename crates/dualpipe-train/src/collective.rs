@@ -13,14 +13,9 @@ use dualpipe_nn::ModelStage;
 use dualpipe_runtime::transport::wire::WireData;
 use dualpipe_runtime::{ExecOptions, RankStages};
 
-use crate::driver::Driver;
+use crate::driver::{Driver, Round};
 use crate::error::TrainError;
 use crate::expert_shards::EXPERT_TENSORS;
-
-/// The all-gather round of the gradient norm within a step.
-const NORM_ROUND: usize = 0;
-/// The all-gather round of the weights within a step.
-const WEIGHTS_ROUND: usize = 1;
 
 /// The copies that count for their model stage (direction 0), in stage order.
 fn counted(stages: &[RankStages<ModelStage>]) -> Vec<&ModelStage> {
@@ -43,7 +38,7 @@ fn wire_error(e: impl std::fmt::Display) -> TrainError {
 pub(crate) fn gather_f64s<D: Driver>(
     driver: &mut D,
     step: usize,
-    round: usize,
+    round: Round,
     mine: &[f64],
     options: &ExecOptions,
     what: &str,
@@ -86,7 +81,7 @@ pub fn gradient_norm<D: Driver>(
     let parts = gather_f64s(
         driver,
         step,
-        NORM_ROUND,
+        Round::GradNorm,
         &mine,
         options,
         "the gradient norm",
@@ -182,7 +177,7 @@ pub fn gather_weights<D: Driver>(
             }
         }
     }
-    let parts = driver.all_gather(step, WEIGHTS_ROUND, mine, options)?;
+    let parts = driver.all_gather(step, Round::Weights, mine, options)?;
     let mut by_stage: Vec<(usize, Vec<WireData>)> = Vec::new();
     let mut blocks: Vec<(String, WireData)> = Vec::new();
     for part in parts {

@@ -101,7 +101,7 @@ pub use config::{
     DType, Field, ModelKind, Naming, Task, TrainConfig, MAX_STEPS, ONE_BIT_ADAM_WARMUP_SHARE,
 };
 pub use data_parallel::{DataParallel, GroupLink, ReplicaExchange, ReplicaLinks, StepExchange};
-pub use driver::{Driver, LocalThreads, MAX_LOCAL_RANKS};
+pub use driver::{Driver, LocalThreads, Round, MAX_LOCAL_RANKS};
 pub use dualpipe_dp as dp;
 pub use dualpipe_dp::Compression;
 pub use dualpipe_nn::{Optimizer, OptimizerKind};

@@ -19,7 +19,7 @@ use dualpipe_runtime::{
 use dualpipe_schedule::Schedule;
 
 use crate::config::{Field, Naming, TrainConfig};
-use crate::driver::Driver;
+use crate::driver::{Driver, Round};
 use crate::error::TrainError;
 use crate::trainer::Trainer;
 
@@ -136,14 +136,14 @@ impl<L: Link> Driver for OneRank<L> {
     fn all_gather(
         &mut self,
         step: usize,
-        round: usize,
+        round: Round,
         data: Vec<WireData>,
         options: &ExecOptions,
     ) -> Result<Vec<Vec<WireData>>, TrainError> {
         Ok(all_gather(
             &mut self.endpoint,
             step as u64,
-            round,
+            round.index(),
             data,
             options.recv_timeout,
         )?)

@@ -1,13 +1,12 @@
 //! The trainer's checkpoint hooks: its part of a checkpoint (copied to host memory) and the
 //! restore of a checkpoint into whatever stages this trainer holds, by name.
 
-use dualpipe_dp::ErrorFeedbackState;
 use dualpipe_nn::{OptimizerKind, ParamState};
 
 use super::Trainer;
 use dualpipe_runtime::RankStages;
 
-use crate::checkpoint::format::{feedback_name, file_of, optim_name, FEEDBACK_PREFIX, STATE};
+use crate::checkpoint::format::{file_of, optim_name, FEEDBACK_PREFIX, STATE};
 use crate::checkpoint::{
     Checkpoint, CheckpointError, CheckpointPart, CheckpointSink, CheckpointState, HostTensor,
     ScheduleShape,
@@ -29,11 +28,11 @@ pub struct Restored {
     pub feedback_dropped: bool,
     /// The data-parallel degree of the checkpoint when its error feedback was carried over
     /// to another one (worker residuals averaged, server residuals re-split:
-    /// [`ErrorFeedbackState::regroup`]); `None` otherwise.
+    /// [`dualpipe_dp::ErrorFeedbackState::regroup`]); `None` otherwise.
     pub feedback_regrouped_from: Option<usize>,
 }
 
-fn mismatch(ckpt: &Checkpoint, problem: String) -> TrainError {
+pub(super) fn mismatch(ckpt: &Checkpoint, problem: String) -> TrainError {
     CheckpointError::Mismatch {
         path: ckpt.path.clone(),
         problem,
@@ -124,7 +123,7 @@ impl<D: Driver> Trainer<D> {
     /// it is the lowest holder of (so every expert is written once); with every replica,
     /// its error-feedback buffers.
     pub fn checkpoint_part(&self) -> Result<CheckpointPart, TrainError> {
-        let replica = self.replica_index();
+        let replica = self.replica;
         let mut tensors = Vec::new();
         let sharded = self.sharded_experts();
         if replica == 0 || sharded {
@@ -156,23 +155,8 @@ impl<D: Driver> Trainer<D> {
                 }
             }
         }
-        if let (Some(group), 0) = (&self.expert_group, replica) {
-            tensors.extend(group.checkpoint_tensors(&self.stages));
-        }
-        if let Some(dp) = &self.dp {
-            for (s, fb) in dp.error_feedback() {
-                if !self.holds_writer_of(s) {
-                    continue;
-                }
-                for (server, buffers) in [(false, &fb.worker), (true, &fb.server)] {
-                    for (b, values) in buffers.iter().enumerate() {
-                        if !values.is_empty() {
-                            let name = feedback_name(s, replica, b, server);
-                            tensors.push(HostTensor::from_f64s(name, values));
-                        }
-                    }
-                }
-            }
+        for p in &self.parallelisms {
+            p.checkpoint_tensors(self, &mut tensors)?;
         }
         let state = (replica == 0)
             .then(|| CheckpointState::new(&self.config, self.schedule_shape(), self.steps_done));
@@ -201,7 +185,7 @@ impl<D: Driver> Trainer<D> {
 
     /// Whether this trainer holds the copy of model stage `stage` a checkpoint saves (it then
     /// also saves that stage's error feedback of its replica).
-    fn holds_writer_of(&self, stage: usize) -> bool {
+    pub(super) fn holds_writer_of(&self, stage: usize) -> bool {
         self.stages.iter().any(|rank| {
             rank.iter()
                 .any(|((dir, s), _)| s == stage && self.writes_copy(dir, s))
@@ -243,9 +227,7 @@ impl<D: Driver> Trainer<D> {
         }
         let dtype = self.config.dtype.candle();
         let kind = self.config.optimizer;
-        if let Some(group) = &mut self.expert_group {
-            group.restore(ckpt, &mut self.stages, dtype)?;
-        }
+        self.each_parallelism(|p, t| p.restore_placement(t, ckpt))?;
         for (rank, opts) in self.stages.iter_mut().zip(&mut self.optimizers) {
             for ((_, stage), opt) in rank.iter_mut().zip(opts.iter_mut()) {
                 let names = stage.param_names();
@@ -274,83 +256,25 @@ impl<D: Driver> Trainer<D> {
                 }
             }
         }
-        let (feedback_restored, feedback_dropped) = self.restore_feedback(ckpt)?;
-        let feedback_regrouped_from = (feedback_restored
-            && ckpt.state.config.data_parallel != self.config.data_parallel)
-            .then_some(ckpt.state.config.data_parallel);
+        // Error feedback no exchange of this run takes is dropped (the data-parallel
+        // exchange restores or carries it over).
+        let mut restored = Restored {
+            step,
+            feedback_restored: false,
+            feedback_dropped: ckpt.tensors.keys().any(|k| k.starts_with("feedback.")),
+            feedback_regrouped_from: None,
+        };
+        self.each_parallelism(|p, t| p.restore_state(t, ckpt, &mut restored))?;
         self.steps_done = step;
         self.prefetched = None;
         self.gathered = None;
         self.failed = false;
-        Ok(Restored {
-            step,
-            feedback_restored,
-            feedback_dropped,
-            feedback_regrouped_from,
-        })
-    }
-
-    /// Restores the error feedback when the grid is the checkpoint's, and carries it over
-    /// ([`ErrorFeedbackState::regroup`]) when only the data-parallel degree changed (the
-    /// same model stages, buckets and compression); (restored, dropped).
-    fn restore_feedback(&mut self, ckpt: &Checkpoint) -> Result<(bool, bool), TrainError> {
-        let held = ckpt.tensors.keys().any(|k| k.starts_with("feedback."));
-        let saved = &ckpt.state.config;
-        let same_buckets = saved.model_stages() == self.config.model_stages()
-            && saved.bucket_mb.to_bits() == self.config.bucket_mb.to_bits()
-            && saved.gradient_compression == self.config.gradient_compression
-            && saved.error_feedback == self.config.error_feedback;
-        let (old_replicas, replicas) = (saved.data_parallel, self.config.data_parallel);
-        let replica = self.replica_index();
-        let Some(dp) = self.dp.as_mut() else {
-            return Ok((false, held));
-        };
-        if !held {
-            return Ok((false, false));
-        }
-        if !same_buckets {
-            return Ok((false, true));
-        }
-        let side = |s: usize, r: usize, server: bool, count: usize| -> Vec<Vec<f64>> {
-            (0..count)
-                .map(|b| {
-                    ckpt.tensors
-                        .get(&feedback_name(s, r, b, server))
-                        .map(HostTensor::to_f64s)
-                        .unwrap_or_default()
-                })
-                .collect()
-        };
-        let saved_state = |s: usize, r: usize, buckets: usize| ErrorFeedbackState {
-            worker: side(s, r, false, buckets),
-            server: side(s, r, true, buckets),
-        };
-        for (s, current) in dp.error_feedback() {
-            let buckets = current.worker.len();
-            let state = if old_replicas == replicas {
-                saved_state(s, replica, buckets)
-            } else {
-                let Some(layout) = dp.feedback_layout(s) else {
-                    continue;
-                };
-                let olds: Vec<_> = (0..old_replicas)
-                    .map(|r| saved_state(s, r, buckets))
-                    .collect();
-                ErrorFeedbackState::regroup(&olds, &layout, replica, replicas).map_err(|e| {
-                    mismatch(
-                        ckpt,
-                        format!("its error feedback of model stage {s} does not fit: {e}"),
-                    )
-                })?
-            };
-            dp.set_error_feedback(s, &state)?;
-        }
-        Ok((true, false))
+        Ok(restored)
     }
 
     /// Whether this replica's routed experts are sharded over an expert-parallel group.
     fn sharded_experts(&self) -> bool {
-        self.expert_group.is_some() && self.config.moe.is_some_and(|m| m.expert_parallel)
+        self.expert_group().is_some() && self.config.moe.is_some_and(|m| m.expert_parallel)
     }
 
     /// Hands the writer this trainer's part of a checkpoint when one is due after the steps

@@ -1,5 +1,6 @@
-//! Moving whole blocks between stages at a step boundary: [`Trainer::repartition`] and the
-//! run loop's [`Rebalancer`](crate::rebalance::Rebalancer) hook.
+//! Moving whole blocks between stages at a step boundary: [`Trainer::repartition`], and
+//! stage re-partitioning as a [`Parallelism`] of the run (the
+//! [`Rebalancer`](crate::rebalance::Rebalancer) after each step).
 
 use std::collections::HashMap;
 
@@ -7,6 +8,7 @@ use dualpipe_nn::gpt::GptStage;
 use dualpipe_nn::{ModelStage, Optimizer, ParamState, StagePosition};
 use dualpipe_runtime::RankStages;
 
+use super::phase::Parallelism;
 use super::{StepReport, Trainer};
 use crate::config::{ModelKind, Naming};
 use crate::driver::Driver;
@@ -122,7 +124,7 @@ impl<D: Driver> Trainer<D> {
                  train with a static --partition (or --plan) instead"
             )));
         }
-        if self.config.data_parallel > 1 || self.dp.is_some() {
+        if self.config.data_parallel > 1 || self.exchange().is_some() {
             return Err(TrainError::Config(format!(
                 "{what} works on one pipeline replica for now; drop --data-parallel {} or \
                  --rebalance-stages",
@@ -132,28 +134,58 @@ impl<D: Driver> Trainer<D> {
         Ok(())
     }
 
-    /// After a finished step of a run with [`TrainConfig::rebalance`](crate::TrainConfig):
-    /// measures, and moves blocks when the rebalancer says so.
-    pub(super) fn rebalance_after(
-        &mut self,
-        rebalancer: &mut Option<Rebalancer>,
-        report: &StepReport,
-    ) -> Result<(), TrainError> {
-        let Some(settings) = self.config.rebalance else {
+    /// The re-partitionings this trainer made, in order.
+    pub fn repartitions(&self) -> &[Repartition] {
+        self.parallelism::<Repartitioning>()
+            .map_or(&[], |r| r.done.as_slice())
+    }
+
+    /// The blocks per model stage now, as the flag writes them (`3,2,2,1`).
+    pub fn partition_text(&self) -> String {
+        format_partition(&self.config.stage_blocks())
+    }
+}
+
+/// Stage re-partitioning ([`TrainConfig::rebalance`](crate::TrainConfig)): after each step
+/// of a run but the last, the rebalancer measures, and the trainer moves blocks when it says
+/// so.
+#[derive(Debug, Default)]
+pub(crate) struct Repartitioning {
+    /// The run's rebalancer, built at its first step (a new one for every run).
+    rebalancer: Option<Rebalancer>,
+    /// The re-partitionings made so far.
+    done: Vec<Repartition>,
+}
+
+impl<D: Driver> Parallelism<D> for Repartitioning {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
+    fn begin_run(&mut self) {
+        self.rebalancer = None;
+    }
+
+    fn after_step(&mut self, t: &mut Trainer<D>, report: &StepReport) -> Result<(), TrainError> {
+        let Some(settings) = t.config.rebalance else {
             return Ok(());
         };
-        let r = rebalancer.get_or_insert_with(|| {
-            Rebalancer::new(settings, &self.schedule, head_units(self.config.d_model))
+        let r = self.rebalancer.get_or_insert_with(|| {
+            Rebalancer::new(settings, &t.schedule, head_units(t.config.d_model))
         });
         let Some(timeline) = &report.timeline else {
             return Ok(());
         };
-        let from = self.config.stage_blocks();
+        let from = t.config.stage_blocks();
         if let Some(p) = r.observe(timeline, &from) {
-            let moved = self.repartition(p.to.clone());
-            self.own(report.step, moved)?;
-            self.repartitions.push(Repartition {
-                after_steps: self.steps_done,
+            let moved = t.repartition(p.to.clone());
+            t.own(report.step, moved)?;
+            self.done.push(Repartition {
+                after_steps: t.steps_done,
                 from,
                 to: p.to,
                 rank_seconds: p.rank_seconds,
@@ -161,15 +193,5 @@ impl<D: Driver> Trainer<D> {
             });
         }
         Ok(())
-    }
-
-    /// The re-partitionings this trainer made, in order.
-    pub fn repartitions(&self) -> &[Repartition] {
-        &self.repartitions
-    }
-
-    /// The blocks per model stage now, as the flag writes them (`3,2,2,1`).
-    pub fn partition_text(&self) -> String {
-        format_partition(&self.config.stage_blocks())
     }
 }
