@@ -46,7 +46,11 @@ fn check_model(ckpt: &Checkpoint, config: &TrainConfig) -> Result<(), TrainError
     let saved = &ckpt.state.config;
     let blocks = |c: &TrainConfig| c.blocks();
     let mut pairs: Vec<(&str, String, String)> = vec![
-        ("model", saved.model.to_string(), config.model.to_string()),
+        (
+            "model",
+            saved.model.kind.to_string(),
+            config.model.kind.to_string(),
+        ),
         (
             "blocks",
             blocks(saved).to_string(),
@@ -54,29 +58,33 @@ fn check_model(ckpt: &Checkpoint, config: &TrainConfig) -> Result<(), TrainError
         ),
         (
             "optimizer",
-            saved.optimizer.to_string(),
-            config.optimizer.to_string(),
+            saved.optimizer.kind.to_string(),
+            config.optimizer.kind.to_string(),
         ),
     ];
-    match config.model {
+    match config.model.kind {
         ModelKind::Gpt => {
             pairs.push((
                 "d_model",
-                saved.d_model.to_string(),
-                config.d_model.to_string(),
+                saved.model.d_model.to_string(),
+                config.model.d_model.to_string(),
             ));
-            pairs.push(("heads", saved.heads.to_string(), config.heads.to_string()));
+            pairs.push((
+                "heads",
+                saved.model.heads.to_string(),
+                config.model.heads.to_string(),
+            ));
             pairs.push((
                 "seq_len",
-                saved.seq_len.to_string(),
-                config.seq_len.to_string(),
+                saved.model.seq_len.to_string(),
+                config.model.seq_len.to_string(),
             ));
         }
         ModelKind::Mlp => {
             pairs.push((
                 "hidden",
-                saved.hidden.to_string(),
-                config.hidden.to_string(),
+                saved.model.hidden.to_string(),
+                config.model.hidden.to_string(),
             ));
         }
     }
@@ -109,10 +117,10 @@ impl<D: Driver> Trainer<D> {
     /// The shape of the schedule this trainer runs, as a checkpoint records it.
     pub fn schedule_shape(&self) -> ScheduleShape {
         ScheduleShape {
-            kind: self.config.schedule.name().into(),
-            ranks: self.config.ranks,
-            micro_batches: self.config.micro_batches,
-            virtual_stages: self.config.virtual_stages,
+            kind: self.config.schedule.kind.name().into(),
+            ranks: self.config.schedule.ranks,
+            micro_batches: self.config.schedule.micro_batches,
+            virtual_stages: self.config.schedule.virtual_stages,
             model_stages: self.config.model_stages(),
         }
     }
@@ -187,7 +195,7 @@ impl<D: Driver> Trainer<D> {
     /// that direction is the one a checkpoint saves: one writer per layer, whichever process
     /// holds it).
     fn writer_dir(&self, stage: usize) -> Option<usize> {
-        (0..self.config.ranks)
+        (0..self.config.schedule.ranks)
             .flat_map(|r| self.schedule.placement.stages_of(r))
             .filter(|&(_, s)| s == stage)
             .map(|(d, _)| d)
@@ -241,8 +249,8 @@ impl<D: Driver> Trainer<D> {
                 ),
             ));
         }
-        let dtype = self.config.dtype.candle();
-        let kind = self.config.optimizer;
+        let dtype = self.config.model.dtype.candle();
+        let kind = self.config.optimizer.kind;
         if let Some(group) = &mut self.expert_group {
             group.restore(ckpt, &mut self.stages, dtype)?;
         }
@@ -276,8 +284,9 @@ impl<D: Driver> Trainer<D> {
         }
         let (feedback_restored, feedback_dropped) = self.restore_feedback(ckpt)?;
         let feedback_regrouped_from = (feedback_restored
-            && ckpt.state.config.data_parallel != self.config.data_parallel)
-            .then_some(ckpt.state.config.data_parallel);
+            && ckpt.state.config.parallelism.data_parallel
+                != self.config.parallelism.data_parallel)
+            .then_some(ckpt.state.config.parallelism.data_parallel);
         self.steps_done = step;
         self.prefetched = None;
         self.gathered = None;
@@ -297,10 +306,14 @@ impl<D: Driver> Trainer<D> {
         let held = ckpt.tensors.keys().any(|k| k.starts_with("feedback."));
         let saved = &ckpt.state.config;
         let same_buckets = saved.model_stages() == self.config.model_stages()
-            && saved.bucket_mb.to_bits() == self.config.bucket_mb.to_bits()
-            && saved.gradient_compression == self.config.gradient_compression
-            && saved.error_feedback == self.config.error_feedback;
-        let (old_replicas, replicas) = (saved.data_parallel, self.config.data_parallel);
+            && saved.parallelism.bucket_mb.to_bits() == self.config.parallelism.bucket_mb.to_bits()
+            && saved.parallelism.gradient_compression
+                == self.config.parallelism.gradient_compression
+            && saved.parallelism.error_feedback == self.config.parallelism.error_feedback;
+        let (old_replicas, replicas) = (
+            saved.parallelism.data_parallel,
+            self.config.parallelism.data_parallel,
+        );
         let replica = self.replica_index();
         let Some(dp) = self.dp.as_mut() else {
             return Ok((false, held));
@@ -350,7 +363,7 @@ impl<D: Driver> Trainer<D> {
 
     /// Whether this replica's routed experts are sharded over an expert-parallel group.
     fn sharded_experts(&self) -> bool {
-        self.expert_group.is_some() && self.config.moe.is_some_and(|m| m.expert_parallel)
+        self.expert_group.is_some() && self.config.model.moe.is_some_and(|m| m.expert_parallel)
     }
 
     /// Hands the writer this trainer's part of a checkpoint when one is due after the steps

@@ -18,7 +18,7 @@ impl<D: Driver> Trainer<D> {
         &mut self,
         step: usize,
     ) -> Result<Option<ExpertLoad>, TrainError> {
-        let Some(moe) = self.config.moe else {
+        let Some(moe) = self.config.model.moe else {
             return Ok(None);
         };
         let copies = self
@@ -28,7 +28,7 @@ impl<D: Driver> Trainer<D> {
             .filter_map(|(_, s)| s.experts().map(|g| g.router_counts()))
             .flatten();
         let mut totals = sum_by_layer(copies);
-        if self.held.len() < self.config.ranks {
+        if self.held.len() < self.config.schedule.ranks {
             totals = self.counts_over_ranks(step, COUNTS_ROUND, totals)?;
         }
         let mut worker_rows = None;
@@ -47,7 +47,7 @@ impl<D: Driver> Trainer<D> {
                 })
                 .flatten();
             let mut served = sum_by_layer(served);
-            if self.held.len() < self.config.ranks {
+            if self.held.len() < self.config.schedule.ranks {
                 served = self.counts_over_ranks(step, SERVED_ROUND, served)?;
             }
             let served: Vec<(usize, u64)> = served.into_iter().map(|(l, v)| (l, v[0])).collect();
@@ -77,7 +77,7 @@ impl<D: Driver> Trainer<D> {
                 }
             }
         }
-        if self.held.len() < self.config.ranks {
+        if self.held.len() < self.config.schedule.ranks {
             totals = self.blocks_over_ranks(step, LOADS_ROUND, &totals)?;
             if let Some(rows) = worker_rows {
                 worker_rows = Some(self.blocks_over_ranks(step, ROWS_ROUND, &rows)?);
@@ -201,7 +201,7 @@ impl<D: Driver> Trainer<D> {
     pub fn expert_bytes_moved(&self) -> Option<u64> {
         self.expert_group
             .as_ref()
-            .filter(|_| self.config.moe.is_some_and(|m| m.expert_parallel))
+            .filter(|_| self.config.model.moe.is_some_and(|m| m.expert_parallel))
             .map(ExpertGroup::bytes_moved)
     }
 
@@ -217,7 +217,7 @@ impl<D: Driver> Trainer<D> {
             return Ok(None);
         };
         let bytes = self.expert_bytes_moved().unwrap_or(0);
-        if self.held.len() == self.config.ranks {
+        if self.held.len() == self.config.schedule.ranks {
             return Ok(Some((rebalances, moved, scratch, bytes)));
         }
         let mine = [
@@ -241,7 +241,7 @@ impl<D: Driver> Trainer<D> {
                 *acc += v;
             }
         }
-        let held: usize = (0..self.config.ranks)
+        let held: usize = (0..self.config.schedule.ranks)
             .map(|r| self.schedule.placement.stages_of(r).len())
             .sum();
         let copies = (held / self.config.model_stages().max(1)).max(1) as f64;
@@ -258,7 +258,7 @@ impl<D: Driver> Trainer<D> {
     pub fn rebalance_totals(&self) -> Option<(usize, usize, u64)> {
         self.expert_group
             .as_ref()
-            .filter(|_| self.config.moe.is_some_and(|m| m.expert_parallel))
+            .filter(|_| self.config.model.moe.is_some_and(|m| m.expert_parallel))
             .map(ExpertGroup::rebalance_totals)
     }
 }

@@ -40,7 +40,7 @@ impl<D: Driver> Trainer<D> {
                 return Err(TrainError::Diverged(Divergence {
                     step,
                     loss: report.loss,
-                    lr: self.config.lr,
+                    lr: self.config.optimizer.lr,
                 }));
             }
             if self.evaluation_due(step) {
