@@ -129,23 +129,26 @@ pub struct LocalThreads;
 
 impl Driver for LocalThreads {
     fn check(&self, config: &TrainConfig, naming: Naming) -> Result<(), TrainError> {
-        if config.ranks > MAX_LOCAL_RANKS {
+        if config.schedule.ranks > MAX_LOCAL_RANKS {
             return Err(TrainError::Config(format!(
                 "{} {}: one process runs at most {MAX_LOCAL_RANKS} ranks (a thread each); run \
                  one process per rank instead (dualpipe train --transport mpi under mpirun)",
                 Field::Ranks.name(naming),
-                config.ranks
+                config.schedule.ranks
             )));
         }
-        let workers = config.ranks.saturating_mul(config.data_parallel);
+        let workers = config
+            .schedule
+            .ranks
+            .saturating_mul(config.parallelism.data_parallel);
         if workers > MAX_LOCAL_RANKS {
             return Err(TrainError::Config(format!(
                 "{} {} x {} {} is {workers} workers: one process runs at most \
                  {MAX_LOCAL_RANKS} (a thread each); use fewer replicas or ranks",
                 Field::Ranks.name(naming),
-                config.ranks,
+                config.schedule.ranks,
                 Field::DataParallel.name(naming),
-                config.data_parallel
+                config.parallelism.data_parallel
             )));
         }
         Ok(())

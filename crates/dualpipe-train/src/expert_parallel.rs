@@ -81,11 +81,12 @@ pub fn links_for(config: &TrainConfig, replicas: usize) -> Vec<ExpertLinks> {
         return Vec::new();
     };
     let layers = config
+        .model
         .layers_per_stage
         .saturating_mul(config.model_stages());
     let blocks: Vec<usize> = (0..layers).filter(|&l| moe.is_moe_block(l)).collect();
-    let timeout = Duration::from_secs_f64(config.recv_timeout);
-    let link = config.moe.map_or(LinkModel::NONE, |s| s.link());
+    let timeout = Duration::from_secs_f64(config.transport.recv_timeout);
+    let link = config.model.moe.map_or(LinkModel::NONE, |s| s.link());
     local_links(replicas, &blocks, 2, timeout, link)
 }
 
@@ -162,10 +163,10 @@ impl ExpertGroup {
         links: ExpertLinks,
         stages: &mut [RankStages<ModelStage>],
     ) -> Result<Self, TrainError> {
-        let settings = config.moe.ok_or_else(|| {
+        let settings = config.model.moe.ok_or_else(|| {
             TrainError::Config("expert groups need the mixture of experts".into())
         })?;
-        let replicas = config.data_parallel.max(1);
+        let replicas = config.parallelism.data_parallel.max(1);
         let mut rebalancer = None;
         if settings.expert_parallel {
             let placement =
@@ -390,8 +391,8 @@ impl ExpertGroup {
             return Ok(());
         };
         let saved = &ckpt.state.config;
-        let same_group = saved.data_parallel == self.replicas
-            && saved.moe.is_some_and(|m| {
+        let same_group = saved.parallelism.data_parallel == self.replicas
+            && saved.model.moe.is_some_and(|m| {
                 m.expert_parallel
                     && m.experts == self.settings.experts
                     && m.redundant_experts == self.settings.redundant_experts

@@ -41,17 +41,23 @@
 //!   and this process's trainer; `mpi_experts` — the experts' all-to-alls over MPI.
 //!
 //! ```
-//! use dualpipe_train::{DType, TrainConfig, Trainer};
+//! use dualpipe_train::{DType, ModelKind, ModelSection, ScheduleSection, TrainConfig, Trainer};
 //! # fn main() -> Result<(), dualpipe_train::TrainError> {
 //! let config = TrainConfig {
-//!     ranks: 2,
-//!     model: dualpipe_train::ModelKind::Mlp,
-//!     micro_batches: 4,
-//!     micro_batch_size: 4,
-//!     hidden: 8,
-//!     layers_per_stage: 1,
+//!     model: ModelSection {
+//!         kind: ModelKind::Mlp,
+//!         hidden: 8,
+//!         layers_per_stage: 1,
+//!         dtype: DType::F64,
+//!         ..TrainConfig::MLP.model
+//!     },
+//!     schedule: ScheduleSection {
+//!         ranks: 2,
+//!         micro_batches: 4,
+//!         micro_batch_size: 4,
+//!         ..TrainConfig::MLP.schedule
+//!     },
 //!     steps: 3,
-//!     dtype: DType::F64,
 //!     ..TrainConfig::default()
 //! };
 //! let summary = Trainer::new(config)?.run(|_event| Ok(()))?;
@@ -98,7 +104,9 @@ pub mod workload;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointOptions, CheckpointWriter};
 pub use config::{
-    DType, Field, ModelKind, Naming, Task, TrainConfig, MAX_STEPS, ONE_BIT_ADAM_WARMUP_SHARE,
+    DType, DataSection, Field, ModelKind, ModelSection, Naming, OptimizerSection,
+    ParallelismSection, ScheduleSection, Task, TrainConfig, TransportSection, MAX_STEPS,
+    ONE_BIT_ADAM_WARMUP_SHARE,
 };
 pub use data_parallel::{DataParallel, GroupLink, ReplicaExchange, ReplicaLinks, StepExchange};
 pub use driver::{Driver, LocalThreads, Round, MAX_LOCAL_RANKS};

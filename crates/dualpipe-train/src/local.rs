@@ -23,7 +23,7 @@ impl LocalRun {
     /// The run of `config`, on `schedule` (checked as [`Trainer::with_schedule`] does) or on
     /// the schedule `config` generates.
     pub fn new(config: TrainConfig, schedule: Option<Schedule>) -> Result<Self, TrainError> {
-        let replicated = config.data_parallel > 1;
+        let replicated = config.parallelism.data_parallel > 1;
         Ok(match (replicated, schedule) {
             (false, None) => LocalRun::One(Box::new(Trainer::new(config)?)),
             (false, Some(s)) => LocalRun::One(Box::new(Trainer::with_schedule(config, s)?)),

@@ -211,10 +211,17 @@ pub fn expert_links(
     config: &TrainConfig,
     rank: usize,
 ) -> Result<Option<ExpertLinks>, TrainError> {
-    let Some(moe) = config.gpt().moe.filter(|_| config.data_parallel > 1) else {
+    let Some(moe) = config
+        .gpt()
+        .moe
+        .filter(|_| config.parallelism.data_parallel > 1)
+    else {
         return Ok(None);
     };
-    let threads = config.moe.is_some_and(|m| m.expert_parallel && m.overlap);
+    let threads = config
+        .model
+        .moe
+        .is_some_and(|m| m.expert_parallel && m.overlap);
     if threads && !world.threads_serialized() {
         return Err(TrainError::Config(
             "this MPI does not provide MPI_THREAD_SERIALIZED, which the overlapped FB pair's \
@@ -222,7 +229,7 @@ pub fn expert_links(
                 .into(),
         ));
     }
-    let timeout = Duration::from_secs_f64(config.recv_timeout);
+    let timeout = Duration::from_secs_f64(config.transport.recv_timeout);
     let layers = config
         .layers_per_stage
         .saturating_mul(config.model_stages());

@@ -109,7 +109,7 @@ impl RebalanceSettings {
 /// Refuses `--rebalance-stages` when this process holds `held` of the run's ranks but not
 /// all (the blocks move between threads of one process; under MPI, give a static partition).
 pub fn check_held(config: &crate::TrainConfig, held: usize) -> Result<(), TrainError> {
-    if config.rebalance.is_some() && held != config.ranks {
+    if config.parallelism.rebalance.is_some() && held != config.schedule.ranks {
         return Err(TrainError::Config(
             "--rebalance-stages moves blocks between the ranks of one process; under \
              --transport mpi train with a static --partition (or --plan) instead"

@@ -131,25 +131,25 @@ fn check_given_schedule(config: &TrainConfig, schedule: &Schedule) -> Result<(),
             "the given schedule has {what} {given}, the configuration {expected}; make them agree"
         ))
     };
-    if schedule.kind != config.schedule {
+    if schedule.kind != config.schedule.kind {
         return Err(mismatch(
             "kind",
             schedule.kind.to_string(),
-            config.schedule.to_string(),
+            config.schedule.kind.to_string(),
         ));
     }
-    if schedule.ranks != config.ranks {
+    if schedule.ranks != config.schedule.ranks {
         return Err(mismatch(
             "ranks",
             schedule.ranks.to_string(),
-            config.ranks.to_string(),
+            config.schedule.ranks.to_string(),
         ));
     }
-    if schedule.micro_batches != config.micro_batches {
+    if schedule.micro_batches != config.schedule.micro_batches {
         return Err(mismatch(
             "micro-batches",
             schedule.micro_batches.to_string(),
-            config.micro_batches.to_string(),
+            config.schedule.micro_batches.to_string(),
         ));
     }
     dualpipe_schedule::validate(schedule).map_err(ScheduleError::from)?;
@@ -217,12 +217,12 @@ impl<D: Driver> Trainer<D> {
                     &parts.0.placement,
                     &mut parts.3,
                 )?),
-                None if config.data_parallel > 1 => {
+                None if config.parallelism.data_parallel > 1 => {
                     return Err(TrainError::Config(format!(
                         "{} {}: a Trainer holds one replica; build the replicas with \
                          DataParallel::new",
                         Field::DataParallel.name(Naming::Fields),
-                        config.data_parallel
+                        config.parallelism.data_parallel
                     )))
                 }
                 None => None,
@@ -236,10 +236,10 @@ impl<D: Driver> Trainer<D> {
                 if let Some(dp) = dp {
                     parallelisms.push(Box::new(dp));
                 }
-                if config.moe.is_some() {
+                if config.model.moe.is_some() {
                     parallelisms.push(Box::new(Experts::default()));
                 }
-                if config.rebalance.is_some() {
+                if config.parallelism.rebalance.is_some() {
                     parallelisms.push(Box::new(Repartitioning::default()));
                 }
                 let optimizers = stages
@@ -247,8 +247,8 @@ impl<D: Driver> Trainer<D> {
                     .map(|rank| (0..rank.len()).map(|_| config.new_optimizer()).collect())
                     .collect();
                 let mut exec_options = ExecOptions::default()
-                    .with_recv_timeout(Duration::from_secs_f64(config.recv_timeout));
-                if let Some(slow) = config.slow_rank {
+                    .with_recv_timeout(Duration::from_secs_f64(config.transport.recv_timeout));
+                if let Some(slow) = config.parallelism.slow_rank {
                     exec_options = exec_options.with_slow_rank(slow.rank, slow.factor);
                 }
                 Ok(Trainer {
@@ -297,7 +297,7 @@ impl<D: Driver> Trainer<D> {
         if schedule.placement.stages() != stages_expected {
             return Err(TrainError::Config(format!(
                 "the {} schedule has {} stages per pipeline, expected {stages_expected}",
-                config.schedule,
+                config.schedule.kind,
                 schedule.placement.stages()
             )));
         }
@@ -315,7 +315,7 @@ impl<D: Driver> Trainer<D> {
                 let position = StagePosition {
                     dir,
                     model_stage: stage,
-                    micro_batches: config.micro_batches,
+                    micro_batches: config.schedule.micro_batches,
                     micro_batches_per_dir: per_dir,
                 };
                 copies.insert(
@@ -522,10 +522,10 @@ impl<D: Driver> Trainer<D> {
                 )));
             }
         }
-        if losses != self.config.micro_batches {
+        if losses != self.config.schedule.micro_batches {
             return Err(TrainError::Execution(format!(
                 "the step reported {losses} losses for {} micro-batches",
-                self.config.micro_batches
+                self.config.schedule.micro_batches
             )));
         }
         Ok(())

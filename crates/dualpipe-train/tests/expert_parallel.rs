@@ -4,6 +4,9 @@
 //! DualPipe, 1F1B, ZB1P and DualPipeV; EPLB re-placing the experts (with redundant slots)
 //! changes no loss; the placement really moves the work between workers.
 
+use dualpipe_train::{
+    DataSection, ModelSection, OptimizerSection, ParallelismSection, ScheduleSection,
+};
 use std::collections::BTreeSet;
 
 use dualpipe_nn::OptimizerKind;
@@ -25,22 +28,34 @@ const SCHEDULES: [ScheduleKind; 4] = [
 /// A tiny MoE GPT on 2 ranks, f64, SGD with momentum, the selection bias moving.
 fn tiny(kind: ScheduleKind, micro_batches: usize, moe: MoeSettings) -> TrainConfig {
     TrainConfig {
-        model: ModelKind::Gpt,
-        schedule: kind,
-        ranks: 2,
-        micro_batches,
-        micro_batch_size: 2,
-        virtual_stages: kind.default_virtual_stages(),
-        layers_per_stage: 1,
-        d_model: 16,
-        heads: 2,
-        seq_len: 8,
+        model: ModelSection {
+            kind: ModelKind::Gpt,
+            layers_per_stage: 1,
+            d_model: 16,
+            heads: 2,
+            seq_len: 8,
+            dtype: DType::F64,
+            moe: Some(moe),
+            ..TrainConfig::defaults_for(ModelKind::Gpt).model
+        },
+        schedule: ScheduleSection {
+            kind,
+            ranks: 2,
+            micro_batches,
+            micro_batch_size: 2,
+            virtual_stages: kind.default_virtual_stages(),
+            ..TrainConfig::defaults_for(ModelKind::Gpt).schedule
+        },
+        optimizer: OptimizerSection {
+            lr: 0.05,
+            kind: OptimizerKind::Sgd { momentum: 0.9 },
+            ..TrainConfig::defaults_for(ModelKind::Gpt).optimizer
+        },
+        data: DataSection {
+            eval_every: 0,
+            ..TrainConfig::defaults_for(ModelKind::Gpt).data
+        },
         steps: 4,
-        lr: 0.05,
-        optimizer: OptimizerKind::Sgd { momentum: 0.9 },
-        dtype: DType::F64,
-        eval_every: 0,
-        moe: Some(moe),
         ..TrainConfig::defaults_for(ModelKind::Gpt)
     }
 }
@@ -85,15 +100,24 @@ fn expert_parallel_losses_equal_the_same_global_batch_without_it() {
         let mut one = Trainer::new(single.clone()).unwrap();
         let reference = losses_of(|| one.step().unwrap().losses, single.steps);
         let dp = TrainConfig {
-            micro_batches: 4,
-            data_parallel: 2,
+            schedule: ScheduleSection {
+                micro_batches: 4,
+                ..single.schedule.clone()
+            },
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                ..single.parallelism.clone()
+            },
             ..single.clone()
         };
         let mut plain = DataParallel::new(dp.clone()).unwrap();
         let replicated = losses_of(|| plain.step().unwrap().losses, dp.steps);
         assert_same(&format!("{what}: D=2 vs D=1"), &replicated, &reference);
         let ep = TrainConfig {
-            moe: Some(moe(true)),
+            model: ModelSection {
+                moe: Some(moe(true)),
+                ..dp.model
+            },
             ..dp
         };
         let mut parallel = DataParallel::new(ep.clone()).unwrap();
@@ -187,11 +211,17 @@ fn a_worker_stores_only_the_experts_its_placement_gives_it() {
     // 4 experts over 2 workers, DualPipe (two copies of every stage): each worker keeps 2.
     let kind = ScheduleKind::DualPipe;
     let plain = TrainConfig {
-        data_parallel: 2,
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(kind, 4, moe(false))).parallelism
+        },
         ..tiny(kind, 4, moe(false))
     };
     let ep = TrainConfig {
-        moe: Some(moe(true)),
+        model: ModelSection {
+            moe: Some(moe(true)),
+            ..plain.model.clone()
+        },
         ..plain.clone()
     };
     let dense = DataParallel::new(plain).unwrap();
@@ -222,7 +252,10 @@ fn eplb_with_redundant_experts_changes_no_loss() {
             ..moe(true)
         };
         let base = TrainConfig {
-            data_parallel: 2,
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                ..(tiny(kind, 4, redundant)).parallelism
+            },
             steps: 6,
             ..tiny(kind, 4, redundant)
         };
@@ -237,10 +270,13 @@ fn eplb_with_redundant_experts_changes_no_loss() {
             base.steps,
         );
         let balanced = TrainConfig {
-            moe: Some(MoeSettings {
-                eplb_every: 2,
-                ..redundant
-            }),
+            model: ModelSection {
+                moe: Some(MoeSettings {
+                    eplb_every: 2,
+                    ..redundant
+                }),
+                ..base.model.clone()
+            },
             ..base.clone()
         };
         let mut moving = DataParallel::new(balanced.clone()).unwrap();
@@ -294,7 +330,20 @@ fn four_workers_with_a_few_replicated_experts_train_like_the_dense_exchange() {
     // expert, yet every worker joins the gradient sum's exchange (decided by the shared
     // placement, not by what a worker stores), so none waits for a peer that never sends.
     let config = |expert_parallel: bool, redundant_experts: usize, eplb_every: usize| TrainConfig {
-        data_parallel: 4,
+        parallelism: ParallelismSection {
+            data_parallel: 4,
+            ..(tiny(
+                ScheduleKind::DualPipe,
+                2,
+                MoeSettings {
+                    experts: 6,
+                    redundant_experts,
+                    eplb_every,
+                    ..moe(expert_parallel)
+                },
+            ))
+            .parallelism
+        },
         steps: 4,
         ..tiny(
             ScheduleKind::DualPipe,
@@ -323,10 +372,16 @@ fn sharded_adamw_with_rebalancing_trains_like_the_dense_exchange() {
     // AdamW's two moments travel with a moved expert: the run with re-placements and
     // redundant experts equals two plain data-parallel replicas (every expert everywhere).
     let adamw = |m: MoeSettings| TrainConfig {
-        data_parallel: 2,
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(ScheduleKind::DualPipeV, 4, m)).parallelism
+        },
+        optimizer: OptimizerSection {
+            kind: OptimizerKind::adamw(),
+            lr: 0.01,
+            ..(tiny(ScheduleKind::DualPipeV, 4, m)).optimizer
+        },
         steps: 5,
-        optimizer: OptimizerKind::adamw(),
-        lr: 0.01,
         ..tiny(ScheduleKind::DualPipeV, 4, m)
     };
     let plain = adamw(moe(false));
@@ -348,9 +403,15 @@ fn clipping_with_sharded_experts_equals_the_dense_exchange() {
     // The global norm counts each sharded expert once (its lowest holder): the same norm, and
     // the same clipped steps, as two replicas that hold every expert.
     let clipped = |m: MoeSettings| TrainConfig {
-        data_parallel: 2,
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(ScheduleKind::DualPipe, 4, m)).parallelism
+        },
+        optimizer: OptimizerSection {
+            clip_grad: Some(0.5),
+            ..(tiny(ScheduleKind::DualPipe, 4, m)).optimizer
+        },
         steps: 4,
-        clip_grad: Some(0.5),
         ..tiny(ScheduleKind::DualPipe, 4, m)
     };
     let run = |config: TrainConfig| {
@@ -407,12 +468,36 @@ fn one_bit_adam_with_sharded_experts_keeps_holders_and_replicas_identical() {
     // steps: the dense parameters follow 1-bit Adam (the compressed momentum, the same on
     // both replicas), the sharded experts plain AdamW on their exact sum among holders.
     let config = |compression, warmup| TrainConfig {
-        data_parallel: 2,
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            gradient_compression: compression,
+            compression_warmup: Some(warmup),
+            ..(tiny(
+                ScheduleKind::DualPipe,
+                4,
+                MoeSettings {
+                    redundant_experts: 2,
+                    eplb_every: 2,
+                    ..moe(true)
+                },
+            ))
+            .parallelism
+        },
+        optimizer: OptimizerSection {
+            kind: OptimizerKind::adamw(),
+            lr: 0.01,
+            ..(tiny(
+                ScheduleKind::DualPipe,
+                4,
+                MoeSettings {
+                    redundant_experts: 2,
+                    eplb_every: 2,
+                    ..moe(true)
+                },
+            ))
+            .optimizer
+        },
         steps: 8,
-        optimizer: OptimizerKind::adamw(),
-        lr: 0.01,
-        gradient_compression: compression,
-        compression_warmup: Some(warmup),
         ..tiny(
             ScheduleKind::DualPipe,
             4,
@@ -477,11 +562,17 @@ fn one_bit_adam_with_sharded_experts_keeps_holders_and_replicas_identical() {
 #[test]
 fn placement_flags_without_expert_parallelism_are_refused() {
     let config = TrainConfig {
-        data_parallel: 2,
-        moe: Some(MoeSettings {
-            eplb_every: 5,
-            ..moe(false)
-        }),
+        model: ModelSection {
+            moe: Some(MoeSettings {
+                eplb_every: 5,
+                ..moe(false)
+            }),
+            ..(tiny(ScheduleKind::OneFOneB, 4, moe(false))).model
+        },
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(ScheduleKind::OneFOneB, 4, moe(false))).parallelism
+        },
         ..tiny(ScheduleKind::OneFOneB, 4, moe(false))
     };
     let err = DataParallel::new(config).unwrap_err().to_string();
@@ -490,11 +581,17 @@ fn placement_flags_without_expert_parallelism_are_refused() {
         "{err}"
     );
     let config = TrainConfig {
-        data_parallel: 2,
-        moe: Some(MoeSettings {
-            redundant_experts: 1,
-            ..moe(true)
-        }),
+        model: ModelSection {
+            moe: Some(MoeSettings {
+                redundant_experts: 1,
+                ..moe(true)
+            }),
+            ..(tiny(ScheduleKind::OneFOneB, 4, moe(false))).model
+        },
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(ScheduleKind::OneFOneB, 4, moe(false))).parallelism
+        },
         ..tiny(ScheduleKind::OneFOneB, 4, moe(false))
     };
     let err = DataParallel::new(config).unwrap_err().to_string();
@@ -516,7 +613,19 @@ fn the_overlapped_fb_pair_gives_the_losses_of_the_sequential_one() {
     assert!(pairs > 0, "the schedule has no FB pair to overlap");
     let run = |overlap: bool| {
         let config = TrainConfig {
-            data_parallel: 2,
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                ..(tiny(
+                    kind,
+                    4,
+                    MoeSettings {
+                        link_latency: 0.002,
+                        overlap,
+                        ..moe(true)
+                    },
+                ))
+                .parallelism
+            },
             steps: 3,
             ..tiny(
                 kind,
@@ -540,7 +649,10 @@ fn the_overlapped_fb_pair_gives_the_losses_of_the_sequential_one() {
 #[test]
 fn link_flags_are_checked() {
     let with = |m: MoeSettings| TrainConfig {
-        data_parallel: 2,
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(ScheduleKind::DualPipe, 4, m)).parallelism
+        },
         ..tiny(ScheduleKind::DualPipe, 4, m)
     };
     let err = DataParallel::new(with(MoeSettings {
@@ -574,7 +686,19 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
     // Re-placements after steps 2 and 4; the checkpoint after step 3 holds every expert
     // (each written by one holder), the placement of version 2 and the moving average.
     let config = TrainConfig {
-        data_parallel: 2,
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(
+                ScheduleKind::DualPipe,
+                4,
+                MoeSettings {
+                    redundant_experts: 2,
+                    eplb_every: 2,
+                    ..moe(true)
+                },
+            ))
+            .parallelism
+        },
         steps: 6,
         ..tiny(
             ScheduleKind::DualPipe,
@@ -636,7 +760,10 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
     assert_eq!(got, expected[3..], "the resumed losses, bit for bit");
     // Without expert parallelism (every expert on every worker) the same model goes on.
     let plain = TrainConfig {
-        moe: Some(moe(false)),
+        model: ModelSection {
+            moe: Some(moe(false)),
+            ..config.model
+        },
         ..config
     };
     let mut other = DataParallel::new(plain).unwrap();
@@ -659,7 +786,7 @@ fn one_rank_per_thread(config: &TrainConfig) -> Vec<Vec<(Vec<f64>, Option<f64>, 
     use dualpipe_train::expert_parallel::links_for;
     use dualpipe_train::{GroupLink, OneRank, ReplicaLinks};
 
-    let (ranks, replicas) = (config.ranks, config.data_parallel);
+    let (ranks, replicas) = (config.schedule.ranks, config.parallelism.data_parallel);
     let placement = config.build_schedule().unwrap().placement;
     let held = |r: usize| {
         let mut stages: Vec<usize> = placement.stages_of(r).into_iter().map(|(_, s)| s).collect();
@@ -725,9 +852,33 @@ fn one_rank_per_process_trains_like_the_local_run() {
     // the ranks' groups; every worker's losses, norms and rows equal the local run's.
     for kind in [ScheduleKind::DualPipe, ScheduleKind::OneFOneB] {
         let config = TrainConfig {
-            data_parallel: 2,
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                ..(tiny(
+                    kind,
+                    4,
+                    MoeSettings {
+                        redundant_experts: 2,
+                        eplb_every: 2,
+                        ..moe(true)
+                    },
+                ))
+                .parallelism
+            },
+            optimizer: OptimizerSection {
+                clip_grad: Some(0.5),
+                ..(tiny(
+                    kind,
+                    4,
+                    MoeSettings {
+                        redundant_experts: 2,
+                        eplb_every: 2,
+                        ..moe(true)
+                    },
+                ))
+                .optimizer
+            },
             steps: 4,
-            clip_grad: Some(0.5),
             ..tiny(
                 kind,
                 4,

@@ -127,7 +127,7 @@ impl ReplicaExchange {
             let wrong_type = |link: &str| {
                 TrainError::Config(format!(
                     "stage {s}'s group sums {link} gradients but the run trains in {}",
-                    config.dtype.name()
+                    config.model.dtype.name()
                 ))
             };
             let sums = matches!(link, GroupLink::SumF32(_) | GroupLink::SumF64(_));
@@ -146,7 +146,7 @@ impl ReplicaExchange {
             joins_remote_copies |= sums || (paired && !presummed);
             let keeps_feedback = !matches!(link, GroupLink::Partner(_));
             let timeout = exchange.timeout;
-            let grads = match (config.dtype, link) {
+            let grads = match (config.model.dtype, link) {
                 (DType::F32, GroupLink::Messages(t)) => StageGrads::F32(Box::new(
                     GradExchange::new(exchange.clone(), layout(4)?, s, t)?,
                 )),
@@ -208,7 +208,7 @@ impl ReplicaExchange {
             ..exchange
         };
         // Every replica's micro-batch losses, or the run's four summed figures if more.
-        let all = (links.replicas * config.micro_batches).max(SUMMED_FIGURES);
+        let all = (links.replicas * config.schedule.micro_batches).max(SUMMED_FIGURES);
         let losses = GradExchange::new(
             loss_config,
             BucketLayout::from_bucket_lens(&[all]),
@@ -218,9 +218,11 @@ impl ReplicaExchange {
         Ok(ReplicaExchange {
             replica: links.replica,
             replicas: links.replicas,
-            micro_batches: config.micro_batches,
-            overlap: config.overlap,
-            in_pipeline: config.overlap && every_copy_joins && config.one_bit_adam_from().is_none(),
+            micro_batches: config.schedule.micro_batches,
+            overlap: config.parallelism.overlap,
+            in_pipeline: config.parallelism.overlap
+                && every_copy_joins
+                && config.one_bit_adam_from().is_none(),
             joins_remote_copies,
             slots: slots.into(),
             losses,

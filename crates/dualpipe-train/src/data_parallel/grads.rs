@@ -174,7 +174,8 @@ pub(super) fn exchanged(copy: &ModelStage) -> Vec<&dualpipe_nn::layers::Param> {
 /// serve their placements: with expert parallelism (set up after the exchange is built) no
 /// routed expert.
 pub(super) fn exchanged_lens(config: &TrainConfig, copy: &ModelStage) -> Vec<usize> {
-    let ep = config.moe.is_some_and(|m| m.expert_parallel) && config.data_parallel > 1;
+    let ep =
+        config.model.moe.is_some_and(|m| m.expert_parallel) && config.parallelism.data_parallel > 1;
     copy.param_names()
         .iter()
         .zip(copy.params())

@@ -50,7 +50,7 @@ impl DataParallel {
         schedule: Option<Schedule>,
         workload: Option<&crate::custom::CustomWorkload>,
     ) -> Result<Self, TrainError> {
-        let replicas = config.data_parallel.max(1);
+        let replicas = config.parallelism.data_parallel.max(1);
         let mut stage_groups: Vec<_> = (0..config.model_stages())
             .map(|_| ChannelTransport::group(replicas).into_iter())
             .collect();

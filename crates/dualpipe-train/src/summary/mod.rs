@@ -229,6 +229,7 @@ impl RunSummary {
 
 #[cfg(test)]
 mod tests {
+    use crate::config::ScheduleSection;
     use std::time::Duration;
 
     use super::*;
@@ -242,9 +243,12 @@ mod tests {
         use dualpipe_sim::ComputeInterval;
 
         let config = TrainConfig {
-            schedule: ScheduleKind::OneFOneB,
-            ranks: 2,
-            micro_batches: 2,
+            schedule: ScheduleSection {
+                kind: ScheduleKind::OneFOneB,
+                ranks: 2,
+                micro_batches: 2,
+                ..TrainConfig::DEFAULT.schedule
+            },
             ..TrainConfig::default()
         };
         let schedule = dualpipe_schedule::build(ScheduleKind::OneFOneB, 2, 2, 1).unwrap();
@@ -320,9 +324,12 @@ mod tests {
         use dualpipe_schedule::ScheduleKind;
 
         let config = TrainConfig {
-            schedule: ScheduleKind::OneFOneB,
-            ranks: 2,
-            micro_batches: 2,
+            schedule: ScheduleSection {
+                kind: ScheduleKind::OneFOneB,
+                ranks: 2,
+                micro_batches: 2,
+                ..TrainConfig::DEFAULT.schedule
+            },
             ..TrainConfig::default()
         };
         let schedule = dualpipe_schedule::build(ScheduleKind::OneFOneB, 2, 2, 1).unwrap();

@@ -45,7 +45,11 @@ fn check_model(ckpt: &Checkpoint, config: &TrainConfig) -> Result<(), TrainError
     let saved = &ckpt.state.config;
     let blocks = |c: &TrainConfig| c.blocks();
     let mut pairs: Vec<(&str, String, String)> = vec![
-        ("model", saved.model.to_string(), config.model.to_string()),
+        (
+            "model",
+            saved.model.kind.to_string(),
+            config.model.kind.to_string(),
+        ),
         (
             "blocks",
             blocks(saved).to_string(),
@@ -53,29 +57,33 @@ fn check_model(ckpt: &Checkpoint, config: &TrainConfig) -> Result<(), TrainError
         ),
         (
             "optimizer",
-            saved.optimizer.to_string(),
-            config.optimizer.to_string(),
+            saved.optimizer.kind.to_string(),
+            config.optimizer.kind.to_string(),
         ),
     ];
-    match config.model {
+    match config.model.kind {
         ModelKind::Gpt => {
             pairs.push((
                 "d_model",
-                saved.d_model.to_string(),
-                config.d_model.to_string(),
+                saved.model.d_model.to_string(),
+                config.model.d_model.to_string(),
             ));
-            pairs.push(("heads", saved.heads.to_string(), config.heads.to_string()));
+            pairs.push((
+                "heads",
+                saved.model.heads.to_string(),
+                config.model.heads.to_string(),
+            ));
             pairs.push((
                 "seq_len",
-                saved.seq_len.to_string(),
-                config.seq_len.to_string(),
+                saved.model.seq_len.to_string(),
+                config.model.seq_len.to_string(),
             ));
         }
         ModelKind::Mlp => {
             pairs.push((
                 "hidden",
-                saved.hidden.to_string(),
-                config.hidden.to_string(),
+                saved.model.hidden.to_string(),
+                config.model.hidden.to_string(),
             ));
         }
     }
@@ -108,10 +116,10 @@ impl<D: Driver> Trainer<D> {
     /// The shape of the schedule this trainer runs, as a checkpoint records it.
     pub fn schedule_shape(&self) -> ScheduleShape {
         ScheduleShape {
-            kind: self.config.schedule.name().into(),
-            ranks: self.config.ranks,
-            micro_batches: self.config.micro_batches,
-            virtual_stages: self.config.virtual_stages,
+            kind: self.config.schedule.kind.name().into(),
+            ranks: self.config.schedule.ranks,
+            micro_batches: self.config.schedule.micro_batches,
+            virtual_stages: self.config.schedule.virtual_stages,
             model_stages: self.config.model_stages(),
         }
     }
@@ -171,7 +179,7 @@ impl<D: Driver> Trainer<D> {
     /// that direction is the one a checkpoint saves: one writer per layer, whichever process
     /// holds it).
     fn writer_dir(&self, stage: usize) -> Option<usize> {
-        (0..self.config.ranks)
+        (0..self.config.schedule.ranks)
             .flat_map(|r| self.schedule.placement.stages_of(r))
             .filter(|&(_, s)| s == stage)
             .map(|(d, _)| d)
@@ -225,8 +233,8 @@ impl<D: Driver> Trainer<D> {
                 ),
             ));
         }
-        let dtype = self.config.dtype.candle();
-        let kind = self.config.optimizer;
+        let dtype = self.config.model.dtype.candle();
+        let kind = self.config.optimizer.kind;
         self.each_parallelism(|p, t| p.restore_placement(t, ckpt))?;
         for (rank, opts) in self.stages.iter_mut().zip(&mut self.optimizers) {
             for ((_, stage), opt) in rank.iter_mut().zip(opts.iter_mut()) {
@@ -274,7 +282,7 @@ impl<D: Driver> Trainer<D> {
 
     /// Whether this replica's routed experts are sharded over an expert-parallel group.
     fn sharded_experts(&self) -> bool {
-        self.expert_group().is_some() && self.config.moe.is_some_and(|m| m.expert_parallel)
+        self.expert_group().is_some() && self.config.model.moe.is_some_and(|m| m.expert_parallel)
     }
 
     /// Hands the writer this trainer's part of a checkpoint when one is due after the steps

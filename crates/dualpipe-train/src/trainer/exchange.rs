@@ -130,14 +130,17 @@ impl<D: Driver> Parallelism<D> for ReplicaExchange {
         }
         let saved = &ckpt.state.config;
         let same_buckets = saved.model_stages() == t.config.model_stages()
-            && saved.bucket_mb.to_bits() == t.config.bucket_mb.to_bits()
-            && saved.gradient_compression == t.config.gradient_compression
-            && saved.error_feedback == t.config.error_feedback;
+            && saved.parallelism.bucket_mb.to_bits() == t.config.parallelism.bucket_mb.to_bits()
+            && saved.parallelism.gradient_compression == t.config.parallelism.gradient_compression
+            && saved.parallelism.error_feedback == t.config.parallelism.error_feedback;
         if !same_buckets {
             restored.feedback_dropped = true;
             return Ok(());
         }
-        let (old_replicas, replicas) = (saved.data_parallel, t.config.data_parallel);
+        let (old_replicas, replicas) = (
+            saved.parallelism.data_parallel,
+            t.config.parallelism.data_parallel,
+        );
         let replica = t.replica;
         let side = |s: usize, r: usize, server: bool, count: usize| -> Vec<Vec<f64>> {
             (0..count)

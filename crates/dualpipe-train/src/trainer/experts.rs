@@ -35,7 +35,7 @@ impl<D: Driver> Parallelism<D> for Experts {
     }
 
     fn check_ready(&self, trainer: &Trainer<D>) -> Result<(), TrainError> {
-        if trainer.config.data_parallel > 1 && self.group.is_none() {
+        if trainer.config.parallelism.data_parallel > 1 && self.group.is_none() {
             return Err(TrainError::Config(
                 "a mixture of experts over data-parallel replicas needs its expert group: call \
                  Trainer::join_expert_group before the first step"
@@ -116,7 +116,7 @@ impl<D: Driver> Parallelism<D> for Experts {
             group.restore(
                 checkpoint,
                 &mut trainer.stages,
-                trainer.config.dtype.candle(),
+                trainer.config.model.dtype.candle(),
             )?;
         }
         Ok(())
@@ -131,7 +131,7 @@ impl Experts {
         t: &mut Trainer<D>,
         step: usize,
     ) -> Result<Option<ExpertLoad>, TrainError> {
-        let Some(moe) = t.config.moe else {
+        let Some(moe) = t.config.model.moe else {
             return Ok(None);
         };
         let copies = t
@@ -141,7 +141,7 @@ impl Experts {
             .filter_map(|(_, s)| s.experts().map(|g| g.router_counts()))
             .flatten();
         let mut totals = sum_by_layer(copies);
-        if t.held.len() < t.config.ranks {
+        if t.held.len() < t.config.schedule.ranks {
             totals = t.counts_over_ranks(step, Round::RouterCounts, totals)?;
         }
         let mut worker_rows = None;
@@ -160,7 +160,7 @@ impl Experts {
                 })
                 .flatten();
             let mut served = sum_by_layer(served);
-            if t.held.len() < t.config.ranks {
+            if t.held.len() < t.config.schedule.ranks {
                 served = t.counts_over_ranks(step, Round::ServedRows, served)?;
             }
             let served: Vec<(usize, u64)> = served.into_iter().map(|(l, v)| (l, v[0])).collect();
@@ -184,7 +184,7 @@ impl Experts {
                 }
             }
         }
-        if t.held.len() < t.config.ranks {
+        if t.held.len() < t.config.schedule.ranks {
             totals = t.blocks_over_ranks(step, Round::ExpertLoads, &totals)?;
             if let Some(rows) = worker_rows {
                 worker_rows = Some(t.blocks_over_ranks(step, Round::WorkerRows, &rows)?);
@@ -211,13 +211,13 @@ impl Experts {
         &self,
         t: &mut Trainer<D>,
     ) -> Result<Option<(usize, usize, u64, u64)>, TrainError> {
-        let ep = t.config.moe.is_some_and(|m| m.expert_parallel);
+        let ep = t.config.model.moe.is_some_and(|m| m.expert_parallel);
         let Some(group) = self.placing(ep) else {
             return Ok(None);
         };
         let (rebalances, moved, scratch) = group.rebalance_totals();
         let bytes = group.bytes_moved();
-        if t.held.len() == t.config.ranks {
+        if t.held.len() == t.config.schedule.ranks {
             return Ok(Some((rebalances, moved, scratch, bytes)));
         }
         let mine = [
@@ -241,7 +241,7 @@ impl Experts {
                 *acc += v;
             }
         }
-        let held: usize = (0..t.config.ranks)
+        let held: usize = (0..t.config.schedule.ranks)
             .map(|r| t.schedule.placement.stages_of(r).len())
             .sum();
         let copies = (held / t.config.model_stages().max(1)).max(1) as f64;
@@ -373,7 +373,7 @@ impl<D: Driver> Trainer<D> {
     /// (`None`: no expert parallelism).
     pub fn expert_bytes_moved(&self) -> Option<u64> {
         self.expert_group()
-            .filter(|_| self.config.moe.is_some_and(|m| m.expert_parallel))
+            .filter(|_| self.config.model.moe.is_some_and(|m| m.expert_parallel))
             .map(ExpertGroup::bytes_moved)
     }
 
@@ -381,7 +381,7 @@ impl<D: Driver> Trainer<D> {
     /// re-planning from scratch would have moved (`None`: no expert parallelism).
     pub fn rebalance_totals(&self) -> Option<(usize, usize, u64)> {
         self.expert_group()
-            .filter(|_| self.config.moe.is_some_and(|m| m.expert_parallel))
+            .filter(|_| self.config.model.moe.is_some_and(|m| m.expert_parallel))
             .map(ExpertGroup::rebalance_totals)
     }
 }

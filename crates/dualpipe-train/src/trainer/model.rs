@@ -16,7 +16,7 @@ impl<D: Driver> Trainer<D> {
     /// With [`TrainConfig::clip_grad`]: the step's global gradient norm (the same on every
     /// process), and every gradient scaled by `clip / (norm + 1e-6)` when that is below 1.
     pub(super) fn clip_gradients(&mut self, step: usize) -> Result<Option<f64>, TrainError> {
-        let Some(clip) = self.config.clip_grad else {
+        let Some(clip) = self.config.optimizer.clip_grad else {
             return Ok(None);
         };
         // The squares of what the stages hold only a share of (the routed experts of an
@@ -56,8 +56,8 @@ impl<D: Driver> Trainer<D> {
             // The routed experts of the held blocks first (each worker stores only its own),
             // then everything over the pipeline's ranks.
             let mut template = gpt.weights.clone();
-            let sharded =
-                self.config.moe.is_some_and(|m| m.expert_parallel) && self.expert_group().is_some();
+            let sharded = self.config.model.moe.is_some_and(|m| m.expert_parallel)
+                && self.expert_group().is_some();
             let experts = find_mut::<D, Experts>(&mut self.parallelisms);
             if let Some(group) = experts.and_then(|e| e.group.as_mut()) {
                 group.gather_experts(done, &mut self.stages, &mut template)?;
@@ -123,7 +123,7 @@ impl<D: Driver> Trainer<D> {
 
     /// Whether a validation is due after step `step` (0-based) of the run.
     pub(super) fn evaluation_due(&self, step: usize) -> bool {
-        let every = self.config.eval_every;
+        let every = self.config.data.eval_every;
         self.workload.gpt().is_some()
             && (step + 1 == self.config.steps || (every > 0 && (step + 1).is_multiple_of(every)))
     }

@@ -25,7 +25,7 @@ impl<D: Driver> Trainer<D> {
     pub fn repartition(&mut self, blocks: Vec<usize>) -> Result<(), TrainError> {
         self.check_movable("re-partitioning")?;
         let mut config = self.config.clone();
-        config.partition = Some(blocks);
+        config.model.partition = Some(blocks);
         config.check_partition(Naming::Fields)?;
         let Some(gpt) = self.workload.gpt() else {
             return Err(TrainError::Config(
@@ -60,12 +60,12 @@ impl<D: Driver> Trainer<D> {
                 let position = StagePosition {
                     dir,
                     model_stage: stage,
-                    micro_batches: config.micro_batches,
+                    micro_batches: config.schedule.micro_batches,
                     micro_batches_per_dir: per_dir,
                 };
                 let layers = config.stage_layers(stage);
                 let mut copy = GptStage::with_layers(&weights, stages, position, layers)?;
-                if let Some(moe) = &config.moe {
+                if let Some(moe) = &config.model.moe {
                     copy.set_aux_loss(moe.aux_loss);
                 }
                 copies.insert(dir, stage, ModelStage::new(copy));
@@ -113,22 +113,22 @@ impl<D: Driver> Trainer<D> {
 
     /// Refuses what cannot move blocks: the MLP, ranks in other processes, replicas.
     pub(super) fn check_movable(&self, what: &str) -> Result<(), TrainError> {
-        if self.config.model != ModelKind::Gpt {
+        if self.config.model.kind != ModelKind::Gpt {
             return Err(TrainError::Config(format!(
                 "{what} moves the GPT's blocks; the MLP's stages stay as they are"
             )));
         }
-        if self.held.len() != self.config.ranks {
+        if self.held.len() != self.config.schedule.ranks {
             return Err(TrainError::Config(format!(
                 "{what} moves blocks between the ranks of one process; under --transport mpi \
                  train with a static --partition (or --plan) instead"
             )));
         }
-        if self.config.data_parallel > 1 || self.exchange().is_some() {
+        if self.config.parallelism.data_parallel > 1 || self.exchange().is_some() {
             return Err(TrainError::Config(format!(
                 "{what} works on one pipeline replica for now; drop --data-parallel {} or \
                  --rebalance-stages",
-                self.config.data_parallel
+                self.config.parallelism.data_parallel
             )));
         }
         Ok(())
@@ -171,11 +171,11 @@ impl<D: Driver> Parallelism<D> for Repartitioning {
     }
 
     fn after_step(&mut self, t: &mut Trainer<D>, report: &StepReport) -> Result<(), TrainError> {
-        let Some(settings) = t.config.rebalance else {
+        let Some(settings) = t.config.parallelism.rebalance else {
             return Ok(());
         };
         let r = self.rebalancer.get_or_insert_with(|| {
-            Rebalancer::new(settings, &t.schedule, head_units(t.config.d_model))
+            Rebalancer::new(settings, &t.schedule, head_units(t.config.model.d_model))
         });
         let Some(timeline) = &report.timeline else {
             return Ok(());

@@ -41,7 +41,7 @@ impl<D: Driver> Trainer<D> {
                 return Err(TrainError::Diverged(Divergence {
                     step,
                     loss: report.loss,
-                    lr: self.config.lr,
+                    lr: self.config.optimizer.lr,
                 }));
             }
             if self.evaluation_due(step) {
