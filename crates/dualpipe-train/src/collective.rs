@@ -15,7 +15,7 @@ use dualpipe_runtime::{ExecOptions, RankStages};
 
 use crate::driver::{Driver, Round};
 use crate::error::TrainError;
-use crate::expert_shards::EXPERT_TENSORS;
+use crate::experts::shards::EXPERT_TENSORS;
 
 /// The copies that count for their model stage (direction 0), in stage order.
 fn counted(stages: &[RankStages<ModelStage>]) -> Vec<&ModelStage> {
@@ -59,7 +59,7 @@ pub(crate) fn gather_f64s<D: Driver>(
 /// order, then the processes' `sharded_squares` (in process order): each one's sum of squares
 /// of the parameters its stages hold only a share of (the routed experts of its
 /// expert-parallel blocks, which the stages' sums leave out:
-/// [`crate::expert_shards::expert_squares`]; 0 otherwise).
+/// [`crate::experts::shards::expert_squares`]; 0 otherwise).
 pub fn gradient_norm<D: Driver>(
     driver: &mut D,
     stages: &[RankStages<ModelStage>],
@@ -126,7 +126,7 @@ pub fn scale_gradients(
 /// The GPT's current weights on every process: each process sends the parameters of the
 /// stages it counts and, per MoE block of those stages, its selection bias and, with
 /// `sharded` experts (expert parallelism), every routed expert as `template` holds it (the
-/// expert group's gather filled them in first: [`crate::expert_shards::gather_experts`]);
+/// expert group's gather filled them in first: [`crate::experts::shards::gather_experts`]);
 /// `template` gives the names and the architecture.
 pub fn gather_weights<D: Driver>(
     driver: &mut D,

@@ -11,7 +11,7 @@
 //! compressed: one more per stage and replica joins the stage's two copy holders, the lowest
 //! direction's holder sums the copies and only it joins the replicas' exchange
 //! (`dualpipe_dp::copies`). A mixture of experts adds its group's links over that pipeline
-//! rank in every replica ([`crate::mpi_experts`]).
+//! rank in every replica ([`crate::experts::mpi`]).
 //!
 //! Checkpoints: every process writes its layers' share ([`checkpoint_share`],
 //! [`checkpoint::shared`](crate::checkpoint::shared)); on resume process 0 chooses the
@@ -199,7 +199,7 @@ pub fn mpi_trainer(
         }
     }
     let losses = group(world.split_link(p))?;
-    let experts = crate::mpi_experts::expert_links(world, config, p)?;
+    let experts = crate::experts::mpi::expert_links(world, config, p)?;
     let links = ReplicaLinks {
         replica,
         replicas: config.parallelism.data_parallel,

@@ -28,7 +28,7 @@
 //! ranks, then sums the gradients (DualPipe's two copies of a stage, the data-parallel
 //! replicas) and updates the weights once. [`DualPipeStrategy::step`] is that whole step.
 //!
-//! The strategy is built over the trainer ([`Trainer`] for one pipeline, [`DataParallel`]
+//! The strategy is built over the trainer ([`Trainer`] for one pipeline, [`LocalReplicas`]
 //! for its replicas): the step, the exchange, compression and checkpoints are theirs.
 
 use crate::config::ScheduleSection;
@@ -48,7 +48,7 @@ use crate::error::{Divergence, TrainError};
 use crate::plan_file::PlanChoice;
 use crate::watch::Watch;
 use crate::{
-    Checkpoint, Compression, DType, DataParallel, LocalRun, Restored, StepEvent, StepReport,
+    Checkpoint, Compression, DType, LocalReplicas, LocalRun, Restored, StepEvent, StepReport,
     TrainConfig, Trainer, Workload,
 };
 
@@ -238,7 +238,7 @@ impl StrategyBuilder {
         };
         let workload = CustomWorkload::new(move |position| make(position, stages));
         let mut run = if config.parallelism.data_parallel > 1 {
-            LocalRun::Replicas(DataParallel::with_workload(
+            LocalRun::Replicas(LocalReplicas::with_workload(
                 config.clone(),
                 None,
                 &workload,

@@ -50,7 +50,7 @@ pub struct StepReport {
     /// Where each rank's pipeline time went: CPU, waiting for a message, waiting for a core.
     pub rank_times: RankTimes,
     /// The MoE router's tokens per (block, expert) of the step (`None` for a dense model).
-    pub expert_load: Option<crate::moe::ExpertLoad>,
+    pub expert_load: Option<crate::experts::ExpertLoad>,
     /// What this replica's data-parallel gradient exchange cost (`None`: one replica).
     pub exchange: Option<StepExchange>,
 }
@@ -169,7 +169,7 @@ impl<D: Driver> Trainer<D> {
     }
 
     /// Replica `links.replica` of a data-parallel run (see
-    /// [`DataParallel`](crate::DataParallel), which builds every replica of a local run):
+    /// [`LocalReplicas`](crate::LocalReplicas), which builds every replica of a local run):
     /// its stages, data share and exchange ends.
     pub fn for_replica(
         config: TrainConfig,
@@ -220,7 +220,7 @@ impl<D: Driver> Trainer<D> {
                 None if config.parallelism.data_parallel > 1 => {
                     return Err(TrainError::Config(format!(
                         "{} {}: a Trainer holds one replica; build the replicas with \
-                         DataParallel::new",
+                         LocalReplicas::new",
                         Field::DataParallel.name(Naming::Fields),
                         config.parallelism.data_parallel
                     )))

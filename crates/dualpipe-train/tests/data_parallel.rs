@@ -6,7 +6,7 @@
 use dualpipe_dp::Compression;
 use dualpipe_nn::OptimizerKind;
 use dualpipe_schedule::ScheduleKind;
-use dualpipe_train::{DType, DataParallel, ModelKind, TrainConfig, Trainer};
+use dualpipe_train::{DType, LocalReplicas, ModelKind, TrainConfig, Trainer};
 use dualpipe_train::{
     DataSection, ModelSection, OptimizerSection, ParallelismSection, ScheduleSection,
 };
@@ -73,7 +73,7 @@ fn two_replicas_equal_one_with_twice_the_micro_batches(single: TrainConfig) {
         },
         ..single.clone()
     };
-    let mut two = DataParallel::new(halved).unwrap();
+    let mut two = LocalReplicas::new(halved).unwrap();
     let what = format!("{} {}", single.model.kind.name(), single.schedule.kind);
     let mut first = None;
     let mut last = 0.0;
@@ -149,7 +149,7 @@ fn one_micro_batch_per_replica_runs_to_its_summary() {
         },
         ..single
     };
-    let summary = DataParallel::new(halved).unwrap().run(|_| Ok(())).unwrap();
+    let summary = LocalReplicas::new(halved).unwrap().run(|_| Ok(())).unwrap();
     assert_eq!(summary.losses.len(), 4);
     assert!(summary.grad_bytes_sent > 0);
 }
@@ -163,11 +163,11 @@ fn without_overlap_the_losses_are_the_same_bits() {
         },
         ..tiny(ModelKind::Mlp, ScheduleKind::DualPipe, 4)
     };
-    let overlapped = DataParallel::new(config.clone())
+    let overlapped = LocalReplicas::new(config.clone())
         .unwrap()
         .run(|_| Ok(()))
         .unwrap();
-    let plain = DataParallel::new(TrainConfig {
+    let plain = LocalReplicas::new(TrainConfig {
         parallelism: ParallelismSection {
             overlap: false,
             ..config.parallelism
@@ -194,7 +194,8 @@ fn without_overlap_a_compressed_run_is_the_same_bits() {
             },
             ..tiny(ModelKind::Mlp, kind, 4)
         };
-        let run = |config: TrainConfig| DataParallel::new(config).unwrap().run(|_| Ok(())).unwrap();
+        let run =
+            |config: TrainConfig| LocalReplicas::new(config).unwrap().run(|_| Ok(())).unwrap();
         let overlapped = run(config.clone());
         let plain = run(TrainConfig {
             parallelism: ParallelismSection {
@@ -224,7 +225,7 @@ fn the_exchange_starts_inside_the_pipeline_once_per_stage() {
             ..tiny(ModelKind::Mlp, kind, 4)
         };
         let started = |config: TrainConfig| -> Vec<usize> {
-            let mut dp = DataParallel::new(config).unwrap();
+            let mut dp = LocalReplicas::new(config).unwrap();
             (0..2)
                 .map(|_| dp.step().unwrap().exchange.unwrap().started_in_pipeline)
                 .collect()
@@ -294,7 +295,7 @@ fn one_bit_adam_keeps_the_replicas_identical_and_its_warmup_is_int8() {
             config.one_bit_adam_from().is_some(),
             warmup > 0 && compression == Compression::OneBit
         );
-        let mut dp = DataParallel::new(config).unwrap();
+        let mut dp = LocalReplicas::new(config).unwrap();
         let losses: Vec<f64> = (0..6).map(|_| dp.step().unwrap().loss).collect();
         let [a, b] = dp.replicas() else {
             panic!("two replicas")
@@ -343,7 +344,7 @@ fn the_transport_counts_fewer_bytes_for_each_compression() {
             steps: 3,
             ..tiny(ModelKind::Gpt, ScheduleKind::DualPipe, 4)
         };
-        let summary = DataParallel::new(config).unwrap().run(|_| Ok(())).unwrap();
+        let summary = LocalReplicas::new(config).unwrap().run(|_| Ok(())).unwrap();
         assert!(
             summary.losses.iter().all(|l| l.is_finite()),
             "{compression}"
@@ -394,7 +395,7 @@ fn a_single_trainer_refuses_several_replicas_and_sizes_are_checked() {
         ..tiny(ModelKind::Mlp, ScheduleKind::DualPipe, 4)
     };
     let err = Trainer::new(config.clone()).unwrap_err().to_string();
-    assert!(err.contains("DataParallel"), "{err}");
+    assert!(err.contains("LocalReplicas"), "{err}");
     for bad in [
         TrainConfig {
             parallelism: ParallelismSection {
@@ -418,9 +419,9 @@ fn a_single_trainer_refuses_several_replicas_and_sizes_are_checked() {
             ..config.clone()
         },
     ] {
-        assert!(DataParallel::new(bad).is_err());
+        assert!(LocalReplicas::new(bad).is_err());
     }
-    // One replica through DataParallel is the plain trainer, bit for bit.
+    // One replica through LocalReplicas is the plain trainer, bit for bit.
     let one = TrainConfig {
         parallelism: ParallelismSection {
             data_parallel: 1,
@@ -428,7 +429,7 @@ fn a_single_trainer_refuses_several_replicas_and_sizes_are_checked() {
         },
         ..config
     };
-    let a = DataParallel::new(one.clone())
+    let a = LocalReplicas::new(one.clone())
         .unwrap()
         .run(|_| Ok(()))
         .unwrap();
@@ -559,7 +560,7 @@ fn one_rank_per_process_on_a_library_sum_matches_the_local_run_inside_the_pipeli
             steps: 3,
             ..tiny(ModelKind::Mlp, kind, 8)
         };
-        let mut local = DataParallel::new(config.clone()).unwrap();
+        let mut local = LocalReplicas::new(config.clone()).unwrap();
         let expected: Vec<f64> = (0..config.steps)
             .map(|_| local.step().unwrap().loss)
             .collect();
@@ -613,7 +614,7 @@ fn one_rank_per_process_on_our_exchange_sums_dualpipes_copies_inside_it_bit_for_
             steps: 3,
             ..tiny(ModelKind::Mlp, ScheduleKind::DualPipe, 8)
         };
-        let mut local = DataParallel::new(config.clone()).unwrap();
+        let mut local = LocalReplicas::new(config.clone()).unwrap();
         let expected: Vec<f64> = (0..config.steps)
             .map(|_| local.step().unwrap().loss)
             .collect();

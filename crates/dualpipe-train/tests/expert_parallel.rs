@@ -14,8 +14,8 @@ use dualpipe_runtime::RankStages;
 use dualpipe_schedule::ScheduleKind;
 use dualpipe_train::checkpoint::{step_dir, Checkpoint};
 use dualpipe_train::{
-    CheckpointOptions, CheckpointWriter, DType, DataParallel, LocalThreads, ModelKind, MoeSettings,
-    StepEvent, TrainConfig, Trainer,
+    CheckpointOptions, CheckpointWriter, DType, LocalReplicas, LocalThreads, ModelKind,
+    MoeSettings, StepEvent, TrainConfig, Trainer,
 };
 
 const SCHEDULES: [ScheduleKind; 4] = [
@@ -110,7 +110,7 @@ fn expert_parallel_losses_equal_the_same_global_batch_without_it() {
             },
             ..single.clone()
         };
-        let mut plain = DataParallel::new(dp.clone()).unwrap();
+        let mut plain = LocalReplicas::new(dp.clone()).unwrap();
         let replicated = losses_of(|| plain.step().unwrap().losses, dp.steps);
         assert_same(&format!("{what}: D=2 vs D=1"), &replicated, &reference);
         let ep = TrainConfig {
@@ -120,7 +120,7 @@ fn expert_parallel_losses_equal_the_same_global_batch_without_it() {
             },
             ..dp
         };
-        let mut parallel = DataParallel::new(ep.clone()).unwrap();
+        let mut parallel = LocalReplicas::new(ep.clone()).unwrap();
         let mut served = Vec::new();
         let spread = losses_of(
             || {
@@ -196,7 +196,7 @@ fn parameter_bytes(t: &Trainer<LocalThreads>) -> (usize, usize) {
 }
 
 /// Per (block, worker) of a group: the experts the worker stores (over its copies).
-fn holdings(dp: &DataParallel) -> BTreeSet<(usize, usize, usize)> {
+fn holdings(dp: &LocalReplicas) -> BTreeSet<(usize, usize, usize)> {
     let mut out = BTreeSet::new();
     for (d, t) in dp.replicas().iter().enumerate() {
         for (l, stored, _) in stored_and_placed(t) {
@@ -224,8 +224,8 @@ fn a_worker_stores_only_the_experts_its_placement_gives_it() {
         },
         ..plain.clone()
     };
-    let dense = DataParallel::new(plain).unwrap();
-    let sharded = DataParallel::new(ep).unwrap();
+    let dense = LocalReplicas::new(plain).unwrap();
+    let sharded = LocalReplicas::new(ep).unwrap();
     let (before, before_experts) = parameter_bytes(&dense.replicas()[0]);
     for t in sharded.replicas() {
         for (l, stored, placed) in stored_and_placed(t) {
@@ -259,7 +259,7 @@ fn eplb_with_redundant_experts_changes_no_loss() {
             steps: 6,
             ..tiny(kind, 4, redundant)
         };
-        let mut fixed = DataParallel::new(base.clone()).unwrap();
+        let mut fixed = LocalReplicas::new(base.clone()).unwrap();
         let mut fixed_rows = Vec::new();
         let reference = losses_of(
             || {
@@ -279,7 +279,7 @@ fn eplb_with_redundant_experts_changes_no_loss() {
             },
             ..base.clone()
         };
-        let mut moving = DataParallel::new(balanced.clone()).unwrap();
+        let mut moving = LocalReplicas::new(balanced.clone()).unwrap();
         let mut rows = Vec::new();
         // Expert copies a worker gained over the re-placements (each one transfer).
         let mut gained = 0;
@@ -314,7 +314,7 @@ fn eplb_with_redundant_experts_changes_no_loss() {
             rows, fixed_rows,
             "{what}: the re-placement changed who computes"
         );
-        let summary = DataParallel::new(balanced)
+        let summary = LocalReplicas::new(balanced)
             .unwrap()
             .run(|_| Ok(()))
             .unwrap();
@@ -357,13 +357,16 @@ fn four_workers_with_a_few_replicated_experts_train_like_the_dense_exchange() {
         )
     };
     let dense = config(false, 0, 0);
-    let mut plain = DataParallel::new(dense.clone()).unwrap();
+    let mut plain = LocalReplicas::new(dense.clone()).unwrap();
     let reference = losses_of(|| plain.step().unwrap().losses, dense.steps);
     let sharded = config(true, 2, 1);
-    let mut parallel = DataParallel::new(sharded.clone()).unwrap();
+    let mut parallel = LocalReplicas::new(sharded.clone()).unwrap();
     let spread = losses_of(|| parallel.step().unwrap().losses, sharded.steps);
     assert_same("4 workers, 2 redundant experts", &spread, &reference);
-    let summary = DataParallel::new(sharded).unwrap().run(|_| Ok(())).unwrap();
+    let summary = LocalReplicas::new(sharded)
+        .unwrap()
+        .run(|_| Ok(()))
+        .unwrap();
     assert!(summary.experts_moved.unwrap() > 0, "the experts moved");
 }
 
@@ -385,14 +388,14 @@ fn sharded_adamw_with_rebalancing_trains_like_the_dense_exchange() {
         ..tiny(ScheduleKind::DualPipeV, 4, m)
     };
     let plain = adamw(moe(false));
-    let mut reference = DataParallel::new(plain.clone()).unwrap();
+    let mut reference = LocalReplicas::new(plain.clone()).unwrap();
     let expected = losses_of(|| reference.step().unwrap().losses, plain.steps);
     let sharded = adamw(MoeSettings {
         redundant_experts: 2,
         eplb_every: 2,
         ..moe(true)
     });
-    let mut moving = DataParallel::new(sharded.clone()).unwrap();
+    let mut moving = LocalReplicas::new(sharded.clone()).unwrap();
     let got = losses_of(|| moving.step().unwrap().losses, sharded.steps);
     assert_same("AdamW, sharded with EPLB vs dense", &got, &expected);
     assert!(moving.replicas()[0].expert_bytes_moved().unwrap() > 0);
@@ -415,7 +418,7 @@ fn clipping_with_sharded_experts_equals_the_dense_exchange() {
         ..tiny(ScheduleKind::DualPipe, 4, m)
     };
     let run = |config: TrainConfig| {
-        let mut dp = DataParallel::new(config.clone()).unwrap();
+        let mut dp = LocalReplicas::new(config.clone()).unwrap();
         let mut norms = Vec::new();
         let losses = losses_of(
             || {
@@ -510,7 +513,7 @@ fn one_bit_adam_with_sharded_experts_keeps_holders_and_replicas_identical() {
     };
     let one_bit = config(dualpipe_train::Compression::OneBit, 2);
     assert_eq!(one_bit.one_bit_adam_from(), Some(2));
-    let mut dp = DataParallel::new(one_bit.clone()).unwrap();
+    let mut dp = LocalReplicas::new(one_bit.clone()).unwrap();
     let mut losses = Vec::new();
     let mut replicated = 0;
     for step in 0..one_bit.steps {
@@ -541,7 +544,7 @@ fn one_bit_adam_with_sharded_experts_keeps_holders_and_replicas_identical() {
     );
     // The warm-up is AdamW on the gradient exchanged in int8, close to the uncompressed
     // exchange; afterwards 1-bit Adam differs.
-    let mut plain = DataParallel::new(config(dualpipe_train::Compression::None, 2)).unwrap();
+    let mut plain = LocalReplicas::new(config(dualpipe_train::Compression::None, 2)).unwrap();
     let reference: Vec<f64> = (0..one_bit.steps)
         .map(|_| plain.step().unwrap().loss)
         .collect();
@@ -575,7 +578,7 @@ fn placement_flags_without_expert_parallelism_are_refused() {
         },
         ..tiny(ScheduleKind::OneFOneB, 4, moe(false))
     };
-    let err = DataParallel::new(config).unwrap_err().to_string();
+    let err = LocalReplicas::new(config).unwrap_err().to_string();
     assert!(
         err.contains("moe.eplb_every") && err.contains("expert_parallel"),
         "{err}"
@@ -594,7 +597,7 @@ fn placement_flags_without_expert_parallelism_are_refused() {
         },
         ..tiny(ScheduleKind::OneFOneB, 4, moe(false))
     };
-    let err = DataParallel::new(config).unwrap_err().to_string();
+    let err = LocalReplicas::new(config).unwrap_err().to_string();
     assert!(err.contains("multiple of 2"), "{err}");
 }
 
@@ -637,7 +640,7 @@ fn the_overlapped_fb_pair_gives_the_losses_of_the_sequential_one() {
                 },
             )
         };
-        let mut dp = DataParallel::new(config.clone()).unwrap();
+        let mut dp = LocalReplicas::new(config.clone()).unwrap();
         losses_of(|| dp.step().unwrap().losses, config.steps)
     };
     let overlapped = run(true);
@@ -655,7 +658,7 @@ fn link_flags_are_checked() {
         },
         ..tiny(ScheduleKind::DualPipe, 4, m)
     };
-    let err = DataParallel::new(with(MoeSettings {
+    let err = LocalReplicas::new(with(MoeSettings {
         link_latency: 0.001,
         ..moe(false)
     }))
@@ -665,14 +668,14 @@ fn link_flags_are_checked() {
         err.contains("moe.link_latency") && err.contains("expert_parallel"),
         "{err}"
     );
-    let err = DataParallel::new(with(MoeSettings {
+    let err = LocalReplicas::new(with(MoeSettings {
         link_bandwidth: Some(-5.0),
         ..moe(true)
     }))
     .unwrap_err()
     .to_string();
     assert!(err.contains("moe.link_bandwidth -5"), "{err}");
-    let err = DataParallel::new(with(MoeSettings {
+    let err = LocalReplicas::new(with(MoeSettings {
         link_latency: f64::NAN,
         ..moe(true)
     }))
@@ -717,7 +720,7 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
         ..CheckpointOptions::new(dir.path())
     };
     let writer = CheckpointWriter::start(&options, 2).unwrap();
-    let mut whole = DataParallel::new(config.clone()).unwrap();
+    let mut whole = LocalReplicas::new(config.clone()).unwrap();
     whole.set_checkpoints(&writer);
     let mut expected = Vec::new();
     whole
@@ -749,7 +752,7 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
             "block {l}: the placement of the first rebalance"
         );
     }
-    let mut resumed = DataParallel::new(config.clone()).unwrap();
+    let mut resumed = LocalReplicas::new(config.clone()).unwrap();
     resumed.restore(&ckpt).unwrap();
     for t in resumed.replicas() {
         for (l, stored, placed) in stored_and_placed(t) {
@@ -766,7 +769,7 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
         },
         ..config
     };
-    let mut other = DataParallel::new(plain).unwrap();
+    let mut other = LocalReplicas::new(plain).unwrap();
     other.restore(&ckpt).unwrap();
     let got = losses_of(|| other.step().unwrap().losses, 3);
     assert_same("resumed without expert parallelism", &got, &expected[3..]);
@@ -775,7 +778,7 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
 /// `ranks x 2` workers, each a thread with its own one-rank trainer as an MPI process would be
 /// (`dualpipe_train::mpi::mpi_trainer`): each replica's pipeline on in-memory links, each held
 /// stage's gradients over our exchange with its holder in the other replica, and the expert
-/// links of each pipeline rank over both replicas (as `dualpipe_train::mpi_experts` builds
+/// links of each pipeline rank over both replicas (as `dualpipe_train::experts::mpi` builds
 /// them, here in process). Per worker, per step: the micro-batch losses, the gradient norm,
 /// and the expert load's rows per worker.
 #[allow(clippy::type_complexity)]
@@ -783,7 +786,7 @@ fn one_rank_per_thread(config: &TrainConfig) -> Vec<Vec<(Vec<f64>, Option<f64>, 
     use dualpipe_dp::ChannelTransport;
     use dualpipe_runtime::transport::endpoint::ChannelLink;
     use dualpipe_runtime::Endpoint;
-    use dualpipe_train::expert_parallel::links_for;
+    use dualpipe_train::experts::group::links_for;
     use dualpipe_train::{GroupLink, OneRank, ReplicaLinks};
 
     let (ranks, replicas) = (config.schedule.ranks, config.parallelism.data_parallel);
@@ -889,7 +892,7 @@ fn one_rank_per_process_trains_like_the_local_run() {
                 },
             )
         };
-        let mut local = DataParallel::new(config.clone()).unwrap();
+        let mut local = LocalReplicas::new(config.clone()).unwrap();
         let expected: Vec<_> = (0..config.steps)
             .map(|_| {
                 let r = local.step().unwrap();

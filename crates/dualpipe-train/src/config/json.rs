@@ -15,7 +15,7 @@ use super::{
     DType, DataSection, ModelKind, ModelSection, OptimizerSection, ParallelismSection,
     ScheduleSection, Task, TrainConfig, TransportSection,
 };
-use crate::moe::MoeSettings;
+use crate::experts::MoeSettings;
 use crate::rebalance::{RebalanceSettings, SlowRank};
 
 fn is_constant(decay: &LrDecay) -> bool {

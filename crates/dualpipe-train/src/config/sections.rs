@@ -10,7 +10,7 @@ use dualpipe_nn::{LrDecay, OptimizerKind};
 use dualpipe_schedule::ScheduleKind;
 
 use super::choice::{DType, ModelKind, Task};
-use crate::moe::MoeSettings;
+use crate::experts::MoeSettings;
 use crate::rebalance::{RebalanceSettings, SlowRank};
 
 /// The model: which one, its shape, its element type and where its weights start.

@@ -160,7 +160,7 @@ pub(super) fn lock_error(stage: usize) -> TrainError {
 
 /// `copy`'s parameters the exchange carries: all but the routed experts of an
 /// expert-parallel MoE block (their gradients are summed among their holders only, see
-/// [`ExpertGroup::exchange_gradients`](crate::expert_parallel::ExpertGroup::exchange_gradients)).
+/// [`ExpertGroup::exchange_gradients`](crate::experts::group::ExpertGroup::exchange_gradients)).
 pub(super) fn exchanged(copy: &ModelStage) -> Vec<&dualpipe_nn::layers::Param> {
     let sharded = copy.sharded_params();
     copy.params()

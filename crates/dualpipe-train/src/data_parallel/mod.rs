@@ -10,7 +10,7 @@
 //! - [`ExchangeHook`] ([`hook`]) — the executor's [`StepHook`]: on the rank's own thread, as soon as
 //!   every copy of a stage this process holds has run its last weight-gradient op, it sums the
 //!   copies and starts the stage's buckets, and it makes progress on them between ops;
-//! - [`DataParallel`] ([`replicas`], above the trainer) — the local backend: `data_parallel` [`Trainer`]s, one per replica, each
+//! - [`LocalReplicas`] ([`replicas`], above the trainer) — the local backend: `data_parallel` [`Trainer`]s, one per replica, each
 //!   running its pipeline on its own threads, concurrently, joined by in-process channels
 //!   ([`ChannelTransport`]).
 //!
@@ -38,4 +38,4 @@ pub mod replicas;
 pub use exchange::{ReplicaExchange, StepExchange};
 pub use hook::ExchangeHook;
 pub use links::{GroupLink, GroupTransport, ReplicaLinks};
-pub use replicas::DataParallel;
+pub use replicas::LocalReplicas;

@@ -1,4 +1,4 @@
-//! [`DataParallel`]: the runner of local replicas, above the trainer: `data_parallel`
+//! [`LocalReplicas`]: the runner of local replicas, above the trainer: `data_parallel`
 //! [`Trainer`]s in this process, each running its pipeline on its own threads,
 //! concurrently, joined by in-process channels.
 
@@ -15,20 +15,20 @@ use crate::trainer::{StepEvent, StepReport, Trainer};
 /// `data_parallel` replicas of the pipeline in this process (see the [module](self)
 /// documentation): replica `d` is a [`Trainer`] whose ranks run on their own threads.
 #[derive(Debug)]
-pub struct DataParallel {
+pub struct LocalReplicas {
     replicas: Vec<Trainer<LocalThreads>>,
 }
 
-impl DataParallel {
+impl LocalReplicas {
     /// The replicas of `config` with the schedule it generates.
     pub fn new(config: TrainConfig) -> Result<Self, TrainError> {
-        DataParallel::build(config, None)
+        LocalReplicas::build(config, None)
     }
 
     /// The replicas of `config`, each running `schedule` (checked as
     /// [`Trainer::with_schedule`] does).
     pub fn with_schedule(config: TrainConfig, schedule: Schedule) -> Result<Self, TrainError> {
-        DataParallel::build(config, Some(schedule))
+        LocalReplicas::build(config, Some(schedule))
     }
 
     /// The replicas of `config` training `workload` (a user's model) instead of the one
@@ -38,11 +38,11 @@ impl DataParallel {
         schedule: Option<Schedule>,
         workload: &crate::custom::CustomWorkload,
     ) -> Result<Self, TrainError> {
-        DataParallel::build_of(config, schedule, Some(workload))
+        LocalReplicas::build_of(config, schedule, Some(workload))
     }
 
     fn build(config: TrainConfig, schedule: Option<Schedule>) -> Result<Self, TrainError> {
-        DataParallel::build_of(config, schedule, None)
+        LocalReplicas::build_of(config, schedule, None)
     }
 
     fn build_of(
@@ -55,7 +55,7 @@ impl DataParallel {
             .map(|_| ChannelTransport::group(replicas).into_iter())
             .collect();
         let mut loss_group = ChannelTransport::group(replicas).into_iter();
-        let mut expert_links = crate::expert_parallel::links_for(&config, replicas).into_iter();
+        let mut expert_links = crate::experts::group::links_for(&config, replicas).into_iter();
         let mut trainers = Vec::with_capacity(replicas);
         for replica in 0..replicas {
             let stages = stage_groups
@@ -90,7 +90,7 @@ impl DataParallel {
             }
             trainers.push(trainer);
         }
-        Ok(DataParallel { replicas: trainers })
+        Ok(LocalReplicas { replicas: trainers })
     }
 
     /// The replicas' trainers (replica 0 first: it evaluates and reports).

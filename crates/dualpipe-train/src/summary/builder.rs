@@ -29,7 +29,7 @@ pub struct SummaryBuilder {
     ops: OpTally,
     evaluations: Vec<Evaluation>,
     last_step: Option<(Timeline, Metrics)>,
-    expert_loads: Vec<crate::moe::ExpertLoad>,
+    expert_loads: Vec<crate::experts::ExpertLoad>,
     first_step: Option<usize>,
     feedback_norms: Vec<f64>,
     by_format: Vec<super::FormatBytes>,
@@ -214,7 +214,7 @@ impl SummaryBuilder {
                 .model
                 .moe
                 .filter(|m| m.expert_parallel && !m.link().is_none())
-                .map(|_| crate::moe::ExpertWaits::measured()),
+                .map(|_| crate::experts::ExpertWaits::measured()),
         }
     }
 }

@@ -175,7 +175,7 @@ pub struct RunSummary {
     /// With MoE: every step's router load (tokens per block and expert, the worst block's
     /// max/mean); absent from the JSON for a dense model.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub expert_load_imbalance: Vec<crate::moe::ExpertLoad>,
+    pub expert_load_imbalance: Vec<crate::experts::ExpertLoad>,
     /// With expert parallelism: EPLB's re-placements over the run (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eplb_rebalances: Option<usize>,
@@ -194,7 +194,7 @@ pub struct RunSummary {
     /// With an emulated expert link: the measured waits around the all-to-alls (absent
     /// otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub expert_waits: Option<crate::moe::ExpertWaits>,
+    pub expert_waits: Option<crate::experts::ExpertWaits>,
 }
 
 impl RunSummary {
@@ -346,7 +346,7 @@ mod tests {
                 grad_norm: None,
                 evaluation: None,
                 expert_load: Some(
-                    crate::moe::ExpertLoad::new(step, vec![(0, counts.to_vec())])
+                    crate::experts::ExpertLoad::new(step, vec![(0, counts.to_vec())])
                         .with_worker_rows(vec![(0, rows.to_vec())]),
                 ),
             });

@@ -14,7 +14,7 @@ use crate::checkpoint::{
 use crate::config::{ModelKind, TrainConfig};
 use crate::driver::Driver;
 use crate::error::TrainError;
-use crate::expert_shards;
+use crate::experts::shards;
 
 /// What [`Trainer::restore`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,7 +142,7 @@ impl<D: Driver> Trainer<D> {
                     }
                     // The other replicas of an expert-parallel group write the experts
                     // they are the lowest holder of.
-                    let owned = (replica != 0).then(|| expert_shards::owned_names(stage, replica));
+                    let owned = (replica != 0).then(|| shards::owned_names(stage, replica));
                     for (k, (name, p)) in stage.param_names().iter().zip(stage.params()).enumerate()
                     {
                         if owned.as_ref().is_some_and(|o| !o.contains(name)) {

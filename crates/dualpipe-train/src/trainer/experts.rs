@@ -12,8 +12,8 @@ use crate::checkpoint::{Checkpoint, HostTensor};
 use crate::collective::gather_f64s;
 use crate::driver::{Driver, Round};
 use crate::error::TrainError;
-use crate::expert_parallel::{ExpertGroup, ExpertLinks};
-use crate::moe::{sum_by_layer, ExpertLoad};
+use crate::experts::group::{ExpertGroup, ExpertLinks};
+use crate::experts::{sum_by_layer, ExpertLoad};
 use crate::summary::RunSummary;
 
 /// The MoE experts of a run (present when the model has MoE blocks): the balance after every
@@ -345,7 +345,7 @@ impl<D: Driver> Trainer<D> {
     }
 
     /// Joins replica `replica` to its MoE group over `links` (called once, before the first
-    /// step, by [`DataParallel`](crate::DataParallel)): the counts are summed over the group
+    /// step, by [`LocalReplicas`](crate::LocalReplicas)): the counts are summed over the group
     /// and, with expert parallelism, the experts are served where the placement says.
     pub fn join_expert_group(
         &mut self,

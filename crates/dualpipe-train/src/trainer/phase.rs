@@ -35,7 +35,7 @@ use crate::checkpoint::{Checkpoint, HostTensor};
 use crate::data_parallel::StepExchange;
 use crate::driver::Driver;
 use crate::error::TrainError;
-use crate::moe::ExpertLoad;
+use crate::experts::ExpertLoad;
 use crate::summary::RunSummary;
 
 /// What a step has produced so far, handed from one point of the step to the next.

@@ -1,6 +1,6 @@
 //! Moving whole blocks between stages at a step boundary: [`Trainer::repartition`], and
 //! stage re-partitioning as a [`Parallelism`] of the run (the
-//! [`Rebalancer`](crate::rebalance::Rebalancer) after each step).
+//! [`StageRebalancer`](crate::rebalance::StageRebalancer) after each step).
 
 use std::collections::HashMap;
 
@@ -14,7 +14,7 @@ use crate::config::{ModelKind, Naming};
 use crate::driver::Driver;
 use crate::error::TrainError;
 use crate::partition::format_partition;
-use crate::rebalance::{head_units, Rebalancer, Repartition};
+use crate::rebalance::{head_units, Repartition, StageRebalancer};
 
 impl<D: Driver> Trainer<D> {
     /// Moves to the partition `blocks` (blocks per model stage) between steps: every held
@@ -152,7 +152,7 @@ impl<D: Driver> Trainer<D> {
 #[derive(Debug, Default)]
 pub(crate) struct Repartitioning {
     /// The run's rebalancer, built at its first step (a new one for every run).
-    rebalancer: Option<Rebalancer>,
+    rebalancer: Option<StageRebalancer>,
     /// The re-partitionings made so far.
     done: Vec<Repartition>,
 }
@@ -175,7 +175,7 @@ impl<D: Driver> Parallelism<D> for Repartitioning {
             return Ok(());
         };
         let r = self.rebalancer.get_or_insert_with(|| {
-            Rebalancer::new(settings, &t.schedule, head_units(t.config.model.d_model))
+            StageRebalancer::new(settings, &t.schedule, head_units(t.config.model.d_model))
         });
         let Some(timeline) = &report.timeline else {
             return Ok(());
