@@ -33,20 +33,26 @@
 //!
 //! ```
 //! use dualpipe_metrics::{MetricsServer, RunObserver, TrainingMetrics};
-//! use dualpipe_train::{DType, TrainConfig, Trainer};
+//! use dualpipe_train::{DType, ModelSection, ScheduleSection, TrainConfig, Trainer};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let config = TrainConfig {
-//!     ranks: 2,
-//!     micro_batches: 4,
-//!     micro_batch_size: 4,
-//!     hidden: 8,
-//!     layers_per_stage: 1,
+//!     model: ModelSection {
+//!         hidden: 8,
+//!         layers_per_stage: 1,
+//!         dtype: DType::F64,
+//!         ..TrainConfig::MLP.model
+//!     },
+//!     schedule: ScheduleSection {
+//!         ranks: 2,
+//!         micro_batches: 4,
+//!         micro_batch_size: 4,
+//!         ..TrainConfig::MLP.schedule
+//!     },
 //!     steps: 3,
-//!     dtype: DType::F64,
 //!     ..TrainConfig::MLP
 //! };
 //! let mut trainer = Trainer::new(config.clone())?;
-//! let metrics = TrainingMetrics::new(config.ranks);
+//! let metrics = TrainingMetrics::new(config.schedule.ranks);
 //! let server = MetricsServer::start("127.0.0.1:0", metrics.clone())?;
 //! eprintln!("metrics: {}", server.url());
 //! let mut observer = RunObserver::new(&config, trainer.schedule()).with_metrics(metrics.clone());

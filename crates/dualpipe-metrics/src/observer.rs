@@ -15,13 +15,15 @@ use crate::registry::TrainingMetrics;
 /// (activations forward, their gradients backward): a `[micro_batch_size, hidden]` tensor for
 /// the MLP, `[micro_batch_size · seq_len, d_model]` hidden states for the GPT.
 pub fn message_bytes(config: &TrainConfig) -> u64 {
-    let values = match config.model {
-        ModelKind::Mlp => (config.micro_batch_size as u128).saturating_mul(config.hidden as u128),
-        ModelKind::Gpt => (config.micro_batch_size as u128)
-            .saturating_mul(config.seq_len as u128)
-            .saturating_mul(config.d_model as u128),
+    let values = match config.model.kind {
+        ModelKind::Mlp => {
+            (config.schedule.micro_batch_size as u128).saturating_mul(config.model.hidden as u128)
+        }
+        ModelKind::Gpt => (config.schedule.micro_batch_size as u128)
+            .saturating_mul(config.model.seq_len as u128)
+            .saturating_mul(config.model.d_model as u128),
     };
-    u64::try_from(values.saturating_mul(config.dtype.size_in_bytes())).unwrap_or(u64::MAX)
+    u64::try_from(values.saturating_mul(config.model.dtype.size_in_bytes())).unwrap_or(u64::MAX)
 }
 
 /// Tokens one step of `config` trains on (the GPT's tokens; rows for the MLP).

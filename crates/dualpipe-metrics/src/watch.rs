@@ -28,7 +28,7 @@ impl RunWatch {
         let mut observer = RunObserver::new(config, schedule);
         let (mut server, mut served) = (None, None);
         if let Some(addr) = &plan.metrics_addr {
-            let metrics = TrainingMetrics::new(config.ranks);
+            let metrics = TrainingMetrics::new(config.schedule.ranks);
             let started = MetricsServer::start(addr, metrics.clone())
                 .map_err(|e| WatchError::Serve(e.to_string()))?;
             say(&format!("metrics: {}", started.url()));

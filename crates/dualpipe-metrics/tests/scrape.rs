@@ -1,5 +1,6 @@
 //! Scrapes a training run's metrics server with a plain TcpStream, as Prometheus would.
 
+use dualpipe_train::{ModelSection, ScheduleSection};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -31,13 +32,19 @@ fn value(body: &str, name: &str) -> f64 {
 
 fn config(steps: usize) -> TrainConfig {
     TrainConfig {
-        ranks: 2,
-        micro_batches: 4,
-        micro_batch_size: 4,
-        hidden: 8,
-        layers_per_stage: 1,
+        model: ModelSection {
+            hidden: 8,
+            layers_per_stage: 1,
+            dtype: DType::F64,
+            ..TrainConfig::MLP.model
+        },
+        schedule: ScheduleSection {
+            ranks: 2,
+            micro_batches: 4,
+            micro_batch_size: 4,
+            ..TrainConfig::MLP.schedule
+        },
         steps,
-        dtype: DType::F64,
         ..TrainConfig::MLP
     }
 }
@@ -45,7 +52,7 @@ fn config(steps: usize) -> TrainConfig {
 #[test]
 fn a_scrape_during_training_sees_the_steps() {
     let config = config(5);
-    let metrics = TrainingMetrics::new(config.ranks);
+    let metrics = TrainingMetrics::new(config.schedule.ranks);
     let server = MetricsServer::start("127.0.0.1:0", metrics.clone()).unwrap();
     assert_ne!(server.addr().port(), 0);
     let addr = server.addr();
@@ -139,7 +146,7 @@ fn get_fails(addr: std::net::SocketAddr) -> bool {
 #[test]
 fn hard_scraping_neither_stops_nor_fails_training() {
     let config = config(20);
-    let metrics = TrainingMetrics::new(config.ranks);
+    let metrics = TrainingMetrics::new(config.schedule.ranks);
     let server = MetricsServer::start("127.0.0.1:0", metrics.clone()).unwrap();
     let addr = server.addr();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

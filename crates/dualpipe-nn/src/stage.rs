@@ -370,6 +370,85 @@ macro_rules! impl_param_stage {
 }
 pub(crate) use impl_param_stage;
 
+/// Implements [`PipelineStage`](crate::model_stage::PipelineStage) for a stage type of this
+/// crate by delegation, one implementation for the MLP and the GPT stages: its `position`
+/// field, its batch of the [`StepBatch`](crate::model_stage::StepBatch) variant `$batch`
+/// (`$what` names the stage in the error for another one), the F, I and W of
+/// [`impl_param_stage!`], and its own `params`, `params_mut`, `param_names`, `pending` and
+/// `zero_grad`; the methods in the braces are the trait's others the type overrides.
+macro_rules! impl_pipeline_stage {
+    ($stage:ty, $batch:ident, $what:literal, { $($extra:tt)* }) => {
+        impl $crate::model_stage::PipelineStage for $stage {
+            fn position(&self) -> $crate::stage::StagePosition {
+                self.position
+            }
+
+            fn set_batch(
+                &mut self,
+                batch: &$crate::model_stage::StepBatch,
+            ) -> Result<(), $crate::error::NnError> {
+                match batch {
+                    $crate::model_stage::StepBatch::$batch(b) => {
+                        <$stage>::set_batch(self, b.clone());
+                        Ok(())
+                    }
+                    other => Err($crate::error::NnError::Stage(format!(
+                        concat!($what, " stage was given the {} batch"),
+                        other.kind()
+                    ))),
+                }
+            }
+
+            fn forward(
+                &mut self,
+                chunk: dualpipe_schedule::Chunk,
+                input: dualpipe_runtime::ForwardInput<candle_core::Tensor>,
+            ) -> Result<dualpipe_runtime::ForwardOutput<candle_core::Tensor>, $crate::error::NnError>
+            {
+                self.forward_impl(chunk, input)
+            }
+
+            fn backward_input(
+                &mut self,
+                chunk: dualpipe_schedule::Chunk,
+                grad_output: Option<candle_core::Tensor>,
+            ) -> Result<Option<candle_core::Tensor>, $crate::error::NnError> {
+                self.backward_input_impl(chunk, grad_output)
+            }
+
+            fn backward_weight(
+                &mut self,
+                chunk: dualpipe_schedule::Chunk,
+            ) -> Result<(), $crate::error::NnError> {
+                self.backward_weight_impl(chunk)
+            }
+
+            fn params(&self) -> Vec<&$crate::layers::Param> {
+                <$stage>::params(self)
+            }
+
+            fn params_mut(&mut self) -> Vec<&mut $crate::layers::Param> {
+                <$stage>::params_mut(self)
+            }
+
+            fn param_names(&self) -> Vec<String> {
+                <$stage>::param_names(self)
+            }
+
+            fn pending(&self) -> usize {
+                <$stage>::pending(self)
+            }
+
+            fn zero_grad(&mut self) -> Result<(), $crate::error::NnError> {
+                <$stage>::zero_grad(self)
+            }
+
+            $($extra)*
+        }
+    };
+}
+pub(crate) use impl_pipeline_stage;
+
 impl_param_stage!(MlpStage);
 
 /// Converts a tensor to a flat f64 vector (for comparisons and reports).
@@ -380,61 +459,4 @@ pub fn to_f64_vec(t: &Tensor) -> Result<Vec<f64>, NnError> {
         .ctx("to_f64_vec")
 }
 
-impl crate::model_stage::PipelineStage for MlpStage {
-    fn position(&self) -> StagePosition {
-        self.position
-    }
-
-    fn set_batch(&mut self, batch: &crate::model_stage::StepBatch) -> Result<(), NnError> {
-        match batch {
-            crate::model_stage::StepBatch::Mlp(b) => {
-                MlpStage::set_batch(self, b.clone());
-                Ok(())
-            }
-            other => Err(NnError::Stage(format!(
-                "an MLP stage was given the {} batch",
-                other.kind()
-            ))),
-        }
-    }
-
-    fn forward(
-        &mut self,
-        chunk: Chunk,
-        input: ForwardInput<Tensor>,
-    ) -> Result<ForwardOutput<Tensor>, NnError> {
-        self.forward_impl(chunk, input)
-    }
-
-    fn backward_input(
-        &mut self,
-        chunk: Chunk,
-        grad_output: Option<Tensor>,
-    ) -> Result<Option<Tensor>, NnError> {
-        self.backward_input_impl(chunk, grad_output)
-    }
-
-    fn backward_weight(&mut self, chunk: Chunk) -> Result<(), NnError> {
-        self.backward_weight_impl(chunk)
-    }
-
-    fn params(&self) -> Vec<&Param> {
-        MlpStage::params(self)
-    }
-
-    fn params_mut(&mut self) -> Vec<&mut Param> {
-        MlpStage::params_mut(self)
-    }
-
-    fn param_names(&self) -> Vec<String> {
-        MlpStage::param_names(self)
-    }
-
-    fn pending(&self) -> usize {
-        MlpStage::pending(self)
-    }
-
-    fn zero_grad(&mut self) -> Result<(), NnError> {
-        MlpStage::zero_grad(self)
-    }
-}
+impl_pipeline_stage!(MlpStage, Mlp, "an MLP", {});

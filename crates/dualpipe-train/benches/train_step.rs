@@ -8,16 +8,23 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use dualpipe_schedule::ScheduleKind;
+use dualpipe_train::{ModelSection, ScheduleSection};
 use dualpipe_train::{TrainConfig, Trainer};
 
 fn small(schedule: ScheduleKind, ranks: usize) -> TrainConfig {
     TrainConfig {
-        schedule,
-        ranks,
-        micro_batches: 8,
-        micro_batch_size: 32,
-        hidden: 64,
-        layers_per_stage: 1,
+        model: ModelSection {
+            hidden: 64,
+            layers_per_stage: 1,
+            ..TrainConfig::MLP.model
+        },
+        schedule: ScheduleSection {
+            kind: schedule,
+            ranks,
+            micro_batches: 8,
+            micro_batch_size: 32,
+            ..TrainConfig::MLP.schedule
+        },
         ..TrainConfig::MLP
     }
 }

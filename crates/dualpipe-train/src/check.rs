@@ -37,17 +37,17 @@ impl TrainConfig {
     pub fn check(&self, naming: Naming, processes: usize) -> Result<(), TrainError> {
         let name = |field: Field| field.name(naming);
         let positive = [
-            (Field::Ranks, self.ranks),
-            (Field::MicroBatches, self.micro_batches),
-            (Field::MicroBatchSize, self.micro_batch_size),
-            (Field::VirtualStages, self.virtual_stages),
-            (Field::Hidden, self.hidden),
-            (Field::LayersPerStage, self.layers_per_stage),
+            (Field::Ranks, self.schedule.ranks),
+            (Field::MicroBatches, self.schedule.micro_batches),
+            (Field::MicroBatchSize, self.schedule.micro_batch_size),
+            (Field::VirtualStages, self.schedule.virtual_stages),
+            (Field::Hidden, self.model.hidden),
+            (Field::LayersPerStage, self.model.layers_per_stage),
             (Field::Steps, self.steps),
-            (Field::DModel, self.d_model),
-            (Field::Heads, self.heads),
-            (Field::SeqLen, self.seq_len),
-            (Field::DataParallel, self.data_parallel),
+            (Field::DModel, self.model.d_model),
+            (Field::Heads, self.model.heads),
+            (Field::SeqLen, self.model.seq_len),
+            (Field::DataParallel, self.parallelism.data_parallel),
         ];
         for (field, value) in positive {
             if value == 0 {
@@ -65,15 +65,15 @@ impl TrainConfig {
                 self.steps
             )));
         }
-        if !(self.lr.is_finite() && self.lr > 0.0) {
+        if !(self.optimizer.lr.is_finite() && self.optimizer.lr > 0.0) {
             return Err(TrainError::Config(format!(
                 "{} {}: the learning rate must be a positive number such as 0.001",
                 name(Field::Lr),
-                self.lr
+                self.optimizer.lr
             )));
         }
         self.check_lr_schedule(naming)?;
-        if let OptimizerKind::Sgd { momentum: m } = self.optimizer {
+        if let OptimizerKind::Sgd { momentum: m } = self.optimizer.kind {
             if !(m.is_finite() && (0.0..1.0).contains(&m)) {
                 return Err(TrainError::Config(format!(
                     "{} {m}: it must be in [0, 1), such as 0.9",
@@ -81,15 +81,15 @@ impl TrainConfig {
                 )));
             }
         }
-        if !(self.recv_timeout.is_finite()
-            && self.recv_timeout > 0.0
-            && self.recv_timeout < MAX_RECV_TIMEOUT)
+        if !(self.transport.recv_timeout.is_finite()
+            && self.transport.recv_timeout > 0.0
+            && self.transport.recv_timeout < MAX_RECV_TIMEOUT)
         {
             return Err(TrainError::Config(format!(
                 "{} {}: the timeout must be more than 0 and less than {MAX_RECV_TIMEOUT:e} \
                  seconds (about 31 years), such as 60",
                 name(Field::RecvTimeout),
-                compact(self.recv_timeout)
+                compact(self.transport.recv_timeout)
             )));
         }
         self.check_data_parallel(naming)?;
@@ -101,26 +101,26 @@ impl TrainConfig {
     /// run), a floor for the cosine only, between 0 and the peak.
     fn check_lr_schedule(&self, naming: Naming) -> Result<(), TrainError> {
         let name = |field: Field| field.name(naming);
-        if let Some(warmup) = self.lr_warmup.filter(|&w| w > MAX_STEPS as u64) {
+        if let Some(warmup) = self.optimizer.lr_warmup.filter(|&w| w > MAX_STEPS as u64) {
             return Err(TrainError::Config(format!(
                 "{} {warmup} is more than {MAX_STEPS} steps; warm up for fewer",
                 name(Field::LrWarmup)
             )));
         }
-        if let Some(min) = self.lr_min {
-            if self.lr_decay != LrDecay::Cosine {
+        if let Some(min) = self.optimizer.lr_min {
+            if self.optimizer.lr_decay != LrDecay::Cosine {
                 return Err(TrainError::Config(format!(
                     "{} {min} is the floor of the cosine decay; set {} cosine or drop it",
                     name(Field::LrMin),
                     name(Field::LrDecay)
                 )));
             }
-            if !(min.is_finite() && min >= 0.0 && min <= self.lr) {
+            if !(min.is_finite() && min >= 0.0 && min <= self.optimizer.lr) {
                 return Err(TrainError::Config(format!(
                     "{} {min}: the floor must be between 0 and the peak {} {}",
                     name(Field::LrMin),
                     name(Field::Lr),
-                    self.lr
+                    self.optimizer.lr
                 )));
             }
         }
@@ -130,20 +130,22 @@ impl TrainConfig {
     /// The data-parallel sizes: the worker count and the bucket budget.
     fn check_data_parallel(&self, naming: Naming) -> Result<(), TrainError> {
         let name = |field: Field| field.name(naming);
-        if self.data_parallel > MAX_DATA_PARALLEL {
+        if self.parallelism.data_parallel > MAX_DATA_PARALLEL {
             return Err(TrainError::Config(format!(
                 "{} {} is more than {MAX_DATA_PARALLEL} replicas; use fewer",
                 name(Field::DataParallel),
-                self.data_parallel
+                self.parallelism.data_parallel
             )));
         }
-        if !(self.bucket_mb.is_finite() && self.bucket_mb > 0.0 && self.bucket_mb <= MAX_BUCKET_MB)
+        if !(self.parallelism.bucket_mb.is_finite()
+            && self.parallelism.bucket_mb > 0.0
+            && self.parallelism.bucket_mb <= MAX_BUCKET_MB)
         {
             return Err(TrainError::Config(format!(
                 "{} {}: the bucket size must be a positive number of MiB up to {MAX_BUCKET_MB}, \
                  such as 25",
                 name(Field::BucketMb),
-                self.bucket_mb
+                self.parallelism.bucket_mb
             )));
         }
         Ok(())
@@ -152,7 +154,7 @@ impl TrainConfig {
     /// The GPT's own checks: the architecture, the validation share, the clipping norm.
     fn check_model(&self, naming: Naming) -> Result<(), TrainError> {
         let name = |field: Field| field.name(naming);
-        if let Some(clip) = self.clip_grad {
+        if let Some(clip) = self.optimizer.clip_grad {
             if !(clip.is_finite() && clip > 0.0) {
                 return Err(TrainError::Config(format!(
                     "{} {clip}: the largest gradient norm must be a positive number such as 1.0",
@@ -160,7 +162,7 @@ impl TrainConfig {
                 )));
             }
         }
-        if let (Some(clip), Some(warmup)) = (self.clip_grad, self.one_bit_adam_from()) {
+        if let (Some(clip), Some(warmup)) = (self.optimizer.clip_grad, self.one_bit_adam_from()) {
             return Err(TrainError::Config(format!(
                 "{} {clip} with 1bit compression after {warmup} warm-up steps: 1-bit Adam \
                  exchanges AdamW's momentum, not the gradient, so there is no gradient norm \
@@ -170,15 +172,21 @@ impl TrainConfig {
                 name(Field::CompressionWarmup)
             )));
         }
-        if let Some(moe) = &self.moe {
-            if self.model != ModelKind::Gpt {
+        if let Some(moe) = &self.model.moe {
+            if self.model.kind != ModelKind::Gpt {
                 return Err(TrainError::Config(
                     "the mixture of experts is a GPT feed-forward; drop it or use the GPT".into(),
                 ));
             }
             moe.check(matches!(naming, Naming::Flags))?;
-            moe.check_parallel(self.data_parallel, matches!(naming, Naming::Flags))?;
-            if moe.expert_parallel && self.data_parallel > 1 && self.rebalance.is_some() {
+            moe.check_parallel(
+                self.parallelism.data_parallel,
+                matches!(naming, Naming::Flags),
+            )?;
+            if moe.expert_parallel
+                && self.parallelism.data_parallel > 1
+                && self.parallelism.rebalance.is_some()
+            {
                 return Err(TrainError::Config(
                     "re-partitioning the stages rebuilds them without their expert groups; \
                      drop the stage rebalancing or the expert parallelism"
@@ -187,23 +195,23 @@ impl TrainConfig {
             }
         }
         self.check_partition(naming)?;
-        if self.model != ModelKind::Gpt {
+        if self.model.kind != ModelKind::Gpt {
             return Ok(());
         }
-        if !self.d_model.is_multiple_of(self.heads) {
+        if !self.model.d_model.is_multiple_of(self.model.heads) {
             return Err(TrainError::Config(format!(
                 "{} {} does not divide {} {}; use a head count that divides the width",
                 name(Field::Heads),
-                self.heads,
+                self.model.heads,
                 name(Field::DModel),
-                self.d_model
+                self.model.d_model
             )));
         }
-        if !(0.0..1.0).contains(&self.validation_fraction) {
+        if !(0.0..1.0).contains(&self.data.validation_fraction) {
             return Err(TrainError::Config(format!(
                 "{} {}: the held-out share must be in [0, 1), such as 0.1",
                 name(Field::ValidationFraction),
-                self.validation_fraction
+                self.data.validation_fraction
             )));
         }
         let gpt = self.gpt();
@@ -212,9 +220,9 @@ impl TrainConfig {
                 "{} {} with {} {} on {} model stages gives more than {MAX_PARAMETERS} \
                  parameters; use a smaller {} or fewer {}",
                 name(Field::DModel),
-                self.d_model,
+                self.model.d_model,
                 name(Field::LayersPerStage),
-                self.layers_per_stage,
+                self.model.layers_per_stage,
                 self.model_stages(),
                 name(Field::DModel),
                 name(Field::LayersPerStage),
@@ -237,27 +245,28 @@ impl TrainConfig {
         let share = |bytes: u128| bytes.div_ceil(processes.max(1) as u128);
         // Name the factor that makes the size absurd, not only the ones printed first.
         let stages = self.model_stages();
-        let width = match self.model {
-            ModelKind::Mlp => self.hidden,
-            ModelKind::Gpt => self.d_model,
+        let width = match self.model.kind {
+            ModelKind::Mlp => self.model.hidden,
+            ModelKind::Gpt => self.model.d_model,
         };
-        let width_field = match self.model {
+        let width_field = match self.model.kind {
             ModelKind::Mlp => Field::Hidden,
             ModelKind::Gpt => Field::DModel,
         };
         let width_squared = (width as u128).saturating_mul(width as u128);
-        let parameters_hint = if stages as u128 > width_squared && stages > self.layers_per_stage {
-            format!("fewer {}", name(Field::Ranks))
-        } else if self.layers_per_stage as u128 > width_squared {
-            format!("fewer {}", name(Field::LayersPerStage))
-        } else {
-            format!(
-                "a smaller {} or fewer {}",
-                name(width_field),
-                name(Field::LayersPerStage)
-            )
-        };
-        let activations_hint = if self.micro_batches > self.micro_batch_size {
+        let parameters_hint =
+            if stages as u128 > width_squared && stages > self.model.layers_per_stage {
+                format!("fewer {}", name(Field::Ranks))
+            } else if self.model.layers_per_stage as u128 > width_squared {
+                format!("fewer {}", name(Field::LayersPerStage))
+            } else {
+                format!(
+                    "a smaller {} or fewer {}",
+                    name(width_field),
+                    name(Field::LayersPerStage)
+                )
+            };
+        let activations_hint = if self.schedule.micro_batches > self.schedule.micro_batch_size {
             format!("fewer {}", name(Field::MicroBatches))
         } else {
             format!("a smaller {}", name(Field::MicroBatchSize))
@@ -269,10 +278,10 @@ impl TrainConfig {
                 name(width_field),
                 width,
                 name(Field::LayersPerStage),
-                self.layers_per_stage,
+                self.model.layers_per_stage,
                 stages,
                 name(Field::Ranks),
-                self.ranks,
+                self.schedule.ranks,
                 gib(memory.parameters),
                 what.replace("{}", &gib(limit).to_string()),
                 parameters_hint,
@@ -283,9 +292,9 @@ impl TrainConfig {
                 "{} {} with {} {} and {} {} needs {} GiB of activations per step, more than {}; \
                  use {}",
                 name(Field::MicroBatchSize),
-                self.micro_batch_size,
+                self.schedule.micro_batch_size,
                 name(Field::MicroBatches),
-                self.micro_batches,
+                self.schedule.micro_batches,
                 name(width_field),
                 width,
                 gib(memory.activations),
@@ -316,7 +325,7 @@ impl TrainConfig {
     /// parameter for up to two copies of each stage, each with a gradient and two optimizer
     /// moments; and one step's saved activations.
     pub fn memory_bytes(&self) -> MemoryEstimate {
-        match self.model {
+        match self.model.kind {
             ModelKind::Mlp => self.mlp_memory_bytes(),
             ModelKind::Gpt => self.gpt_memory_bytes(),
         }
@@ -325,9 +334,10 @@ impl TrainConfig {
     /// The MLP: every block's h x 4h and 4h x h weights and biases; each block keeps its
     /// input, its 4h-wide hidden activations and their GELU input.
     fn mlp_memory_bytes(&self) -> MemoryEstimate {
-        let bytes_per_value = self.dtype.size_in_bytes();
-        let h = self.hidden as u128;
-        let blocks = (self.model_stages() as u128).saturating_mul(self.layers_per_stage as u128);
+        let bytes_per_value = self.model.dtype.size_in_bytes();
+        let h = self.model.hidden as u128;
+        let blocks =
+            (self.model_stages() as u128).saturating_mul(self.model.layers_per_stage as u128);
         let parameters = blocks
             .saturating_mul(
                 h.saturating_mul(h)
@@ -335,8 +345,8 @@ impl TrainConfig {
                     .saturating_add(h.saturating_mul(5)),
             )
             .saturating_mul(2 * 4 * bytes_per_value);
-        let activations = (self.micro_batch_size as u128)
-            .saturating_mul(self.micro_batches as u128)
+        let activations = (self.schedule.micro_batch_size as u128)
+            .saturating_mul(self.schedule.micro_batches as u128)
             .saturating_mul(h.saturating_mul(9))
             .saturating_mul(blocks)
             .saturating_mul(bytes_per_value);
@@ -351,22 +361,22 @@ impl TrainConfig {
     /// hidden state and its GELU input) plus `heads × seq_len` attention probabilities, and the
     /// head keeps 256 logits a token.
     fn gpt_memory_bytes(&self) -> MemoryEstimate {
-        let bytes_per_value = self.dtype.size_in_bytes();
-        let d = self.d_model as u128;
-        let seq = self.seq_len as u128;
+        let bytes_per_value = self.model.dtype.size_in_bytes();
+        let d = self.model.d_model as u128;
+        let seq = self.model.seq_len as u128;
         let blocks = self.blocks() as u128;
         let parameters = blocks
             .saturating_mul(d.saturating_mul(d).saturating_mul(12).saturating_add(2 * d))
             .saturating_add((2 * 256u128 + 1).saturating_mul(d))
             .saturating_add(seq.saturating_mul(d))
             .saturating_mul(2 * 4 * bytes_per_value);
-        let tokens = (self.micro_batch_size as u128)
-            .saturating_mul(self.micro_batches as u128)
+        let tokens = (self.schedule.micro_batch_size as u128)
+            .saturating_mul(self.schedule.micro_batches as u128)
             .saturating_mul(seq);
         let per_token = blocks
             .saturating_mul(
                 d.saturating_mul(20)
-                    .saturating_add((self.heads as u128).saturating_mul(seq)),
+                    .saturating_add((self.model.heads as u128).saturating_mul(seq)),
             )
             .saturating_add(256);
         MemoryEstimate {

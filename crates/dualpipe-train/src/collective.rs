@@ -13,14 +13,9 @@ use dualpipe_nn::ModelStage;
 use dualpipe_runtime::transport::wire::WireData;
 use dualpipe_runtime::{ExecOptions, RankStages};
 
-use crate::driver::Driver;
+use crate::driver::{Driver, Round};
 use crate::error::TrainError;
-use crate::expert_shards::EXPERT_TENSORS;
-
-/// The all-gather round of the gradient norm within a step.
-const NORM_ROUND: usize = 0;
-/// The all-gather round of the weights within a step.
-const WEIGHTS_ROUND: usize = 1;
+use crate::experts::shards::EXPERT_TENSORS;
 
 /// The copies that count for their model stage (direction 0), in stage order.
 fn counted(stages: &[RankStages<ModelStage>]) -> Vec<&ModelStage> {
@@ -43,7 +38,7 @@ fn wire_error(e: impl std::fmt::Display) -> TrainError {
 pub(crate) fn gather_f64s<D: Driver>(
     driver: &mut D,
     step: usize,
-    round: usize,
+    round: Round,
     mine: &[f64],
     options: &ExecOptions,
     what: &str,
@@ -64,7 +59,7 @@ pub(crate) fn gather_f64s<D: Driver>(
 /// order, then the processes' `sharded_squares` (in process order): each one's sum of squares
 /// of the parameters its stages hold only a share of (the routed experts of its
 /// expert-parallel blocks, which the stages' sums leave out:
-/// [`crate::expert_shards::expert_squares`]; 0 otherwise).
+/// [`crate::experts::shards::expert_squares`]; 0 otherwise).
 pub fn gradient_norm<D: Driver>(
     driver: &mut D,
     stages: &[RankStages<ModelStage>],
@@ -86,7 +81,7 @@ pub fn gradient_norm<D: Driver>(
     let parts = gather_f64s(
         driver,
         step,
-        NORM_ROUND,
+        Round::GradNorm,
         &mine,
         options,
         "the gradient norm",
@@ -131,7 +126,7 @@ pub fn scale_gradients(
 /// The GPT's current weights on every process: each process sends the parameters of the
 /// stages it counts and, per MoE block of those stages, its selection bias and, with
 /// `sharded` experts (expert parallelism), every routed expert as `template` holds it (the
-/// expert group's gather filled them in first: [`crate::expert_shards::gather_experts`]);
+/// expert group's gather filled them in first: [`crate::experts::shards::gather_experts`]);
 /// `template` gives the names and the architecture.
 pub fn gather_weights<D: Driver>(
     driver: &mut D,
@@ -182,7 +177,7 @@ pub fn gather_weights<D: Driver>(
             }
         }
     }
-    let parts = driver.all_gather(step, WEIGHTS_ROUND, mine, options)?;
+    let parts = driver.all_gather(step, Round::Weights, mine, options)?;
     let mut by_stage: Vec<(usize, Vec<WireData>)> = Vec::new();
     let mut blocks: Vec<(String, WireData)> = Vec::new();
     for part in parts {

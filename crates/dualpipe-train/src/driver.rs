@@ -20,6 +20,45 @@ use crate::error::TrainError;
 /// process per rank ([`RankTrainer`](crate::RankTrainer), `dualpipe train --transport mpi`).
 pub const MAX_LOCAL_RANKS: usize = 256;
 
+/// Which of a step's collective gathers ([`Driver::all_gather`]) a message belongs to: every
+/// process calls the same rounds of a step in the same order, and the round tells their
+/// messages apart. The one list of them, so no two gathers share a number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Round {
+    /// The global gradient norm, for clipping ([`crate::collective::gradient_norm`]).
+    GradNorm,
+    /// The GPT's weights ([`crate::collective::gather_weights`]).
+    Weights,
+    /// The data-parallel exchange's figures after the last step.
+    ExchangeTotals,
+    /// The step's MoE router counts, summed over the pipeline's processes.
+    RouterCounts,
+    /// The step's rows served per MoE block (expert parallelism).
+    ServedRows,
+    /// EPLB's figures (rebalances, moves, bytes) after the last step.
+    Rebalances,
+    /// The step's whole-model expert load: the counts per block.
+    ExpertLoads,
+    /// The step's whole-model expert load: the rows per worker.
+    WorkerRows,
+}
+
+impl Round {
+    /// The round's number on the wire (stable: 0 for [`Round::GradNorm`] up to 7).
+    pub fn index(self) -> usize {
+        match self {
+            Round::GradNorm => 0,
+            Round::Weights => 1,
+            Round::ExchangeTotals => 2,
+            Round::RouterCounts => 3,
+            Round::ServedRows => 4,
+            Round::Rebalances => 5,
+            Round::ExpertLoads => 6,
+            Round::WorkerRows => 7,
+        }
+    }
+}
+
 /// Where a step's pipeline runs and how its messages travel.
 ///
 /// A driver holds the stages of [`Driver::held_ranks`] (all of them locally, one over a
@@ -62,7 +101,7 @@ pub trait Driver {
     fn all_gather(
         &mut self,
         step: usize,
-        round: usize,
+        round: Round,
         data: Vec<WireData>,
         options: &ExecOptions,
     ) -> Result<Vec<Vec<WireData>>, TrainError>;
@@ -90,23 +129,26 @@ pub struct LocalThreads;
 
 impl Driver for LocalThreads {
     fn check(&self, config: &TrainConfig, naming: Naming) -> Result<(), TrainError> {
-        if config.ranks > MAX_LOCAL_RANKS {
+        if config.schedule.ranks > MAX_LOCAL_RANKS {
             return Err(TrainError::Config(format!(
                 "{} {}: one process runs at most {MAX_LOCAL_RANKS} ranks (a thread each); run \
                  one process per rank instead (dualpipe train --transport mpi under mpirun)",
                 Field::Ranks.name(naming),
-                config.ranks
+                config.schedule.ranks
             )));
         }
-        let workers = config.ranks.saturating_mul(config.data_parallel);
+        let workers = config
+            .schedule
+            .ranks
+            .saturating_mul(config.parallelism.data_parallel);
         if workers > MAX_LOCAL_RANKS {
             return Err(TrainError::Config(format!(
                 "{} {} x {} {} is {workers} workers: one process runs at most \
                  {MAX_LOCAL_RANKS} (a thread each); use fewer replicas or ranks",
                 Field::Ranks.name(naming),
-                config.ranks,
+                config.schedule.ranks,
                 Field::DataParallel.name(naming),
-                config.data_parallel
+                config.parallelism.data_parallel
             )));
         }
         Ok(())
@@ -140,7 +182,7 @@ impl Driver for LocalThreads {
     fn all_gather(
         &mut self,
         _step: usize,
-        _round: usize,
+        _round: Round,
         data: Vec<WireData>,
         _options: &ExecOptions,
     ) -> Result<Vec<Vec<WireData>>, TrainError> {

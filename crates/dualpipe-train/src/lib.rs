@@ -14,23 +14,27 @@
 //!   watch; one call per step with the user's batch (the design documents'
 //!   `DualPipeStrategy(model, optimizer, loss_fn, compression, pipeline_stages)`);
 //! - [`custom`](mod@custom) — [`custom::CustomWorkload`]: a user's model as the trainer's workload;
-//! - [`data_parallel`] — [`DataParallel`]: `data_parallel` replicas of the pipeline, their
-//!   gradients averaged per stage over a bucketed, optionally compressed exchange;
+//! - [`data_parallel`] — data parallelism: below the trainer, [`ReplicaExchange`] (one
+//!   replica's gradients averaged per stage over a bucketed, optionally compressed
+//!   exchange); above it, [`LocalReplicas`] (`data_parallel` replicas of the pipeline on
+//!   threads of this process);
 //! - [`local`] — [`LocalRun`]: one pipeline or its data-parallel replicas, every rank on a
 //!   thread of this process, behind one set of calls;
 //! - [`collective`] — the whole-model operations across processes (gradient norm, weights);
 //! - [`trainer`] — [`Trainer`], whose [`Trainer::step`] is the one step (data, pipeline,
-//!   gradient sum of DualPipe's copies, optimizer) and [`Trainer::run`] the run loop with its
-//!   divergence check and progress callback;
+//!   gradient sum of DualPipe's copies, optimizer; data parallelism, the experts and stage
+//!   re-partitioning act at its fixed points, held in order, named nowhere in the step) and
+//!   [`Trainer::run`] the run loop with its divergence check and progress callback;
 //! - [`summary`] — [`RunSummary`], the predicted-vs-measured comparison (JSON and table);
 //! - [`watch`] — the [`Watch`](watch::Watch) trait: what follows a run from outside the
 //!   trainer (progress, metrics, log; `dualpipe_metrics::RunWatch` is one);
 //! - [`reference`](mod@reference) — the sequential single-thread oracle every schedule must
 //!   match;
-//! - [`moe`] — the GPT's mixture-of-experts settings and the per-step expert load;
-//! - [`expert_parallel`], [`eplb_runtime`] — MoE over the data-parallel group: the counts
-//!   summed over replicas, expert parallelism (all-to-all dispatch and combine), EPLB in
-//!   training;
+//! - [`experts`] — the GPT's mixture of experts in training: its settings and the per-step
+//!   expert load; `group` (MoE over the data-parallel group: the counts summed over
+//!   replicas, expert parallelism's all-to-all dispatch and combine), `shards` (the routed
+//!   experts each worker holds), `eplb` (EPLB in training: [`experts::eplb::ExpertRebalancer`]),
+//!   `mpi` (feature `mpi`: the experts' all-to-alls over MPI);
 //! - [`memory`] — the documented memory cap and this machine's available memory;
 //! - [`checkpoint`] — checkpoints: written in the background, named by model layer, read
 //!   back by any grid shape ([`Trainer::set_checkpoints`], [`Trainer::restore`]);
@@ -38,20 +42,26 @@
 //!   place they become a [`TrainConfig`] (defaults read from it, so help cannot drift), and
 //!   their run, local or (with `mpi`) one process under a launcher, with its notes and exits;
 //! - `mpi` (feature `mpi`) — one worker per process under an MPI launcher: the grid's check
-//!   and this process's trainer; `mpi_experts` — the experts' all-to-alls over MPI.
+//!   and this process's trainer.
 //!
 //! ```
-//! use dualpipe_train::{DType, TrainConfig, Trainer};
+//! use dualpipe_train::{DType, ModelKind, ModelSection, ScheduleSection, TrainConfig, Trainer};
 //! # fn main() -> Result<(), dualpipe_train::TrainError> {
 //! let config = TrainConfig {
-//!     ranks: 2,
-//!     model: dualpipe_train::ModelKind::Mlp,
-//!     micro_batches: 4,
-//!     micro_batch_size: 4,
-//!     hidden: 8,
-//!     layers_per_stage: 1,
+//!     model: ModelSection {
+//!         kind: ModelKind::Mlp,
+//!         hidden: 8,
+//!         layers_per_stage: 1,
+//!         dtype: DType::F64,
+//!         ..TrainConfig::MLP.model
+//!     },
+//!     schedule: ScheduleSection {
+//!         ranks: 2,
+//!         micro_batches: 4,
+//!         micro_batch_size: 4,
+//!         ..TrainConfig::MLP.schedule
+//!     },
 //!     steps: 3,
-//!     dtype: DType::F64,
 //!     ..TrainConfig::default()
 //! };
 //! let summary = Trainer::new(config)?.run(|_event| Ok(()))?;
@@ -72,17 +82,12 @@ pub mod config;
 pub mod custom;
 pub mod data_parallel;
 pub mod driver;
-pub mod eplb_runtime;
 pub mod error;
-pub mod expert_parallel;
-pub mod expert_shards;
+pub mod experts;
 pub mod local;
 pub mod memory;
-pub mod moe;
 #[cfg(feature = "mpi")]
 pub mod mpi;
-#[cfg(feature = "mpi")]
-pub mod mpi_experts;
 pub mod partition;
 pub mod plan_file;
 pub mod profile;
@@ -98,17 +103,19 @@ pub mod workload;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointOptions, CheckpointWriter};
 pub use config::{
-    DType, Field, ModelKind, Naming, Task, TrainConfig, MAX_STEPS, ONE_BIT_ADAM_WARMUP_SHARE,
+    DType, DataSection, Field, ModelKind, ModelSection, Naming, OptimizerSection,
+    ParallelismSection, ScheduleSection, Task, TrainConfig, TransportSection, MAX_STEPS,
+    ONE_BIT_ADAM_WARMUP_SHARE,
 };
-pub use data_parallel::{DataParallel, GroupLink, ReplicaExchange, ReplicaLinks, StepExchange};
-pub use driver::{Driver, LocalThreads, MAX_LOCAL_RANKS};
+pub use data_parallel::{GroupLink, LocalReplicas, ReplicaExchange, ReplicaLinks, StepExchange};
+pub use driver::{Driver, LocalThreads, Round, MAX_LOCAL_RANKS};
 pub use dualpipe_dp as dp;
 pub use dualpipe_dp::Compression;
 pub use dualpipe_nn::{Optimizer, OptimizerKind};
 pub use error::{Divergence, TrainError};
+pub use experts::{ExpertLoad, MoeSettings};
 pub use local::LocalRun;
 pub use memory::{MemoryEstimate, MEMORY_LIMIT_BYTES};
-pub use moe::{ExpertLoad, MoeSettings};
 pub use rank::{OneRank, RankTrainer};
 pub use reference::{Reference, ReferenceStep};
 pub use stop::StopRequest;

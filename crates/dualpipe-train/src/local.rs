@@ -1,5 +1,5 @@
 //! [`LocalRun`]: a run whose every rank is a thread of this process, one pipeline
-//! ([`Trainer`]) or, with `data_parallel > 1`, its replicas ([`DataParallel`]), behind one set
+//! ([`Trainer`]) or, with `data_parallel > 1`, its replicas ([`LocalReplicas`]), behind one set
 //! of calls, so that a caller writes the local run once.
 
 use dualpipe_schedule::Schedule;
@@ -7,7 +7,7 @@ use dualpipe_schedule::Schedule;
 use crate::checkpoint::CheckpointWriter;
 use crate::rebalance::Repartition;
 use crate::{
-    Checkpoint, DataParallel, LocalThreads, Restored, RunSummary, StepEvent, TrainConfig,
+    Checkpoint, LocalReplicas, LocalThreads, Restored, RunSummary, StepEvent, TrainConfig,
     TrainError, Trainer,
 };
 
@@ -16,19 +16,19 @@ pub enum LocalRun {
     /// One pipeline (`data_parallel` is 1).
     One(Box<Trainer<LocalThreads>>),
     /// `data_parallel` replicas of the pipeline.
-    Replicas(DataParallel),
+    Replicas(LocalReplicas),
 }
 
 impl LocalRun {
     /// The run of `config`, on `schedule` (checked as [`Trainer::with_schedule`] does) or on
     /// the schedule `config` generates.
     pub fn new(config: TrainConfig, schedule: Option<Schedule>) -> Result<Self, TrainError> {
-        let replicated = config.data_parallel > 1;
+        let replicated = config.parallelism.data_parallel > 1;
         Ok(match (replicated, schedule) {
             (false, None) => LocalRun::One(Box::new(Trainer::new(config)?)),
             (false, Some(s)) => LocalRun::One(Box::new(Trainer::with_schedule(config, s)?)),
-            (true, None) => LocalRun::Replicas(DataParallel::new(config)?),
-            (true, Some(s)) => LocalRun::Replicas(DataParallel::with_schedule(config, s)?),
+            (true, None) => LocalRun::Replicas(LocalReplicas::new(config)?),
+            (true, Some(s)) => LocalRun::Replicas(LocalReplicas::with_schedule(config, s)?),
         })
     }
 
@@ -104,7 +104,7 @@ impl LocalRun {
         }
     }
 
-    /// [`Trainer::run`] or [`DataParallel::run`].
+    /// [`Trainer::run`] or [`LocalReplicas::run`].
     pub fn run(
         &mut self,
         on_step: impl FnMut(StepEvent<'_>) -> Result<(), String>,

@@ -11,7 +11,7 @@
 //! compressed: one more per stage and replica joins the stage's two copy holders, the lowest
 //! direction's holder sums the copies and only it joins the replicas' exchange
 //! (`dualpipe_dp::copies`). A mixture of experts adds its group's links over that pipeline
-//! rank in every replica ([`crate::mpi_experts`]).
+//! rank in every replica ([`crate::experts::mpi`]).
 //!
 //! Checkpoints: every process writes its layers' share ([`checkpoint_share`],
 //! [`checkpoint::shared`](crate::checkpoint::shared)); on resume process 0 chooses the
@@ -34,18 +34,18 @@ use crate::{OneRank, Restored, TrainConfig, TrainError, Trainer};
 /// Checks that the launcher started one process per worker of `config`'s grid
 /// (`ranks x data_parallel`); the error names the count to start.
 pub fn check_grid(info: &LaunchInfo, config: &TrainConfig) -> Result<(), TrainError> {
-    let replicas = config.data_parallel;
+    let replicas = config.parallelism.data_parallel;
     if replicas <= 1 {
         return info
-            .check_world(config.ranks)
+            .check_world(config.schedule.ranks)
             .map_err(|e| TrainError::Config(e.to_string()));
     }
-    let workers = config.ranks.saturating_mul(replicas);
+    let workers = config.schedule.ranks.saturating_mul(replicas);
     if info.world_size != workers {
         return Err(TrainError::Config(format!(
             "{} processes were started for --ranks {} x --data-parallel {replicas} = {workers} \
              workers; start {workers} (mpiexec -n {workers})",
-            info.world_size, config.ranks
+            info.world_size, config.schedule.ranks
         )));
     }
     Ok(())
@@ -55,7 +55,10 @@ pub fn check_grid(info: &LaunchInfo, config: &TrainConfig) -> Result<(), TrainEr
 /// several replicas: each replica stores other experts of a block, and the shared checkpoint
 /// gives a block one file, written by one process.
 pub fn check_checkpoints(config: &TrainConfig, checkpointing: bool) -> Result<(), TrainError> {
-    if checkpointing && config.data_parallel > 1 && config.moe.is_some_and(|m| m.expert_parallel) {
+    if checkpointing
+        && config.parallelism.data_parallel > 1
+        && config.model.moe.is_some_and(|m| m.expert_parallel)
+    {
         return Err(TrainError::Config(
             "checkpoints of an expert-parallel run are written in one process only for now \
              (under MPI the replicas' experts of a block would share its file); drop \
@@ -74,12 +77,15 @@ pub fn mpi_trainer(
     config: &TrainConfig,
     given: Option<Schedule>,
 ) -> Result<Trainer<OneRank<MpiLink>>, TrainError> {
-    if config.data_parallel <= 1 {
+    if config.parallelism.data_parallel <= 1 {
         let driver = OneRank::new(Endpoint::new(world.link()));
         return Trainer::with_driver(config.clone(), given, driver);
     }
     let info = world.info();
-    let (replica, p) = (info.rank / config.ranks, info.rank % config.ranks);
+    let (replica, p) = (
+        info.rank / config.schedule.ranks,
+        info.rank % config.schedule.ranks,
+    );
     // Every split is collective: every process makes the same calls in the same order.
     let pipeline = world.split_link(replica);
     let schedule = match &given {
@@ -119,9 +125,9 @@ pub fn mpi_trainer(
     // routed experts' gradients before the holders do: the point-to-point exchange, which
     // sums the copies first, runs instead of MPI's sum over every copy.
     let expert_copies =
-        config.moe.is_some_and(|m| m.expert_parallel) && copies.iter().any(|&c| c > 1);
-    let native = config.mpi_allreduce
-        && config.gradient_compression == Compression::None
+        config.model.moe.is_some_and(|m| m.expert_parallel) && copies.iter().any(|&c| c > 1);
+    let native = config.transport.mpi_allreduce
+        && config.parallelism.gradient_compression == Compression::None
         && one_copy_per_rank
         && !expert_copies;
     // Our exchange with DualPipe's copies of a stage in two processes of a replica: the copies
@@ -155,7 +161,7 @@ pub fn mpi_trainer(
             let color = mine.get(i).copied().unwrap_or(config.model_stages() + p);
             let sum = world.split_sum(color);
             if let Some(&s) = mine.get(i) {
-                let want = copies[s] * config.data_parallel;
+                let want = copies[s] * config.parallelism.data_parallel;
                 if sum.size() != want {
                     return Err(TrainError::Config(format!(
                         "stage {s}'s MPI group has {} processes, not the {want} that hold a \
@@ -164,7 +170,7 @@ pub fn mpi_trainer(
                         sum.size()
                     )));
                 }
-                let link = match config.dtype {
+                let link = match config.model.dtype {
                     DType::F32 => GroupLink::SumF32(Box::new(sum)),
                     DType::F64 => GroupLink::SumF64(Box::new(sum)),
                 };
@@ -177,7 +183,7 @@ pub fn mpi_trainer(
             let pair = paired.then(|| {
                 world.split_link(match mine.get(i) {
                     Some(&s) => replica * model_stages + s,
-                    None => model_stages * config.data_parallel + info.rank,
+                    None => model_stages * config.parallelism.data_parallel + info.rank,
                 })
             });
             if let Some(&s) = mine.get(i) {
@@ -193,10 +199,10 @@ pub fn mpi_trainer(
         }
     }
     let losses = group(world.split_link(p))?;
-    let experts = crate::mpi_experts::expert_links(world, config, p)?;
+    let experts = crate::experts::mpi::expert_links(world, config, p)?;
     let links = ReplicaLinks {
         replica,
-        replicas: config.data_parallel,
+        replicas: config.parallelism.data_parallel,
         stages,
         losses,
     };

@@ -20,18 +20,21 @@ impl TrainConfig {
     /// Blocks of the model: the partition's sum, or `layers_per_stage × model_stages`
     /// (saturating).
     pub fn blocks(&self) -> usize {
-        match &self.partition {
+        match &self.model.partition {
             Some(p) => p.iter().fold(0usize, |a, &b| a.saturating_add(b)),
-            None => self.layers_per_stage.saturating_mul(self.model_stages()),
+            None => self
+                .model
+                .layers_per_stage
+                .saturating_mul(self.model_stages()),
         }
     }
 
     /// The blocks of every model stage, input to output: the partition, or
     /// `layers_per_stage` for each of [`TrainConfig::model_stages`].
     pub fn stage_blocks(&self) -> Vec<usize> {
-        match &self.partition {
+        match &self.model.partition {
             Some(p) => p.clone(),
-            None => vec![self.layers_per_stage; self.model_stages()],
+            None => vec![self.model.layers_per_stage; self.model_stages()],
         }
     }
 
@@ -44,12 +47,15 @@ impl TrainConfig {
     /// at most [`MAX_BLOCKS`] in all.
     pub(crate) fn check_partition(&self, naming: Naming) -> Result<(), TrainError> {
         let flags = matches!(naming, Naming::Flags);
-        if let Some(slow) = &self.slow_rank {
-            slow.check(self.ranks, if flags { "--slow-rank" } else { "slow_rank" })?;
+        if let Some(slow) = &self.parallelism.slow_rank {
+            slow.check(
+                self.schedule.ranks,
+                if flags { "--slow-rank" } else { "slow_rank" },
+            )?;
         }
-        if let Some(r) = &self.rebalance {
+        if let Some(r) = &self.parallelism.rebalance {
             r.check(if flags { "--rebalance-" } else { "rebalance." })?;
-            if self.model != ModelKind::Gpt || self.data_parallel > 1 {
+            if self.model.kind != ModelKind::Gpt || self.parallelism.data_parallel > 1 {
                 return Err(TrainError::Config(format!(
                     "{} moves the GPT's blocks within one pipeline replica; drop it for the \
                      MLP or with {} {}",
@@ -59,16 +65,16 @@ impl TrainConfig {
                         "rebalance"
                     },
                     Field::DataParallel.name(naming),
-                    self.data_parallel
+                    self.parallelism.data_parallel
                 )));
             }
         }
-        let Some(p) = &self.partition else {
+        let Some(p) = &self.model.partition else {
             return Ok(());
         };
         let flag = if flags { "--partition" } else { "partition" };
         let shown = format_partition(p);
-        if self.model != ModelKind::Gpt {
+        if self.model.kind != ModelKind::Gpt {
             return Err(TrainError::Config(format!(
                 "{flag} {shown}: uneven stages are built for the GPT; drop it for the MLP"
             )));
@@ -79,9 +85,9 @@ impl TrainConfig {
                 "{flag} {shown} lists {} stages but the {} schedule on {} {} has {stages} \
                  model stages; give one block count per stage",
                 p.len(),
-                self.schedule,
+                self.schedule.kind,
                 Field::Ranks.name(naming),
-                self.ranks
+                self.schedule.ranks
             )));
         }
         if let Some(s) = p.iter().position(|&b| b == 0) {
@@ -131,6 +137,7 @@ pub fn parse_partition(text: &str) -> Result<Vec<usize>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ModelSection;
 
     #[test]
     fn ranges_follow_the_counts() {
@@ -147,14 +154,20 @@ mod tests {
     #[test]
     fn checks_name_the_problem() {
         let base = TrainConfig {
-            partition: Some(vec![3, 2, 2, 1]),
+            model: ModelSection {
+                partition: Some(vec![3, 2, 2, 1]),
+                ..TrainConfig::DEFAULT.model
+            },
             ..TrainConfig::DEFAULT
         };
         base.check_partition(Naming::Flags).unwrap();
         assert_eq!(base.blocks(), 8);
         assert_eq!(base.gpt().layers, 8);
         let short = TrainConfig {
-            partition: Some(vec![3, 2]),
+            model: ModelSection {
+                partition: Some(vec![3, 2]),
+                ..base.model.clone()
+            },
             ..base.clone()
         };
         let err = short
@@ -166,7 +179,10 @@ mod tests {
             "{err}"
         );
         let empty = TrainConfig {
-            partition: Some(vec![3, 0, 2, 1]),
+            model: ModelSection {
+                partition: Some(vec![3, 0, 2, 1]),
+                ..base.model.clone()
+            },
             ..base.clone()
         };
         let err = empty
@@ -175,12 +191,18 @@ mod tests {
             .to_string();
         assert!(err.contains("stage 1 holds no block"), "{err}");
         let mlp = TrainConfig {
-            model: ModelKind::Mlp,
+            model: ModelSection {
+                kind: ModelKind::Mlp,
+                ..base.model.clone()
+            },
             ..base.clone()
         };
         assert!(mlp.check_partition(Naming::Flags).is_err());
         let huge = TrainConfig {
-            partition: Some(vec![usize::MAX, 1, 1, 1]),
+            model: ModelSection {
+                partition: Some(vec![usize::MAX, 1, 1, 1]),
+                ..base.model
+            },
             ..base
         };
         assert!(huge.check_partition(Naming::Flags).is_err());

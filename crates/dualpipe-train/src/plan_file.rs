@@ -90,19 +90,24 @@ impl PlanChoice {
                 "{what} {given} disagrees with the plan's {planned}; drop the flag or plan again"
             ))
         };
-        if config.schedule != defaults.schedule && config.schedule != self.schedule {
+        if config.schedule.kind != defaults.schedule.kind && config.schedule.kind != self.schedule {
             return Err(clash(
                 flag("schedule"),
-                config.schedule.to_string(),
+                config.schedule.kind.to_string(),
                 self.schedule.to_string(),
             ));
         }
         for (field, given, default, planned) in [
-            (Field::Ranks, config.ranks, defaults.ranks, self.ranks),
+            (
+                Field::Ranks,
+                config.schedule.ranks,
+                defaults.schedule.ranks,
+                self.ranks,
+            ),
             (
                 Field::MicroBatches,
-                config.micro_batches,
-                defaults.micro_batches,
+                config.schedule.micro_batches,
+                defaults.schedule.micro_batches,
                 self.micro_batches,
             ),
         ] {
@@ -115,16 +120,16 @@ impl PlanChoice {
             }
         }
         if self.schedule == ScheduleKind::Interleaved
-            && config.virtual_stages != config.schedule.default_virtual_stages()
-            && config.virtual_stages != self.virtual_stages
+            && config.schedule.virtual_stages != config.schedule.kind.default_virtual_stages()
+            && config.schedule.virtual_stages != self.virtual_stages
         {
             return Err(clash(
                 Field::VirtualStages.name(naming),
-                config.virtual_stages.to_string(),
+                config.schedule.virtual_stages.to_string(),
                 self.virtual_stages.to_string(),
             ));
         }
-        if let Some(p) = &config.partition {
+        if let Some(p) = &config.model.partition {
             if *p != self.partition {
                 return Err(clash(
                     flag("partition"),
@@ -134,12 +139,16 @@ impl PlanChoice {
             }
         }
         let blocks: usize = self.partition.iter().sum();
-        if config.layers_per_stage != defaults.layers_per_stage
-            && config.layers_per_stage.saturating_mul(self.partition.len()) != blocks
+        if config.model.layers_per_stage != defaults.model.layers_per_stage
+            && config
+                .model
+                .layers_per_stage
+                .saturating_mul(self.partition.len())
+                != blocks
         {
             return Err(clash(
                 Field::LayersPerStage.name(naming),
-                config.layers_per_stage.to_string(),
+                config.model.layers_per_stage.to_string(),
                 format!(
                     "{blocks} blocks over {} stages ({})",
                     self.partition.len(),
@@ -147,10 +156,10 @@ impl PlanChoice {
                 ),
             ));
         }
-        config.schedule = self.schedule;
-        config.ranks = self.ranks;
-        config.micro_batches = self.micro_batches;
-        config.virtual_stages = if self.schedule == ScheduleKind::Interleaved {
+        config.schedule.kind = self.schedule;
+        config.schedule.ranks = self.ranks;
+        config.schedule.micro_batches = self.micro_batches;
+        config.schedule.virtual_stages = if self.schedule == ScheduleKind::Interleaved {
             self.virtual_stages
         } else {
             self.schedule.default_virtual_stages()
@@ -164,7 +173,7 @@ impl PlanChoice {
                 self.partition.len()
             )));
         }
-        config.partition = Some(self.partition.clone());
+        config.model.partition = Some(self.partition.clone());
         Ok(())
     }
 }
@@ -172,6 +181,7 @@ impl PlanChoice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ScheduleSection;
 
     fn plan_json(schedule: &str, stages: &[(usize, usize)]) -> String {
         let stages: Vec<String> = stages
@@ -204,10 +214,16 @@ mod tests {
         choice
             .apply(&mut c, &TrainConfig::DEFAULT, Naming::Flags)
             .unwrap();
-        assert_eq!((c.schedule, c.micro_batches), (ScheduleKind::OneFOneB, 8));
-        assert_eq!(c.partition.as_deref(), Some(&[3, 2, 2, 1][..]));
+        assert_eq!(
+            (c.schedule.kind, c.schedule.micro_batches),
+            (ScheduleKind::OneFOneB, 8)
+        );
+        assert_eq!(c.model.partition.as_deref(), Some(&[3, 2, 2, 1][..]));
         let mut c = TrainConfig {
-            micro_batches: 32,
+            schedule: ScheduleSection {
+                micro_batches: 32,
+                ..TrainConfig::DEFAULT.schedule
+            },
             ..TrainConfig::DEFAULT
         };
         let err = choice
@@ -219,7 +235,10 @@ mod tests {
             "{err}"
         );
         let mut c = TrainConfig {
-            schedule: ScheduleKind::GPipe,
+            schedule: ScheduleSection {
+                kind: ScheduleKind::GPipe,
+                ..TrainConfig::DEFAULT.schedule
+            },
             ..TrainConfig::DEFAULT
         };
         let err = choice

@@ -10,6 +10,7 @@
 //! are added to the first block's and the head's to the last block's, so the profile lists
 //! exactly the model's blocks. Times are of this machine's one core (speed 1 in a topology).
 
+use crate::config::{ParallelismSection, ScheduleSection};
 use std::time::Instant;
 
 use dualpipe_nn::gpt::GptStage;
@@ -44,7 +45,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Measures the GPT of `config` (see the module documentation): `repeats` timed passes
 /// (1 to [`MAX_REPEATS`]) after one warm-up.
 pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, TrainError> {
-    if config.model != ModelKind::Gpt {
+    if config.model.kind != ModelKind::Gpt {
         return Err(TrainError::Config(
             "--profile measures the GPT's blocks; drop --model mlp".into(),
         ));
@@ -62,8 +63,14 @@ pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, Trai
     let blocks = gpt.weights.config().layers;
     let pieces = blocks + 2;
     let one = TrainConfig {
-        micro_batches: 1,
-        data_parallel: 1,
+        schedule: ScheduleSection {
+            micro_batches: 1,
+            ..config.schedule.clone()
+        },
+        parallelism: ParallelismSection {
+            data_parallel: 1,
+            ..config.parallelism.clone()
+        },
         ..config.clone()
     };
     let StepBatch::Gpt(batch) = workload.batch(&one, 0)? else {
@@ -87,11 +94,11 @@ pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, Trai
             Ok(stage)
         })
         .collect::<Result<Vec<_>, TrainError>>()?;
-    let state_tensors = match config.optimizer {
+    let state_tensors = match config.optimizer.kind {
         OptimizerKind::Sgd { .. } => 1.0,
         OptimizerKind::AdamW { .. } => 2.0,
     };
-    let value_bytes = config.dtype.size_in_bytes() as f64;
+    let value_bytes = config.model.dtype.size_in_bytes() as f64;
     let mut times = vec![[Vec::new(), Vec::new(), Vec::new()]; pieces];
     let mut saved = vec![0.0; pieces];
     let fail =
@@ -164,10 +171,10 @@ pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, Trai
         l.activation_bytes += edge.activation_bytes;
         l.parameter_bytes += edge.parameter_bytes;
     }
-    let message_bytes = (config.micro_batch_size as u64)
-        .saturating_mul(config.seq_len as u64)
-        .saturating_mul(config.d_model as u64)
-        .saturating_mul(config.dtype.size_in_bytes() as u64);
+    let message_bytes = (config.schedule.micro_batch_size as u64)
+        .saturating_mul(config.model.seq_len as u64)
+        .saturating_mul(config.model.d_model as u64)
+        .saturating_mul(config.model.dtype.size_in_bytes() as u64);
     // (the activations forwards; their gradients, of the same size, backwards)
     let profile = Profile {
         message_bytes,

@@ -19,7 +19,7 @@ use dualpipe_runtime::{
 use dualpipe_schedule::Schedule;
 
 use crate::config::{Field, Naming, TrainConfig};
-use crate::driver::Driver;
+use crate::driver::{Driver, Round};
 use crate::error::TrainError;
 use crate::trainer::Trainer;
 
@@ -67,16 +67,18 @@ impl<L: Link> Driver for OneRank<L> {
         let world = self.endpoint.ranks();
         // With data parallelism the endpoint joins one replica's pipeline (its own
         // communicator), so its world is still `ranks` processes.
-        if world != config.ranks {
+        if world != config.schedule.ranks {
             return Err(TrainError::Config(format!(
                 "{world} processes were started for {} {}; start one process per rank \
                  (mpirun -n {})",
                 Field::Ranks.name(naming),
-                config.ranks,
-                config.ranks
+                config.schedule.ranks,
+                config.schedule.ranks
             )));
         }
-        if config.moe.is_some_and(|m| !m.link().is_none()) && config.data_parallel > 1 {
+        if config.model.moe.is_some_and(|m| !m.link().is_none())
+            && config.parallelism.data_parallel > 1
+        {
             return Err(TrainError::Config(
                 "the expert link emulation (--link-latency, --link-bandwidth) runs on the \
                  in-process links only; drop it, or run without MPI"
@@ -136,14 +138,14 @@ impl<L: Link> Driver for OneRank<L> {
     fn all_gather(
         &mut self,
         step: usize,
-        round: usize,
+        round: Round,
         data: Vec<WireData>,
         options: &ExecOptions,
     ) -> Result<Vec<Vec<WireData>>, TrainError> {
         Ok(all_gather(
             &mut self.endpoint,
             step as u64,
-            round,
+            round.index(),
             data,
             options.recv_timeout,
         )?)

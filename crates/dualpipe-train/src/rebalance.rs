@@ -1,6 +1,6 @@
 //! Stages that re-balance themselves: per-rank compute measured over a window of steps and,
 //! when the slowest rank exceeds the mean by more than a threshold, a new partition that moves
-//! whole blocks between neighbouring stages ([`Rebalancer`]); and the slow rank that tests and
+//! whole blocks between neighbouring stages ([`StageRebalancer`]); and the slow rank that tests and
 //! demonstrations use to make the imbalance ([`SlowRank`]).
 //!
 //! The model of a rank's time: rank `r`'s compute over the window is `k_r · units_r`, where
@@ -109,7 +109,7 @@ impl RebalanceSettings {
 /// Refuses `--rebalance-stages` when this process holds `held` of the run's ranks but not
 /// all (the blocks move between threads of one process; under MPI, give a static partition).
 pub fn check_held(config: &crate::TrainConfig, held: usize) -> Result<(), TrainError> {
-    if config.rebalance.is_some() && held != config.ranks {
+    if config.parallelism.rebalance.is_some() && held != config.schedule.ranks {
         return Err(TrainError::Config(
             "--rebalance-stages moves blocks between the ranks of one process; under \
              --transport mpi train with a static --partition (or --plan) instead"
@@ -238,7 +238,7 @@ pub fn propose(counts: &[Vec<usize>], blocks: &[usize], head: f64, slowness: &[f
     best
 }
 
-/// What [`Rebalancer::observe`] proposes.
+/// What [`StageRebalancer::observe`] proposes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Proposal {
     /// The blocks per stage to move to.
@@ -251,7 +251,7 @@ pub struct Proposal {
 
 /// Measures each rank's compute over a window of steps and decides when to re-partition.
 #[derive(Clone, Debug)]
-pub struct Rebalancer {
+pub struct StageRebalancer {
     settings: RebalanceSettings,
     counts: Vec<Vec<usize>>,
     head: f64,
@@ -261,10 +261,10 @@ pub struct Rebalancer {
     seconds: Vec<f64>,
 }
 
-impl Rebalancer {
+impl StageRebalancer {
     /// A rebalancer for `schedule`'s ranks, the head's share `head` ([`head_units`]).
     pub fn new(settings: RebalanceSettings, schedule: &Schedule, head: f64) -> Self {
-        Rebalancer {
+        StageRebalancer {
             settings,
             counts: forward_counts(schedule),
             head,

@@ -36,11 +36,11 @@ impl Reference {
     /// number of model stages, [`TrainConfig::model_stages`]).
     pub fn new(config: &TrainConfig) -> Result<Self, TrainError> {
         config.validate()?;
-        let model = config.model();
+        let model = config.mlp();
         let data = DataSet::new(
             config.seed,
-            config.hidden,
-            config.micro_batch_size,
+            config.model.hidden,
+            config.schedule.micro_batch_size,
             model.dtype,
         )?;
         let stages = (0..model.stages)
@@ -50,15 +50,15 @@ impl Reference {
                     StagePosition {
                         dir: 0,
                         model_stage: s,
-                        micro_batches: config.micro_batches,
-                        micro_batches_per_dir: config.micro_batches,
+                        micro_batches: config.schedule.micro_batches,
+                        micro_batches_per_dir: config.schedule.micro_batches,
                     },
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
         let optimizers = stages.iter().map(|_| config.new_optimizer()).collect();
         Ok(Reference {
-            micro_batches: config.micro_batches,
+            micro_batches: config.schedule.micro_batches,
             data,
             stages,
             optimizers,

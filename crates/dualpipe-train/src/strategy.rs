@@ -28,9 +28,10 @@
 //! ranks, then sums the gradients (DualPipe's two copies of a stage, the data-parallel
 //! replicas) and updates the weights once. [`DualPipeStrategy::step`] is that whole step.
 //!
-//! The strategy is built over the trainer ([`Trainer`] for one pipeline, [`DataParallel`]
+//! The strategy is built over the trainer ([`Trainer`] for one pipeline, [`LocalReplicas`]
 //! for its replicas): the step, the exchange, compression and checkpoints are theirs.
 
+use crate::config::ScheduleSection;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -47,7 +48,7 @@ use crate::error::{Divergence, TrainError};
 use crate::plan_file::PlanChoice;
 use crate::watch::Watch;
 use crate::{
-    Checkpoint, Compression, DType, DataParallel, LocalRun, Restored, StepEvent, StepReport,
+    Checkpoint, Compression, DType, LocalReplicas, LocalRun, Restored, StepEvent, StepReport,
     TrainConfig, Trainer, Workload,
 };
 
@@ -129,45 +130,45 @@ impl StrategyBuilder {
 
     /// The optimizer and its learning rate.
     pub fn optimizer(mut self, kind: OptimizerKind, lr: f64) -> Self {
-        self.config.optimizer = kind;
-        self.config.lr = lr;
+        self.config.optimizer.kind = kind;
+        self.config.optimizer.lr = lr;
         self
     }
 
     /// The data-parallel gradient compression (with more than one replica).
     pub fn compression(mut self, compression: Compression) -> Self {
-        self.config.gradient_compression = compression;
+        self.config.parallelism.gradient_compression = compression;
         self
     }
 
     /// Ranks of the pipeline (its devices). DualPipe and 1F1B cut the model into as many
     /// stages; DualPipeV into twice as many; interleaved into `ranks × virtual_stages`.
     pub fn pipeline_stages(mut self, ranks: usize) -> Self {
-        self.config.ranks = ranks;
+        self.config.schedule.ranks = ranks;
         self
     }
 
     /// The pipeline schedule (default: DualPipe).
     pub fn schedule(mut self, kind: ScheduleKind) -> Self {
-        self.config.schedule = kind;
+        self.config.schedule.kind = kind;
         self
     }
 
     /// Micro-batches per step of each replica.
     pub fn micro_batches(mut self, micro_batches: usize) -> Self {
-        self.config.micro_batches = micro_batches;
+        self.config.schedule.micro_batches = micro_batches;
         self
     }
 
     /// Data-parallel replicas of the pipeline (default 1).
     pub fn data_parallel(mut self, replicas: usize) -> Self {
-        self.config.data_parallel = replicas;
+        self.config.parallelism.data_parallel = replicas;
         self
     }
 
     /// The element type of weights and activations (F32 or F64).
     pub fn dtype(mut self, dtype: DType) -> Self {
-        self.config.dtype = dtype;
+        self.config.model.dtype = dtype;
         self
     }
 
@@ -212,10 +213,10 @@ impl StrategyBuilder {
                 ))
             })?;
             let plan = PlanChoice::from_json(&text, &path.display().to_string())?;
-            config.schedule = plan.schedule;
-            config.ranks = plan.ranks;
-            config.micro_batches = plan.micro_batches;
-            config.virtual_stages = plan.virtual_stages;
+            config.schedule.kind = plan.schedule;
+            config.schedule.ranks = plan.ranks;
+            config.schedule.micro_batches = plan.micro_batches;
+            config.schedule.virtual_stages = plan.virtual_stages;
             partition = Partition::Layers(plan.partition);
         }
         config.check(crate::Naming::Fields, 1)?;
@@ -236,8 +237,8 @@ impl StrategyBuilder {
             }
         };
         let workload = CustomWorkload::new(move |position| make(position, stages));
-        let mut run = if config.data_parallel > 1 {
-            LocalRun::Replicas(DataParallel::with_workload(
+        let mut run = if config.parallelism.data_parallel > 1 {
+            LocalRun::Replicas(LocalReplicas::with_workload(
                 config.clone(),
                 None,
                 &workload,
@@ -322,7 +323,10 @@ impl DualPipeStrategy {
             partition: Partition::Even,
             loss: Arc::new(MeanSquaredError),
             config: TrainConfig {
-                micro_batches: 8,
+                schedule: ScheduleSection {
+                    micro_batches: 8,
+                    ..TrainConfig::MLP.schedule
+                },
                 steps: 100,
                 ..TrainConfig::MLP
             },
@@ -338,7 +342,7 @@ impl DualPipeStrategy {
 
     /// Micro-batches one step takes: `data_parallel × micro_batches`.
     pub fn micro_batches_per_step(&self) -> usize {
-        self.config.data_parallel.max(1) * self.config.micro_batches
+        self.config.parallelism.data_parallel.max(1) * self.config.schedule.micro_batches
     }
 
     /// One training step on `micro_batches` (of the type the model's first and last stages
@@ -361,11 +365,11 @@ impl DualPipeStrategy {
         }
         let step = self.run.lead().steps_done();
         let mut rest = micro_batches.into_iter();
-        let per_replica = (0..self.config.data_parallel.max(1))
+        let per_replica = (0..self.config.parallelism.data_parallel.max(1))
             .map(|_| {
                 StepBatch::custom(
                     rest.by_ref()
-                        .take(self.config.micro_batches)
+                        .take(self.config.schedule.micro_batches)
                         .collect::<Vec<T>>(),
                 )
             })
@@ -384,7 +388,7 @@ impl DualPipeStrategy {
             return Err(TrainError::Diverged(Divergence {
                 step,
                 loss: report.loss,
-                lr: self.config.lr,
+                lr: self.config.optimizer.lr,
             }));
         }
         match &mut self.run {

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use dualpipe_nn::gpt::GptWeights;
 use dualpipe_nn::{ModelStage, Optimizer, StagePosition, StepBatch};
-use dualpipe_runtime::{ExecOptions, NoHook, RankStages, RankTimes, StepHook};
+use dualpipe_runtime::{ExecOptions, RankStages, RankTimes, StepHook};
 use dualpipe_schedule::{Schedule, ScheduleError};
 use dualpipe_sim::Timeline;
 
@@ -16,26 +16,17 @@ use crate::error::TrainError;
 use crate::workload::{Evaluation, Workload};
 
 mod checkpoint;
+mod exchange;
 mod experts;
 mod model;
+mod phase;
 mod repartition;
 mod run;
 
 pub use checkpoint::Restored;
-
-/// The all-gather round of the exchange's figures after the last step (the collective
-/// module's gathers use 0 and 1).
-const TOTALS_ROUND: usize = 2;
-/// The `all_gather` round of the step's router counts (MoE over a world of processes).
-const COUNTS_ROUND: usize = 3;
-/// The `all_gather` round of the step's rows served per block (expert parallelism, ditto).
-const SERVED_ROUND: usize = 4;
-/// The `all_gather` round of EPLB's figures after the last step (ditto).
-const REBALANCE_ROUND: usize = 5;
-/// The `all_gather` rounds of the step's whole-model expert load: counts, then rows per
-/// worker (ditto).
-const LOADS_ROUND: usize = 6;
-const ROWS_ROUND: usize = 7;
+use experts::Experts;
+use phase::{Hooks, Parallelism, StepState};
+use repartition::Repartitioning;
 
 /// What one training step did.
 #[derive(Clone, Debug)]
@@ -59,7 +50,7 @@ pub struct StepReport {
     /// Where each rank's pipeline time went: CPU, waiting for a message, waiting for a core.
     pub rank_times: RankTimes,
     /// The MoE router's tokens per (block, expert) of the step (`None` for a dense model).
-    pub expert_load: Option<crate::moe::ExpertLoad>,
+    pub expert_load: Option<crate::experts::ExpertLoad>,
     /// What this replica's data-parallel gradient exchange cost (`None`: one replica).
     pub exchange: Option<StepExchange>,
 }
@@ -106,14 +97,14 @@ pub struct Trainer<D: Driver = LocalThreads> {
     prefetched: Option<(usize, StepBatch)>,
     /// The GPT's weights gathered after this many steps, for validation and saving.
     gathered: Option<(usize, GptWeights)>,
-    /// This replica's end of the data-parallel exchange (`None`: a single replica).
-    dp: Option<ReplicaExchange>,
+    /// This trainer's data-parallel replica (0 for a single replica): its share of the data.
+    replica: usize,
+    /// What the step does beyond the pipeline and the optimizer, in the order it acts: data
+    /// parallelism, the MoE experts (their group and re-placement), stage re-partitioning
+    /// (see [`Parallelism`]).
+    parallelisms: Vec<Box<dyn Parallelism<D>>>,
     /// Where due checkpoints go (`None`: no checkpoints).
     checkpoints: Option<crate::checkpoint::CheckpointSink>,
-    /// With MoE over several replicas: this replica's part in the group.
-    expert_group: Option<crate::expert_parallel::ExpertGroup>,
-    /// The re-partitionings made so far (`--rebalance-stages`).
-    repartitions: Vec<crate::rebalance::Repartition>,
     /// A request to stop at a step boundary (Ctrl-C), when one may come.
     stop: Option<crate::stop::StopRequest>,
 }
@@ -140,25 +131,25 @@ fn check_given_schedule(config: &TrainConfig, schedule: &Schedule) -> Result<(),
             "the given schedule has {what} {given}, the configuration {expected}; make them agree"
         ))
     };
-    if schedule.kind != config.schedule {
+    if schedule.kind != config.schedule.kind {
         return Err(mismatch(
             "kind",
             schedule.kind.to_string(),
-            config.schedule.to_string(),
+            config.schedule.kind.to_string(),
         ));
     }
-    if schedule.ranks != config.ranks {
+    if schedule.ranks != config.schedule.ranks {
         return Err(mismatch(
             "ranks",
             schedule.ranks.to_string(),
-            config.ranks.to_string(),
+            config.schedule.ranks.to_string(),
         ));
     }
-    if schedule.micro_batches != config.micro_batches {
+    if schedule.micro_batches != config.schedule.micro_batches {
         return Err(mismatch(
             "micro-batches",
             schedule.micro_batches.to_string(),
-            config.micro_batches.to_string(),
+            config.schedule.micro_batches.to_string(),
         ));
     }
     dualpipe_schedule::validate(schedule).map_err(ScheduleError::from)?;
@@ -178,7 +169,7 @@ impl<D: Driver> Trainer<D> {
     }
 
     /// Replica `links.replica` of a data-parallel run (see
-    /// [`DataParallel`](crate::DataParallel), which builds every replica of a local run):
+    /// [`LocalReplicas`](crate::LocalReplicas), which builds every replica of a local run):
     /// its stages, data share and exchange ends.
     pub fn for_replica(
         config: TrainConfig,
@@ -226,12 +217,12 @@ impl<D: Driver> Trainer<D> {
                     &parts.0.placement,
                     &mut parts.3,
                 )?),
-                None if config.data_parallel > 1 => {
+                None if config.parallelism.data_parallel > 1 => {
                     return Err(TrainError::Config(format!(
                         "{} {}: a Trainer holds one replica; build the replicas with \
-                         DataParallel::new",
+                         LocalReplicas::new",
                         Field::DataParallel.name(Naming::Fields),
-                        config.data_parallel
+                        config.parallelism.data_parallel
                     )))
                 }
                 None => None,
@@ -240,13 +231,24 @@ impl<D: Driver> Trainer<D> {
         });
         match built {
             Ok(((schedule, workload, held, stages), dp)) => {
+                let replica = dp.as_ref().map_or(0, ReplicaExchange::replica);
+                let mut parallelisms: Vec<Box<dyn Parallelism<D>>> = Vec::new();
+                if let Some(dp) = dp {
+                    parallelisms.push(Box::new(dp));
+                }
+                if config.model.moe.is_some() {
+                    parallelisms.push(Box::new(Experts::default()));
+                }
+                if config.parallelism.rebalance.is_some() {
+                    parallelisms.push(Box::new(Repartitioning::default()));
+                }
                 let optimizers = stages
                     .iter()
                     .map(|rank| (0..rank.len()).map(|_| config.new_optimizer()).collect())
                     .collect();
                 let mut exec_options = ExecOptions::default()
-                    .with_recv_timeout(Duration::from_secs_f64(config.recv_timeout));
-                if let Some(slow) = config.slow_rank {
+                    .with_recv_timeout(Duration::from_secs_f64(config.transport.recv_timeout));
+                if let Some(slow) = config.parallelism.slow_rank {
                     exec_options = exec_options.with_slow_rank(slow.rank, slow.factor);
                 }
                 Ok(Trainer {
@@ -262,10 +264,9 @@ impl<D: Driver> Trainer<D> {
                     failed: false,
                     prefetched: None,
                     gathered: None,
-                    dp,
+                    replica,
+                    parallelisms,
                     checkpoints: None,
-                    expert_group: None,
-                    repartitions: Vec::new(),
                     stop: None,
                 })
             }
@@ -296,7 +297,7 @@ impl<D: Driver> Trainer<D> {
         if schedule.placement.stages() != stages_expected {
             return Err(TrainError::Config(format!(
                 "the {} schedule has {} stages per pipeline, expected {stages_expected}",
-                config.schedule,
+                config.schedule.kind,
                 schedule.placement.stages()
             )));
         }
@@ -314,7 +315,7 @@ impl<D: Driver> Trainer<D> {
                 let position = StagePosition {
                     dir,
                     model_stage: stage,
-                    micro_batches: config.micro_batches,
+                    micro_batches: config.schedule.micro_batches,
                     micro_batches_per_dir: per_dir,
                 };
                 copies.insert(
@@ -370,8 +371,12 @@ impl<D: Driver> Trainer<D> {
     }
 
     /// Runs one step: loads the step's micro-batches (drawing the next step's during the
-    /// pipeline), runs the schedule through the driver, checks that every stage drained,
-    /// sums the gradients of each stage's copies and applies the optimizer to every copy.
+    /// pipeline), runs the schedule through the driver (with every parallelism's pipeline
+    /// hook), checks that every stage drained, sums the gradients of each stage's copies
+    /// (unless a parallelism does), lets every parallelism act after the backward (e.g. the
+    /// data-parallel exchange), clips, applies the optimizer to every copy, and lets every
+    /// parallelism act after the optimizer (e.g. the experts' balance). The step names no
+    /// feature: each is a [`Parallelism`](phase) held in order.
     ///
     /// After an error the stages may hold partial state of the failed step; every later call
     /// fails too (build a new trainer). A failure of this process is told to the other ranks.
@@ -384,22 +389,20 @@ impl<D: Driver> Trainer<D> {
         self.failed = true;
         let start = Instant::now();
         let step = self.steps_done;
-        if self.config.moe.is_some() && self.config.data_parallel > 1 && self.expert_group.is_none()
-        {
-            return Err(TrainError::Config(
-                "a mixture of experts over data-parallel replicas needs its expert group: call \
-                 Trainer::join_expert_group before the first step"
-                    .into(),
-            ));
+        for p in &self.parallelisms {
+            p.check_ready(self)?;
         }
-        // The exchange's hook starts each stage's buckets during the pipeline (with overlap).
-        let outcome = match self.dp.as_ref().map(|dp| dp.hook(step)) {
-            Some(hook) => self.pipeline(step, &hook)?,
-            None => self.pipeline(step, &NoHook)?,
-        };
+        let hooks = Hooks(
+            self.parallelisms
+                .iter()
+                .filter_map(|p| p.pipeline_hook(step))
+                .collect(),
+        );
+        let outcome = self.pipeline(step, &hooks)?;
         let drained = self.check_drained(outcome.losses.len());
         self.own(step, drained)?;
-        if !self.dp.as_ref().is_some_and(ReplicaExchange::sums_copies) {
+        let copies_summed = !self.parallelisms.iter().any(|p| p.sums_copies());
+        if copies_summed {
             self.driver.sum_stage_copies(
                 &self.schedule,
                 &mut self.stages,
@@ -407,32 +410,26 @@ impl<D: Driver> Trainer<D> {
                 &self.exec_options,
             )?;
         }
-        let mut losses: Vec<f64> = outcome.losses.iter().map(|l| l.loss).collect();
-        let mut exchange = None;
-        if let Some(mut dp) = self.dp.take() {
-            let folded = self.fold_momentum();
-            self.own(step, folded)?;
-            let copies_summed = !dp.sums_copies();
-            let exchanged = dp
-                .exchange(step, &mut self.stages)
-                .and_then(|cost| Ok((cost, dp.gather_losses(step, &losses)?)));
-            self.dp = Some(dp);
-            let (cost, all) = self.own(step, exchanged)?;
-            (exchange, losses) = (Some(cost), all);
-            // The routed experts of an expert-parallel run: summed among their holders.
-            let experts = match &mut self.expert_group {
-                Some(group) => group.exchange_gradients(step, &mut self.stages, copies_summed),
-                None => Ok(()),
-            };
-            self.own(step, experts)?;
-        }
+        let mut state = StepState {
+            step,
+            losses: outcome.losses.iter().map(|l| l.loss).collect(),
+            copies_summed,
+            exchange: None,
+            expert_load: None,
+        };
+        self.each_parallelism(|p, t| p.after_backward(t, &mut state))?;
         let grad_norm = self.clip_gradients(step)?;
         let updated = self.optimizer_step();
         self.own(step, updated)?;
-        let balanced = self.balance_experts(step);
-        let expert_load = self.own(step, balanced)?;
+        self.each_parallelism(|p, t| p.after_optimizer(t, &mut state))?;
         self.steps_done += 1;
         self.failed = false;
+        let StepState {
+            losses,
+            exchange,
+            expert_load,
+            ..
+        } = state;
         let loss = losses.iter().sum::<f64>() / losses.len() as f64;
         Ok(StepReport {
             step,
@@ -525,10 +522,10 @@ impl<D: Driver> Trainer<D> {
                 )));
             }
         }
-        if losses != self.config.micro_batches {
+        if losses != self.config.schedule.micro_batches {
             return Err(TrainError::Execution(format!(
                 "the step reported {losses} losses for {} micro-batches",
-                self.config.micro_batches
+                self.config.schedule.micro_batches
             )));
         }
         Ok(())

@@ -94,12 +94,12 @@ pub enum Workload {
 impl Workload {
     /// The workload `config` describes: reads `data` and `init_from` when given.
     pub fn new(config: &TrainConfig) -> Result<Self, TrainError> {
-        match config.model {
+        match config.model.kind {
             ModelKind::Mlp => Ok(Workload::Mlp(Box::new(DataSet::new(
                 config.seed,
-                config.hidden,
-                config.micro_batch_size,
-                config.dtype.candle(),
+                config.model.hidden,
+                config.schedule.micro_batch_size,
+                config.model.dtype.candle(),
             )?))),
             ModelKind::Gpt => Ok(Workload::Gpt(Box::new(GptWorkload::new(config)?))),
         }
@@ -113,12 +113,12 @@ impl Workload {
         position: StagePosition,
     ) -> Result<ModelStage, TrainError> {
         Ok(match self {
-            Workload::Mlp(_) => ModelStage::new(MlpStage::new(&config.model(), position)?),
+            Workload::Mlp(_) => ModelStage::new(MlpStage::new(&config.mlp(), position)?),
             Workload::Custom(custom) => custom.stage(position)?,
             Workload::Gpt(gpt) => {
                 let layers = config.stage_layers(position.model_stage);
                 let mut stage = GptStage::with_layers(&gpt.weights, stages, position, layers)?;
-                if let Some(moe) = &config.moe {
+                if let Some(moe) = &config.model.moe {
                     stage.set_aux_loss(moe.aux_loss);
                 }
                 ModelStage::new(stage)
@@ -140,16 +140,16 @@ impl Workload {
         step: usize,
         replica: usize,
     ) -> Result<StepBatch, TrainError> {
-        let m = config.micro_batches;
+        let m = config.schedule.micro_batches;
         let first = replica * m;
-        let global = config.data_parallel.max(1) * m;
+        let global = config.parallelism.data_parallel.max(1) * m;
         Ok(match self {
             Workload::Mlp(data) => StepBatch::Mlp(data.batch_from(step, first, m)?),
             Workload::Gpt(gpt) => StepBatch::Gpt(gpt.text.batch_range(
                 step,
                 global,
                 first..first + m,
-                config.micro_batch_size,
+                config.schedule.micro_batch_size,
             )),
             Workload::Custom(custom) => custom.batch(step, replica)?,
         })
@@ -173,7 +173,7 @@ impl Workload {
 impl GptWorkload {
     fn new(config: &TrainConfig) -> Result<Self, TrainError> {
         let naming = Naming::Fields;
-        let weights = match &config.init_from {
+        let weights = match &config.model.init_from {
             Some(path) => {
                 let weights = read_weights(path, config)?;
                 check_architecture(weights.config(), &config.gpt(), naming)?;
@@ -181,7 +181,7 @@ impl GptWorkload {
             }
             None => GptWeights::random(&config.gpt(), config.seed)?,
         };
-        let (bytes, problems, best_loss) = match (&config.data, config.task) {
+        let (bytes, problems, best_loss) = match (&config.data.path, config.data.task) {
             (Some(path), _) => (read_text(path)?, Vec::new(), None),
             (None, Task::Addition) => {
                 let task = AdditionTask {
@@ -205,11 +205,11 @@ impl GptWorkload {
         };
         let text = TextData::from_vec(
             bytes,
-            config.seq_len,
-            config.validation_fraction,
-            config.shuffle.then_some(config.seed),
+            config.model.seq_len,
+            config.data.validation_fraction,
+            config.data.shuffle.then_some(config.seed),
         )
-        .map_err(|e| match (&config.data, e) {
+        .map_err(|e| match (&config.data.path, e) {
             (Some(path), NnError::Config(msg)) => {
                 TrainError::Config(format!("{}: {msg}", path.display()))
             }
@@ -367,7 +367,7 @@ pub fn read_weights(path: &Path, config: &TrainConfig) -> Result<GptWeights, Tra
         let found = crate::checkpoint::open(path)?;
         return Ok(crate::checkpoint::gpt_weights(
             &found.checkpoint,
-            config.dtype.candle(),
+            config.model.dtype.candle(),
         )?);
     }
     if let Ok(meta) = std::fs::metadata(path) {
@@ -380,7 +380,7 @@ pub fn read_weights(path: &Path, config: &TrainConfig) -> Result<GptWeights, Tra
         }
     }
     let bytes = read_file(path, "the weights")?;
-    GptWeights::from_safetensors(&bytes, config.dtype.candle())
+    GptWeights::from_safetensors(&bytes, config.model.dtype.candle())
         .map_err(|e| TrainError::Config(format!("{}: {e}", path.display())))
 }
 

@@ -5,6 +5,7 @@ use dualpipe_schedule::ScheduleKind;
 use dualpipe_train::cli::{
     divergence, rank_addr, Failure, Finished, Injection, TrainArgs, Transport,
 };
+use dualpipe_train::OptimizerSection;
 use dualpipe_train::{DType, Divergence, OptimizerKind, TrainConfig, TrainError};
 
 fn parse(flags: &[&str]) -> TrainArgs {
@@ -75,21 +76,26 @@ fn flags_override_defaults() {
     ])
     .config()
     .unwrap();
-    assert_eq!(c.schedule, ScheduleKind::OneFOneB);
+    assert_eq!(c.schedule.kind, ScheduleKind::OneFOneB);
     assert_eq!(
-        (c.ranks, c.micro_batches, c.micro_batch_size, c.hidden),
+        (
+            c.schedule.ranks,
+            c.schedule.micro_batches,
+            c.schedule.micro_batch_size,
+            c.model.hidden
+        ),
         (2, 6, 8, 16)
     );
-    assert_eq!((c.layers_per_stage, c.steps, c.seed), (1, 3, 7));
-    assert_eq!(c.lr, 0.01);
-    assert_eq!(c.optimizer, OptimizerKind::sgd());
-    assert_eq!(c.dtype, DType::F64);
+    assert_eq!((c.model.layers_per_stage, c.steps, c.seed), (1, 3, 7));
+    assert_eq!(c.optimizer.lr, 0.01);
+    assert_eq!(c.optimizer.kind, OptimizerKind::sgd());
+    assert_eq!(c.model.dtype, DType::F64);
 }
 
 #[test]
 fn interleaved_defaults_to_two_virtual_stages() {
     let (c, _) = parse(&["--schedule", "interleaved"]).config().unwrap();
-    assert_eq!(c.virtual_stages, 2);
+    assert_eq!(c.schedule.virtual_stages, 2);
 }
 
 #[test]
@@ -201,7 +207,10 @@ fn an_sgd_momentum_outside_zero_to_one_is_refused_by_the_one_check() {
         "{err}"
     );
     let config = TrainConfig {
-        optimizer: OptimizerKind::Sgd { momentum: -0.1 },
+        optimizer: OptimizerSection {
+            kind: OptimizerKind::Sgd { momentum: -0.1 },
+            ..TrainConfig::DEFAULT.optimizer
+        },
         ..TrainConfig::default()
     };
     let err = config_error(config.validate().unwrap_err());

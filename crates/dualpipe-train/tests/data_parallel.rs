@@ -6,7 +6,10 @@
 use dualpipe_dp::Compression;
 use dualpipe_nn::OptimizerKind;
 use dualpipe_schedule::ScheduleKind;
-use dualpipe_train::{DType, DataParallel, ModelKind, TrainConfig, Trainer};
+use dualpipe_train::{DType, LocalReplicas, ModelKind, TrainConfig, Trainer};
+use dualpipe_train::{
+    DataSection, ModelSection, OptimizerSection, ParallelismSection, ScheduleSection,
+};
 
 const SCHEDULES: [ScheduleKind; 4] = [
     ScheduleKind::DualPipe,
@@ -19,22 +22,33 @@ const SCHEDULES: [ScheduleKind; 4] = [
 /// second step on).
 fn tiny(model: ModelKind, kind: ScheduleKind, micro_batches: usize) -> TrainConfig {
     TrainConfig {
-        model,
-        schedule: kind,
-        ranks: 2,
-        micro_batches,
-        micro_batch_size: 2,
-        virtual_stages: kind.default_virtual_stages(),
-        hidden: 8,
-        layers_per_stage: 1,
-        d_model: 16,
-        heads: 2,
-        seq_len: 8,
+        model: ModelSection {
+            kind: model,
+            hidden: 8,
+            layers_per_stage: 1,
+            d_model: 16,
+            heads: 2,
+            seq_len: 8,
+            dtype: DType::F64,
+            ..TrainConfig::defaults_for(model).model
+        },
+        schedule: ScheduleSection {
+            kind,
+            ranks: 2,
+            micro_batches,
+            micro_batch_size: 2,
+            virtual_stages: kind.default_virtual_stages(),
+        },
+        optimizer: OptimizerSection {
+            lr: 0.05,
+            kind: OptimizerKind::Sgd { momentum: 0.9 },
+            ..TrainConfig::defaults_for(model).optimizer
+        },
+        data: DataSection {
+            eval_every: 0,
+            ..TrainConfig::defaults_for(model).data
+        },
         steps: 4,
-        lr: 0.05,
-        optimizer: OptimizerKind::Sgd { momentum: 0.9 },
-        dtype: DType::F64,
-        eval_every: 0,
         ..TrainConfig::defaults_for(model)
     }
 }
@@ -48,12 +62,18 @@ fn close(a: f64, b: f64) -> bool {
 fn two_replicas_equal_one_with_twice_the_micro_batches(single: TrainConfig) {
     let mut one = Trainer::new(single.clone()).unwrap();
     let halved = TrainConfig {
-        micro_batches: single.micro_batches / 2,
-        data_parallel: 2,
+        schedule: ScheduleSection {
+            micro_batches: single.schedule.micro_batches / 2,
+            ..single.schedule.clone()
+        },
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..single.parallelism.clone()
+        },
         ..single.clone()
     };
-    let mut two = DataParallel::new(halved).unwrap();
-    let what = format!("{} {}", single.model.name(), single.schedule);
+    let mut two = LocalReplicas::new(halved).unwrap();
+    let what = format!("{} {}", single.model.kind.name(), single.schedule.kind);
     let mut first = None;
     let mut last = 0.0;
     for step in 0..single.steps {
@@ -118,11 +138,17 @@ fn one_micro_batch_per_replica_runs_to_its_summary() {
     let single = tiny(ModelKind::Gpt, ScheduleKind::OneFOneB, 2);
     two_replicas_equal_one_with_twice_the_micro_batches(single.clone());
     let halved = TrainConfig {
-        micro_batches: 1,
-        data_parallel: 2,
+        schedule: ScheduleSection {
+            micro_batches: 1,
+            ..single.schedule
+        },
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..single.parallelism
+        },
         ..single
     };
-    let summary = DataParallel::new(halved).unwrap().run(|_| Ok(())).unwrap();
+    let summary = LocalReplicas::new(halved).unwrap().run(|_| Ok(())).unwrap();
     assert_eq!(summary.losses.len(), 4);
     assert!(summary.grad_bytes_sent > 0);
 }
@@ -130,15 +156,21 @@ fn one_micro_batch_per_replica_runs_to_its_summary() {
 #[test]
 fn without_overlap_the_losses_are_the_same_bits() {
     let config = TrainConfig {
-        data_parallel: 2,
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(ModelKind::Mlp, ScheduleKind::DualPipe, 4)).parallelism
+        },
         ..tiny(ModelKind::Mlp, ScheduleKind::DualPipe, 4)
     };
-    let overlapped = DataParallel::new(config.clone())
+    let overlapped = LocalReplicas::new(config.clone())
         .unwrap()
         .run(|_| Ok(()))
         .unwrap();
-    let plain = DataParallel::new(TrainConfig {
-        overlap: false,
+    let plain = LocalReplicas::new(TrainConfig {
+        parallelism: ParallelismSection {
+            overlap: false,
+            ..config.parallelism
+        },
         ..config
     })
     .unwrap()
@@ -154,14 +186,21 @@ fn without_overlap_the_losses_are_the_same_bits() {
 fn without_overlap_a_compressed_run_is_the_same_bits() {
     for kind in [ScheduleKind::DualPipe, ScheduleKind::OneFOneB] {
         let config = TrainConfig {
-            data_parallel: 2,
-            gradient_compression: Compression::Int8,
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                gradient_compression: Compression::Int8,
+                ..(tiny(ModelKind::Mlp, kind, 4)).parallelism
+            },
             ..tiny(ModelKind::Mlp, kind, 4)
         };
-        let run = |config: TrainConfig| DataParallel::new(config).unwrap().run(|_| Ok(())).unwrap();
+        let run =
+            |config: TrainConfig| LocalReplicas::new(config).unwrap().run(|_| Ok(())).unwrap();
         let overlapped = run(config.clone());
         let plain = run(TrainConfig {
-            overlap: false,
+            parallelism: ParallelismSection {
+                overlap: false,
+                ..config.parallelism
+            },
             ..config
         });
         assert_eq!(overlapped.losses, plain.losses, "{kind}");
@@ -177,12 +216,15 @@ fn without_overlap_a_compressed_run_is_the_same_bits() {
 fn the_exchange_starts_inside_the_pipeline_once_per_stage() {
     for kind in SCHEDULES {
         let config = TrainConfig {
-            data_parallel: 2,
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                ..(tiny(ModelKind::Mlp, kind, 4)).parallelism
+            },
             steps: 2,
             ..tiny(ModelKind::Mlp, kind, 4)
         };
         let started = |config: TrainConfig| -> Vec<usize> {
-            let mut dp = DataParallel::new(config).unwrap();
+            let mut dp = LocalReplicas::new(config).unwrap();
             (0..2)
                 .map(|_| dp.step().unwrap().exchange.unwrap().started_in_pipeline)
                 .collect()
@@ -190,19 +232,31 @@ fn the_exchange_starts_inside_the_pipeline_once_per_stage() {
         let stages = config.model_stages();
         assert_eq!(started(config.clone()), vec![stages; 2], "{kind}");
         let int8 = TrainConfig {
-            gradient_compression: Compression::Int8,
+            parallelism: ParallelismSection {
+                gradient_compression: Compression::Int8,
+                ..config.parallelism.clone()
+            },
             ..config.clone()
         };
         assert_eq!(started(int8), vec![stages; 2], "{kind} int8");
         let plain = TrainConfig {
-            overlap: false,
+            parallelism: ParallelismSection {
+                overlap: false,
+                ..config.parallelism.clone()
+            },
             ..config.clone()
         };
         assert_eq!(started(plain), vec![0; 2], "{kind} --no-overlap");
         let one_bit_adam = TrainConfig {
-            gradient_compression: Compression::OneBit,
-            compression_warmup: Some(1),
-            optimizer: OptimizerKind::adamw(),
+            parallelism: ParallelismSection {
+                gradient_compression: Compression::OneBit,
+                compression_warmup: Some(1),
+                ..config.parallelism
+            },
+            optimizer: OptimizerSection {
+                kind: OptimizerKind::adamw(),
+                ..config.optimizer
+            },
             ..config
         };
         assert_eq!(started(one_bit_adam), vec![0; 2], "{kind} 1-bit Adam");
@@ -219,14 +273,20 @@ fn the_exchange_starts_inside_the_pipeline_once_per_stage() {
 fn one_bit_adam_keeps_the_replicas_identical_and_its_warmup_is_int8() {
     let run_with = |compression: Compression, warmup: u64, preconditioned: bool, refresh: u64| {
         let config = TrainConfig {
-            data_parallel: 2,
-            gradient_compression: compression,
-            compression_warmup: Some(warmup),
-            one_bit_preconditioned: preconditioned,
-            variance_refresh: Some(refresh),
-            error_feedback: compression == Compression::OneBit,
-            optimizer: OptimizerKind::adamw(),
-            lr: 0.01,
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                gradient_compression: compression,
+                compression_warmup: Some(warmup),
+                one_bit_preconditioned: preconditioned,
+                variance_refresh: Some(refresh),
+                error_feedback: compression == Compression::OneBit,
+                ..(tiny(ModelKind::Gpt, ScheduleKind::DualPipe, 4)).parallelism
+            },
+            optimizer: OptimizerSection {
+                kind: OptimizerKind::adamw(),
+                lr: 0.01,
+                ..(tiny(ModelKind::Gpt, ScheduleKind::DualPipe, 4)).optimizer
+            },
             steps: 6,
             ..tiny(ModelKind::Gpt, ScheduleKind::DualPipe, 4)
         };
@@ -234,7 +294,7 @@ fn one_bit_adam_keeps_the_replicas_identical_and_its_warmup_is_int8() {
             config.one_bit_adam_from().is_some(),
             warmup > 0 && compression == Compression::OneBit
         );
-        let mut dp = DataParallel::new(config).unwrap();
+        let mut dp = LocalReplicas::new(config).unwrap();
         let losses: Vec<f64> = (0..6).map(|_| dp.step().unwrap().loss).collect();
         let [a, b] = dp.replicas() else {
             panic!("two replicas")
@@ -271,13 +331,19 @@ fn the_transport_counts_fewer_bytes_for_each_compression() {
     let mut sent = Vec::new();
     for compression in Compression::ALL {
         let config = TrainConfig {
-            data_parallel: 2,
-            gradient_compression: compression,
-            dtype: DType::F32,
+            model: ModelSection {
+                dtype: DType::F32,
+                ..(tiny(ModelKind::Gpt, ScheduleKind::DualPipe, 4)).model
+            },
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                gradient_compression: compression,
+                ..(tiny(ModelKind::Gpt, ScheduleKind::DualPipe, 4)).parallelism
+            },
             steps: 3,
             ..tiny(ModelKind::Gpt, ScheduleKind::DualPipe, 4)
         };
-        let summary = DataParallel::new(config).unwrap().run(|_| Ok(())).unwrap();
+        let summary = LocalReplicas::new(config).unwrap().run(|_| Ok(())).unwrap();
         assert!(
             summary.losses.iter().all(|l| l.is_finite()),
             "{compression}"
@@ -321,33 +387,48 @@ fn the_transport_counts_fewer_bytes_for_each_compression() {
 #[test]
 fn a_single_trainer_refuses_several_replicas_and_sizes_are_checked() {
     let config = TrainConfig {
-        data_parallel: 2,
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(ModelKind::Mlp, ScheduleKind::DualPipe, 4)).parallelism
+        },
         ..tiny(ModelKind::Mlp, ScheduleKind::DualPipe, 4)
     };
     let err = Trainer::new(config.clone()).unwrap_err().to_string();
-    assert!(err.contains("DataParallel"), "{err}");
+    assert!(err.contains("LocalReplicas"), "{err}");
     for bad in [
         TrainConfig {
-            data_parallel: 0,
+            parallelism: ParallelismSection {
+                data_parallel: 0,
+                ..config.parallelism.clone()
+            },
             ..config.clone()
         },
         TrainConfig {
-            bucket_mb: 0.0,
+            parallelism: ParallelismSection {
+                bucket_mb: 0.0,
+                ..config.parallelism.clone()
+            },
             ..config.clone()
         },
         TrainConfig {
-            bucket_mb: f64::NAN,
+            parallelism: ParallelismSection {
+                bucket_mb: f64::NAN,
+                ..config.parallelism.clone()
+            },
             ..config.clone()
         },
     ] {
-        assert!(DataParallel::new(bad).is_err());
+        assert!(LocalReplicas::new(bad).is_err());
     }
-    // One replica through DataParallel is the plain trainer, bit for bit.
+    // One replica through LocalReplicas is the plain trainer, bit for bit.
     let one = TrainConfig {
-        data_parallel: 1,
+        parallelism: ParallelismSection {
+            data_parallel: 1,
+            ..config.parallelism
+        },
         ..config
     };
-    let a = DataParallel::new(one.clone())
+    let a = LocalReplicas::new(one.clone())
         .unwrap()
         .run(|_| Ok(()))
         .unwrap();
@@ -379,7 +460,7 @@ fn one_rank_per_thread(config: &TrainConfig, groups: Groups) -> Vec<Vec<(f64, us
     use dualpipe_runtime::Endpoint;
     use dualpipe_train::{GroupLink, OneRank, ReplicaLinks};
 
-    let (ranks, replicas) = (config.ranks, config.data_parallel);
+    let (ranks, replicas) = (config.schedule.ranks, config.parallelism.data_parallel);
     let placement = config.build_schedule().unwrap().placement;
     let held = |r: usize| {
         let mut stages: Vec<usize> = placement.stages_of(r).into_iter().map(|(_, s)| s).collect();
@@ -466,13 +547,19 @@ fn one_rank_per_thread(config: &TrainConfig, groups: Groups) -> Vec<Vec<(f64, us
 fn one_rank_per_process_on_a_library_sum_matches_the_local_run_inside_the_pipeline() {
     for kind in [ScheduleKind::DualPipe, ScheduleKind::OneFOneB] {
         let config = TrainConfig {
-            ranks: 4,
-            micro_batches: 8,
+            schedule: ScheduleSection {
+                ranks: 4,
+                micro_batches: 8,
+                ..(tiny(ModelKind::Mlp, kind, 8)).schedule
+            },
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                ..(tiny(ModelKind::Mlp, kind, 8)).parallelism
+            },
             steps: 3,
-            data_parallel: 2,
             ..tiny(ModelKind::Mlp, kind, 8)
         };
-        let mut local = DataParallel::new(config.clone()).unwrap();
+        let mut local = LocalReplicas::new(config.clone()).unwrap();
         let expected: Vec<f64> = (0..config.steps)
             .map(|_| local.step().unwrap().loss)
             .collect();
@@ -482,7 +569,7 @@ fn one_rank_per_process_on_a_library_sum_matches_the_local_run_inside_the_pipeli
             .enumerate()
         {
             let mut held: Vec<usize> = placement
-                .stages_of(w % config.ranks)
+                .stages_of(w % config.schedule.ranks)
                 .into_iter()
                 .map(|(_, s)| s)
                 .collect();
@@ -513,14 +600,20 @@ fn one_rank_per_process_on_a_library_sum_matches_the_local_run_inside_the_pipeli
 fn one_rank_per_process_on_our_exchange_sums_dualpipes_copies_inside_it_bit_for_bit() {
     for compression in [Compression::Int8, Compression::OneBit] {
         let config = TrainConfig {
-            ranks: 4,
-            micro_batches: 8,
+            schedule: ScheduleSection {
+                ranks: 4,
+                micro_batches: 8,
+                ..(tiny(ModelKind::Mlp, ScheduleKind::DualPipe, 8)).schedule
+            },
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                gradient_compression: compression,
+                ..(tiny(ModelKind::Mlp, ScheduleKind::DualPipe, 8)).parallelism
+            },
             steps: 3,
-            data_parallel: 2,
-            gradient_compression: compression,
             ..tiny(ModelKind::Mlp, ScheduleKind::DualPipe, 8)
         };
-        let mut local = DataParallel::new(config.clone()).unwrap();
+        let mut local = LocalReplicas::new(config.clone()).unwrap();
         let expected: Vec<f64> = (0..config.steps)
             .map(|_| local.step().unwrap().loss)
             .collect();

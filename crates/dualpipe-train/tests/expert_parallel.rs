@@ -4,6 +4,9 @@
 //! DualPipe, 1F1B, ZB1P and DualPipeV; EPLB re-placing the experts (with redundant slots)
 //! changes no loss; the placement really moves the work between workers.
 
+use dualpipe_train::{
+    DataSection, ModelSection, OptimizerSection, ParallelismSection, ScheduleSection,
+};
 use std::collections::BTreeSet;
 
 use dualpipe_nn::OptimizerKind;
@@ -11,8 +14,8 @@ use dualpipe_runtime::RankStages;
 use dualpipe_schedule::ScheduleKind;
 use dualpipe_train::checkpoint::{step_dir, Checkpoint};
 use dualpipe_train::{
-    CheckpointOptions, CheckpointWriter, DType, DataParallel, LocalThreads, ModelKind, MoeSettings,
-    StepEvent, TrainConfig, Trainer,
+    CheckpointOptions, CheckpointWriter, DType, LocalReplicas, LocalThreads, ModelKind,
+    MoeSettings, StepEvent, TrainConfig, Trainer,
 };
 
 const SCHEDULES: [ScheduleKind; 4] = [
@@ -25,22 +28,33 @@ const SCHEDULES: [ScheduleKind; 4] = [
 /// A tiny MoE GPT on 2 ranks, f64, SGD with momentum, the selection bias moving.
 fn tiny(kind: ScheduleKind, micro_batches: usize, moe: MoeSettings) -> TrainConfig {
     TrainConfig {
-        model: ModelKind::Gpt,
-        schedule: kind,
-        ranks: 2,
-        micro_batches,
-        micro_batch_size: 2,
-        virtual_stages: kind.default_virtual_stages(),
-        layers_per_stage: 1,
-        d_model: 16,
-        heads: 2,
-        seq_len: 8,
+        model: ModelSection {
+            kind: ModelKind::Gpt,
+            layers_per_stage: 1,
+            d_model: 16,
+            heads: 2,
+            seq_len: 8,
+            dtype: DType::F64,
+            moe: Some(moe),
+            ..TrainConfig::defaults_for(ModelKind::Gpt).model
+        },
+        schedule: ScheduleSection {
+            kind,
+            ranks: 2,
+            micro_batches,
+            micro_batch_size: 2,
+            virtual_stages: kind.default_virtual_stages(),
+        },
+        optimizer: OptimizerSection {
+            lr: 0.05,
+            kind: OptimizerKind::Sgd { momentum: 0.9 },
+            ..TrainConfig::defaults_for(ModelKind::Gpt).optimizer
+        },
+        data: DataSection {
+            eval_every: 0,
+            ..TrainConfig::defaults_for(ModelKind::Gpt).data
+        },
         steps: 4,
-        lr: 0.05,
-        optimizer: OptimizerKind::Sgd { momentum: 0.9 },
-        dtype: DType::F64,
-        eval_every: 0,
-        moe: Some(moe),
         ..TrainConfig::defaults_for(ModelKind::Gpt)
     }
 }
@@ -85,18 +99,27 @@ fn expert_parallel_losses_equal_the_same_global_batch_without_it() {
         let mut one = Trainer::new(single.clone()).unwrap();
         let reference = losses_of(|| one.step().unwrap().losses, single.steps);
         let dp = TrainConfig {
-            micro_batches: 4,
-            data_parallel: 2,
+            schedule: ScheduleSection {
+                micro_batches: 4,
+                ..single.schedule.clone()
+            },
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                ..single.parallelism.clone()
+            },
             ..single.clone()
         };
-        let mut plain = DataParallel::new(dp.clone()).unwrap();
+        let mut plain = LocalReplicas::new(dp.clone()).unwrap();
         let replicated = losses_of(|| plain.step().unwrap().losses, dp.steps);
         assert_same(&format!("{what}: D=2 vs D=1"), &replicated, &reference);
         let ep = TrainConfig {
-            moe: Some(moe(true)),
+            model: ModelSection {
+                moe: Some(moe(true)),
+                ..dp.model
+            },
             ..dp
         };
-        let mut parallel = DataParallel::new(ep.clone()).unwrap();
+        let mut parallel = LocalReplicas::new(ep.clone()).unwrap();
         let mut served = Vec::new();
         let spread = losses_of(
             || {
@@ -172,7 +195,7 @@ fn parameter_bytes(t: &Trainer<LocalThreads>) -> (usize, usize) {
 }
 
 /// Per (block, worker) of a group: the experts the worker stores (over its copies).
-fn holdings(dp: &DataParallel) -> BTreeSet<(usize, usize, usize)> {
+fn holdings(dp: &LocalReplicas) -> BTreeSet<(usize, usize, usize)> {
     let mut out = BTreeSet::new();
     for (d, t) in dp.replicas().iter().enumerate() {
         for (l, stored, _) in stored_and_placed(t) {
@@ -187,15 +210,21 @@ fn a_worker_stores_only_the_experts_its_placement_gives_it() {
     // 4 experts over 2 workers, DualPipe (two copies of every stage): each worker keeps 2.
     let kind = ScheduleKind::DualPipe;
     let plain = TrainConfig {
-        data_parallel: 2,
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(kind, 4, moe(false))).parallelism
+        },
         ..tiny(kind, 4, moe(false))
     };
     let ep = TrainConfig {
-        moe: Some(moe(true)),
+        model: ModelSection {
+            moe: Some(moe(true)),
+            ..plain.model.clone()
+        },
         ..plain.clone()
     };
-    let dense = DataParallel::new(plain).unwrap();
-    let sharded = DataParallel::new(ep).unwrap();
+    let dense = LocalReplicas::new(plain).unwrap();
+    let sharded = LocalReplicas::new(ep).unwrap();
     let (before, before_experts) = parameter_bytes(&dense.replicas()[0]);
     for t in sharded.replicas() {
         for (l, stored, placed) in stored_and_placed(t) {
@@ -222,11 +251,14 @@ fn eplb_with_redundant_experts_changes_no_loss() {
             ..moe(true)
         };
         let base = TrainConfig {
-            data_parallel: 2,
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                ..(tiny(kind, 4, redundant)).parallelism
+            },
             steps: 6,
             ..tiny(kind, 4, redundant)
         };
-        let mut fixed = DataParallel::new(base.clone()).unwrap();
+        let mut fixed = LocalReplicas::new(base.clone()).unwrap();
         let mut fixed_rows = Vec::new();
         let reference = losses_of(
             || {
@@ -237,13 +269,16 @@ fn eplb_with_redundant_experts_changes_no_loss() {
             base.steps,
         );
         let balanced = TrainConfig {
-            moe: Some(MoeSettings {
-                eplb_every: 2,
-                ..redundant
-            }),
+            model: ModelSection {
+                moe: Some(MoeSettings {
+                    eplb_every: 2,
+                    ..redundant
+                }),
+                ..base.model.clone()
+            },
             ..base.clone()
         };
-        let mut moving = DataParallel::new(balanced.clone()).unwrap();
+        let mut moving = LocalReplicas::new(balanced.clone()).unwrap();
         let mut rows = Vec::new();
         // Expert copies a worker gained over the re-placements (each one transfer).
         let mut gained = 0;
@@ -278,7 +313,7 @@ fn eplb_with_redundant_experts_changes_no_loss() {
             rows, fixed_rows,
             "{what}: the re-placement changed who computes"
         );
-        let summary = DataParallel::new(balanced)
+        let summary = LocalReplicas::new(balanced)
             .unwrap()
             .run(|_| Ok(()))
             .unwrap();
@@ -294,7 +329,20 @@ fn four_workers_with_a_few_replicated_experts_train_like_the_dense_exchange() {
     // expert, yet every worker joins the gradient sum's exchange (decided by the shared
     // placement, not by what a worker stores), so none waits for a peer that never sends.
     let config = |expert_parallel: bool, redundant_experts: usize, eplb_every: usize| TrainConfig {
-        data_parallel: 4,
+        parallelism: ParallelismSection {
+            data_parallel: 4,
+            ..(tiny(
+                ScheduleKind::DualPipe,
+                2,
+                MoeSettings {
+                    experts: 6,
+                    redundant_experts,
+                    eplb_every,
+                    ..moe(expert_parallel)
+                },
+            ))
+            .parallelism
+        },
         steps: 4,
         ..tiny(
             ScheduleKind::DualPipe,
@@ -308,13 +356,16 @@ fn four_workers_with_a_few_replicated_experts_train_like_the_dense_exchange() {
         )
     };
     let dense = config(false, 0, 0);
-    let mut plain = DataParallel::new(dense.clone()).unwrap();
+    let mut plain = LocalReplicas::new(dense.clone()).unwrap();
     let reference = losses_of(|| plain.step().unwrap().losses, dense.steps);
     let sharded = config(true, 2, 1);
-    let mut parallel = DataParallel::new(sharded.clone()).unwrap();
+    let mut parallel = LocalReplicas::new(sharded.clone()).unwrap();
     let spread = losses_of(|| parallel.step().unwrap().losses, sharded.steps);
     assert_same("4 workers, 2 redundant experts", &spread, &reference);
-    let summary = DataParallel::new(sharded).unwrap().run(|_| Ok(())).unwrap();
+    let summary = LocalReplicas::new(sharded)
+        .unwrap()
+        .run(|_| Ok(()))
+        .unwrap();
     assert!(summary.experts_moved.unwrap() > 0, "the experts moved");
 }
 
@@ -323,21 +374,27 @@ fn sharded_adamw_with_rebalancing_trains_like_the_dense_exchange() {
     // AdamW's two moments travel with a moved expert: the run with re-placements and
     // redundant experts equals two plain data-parallel replicas (every expert everywhere).
     let adamw = |m: MoeSettings| TrainConfig {
-        data_parallel: 2,
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(ScheduleKind::DualPipeV, 4, m)).parallelism
+        },
+        optimizer: OptimizerSection {
+            kind: OptimizerKind::adamw(),
+            lr: 0.01,
+            ..(tiny(ScheduleKind::DualPipeV, 4, m)).optimizer
+        },
         steps: 5,
-        optimizer: OptimizerKind::adamw(),
-        lr: 0.01,
         ..tiny(ScheduleKind::DualPipeV, 4, m)
     };
     let plain = adamw(moe(false));
-    let mut reference = DataParallel::new(plain.clone()).unwrap();
+    let mut reference = LocalReplicas::new(plain.clone()).unwrap();
     let expected = losses_of(|| reference.step().unwrap().losses, plain.steps);
     let sharded = adamw(MoeSettings {
         redundant_experts: 2,
         eplb_every: 2,
         ..moe(true)
     });
-    let mut moving = DataParallel::new(sharded.clone()).unwrap();
+    let mut moving = LocalReplicas::new(sharded.clone()).unwrap();
     let got = losses_of(|| moving.step().unwrap().losses, sharded.steps);
     assert_same("AdamW, sharded with EPLB vs dense", &got, &expected);
     assert!(moving.replicas()[0].expert_bytes_moved().unwrap() > 0);
@@ -348,13 +405,19 @@ fn clipping_with_sharded_experts_equals_the_dense_exchange() {
     // The global norm counts each sharded expert once (its lowest holder): the same norm, and
     // the same clipped steps, as two replicas that hold every expert.
     let clipped = |m: MoeSettings| TrainConfig {
-        data_parallel: 2,
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(ScheduleKind::DualPipe, 4, m)).parallelism
+        },
+        optimizer: OptimizerSection {
+            clip_grad: Some(0.5),
+            ..(tiny(ScheduleKind::DualPipe, 4, m)).optimizer
+        },
         steps: 4,
-        clip_grad: Some(0.5),
         ..tiny(ScheduleKind::DualPipe, 4, m)
     };
     let run = |config: TrainConfig| {
-        let mut dp = DataParallel::new(config.clone()).unwrap();
+        let mut dp = LocalReplicas::new(config.clone()).unwrap();
         let mut norms = Vec::new();
         let losses = losses_of(
             || {
@@ -407,12 +470,36 @@ fn one_bit_adam_with_sharded_experts_keeps_holders_and_replicas_identical() {
     // steps: the dense parameters follow 1-bit Adam (the compressed momentum, the same on
     // both replicas), the sharded experts plain AdamW on their exact sum among holders.
     let config = |compression, warmup| TrainConfig {
-        data_parallel: 2,
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            gradient_compression: compression,
+            compression_warmup: Some(warmup),
+            ..(tiny(
+                ScheduleKind::DualPipe,
+                4,
+                MoeSettings {
+                    redundant_experts: 2,
+                    eplb_every: 2,
+                    ..moe(true)
+                },
+            ))
+            .parallelism
+        },
+        optimizer: OptimizerSection {
+            kind: OptimizerKind::adamw(),
+            lr: 0.01,
+            ..(tiny(
+                ScheduleKind::DualPipe,
+                4,
+                MoeSettings {
+                    redundant_experts: 2,
+                    eplb_every: 2,
+                    ..moe(true)
+                },
+            ))
+            .optimizer
+        },
         steps: 8,
-        optimizer: OptimizerKind::adamw(),
-        lr: 0.01,
-        gradient_compression: compression,
-        compression_warmup: Some(warmup),
         ..tiny(
             ScheduleKind::DualPipe,
             4,
@@ -425,7 +512,7 @@ fn one_bit_adam_with_sharded_experts_keeps_holders_and_replicas_identical() {
     };
     let one_bit = config(dualpipe_train::Compression::OneBit, 2);
     assert_eq!(one_bit.one_bit_adam_from(), Some(2));
-    let mut dp = DataParallel::new(one_bit.clone()).unwrap();
+    let mut dp = LocalReplicas::new(one_bit.clone()).unwrap();
     let mut losses = Vec::new();
     let mut replicated = 0;
     for step in 0..one_bit.steps {
@@ -456,7 +543,7 @@ fn one_bit_adam_with_sharded_experts_keeps_holders_and_replicas_identical() {
     );
     // The warm-up is AdamW on the gradient exchanged in int8, close to the uncompressed
     // exchange; afterwards 1-bit Adam differs.
-    let mut plain = DataParallel::new(config(dualpipe_train::Compression::None, 2)).unwrap();
+    let mut plain = LocalReplicas::new(config(dualpipe_train::Compression::None, 2)).unwrap();
     let reference: Vec<f64> = (0..one_bit.steps)
         .map(|_| plain.step().unwrap().loss)
         .collect();
@@ -477,27 +564,39 @@ fn one_bit_adam_with_sharded_experts_keeps_holders_and_replicas_identical() {
 #[test]
 fn placement_flags_without_expert_parallelism_are_refused() {
     let config = TrainConfig {
-        data_parallel: 2,
-        moe: Some(MoeSettings {
-            eplb_every: 5,
-            ..moe(false)
-        }),
+        model: ModelSection {
+            moe: Some(MoeSettings {
+                eplb_every: 5,
+                ..moe(false)
+            }),
+            ..(tiny(ScheduleKind::OneFOneB, 4, moe(false))).model
+        },
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(ScheduleKind::OneFOneB, 4, moe(false))).parallelism
+        },
         ..tiny(ScheduleKind::OneFOneB, 4, moe(false))
     };
-    let err = DataParallel::new(config).unwrap_err().to_string();
+    let err = LocalReplicas::new(config).unwrap_err().to_string();
     assert!(
         err.contains("moe.eplb_every") && err.contains("expert_parallel"),
         "{err}"
     );
     let config = TrainConfig {
-        data_parallel: 2,
-        moe: Some(MoeSettings {
-            redundant_experts: 1,
-            ..moe(true)
-        }),
+        model: ModelSection {
+            moe: Some(MoeSettings {
+                redundant_experts: 1,
+                ..moe(true)
+            }),
+            ..(tiny(ScheduleKind::OneFOneB, 4, moe(false))).model
+        },
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(ScheduleKind::OneFOneB, 4, moe(false))).parallelism
+        },
         ..tiny(ScheduleKind::OneFOneB, 4, moe(false))
     };
-    let err = DataParallel::new(config).unwrap_err().to_string();
+    let err = LocalReplicas::new(config).unwrap_err().to_string();
     assert!(err.contains("multiple of 2"), "{err}");
 }
 
@@ -516,7 +615,19 @@ fn the_overlapped_fb_pair_gives_the_losses_of_the_sequential_one() {
     assert!(pairs > 0, "the schedule has no FB pair to overlap");
     let run = |overlap: bool| {
         let config = TrainConfig {
-            data_parallel: 2,
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                ..(tiny(
+                    kind,
+                    4,
+                    MoeSettings {
+                        link_latency: 0.002,
+                        overlap,
+                        ..moe(true)
+                    },
+                ))
+                .parallelism
+            },
             steps: 3,
             ..tiny(
                 kind,
@@ -528,7 +639,7 @@ fn the_overlapped_fb_pair_gives_the_losses_of_the_sequential_one() {
                 },
             )
         };
-        let mut dp = DataParallel::new(config.clone()).unwrap();
+        let mut dp = LocalReplicas::new(config.clone()).unwrap();
         losses_of(|| dp.step().unwrap().losses, config.steps)
     };
     let overlapped = run(true);
@@ -540,10 +651,13 @@ fn the_overlapped_fb_pair_gives_the_losses_of_the_sequential_one() {
 #[test]
 fn link_flags_are_checked() {
     let with = |m: MoeSettings| TrainConfig {
-        data_parallel: 2,
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(ScheduleKind::DualPipe, 4, m)).parallelism
+        },
         ..tiny(ScheduleKind::DualPipe, 4, m)
     };
-    let err = DataParallel::new(with(MoeSettings {
+    let err = LocalReplicas::new(with(MoeSettings {
         link_latency: 0.001,
         ..moe(false)
     }))
@@ -553,14 +667,14 @@ fn link_flags_are_checked() {
         err.contains("moe.link_latency") && err.contains("expert_parallel"),
         "{err}"
     );
-    let err = DataParallel::new(with(MoeSettings {
+    let err = LocalReplicas::new(with(MoeSettings {
         link_bandwidth: Some(-5.0),
         ..moe(true)
     }))
     .unwrap_err()
     .to_string();
     assert!(err.contains("moe.link_bandwidth -5"), "{err}");
-    let err = DataParallel::new(with(MoeSettings {
+    let err = LocalReplicas::new(with(MoeSettings {
         link_latency: f64::NAN,
         ..moe(true)
     }))
@@ -574,7 +688,19 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
     // Re-placements after steps 2 and 4; the checkpoint after step 3 holds every expert
     // (each written by one holder), the placement of version 2 and the moving average.
     let config = TrainConfig {
-        data_parallel: 2,
+        parallelism: ParallelismSection {
+            data_parallel: 2,
+            ..(tiny(
+                ScheduleKind::DualPipe,
+                4,
+                MoeSettings {
+                    redundant_experts: 2,
+                    eplb_every: 2,
+                    ..moe(true)
+                },
+            ))
+            .parallelism
+        },
         steps: 6,
         ..tiny(
             ScheduleKind::DualPipe,
@@ -593,7 +719,7 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
         ..CheckpointOptions::new(dir.path())
     };
     let writer = CheckpointWriter::start(&options, 2).unwrap();
-    let mut whole = DataParallel::new(config.clone()).unwrap();
+    let mut whole = LocalReplicas::new(config.clone()).unwrap();
     whole.set_checkpoints(&writer);
     let mut expected = Vec::new();
     whole
@@ -625,7 +751,7 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
             "block {l}: the placement of the first rebalance"
         );
     }
-    let mut resumed = DataParallel::new(config.clone()).unwrap();
+    let mut resumed = LocalReplicas::new(config.clone()).unwrap();
     resumed.restore(&ckpt).unwrap();
     for t in resumed.replicas() {
         for (l, stored, placed) in stored_and_placed(t) {
@@ -636,10 +762,13 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
     assert_eq!(got, expected[3..], "the resumed losses, bit for bit");
     // Without expert parallelism (every expert on every worker) the same model goes on.
     let plain = TrainConfig {
-        moe: Some(moe(false)),
+        model: ModelSection {
+            moe: Some(moe(false)),
+            ..config.model
+        },
         ..config
     };
-    let mut other = DataParallel::new(plain).unwrap();
+    let mut other = LocalReplicas::new(plain).unwrap();
     other.restore(&ckpt).unwrap();
     let got = losses_of(|| other.step().unwrap().losses, 3);
     assert_same("resumed without expert parallelism", &got, &expected[3..]);
@@ -648,7 +777,7 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
 /// `ranks x 2` workers, each a thread with its own one-rank trainer as an MPI process would be
 /// (`dualpipe_train::mpi::mpi_trainer`): each replica's pipeline on in-memory links, each held
 /// stage's gradients over our exchange with its holder in the other replica, and the expert
-/// links of each pipeline rank over both replicas (as `dualpipe_train::mpi_experts` builds
+/// links of each pipeline rank over both replicas (as `dualpipe_train::experts::mpi` builds
 /// them, here in process). Per worker, per step: the micro-batch losses, the gradient norm,
 /// and the expert load's rows per worker.
 #[allow(clippy::type_complexity)]
@@ -656,10 +785,10 @@ fn one_rank_per_thread(config: &TrainConfig) -> Vec<Vec<(Vec<f64>, Option<f64>, 
     use dualpipe_dp::ChannelTransport;
     use dualpipe_runtime::transport::endpoint::ChannelLink;
     use dualpipe_runtime::Endpoint;
-    use dualpipe_train::expert_parallel::links_for;
+    use dualpipe_train::experts::group::links_for;
     use dualpipe_train::{GroupLink, OneRank, ReplicaLinks};
 
-    let (ranks, replicas) = (config.ranks, config.data_parallel);
+    let (ranks, replicas) = (config.schedule.ranks, config.parallelism.data_parallel);
     let placement = config.build_schedule().unwrap().placement;
     let held = |r: usize| {
         let mut stages: Vec<usize> = placement.stages_of(r).into_iter().map(|(_, s)| s).collect();
@@ -725,9 +854,33 @@ fn one_rank_per_process_trains_like_the_local_run() {
     // the ranks' groups; every worker's losses, norms and rows equal the local run's.
     for kind in [ScheduleKind::DualPipe, ScheduleKind::OneFOneB] {
         let config = TrainConfig {
-            data_parallel: 2,
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                ..(tiny(
+                    kind,
+                    4,
+                    MoeSettings {
+                        redundant_experts: 2,
+                        eplb_every: 2,
+                        ..moe(true)
+                    },
+                ))
+                .parallelism
+            },
+            optimizer: OptimizerSection {
+                clip_grad: Some(0.5),
+                ..(tiny(
+                    kind,
+                    4,
+                    MoeSettings {
+                        redundant_experts: 2,
+                        eplb_every: 2,
+                        ..moe(true)
+                    },
+                ))
+                .optimizer
+            },
             steps: 4,
-            clip_grad: Some(0.5),
             ..tiny(
                 kind,
                 4,
@@ -738,7 +891,7 @@ fn one_rank_per_process_trains_like_the_local_run() {
                 },
             )
         };
-        let mut local = DataParallel::new(config.clone()).unwrap();
+        let mut local = LocalReplicas::new(config.clone()).unwrap();
         let expected: Vec<_> = (0..config.steps)
             .map(|_| {
                 let r = local.step().unwrap();

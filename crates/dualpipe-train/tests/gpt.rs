@@ -3,6 +3,7 @@
 //! schedules that split the model into the same stages agree step by step; validation,
 //! clipping and the weights gathered for saving.
 
+use dualpipe_train::{DataSection, ModelSection, OptimizerSection, ScheduleSection};
 use std::collections::HashMap;
 
 use candle_core::Tensor;
@@ -17,23 +18,34 @@ use dualpipe_train::{DType, ModelKind, Task, TrainConfig, Trainer};
 /// momentum (so the optimizer's state matters from the second step on).
 fn tiny(kind: ScheduleKind, ranks: usize, micro_batches: usize) -> TrainConfig {
     TrainConfig {
-        model: ModelKind::Gpt,
-        schedule: kind,
-        ranks,
-        micro_batches,
-        micro_batch_size: 2,
-        virtual_stages: kind.default_virtual_stages(),
-        layers_per_stage: 1,
-        d_model: 16,
-        heads: 2,
-        seq_len: 8,
+        model: ModelSection {
+            kind: ModelKind::Gpt,
+            layers_per_stage: 1,
+            d_model: 16,
+            heads: 2,
+            seq_len: 8,
+            dtype: DType::F64,
+            ..TrainConfig::DEFAULT.model
+        },
+        schedule: ScheduleSection {
+            kind,
+            ranks,
+            micro_batches,
+            micro_batch_size: 2,
+            virtual_stages: kind.default_virtual_stages(),
+        },
+        optimizer: OptimizerSection {
+            lr: 0.05,
+            // A warm-up of two of the three steps: the schedule is part of what must match.
+            lr_warmup: Some(2),
+            kind: OptimizerKind::Sgd { momentum: 0.9 },
+            ..TrainConfig::DEFAULT.optimizer
+        },
+        data: DataSection {
+            eval_every: 0,
+            ..TrainConfig::DEFAULT.data
+        },
         steps: 3,
-        lr: 0.05,
-        // A warm-up of two of the three steps: the schedule is part of what must match.
-        lr_warmup: Some(2),
-        optimizer: OptimizerKind::Sgd { momentum: 0.9 },
-        dtype: DType::F64,
-        eval_every: 0,
         ..TrainConfig::DEFAULT
     }
 }
@@ -70,12 +82,12 @@ fn matches_the_sequential_run(config: TrainConfig) -> Vec<f64> {
         StagePosition {
             dir: 0,
             model_stage: 0,
-            micro_batches: config.micro_batches,
-            micro_batches_per_dir: config.micro_batches,
+            micro_batches: config.schedule.micro_batches,
+            micro_batches_per_dir: config.schedule.micro_batches,
         },
     )
     .unwrap();
-    let mut optimizer = Optimizer::scheduled(config.optimizer, config.lr_schedule());
+    let mut optimizer = Optimizer::scheduled(config.optimizer.kind, config.lr_schedule());
     let mut losses = Vec::new();
     for step in 0..config.steps {
         let StepBatch::Gpt(batch) = trainer.workload().batch(&config, step).unwrap() else {
@@ -86,8 +98,8 @@ fn matches_the_sequential_run(config: TrainConfig) -> Vec<f64> {
         let report = trainer.step().unwrap();
         let what = format!(
             "{} on {} ranks, step {}",
-            config.schedule,
-            config.ranks,
+            config.schedule.kind,
+            config.schedule.ranks,
             step + 1
         );
         assert_eq!(report.losses.len(), expected.len(), "{what}");
@@ -138,12 +150,24 @@ fn schedules_splitting_the_same_stages_agree_step_by_step() {
 #[test]
 fn validation_runs_when_due_and_the_run_learns() {
     let config = TrainConfig {
+        model: ModelSection {
+            dtype: DType::F32,
+            ..(tiny(ScheduleKind::DualPipe, 2, 4)).model
+        },
+        schedule: ScheduleSection {
+            micro_batch_size: 4,
+            ..(tiny(ScheduleKind::DualPipe, 2, 4)).schedule
+        },
+        optimizer: OptimizerSection {
+            kind: OptimizerKind::adamw(),
+            lr: 3e-3,
+            ..(tiny(ScheduleKind::DualPipe, 2, 4)).optimizer
+        },
+        data: DataSection {
+            eval_every: 2,
+            ..(tiny(ScheduleKind::DualPipe, 2, 4)).data
+        },
         steps: 6,
-        eval_every: 2,
-        dtype: DType::F32,
-        optimizer: OptimizerKind::adamw(),
-        lr: 3e-3,
-        micro_batch_size: 4,
         ..tiny(ScheduleKind::DualPipe, 2, 4)
     };
     let summary = Trainer::new(config.clone())
@@ -167,7 +191,10 @@ fn validation_runs_when_due_and_the_run_learns() {
     assert_eq!(summary.samples.len(), dualpipe_train::workload::SAMPLES);
     // The addition task is scored by held-out accuracy instead.
     let addition = TrainConfig {
-        task: Task::Addition,
+        data: DataSection {
+            task: Task::Addition,
+            ..config.data
+        },
         steps: 1,
         ..config
     };
@@ -185,11 +212,17 @@ fn validation_runs_when_due_and_the_run_learns() {
 fn clipping_bounds_the_update_and_reports_the_norm() {
     // A constant rate, so SGD's first step moves by exactly lr times the clipped gradient.
     let base = TrainConfig {
-        lr_warmup: Some(0),
+        optimizer: OptimizerSection {
+            lr_warmup: Some(0),
+            ..(tiny(ScheduleKind::DualPipe, 2, 4)).optimizer
+        },
         ..tiny(ScheduleKind::DualPipe, 2, 4)
     };
     let clipped = TrainConfig {
-        clip_grad: Some(1e-3),
+        optimizer: OptimizerSection {
+            clip_grad: Some(1e-3),
+            ..base.optimizer.clone()
+        },
         ..base.clone()
     };
     let mut free = Trainer::new(base).unwrap();

@@ -6,6 +6,7 @@ use candle_core::Tensor;
 use dualpipe_schedule::ScheduleKind;
 use dualpipe_testutil::{assert_close, scalar_rel};
 use dualpipe_train::{DType, OptimizerKind, Reference, TrainConfig, TrainError, Trainer};
+use dualpipe_train::{ModelSection, OptimizerSection, ScheduleSection};
 
 const TOL: f64 = 1e-12;
 const STEPS: usize = 3;
@@ -17,17 +18,25 @@ fn config(
     optimizer: OptimizerKind,
 ) -> TrainConfig {
     TrainConfig {
-        schedule,
-        ranks,
-        micro_batches: 8,
-        micro_batch_size: 3,
-        virtual_stages,
-        hidden: 4,
-        layers_per_stage: 2,
+        model: ModelSection {
+            hidden: 4,
+            layers_per_stage: 2,
+            dtype: DType::F64,
+            ..TrainConfig::MLP.model
+        },
+        schedule: ScheduleSection {
+            kind: schedule,
+            ranks,
+            micro_batches: 8,
+            micro_batch_size: 3,
+            virtual_stages,
+        },
+        optimizer: OptimizerSection {
+            lr: 0.05,
+            kind: optimizer,
+            ..TrainConfig::MLP.optimizer
+        },
         steps: STEPS,
-        lr: 0.05,
-        optimizer,
-        dtype: DType::F64,
         seed: 17,
         ..TrainConfig::MLP
     }
@@ -65,7 +74,7 @@ fn check(schedule: ScheduleKind, ranks: usize, virtual_stages: usize) {
                 .unwrap_or_else(|e| panic!("{what}: step {step}: {e}"));
             let expected = reference.step().unwrap();
             assert_eq!(report.step, step);
-            assert_eq!(report.losses.len(), config.micro_batches);
+            assert_eq!(report.losses.len(), config.schedule.micro_batches);
             for (mb, (a, b)) in report.losses.iter().zip(&expected.losses).enumerate() {
                 assert!(
                     scalar_rel(*a, *b) <= TOL,
@@ -181,9 +190,15 @@ mod properties {
             seed in 0u64..1000,
         ) {
             let config = TrainConfig {
-                micro_batches,
-                micro_batch_size: rows,
-                layers_per_stage: layers,
+                model: ModelSection {
+                    layers_per_stage: layers,
+                    ..(config(kind, ranks, if kind == ScheduleKind::Interleaved { 2 } else { 1 }, OptimizerKind::sgd())).model
+                },
+                schedule: ScheduleSection {
+                    micro_batches,
+                    micro_batch_size: rows,
+                    ..(config(kind, ranks, if kind == ScheduleKind::Interleaved { 2 } else { 1 }, OptimizerKind::sgd())).schedule
+                },
                 seed,
                 ..config(kind, ranks, if kind == ScheduleKind::Interleaved { 2 } else { 1 }, OptimizerKind::sgd())
             };

@@ -2,16 +2,23 @@
 //! has a next step: that must change no result.
 
 use dualpipe_train::{DType, TrainConfig, Trainer};
+use dualpipe_train::{ModelSection, ScheduleSection};
 
 fn losses(steps_in_config: usize) -> Vec<u64> {
     let config = TrainConfig {
-        ranks: 2,
-        micro_batches: 4,
-        micro_batch_size: 3,
-        hidden: 4,
-        layers_per_stage: 1,
+        model: ModelSection {
+            hidden: 4,
+            layers_per_stage: 1,
+            dtype: DType::F64,
+            ..TrainConfig::MLP.model
+        },
+        schedule: ScheduleSection {
+            ranks: 2,
+            micro_batches: 4,
+            micro_batch_size: 3,
+            ..TrainConfig::MLP.schedule
+        },
         steps: steps_in_config,
-        dtype: DType::F64,
         ..TrainConfig::MLP
     };
     let mut trainer = Trainer::new(config).unwrap();

@@ -5,17 +5,24 @@ use dualpipe_runtime::transport::endpoint::ChannelLink;
 use dualpipe_runtime::Endpoint;
 use dualpipe_schedule::ScheduleKind;
 use dualpipe_train::{DType, RankTrainer, TrainConfig, TrainError, Trainer};
+use dualpipe_train::{ModelSection, ScheduleSection};
 
 fn config(schedule: ScheduleKind) -> TrainConfig {
     TrainConfig {
-        schedule,
-        ranks: 4,
-        micro_batches: 8,
-        micro_batch_size: 4,
-        hidden: 8,
-        layers_per_stage: 1,
+        model: ModelSection {
+            hidden: 8,
+            layers_per_stage: 1,
+            dtype: DType::F64,
+            ..TrainConfig::MLP.model
+        },
+        schedule: ScheduleSection {
+            kind: schedule,
+            ranks: 4,
+            micro_batches: 8,
+            micro_batch_size: 4,
+            ..TrainConfig::MLP.schedule
+        },
         steps: 3,
-        dtype: DType::F64,
         seed: 11,
         ..TrainConfig::MLP
     }
@@ -24,7 +31,7 @@ fn config(schedule: ScheduleKind) -> TrainConfig {
 /// Every rank on its own thread with its own trainer, as processes would be; each runs the
 /// whole run through `Trainer::run`.
 fn run_ranks(config: &TrainConfig) -> Vec<Result<Vec<f64>, TrainError>> {
-    let links = ChannelLink::world(config.ranks);
+    let links = ChannelLink::world(config.schedule.ranks);
     std::thread::scope(|scope| {
         let handles: Vec<_> = links
             .into_iter()
@@ -64,7 +71,7 @@ fn rank_trainers_match_the_local_trainer_bit_for_bit() {
 fn a_world_of_the_wrong_size_fails_on_every_rank() {
     let mut config = config(ScheduleKind::OneFOneB);
     let links = ChannelLink::world(3);
-    config.ranks = 4;
+    config.schedule.ranks = 4;
     for link in links {
         let err = RankTrainer::connect(config.clone(), Endpoint::new(link)).unwrap_err();
         assert!(
@@ -78,7 +85,7 @@ fn a_world_of_the_wrong_size_fails_on_every_rank() {
 #[test]
 fn a_callback_that_stops_the_run_stops_every_rank_naming_the_reason() {
     let config = config(ScheduleKind::DualPipe);
-    let links = ChannelLink::world(config.ranks);
+    let links = ChannelLink::world(config.schedule.ranks);
     let results: Vec<Result<Vec<f64>, TrainError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = links
             .into_iter()

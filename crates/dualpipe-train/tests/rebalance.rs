@@ -4,22 +4,37 @@
 use dualpipe_schedule::ScheduleKind;
 use dualpipe_train::rebalance::{RebalanceSettings, SlowRank};
 use dualpipe_train::{DType, OptimizerKind, TrainConfig, Trainer};
+use dualpipe_train::{
+    DataSection, ModelSection, OptimizerSection, ParallelismSection, ScheduleSection,
+};
 
 fn config(schedule: ScheduleKind, optimizer: OptimizerKind, steps: usize) -> TrainConfig {
     TrainConfig {
-        schedule,
-        ranks: 4,
-        micro_batches: 8,
-        micro_batch_size: 2,
-        layers_per_stage: 2,
-        d_model: 16,
-        heads: 2,
-        seq_len: 8,
+        model: ModelSection {
+            layers_per_stage: 2,
+            d_model: 16,
+            heads: 2,
+            seq_len: 8,
+            dtype: DType::F64,
+            ..TrainConfig::DEFAULT.model
+        },
+        schedule: ScheduleSection {
+            kind: schedule,
+            ranks: 4,
+            micro_batches: 8,
+            micro_batch_size: 2,
+            ..TrainConfig::DEFAULT.schedule
+        },
+        optimizer: OptimizerSection {
+            lr: 0.01,
+            kind: optimizer,
+            ..TrainConfig::DEFAULT.optimizer
+        },
+        data: DataSection {
+            eval_every: 0,
+            ..TrainConfig::DEFAULT.data
+        },
         steps,
-        eval_every: 0,
-        lr: 0.01,
-        optimizer,
-        dtype: DType::F64,
         seed: 5,
         ..TrainConfig::DEFAULT
     }
@@ -61,7 +76,10 @@ fn uneven_partitions_train_the_same_model() {
     for schedule in [ScheduleKind::DualPipe, ScheduleKind::OneFOneB] {
         let even = config(schedule, OptimizerKind::adamw(), 3);
         let uneven = TrainConfig {
-            partition: Some(vec![3, 1, 1, 3]),
+            model: ModelSection {
+                partition: Some(vec![3, 1, 1, 3]),
+                ..even.model.clone()
+            },
             ..even.clone()
         };
         let a = run(Trainer::new(even).unwrap(), &[]);
@@ -109,14 +127,17 @@ fn a_slow_rank_makes_the_stages_rebalance_without_changing_the_math() {
     for schedule in [ScheduleKind::OneFOneB, ScheduleKind::DualPipe] {
         let plain = config(schedule, OptimizerKind::adamw(), 6);
         let slowed = TrainConfig {
-            slow_rank: Some(SlowRank {
-                rank: 1,
-                factor: 8.0,
-            }),
-            rebalance: Some(RebalanceSettings {
-                threshold: 0.05,
-                window: 1,
-            }),
+            parallelism: ParallelismSection {
+                slow_rank: Some(SlowRank {
+                    rank: 1,
+                    factor: 8.0,
+                }),
+                rebalance: Some(RebalanceSettings {
+                    threshold: 0.05,
+                    window: 1,
+                }),
+                ..plain.parallelism.clone()
+            },
             ..plain.clone()
         };
         let expected = Trainer::new(plain).unwrap().run(|_| Ok(())).unwrap();

@@ -4,6 +4,7 @@
 use candle_core::{DType, Tensor, Var};
 use dualpipe_schedule::ScheduleKind;
 use dualpipe_testutil::{assert_close, scalar_rel};
+use dualpipe_train::{ModelSection, OptimizerSection, ScheduleSection};
 use dualpipe_train::{OptimizerKind, Reference, TrainConfig};
 
 /// GELU built from elementary ops so candle's autograd differentiates it exactly
@@ -34,15 +35,24 @@ fn block_oracle(x: &Tensor, p: &[Tensor]) -> Tensor {
 #[test]
 fn reference_matches_autograd_of_the_whole_model() {
     let config = TrainConfig {
-        schedule: ScheduleKind::OneFOneB,
-        ranks: 3,
-        micro_batches: 3,
-        micro_batch_size: 2,
-        hidden: 4,
-        layers_per_stage: 2,
-        dtype: dualpipe_train::DType::F64,
-        optimizer: OptimizerKind::sgd(),
-        lr: 0.1,
+        model: ModelSection {
+            hidden: 4,
+            layers_per_stage: 2,
+            dtype: dualpipe_train::DType::F64,
+            ..TrainConfig::MLP.model
+        },
+        schedule: ScheduleSection {
+            kind: ScheduleKind::OneFOneB,
+            ranks: 3,
+            micro_batches: 3,
+            micro_batch_size: 2,
+            ..TrainConfig::MLP.schedule
+        },
+        optimizer: OptimizerSection {
+            kind: OptimizerKind::sgd(),
+            lr: 0.1,
+            ..TrainConfig::MLP.optimizer
+        },
         seed: 5,
         ..TrainConfig::MLP
     };

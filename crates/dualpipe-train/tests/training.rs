@@ -2,18 +2,28 @@
 
 use dualpipe_schedule::ScheduleKind;
 use dualpipe_train::{DType, ModelKind, OptimizerKind, TrainConfig, TrainError, Trainer};
+use dualpipe_train::{ModelSection, OptimizerSection, ScheduleSection};
 
 fn f32_config() -> TrainConfig {
     TrainConfig {
-        schedule: ScheduleKind::DualPipe,
-        ranks: 4,
-        micro_batches: 8,
-        micro_batch_size: 64,
-        hidden: 32,
-        layers_per_stage: 1,
-        lr: 3e-3,
-        optimizer: OptimizerKind::adamw(),
-        dtype: DType::F32,
+        model: ModelSection {
+            hidden: 32,
+            layers_per_stage: 1,
+            dtype: DType::F32,
+            ..TrainConfig::MLP.model
+        },
+        schedule: ScheduleSection {
+            kind: ScheduleKind::DualPipe,
+            ranks: 4,
+            micro_batches: 8,
+            micro_batch_size: 64,
+            ..TrainConfig::MLP.schedule
+        },
+        optimizer: OptimizerSection {
+            lr: 3e-3,
+            kind: OptimizerKind::adamw(),
+            ..TrainConfig::MLP.optimizer
+        },
         seed: 1,
         ..TrainConfig::MLP
     }
@@ -56,14 +66,20 @@ fn another_seed_gives_another_model() {
 #[test]
 fn bad_configurations_are_errors() {
     let zero = TrainConfig {
-        hidden: 0,
+        model: ModelSection {
+            hidden: 0,
+            ..TrainConfig::MLP.model
+        },
         ..TrainConfig::MLP
     };
     let err = Trainer::new(zero).unwrap_err();
     assert!(matches!(err, TrainError::Config(_)), "{err}");
     assert!(err.to_string().contains("hidden"), "{err}");
     let lr = TrainConfig {
-        lr: f64::NAN,
+        optimizer: OptimizerSection {
+            lr: f64::NAN,
+            ..TrainConfig::MLP.optimizer
+        },
         ..TrainConfig::MLP
     };
     assert!(matches!(
@@ -71,7 +87,10 @@ fn bad_configurations_are_errors() {
         TrainError::Config(_)
     ));
     let odd = TrainConfig {
-        micro_batches: 7,
+        schedule: ScheduleSection {
+            micro_batches: 7,
+            ..TrainConfig::MLP.schedule
+        },
         ..TrainConfig::MLP
     };
     let err = Trainer::new(odd).unwrap_err();
@@ -85,21 +104,30 @@ fn sizes_that_cannot_be_allocated_are_config_errors_not_panics() {
     for (config, field) in [
         (
             TrainConfig {
-                hidden: usize::MAX,
+                model: ModelSection {
+                    hidden: usize::MAX,
+                    ..TrainConfig::MLP.model
+                },
                 ..TrainConfig::MLP
             },
             "hidden",
         ),
         (
             TrainConfig {
-                micro_batch_size: usize::MAX,
+                schedule: ScheduleSection {
+                    micro_batch_size: usize::MAX,
+                    ..TrainConfig::MLP.schedule
+                },
                 ..TrainConfig::MLP
             },
             "micro_batch_size",
         ),
         (
             TrainConfig {
-                layers_per_stage: 100_000_000,
+                model: ModelSection {
+                    layers_per_stage: 100_000_000,
+                    ..TrainConfig::MLP.model
+                },
                 ..TrainConfig::MLP
             },
             "layers_per_stage",
@@ -117,15 +145,15 @@ fn sizes_that_cannot_be_allocated_are_config_errors_not_panics() {
 #[test]
 fn default_configuration_builds() {
     let config = TrainConfig::MLP;
-    assert_eq!(config.schedule, ScheduleKind::DualPipe);
-    assert_eq!(config.ranks, 4);
+    assert_eq!(config.schedule.kind, ScheduleKind::DualPipe);
+    assert_eq!(config.schedule.ranks, 4);
     assert_eq!(config.model_stages(), 4);
     let trainer = Trainer::new(config).unwrap();
     assert_eq!(trainer.schedule().ranks, 4);
     assert_eq!(trainer.parameters().len(), 4);
     // The embedded default is the GPT on the addition task: 4 stages of 2 blocks.
     let gpt = Trainer::new(TrainConfig::DEFAULT).unwrap();
-    assert_eq!(gpt.config().model, ModelKind::Gpt);
+    assert_eq!(gpt.config().model.kind, ModelKind::Gpt);
     assert_eq!(gpt.parameters().len(), 4);
     assert_eq!(gpt.workload().gpt().unwrap().weights.config().layers, 8);
 }

@@ -95,7 +95,7 @@ fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
                         "bytes": manifest.bytes(),
                         "files": manifest.files.len(),
                         "schedule": state.schedule,
-                        "data_parallel": state.config.data_parallel,
+                        "data_parallel": state.config.parallelism.data_parallel,
                         "config": state.config,
                     }),
                     Err(e) => json!({
@@ -134,9 +134,11 @@ fn table(dir: &std::path::Path, listed: &[Listed], latest: Option<&str>) -> Stri
         match &l.status {
             Ok((state, manifest)) => {
                 let c = &state.config;
-                let model = match c.model {
-                    dualpipe_train::ModelKind::Gpt => format!("gpt d{} h{}", c.d_model, c.heads),
-                    dualpipe_train::ModelKind::Mlp => format!("mlp w{}", c.hidden),
+                let model = match c.model.kind {
+                    dualpipe_train::ModelKind::Gpt => {
+                        format!("gpt d{} h{}", c.model.d_model, c.model.heads)
+                    }
+                    dualpipe_train::ModelKind::Mlp => format!("mlp w{}", c.model.hidden),
                 };
                 out.push_str(&format!(
                     "  {:<8}  ok       {:<9}  {:<5}  {model}  {:<9}  {:<5}  {:<6}  {:<12}  {:<2}  {:<5}  {}\n",
@@ -146,10 +148,10 @@ fn table(dir: &std::path::Path, listed: &[Listed], latest: Option<&str>) -> Stri
                     state.schedule.kind,
                     state.schedule.ranks,
                     state.schedule.model_stages,
-                    c.layers_per_stage,
-                    c.data_parallel,
-                    c.dtype,
-                    c.optimizer,
+                    c.model.layers_per_stage,
+                    c.parallelism.data_parallel,
+                    c.model.dtype,
+                    c.optimizer.kind,
                 ));
             }
             Err(e) => out.push_str(&format!("  {:<8}  DAMAGED  {e}\n", l.step)),

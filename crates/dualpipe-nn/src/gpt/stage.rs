@@ -548,64 +548,7 @@ impl GptStage {
 
 crate::stage::impl_param_stage!(GptStage);
 
-impl crate::model_stage::PipelineStage for GptStage {
-    fn position(&self) -> StagePosition {
-        self.position
-    }
-
-    fn set_batch(&mut self, batch: &crate::model_stage::StepBatch) -> Result<(), NnError> {
-        match batch {
-            crate::model_stage::StepBatch::Gpt(b) => {
-                GptStage::set_batch(self, b.clone());
-                Ok(())
-            }
-            other => Err(NnError::Stage(format!(
-                "a GPT stage was given the {} batch",
-                other.kind()
-            ))),
-        }
-    }
-
-    fn forward(
-        &mut self,
-        chunk: Chunk,
-        input: ForwardInput<Tensor>,
-    ) -> Result<ForwardOutput<Tensor>, NnError> {
-        self.forward_impl(chunk, input)
-    }
-
-    fn backward_input(
-        &mut self,
-        chunk: Chunk,
-        grad_output: Option<Tensor>,
-    ) -> Result<Option<Tensor>, NnError> {
-        self.backward_input_impl(chunk, grad_output)
-    }
-
-    fn backward_weight(&mut self, chunk: Chunk) -> Result<(), NnError> {
-        self.backward_weight_impl(chunk)
-    }
-
-    fn params(&self) -> Vec<&Param> {
-        GptStage::params(self)
-    }
-
-    fn params_mut(&mut self) -> Vec<&mut Param> {
-        GptStage::params_mut(self)
-    }
-
-    fn param_names(&self) -> Vec<String> {
-        GptStage::param_names(self)
-    }
-
-    fn pending(&self) -> usize {
-        GptStage::pending(self)
-    }
-
-    fn zero_grad(&mut self) -> Result<(), NnError> {
-        GptStage::zero_grad(self)
-    }
-
+crate::stage::impl_pipeline_stage!(GptStage, Gpt, "a GPT", {
     fn sharded_params(&self) -> Vec<bool> {
         GptStage::sharded_params(self)
     }
@@ -625,7 +568,7 @@ impl crate::model_stage::PipelineStage for GptStage {
     fn experts_mut(&mut self) -> Option<&mut dyn crate::model_stage::ExpertStage> {
         Some(self)
     }
-}
+});
 
 impl crate::model_stage::ExpertStage for GptStage {
     fn moe_layers(&self) -> Vec<(usize, &MoeLayer)> {

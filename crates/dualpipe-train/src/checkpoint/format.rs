@@ -300,7 +300,8 @@ impl CheckpointState {
             data: DataPosition {
                 seed: config.seed,
                 next_step: step,
-                global_micro_batches: config.micro_batches * config.data_parallel.max(1),
+                global_micro_batches: config.schedule.micro_batches
+                    * config.parallelism.data_parallel.max(1),
             },
             rng: format!(
                 "counter-based: every stream is keyed by (seed {}, step, index)",

@@ -107,7 +107,7 @@ impl Checkpoint {
     pub fn read(dir: &Path) -> Result<Self, CheckpointError> {
         let ckpt = Checkpoint::read_files(dir, |_| true)?;
         let config = &ckpt.state.config;
-        if config.model == crate::ModelKind::Gpt {
+        if config.model.kind == crate::ModelKind::Gpt {
             let missing = dualpipe_nn::gpt::tensor_names(&config.gpt())
                 .into_iter()
                 .map(|(name, _)| name)

@@ -15,10 +15,10 @@ pub fn gpt_weights(
     dtype: candle_core::DType,
 ) -> Result<GptWeights, CheckpointError> {
     let saved = &ckpt.state.config;
-    if saved.model != ModelKind::Gpt {
+    if saved.model.kind != ModelKind::Gpt {
         return Err(CheckpointError::Mismatch {
             path: ckpt.path.clone(),
-            problem: format!("it holds the {} model, not the GPT", saved.model),
+            problem: format!("it holds the {} model, not the GPT", saved.model.kind),
         });
     }
     let config = dualpipe_nn::gpt::GptConfig {

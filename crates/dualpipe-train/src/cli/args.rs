@@ -40,10 +40,10 @@ fn per_model(what: &str, gpt: impl std::fmt::Display, mlp: impl std::fmt::Displa
 pub struct TrainArgs {
     /// The model: gpt (a byte-level transformer language model) or mlp (a residual MLP
     /// regressing a random teacher, compared with DeepSeek's reference).
-    #[arg(long, default_value_t = D.model.name().to_string())]
+    #[arg(long, default_value_t = D.model.kind.name().to_string())]
     pub model: String,
     /// Schedule kind: gpipe, 1f1b, interleaved, zb1p, dualpipe, dualpipev.
-    #[arg(long, default_value_t = D.schedule.name().to_string())]
+    #[arg(long, default_value_t = D.schedule.kind.name().to_string())]
     pub schedule: String,
     /// Train with the schedule in FILE (our JSON or torch's compute-only CSV, validated on
     /// import) instead of a generated one; its kind, ranks, micro-batches and stages per rank
@@ -51,21 +51,21 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = ["schedule", "ranks", "micro_batches", "virtual_stages"])]
     pub schedule_file: Option<PathBuf>,
     /// Pipeline ranks (a thread each locally, a process each with --transport mpi).
-    #[arg(long, default_value_t = D.ranks, value_parser = count, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = D.schedule.ranks, value_parser = count, allow_negative_numbers = true)]
     pub ranks: usize,
     /// Micro-batches per step, over both directions for dualpipe.
-    #[arg(long, default_value_t = D.micro_batches, value_parser = count, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = D.schedule.micro_batches, value_parser = count, allow_negative_numbers = true)]
     pub micro_batches: usize,
     /// Rows (sequences for the GPT) per micro-batch (the help text, with the defaults of
     /// both models, is `help`'s).
     #[arg(long, value_parser = count, allow_negative_numbers = true,
-          help = per_model("Rows (sequences for the GPT) per micro-batch", D.micro_batch_size, M.micro_batch_size))]
+          help = per_model("Rows (sequences for the GPT) per micro-batch", D.schedule.micro_batch_size, M.schedule.micro_batch_size))]
     pub micro_batch_size: Option<usize>,
     /// Stages per rank, for interleaved [default: 2 for interleaved, 1 otherwise].
     #[arg(long, value_parser = count, allow_negative_numbers = true)]
     pub virtual_stages: Option<usize>,
     /// The MLP's width; each block is hidden -> 4 hidden -> hidden.
-    #[arg(long, default_value_t = D.hidden, value_parser = count, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = D.model.hidden, value_parser = count, allow_negative_numbers = true)]
     pub hidden: usize,
     /// Blocks per model stage (MLP blocks, or transformer blocks) [default: 2; with
     /// --init-from, the file's blocks over the stages].
@@ -87,17 +87,17 @@ pub struct TrainArgs {
     /// The GPT's synthetic text when no --data is given: markov (a seeded Markov source
     /// whose entropy, the best possible loss, is known) or addition (two-digit sums, scored
     /// by held-out accuracy).
-    #[arg(long, default_value_t = D.task.name().to_string())]
+    #[arg(long, default_value_t = D.data.task.name().to_string())]
     pub task: String,
     /// The share of the text, at its end, held out for validation.
-    #[arg(long, default_value_t = D.validation_fraction, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = D.data.validation_fraction, allow_negative_numbers = true)]
     pub validation_fraction: f64,
     /// Validate the GPT every N steps (0: only after the last).
-    #[arg(long, value_name = "N", default_value_t = D.eval_every)]
+    #[arg(long, value_name = "N", default_value_t = D.data.eval_every)]
     pub eval_every: usize,
     /// Draw training windows in a seeded random order (false: the documented consecutive
     /// order, window ((t-1)·M + m)·B + r for row r of micro-batch m of step t).
-    #[arg(long, default_value_t = D.shuffle, action = clap::ArgAction::Set, value_name = "BOOL")]
+    #[arg(long, default_value_t = D.data.shuffle, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub shuffle: bool,
     /// Write the GPT's final weights into FILE (safetensors, names in docs/models.md).
     #[arg(long, value_name = "FILE.safetensors")]
@@ -111,7 +111,7 @@ pub struct TrainArgs {
           help = per_model("Training steps (at most 1000000000)", D.steps, M.steps))]
     pub steps: Option<usize>,
     /// Learning rate (the help text, with the defaults of both models, is `help`'s).
-    #[arg(long, allow_negative_numbers = true, help = per_model("Learning rate", D.lr, M.lr))]
+    #[arg(long, allow_negative_numbers = true, help = per_model("Learning rate", D.optimizer.lr, M.optimizer.lr))]
     pub lr: Option<f64>,
     /// Linear learning-rate warm-up over the first N steps (0: none) [default: a tenth of
     /// --steps for the GPT, 0 for the MLP].
@@ -119,13 +119,13 @@ pub struct TrainArgs {
     pub lr_warmup: Option<u64>,
     /// The learning rate after the warm-up: constant, or cosine (half a cosine down to --lr-min
     /// at the last step).
-    #[arg(long, value_name = "DECAY", default_value_t = D.lr_decay.name().to_string())]
+    #[arg(long, value_name = "DECAY", default_value_t = D.optimizer.lr_decay.name().to_string())]
     pub lr_decay: String,
     /// The cosine's floor [default: a tenth of --lr].
     #[arg(long, value_name = "LR", allow_negative_numbers = true)]
     pub lr_min: Option<f64>,
     /// Optimizer: sgd or adamw.
-    #[arg(long, default_value_t = D.optimizer.name().to_string())]
+    #[arg(long, default_value_t = D.optimizer.kind.name().to_string())]
     pub optimizer: String,
     /// SGD's momentum [default: 0.9].
     #[arg(long, allow_negative_numbers = true)]
@@ -135,7 +135,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "NORM", allow_negative_numbers = true)]
     pub clip_grad: Option<f64>,
     /// Element type: f32 or f64.
-    #[arg(long, default_value_t = D.dtype.name().to_string())]
+    #[arg(long, default_value_t = D.model.dtype.name().to_string())]
     pub dtype: String,
     /// Seed of the model, the data and the shuffled order.
     #[arg(long, default_value_t = D.seed, allow_negative_numbers = true, value_parser = super::seed)]
@@ -161,7 +161,7 @@ pub struct TrainArgs {
     pub transport: Transport,
     /// Seconds a rank waits for a message from another (a thread locally, a process with
     /// --transport mpi) before the step fails naming both.
-    #[arg(long, value_name = "SECONDS", default_value_t = D.recv_timeout, allow_negative_numbers = true)]
+    #[arg(long, value_name = "SECONDS", default_value_t = D.transport.recv_timeout, allow_negative_numbers = true)]
     pub recv_timeout: f64,
     /// Testing only: make RANK fail at STEP (1-based), as `RANK:STEP:error` (a clean error
     /// that the other ranks are told of), `RANK:STEP:exit` (the process exits at once with
@@ -170,10 +170,10 @@ pub struct TrainArgs {
     pub inject_failure: Option<String>,
     /// Data-parallel replicas of the whole pipeline (ranks x D workers: threads locally);
     /// each trains on its own share of the global batch of D x --micro-batches.
-    #[arg(long, value_name = "D", default_value_t = D.data_parallel, value_parser = count, allow_negative_numbers = true)]
+    #[arg(long, value_name = "D", default_value_t = D.parallelism.data_parallel, value_parser = count, allow_negative_numbers = true)]
     pub data_parallel: usize,
     /// Gradient bucket size in MiB (uncompressed gradients per exchange message group).
-    #[arg(long, value_name = "MB", default_value_t = D.bucket_mb, allow_negative_numbers = true)]
+    #[arg(long, value_name = "MB", default_value_t = D.parallelism.bucket_mb, allow_negative_numbers = true)]
     pub bucket_mb: f64,
     /// Exchange the gradients after the pipeline, one stage after another (a plain all-reduce
     /// each), instead of starting each stage's buckets inside the pipeline as soon as its last
@@ -181,7 +181,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub no_overlap: bool,
     /// Wire format of the gradient exchange: none, bf16, int8 or 1bit.
-    #[arg(long, default_value_t = D.gradient_compression.name().to_string())]
+    #[arg(long, default_value_t = D.parallelism.gradient_compression.name().to_string())]
     pub gradient_compression: String,
     /// Warm-up steps before --gradient-compression starts [default: a quarter of --steps, at
     /// least 1, for 1bit under AdamW (1-bit Adam's warm-up, the gradient in int8), else 0 (other

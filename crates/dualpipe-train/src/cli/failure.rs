@@ -77,9 +77,12 @@ impl Failure {
     pub fn training(err: TrainError, config: &TrainConfig) -> Self {
         match err {
             TrainError::Diverged(d) => Failure::run(super::divergence(&d, config)),
-            TrainError::Checkpoint(e @ crate::CheckpointError::NonFinite { .. }) => Failure::run(
-                format!("{e}; lower the learning rate (now --lr {:e})", config.lr),
-            ),
+            TrainError::Checkpoint(e @ crate::CheckpointError::NonFinite { .. }) => {
+                Failure::run(format!(
+                    "{e}; lower the learning rate (now --lr {:e})",
+                    config.optimizer.lr
+                ))
+            }
             other => {
                 let mut failure = Failure::error(Some("training failed"), &other);
                 // The runtime's advice names its field; the user gave (or can give) the flag.
@@ -87,7 +90,7 @@ impl Failure {
                     "raise recv_timeout",
                     &format!(
                         "raise --recv-timeout (now {} s)",
-                        crate::check::compact(config.recv_timeout)
+                        crate::check::compact(config.transport.recv_timeout)
                     ),
                 );
                 failure
@@ -124,6 +127,7 @@ impl Error for Failure {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::TransportSection;
 
     #[test]
     fn a_timeout_names_the_flag_that_raises_it() {
@@ -134,7 +138,10 @@ mod tests {
             timeout: std::time::Duration::from_nanos(1),
         });
         let config = TrainConfig {
-            recv_timeout: 1e-9,
+            transport: TransportSection {
+                recv_timeout: 1e-9,
+                ..TrainConfig::DEFAULT.transport
+            },
             ..TrainConfig::default()
         };
         let failure = Failure::training(err, &config);

@@ -57,7 +57,7 @@ impl LayoutArgs {
         if let Some(text) = &self.partition {
             let blocks = parse_partition(text)
                 .map_err(|e| TrainError::Config(format!("--partition {e}")))?;
-            config.partition = Some(blocks);
+            config.model.partition = Some(blocks);
         }
         if let Some(path) = &self.plan {
             let text = std::fs::read_to_string(path).map_err(|e| {
@@ -76,10 +76,10 @@ impl LayoutArgs {
         if let Some(text) = &self.slow_rank {
             let slow = SlowRank::parse(text)
                 .map_err(|e| TrainError::Config(format!("--slow-rank {e}")))?;
-            config.slow_rank = Some(slow);
+            config.parallelism.slow_rank = Some(slow);
         }
         if self.rebalance_stages {
-            config.rebalance = Some(RebalanceSettings {
+            config.parallelism.rebalance = Some(RebalanceSettings {
                 threshold: self.rebalance_threshold,
                 window: self.rebalance_window,
             });

@@ -116,8 +116,8 @@ pub fn divergence(d: &Divergence, config: &TrainConfig) -> String {
              overflow {} (the learning rate is not the cause); try --dtype f64, a smaller \
              {} or fewer --layers-per-stage",
             d.loss,
-            config.dtype,
-            match config.model {
+            config.model.dtype,
+            match config.model.kind {
                 ModelKind::Gpt => "--d-model",
                 ModelKind::Mlp => "--hidden",
             }

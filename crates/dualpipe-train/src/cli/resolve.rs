@@ -4,6 +4,10 @@
 //! only what the configuration cannot say (a flag given for the other model, an unknown name,
 //! a flag that disagrees with `--init-from`'s file).
 
+use crate::config::{
+    DataSection, ModelSection, OptimizerSection, ParallelismSection, ScheduleSection,
+    TransportSection,
+};
 use std::path::Path;
 
 use dualpipe_nn::LrDecay;
@@ -51,7 +55,7 @@ impl TrainArgs {
                     ("--heads", self.heads.is_some()),
                     ("--seq-len", self.seq_len.is_some()),
                     ("--data", self.data.is_some()),
-                    ("--task", self.task != D.task.name()),
+                    ("--task", self.task != D.data.task.name()),
                     ("--save", self.save.is_some()),
                     ("--init-from", self.init_from.is_some()),
                     ("--experts", self.moe.experts.is_some()),
@@ -59,7 +63,7 @@ impl TrainArgs {
                 given.extend(gpt_only.iter().filter(|(_, g)| *g).map(|(f, _)| *f));
             }
             ModelKind::Gpt => {
-                if self.hidden != D.hidden {
+                if self.hidden != D.model.hidden {
                     given.push("--hidden");
                 }
             }
@@ -136,52 +140,66 @@ fn config_and_schedule(args: &TrainArgs) -> Result<(TrainConfig, Option<Schedule
             )
         })?;
     let mut config = TrainConfig {
-        model,
-        schedule,
-        ranks: args.ranks,
-        micro_batches: args.micro_batches,
-        micro_batch_size: args.micro_batch_size.unwrap_or(base.micro_batch_size),
-        virtual_stages: args
-            .virtual_stages
-            .unwrap_or_else(|| schedule.default_virtual_stages()),
-        hidden: args.hidden,
-        layers_per_stage: args.layers_per_stage.unwrap_or(base.layers_per_stage),
-        d_model: args.d_model.unwrap_or(base.d_model),
-        heads: args.heads.unwrap_or(base.heads),
-        seq_len: args.seq_len.unwrap_or(base.seq_len),
-        data: args.data.clone(),
-        task,
-        validation_fraction: args.validation_fraction,
-        eval_every: args.eval_every,
-        shuffle: args.shuffle,
-        init_from: args.init_from.clone(),
-        clip_grad: args.clip_grad,
+        model: ModelSection {
+            kind: model,
+            hidden: args.hidden,
+            layers_per_stage: args.layers_per_stage.unwrap_or(base.model.layers_per_stage),
+            d_model: args.d_model.unwrap_or(base.model.d_model),
+            heads: args.heads.unwrap_or(base.model.heads),
+            seq_len: args.seq_len.unwrap_or(base.model.seq_len),
+            init_from: args.init_from.clone(),
+            dtype,
+            moe: args.moe.settings()?,
+            partition: None,
+        },
+        schedule: ScheduleSection {
+            kind: schedule,
+            ranks: args.ranks,
+            micro_batches: args.micro_batches,
+            micro_batch_size: args
+                .micro_batch_size
+                .unwrap_or(base.schedule.micro_batch_size),
+            virtual_stages: args
+                .virtual_stages
+                .unwrap_or_else(|| schedule.default_virtual_stages()),
+        },
+        parallelism: ParallelismSection {
+            data_parallel: args.data_parallel,
+            bucket_mb: args.bucket_mb,
+            overlap: !args.no_overlap,
+            gradient_compression,
+            compression_warmup: args.compression_warmup,
+            one_bit_preconditioned: args.one_bit_preconditioned,
+            variance_refresh: args.variance_refresh,
+            error_feedback: !args.no_error_feedback,
+            slow_rank: None,
+            rebalance: None,
+        },
+        optimizer: OptimizerSection {
+            clip_grad: args.clip_grad,
+            lr: args.lr.unwrap_or(base.optimizer.lr),
+            lr_warmup: args.lr_warmup.or(base.optimizer.lr_warmup),
+            lr_decay,
+            lr_min: args.lr_min,
+            kind: optimizer,
+        },
+        data: DataSection {
+            path: args.data.clone(),
+            task,
+            validation_fraction: args.validation_fraction,
+            eval_every: args.eval_every,
+            shuffle: args.shuffle,
+        },
+        transport: TransportSection {
+            recv_timeout: args.recv_timeout,
+            mpi_allreduce: !args.no_mpi_allreduce,
+        },
         steps: args.steps.unwrap_or(base.steps),
-        lr: args.lr.unwrap_or(base.lr),
-        lr_warmup: args.lr_warmup.or(base.lr_warmup),
-        lr_decay,
-        lr_min: args.lr_min,
-        optimizer,
-        dtype,
         seed: args.seed,
-        recv_timeout: args.recv_timeout,
-        data_parallel: args.data_parallel,
-        bucket_mb: args.bucket_mb,
-        overlap: !args.no_overlap,
-        gradient_compression,
-        compression_warmup: args.compression_warmup,
-        one_bit_preconditioned: args.one_bit_preconditioned,
-        variance_refresh: args.variance_refresh,
-        error_feedback: !args.no_error_feedback,
-        mpi_allreduce: !args.no_mpi_allreduce,
-        moe: args.moe.settings()?,
-        partition: None,
-        slow_rank: None,
-        rebalance: None,
     };
     if let Some(s) = &given {
-        (config.ranks, config.micro_batches) = (s.ranks, s.micro_batches);
-        config.virtual_stages = s.virtual_stages;
+        (config.schedule.ranks, config.schedule.micro_batches) = (s.ranks, s.micro_batches);
+        config.schedule.virtual_stages = s.virtual_stages;
     }
     args.layout.apply(&mut config, &base)?;
     if let Some(path) = &args.init_from {
@@ -194,7 +212,7 @@ fn config_and_schedule(args: &TrainArgs) -> Result<(TrainConfig, Option<Schedule
                 .map_err(reworded)?;
             1
         }
-        Transport::Mpi => config.ranks,
+        Transport::Mpi => config.schedule.ranks,
     };
     config.check(Naming::Flags, processes).map_err(reworded)?;
     Ok((config, given))
@@ -210,8 +228,9 @@ fn adopt_architecture(
     let (weights, chosen) = if path.is_dir() {
         let found = crate::checkpoint::open(path)
             .map_err(|e| TrainError::Config(format!("--init-from: {e}")))?;
-        let weights = crate::checkpoint::gpt_weights(&found.checkpoint, config.dtype.candle())
-            .map_err(|e| TrainError::Config(format!("--init-from: {e}")))?;
+        let weights =
+            crate::checkpoint::gpt_weights(&found.checkpoint, config.model.dtype.candle())
+                .map_err(|e| TrainError::Config(format!("--init-from: {e}")))?;
         (weights, Some(found.checkpoint.path))
     } else {
         let weights = read_weights(path, config)
@@ -238,7 +257,7 @@ fn adopt_architecture(
             )));
         }
     }
-    if let Some(p) = &config.partition {
+    if let Some(p) = &config.model.partition {
         let blocks: usize = p.iter().sum();
         if blocks != file.layers {
             return Err(TrainError::Config(format!(
@@ -261,12 +280,12 @@ fn adopt_architecture(
     if let Some(chosen) = chosen {
         // The checkpoint actually read (an older one when the newest is damaged): the run
         // reads it again, and its summary names it.
-        config.init_from = Some(chosen);
+        config.model.init_from = Some(chosen);
     }
-    config.d_model = file.d_model;
-    config.heads = file.heads;
-    config.seq_len = file.seq_len;
-    config.layers_per_stage = file.layers / stages;
-    config.moe = args.moe.adopt(&file, path)?;
+    config.model.d_model = file.d_model;
+    config.model.heads = file.heads;
+    config.model.seq_len = file.seq_len;
+    config.model.layers_per_stage = file.layers / stages;
+    config.model.moe = args.moe.adopt(&file, path)?;
     Ok(())
 }

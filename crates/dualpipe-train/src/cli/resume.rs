@@ -56,15 +56,15 @@ impl TrainArgs {
     /// A fresh run's identity: a new random id, the seed, the task (`data` with `--data`)
     /// and the training file's digest.
     pub fn run_identity(&self, config: &TrainConfig) -> Result<RunIdentity, Failure> {
-        let digest = match &config.data {
+        let digest = match &config.data.path {
             Some(path) => Some(file_digest(path).map_err(|e| {
                 Failure::usage(format!("cannot read --data {}: {e}", path.display()))
             })?),
             None => None,
         };
-        let task = match &config.data {
+        let task = match &config.data.path {
             Some(_) => "data".to_string(),
-            None => config.task.name().to_string(),
+            None => config.data.task.name().to_string(),
         };
         Ok(RunIdentity::fresh(config.seed, task, digest))
     }
@@ -108,11 +108,14 @@ impl TrainArgs {
                 config.seed, saved.seed
             ));
         }
-        if saved.data.is_none() && config.data.is_none() && saved.task != config.task {
+        if saved.data.path.is_none()
+            && config.data.path.is_none()
+            && saved.data.task != config.data.task
+        {
             changed.push(format!(
                 "--task {} (the checkpoint's: {})",
-                config.task.name(),
-                saved.task.name()
+                config.data.task.name(),
+                saved.data.task.name()
             ));
         }
         let recorded = checkpoint
@@ -120,40 +123,40 @@ impl TrainArgs {
             .run
             .as_ref()
             .and_then(|r| r.data_digest.clone());
-        let data_changed = match (&saved.data, &config.data) {
+        let data_changed = match (&saved.data.path, &config.data.path) {
             (None, None) => false,
             (Some(_), Some(path)) => match &recorded {
                 Some(digest) => file_digest(path).ok().as_ref() != Some(digest),
-                None => saved.data != config.data,
+                None => saved.data.path != config.data.path,
             },
             _ => true,
         };
         if data_changed {
             let show = |d: &Option<std::path::PathBuf>| match d {
                 Some(p) => p.display().to_string(),
-                None => format!("none, the {} task", saved.task.name()),
+                None => format!("none, the {} task", saved.data.task.name()),
             };
             changed.push(format!(
                 "--data {} (the checkpoint's: {}{})",
-                show(&config.data),
-                show(&saved.data),
-                if saved.data.is_some() && saved.data == config.data {
+                show(&config.data.path),
+                show(&saved.data.path),
+                if saved.data.path.is_some() && saved.data.path == config.data.path {
                     ", whose contents have changed"
                 } else {
                     ""
                 }
             ));
         }
-        if saved.shuffle != config.shuffle {
+        if saved.data.shuffle != config.data.shuffle {
             changed.push(format!(
                 "--shuffle {} (the checkpoint's: {})",
-                config.shuffle, saved.shuffle
+                config.data.shuffle, saved.data.shuffle
             ));
         }
-        if saved.validation_fraction.to_bits() != config.validation_fraction.to_bits() {
+        if saved.data.validation_fraction.to_bits() != config.data.validation_fraction.to_bits() {
             changed.push(format!(
                 "--validation-fraction {} (the checkpoint's: {})",
-                config.validation_fraction, saved.validation_fraction
+                config.data.validation_fraction, saved.data.validation_fraction
             ));
         }
         if changed.is_empty() {
@@ -191,7 +194,7 @@ impl TrainArgs {
     /// Tells `say` which checkpoint `--init-from DIR` read (`config.init_from`, unless
     /// `--quiet`) and, always, why each newer one was skipped, as `--resume` does.
     pub fn say_init_from(&self, config: &TrainConfig, say: &mut dyn FnMut(&str)) {
-        let (Some(given), Some(chosen)) = (&self.init_from, &config.init_from) else {
+        let (Some(given), Some(chosen)) = (&self.init_from, &config.model.init_from) else {
             return;
         };
         if !given.is_dir() {
@@ -265,7 +268,7 @@ impl TrainArgs {
                 }
             };
             let warm = default(
-                config.compression_warmup.is_some(),
+                config.parallelism.compression_warmup.is_some(),
                 &format!(
                     "{:.0}% of the steps",
                     100.0 * crate::config::ONE_BIT_ADAM_WARMUP_SHARE
@@ -280,7 +283,7 @@ impl TrainArgs {
                      such a step exchanges the gradient in int8 and updates the variance as \
                      AdamW would have over the steps since its last update",
                     default(
-                        config.variance_refresh.is_some(),
+                        config.parallelism.variance_refresh.is_some(),
                         &format!("--steps / {}", crate::config::ONE_BIT_ADAM_REFRESHES)
                     )
                 )

@@ -184,7 +184,7 @@ impl TrainArgs {
             (crate::TrainError::NonFiniteWeights { .. }, Some(path)) => Failure::run(format!(
                 "{err}; --save {} is not written; lower the learning rate (now --lr {:e})",
                 path.display(),
-                config.lr
+                config.optimizer.lr
             )),
             _ => Failure::error(None, &err),
         }

@@ -1,62 +1,91 @@
-//! [`Field`] and [`Naming`]: how the one check names a configuration field, in Rust / JSON
-//! words or in flags.
+//! [`Field`] and [`Naming`]: how the one check (and the job) names a configuration field, in
+//! Rust / JSON words or in flags.
 
-#[cfg(doc)]
-use super::TrainConfig;
-
-/// A configuration field, for messages: [`Naming::Fields`] calls it by its Rust / JSON name
-/// (`micro_batch_size`), [`Naming::Flags`] by its command-line flag (`--micro-batch-size`), so
-/// the one check speaks the words of whoever called it.
+/// A configuration field, for messages: [`Naming::Fields`] calls it by its JSON name
+/// (`micro_batch_size`; a job's own sections by their path, `checkpoint.dir`),
+/// [`Naming::Flags`] by its command-line flag (`--micro-batch-size`), so the one check speaks
+/// the words of whoever called it. The fields are [`TrainConfig`](super::TrainConfig)'s and
+/// [`JobConfig`](crate::job::JobConfig)'s.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Field {
-    /// [`TrainConfig::ranks`].
+    /// The schedule kind.
+    Schedule,
+    /// [`ScheduleSection::ranks`](super::ScheduleSection::ranks).
     Ranks,
-    /// [`TrainConfig::micro_batches`].
+    /// [`ScheduleSection::micro_batches`](super::ScheduleSection::micro_batches).
     MicroBatches,
-    /// [`TrainConfig::micro_batch_size`].
+    /// [`ScheduleSection::micro_batch_size`](super::ScheduleSection::micro_batch_size).
     MicroBatchSize,
-    /// [`TrainConfig::virtual_stages`].
+    /// [`ScheduleSection::virtual_stages`](super::ScheduleSection::virtual_stages).
     VirtualStages,
-    /// [`TrainConfig::hidden`].
+    /// [`ModelSection::hidden`](super::ModelSection::hidden).
     Hidden,
-    /// [`TrainConfig::layers_per_stage`].
+    /// [`ModelSection::layers_per_stage`](super::ModelSection::layers_per_stage).
     LayersPerStage,
-    /// [`TrainConfig::steps`].
+    /// [`TrainConfig::steps`](super::TrainConfig::steps).
     Steps,
-    /// [`TrainConfig::lr`].
+    /// [`OptimizerSection::lr`](super::OptimizerSection::lr).
     Lr,
-    /// [`TrainConfig::lr_warmup`].
+    /// [`OptimizerSection::lr_warmup`](super::OptimizerSection::lr_warmup).
     LrWarmup,
-    /// [`TrainConfig::lr_decay`].
+    /// [`OptimizerSection::lr_decay`](super::OptimizerSection::lr_decay).
     LrDecay,
-    /// [`TrainConfig::lr_min`].
+    /// [`OptimizerSection::lr_min`](super::OptimizerSection::lr_min).
     LrMin,
-    /// [`TrainConfig::recv_timeout`].
+    /// [`TransportSection::recv_timeout`](super::TransportSection::recv_timeout).
     RecvTimeout,
-    /// [`TrainConfig::dtype`].
+    /// [`ModelSection::dtype`](super::ModelSection::dtype).
     DType,
-    /// [`TrainConfig::d_model`].
+    /// [`ModelSection::d_model`](super::ModelSection::d_model).
     DModel,
-    /// [`TrainConfig::heads`].
+    /// [`ModelSection::heads`](super::ModelSection::heads).
     Heads,
-    /// [`TrainConfig::seq_len`].
+    /// [`ModelSection::seq_len`](super::ModelSection::seq_len).
     SeqLen,
-    /// [`TrainConfig::data`].
+    /// [`DataSection::path`](super::DataSection::path).
     Data,
-    /// [`TrainConfig::validation_fraction`].
+    /// [`DataSection::validation_fraction`](super::DataSection::validation_fraction).
     ValidationFraction,
-    /// [`TrainConfig::init_from`].
+    /// [`ModelSection::init_from`](super::ModelSection::init_from).
     InitFrom,
-    /// [`TrainConfig::clip_grad`].
+    /// [`OptimizerSection::clip_grad`](super::OptimizerSection::clip_grad).
     ClipGrad,
-    /// [`TrainConfig::data_parallel`].
+    /// [`ParallelismSection::data_parallel`](super::ParallelismSection::data_parallel).
     DataParallel,
-    /// [`TrainConfig::bucket_mb`].
+    /// [`ParallelismSection::bucket_mb`](super::ParallelismSection::bucket_mb).
     BucketMb,
-    /// SGD's momentum in [`TrainConfig::optimizer`].
+    /// SGD's momentum in [`OptimizerSection::kind`](super::OptimizerSection::kind).
     Momentum,
-    /// [`TrainConfig::compression_warmup`].
+    /// The compression warm-up.
     CompressionWarmup,
+    /// 1-bit Adam's variance refresh period.
+    VarianceRefresh,
+    /// The seed.
+    Seed,
+    /// The synthetic task.
+    Task,
+    /// The shuffled order of the data.
+    Shuffle,
+    /// A job's checkpoint directory.
+    CheckpointDir,
+    /// A job's steps between checkpoints.
+    CheckpointEvery,
+    /// A job resuming its checkpoint directory's latest checkpoint.
+    Resume,
+    /// A job resuming a given checkpoint.
+    ResumeFrom,
+    /// A resumed job's permission to change the data settings.
+    AllowChangedSettings,
+    /// A job's metrics address.
+    MetricsAddr,
+    /// A job's run log.
+    Log,
+    /// Where a job's final weights go.
+    Save,
+    /// Where a job's ranks run.
+    Transport,
+    /// A failure injected into a job.
+    InjectFailure,
 }
 
 /// How messages name a [`Field`].
@@ -70,9 +99,10 @@ pub enum Naming {
 }
 
 impl Field {
-    /// The field's name (as in JSON).
+    /// The field's name (as in JSON; a job section's field by its path).
     pub fn key(self) -> &'static str {
         match self {
+            Field::Schedule => "schedule",
             Field::Ranks => "ranks",
             Field::MicroBatches => "micro_batches",
             Field::MicroBatchSize => "micro_batch_size",
@@ -97,14 +127,44 @@ impl Field {
             Field::BucketMb => "bucket_mb",
             Field::Momentum => "momentum",
             Field::CompressionWarmup => "compression_warmup",
+            Field::VarianceRefresh => "variance_refresh",
+            Field::Seed => "seed",
+            Field::Task => "task",
+            Field::Shuffle => "shuffle",
+            Field::CheckpointDir => "checkpoint.dir",
+            Field::CheckpointEvery => "checkpoint.every",
+            Field::Resume => "checkpoint.resume",
+            Field::ResumeFrom => "checkpoint.resume",
+            Field::AllowChangedSettings => "checkpoint.allow_changed_settings",
+            Field::MetricsAddr => "observe.metrics_addr",
+            Field::Log => "observe.log",
+            Field::Save => "outputs.save",
+            Field::Transport => "transport",
+            Field::InjectFailure => "inject_failure",
         }
+    }
+
+    /// The command-line flag that sets the field.
+    fn flag(self) -> String {
+        let flag = match self {
+            Field::CheckpointDir => "checkpoint-dir",
+            Field::CheckpointEvery => "checkpoint-every",
+            Field::Resume => "resume",
+            Field::ResumeFrom => "resume-from",
+            Field::AllowChangedSettings => "allow-changed-settings",
+            Field::MetricsAddr => "metrics-addr",
+            Field::Log => "log",
+            Field::Save => "save",
+            other => return format!("--{}", other.key().replace('_', "-")),
+        };
+        format!("--{flag}")
     }
 
     /// The field as `naming` calls it: `micro_batch_size` or `--micro-batch-size`.
     pub fn name(self, naming: Naming) -> String {
         match naming {
             Naming::Fields => self.key().to_string(),
-            Naming::Flags => format!("--{}", self.key().replace('_', "-")),
+            Naming::Flags => self.flag(),
         }
     }
 }

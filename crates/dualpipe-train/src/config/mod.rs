@@ -1,7 +1,12 @@
-//! [`TrainConfig`]: everything a run depends on, the one place its defaults live, and the one
-//! check of its sizes ([`TrainConfig::check`]).
-
-use std::path::PathBuf;
+//! [`TrainConfig`]: everything a run depends on, in sections (the model, the schedule, the
+//! parallelisms, the optimizer, the data, the transport), the one place its defaults live, and
+//! the one check of its sizes ([`TrainConfig::check`]).
+//!
+//! - [`sections`](self#structs) — [`ModelSection`], [`ScheduleSection`],
+//!   [`ParallelismSection`], [`OptimizerSection`], [`DataSection`], [`TransportSection`];
+//! - `json` — the flat JSON form, unchanged since the configuration had no sections;
+//! - `choice` — [`DType`], [`ModelKind`], [`Task`];
+//! - `field` — [`Field`] and [`Naming`]: how the one check names a field.
 
 use dualpipe_dp::Compression;
 use dualpipe_nn::gpt::GptConfig;
@@ -11,173 +16,63 @@ use serde::{Deserialize, Serialize};
 
 mod choice;
 mod field;
+mod json;
+mod sections;
 mod serde_repr;
 
 pub use choice::{DType, ModelKind, Task};
 pub use field::{Field, Naming};
-use serde_repr::{compression_name, lr_decay_name, optimizer_repr, schedule_name};
-
-fn is_constant(decay: &LrDecay) -> bool {
-    *decay == LrDecay::Constant
-}
+pub use sections::{
+    DataSection, ModelSection, OptimizerSection, ParallelismSection, ScheduleSection,
+    TransportSection,
+};
 
 /// The most steps one run may ask for: the run keeps every step's loss for its summary (8 bytes
 /// a step, so 8 GB at the cap), and nothing near it finishes in a lifetime anyway.
 pub const MAX_STEPS: usize = 1_000_000_000;
-/// Whether `b` holds (the default of [`TrainConfig::mpi_allreduce`]: not written).
-fn is_true(b: &bool) -> bool {
-    *b
-}
-
-/// Whether `b` does not hold (the default of [`TrainConfig::one_bit_preconditioned`]).
-fn is_false(b: &bool) -> bool {
-    !*b
-}
 
 /// The share of the steps 1-bit Adam's warm-up takes by default (when
-/// [`TrainConfig::compression_warmup`] is `None`): a quarter (at least one step), exchanged
-/// in int8. A warm-up of 1% (with the refreshes below, 96% fewer bytes over a run) diverged on
-/// the default task; see docs/distributed.md for the runs behind it.
+/// [`ParallelismSection::compression_warmup`] is `None`): a quarter (at least one step),
+/// exchanged in int8. A warm-up of 1% (with the refreshes below, 96% fewer bytes over a run)
+/// diverged on the default task; see docs/distributed.md for the runs behind it.
 pub const ONE_BIT_ADAM_WARMUP_SHARE: f64 = 0.25;
 
 /// By default 1-bit Adam refreshes AdamW's variance every `steps / ONE_BIT_ADAM_REFRESHES`
-/// steps after its warm-up (when [`TrainConfig::variance_refresh`] is `None`; none when that
-/// is below 2), each refresh exchanging the gradient in int8.
+/// steps after its warm-up (when [`ParallelismSection::variance_refresh`] is `None`; none when
+/// that is below 2), each refresh exchanging the gradient in int8.
 pub const ONE_BIT_ADAM_REFRESHES: u64 = 7;
 
-/// Everything a training run depends on. The model and the data depend only on `model`,
-/// `seed`, [`TrainConfig::model_stages`], the model's shape (`hidden` for the MLP; `d_model`,
-/// `heads`, `seq_len` for the GPT), `layers_per_stage`, `micro_batches`, `micro_batch_size`,
-/// the data options and `dtype` — never on the schedule or the rank count — so e.g. DualPipe
-/// on 4 ranks, 1F1B on 4 ranks and DualPipeV on 2 ranks (4 stages each) train the same model
-/// on the same batches.
+/// Everything a training run depends on, in sections. The model and the data depend only on
+/// the model section, `seed`, [`TrainConfig::model_stages`], `micro_batches`,
+/// `micro_batch_size` and the data section — never on the schedule or the rank count — so
+/// e.g. DualPipe on 4 ranks, 1F1B on 4 ranks and DualPipeV on 2 ranks (4 stages each) train
+/// the same model on the same batches.
 ///
 /// [`TrainConfig::DEFAULT`] (the GPT) and [`TrainConfig::MLP`] are the one source of
-/// defaults ([`TrainConfig::defaults_for`]): the CLI's flags take theirs from them. As JSON,
-/// missing members take [`TrainConfig::DEFAULT`]'s.
+/// defaults ([`TrainConfig::defaults_for`]): the CLI's flags take theirs from them. As JSON it
+/// is one flat object (`{"model": "gpt", "ranks": 4, ...}`, the sections not named); missing
+/// members take [`TrainConfig::DEFAULT`]'s. [`TrainConfig::check`] is its one check.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(from = "json::Flat", into = "json::Flat")]
 pub struct TrainConfig {
-    /// The model.
-    pub model: ModelKind,
-    /// The pipeline schedule (its name, e.g. `"dualpipe"`).
-    #[serde(with = "schedule_name")]
-    pub schedule: ScheduleKind,
-    /// Pipeline ranks (one thread each locally, one process each with a
-    /// [`RankTrainer`](crate::RankTrainer)).
-    pub ranks: usize,
-    /// Micro-batches per step, over all directions.
-    pub micro_batches: usize,
-    /// Rows per micro-batch.
-    pub micro_batch_size: usize,
-    /// Stages per rank for `interleaved` (ignored by the other schedules).
-    pub virtual_stages: usize,
-    /// Width of the MLP (each block is `hidden → 4 hidden → hidden`).
-    pub hidden: usize,
-    /// Blocks per model stage (residual MLP blocks, or transformer blocks).
-    pub layers_per_stage: usize,
-    /// Width of the GPT's hidden states.
-    pub d_model: usize,
-    /// The GPT's attention heads (dividing `d_model`).
-    pub heads: usize,
-    /// Tokens per training sequence (the GPT's context length).
-    pub seq_len: usize,
-    /// The GPT's training text (any file: bytes are tokens); `None`: the synthetic `task`,
-    /// generated in process.
-    pub data: Option<PathBuf>,
-    /// The synthetic text when `data` is `None`.
-    pub task: Task,
-    /// The share of the text, at its end, held out for validation (in `[0, 1)`).
-    pub validation_fraction: f64,
-    /// Evaluate on the validation text every this many steps (0: only after the last step).
-    pub eval_every: usize,
-    /// Draw training windows in a seeded random order (`false`: row `r` of micro-batch `m` of
-    /// step `t` is window `((t-1)·micro_batches + m)·micro_batch_size + r`, modulo the windows).
-    pub shuffle: bool,
-    /// Start the GPT from these safetensors weights (their metadata fixes the architecture)
-    /// instead of a seeded initialisation.
-    pub init_from: Option<PathBuf>,
-    /// Scale the step's gradient down to this global L2 norm when it is larger (`None`: no
-    /// clipping).
-    pub clip_grad: Option<f64>,
+    /// The model: kind, shape, element type, initial weights, experts, partition.
+    pub model: ModelSection,
+    /// The pipeline: schedule kind, ranks, micro-batches.
+    pub schedule: ScheduleSection,
+    /// Data-parallel replicas and their gradient exchange; stage re-partitioning.
+    pub parallelism: ParallelismSection,
+    /// The optimizer and its learning-rate schedule.
+    pub optimizer: OptimizerSection,
+    /// The training and validation data.
+    pub data: DataSection,
+    /// How ranks talk: receive timeout, MPI's all-reduce.
+    pub transport: TransportSection,
     /// Training steps of a run ([`Trainer::run`](crate::Trainer::run) runs them;
-    /// [`Trainer::step`](crate::Trainer::step) runs one). At most [`MAX_STEPS`].
+    /// [`Trainer::step`](crate::Trainer::step) runs one). At most [`MAX_STEPS`]; the
+    /// learning-rate schedule and 1-bit Adam's warm-up are shares of it.
     pub steps: usize,
-    /// Learning rate: the peak of the schedule ([`TrainConfig::lr_schedule`]).
-    pub lr: f64,
-    /// Steps of linear learning-rate warm-up (`--lr-warmup`; 0: none; `None`: a tenth of
-    /// `steps`, see [`TrainConfig::warmup_steps`]). A run shorter than its warm-up never
-    /// reaches the peak.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lr_warmup: Option<u64>,
-    /// The learning rate after the warm-up (`--lr-decay`): constant, or a cosine down to
-    /// `lr_min` at the last step.
-    #[serde(with = "lr_decay_name", skip_serializing_if = "is_constant")]
-    pub lr_decay: LrDecay,
-    /// The cosine's floor (`--lr-min`; `None`: a tenth of `lr`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lr_min: Option<f64>,
-    /// The optimizer and its hyper-parameters.
-    #[serde(with = "optimizer_repr")]
-    pub optimizer: OptimizerKind,
-    /// Element type of parameters and activations.
-    pub dtype: DType,
     /// Seed of the model, the teacher and the data.
     pub seed: u64,
-    /// Seconds a rank waits for a message from another rank (a neighbour's activation or
-    /// gradient, locally or across processes) before the step fails naming both.
-    pub recv_timeout: f64,
-    /// Data-parallel replicas of the whole pipeline (`--data-parallel`): a run has
-    /// `ranks × data_parallel` workers; replica `d` trains on global micro-batches
-    /// `d·micro_batches .. (d+1)·micro_batches` of every step (see `docs/distributed.md`).
-    pub data_parallel: usize,
-    /// Gradient bucket budget in MiB of uncompressed gradients (`--bucket-mb`).
-    pub bucket_mb: f64,
-    /// Start each stage's exchange during the pipeline, as soon as its gradients are final
-    /// (`false`: `--no-overlap`, after the pipeline one stage's plain all-reduce after
-    /// another).
-    pub overlap: bool,
-    /// The wire format of the gradient exchange after the warm-up (`--gradient-compression`).
-    #[serde(with = "compression_name")]
-    pub gradient_compression: Compression,
-    /// Steps exchanged uncompressed before the compression starts (`--compression-warmup`;
-    /// `None`: [`TrainConfig::compression_warmup_steps`]'s default, a share of the steps
-    /// for 1-bit Adam, none otherwise).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub compression_warmup: Option<u64>,
-    /// Under 1-bit Adam, exchange the momentum divided by Adam's frozen denominator
-    /// (`true`: `--one-bit-preconditioned`, see
-    /// [`Optimizer::with_preconditioned_momentum`]) instead of the raw momentum, as Tang et
-    /// al. publish it (`false`, the default).
-    #[serde(skip_serializing_if = "is_false")]
-    pub one_bit_preconditioned: bool,
-    /// Under 1-bit Adam, refresh AdamW's frozen variance on every step whose number is a
-    /// multiple of this (`--variance-refresh`; 0: never, the variance frozen after the
-    /// warm-up as Tang et al.'s 1-bit Adam; `None`: [`TrainConfig::variance_refresh_every`]'s
-    /// default). See [`Optimizer::with_variance_refresh`].
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub variance_refresh: Option<u64>,
-    /// Keep what a lossy compression dropped and add it to the next step's gradient
-    /// (`false`: `--no-error-feedback`).
-    pub error_feedback: bool,
-    /// Under MPI, exchange uncompressed gradients with MPI's own all-reduce (`false`:
-    /// `--no-mpi-allreduce`, our point-to-point exchange, for comparison). Compressed
-    /// gradients always take ours; a local run is always ours.
-    #[serde(skip_serializing_if = "is_true")]
-    pub mpi_allreduce: bool,
-    /// The GPT's mixture-of-experts feed-forward (`--experts` and friends; `None`: dense).
-    pub moe: Option<crate::moe::MoeSettings>,
-    /// Blocks of each model stage, input to output (`--partition 3,2,2,1`; `None`: every
-    /// stage holds `layers_per_stage`). The GPT only; see [`crate::partition`].
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub partition: Option<Vec<usize>>,
-    /// For tests and demonstrations: one rank's compute made slower (`--slow-rank R:F`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub slow_rank: Option<crate::rebalance::SlowRank>,
-    /// Re-partition the stages while training when they drift apart
-    /// (`--rebalance-stages`; `None`: the partition stays).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rebalance: Option<crate::rebalance::RebalanceSettings>,
 }
 
 impl TrainConfig {
@@ -186,57 +81,78 @@ impl TrainConfig {
     /// sequences, AdamW at lr 3e-3 after a linear warm-up over the first tenth of the steps,
     /// f32, seed 0, 300 steps (so a warm-up of 30), validation every 50, a 60 s receive timeout.
     pub const DEFAULT: TrainConfig = TrainConfig {
-        model: ModelKind::Gpt,
-        schedule: ScheduleKind::DualPipe,
-        ranks: 4,
-        micro_batches: 16,
-        micro_batch_size: 8,
-        virtual_stages: 1,
-        hidden: 128,
-        layers_per_stage: 2,
-        d_model: 64,
-        heads: 4,
-        seq_len: 32,
-        data: None,
-        task: Task::Markov,
-        validation_fraction: 0.1,
-        eval_every: 50,
-        shuffle: true,
-        init_from: None,
-        clip_grad: None,
+        model: ModelSection {
+            kind: ModelKind::Gpt,
+            hidden: 128,
+            layers_per_stage: 2,
+            d_model: 64,
+            heads: 4,
+            seq_len: 32,
+            dtype: DType::F32,
+            init_from: None,
+            moe: None,
+            partition: None,
+        },
+        schedule: ScheduleSection {
+            kind: ScheduleKind::DualPipe,
+            ranks: 4,
+            micro_batches: 16,
+            micro_batch_size: 8,
+            virtual_stages: 1,
+        },
+        parallelism: ParallelismSection {
+            data_parallel: 1,
+            bucket_mb: 25.0,
+            overlap: true,
+            gradient_compression: Compression::None,
+            compression_warmup: None,
+            one_bit_preconditioned: false,
+            variance_refresh: None,
+            error_feedback: true,
+            rebalance: None,
+            slow_rank: None,
+        },
+        optimizer: OptimizerSection {
+            kind: OptimizerKind::adamw(),
+            lr: 3e-3,
+            lr_warmup: None,
+            lr_decay: LrDecay::Constant,
+            lr_min: None,
+            clip_grad: None,
+        },
+        data: DataSection {
+            path: None,
+            task: Task::Markov,
+            validation_fraction: 0.1,
+            eval_every: 50,
+            shuffle: true,
+        },
+        transport: TransportSection {
+            recv_timeout: 60.0,
+            mpi_allreduce: true,
+        },
         steps: 300,
-        lr: 3e-3,
-        lr_warmup: None,
-        lr_decay: LrDecay::Constant,
-        lr_min: None,
-        optimizer: OptimizerKind::adamw(),
-        dtype: DType::F32,
         seed: 0,
-        recv_timeout: 60.0,
-        data_parallel: 1,
-        bucket_mb: 25.0,
-        overlap: true,
-        gradient_compression: Compression::None,
-        compression_warmup: None,
-        one_bit_preconditioned: false,
-        variance_refresh: None,
-        error_feedback: true,
-        mpi_allreduce: true,
-        moe: None,
-        partition: None,
-        slow_rank: None,
-        rebalance: None,
     };
 
-    /// The MLP's run (`--model mlp`, compared with DeepSeek's reference): DualPipe on 4 ranks,
-    /// 4 stages of 2 blocks of width 128, 16 micro-batches of 64 rows, AdamW at a constant lr
-    /// 1e-3, f32, seed 0, 600 steps (about 45 s on 2 cores in release).
+    /// The MLP's run (`model.kind` [`ModelKind::Mlp`], compared with DeepSeek's reference):
+    /// DualPipe on 4 ranks, 4 stages of 2 blocks of width 128, 16 micro-batches of 64 rows,
+    /// AdamW at a constant lr 1e-3, f32, seed 0, 600 steps (about 45 s on 2 cores in release).
     pub const MLP: TrainConfig = TrainConfig {
-        model: ModelKind::Mlp,
-        micro_batch_size: 64,
+        model: ModelSection {
+            kind: ModelKind::Mlp,
+            ..TrainConfig::DEFAULT.model
+        },
+        schedule: ScheduleSection {
+            micro_batch_size: 64,
+            ..TrainConfig::DEFAULT.schedule
+        },
+        optimizer: OptimizerSection {
+            lr: 1e-3,
+            lr_warmup: Some(0),
+            ..TrainConfig::DEFAULT.optimizer
+        },
         steps: 600,
-        lr: 1e-3,
-        lr_warmup: Some(0),
         ..TrainConfig::DEFAULT
     };
 
@@ -261,21 +177,24 @@ impl TrainConfig {
     /// for interleaved, `ranks` otherwise (saturating: absurd sizes are refused by
     /// [`TrainConfig::check`], not by an overflow).
     pub fn model_stages(&self) -> usize {
-        match self.schedule {
-            ScheduleKind::DualPipeV => self.ranks.saturating_mul(2),
-            ScheduleKind::Interleaved => self.ranks.saturating_mul(self.virtual_stages),
-            _ => self.ranks,
+        match self.schedule.kind {
+            ScheduleKind::DualPipeV => self.schedule.ranks.saturating_mul(2),
+            ScheduleKind::Interleaved => self
+                .schedule
+                .ranks
+                .saturating_mul(self.schedule.virtual_stages),
+            _ => self.schedule.ranks,
         }
     }
 
     /// The MLP's shape and seed.
-    pub fn model(&self) -> ModelConfig {
+    pub fn mlp(&self) -> ModelConfig {
         ModelConfig {
             seed: self.seed,
-            hidden: self.hidden,
-            layers_per_stage: self.layers_per_stage,
+            hidden: self.model.hidden,
+            layers_per_stage: self.model.layers_per_stage,
             stages: self.model_stages(),
-            dtype: self.dtype.candle(),
+            dtype: self.model.dtype.candle(),
         }
     }
 
@@ -283,32 +202,32 @@ impl TrainConfig {
     /// ranks, micro-batches and virtual stages): lowered and validated.
     pub fn build_schedule(&self) -> Result<dualpipe_schedule::Schedule, crate::TrainError> {
         Ok(dualpipe_schedule::build(
-            self.schedule,
-            self.ranks,
-            self.micro_batches,
-            self.virtual_stages,
+            self.schedule.kind,
+            self.schedule.ranks,
+            self.schedule.micro_batches,
+            self.schedule.virtual_stages,
         )?)
     }
 
     /// The GPT's architecture: [`TrainConfig::blocks`] blocks.
     pub fn gpt(&self) -> GptConfig {
         GptConfig {
-            d_model: self.d_model,
-            heads: self.heads,
+            d_model: self.model.d_model,
+            heads: self.model.heads,
             layers: self.blocks(),
-            seq_len: self.seq_len,
-            dtype: self.dtype.candle(),
-            moe: self.moe.map(|m| m.architecture(self.d_model)),
+            seq_len: self.model.seq_len,
+            dtype: self.model.dtype.candle(),
+            moe: self.model.moe.map(|m| m.architecture(self.model.d_model)),
         }
     }
 
     /// Tokens (GPT) or rows (MLP) one step trains on (over every data-parallel replica).
     pub fn samples_per_step(&self) -> f64 {
-        let rows = self.micro_batches as f64
-            * self.micro_batch_size as f64
-            * self.data_parallel.max(1) as f64;
-        match self.model {
-            ModelKind::Gpt => rows * self.seq_len as f64,
+        let rows = self.schedule.micro_batches as f64
+            * self.schedule.micro_batch_size as f64
+            * self.parallelism.data_parallel.max(1) as f64;
+        match self.model.kind {
+            ModelKind::Gpt => rows * self.model.seq_len as f64,
             ModelKind::Mlp => rows,
         }
     }
@@ -317,7 +236,7 @@ impl TrainConfig {
     /// as Hugging Face's `warmup_ratio` 0.1); 0 when that is a single step, which is no
     /// warm-up at all.
     pub fn warmup_steps(&self) -> u64 {
-        let n = self.lr_warmup.unwrap_or(self.steps as u64 / 10);
+        let n = self.optimizer.lr_warmup.unwrap_or(self.steps as u64 / 10);
         if n <= 1 {
             0
         } else {
@@ -330,10 +249,10 @@ impl TrainConfig {
     /// or a cosine down to `lr_min` (a tenth of `lr` unless given) at step `steps`.
     pub fn lr_schedule(&self) -> LrSchedule {
         LrSchedule {
-            peak: self.lr,
+            peak: self.optimizer.lr,
             warmup: self.warmup_steps(),
-            decay: self.lr_decay,
-            min: self.lr_min.unwrap_or(self.lr / 10.0),
+            decay: self.optimizer.lr_decay,
+            min: self.optimizer.lr_min.unwrap_or(self.optimizer.lr / 10.0),
             total: self.steps as u64,
         }
     }
@@ -341,12 +260,12 @@ impl TrainConfig {
     /// A fresh optimizer for one stage copy: the configured kind on
     /// [`TrainConfig::lr_schedule`], with 1-bit Adam's frozen variance when it applies.
     pub fn new_optimizer(&self) -> Optimizer {
-        let opt = Optimizer::scheduled(self.optimizer, self.lr_schedule());
+        let opt = Optimizer::scheduled(self.optimizer.kind, self.lr_schedule());
         match self.one_bit_adam_from() {
             Some(w) => opt
                 .with_variance_frozen_from(w)
                 .with_variance_refresh(self.variance_refresh_every())
-                .with_preconditioned_momentum(self.one_bit_preconditioned),
+                .with_preconditioned_momentum(self.parallelism.one_bit_preconditioned),
             None => opt,
         }
     }
@@ -354,9 +273,9 @@ impl TrainConfig {
     /// Whether the compression is 1-bit Adam's when it starts: `--gradient-compression
     /// 1bit` under AdamW with more than one replica (whatever the warm-up).
     pub fn one_bit_adam(&self) -> bool {
-        matches!(self.optimizer, OptimizerKind::AdamW { .. })
-            && self.data_parallel > 1
-            && self.gradient_compression == Compression::OneBit
+        matches!(self.optimizer.kind, OptimizerKind::AdamW { .. })
+            && self.parallelism.data_parallel > 1
+            && self.parallelism.gradient_compression == Compression::OneBit
     }
 
     /// The warm-up steps before the compression starts: `compression_warmup` when given;
@@ -367,7 +286,7 @@ impl TrainConfig {
     /// ([`TrainConfig::variance_refresh_every`]), which is why its warm-up can be this short
     /// where DeepSpeed's, with the variance frozen for good, takes 15-25% of a run.
     pub fn compression_warmup_steps(&self) -> u64 {
-        match self.compression_warmup {
+        match self.parallelism.compression_warmup {
             Some(w) => w,
             None if self.one_bit_adam() => {
                 ((self.steps as f64 * ONE_BIT_ADAM_WARMUP_SHARE) as u64).max(1)
@@ -382,7 +301,7 @@ impl TrainConfig {
         if self.one_bit_adam_from().is_none() {
             return 0;
         }
-        match self.variance_refresh {
+        match self.parallelism.variance_refresh {
             Some(n) => n,
             None => match self.steps as u64 / ONE_BIT_ADAM_REFRESHES {
                 n if n < 2 => 0,
@@ -403,8 +322,8 @@ impl TrainConfig {
     /// The gradient exchange's settings for one stage's data-parallel group.
     pub fn exchange_config(&self) -> dualpipe_dp::ExchangeConfig {
         dualpipe_dp::ExchangeConfig {
-            compression: self.gradient_compression,
-            error_feedback: self.error_feedback,
+            compression: self.parallelism.gradient_compression,
+            error_feedback: self.parallelism.error_feedback,
             compression_warmup: self.compression_warmup_steps(),
             warmup_compression: if self.one_bit_adam_from().is_some() {
                 Compression::Int8
@@ -412,8 +331,10 @@ impl TrainConfig {
                 Compression::None
             },
             refresh_every: self.variance_refresh_every(),
-            bucket_bytes: (self.bucket_mb * (1u64 << 20) as f64).round().max(1.0) as usize,
-            timeout: std::time::Duration::from_secs_f64(self.recv_timeout),
+            bucket_bytes: (self.parallelism.bucket_mb * (1u64 << 20) as f64)
+                .round()
+                .max(1.0) as usize,
+            timeout: std::time::Duration::from_secs_f64(self.transport.recv_timeout),
             ..dualpipe_dp::ExchangeConfig::default()
         }
     }
@@ -426,9 +347,18 @@ mod tests {
     #[test]
     fn json_round_trips_and_missing_members_take_defaults() {
         let config = TrainConfig {
-            schedule: ScheduleKind::Zb1p,
-            optimizer: OptimizerKind::sgd(),
-            dtype: DType::F64,
+            model: ModelSection {
+                dtype: DType::F64,
+                ..TrainConfig::DEFAULT.model
+            },
+            schedule: ScheduleSection {
+                kind: ScheduleKind::Zb1p,
+                ..TrainConfig::DEFAULT.schedule
+            },
+            optimizer: OptimizerSection {
+                kind: OptimizerKind::sgd(),
+                ..TrainConfig::DEFAULT.optimizer
+            },
             ..TrainConfig::default()
         };
         let text = serde_json::to_string(&config).unwrap();
@@ -438,7 +368,10 @@ mod tests {
         assert_eq!(
             partial,
             TrainConfig {
-                ranks: 2,
+                schedule: ScheduleSection {
+                    ranks: 2,
+                    ..TrainConfig::DEFAULT.schedule
+                },
                 ..TrainConfig::default()
             }
         );
@@ -447,10 +380,63 @@ mod tests {
     }
 
     #[test]
+    fn json_stays_one_flat_object_in_the_members_order_it_always_had() {
+        let text = serde_json::to_string(&TrainConfig::DEFAULT).unwrap();
+        let order = [
+            "model",
+            "schedule",
+            "ranks",
+            "micro_batches",
+            "micro_batch_size",
+            "virtual_stages",
+            "hidden",
+            "layers_per_stage",
+            "d_model",
+            "heads",
+            "seq_len",
+            "data",
+            "task",
+            "validation_fraction",
+            "eval_every",
+            "shuffle",
+            "init_from",
+            "clip_grad",
+            "steps",
+            "lr",
+            "optimizer",
+            "dtype",
+            "seed",
+            "recv_timeout",
+            "data_parallel",
+            "bucket_mb",
+            "overlap",
+            "gradient_compression",
+            "error_feedback",
+            "moe",
+        ];
+        let at: Vec<usize> = order
+            .iter()
+            .map(|k| {
+                text.find(&format!("\"{k}\":"))
+                    .unwrap_or_else(|| panic!("{k}: {text}"))
+            })
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{text}");
+        assert!(text.starts_with("{\"model\":\"gpt\",\"schedule\":\"dualpipe\",\"ranks\":4,"));
+        // No section is named: `parallelism`, `transport` never appear.
+        for section in ["parallelism", "transport", "kind", "path"] {
+            assert!(!text.contains(&format!("\"{section}\"")), "{text}");
+        }
+    }
+
+    #[test]
     fn one_bit_adam_warms_up_in_int8_for_a_quarter_and_refreshes_every_seventh_of_the_run() {
         let one_bit = TrainConfig {
-            data_parallel: 2,
-            gradient_compression: Compression::OneBit,
+            parallelism: ParallelismSection {
+                data_parallel: 2,
+                gradient_compression: Compression::OneBit,
+                ..TrainConfig::DEFAULT.parallelism
+            },
             ..TrainConfig::default()
         };
         assert_eq!(one_bit.compression_warmup_steps(), 75);
@@ -467,7 +453,10 @@ mod tests {
         assert_eq!(int8_steps, 75 + 6, "the warm-up and six refreshes");
         assert!(!ex.feedback_at(83) && ex.feedback_at(84) && !ex.feedback_at(74));
         let frozen = TrainConfig {
-            variance_refresh: Some(0),
+            parallelism: ParallelismSection {
+                variance_refresh: Some(0),
+                ..one_bit.parallelism.clone()
+            },
             ..one_bit.clone()
         };
         assert_eq!(frozen.exchange_config().refresh_every, 0);
@@ -478,28 +467,43 @@ mod tests {
         assert_eq!(short.one_bit_adam_from(), Some(1), "at least one step");
         // `--compression-warmup 0`: the gradient compressed from the first step, as before.
         let none = TrainConfig {
-            compression_warmup: Some(0),
+            parallelism: ParallelismSection {
+                compression_warmup: Some(0),
+                ..one_bit.parallelism.clone()
+            },
             ..one_bit.clone()
         };
         assert_eq!(none.one_bit_adam_from(), None);
         assert_eq!(none.exchange_config().compression_warmup, 0);
         let given = TrainConfig {
-            compression_warmup: Some(120),
+            parallelism: ParallelismSection {
+                compression_warmup: Some(120),
+                ..one_bit.parallelism.clone()
+            },
             ..one_bit.clone()
         };
         assert_eq!(given.one_bit_adam_from(), Some(120));
         // No default warm-up for int8 and bf16, SGD, or one replica.
         for other in [
             TrainConfig {
-                gradient_compression: Compression::Int8,
+                parallelism: ParallelismSection {
+                    gradient_compression: Compression::Int8,
+                    ..one_bit.parallelism.clone()
+                },
                 ..one_bit.clone()
             },
             TrainConfig {
-                optimizer: OptimizerKind::sgd(),
+                optimizer: OptimizerSection {
+                    kind: OptimizerKind::sgd(),
+                    ..one_bit.optimizer.clone()
+                },
                 ..one_bit.clone()
             },
             TrainConfig {
-                data_parallel: 1,
+                parallelism: ParallelismSection {
+                    data_parallel: 1,
+                    ..one_bit.parallelism.clone()
+                },
                 ..one_bit.clone()
             },
         ] {
@@ -517,7 +521,10 @@ mod tests {
     #[test]
     fn messages_name_fields_or_flags() {
         let config = TrainConfig {
-            micro_batch_size: 0,
+            schedule: ScheduleSection {
+                micro_batch_size: 0,
+                ..TrainConfig::DEFAULT.schedule
+            },
             ..TrainConfig::default()
         };
         let fields = config.check(Naming::Fields, 1).unwrap_err().to_string();
@@ -530,7 +537,10 @@ mod tests {
     fn a_bad_recv_timeout_states_the_range_in_short_numbers() {
         for (timeout, shown) in [(1e300, "1e300"), (0.0, "0"), (-5.0, "-5"), (2e9, "2e9")] {
             let config = TrainConfig {
-                recv_timeout: timeout,
+                transport: TransportSection {
+                    recv_timeout: timeout,
+                    ..TrainConfig::DEFAULT.transport
+                },
                 ..TrainConfig::default()
             };
             let err = config.check(Naming::Flags, 1).unwrap_err().to_string();
@@ -547,10 +557,16 @@ mod tests {
     fn memory_is_checked_against_the_cap_and_the_machine() {
         // 68 GB of parameters: under the cap, over a machine with 16 GiB available.
         let wide = TrainConfig {
-            hidden: 8192,
-            layers_per_stage: 1,
-            micro_batch_size: 1,
-            micro_batches: 4,
+            model: ModelSection {
+                hidden: 8192,
+                layers_per_stage: 1,
+                ..TrainConfig::MLP.model
+            },
+            schedule: ScheduleSection {
+                micro_batch_size: 1,
+                micro_batches: 4,
+                ..TrainConfig::MLP.schedule
+            },
             ..TrainConfig::MLP
         };
         assert!(wide.check_memory(Naming::Flags, 1, None).is_ok());
@@ -566,7 +582,10 @@ mod tests {
         assert!(wide.check_memory(Naming::Flags, 8, Some(16 << 30)).is_ok());
         // A million rows a micro-batch: activations, naming --micro-batch-size.
         let rows = TrainConfig {
-            micro_batch_size: 1_000_000,
+            schedule: ScheduleSection {
+                micro_batch_size: 1_000_000,
+                ..TrainConfig::MLP.schedule
+            },
             ..TrainConfig::MLP
         };
         let err = rows
@@ -575,8 +594,11 @@ mod tests {
             .to_string();
         assert!(err.contains("use a smaller --micro-batch-size"), "{err}");
         let many = TrainConfig {
-            micro_batches: 1 << 40,
-            micro_batch_size: 1,
+            schedule: ScheduleSection {
+                micro_batches: 1 << 40,
+                micro_batch_size: 1,
+                ..TrainConfig::MLP.schedule
+            },
             ..TrainConfig::MLP
         };
         let err = many
@@ -585,7 +607,10 @@ mod tests {
             .to_string();
         assert!(err.contains("use fewer --micro-batches"), "{err}");
         let huge = TrainConfig {
-            micro_batch_size: 100_000_000,
+            schedule: ScheduleSection {
+                micro_batch_size: 100_000_000,
+                ..TrainConfig::MLP.schedule
+            },
             ..TrainConfig::MLP
         };
         let err = huge.check_memory(Naming::Fields, 1, None).unwrap_err();
@@ -595,7 +620,7 @@ mod tests {
     #[test]
     fn steps_are_capped_and_the_mlp_default_is_six_hundred() {
         assert_eq!(TrainConfig::MLP.steps, 600);
-        assert_eq!(TrainConfig::default().model, ModelKind::Gpt);
+        assert_eq!(TrainConfig::default().model.kind, ModelKind::Gpt);
         let many = TrainConfig {
             steps: 1_000_000_000_000,
             ..TrainConfig::default()

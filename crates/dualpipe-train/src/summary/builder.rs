@@ -29,7 +29,7 @@ pub struct SummaryBuilder {
     ops: OpTally,
     evaluations: Vec<Evaluation>,
     last_step: Option<(Timeline, Metrics)>,
-    expert_loads: Vec<crate::moe::ExpertLoad>,
+    expert_loads: Vec<crate::experts::ExpertLoad>,
     first_step: Option<usize>,
     feedback_norms: Vec<f64>,
     by_format: Vec<super::FormatBytes>,
@@ -115,10 +115,10 @@ impl SummaryBuilder {
     pub fn finish(self, total: Duration, samples: Vec<Sample>) -> RunSummary {
         let config = &self.config;
         let total_seconds = total.as_secs_f64();
-        let samples_per_step = (config.micro_batches as f64)
-            * (config.micro_batch_size as f64)
-            * config.data_parallel.max(1) as f64;
-        let gpt = config.model == ModelKind::Gpt;
+        let samples_per_step = (config.schedule.micro_batches as f64)
+            * (config.schedule.micro_batch_size as f64)
+            * config.parallelism.data_parallel.max(1) as f64;
+        let gpt = config.model.kind == ModelKind::Gpt;
         let last_eval = self.evaluations.last().copied();
         let times = self.ops.means();
         let simulated = times
@@ -131,26 +131,26 @@ impl SummaryBuilder {
             .map(|t| metrics(&t, &self.schedule.placement));
         let steps = self.losses.len();
         RunSummary {
-            model: config.model.name().into(),
-            d_model: gpt.then_some(config.d_model),
-            heads: gpt.then_some(config.heads),
-            seq_len: gpt.then_some(config.seq_len),
-            data: gpt.then(|| match &config.data {
+            model: config.model.kind.name().into(),
+            d_model: gpt.then_some(config.model.d_model),
+            heads: gpt.then_some(config.model.heads),
+            seq_len: gpt.then_some(config.model.seq_len),
+            data: gpt.then(|| match &config.data.path {
                 Some(path) => path.display().to_string(),
-                None => format!("the {} task", config.task.name()),
+                None => format!("the {} task", config.data.task.name()),
             }),
-            schedule: config.schedule.name().into(),
-            ranks: config.ranks,
-            micro_batches: config.micro_batches,
-            micro_batch_size: config.micro_batch_size,
-            hidden: config.hidden,
-            layers_per_stage: config.layers_per_stage,
-            partition: config.partition.clone(),
+            schedule: config.schedule.kind.name().into(),
+            ranks: config.schedule.ranks,
+            micro_batches: config.schedule.micro_batches,
+            micro_batch_size: config.schedule.micro_batch_size,
+            hidden: config.model.hidden,
+            layers_per_stage: config.model.layers_per_stage,
+            partition: config.model.partition.clone(),
             model_stages: config.model_stages(),
-            optimizer: config.optimizer.name().into(),
-            lr: config.lr,
+            optimizer: config.optimizer.kind.name().into(),
+            lr: config.optimizer.lr,
             lr_schedule: lr_schedule_words(config),
-            dtype: config.dtype.name().into(),
+            dtype: config.model.dtype.name().into(),
             seed: config.seed,
             steps,
             first_step: self.first_step.unwrap_or(1),
@@ -177,25 +177,29 @@ impl SummaryBuilder {
             simulated_pipeline_seconds: simulated.as_ref().map(|m| m.makespan),
             simulated_bubble_ratio: simulated.as_ref().map(|m| m.bubble_ratio),
             last_step: self.last_step,
-            data_parallel: config.data_parallel,
-            gradient_compression: config.gradient_compression.name().into(),
+            data_parallel: config.parallelism.data_parallel,
+            gradient_compression: config.parallelism.gradient_compression.name().into(),
             grad_exchange: None,
             grad_exchange_started: None,
             grad_bytes_sent: 0,
             grad_bytes_uncompressed: 0,
-            compression_warmup: (config.data_parallel > 1
-                && config.gradient_compression != dualpipe_dp::Compression::None)
+            compression_warmup: (config.parallelism.data_parallel > 1
+                && config.parallelism.gradient_compression != dualpipe_dp::Compression::None)
                 .then(|| config.compression_warmup_steps()),
             one_bit_adam_from: config.one_bit_adam_from(),
             variance_refresh: config
                 .one_bit_adam_from()
                 .map(|_| config.variance_refresh_every()),
-            feedback_norms: if config.gradient_compression == dualpipe_dp::Compression::None {
+            feedback_norms: if config.parallelism.gradient_compression
+                == dualpipe_dp::Compression::None
+            {
                 Vec::new()
             } else {
                 self.feedback_norms
             },
-            grad_bytes_by_format: if config.gradient_compression == dualpipe_dp::Compression::None {
+            grad_bytes_by_format: if config.parallelism.gradient_compression
+                == dualpipe_dp::Compression::None
+            {
                 Vec::new()
             } else {
                 self.by_format
@@ -207,9 +211,10 @@ impl SummaryBuilder {
             experts_moved_from_scratch: None,
             expert_bytes_moved: None,
             expert_waits: config
+                .model
                 .moe
                 .filter(|m| m.expert_parallel && !m.link().is_none())
-                .map(|_| crate::moe::ExpertWaits::measured()),
+                .map(|_| crate::experts::ExpertWaits::measured()),
         }
     }
 }

@@ -175,7 +175,7 @@ pub struct RunSummary {
     /// With MoE: every step's router load (tokens per block and expert, the worst block's
     /// max/mean); absent from the JSON for a dense model.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub expert_load_imbalance: Vec<crate::moe::ExpertLoad>,
+    pub expert_load_imbalance: Vec<crate::experts::ExpertLoad>,
     /// With expert parallelism: EPLB's re-placements over the run (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eplb_rebalances: Option<usize>,
@@ -194,7 +194,7 @@ pub struct RunSummary {
     /// With an emulated expert link: the measured waits around the all-to-alls (absent
     /// otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub expert_waits: Option<crate::moe::ExpertWaits>,
+    pub expert_waits: Option<crate::experts::ExpertWaits>,
 }
 
 impl RunSummary {
@@ -229,6 +229,7 @@ impl RunSummary {
 
 #[cfg(test)]
 mod tests {
+    use crate::config::ScheduleSection;
     use std::time::Duration;
 
     use super::*;
@@ -242,9 +243,12 @@ mod tests {
         use dualpipe_sim::ComputeInterval;
 
         let config = TrainConfig {
-            schedule: ScheduleKind::OneFOneB,
-            ranks: 2,
-            micro_batches: 2,
+            schedule: ScheduleSection {
+                kind: ScheduleKind::OneFOneB,
+                ranks: 2,
+                micro_batches: 2,
+                ..TrainConfig::DEFAULT.schedule
+            },
             ..TrainConfig::default()
         };
         let schedule = dualpipe_schedule::build(ScheduleKind::OneFOneB, 2, 2, 1).unwrap();
@@ -320,9 +324,12 @@ mod tests {
         use dualpipe_schedule::ScheduleKind;
 
         let config = TrainConfig {
-            schedule: ScheduleKind::OneFOneB,
-            ranks: 2,
-            micro_batches: 2,
+            schedule: ScheduleSection {
+                kind: ScheduleKind::OneFOneB,
+                ranks: 2,
+                micro_batches: 2,
+                ..TrainConfig::DEFAULT.schedule
+            },
             ..TrainConfig::default()
         };
         let schedule = dualpipe_schedule::build(ScheduleKind::OneFOneB, 2, 2, 1).unwrap();
@@ -339,7 +346,7 @@ mod tests {
                 grad_norm: None,
                 evaluation: None,
                 expert_load: Some(
-                    crate::moe::ExpertLoad::new(step, vec![(0, counts.to_vec())])
+                    crate::experts::ExpertLoad::new(step, vec![(0, counts.to_vec())])
                         .with_worker_rows(vec![(0, rows.to_vec())]),
                 ),
             });

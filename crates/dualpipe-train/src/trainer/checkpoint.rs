@@ -1,13 +1,12 @@
 //! The trainer's checkpoint hooks: its part of a checkpoint (copied to host memory) and the
 //! restore of a checkpoint into whatever stages this trainer holds, by name.
 
-use dualpipe_dp::ErrorFeedbackState;
 use dualpipe_nn::{OptimizerKind, ParamState};
 
 use super::Trainer;
 use dualpipe_runtime::RankStages;
 
-use crate::checkpoint::format::{feedback_name, file_of, optim_name, FEEDBACK_PREFIX, STATE};
+use crate::checkpoint::format::{file_of, optim_name, FEEDBACK_PREFIX, STATE};
 use crate::checkpoint::{
     Checkpoint, CheckpointError, CheckpointPart, CheckpointSink, CheckpointState, HostTensor,
     ScheduleShape,
@@ -15,7 +14,7 @@ use crate::checkpoint::{
 use crate::config::{ModelKind, TrainConfig};
 use crate::driver::Driver;
 use crate::error::TrainError;
-use crate::expert_shards;
+use crate::experts::shards;
 
 /// What [`Trainer::restore`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,11 +28,11 @@ pub struct Restored {
     pub feedback_dropped: bool,
     /// The data-parallel degree of the checkpoint when its error feedback was carried over
     /// to another one (worker residuals averaged, server residuals re-split:
-    /// [`ErrorFeedbackState::regroup`]); `None` otherwise.
+    /// [`dualpipe_dp::ErrorFeedbackState::regroup`]); `None` otherwise.
     pub feedback_regrouped_from: Option<usize>,
 }
 
-fn mismatch(ckpt: &Checkpoint, problem: String) -> TrainError {
+pub(super) fn mismatch(ckpt: &Checkpoint, problem: String) -> TrainError {
     CheckpointError::Mismatch {
         path: ckpt.path.clone(),
         problem,
@@ -46,7 +45,11 @@ fn check_model(ckpt: &Checkpoint, config: &TrainConfig) -> Result<(), TrainError
     let saved = &ckpt.state.config;
     let blocks = |c: &TrainConfig| c.blocks();
     let mut pairs: Vec<(&str, String, String)> = vec![
-        ("model", saved.model.to_string(), config.model.to_string()),
+        (
+            "model",
+            saved.model.kind.to_string(),
+            config.model.kind.to_string(),
+        ),
         (
             "blocks",
             blocks(saved).to_string(),
@@ -54,29 +57,33 @@ fn check_model(ckpt: &Checkpoint, config: &TrainConfig) -> Result<(), TrainError
         ),
         (
             "optimizer",
-            saved.optimizer.to_string(),
-            config.optimizer.to_string(),
+            saved.optimizer.kind.to_string(),
+            config.optimizer.kind.to_string(),
         ),
     ];
-    match config.model {
+    match config.model.kind {
         ModelKind::Gpt => {
             pairs.push((
                 "d_model",
-                saved.d_model.to_string(),
-                config.d_model.to_string(),
+                saved.model.d_model.to_string(),
+                config.model.d_model.to_string(),
             ));
-            pairs.push(("heads", saved.heads.to_string(), config.heads.to_string()));
+            pairs.push((
+                "heads",
+                saved.model.heads.to_string(),
+                config.model.heads.to_string(),
+            ));
             pairs.push((
                 "seq_len",
-                saved.seq_len.to_string(),
-                config.seq_len.to_string(),
+                saved.model.seq_len.to_string(),
+                config.model.seq_len.to_string(),
             ));
         }
         ModelKind::Mlp => {
             pairs.push((
                 "hidden",
-                saved.hidden.to_string(),
-                config.hidden.to_string(),
+                saved.model.hidden.to_string(),
+                config.model.hidden.to_string(),
             ));
         }
     }
@@ -109,10 +116,10 @@ impl<D: Driver> Trainer<D> {
     /// The shape of the schedule this trainer runs, as a checkpoint records it.
     pub fn schedule_shape(&self) -> ScheduleShape {
         ScheduleShape {
-            kind: self.config.schedule.name().into(),
-            ranks: self.config.ranks,
-            micro_batches: self.config.micro_batches,
-            virtual_stages: self.config.virtual_stages,
+            kind: self.config.schedule.kind.name().into(),
+            ranks: self.config.schedule.ranks,
+            micro_batches: self.config.schedule.micro_batches,
+            virtual_stages: self.config.schedule.virtual_stages,
             model_stages: self.config.model_stages(),
         }
     }
@@ -124,7 +131,7 @@ impl<D: Driver> Trainer<D> {
     /// it is the lowest holder of (so every expert is written once); with every replica,
     /// its error-feedback buffers.
     pub fn checkpoint_part(&self) -> Result<CheckpointPart, TrainError> {
-        let replica = self.replica_index();
+        let replica = self.replica;
         let mut tensors = Vec::new();
         let sharded = self.sharded_experts();
         if replica == 0 || sharded {
@@ -135,7 +142,7 @@ impl<D: Driver> Trainer<D> {
                     }
                     // The other replicas of an expert-parallel group write the experts
                     // they are the lowest holder of.
-                    let owned = (replica != 0).then(|| expert_shards::owned_names(stage, replica));
+                    let owned = (replica != 0).then(|| shards::owned_names(stage, replica));
                     for (k, (name, p)) in stage.param_names().iter().zip(stage.params()).enumerate()
                     {
                         if owned.as_ref().is_some_and(|o| !o.contains(name)) {
@@ -156,23 +163,8 @@ impl<D: Driver> Trainer<D> {
                 }
             }
         }
-        if let (Some(group), 0) = (&self.expert_group, replica) {
-            tensors.extend(group.checkpoint_tensors(&self.stages));
-        }
-        if let Some(dp) = &self.dp {
-            for (s, fb) in dp.error_feedback() {
-                if !self.holds_writer_of(s) {
-                    continue;
-                }
-                for (server, buffers) in [(false, &fb.worker), (true, &fb.server)] {
-                    for (b, values) in buffers.iter().enumerate() {
-                        if !values.is_empty() {
-                            let name = feedback_name(s, replica, b, server);
-                            tensors.push(HostTensor::from_f64s(name, values));
-                        }
-                    }
-                }
-            }
+        for p in &self.parallelisms {
+            p.checkpoint_tensors(self, &mut tensors)?;
         }
         let state = (replica == 0)
             .then(|| CheckpointState::new(&self.config, self.schedule_shape(), self.steps_done));
@@ -187,7 +179,7 @@ impl<D: Driver> Trainer<D> {
     /// that direction is the one a checkpoint saves: one writer per layer, whichever process
     /// holds it).
     fn writer_dir(&self, stage: usize) -> Option<usize> {
-        (0..self.config.ranks)
+        (0..self.config.schedule.ranks)
             .flat_map(|r| self.schedule.placement.stages_of(r))
             .filter(|&(_, s)| s == stage)
             .map(|(d, _)| d)
@@ -201,7 +193,7 @@ impl<D: Driver> Trainer<D> {
 
     /// Whether this trainer holds the copy of model stage `stage` a checkpoint saves (it then
     /// also saves that stage's error feedback of its replica).
-    fn holds_writer_of(&self, stage: usize) -> bool {
+    pub(super) fn holds_writer_of(&self, stage: usize) -> bool {
         self.stages.iter().any(|rank| {
             rank.iter()
                 .any(|((dir, s), _)| s == stage && self.writes_copy(dir, s))
@@ -241,11 +233,9 @@ impl<D: Driver> Trainer<D> {
                 ),
             ));
         }
-        let dtype = self.config.dtype.candle();
-        let kind = self.config.optimizer;
-        if let Some(group) = &mut self.expert_group {
-            group.restore(ckpt, &mut self.stages, dtype)?;
-        }
+        let dtype = self.config.model.dtype.candle();
+        let kind = self.config.optimizer.kind;
+        self.each_parallelism(|p, t| p.restore_placement(t, ckpt))?;
         for (rank, opts) in self.stages.iter_mut().zip(&mut self.optimizers) {
             for ((_, stage), opt) in rank.iter_mut().zip(opts.iter_mut()) {
                 let names = stage.param_names();
@@ -274,83 +264,25 @@ impl<D: Driver> Trainer<D> {
                 }
             }
         }
-        let (feedback_restored, feedback_dropped) = self.restore_feedback(ckpt)?;
-        let feedback_regrouped_from = (feedback_restored
-            && ckpt.state.config.data_parallel != self.config.data_parallel)
-            .then_some(ckpt.state.config.data_parallel);
+        // Error feedback no exchange of this run takes is dropped (the data-parallel
+        // exchange restores or carries it over).
+        let mut restored = Restored {
+            step,
+            feedback_restored: false,
+            feedback_dropped: ckpt.tensors.keys().any(|k| k.starts_with("feedback.")),
+            feedback_regrouped_from: None,
+        };
+        self.each_parallelism(|p, t| p.restore_state(t, ckpt, &mut restored))?;
         self.steps_done = step;
         self.prefetched = None;
         self.gathered = None;
         self.failed = false;
-        Ok(Restored {
-            step,
-            feedback_restored,
-            feedback_dropped,
-            feedback_regrouped_from,
-        })
-    }
-
-    /// Restores the error feedback when the grid is the checkpoint's, and carries it over
-    /// ([`ErrorFeedbackState::regroup`]) when only the data-parallel degree changed (the
-    /// same model stages, buckets and compression); (restored, dropped).
-    fn restore_feedback(&mut self, ckpt: &Checkpoint) -> Result<(bool, bool), TrainError> {
-        let held = ckpt.tensors.keys().any(|k| k.starts_with("feedback."));
-        let saved = &ckpt.state.config;
-        let same_buckets = saved.model_stages() == self.config.model_stages()
-            && saved.bucket_mb.to_bits() == self.config.bucket_mb.to_bits()
-            && saved.gradient_compression == self.config.gradient_compression
-            && saved.error_feedback == self.config.error_feedback;
-        let (old_replicas, replicas) = (saved.data_parallel, self.config.data_parallel);
-        let replica = self.replica_index();
-        let Some(dp) = self.dp.as_mut() else {
-            return Ok((false, held));
-        };
-        if !held {
-            return Ok((false, false));
-        }
-        if !same_buckets {
-            return Ok((false, true));
-        }
-        let side = |s: usize, r: usize, server: bool, count: usize| -> Vec<Vec<f64>> {
-            (0..count)
-                .map(|b| {
-                    ckpt.tensors
-                        .get(&feedback_name(s, r, b, server))
-                        .map(HostTensor::to_f64s)
-                        .unwrap_or_default()
-                })
-                .collect()
-        };
-        let saved_state = |s: usize, r: usize, buckets: usize| ErrorFeedbackState {
-            worker: side(s, r, false, buckets),
-            server: side(s, r, true, buckets),
-        };
-        for (s, current) in dp.error_feedback() {
-            let buckets = current.worker.len();
-            let state = if old_replicas == replicas {
-                saved_state(s, replica, buckets)
-            } else {
-                let Some(layout) = dp.feedback_layout(s) else {
-                    continue;
-                };
-                let olds: Vec<_> = (0..old_replicas)
-                    .map(|r| saved_state(s, r, buckets))
-                    .collect();
-                ErrorFeedbackState::regroup(&olds, &layout, replica, replicas).map_err(|e| {
-                    mismatch(
-                        ckpt,
-                        format!("its error feedback of model stage {s} does not fit: {e}"),
-                    )
-                })?
-            };
-            dp.set_error_feedback(s, &state)?;
-        }
-        Ok((true, false))
+        Ok(restored)
     }
 
     /// Whether this replica's routed experts are sharded over an expert-parallel group.
     fn sharded_experts(&self) -> bool {
-        self.expert_group.is_some() && self.config.moe.is_some_and(|m| m.expert_parallel)
+        self.expert_group().is_some() && self.config.model.moe.is_some_and(|m| m.expert_parallel)
     }
 
     /// Hands the writer this trainer's part of a checkpoint when one is due after the steps

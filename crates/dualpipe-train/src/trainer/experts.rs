@@ -1,39 +1,152 @@
-//! The trainer's MoE work after each step: the router counts of every copy of each MoE block
-//! summed, the auxiliary-loss-free bias step applied to every copy alike, and the step's
-//! [`ExpertLoad`].
+//! The MoE experts as a [`Parallelism`] of the step: after the optimizer, the router counts
+//! of every copy of each MoE block summed, over data-parallel replicas the expert group's
+//! EPLB re-placement, the auxiliary-loss-free bias step applied to every copy alike, and the
+//! step's [`ExpertLoad`]; after the pipeline's backward, the group's routed experts' gradients
+//! summed among their holders; the group's state in checkpoints.
 
 use dualpipe_runtime::RankStages;
 
-use super::{Trainer, COUNTS_ROUND, LOADS_ROUND, REBALANCE_ROUND, ROWS_ROUND, SERVED_ROUND};
+use super::phase::{find_mut, Parallelism, StepState};
+use super::Trainer;
+use crate::checkpoint::{Checkpoint, HostTensor};
 use crate::collective::gather_f64s;
-use crate::driver::Driver;
+use crate::driver::{Driver, Round};
 use crate::error::TrainError;
-use crate::expert_parallel::{ExpertGroup, ExpertLinks};
-use crate::moe::{sum_by_layer, ExpertLoad};
+use crate::experts::group::{ExpertGroup, ExpertLinks};
+use crate::experts::{sum_by_layer, ExpertLoad};
+use crate::summary::RunSummary;
 
-impl<D: Driver> Trainer<D> {
-    /// With MoE: the step's counts over every held copy, and the bias step from them on each
-    /// copy (the copies stay equal: each takes the same sums). `None` for a dense model.
-    pub(super) fn balance_experts(
+/// The MoE experts of a run (present when the model has MoE blocks): the balance after every
+/// step, and over data-parallel replicas this replica's part in the expert group (joined by
+/// [`Trainer::join_expert_group`] before the first step).
+#[derive(Debug, Default)]
+pub(crate) struct Experts {
+    /// This replica's part in the group (`None`: one replica, or not joined yet).
+    pub group: Option<ExpertGroup>,
+}
+
+impl<D: Driver> Parallelism<D> for Experts {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
+    fn check_ready(&self, trainer: &Trainer<D>) -> Result<(), TrainError> {
+        if trainer.config.parallelism.data_parallel > 1 && self.group.is_none() {
+            return Err(TrainError::Config(
+                "a mixture of experts over data-parallel replicas needs its expert group: call \
+                 Trainer::join_expert_group before the first step"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn after_backward(
         &mut self,
+        trainer: &mut Trainer<D>,
+        state: &mut StepState,
+    ) -> Result<(), TrainError> {
+        // The routed experts of an expert-parallel run: summed among their holders.
+        let experts = match &mut self.group {
+            Some(group) => {
+                group.exchange_gradients(state.step, &mut trainer.stages, state.copies_summed)
+            }
+            None => Ok(()),
+        };
+        trainer.own(state.step, experts)
+    }
+
+    fn sharded_squares(
+        &mut self,
+        trainer: &mut Trainer<D>,
+        step: usize,
+    ) -> Result<Option<f64>, TrainError> {
+        match &mut self.group {
+            Some(group) => Ok(Some(group.expert_squares(step, &mut trainer.stages)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn after_optimizer(
+        &mut self,
+        trainer: &mut Trainer<D>,
+        state: &mut StepState,
+    ) -> Result<(), TrainError> {
+        let balanced = self.balance(trainer, state.step);
+        state.expert_load = trainer.own(state.step, balanced)?;
+        Ok(())
+    }
+
+    fn end_run(
+        &mut self,
+        trainer: &mut Trainer<D>,
+        _seconds: f64,
+        summary: &mut RunSummary,
+    ) -> Result<(), TrainError> {
+        if let Some((rebalances, moved, scratch, bytes)) = self.rebalance_over_ranks(trainer)? {
+            summary.eplb_rebalances = Some(rebalances);
+            summary.experts_moved = Some(moved);
+            summary.experts_moved_from_scratch = Some(scratch);
+            summary.expert_bytes_moved = Some(bytes);
+        }
+        Ok(())
+    }
+
+    fn checkpoint_tensors(
+        &self,
+        trainer: &Trainer<D>,
+        tensors: &mut Vec<HostTensor>,
+    ) -> Result<(), TrainError> {
+        if let (Some(group), 0) = (&self.group, trainer.replica) {
+            tensors.extend(group.checkpoint_tensors(&trainer.stages));
+        }
+        Ok(())
+    }
+
+    fn restore_placement(
+        &mut self,
+        trainer: &mut Trainer<D>,
+        checkpoint: &Checkpoint,
+    ) -> Result<(), TrainError> {
+        if let Some(group) = &mut self.group {
+            group.restore(
+                checkpoint,
+                &mut trainer.stages,
+                trainer.config.model.dtype.candle(),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Experts {
+    /// The step's counts over every held copy, and the bias step from them on each copy
+    /// (the copies stay equal: each takes the same sums).
+    fn balance<D: Driver>(
+        &mut self,
+        t: &mut Trainer<D>,
         step: usize,
     ) -> Result<Option<ExpertLoad>, TrainError> {
-        let Some(moe) = self.config.moe else {
+        let Some(moe) = t.config.model.moe else {
             return Ok(None);
         };
-        let copies = self
+        let copies = t
             .stages
             .iter()
             .flat_map(RankStages::iter)
             .filter_map(|(_, s)| s.experts().map(|g| g.router_counts()))
             .flatten();
         let mut totals = sum_by_layer(copies);
-        if self.held.len() < self.config.ranks {
-            totals = self.counts_over_ranks(step, COUNTS_ROUND, totals)?;
+        if t.held.len() < t.config.schedule.ranks {
+            totals = t.counts_over_ranks(step, Round::RouterCounts, totals)?;
         }
         let mut worker_rows = None;
-        if self.expert_group.is_some() {
-            let served = self
+        if self.group.is_some() {
+            let served = t
                 .stages
                 .iter()
                 .flat_map(RankStages::iter)
@@ -47,24 +160,18 @@ impl<D: Driver> Trainer<D> {
                 })
                 .flatten();
             let mut served = sum_by_layer(served);
-            if self.held.len() < self.config.ranks {
-                served = self.counts_over_ranks(step, SERVED_ROUND, served)?;
+            if t.held.len() < t.config.schedule.ranks {
+                served = t.counts_over_ranks(step, Round::ServedRows, served)?;
             }
             let served: Vec<(usize, u64)> = served.into_iter().map(|(l, v)| (l, v[0])).collect();
-            if let Some(group) = &mut self.expert_group {
-                let out = group.step(
-                    step,
-                    &totals,
-                    &served,
-                    &mut self.stages,
-                    &mut self.optimizers,
-                )?;
+            if let Some(group) = &mut self.group {
+                let out = group.step(step, &totals, &served, &mut t.stages, &mut t.optimizers)?;
                 totals = out.totals;
                 worker_rows = out.worker_rows;
             }
         }
         if moe.bias_update_rate > 0.0 {
-            for (_, stage) in self.stages.iter_mut().flat_map(RankStages::iter_mut) {
+            for (_, stage) in t.stages.iter_mut().flat_map(RankStages::iter_mut) {
                 if let Some(g) = stage.experts_mut() {
                     for (layer, _) in g.router_counts() {
                         let loads = totals
@@ -77,10 +184,10 @@ impl<D: Driver> Trainer<D> {
                 }
             }
         }
-        if self.held.len() < self.config.ranks {
-            totals = self.blocks_over_ranks(step, LOADS_ROUND, &totals)?;
+        if t.held.len() < t.config.schedule.ranks {
+            totals = t.blocks_over_ranks(step, Round::ExpertLoads, &totals)?;
             if let Some(rows) = worker_rows {
-                worker_rows = Some(self.blocks_over_ranks(step, ROWS_ROUND, &rows)?);
+                worker_rows = Some(t.blocks_over_ranks(step, Round::WorkerRows, &rows)?);
             }
         }
         let load = ExpertLoad::new(step, totals);
@@ -90,6 +197,64 @@ impl<D: Driver> Trainer<D> {
         }))
     }
 
+    /// The group's figures, when it re-places experts (expert parallelism).
+    fn placing(&self, moe_expert_parallel: bool) -> Option<&ExpertGroup> {
+        self.group.as_ref().filter(|_| moe_expert_parallel)
+    }
+
+    /// EPLB's figures of the run so far over every rank of this replica: rebalances, expert
+    /// replicas moved, the replicas re-planning from scratch would have moved, and the bytes
+    /// this replica sent (`None`: no expert parallelism). A collective call of the pipeline's
+    /// processes when they are several: each counts its blocks' figures, so a block held by
+    /// `c` ranks (DualPipe's copies) is counted `c` times and the sums are divided by `c`.
+    fn rebalance_over_ranks<D: Driver>(
+        &self,
+        t: &mut Trainer<D>,
+    ) -> Result<Option<(usize, usize, u64, u64)>, TrainError> {
+        let ep = t.config.model.moe.is_some_and(|m| m.expert_parallel);
+        let Some(group) = self.placing(ep) else {
+            return Ok(None);
+        };
+        let (rebalances, moved, scratch) = group.rebalance_totals();
+        let bytes = group.bytes_moved();
+        if t.held.len() == t.config.schedule.ranks {
+            return Ok(Some((rebalances, moved, scratch, bytes)));
+        }
+        let mine = [
+            rebalances as f64,
+            moved as f64,
+            scratch as f64,
+            bytes as f64,
+        ];
+        let parts = gather_f64s(
+            &mut t.driver,
+            t.steps_done,
+            Round::Rebalances,
+            &mine,
+            &t.exec_options,
+            "the rebalances' figures",
+        )?;
+        let mut sums = [0.0f64; 4];
+        for values in &parts {
+            sums[0] = sums[0].max(values.first().copied().unwrap_or(0.0));
+            for (acc, v) in sums[1..].iter_mut().zip(values.iter().skip(1)) {
+                *acc += v;
+            }
+        }
+        let held: usize = (0..t.config.schedule.ranks)
+            .map(|r| t.schedule.placement.stages_of(r).len())
+            .sum();
+        let copies = (held / t.config.model_stages().max(1)).max(1) as f64;
+        Ok(Some((
+            sums[0] as usize,
+            (sums[1] / copies) as usize,
+            (sums[2] / copies) as u64,
+            (sums[3] / copies) as u64,
+        )))
+    }
+}
+
+impl<D: Driver> Trainer<D> {
     /// This process's counts per MoE block (`mine`, over its copies) summed with the other
     /// ranks' of the same blocks (DualPipe keeps a block's two copies on two ranks), as a
     /// process holding every rank sums them. A collective call of the pipeline's processes
@@ -97,7 +262,7 @@ impl<D: Driver> Trainer<D> {
     fn counts_over_ranks(
         &mut self,
         step: usize,
-        round: usize,
+        round: Round,
         mine: Vec<(usize, Vec<u64>)>,
     ) -> Result<Vec<(usize, Vec<u64>)>, TrainError> {
         let parts = self.gather_blocks(step, round, &mine)?;
@@ -124,7 +289,7 @@ impl<D: Driver> Trainer<D> {
     fn blocks_over_ranks(
         &mut self,
         step: usize,
-        round: usize,
+        round: Round,
         mine: &[(usize, Vec<u64>)],
     ) -> Result<Vec<(usize, Vec<u64>)>, TrainError> {
         let mut all: Vec<(usize, Vec<u64>)> = Vec::new();
@@ -142,7 +307,7 @@ impl<D: Driver> Trainer<D> {
     fn gather_blocks(
         &mut self,
         step: usize,
-        round: usize,
+        round: Round,
         mine: &[(usize, Vec<u64>)],
     ) -> Result<Vec<Vec<(usize, Vec<u64>)>>, TrainError> {
         let flat: Vec<f64> = mine
@@ -180,85 +345,43 @@ impl<D: Driver> Trainer<D> {
     }
 
     /// Joins replica `replica` to its MoE group over `links` (called once, before the first
-    /// step, by [`DataParallel`](crate::DataParallel)): the counts are summed over the group
+    /// step, by [`LocalReplicas`](crate::LocalReplicas)): the counts are summed over the group
     /// and, with expert parallelism, the experts are served where the placement says.
     pub fn join_expert_group(
         &mut self,
         replica: usize,
         links: ExpertLinks,
     ) -> Result<(), TrainError> {
-        self.expert_group = Some(ExpertGroup::new(
-            &self.config,
-            replica,
-            links,
-            &mut self.stages,
-        )?);
+        let group = ExpertGroup::new(&self.config, replica, links, &mut self.stages)?;
+        match find_mut::<D, Experts>(&mut self.parallelisms) {
+            Some(experts) => experts.group = Some(group),
+            None => {
+                return Err(TrainError::Config(
+                    "an expert group needs a model with MoE blocks".into(),
+                ))
+            }
+        }
         Ok(())
+    }
+
+    /// The expert group this replica belongs to (`None`: one replica or no MoE).
+    pub(crate) fn expert_group(&self) -> Option<&ExpertGroup> {
+        self.parallelism::<Experts>()?.group.as_ref()
     }
 
     /// Bytes of expert weights and optimizer state this replica sent in EPLB's re-placements
     /// (`None`: no expert parallelism).
     pub fn expert_bytes_moved(&self) -> Option<u64> {
-        self.expert_group
-            .as_ref()
-            .filter(|_| self.config.moe.is_some_and(|m| m.expert_parallel))
+        self.expert_group()
+            .filter(|_| self.config.model.moe.is_some_and(|m| m.expert_parallel))
             .map(ExpertGroup::bytes_moved)
-    }
-
-    /// EPLB's figures of the run so far over every rank of this replica: rebalances, expert
-    /// replicas moved, the replicas re-planning from scratch would have moved, and the bytes
-    /// this replica sent (`None`: no expert parallelism). A collective call of the pipeline's
-    /// processes when they are several: each counts its blocks' figures, so a block held by
-    /// `c` ranks (DualPipe's copies) is counted `c` times and the sums are divided by `c`.
-    pub(super) fn rebalance_over_ranks(
-        &mut self,
-    ) -> Result<Option<(usize, usize, u64, u64)>, TrainError> {
-        let Some((rebalances, moved, scratch)) = self.rebalance_totals() else {
-            return Ok(None);
-        };
-        let bytes = self.expert_bytes_moved().unwrap_or(0);
-        if self.held.len() == self.config.ranks {
-            return Ok(Some((rebalances, moved, scratch, bytes)));
-        }
-        let mine = [
-            rebalances as f64,
-            moved as f64,
-            scratch as f64,
-            bytes as f64,
-        ];
-        let parts = gather_f64s(
-            &mut self.driver,
-            self.steps_done,
-            REBALANCE_ROUND,
-            &mine,
-            &self.exec_options,
-            "the rebalances' figures",
-        )?;
-        let mut sums = [0.0f64; 4];
-        for values in &parts {
-            sums[0] = sums[0].max(values.first().copied().unwrap_or(0.0));
-            for (acc, v) in sums[1..].iter_mut().zip(values.iter().skip(1)) {
-                *acc += v;
-            }
-        }
-        let held: usize = (0..self.config.ranks)
-            .map(|r| self.schedule.placement.stages_of(r).len())
-            .sum();
-        let copies = (held / self.config.model_stages().max(1)).max(1) as f64;
-        Ok(Some((
-            sums[0] as usize,
-            (sums[1] / copies) as usize,
-            (sums[2] / copies) as u64,
-            (sums[3] / copies) as u64,
-        )))
     }
 
     /// EPLB's figures of the run so far: rebalances, expert replicas moved, and the replicas
     /// re-planning from scratch would have moved (`None`: no expert parallelism).
     pub fn rebalance_totals(&self) -> Option<(usize, usize, u64)> {
-        self.expert_group
-            .as_ref()
-            .filter(|_| self.config.moe.is_some_and(|m| m.expert_parallel))
+        self.expert_group()
+            .filter(|_| self.config.model.moe.is_some_and(|m| m.expert_parallel))
             .map(ExpertGroup::rebalance_totals)
     }
 }

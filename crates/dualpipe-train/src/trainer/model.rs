@@ -3,6 +3,8 @@
 
 use dualpipe_nn::gpt::GptWeights;
 
+use super::experts::Experts;
+use super::phase::find_mut;
 use super::Trainer;
 use crate::collective;
 use crate::data_parallel::ReplicaExchange;
@@ -14,13 +16,18 @@ impl<D: Driver> Trainer<D> {
     /// With [`TrainConfig::clip_grad`]: the step's global gradient norm (the same on every
     /// process), and every gradient scaled by `clip / (norm + 1e-6)` when that is below 1.
     pub(super) fn clip_gradients(&mut self, step: usize) -> Result<Option<f64>, TrainError> {
-        let Some(clip) = self.config.clip_grad else {
+        let Some(clip) = self.config.optimizer.clip_grad else {
             return Ok(None);
         };
-        let sharded = match &mut self.expert_group {
-            Some(group) => group.expert_squares(step, &mut self.stages)?,
-            None => 0.0,
-        };
+        // The squares of what the stages hold only a share of (the routed experts of an
+        // expert-parallel group), from the parallelisms that shard.
+        let mut sharded = 0.0;
+        self.each_parallelism(|p, t| {
+            if let Some(squares) = p.sharded_squares(t, step)? {
+                sharded += squares;
+            }
+            Ok(())
+        })?;
         let norm = collective::gradient_norm(
             &mut self.driver,
             &self.stages,
@@ -49,9 +56,10 @@ impl<D: Driver> Trainer<D> {
             // The routed experts of the held blocks first (each worker stores only its own),
             // then everything over the pipeline's ranks.
             let mut template = gpt.weights.clone();
-            let sharded =
-                self.config.moe.is_some_and(|m| m.expert_parallel) && self.expert_group.is_some();
-            if let Some(group) = &mut self.expert_group {
+            let sharded = self.config.model.moe.is_some_and(|m| m.expert_parallel)
+                && self.expert_group().is_some();
+            let experts = find_mut::<D, Experts>(&mut self.parallelisms);
+            if let Some(group) = experts.and_then(|e| e.group.as_mut()) {
                 group.gather_experts(done, &mut self.stages, &mut template)?;
             }
             let weights = collective::gather_weights(
@@ -105,17 +113,17 @@ impl<D: Driver> Trainer<D> {
 
     /// This trainer's data-parallel replica (0 for a single replica).
     pub fn replica_index(&self) -> usize {
-        self.dp.as_ref().map_or(0, ReplicaExchange::replica)
+        self.replica
     }
 
     /// This replica's end of the gradient exchange (`None`: a single replica).
     pub fn exchange(&self) -> Option<&ReplicaExchange> {
-        self.dp.as_ref()
+        self.parallelism::<ReplicaExchange>()
     }
 
     /// Whether a validation is due after step `step` (0-based) of the run.
     pub(super) fn evaluation_due(&self, step: usize) -> bool {
-        let every = self.config.eval_every;
+        let every = self.config.data.eval_every;
         self.workload.gpt().is_some()
             && (step + 1 == self.config.steps || (every > 0 && (step + 1).is_multiple_of(every)))
     }

@@ -1,5 +1,6 @@
-//! Moving whole blocks between stages at a step boundary: [`Trainer::repartition`] and the
-//! run loop's [`Rebalancer`](crate::rebalance::Rebalancer) hook.
+//! Moving whole blocks between stages at a step boundary: [`Trainer::repartition`], and
+//! stage re-partitioning as a [`Parallelism`] of the run (the
+//! [`StageRebalancer`](crate::rebalance::StageRebalancer) after each step).
 
 use std::collections::HashMap;
 
@@ -7,12 +8,13 @@ use dualpipe_nn::gpt::GptStage;
 use dualpipe_nn::{ModelStage, Optimizer, ParamState, StagePosition};
 use dualpipe_runtime::RankStages;
 
+use super::phase::Parallelism;
 use super::{StepReport, Trainer};
 use crate::config::{ModelKind, Naming};
 use crate::driver::Driver;
 use crate::error::TrainError;
 use crate::partition::format_partition;
-use crate::rebalance::{head_units, Rebalancer, Repartition};
+use crate::rebalance::{head_units, Repartition, StageRebalancer};
 
 impl<D: Driver> Trainer<D> {
     /// Moves to the partition `blocks` (blocks per model stage) between steps: every held
@@ -23,7 +25,7 @@ impl<D: Driver> Trainer<D> {
     pub fn repartition(&mut self, blocks: Vec<usize>) -> Result<(), TrainError> {
         self.check_movable("re-partitioning")?;
         let mut config = self.config.clone();
-        config.partition = Some(blocks);
+        config.model.partition = Some(blocks);
         config.check_partition(Naming::Fields)?;
         let Some(gpt) = self.workload.gpt() else {
             return Err(TrainError::Config(
@@ -58,12 +60,12 @@ impl<D: Driver> Trainer<D> {
                 let position = StagePosition {
                     dir,
                     model_stage: stage,
-                    micro_batches: config.micro_batches,
+                    micro_batches: config.schedule.micro_batches,
                     micro_batches_per_dir: per_dir,
                 };
                 let layers = config.stage_layers(stage);
                 let mut copy = GptStage::with_layers(&weights, stages, position, layers)?;
-                if let Some(moe) = &config.moe {
+                if let Some(moe) = &config.model.moe {
                     copy.set_aux_loss(moe.aux_loss);
                 }
                 copies.insert(dir, stage, ModelStage::new(copy));
@@ -111,49 +113,79 @@ impl<D: Driver> Trainer<D> {
 
     /// Refuses what cannot move blocks: the MLP, ranks in other processes, replicas.
     pub(super) fn check_movable(&self, what: &str) -> Result<(), TrainError> {
-        if self.config.model != ModelKind::Gpt {
+        if self.config.model.kind != ModelKind::Gpt {
             return Err(TrainError::Config(format!(
                 "{what} moves the GPT's blocks; the MLP's stages stay as they are"
             )));
         }
-        if self.held.len() != self.config.ranks {
+        if self.held.len() != self.config.schedule.ranks {
             return Err(TrainError::Config(format!(
                 "{what} moves blocks between the ranks of one process; under --transport mpi \
                  train with a static --partition (or --plan) instead"
             )));
         }
-        if self.config.data_parallel > 1 || self.dp.is_some() {
+        if self.config.parallelism.data_parallel > 1 || self.exchange().is_some() {
             return Err(TrainError::Config(format!(
                 "{what} works on one pipeline replica for now; drop --data-parallel {} or \
                  --rebalance-stages",
-                self.config.data_parallel
+                self.config.parallelism.data_parallel
             )));
         }
         Ok(())
     }
 
-    /// After a finished step of a run with [`TrainConfig::rebalance`](crate::TrainConfig):
-    /// measures, and moves blocks when the rebalancer says so.
-    pub(super) fn rebalance_after(
-        &mut self,
-        rebalancer: &mut Option<Rebalancer>,
-        report: &StepReport,
-    ) -> Result<(), TrainError> {
-        let Some(settings) = self.config.rebalance else {
+    /// The re-partitionings this trainer made, in order.
+    pub fn repartitions(&self) -> &[Repartition] {
+        self.parallelism::<Repartitioning>()
+            .map_or(&[], |r| r.done.as_slice())
+    }
+
+    /// The blocks per model stage now, as the flag writes them (`3,2,2,1`).
+    pub fn partition_text(&self) -> String {
+        format_partition(&self.config.stage_blocks())
+    }
+}
+
+/// Stage re-partitioning ([`TrainConfig::rebalance`](crate::TrainConfig)): after each step
+/// of a run but the last, the rebalancer measures, and the trainer moves blocks when it says
+/// so.
+#[derive(Debug, Default)]
+pub(crate) struct Repartitioning {
+    /// The run's rebalancer, built at its first step (a new one for every run).
+    rebalancer: Option<StageRebalancer>,
+    /// The re-partitionings made so far.
+    done: Vec<Repartition>,
+}
+
+impl<D: Driver> Parallelism<D> for Repartitioning {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
+    fn begin_run(&mut self) {
+        self.rebalancer = None;
+    }
+
+    fn after_step(&mut self, t: &mut Trainer<D>, report: &StepReport) -> Result<(), TrainError> {
+        let Some(settings) = t.config.parallelism.rebalance else {
             return Ok(());
         };
-        let r = rebalancer.get_or_insert_with(|| {
-            Rebalancer::new(settings, &self.schedule, head_units(self.config.d_model))
+        let r = self.rebalancer.get_or_insert_with(|| {
+            StageRebalancer::new(settings, &t.schedule, head_units(t.config.model.d_model))
         });
         let Some(timeline) = &report.timeline else {
             return Ok(());
         };
-        let from = self.config.stage_blocks();
+        let from = t.config.stage_blocks();
         if let Some(p) = r.observe(timeline, &from) {
-            let moved = self.repartition(p.to.clone());
-            self.own(report.step, moved)?;
-            self.repartitions.push(Repartition {
-                after_steps: self.steps_done,
+            let moved = t.repartition(p.to.clone());
+            t.own(report.step, moved)?;
+            self.done.push(Repartition {
+                after_steps: t.steps_done,
                 from,
                 to: p.to,
                 rank_seconds: p.rank_seconds,
@@ -161,15 +193,5 @@ impl<D: Driver> Trainer<D> {
             });
         }
         Ok(())
-    }
-
-    /// The re-partitionings this trainer made, in order.
-    pub fn repartitions(&self) -> &[Repartition] {
-        &self.repartitions
-    }
-
-    /// The blocks per model stage now, as the flag writes them (`3,2,2,1`).
-    pub fn partition_text(&self) -> String {
-        format_partition(&self.config.stage_blocks())
     }
 }

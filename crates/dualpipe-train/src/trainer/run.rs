@@ -3,8 +3,7 @@
 
 use std::time::Instant;
 
-use super::{StepEvent, Trainer, TOTALS_ROUND};
-use crate::collective::gather_f64s;
+use super::{StepEvent, Trainer};
 use crate::driver::Driver;
 use crate::error::{Divergence, TrainError};
 use crate::summary::{RunSummary, SummaryBuilder};
@@ -22,7 +21,9 @@ impl<D: Driver> Trainer<D> {
     ) -> Result<RunSummary, TrainError> {
         let mut summary = SummaryBuilder::new(&self.config, &self.schedule);
         let began = Instant::now();
-        let mut rebalancer = None;
+        for p in &mut self.parallelisms {
+            p.begin_run();
+        }
         let first = self.steps_done;
         while self.steps_done < self.config.steps {
             let step = self.steps_done;
@@ -40,7 +41,7 @@ impl<D: Driver> Trainer<D> {
                 return Err(TrainError::Diverged(Divergence {
                     step,
                     loss: report.loss,
-                    lr: self.config.lr,
+                    lr: self.config.optimizer.lr,
                 }));
             }
             if self.evaluation_due(step) {
@@ -48,7 +49,7 @@ impl<D: Driver> Trainer<D> {
             }
             self.save_due_checkpoint(step)?;
             if self.steps_done < self.config.steps {
-                self.rebalance_after(&mut rebalancer, &report)?;
+                self.each_parallelism(|p, t| p.after_step(t, &report))?;
             }
             let elapsed = began.elapsed();
             if let Err(reason) = on_step(StepEvent::Finished {
@@ -61,59 +62,11 @@ impl<D: Driver> Trainer<D> {
         }
         let total = began.elapsed();
         let samples = self.samples()?;
-        let exchanged = self.exchange_totals(total.as_secs_f64())?;
-        let rebalanced = self.rebalance_over_ranks()?;
-        self.finish()?;
         let mut summary = summary.finish(total, samples);
-        if let Some((rebalances, moved, scratch, bytes)) = rebalanced {
-            summary.eplb_rebalances = Some(rebalances);
-            summary.experts_moved = Some(moved);
-            summary.experts_moved_from_scratch = Some(scratch);
-            summary.expert_bytes_moved = Some(bytes);
-        }
-        if let Some([sent, uncompressed, overhead, workers]) = exchanged {
-            summary.grad_exchange = self.dp.as_ref().map(|dp| dp.method().to_string());
-            summary.grad_exchange_started = self.dp.as_ref().map(|dp| dp.started().to_string());
-            summary.grad_bytes_sent = sent as u64;
-            summary.grad_bytes_uncompressed = uncompressed as u64;
-            summary.communication_overhead = overhead / workers.max(1.0);
-        }
+        let seconds = total.as_secs_f64();
+        self.each_parallelism(|p, t| p.end_run(t, seconds, &mut summary))?;
+        self.finish()?;
         Ok(summary)
-    }
-
-    /// The gradient exchange's figures over every worker of the run, the same on every
-    /// process (a collective call after the last step): bytes sent, bytes uncompressed, the
-    /// sum of the processes' exchange shares of `seconds`, and the number of processes.
-    fn exchange_totals(&mut self, seconds: f64) -> Result<Option<[f64; 4]>, TrainError> {
-        let Some(dp) = &self.dp else {
-            return Ok(None);
-        };
-        let t = dp.totals();
-        let mine = [
-            t.grad_bytes_sent as f64,
-            t.grad_bytes_uncompressed as f64,
-            dp.seconds() / seconds.max(1e-9),
-            1.0,
-        ];
-        let done = self.steps_done;
-        let parts = gather_f64s(
-            &mut self.driver,
-            done,
-            TOTALS_ROUND,
-            &mine,
-            &self.exec_options,
-            "the exchange's figures",
-        )?;
-        let mut pipeline = [0.0; 4];
-        for values in parts {
-            for (acc, v) in pipeline.iter_mut().zip(values) {
-                *acc += v;
-            }
-        }
-        let Some(dp) = self.dp.as_mut() else {
-            return Ok(None);
-        };
-        Ok(Some(dp.sum_over_replicas(done, pipeline)?))
     }
 
     /// Stops [`Trainer::run`] at the step boundary `request` fixes (with a final checkpoint

@@ -157,7 +157,7 @@ impl TrainLauncher {
         {
             return Err("--partition and --plan fix the stages of one rank count; give min_ranks = max_ranks".into());
         }
-        let blocks = base.model_stages() * base.layers_per_stage;
+        let blocks = base.model_stages() * base.model.layers_per_stage;
         let rest = without_layers(args);
         let stages = resolve(&with(&rest, ranks, Some(1)))?.model_stages();
         if stages == 0 || blocks % stages != 0 {

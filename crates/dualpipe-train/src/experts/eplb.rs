@@ -2,7 +2,7 @@
 //! expert), and every [`MoeSettings::eplb_every`] steps a new placement from our
 //! migration-aware planner ([`dualpipe_eplb::plan`] with the previous placement), taking effect
 //! on every copy of every MoE block at once, stamped with its version (the step it took effect
-//! from), after its transfers ([`crate::expert_shards::move_experts`]). Every replica computes
+//! from), after its transfers ([`crate::experts::shards::move_experts`]). Every replica computes
 //! the same plan from the same group-wide counts, so no plan travels.
 
 use dualpipe_eplb::moves::move_plan;
@@ -10,16 +10,16 @@ use dualpipe_eplb::{Layout, LoadMatrix, Placement, Planner};
 use dualpipe_nn::gpt::moe::parallel::ExpertPlacement;
 
 use crate::error::TrainError;
-use crate::expert_parallel::placement_of_slots;
-use crate::expert_shards::Transfer;
-use crate::moe::MoeSettings;
+use crate::experts::group::placement_of_slots;
+use crate::experts::shards::Transfer;
+use crate::experts::MoeSettings;
 
 /// Weight of the history in the moving average of the counts (`ema = 0.9·ema + 0.1·counts`).
 pub const EMA_DECAY: f64 = 0.9;
 
 /// The rebalancer of one replica (see the [module](self) documentation).
 #[derive(Debug)]
-pub struct Rebalancer {
+pub struct ExpertRebalancer {
     every: usize,
     workers: usize,
     experts: usize,
@@ -34,7 +34,7 @@ pub struct Rebalancer {
     bytes_moved: u64,
 }
 
-/// A re-placement planned by [`Rebalancer::observe`].
+/// A re-placement planned by [`ExpertRebalancer::observe`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Replan {
     /// Per MoE block: its new placement.
@@ -49,7 +49,7 @@ fn eplb_error(e: dualpipe_eplb::EplbError) -> TrainError {
     TrainError::Execution(format!("EPLB in training: {e}"))
 }
 
-impl Rebalancer {
+impl ExpertRebalancer {
     /// The rebalancer of `layers` (every MoE block of the model this replica holds a copy
     /// of), starting from the slots of `initial` over `workers` workers.
     pub fn new(
@@ -68,7 +68,7 @@ impl Rebalancer {
         } else {
             (0..slots).map(|p| p % experts).collect()
         };
-        Rebalancer {
+        ExpertRebalancer {
             every: settings.eplb_every,
             workers,
             experts,
@@ -85,7 +85,7 @@ impl Rebalancer {
 
     /// Folds step `step`'s group-wide `totals` (per block) into the average; when a
     /// rebalance is due after this step, plans and returns the re-placement (version
-    /// `step + 1`) for [`crate::expert_shards::move_experts`] to carry out.
+    /// `step + 1`) for [`crate::experts::shards::move_experts`] to carry out.
     pub fn observe(
         &mut self,
         step: usize,
@@ -208,7 +208,7 @@ impl Rebalancer {
         &self.phy2log
     }
 
-    /// The MoE blocks, ascending (row `i` of [`Rebalancer::phy2log`] and of the average is
+    /// The MoE blocks, ascending (row `i` of [`ExpertRebalancer::phy2log`] and of the average is
     /// block `layers()[i]`).
     pub fn layers(&self) -> &[usize] {
         &self.layers
@@ -220,7 +220,7 @@ impl Rebalancer {
     }
 
     /// Continues from a saved state (a checkpoint's): the slots in force and the average, per
-    /// block in the order of [`Rebalancer::layers`]; refused when their sizes differ.
+    /// block in the order of [`ExpertRebalancer::layers`]; refused when their sizes differ.
     pub fn resume(
         &mut self,
         phy2log: Vec<Vec<usize>>,

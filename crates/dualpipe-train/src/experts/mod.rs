@@ -1,5 +1,21 @@
-//! The GPT's mixture-of-experts settings ([`MoeSettings`], `--experts` and friends) and the
-//! per-step expert load figures ([`ExpertLoad`], `expert_load_imbalance` in the JSON).
+//! The GPT's mixture of experts in training, one module for the concept:
+//!
+//! - here: the settings ([`MoeSettings`], `--experts` and friends) and the per-step expert
+//!   load figures ([`ExpertLoad`], `expert_load_imbalance` in the JSON);
+//! - [`group`] — MoE over the data-parallel group ([`group::ExpertGroup`]): counts summed over
+//!   replicas, expert parallelism (all-to-all dispatch and combine);
+//! - [`shards`] — which routed experts a worker holds, their gradients and checkpoints;
+//! - [`eplb`] — EPLB in training ([`eplb::ExpertRebalancer`]): re-placing experts from the
+//!   router counts;
+//! - `mpi` (feature `mpi`) — the experts' all-to-alls over MPI.
+//!
+//! The trainer's side (the experts as a parallelism of the step) is `trainer/experts.rs`.
+
+pub mod eplb;
+pub mod group;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+pub mod shards;
 
 use dualpipe_nn::gpt::moe::parallel::LinkModel;
 use dualpipe_nn::gpt::moe::waits::{self, Tally};

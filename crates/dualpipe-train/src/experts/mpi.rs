@@ -24,7 +24,7 @@ use dualpipe_nn::gpt::moe::parallel::{link_wait, ExchangeTag, ExpertLink, Phase}
 use dualpipe_nn::NnError;
 use dualpipe_runtime::transport::mpi::{MpiPeers, MpiWorld};
 
-use crate::expert_parallel::ExpertLinks;
+use crate::experts::group::ExpertLinks;
 use crate::{TrainConfig, TrainError};
 
 /// Every MPI call of the process's expert links is made holding this lock.
@@ -204,17 +204,24 @@ impl ExpertLink for MpiExpertLink {
 /// The expert links of this process (pipeline rank `rank` of the grid of `config`), or none
 /// for a dense model or a single replica: per MoE block of the model and direction, a link
 /// over that pipeline rank in every replica (the copies this rank does not hold are dropped
-/// by [`ExpertGroup::new`](crate::expert_parallel::ExpertGroup::new)), and one for the
+/// by [`ExpertGroup::new`](crate::experts::group::ExpertGroup::new)), and one for the
 /// counts. Collective: every process of the world calls it, in the same order.
 pub fn expert_links(
     world: &MpiWorld,
     config: &TrainConfig,
     rank: usize,
 ) -> Result<Option<ExpertLinks>, TrainError> {
-    let Some(moe) = config.gpt().moe.filter(|_| config.data_parallel > 1) else {
+    let Some(moe) = config
+        .gpt()
+        .moe
+        .filter(|_| config.parallelism.data_parallel > 1)
+    else {
         return Ok(None);
     };
-    let threads = config.moe.is_some_and(|m| m.expert_parallel && m.overlap);
+    let threads = config
+        .model
+        .moe
+        .is_some_and(|m| m.expert_parallel && m.overlap);
     if threads && !world.threads_serialized() {
         return Err(TrainError::Config(
             "this MPI does not provide MPI_THREAD_SERIALIZED, which the overlapped FB pair's \
@@ -222,7 +229,7 @@ pub fn expert_links(
                 .into(),
         ));
     }
-    let timeout = Duration::from_secs_f64(config.recv_timeout);
+    let timeout = Duration::from_secs_f64(config.transport.recv_timeout);
     let layers = config
         .layers_per_stage
         .saturating_mul(config.model_stages());

@@ -6,11 +6,11 @@
 //! - with expert parallelism, the group's all-to-all ends of every MoE block copy
 //!   ([`ExpertLinks`]) and the [`ExpertPlacement`] each block serves by: `E / D` logical
 //!   experts per worker at first (plus [`MoeSettings::redundant_experts`] slots per block);
-//! - EPLB in training ([`crate::eplb_runtime`]).
+//! - EPLB in training ([`crate::experts::eplb`]).
 //!
 //! With expert parallelism a worker stores (weights and optimizer state) only the experts its
 //! placement gives it; their gradients, re-placements and the whole model's weights travel
-//! over the group's counts link ([`crate::expert_shards`]). See `docs/moe.md`.
+//! over the group's counts link ([`crate::experts::shards`]). See `docs/moe.md`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,10 +27,10 @@ use dualpipe_schedule::Chunk;
 
 use crate::checkpoint::{Checkpoint, HostTensor};
 use crate::config::TrainConfig;
-use crate::eplb_runtime::Rebalancer;
 use crate::error::TrainError;
-use crate::expert_shards;
-use crate::moe::MoeSettings;
+use crate::experts::eplb::ExpertRebalancer;
+use crate::experts::shards;
+use crate::experts::MoeSettings;
 
 /// One replica's ends of the all-to-alls of every MoE block copy, keyed by (model-wide
 /// block, direction), plus the group's end for the step's counts: in process
@@ -81,11 +81,12 @@ pub fn links_for(config: &TrainConfig, replicas: usize) -> Vec<ExpertLinks> {
         return Vec::new();
     };
     let layers = config
+        .model
         .layers_per_stage
         .saturating_mul(config.model_stages());
     let blocks: Vec<usize> = (0..layers).filter(|&l| moe.is_moe_block(l)).collect();
-    let timeout = Duration::from_secs_f64(config.recv_timeout);
-    let link = config.moe.map_or(LinkModel::NONE, |s| s.link());
+    let timeout = Duration::from_secs_f64(config.transport.recv_timeout);
+    let link = config.model.moe.map_or(LinkModel::NONE, |s| s.link());
     local_links(replicas, &blocks, 2, timeout, link)
 }
 
@@ -133,7 +134,7 @@ pub struct ExpertGroup {
     settings: MoeSettings,
     counts: Box<dyn ExpertLink>,
     /// With expert parallelism: the rebalancer (placements, EMA, moves).
-    rebalancer: Option<Rebalancer>,
+    rebalancer: Option<ExpertRebalancer>,
 }
 
 /// What the group's step tells the trainer.
@@ -162,10 +163,10 @@ impl ExpertGroup {
         links: ExpertLinks,
         stages: &mut [RankStages<ModelStage>],
     ) -> Result<Self, TrainError> {
-        let settings = config.moe.ok_or_else(|| {
+        let settings = config.model.moe.ok_or_else(|| {
             TrainError::Config("expert groups need the mixture of experts".into())
         })?;
-        let replicas = config.data_parallel.max(1);
+        let replicas = config.parallelism.data_parallel.max(1);
         let mut rebalancer = None;
         if settings.expert_parallel {
             let placement =
@@ -189,7 +190,9 @@ impl ExpertGroup {
             }
             layers.sort_unstable();
             layers.dedup();
-            rebalancer = Some(Rebalancer::new(&settings, replicas, &layers, &placement));
+            rebalancer = Some(ExpertRebalancer::new(
+                &settings, replicas, &layers, &placement,
+            ));
         }
         Ok(ExpertGroup {
             replica,
@@ -271,7 +274,7 @@ impl ExpertGroup {
         }
         if let Some(r) = &mut self.rebalancer {
             if let Some(replan) = r.observe(step, &out.totals)? {
-                let bytes = expert_shards::move_experts(
+                let bytes = shards::move_experts(
                     self.counts.as_mut(),
                     step,
                     stages,
@@ -288,7 +291,7 @@ impl ExpertGroup {
     }
 
     /// With expert parallelism: sums each stored expert's gradient among its holders (see
-    /// [`expert_shards::exchange_gradients`]); `copies_summed`: DualPipe's copies of a
+    /// [`shards::exchange_gradients`]); `copies_summed`: DualPipe's copies of a
     /// block already hold their sum. Nothing to do otherwise (the dense exchange carries
     /// the experts).
     pub fn exchange_gradients(
@@ -300,7 +303,7 @@ impl ExpertGroup {
         if !self.settings.expert_parallel {
             return Ok(());
         }
-        expert_shards::exchange_gradients(
+        shards::exchange_gradients(
             self.counts.as_mut(),
             step,
             stages,
@@ -310,7 +313,7 @@ impl ExpertGroup {
     }
 
     /// With expert parallelism: the sum of squares of the routed experts' gradients over the
-    /// group (see [`expert_shards::expert_squares`]); 0 otherwise.
+    /// group (see [`shards::expert_squares`]); 0 otherwise.
     pub fn expert_squares(
         &mut self,
         step: usize,
@@ -319,11 +322,11 @@ impl ExpertGroup {
         if !self.settings.expert_parallel {
             return Ok(0.0);
         }
-        expert_shards::expert_squares(self.counts.as_mut(), step, stages)
+        shards::expert_squares(self.counts.as_mut(), step, stages)
     }
 
     /// With expert parallelism: fills `weights` with the experts other workers hold (a
-    /// collective call of the group, see [`expert_shards::gather_experts`]).
+    /// collective call of the group, see [`shards::gather_experts`]).
     pub fn gather_experts(
         &mut self,
         step: usize,
@@ -333,7 +336,7 @@ impl ExpertGroup {
         if !self.settings.expert_parallel {
             return Ok(());
         }
-        expert_shards::gather_experts(self.counts.as_mut(), step, stages, weights)
+        shards::gather_experts(self.counts.as_mut(), step, stages, weights)
     }
 
     /// The rebalancer's running figures: rebalances, expert replicas moved, the replicas
@@ -341,7 +344,7 @@ impl ExpertGroup {
     pub fn rebalance_totals(&self) -> (usize, usize, u64) {
         self.rebalancer
             .as_ref()
-            .map_or((0, 0, 0), Rebalancer::totals)
+            .map_or((0, 0, 0), ExpertRebalancer::totals)
     }
 
     /// With expert parallelism: the tensors a checkpoint keeps of the group's state, per MoE
@@ -390,8 +393,8 @@ impl ExpertGroup {
             return Ok(());
         };
         let saved = &ckpt.state.config;
-        let same_group = saved.data_parallel == self.replicas
-            && saved.moe.is_some_and(|m| {
+        let same_group = saved.parallelism.data_parallel == self.replicas
+            && saved.model.moe.is_some_and(|m| {
                 m.expert_parallel
                     && m.experts == self.settings.experts
                     && m.redundant_experts == self.settings.redundant_experts
@@ -416,13 +419,15 @@ impl ExpertGroup {
         }
         let ema = (!emas.is_empty()).then_some(emas);
         r.resume(rows, ema)?;
-        expert_shards::adopt(stages, self.replica, &placements, |name| {
+        shards::adopt(stages, self.replica, &placements, |name| {
             Ok(ckpt.tensor(name)?.to_tensor(dtype)?)
         })
     }
 
     /// Bytes of expert weights and optimizer state this replica sent in re-placements.
     pub fn bytes_moved(&self) -> u64 {
-        self.rebalancer.as_ref().map_or(0, Rebalancer::bytes_moved)
+        self.rebalancer
+            .as_ref()
+            .map_or(0, ExpertRebalancer::bytes_moved)
     }
 }
