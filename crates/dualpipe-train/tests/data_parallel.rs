@@ -38,7 +38,6 @@ fn tiny(model: ModelKind, kind: ScheduleKind, micro_batches: usize) -> TrainConf
             micro_batches,
             micro_batch_size: 2,
             virtual_stages: kind.default_virtual_stages(),
-            ..TrainConfig::defaults_for(model).schedule
         },
         optimizer: OptimizerSection {
             lr: 0.05,

@@ -44,7 +44,6 @@ fn tiny(kind: ScheduleKind, micro_batches: usize, moe: MoeSettings) -> TrainConf
             micro_batches,
             micro_batch_size: 2,
             virtual_stages: kind.default_virtual_stages(),
-            ..TrainConfig::defaults_for(ModelKind::Gpt).schedule
         },
         optimizer: OptimizerSection {
             lr: 0.05,

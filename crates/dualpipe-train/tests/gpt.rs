@@ -33,7 +33,6 @@ fn tiny(kind: ScheduleKind, ranks: usize, micro_batches: usize) -> TrainConfig {
             micro_batches,
             micro_batch_size: 2,
             virtual_stages: kind.default_virtual_stages(),
-            ..TrainConfig::DEFAULT.schedule
         },
         optimizer: OptimizerSection {
             lr: 0.05,

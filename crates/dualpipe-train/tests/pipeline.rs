@@ -30,7 +30,6 @@ fn config(
             micro_batches: 8,
             micro_batch_size: 3,
             virtual_stages,
-            ..TrainConfig::MLP.schedule
         },
         optimizer: OptimizerSection {
             lr: 0.05,
