@@ -1,6 +1,7 @@
 //! `dualpipe`: plan, simulate and run pipeline schedules; balance MoE experts.
 
 mod cmd;
+mod flags;
 
 use clap::{Parser, Subcommand};
 
@@ -24,7 +25,7 @@ enum Command {
     Eplb(cmd::eplb::Args),
     /// Train a model (the GPT by default) with a pipeline schedule: local ranks, or one
     /// process per rank under MPI (the main job).
-    Train(Box<dualpipe_train::cli::TrainArgs>),
+    Train(Box<flags::TrainArgs>),
     /// Mean next-token cross-entropy of GPT weights over a file (loss, bits per byte).
     Eval(cmd::eval::Args),
     /// Continue a prompt with GPT weights (greedy, or sampled with a temperature).

@@ -38,9 +38,11 @@
 //! - [`memory`] — the documented memory cap and this machine's available memory;
 //! - [`checkpoint`] — checkpoints: written in the background, named by model layer, read
 //!   back by any grid shape ([`Trainer::set_checkpoints`], [`Trainer::restore`]);
-//! - `cli` (feature `clap`) — the flags of `dualpipe train` as clap arguments, the one
-//!   place they become a [`TrainConfig`] (defaults read from it, so help cannot drift), and
-//!   their run, local or (with `mpi`) one process under a launcher, with its notes and exits;
+//! - [`job`] — [`job::JobConfig`] (the [`TrainConfig`] and the job's checkpoint, observe,
+//!   outputs and transport sections) and [`job::Job::run`]: the whole job, local threads or
+//!   (with `mpi`) one process under a launcher, resuming, writing checkpoints, watched, with
+//!   its notes and failures in the words its caller asks for (no clap: the flags are the
+//!   binary's);
 //! - `mpi` (feature `mpi`) — one worker per process under an MPI launcher: the grid's check
 //!   and this process's trainer.
 //!
@@ -75,8 +77,6 @@
 
 mod check;
 pub mod checkpoint;
-#[cfg(feature = "clap")]
-pub mod cli;
 pub mod collective;
 pub mod config;
 pub mod custom;
@@ -84,6 +84,7 @@ pub mod data_parallel;
 pub mod driver;
 pub mod error;
 pub mod experts;
+pub mod job;
 pub mod local;
 pub mod memory;
 #[cfg(feature = "mpi")]

@@ -103,10 +103,13 @@ pub fn mpi_trainer(
         stages.dedup();
         stages
     };
-    let splits = (0..config.ranks).map(|r| held(r).len()).max().unwrap_or(0);
+    let splits = (0..config.schedule.ranks)
+        .map(|r| held(r).len())
+        .max()
+        .unwrap_or(0);
     let mine = held(p);
     let group = |link: MpiLink| -> Result<GroupTransport, TrainError> {
-        let t = LinkTransport::new(link, (0..config.data_parallel).collect())
+        let t = LinkTransport::new(link, (0..config.parallelism.data_parallel).collect())
             .map_err(|e| TrainError::Config(format!("the data-parallel group: {e}")))?;
         Ok(Box::new(t))
     };
@@ -114,7 +117,7 @@ pub fn mpi_trainer(
     // two copies of one stage (MPI's sum takes one copy per process).
     let mut copies = vec![0usize; config.model_stages()];
     let mut one_copy_per_rank = true;
-    for r in 0..config.ranks {
+    for r in 0..config.schedule.ranks {
         let all = schedule.placement.stages_of(r).len();
         one_copy_per_rank &= held(r).len() == all;
         for (_, s) in schedule.placement.stages_of(r) {

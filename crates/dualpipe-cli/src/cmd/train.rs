@@ -1,13 +1,15 @@
-//! `dualpipe train`: flags ([`TrainArgs`]) → [`TrainArgs::config`] → the run
-//! ([`TrainArgs::run_local`], or one process's `TrainArgs::run_rank` under MPI (feature `mpi`)) → the
-//! summary and the files it asks for, printed or written. Everything else (the resume point,
-//! the checkpoints, the watch, which MPI process reports and how a failing one leaves) is
-//! `dualpipe_train::cli`'s; this module maps its failures to exit codes and prints.
+//! `dualpipe train`: flags ([`TrainArgs`]) → [`TrainArgs::job`], the job's configuration
+//! built once → [`Job::run`] (local threads, or this process's rank under MPI, feature `mpi`)
+//! → the summary and the files it asks for, printed or written. Everything else (the resume
+//! point, the checkpoints, the watch, which MPI process reports and how a failing one leaves)
+//! is `dualpipe_train::job`'s; this module maps its failures to exit codes and prints.
 
 use std::io::Write;
 
 use dualpipe_metrics::RunWatch;
-use dualpipe_train::cli::{Failure, Finished, TrainArgs, Transport};
+use dualpipe_train::job::{Failure, Finished, Job, JobConfig, Transport};
+
+use crate::flags::{Format, TrainArgs};
 
 use super::output::{check_paths, write_together};
 use super::{Interrupted, UsageError};
@@ -15,7 +17,7 @@ use super::{Interrupted, UsageError};
 /// Runs `dualpipe train`.
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     match execute(&args)? {
-        Some(finished) => write(&args, &finished),
+        Some((job, finished)) => write(&args, &job, &finished),
         // `--profile`'s run, or a process of an MPI run other than rank 0 (which reports).
         None => Ok(()),
     }
@@ -23,22 +25,22 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
 
 /// Trains and returns what to write (`None`: nothing). Every output path is checked first,
 /// so a bad one is found before training.
-fn execute(args: &TrainArgs) -> anyhow::Result<Option<Finished>> {
+fn execute(args: &TrainArgs) -> anyhow::Result<Option<(JobConfig, Finished)>> {
     check_train_paths(args)?;
-    let (config, given) = args.config().map_err(UsageError::from)?;
-    if let Some(profile) = args.profile_run(&config).map_err(error)? {
+    let (job, given) = args.job().map_err(UsageError::from)?;
+    if let Some(profile) = args.profile_run(&job.train).map_err(error)? {
         write_together(vec![(Some(profile.path), profile.text.into_bytes())])?;
         if let Some(note) = profile.note {
             say(&note);
         }
         return Ok(None);
     }
-    match args.transport {
-        Transport::Local => args
-            .run_local(config, given, RunWatch::start, &mut say)
-            .map(Some),
-        Transport::Mpi => run_rank(args, config, given),
+    // After this no flag is read: the job is its configuration.
+    match job.transport {
+        Transport::Local => Job::run(&job, given, RunWatch::start, &mut say),
+        Transport::Mpi => run_rank(&job, given),
     }
+    .map(|finished| finished.map(|f| (job, f)))
     .map_err(error)
 }
 
@@ -73,13 +75,18 @@ fn check_train_paths(args: &TrainArgs) -> anyhow::Result<()> {
 
 /// Writes the weights, the trace and the picture (when asked) and the summary, all or
 /// nothing.
-fn write(args: &TrainArgs, finished: &Finished) -> anyhow::Result<()> {
+fn write(args: &TrainArgs, job: &JobConfig, finished: &Finished) -> anyhow::Result<()> {
     let mut files: Vec<_> = finished
-        .files(args)
+        .files(&job.outputs)
         .into_iter()
         .map(|(p, b)| (Some(p), b))
         .collect();
-    files.push((args.output.clone(), finished.text(args).into_bytes()));
+    // The summary as --format asks (the table without its loss lines with --quiet).
+    let text = match args.format {
+        Format::Json => finished.summary.json(),
+        Format::Table => finished.summary.table(job.observe.quiet),
+    };
+    files.push((args.output.clone(), text.into_bytes()));
     write_together(files)
 }
 
@@ -109,17 +116,15 @@ fn error(failure: Failure) -> anyhow::Error {
 
 #[cfg(feature = "mpi")]
 fn run_rank(
-    args: &TrainArgs,
-    config: dualpipe_train::TrainConfig,
+    job: &JobConfig,
     given: Option<dualpipe_schedule::Schedule>,
 ) -> Result<Option<Finished>, Failure> {
-    args.run_rank(config, given, RunWatch::start, &mut say)
+    Job::run(job, given, RunWatch::start, &mut say)
 }
 
 #[cfg(not(feature = "mpi"))]
 fn run_rank(
-    _args: &TrainArgs,
-    _config: dualpipe_train::TrainConfig,
+    _job: &JobConfig,
     _given: Option<dualpipe_schedule::Schedule>,
 ) -> Result<Option<Finished>, Failure> {
     Err(Failure::usage(

@@ -231,6 +231,7 @@ pub fn expert_links(
     }
     let timeout = Duration::from_secs_f64(config.transport.recv_timeout);
     let layers = config
+        .model
         .layers_per_stage
         .saturating_mul(config.model_stages());
     let mut blocks: BTreeMap<(usize, usize), Box<dyn ExpertLink>> = BTreeMap::new();

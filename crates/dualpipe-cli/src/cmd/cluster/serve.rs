@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::flags::TrainArgs;
 use dualpipe_cluster::serve::{
     serve, JobPaths, JobRecord, Launch, Launcher, PolicyParams, ServeOptions,
 };
-use dualpipe_train::cli::TrainArgs;
 
 use super::check_number;
 use crate::cmd::UsageError;
@@ -104,7 +104,7 @@ fn resolve(flags: &[String]) -> Result<dualpipe_train::TrainConfig, String> {
     parsed
         .config()
         .map(|(config, _)| config)
-        .map_err(dualpipe_train::cli::message)
+        .map_err(crate::flags::message)
 }
 
 /// `args` without any `--layers-per-stage` (the scheduler sets it per rank count).

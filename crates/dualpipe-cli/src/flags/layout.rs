@@ -1,15 +1,16 @@
 //! `dualpipe train`'s layout flags ([`LayoutArgs`]): `--partition`, `--plan`, `--profile`,
 //! `--slow-rank` and `--rebalance-stages` (with its threshold and window). They map onto
 //! [`TrainConfig::partition`], [`PlanChoice`], [`SlowRank`] and [`RebalanceSettings`]; the
-//! profiling run itself is [`profile_gpt`](crate::profile::profile_gpt).
+//! profiling run itself is [`profile_gpt`](dualpipe_train::profile::profile_gpt).
 
 use std::path::PathBuf;
 
 use super::{message, reworded};
-use crate::partition::parse_partition;
-use crate::plan_file::PlanChoice;
-use crate::rebalance::{RebalanceSettings, SlowRank, DEFAULT_THRESHOLD, DEFAULT_WINDOW};
-use crate::{Naming, TrainConfig, TrainError};
+use dualpipe_train::job::Failure;
+use dualpipe_train::partition::parse_partition;
+use dualpipe_train::plan_file::PlanChoice;
+use dualpipe_train::rebalance::{RebalanceSettings, SlowRank, DEFAULT_THRESHOLD, DEFAULT_WINDOW};
+use dualpipe_train::{Naming, TrainConfig, TrainError};
 
 /// Stage layout flags of `dualpipe train`.
 #[derive(clap::Args, Debug, Default)]
@@ -103,13 +104,14 @@ pub struct ProfileRun {
 impl super::TrainArgs {
     /// With `--profile`: measures `config`'s GPT (`--profile-repeats` times per block) and
     /// returns the profile to write; `None` without the flag (the run trains instead).
-    pub fn profile_run(&self, config: &TrainConfig) -> Result<Option<ProfileRun>, super::Failure> {
+    pub fn profile_run(&self, config: &TrainConfig) -> Result<Option<ProfileRun>, Failure> {
         let Some(path) = &self.layout.profile else {
             return Ok(None);
         };
-        let profile = crate::profile::profile_gpt(config, self.layout.profile_repeats)?;
+        let profile = dualpipe_train::profile::profile_gpt(config, self.layout.profile_repeats)
+            .map_err(|e| Failure::usage(message(e)))?;
         let mut text =
-            serde_json::to_string_pretty(&profile).map_err(|e| super::Failure::error(None, &e))?;
+            serde_json::to_string_pretty(&profile).map_err(|e| Failure::error(None, &e))?;
         text.push('\n');
         let total: f64 = profile.layers.iter().map(|l| l.work()).sum();
         let note = (!self.observe.quiet).then(|| {

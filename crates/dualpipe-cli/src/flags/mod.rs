@@ -1,55 +1,46 @@
-//! The flags of `dualpipe train` (feature `clap`) and the one place they become a
-//! [`crate::TrainConfig`]: [`TrainArgs::config`].
+//! The flags of `dualpipe train` and the one place they become a job's configuration
+//! ([`TrainArgs::job`]: a [`JobConfig`](dualpipe_train::job::JobConfig) holding the
+//! [`TrainConfig`](dualpipe_train::TrainConfig)), and the flag parsers every command shares
+//! ([`count`], [`seed`], [`parse_kind`], [`read_schedule_file`], [`schedule_flags`]).
 //!
-//! The flags live here, beside the configuration they fill, so that every default is read from
-//! [`TrainConfig::DEFAULT`](crate::TrainConfig::DEFAULT) (or the MLP's, or
-//! [`MoeSettings::DEFAULT`](crate::MoeSettings::DEFAULT)) and the help text cannot drift from
-//! the library; the binary only parses, calls and prints. Every refusal is a
-//! [`TrainError::Config`] whose message names the flag and a valid value (the binary shows it
-//! as a usage error, exit code 2); sizes are checked once, by
-//! [`TrainConfig::check`](crate::TrainConfig::check).
+//! Every default is read from [`TrainConfig::DEFAULT`](dualpipe_train::TrainConfig::DEFAULT)
+//! (or the MLP's, or [`MoeSettings::DEFAULT`](dualpipe_train::MoeSettings::DEFAULT)) so the
+//! help text cannot drift from the library. Every refusal is a `TrainError::Config` whose
+//! message names the flag and a valid value (shown as a usage error, exit code 2); sizes are
+//! checked once, by [`TrainConfig::check`](dualpipe_train::TrainConfig::check) in flag words
+//! ([`Naming::Flags`](dualpipe_train::Naming::Flags)), and the job names fields by their flags
+//! too. After [`TrainArgs::job`] no clap type is seen: the binary calls
+//! [`Job::run`](dualpipe_train::job::Job::run).
 //!
 //! - [`args`] — [`TrainArgs`], the flags themselves, with [`Transport`] and [`Format`];
-//! - [`resolve`] — [`TrainArgs::config`]: flags → configuration (and `--init-from`'s
-//!   architecture);
+//! - [`resolve`] — [`TrainArgs::config`] and [`TrainArgs::job`]: flags → configuration (and
+//!   `--init-from`'s architecture);
 //! - [`layout`] — [`LayoutArgs`]: partition, plan, profile, slow rank, re-balancing;
 //! - [`moe`] — [`MoeArgs`]: the mixture of experts;
 //! - [`observe`] — [`ObserveArgs`]: progress, metrics address, run log;
-//! - [`resume`](mod@resume) — [`TrainArgs::resume_point`] and
-//!   [`TrainArgs::checkpoint_options`];
-//! - [`inject`] — `--inject-failure`'s `RANK:STEP:HOW` ([`Injection`]);
-//! - [`run`] — [`TrainArgs::run_local`]: the run of the flags on local threads, what it tells
-//!   on the way and what it leaves to write ([`Finished`]);
-//! - `mpi` (feature `mpi`) — `TrainArgs::run_rank`: one process's run under an MPI
-//!   launcher, which process reports and how a failing one leaves;
-//! - [`failure`] — [`Failure`]: a failed run in the command line's words, usage error or not.
+//! - [`inject`] — `--inject-failure`'s `RANK:STEP:HOW`.
 
 use std::path::Path;
 
 use dualpipe_schedule::ir::UnknownScheduleKind;
 use dualpipe_schedule::{ConfigError, Knob, Schedule, ScheduleError, ScheduleKind};
 
-use crate::{Divergence, ModelKind, TrainConfig, TrainError};
+use dualpipe_train::TrainError;
 
 pub mod args;
-pub mod failure;
 pub mod inject;
 pub mod layout;
 pub mod moe;
-#[cfg(feature = "mpi")]
-pub mod mpi;
 pub mod observe;
 pub mod resolve;
-pub mod resume;
-pub mod run;
+#[cfg(test)]
+mod tests;
 
 pub use args::{Format, TrainArgs, Transport};
-pub use failure::Failure;
-pub use inject::{How, Injection};
-pub use layout::{LayoutArgs, ProfileRun};
+pub use inject::parse_injection;
+pub use layout::LayoutArgs;
 pub use moe::MoeArgs;
-pub use observe::{rank_addr, ObserveArgs};
-pub use run::Finished;
+pub use observe::ObserveArgs;
 
 /// Parses a count flag (`--ranks`, `--micro-batches`, ...): a whole number from 0 up. Negative
 /// numbers reach this check (flags use `allow_negative_numbers`) instead of being taken for an
@@ -86,50 +77,25 @@ pub fn seed(text: &str) -> Result<u64, String> {
 }
 
 /// Parses a `--schedule` value, naming the valid kinds when it is unknown.
-pub fn parse_kind(name: &str) -> Result<ScheduleKind, TrainError> {
+pub fn parse_kind(name: &str) -> Result<ScheduleKind, String> {
     name.parse().map_err(|_: UnknownScheduleKind| {
-        TrainError::Config(format!(
+        format!(
             "unknown schedule '{name}' (--schedule): use one of {}",
             UnknownScheduleKind::valid()
-        ))
+        )
     })
 }
 
 /// Reads `--schedule-file` (our JSON or torch's compute-only CSV, validated on import); a
-/// file that cannot be read or used is a [`TrainError::Config`] naming the flag.
-pub fn read_schedule_file(path: &Path) -> Result<Schedule, TrainError> {
+/// file that cannot be read or used is a message naming the flag.
+pub fn read_schedule_file(path: &Path) -> Result<Schedule, String> {
     dualpipe_schedule::format::read_schedule_file(path).map_err(|e| match e {
-        ScheduleError::Parse(msg) => TrainError::Config(format!("{msg} (--schedule-file)")),
-        other => TrainError::Config(format!(
+        ScheduleError::Parse(msg) => format!("{msg} (--schedule-file)"),
+        other => format!(
             "schedule file {} (--schedule-file): {other}",
             path.display()
-        )),
+        ),
     })
-}
-
-/// A diverged run in the words of the command line: the flags to change (the learning rate,
-/// or, when the first loss already overflows, the element type and the width).
-pub fn divergence(d: &Divergence, config: &TrainConfig) -> String {
-    if d.before_any_update() {
-        format!(
-            "the loss of step 1 is {}, before any update: the inputs or the initial weights \
-             overflow {} (the learning rate is not the cause); try --dtype f64, a smaller \
-             {} or fewer --layers-per-stage",
-            d.loss,
-            config.model.dtype,
-            match config.model.kind {
-                ModelKind::Gpt => "--d-model",
-                ModelKind::Mlp => "--hidden",
-            }
-        )
-    } else {
-        format!(
-            "training diverged at step {}: the loss is {}; lower the learning rate (now --lr {:e})",
-            d.step + 1,
-            d.loss,
-            d.lr
-        )
-    }
 }
 
 /// A schedule's unsupported configuration in the command line's words: each setting by its

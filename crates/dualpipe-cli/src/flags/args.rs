@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use super::count;
-use crate::TrainConfig;
+use dualpipe_train::TrainConfig;
 
 /// The GPT's defaults.
 const D: TrainConfig = TrainConfig::DEFAULT;
@@ -217,7 +217,7 @@ pub struct TrainArgs {
     pub checkpoint_every: Option<usize>,
     /// Checkpoints kept in --checkpoint-dir: the newest K (0 keeps every one); nothing but
     /// the step-* directories this program wrote is ever removed.
-    #[arg(long, value_name = "K", default_value_t = crate::checkpoint::DEFAULT_KEEP)]
+    #[arg(long, value_name = "K", default_value_t = dualpipe_train::checkpoint::DEFAULT_KEEP)]
     pub keep_checkpoints: usize,
     /// Continue from the latest complete checkpoint in --checkpoint-dir (a damaged one is
     /// reported and the previous used; none yet: start at step 1). --steps stays the total.

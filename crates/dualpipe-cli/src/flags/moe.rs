@@ -6,7 +6,7 @@ use std::path::Path;
 use dualpipe_nn::gpt::GptConfig;
 
 use super::count;
-use crate::{MoeSettings, TrainError};
+use dualpipe_train::{MoeSettings, TrainError};
 
 /// The defaults.
 const M: MoeSettings = MoeSettings::DEFAULT;

@@ -1,12 +1,12 @@
-//! `dualpipe_train::cli`: the flags of `dualpipe train` and the configuration they become
-//! (moved here from the binary with the logic they test).
+//! The flags of `dualpipe train`, the configuration and the job they become, and the job's
+//! messages in flag words.
 
 use dualpipe_schedule::ScheduleKind;
-use dualpipe_train::cli::{
-    divergence, rank_addr, Failure, Finished, Injection, TrainArgs, Transport,
-};
+use dualpipe_train::job::{divergence, rank_addr, Failure, Finished, Job};
 use dualpipe_train::OptimizerSection;
-use dualpipe_train::{DType, Divergence, OptimizerKind, TrainConfig, TrainError};
+use dualpipe_train::{DType, Divergence, Naming, OptimizerKind, TrainConfig, TrainError};
+
+use super::{parse_injection, TrainArgs, Transport};
 
 fn parse(flags: &[&str]) -> TrainArgs {
     TrainArgs::try_parse_flags(flags).expect("flags parse")
@@ -149,25 +149,39 @@ fn the_flags_the_configuration_cannot_hold_are_checked_with_it() {
 
 #[test]
 fn an_injected_failure_reads_rank_step_and_how() {
-    let injection = Injection::parse("2:1:error").unwrap();
+    let injection = parse_injection("2:1:error").unwrap();
     assert_eq!((injection.rank, injection.step), (2, 1));
     for bad in ["2:0:error", "2:1", "2:1:crash", "x:1:exit"] {
-        let err = config_error(Injection::parse(bad).unwrap_err());
+        let err = config_error(parse_injection(bad).unwrap_err());
         assert!(err.contains("RANK:STEP:HOW"), "{bad}: {err}");
     }
 }
 
 #[test]
 fn each_rank_serves_its_own_port() {
-    assert_eq!(rank_addr("127.0.0.1:9400", 0).unwrap(), "127.0.0.1:9400");
-    assert_eq!(rank_addr("127.0.0.1:9400", 3).unwrap(), "127.0.0.1:9403");
-    assert_eq!(rank_addr("0.0.0.0:0", 3).unwrap(), "0.0.0.0:0");
-    assert_eq!(rank_addr("[::1]:9400", 1).unwrap(), "[::1]:9401");
+    assert_eq!(
+        rank_addr("127.0.0.1:9400", 0, Naming::Flags).unwrap(),
+        "127.0.0.1:9400"
+    );
+    assert_eq!(
+        rank_addr("127.0.0.1:9400", 3, Naming::Flags).unwrap(),
+        "127.0.0.1:9403"
+    );
+    assert_eq!(
+        rank_addr("0.0.0.0:0", 3, Naming::Flags).unwrap(),
+        "0.0.0.0:0"
+    );
+    assert_eq!(
+        rank_addr("[::1]:9400", 1, Naming::Flags).unwrap(),
+        "[::1]:9401"
+    );
     for bad in ["9400", "host:port", ":9400", "h:70000"] {
-        let err = config_error(rank_addr(bad, 1).unwrap_err());
+        let err = config_error(rank_addr(bad, 1, Naming::Flags).unwrap_err());
         assert!(err.contains("HOST:PORT"), "{bad}: {err}");
     }
-    assert!(config_error(rank_addr("h:65535", 1).unwrap_err()).contains("passes 65535"));
+    assert!(
+        config_error(rank_addr("h:65535", 1, Naming::Flags).unwrap_err()).contains("passes 65535")
+    );
 }
 
 #[test]
@@ -178,7 +192,7 @@ fn a_first_step_that_overflows_blames_the_inputs_not_the_learning_rate() {
         loss: f64::INFINITY,
         lr: 1e-3,
     };
-    let text = divergence(&first, &config);
+    let text = divergence(&first, &config, Naming::Flags);
     assert!(
         text.contains("overflow") && !text.contains("lower the learning rate"),
         "{text}"
@@ -188,7 +202,7 @@ fn a_first_step_that_overflows_blames_the_inputs_not_the_learning_rate() {
         loss: f64::NAN,
         lr: 1e300,
     };
-    let text = divergence(&later, &config);
+    let text = divergence(&later, &config, Naming::Flags);
     assert!(
         text.contains("diverged at step 5") && text.contains("--lr 1e300"),
         "{text}"
@@ -224,8 +238,8 @@ fn an_sgd_momentum_outside_zero_to_one_is_refused_by_the_one_check() {
 /// no watch and no notes).
 fn run_local(flags: &[&str]) -> Result<Finished, Failure> {
     let args = parse(flags);
-    let (config, given) = args.config()?;
-    args.run_local(config, given, |_, _| Ok(()), &mut |_| {})
+    let (job, given) = args.job().map_err(|e| Failure::usage(super::message(e)))?;
+    Job::run(&job, given, |_, _| Ok(()), &mut |_| {}).map(|f| f.expect("a local job reports"))
 }
 
 #[test]
@@ -255,14 +269,14 @@ fn a_tiny_local_run_tells_nothing_when_quiet_and_returns_its_summary() {
     let tiny = "--model mlp --ranks 2 --micro-batches 4 --micro-batch-size 4 --hidden 8 \
                 --layers-per-stage 1 --steps 3 --quiet";
     let args = parse(&tiny.split_whitespace().collect::<Vec<_>>());
-    let (config, given) = args.config().unwrap();
+    let (job, given) = args.job().unwrap();
     let mut said = Vec::new();
-    let finished = args
-        .run_local(config, given, |_, _| Ok(()), &mut |line| {
-            said.push(line.to_string())
-        })
-        .unwrap();
+    let finished = Job::run(&job, given, |_, _| Ok(()), &mut |line| {
+        said.push(line.to_string())
+    })
+    .unwrap()
+    .unwrap();
     assert_eq!(finished.summary.losses.len(), 3);
-    assert!(finished.weights.is_none() && finished.files(&args).is_empty());
+    assert!(finished.weights.is_none() && finished.files(&job.outputs).is_empty());
     assert!(said.is_empty(), "{said:?}");
 }

@@ -1,36 +1,16 @@
-//! The flags of what `dualpipe train` shows and exports while it trains ([`ObserveArgs`]):
-//! the progress bar, the Prometheus metrics server and the JSONL run log (the figures and
-//! formats are `dualpipe_metrics`'s).
+//! The metrics address of each process of a job ([`rank_addr`]).
 
-use std::path::PathBuf;
-
-use crate::TrainError;
-
-/// The flags of what a run shows and exports while it trains.
-#[derive(clap::Args, Debug, Default)]
-pub struct ObserveArgs {
-    /// Serve Prometheus metrics on HOST:PORT while training (port 0 picks a free one; the
-    /// address is printed as `metrics: http://HOST:PORT/metrics`). With --transport mpi each
-    /// process serves PORT + its rank.
-    #[arg(long, value_name = "HOST:PORT")]
-    pub metrics_addr: Option<String>,
-    /// Write one JSON line per step (every metric) into FILE, as the run goes; read it back
-    /// with `dualpipe report FILE`. With --transport mpi rank 0 writes it (every rank sees
-    /// every rank's figures).
-    #[arg(long, value_name = "FILE.jsonl")]
-    pub log: Option<PathBuf>,
-    /// No progress bar and no per-step lines (the summary is still printed).
-    #[arg(long)]
-    pub quiet: bool,
-}
+use crate::{Field, Naming, TrainError};
 
 /// The address process `rank` serves on: `addr` with its port moved up by `rank` (port 0
-/// stays 0: every process picks its own free port).
-pub fn rank_addr(addr: &str, rank: usize) -> Result<String, TrainError> {
+/// stays 0: every process picks its own free port). A bad address is a
+/// [`TrainError::Config`] naming the field as `naming` says.
+pub fn rank_addr(addr: &str, rank: usize, naming: Naming) -> Result<String, TrainError> {
     let bad = |why: &str| {
         TrainError::Config(format!(
-            "--metrics-addr {addr:?}: {why}; give HOST:PORT such as 127.0.0.1:9400 (port 0 picks \
-             a free one)"
+            "{} {addr:?}: {why}; give HOST:PORT such as 127.0.0.1:9400 (port 0 picks a free \
+             one)",
+            Field::MetricsAddr.name(naming)
         ))
     };
     if addr.ends_with(char::is_whitespace) {
@@ -71,11 +51,16 @@ mod tests {
             ("127.0.0.1:99999", "the port is not 0-65535"),
             ("127.0.0.1", "no port"),
         ] {
-            let err = rank_addr(addr, 0).unwrap_err().to_string();
+            let err = rank_addr(addr, 0, Naming::Fields).unwrap_err().to_string();
             assert!(err.contains(want), "{addr:?}: {err}");
-            assert!(err.contains("--metrics-addr"), "{err}");
+            assert!(err.contains("metrics_addr"), "{err}");
         }
-        assert_eq!(rank_addr("127.0.0.1:9400", 2).unwrap(), "127.0.0.1:9402");
-        assert_eq!(rank_addr("[::1]:0", 3).unwrap(), "[::1]:0");
+        let err = rank_addr("x", 0, Naming::Flags).unwrap_err().to_string();
+        assert!(err.contains("--metrics-addr \"x\""), "{err}");
+        assert_eq!(
+            rank_addr("127.0.0.1:9400", 2, Naming::Fields).unwrap(),
+            "127.0.0.1:9402"
+        );
+        assert_eq!(rank_addr("[::1]:0", 3, Naming::Fields).unwrap(), "[::1]:0");
     }
 }

@@ -1,10 +1,11 @@
 //! [`TrainArgs::config`]: the one place the flags of `dualpipe train` become a
-//! [`TrainConfig`], with `--init-from`'s architecture adopted. Sizes are checked by
+//! [`TrainConfig`], with `--init-from`'s architecture adopted, and [`TrainArgs::job`]: the
+//! job's configuration around it. Sizes are checked by
 //! [`TrainConfig::check`] (in flag words), which is the one validator; what is checked here is
 //! only what the configuration cannot say (a flag given for the other model, an unknown name,
 //! a flag that disagrees with `--init-from`'s file).
 
-use crate::config::{
+use dualpipe_train::{
     DataSection, ModelSection, OptimizerSection, ParallelismSection, ScheduleSection,
     TransportSection,
 };
@@ -13,9 +14,14 @@ use std::path::Path;
 use dualpipe_nn::LrDecay;
 use dualpipe_schedule::Schedule;
 
-use super::{message, parse_kind, read_schedule_file, reworded, unknown, TrainArgs, Transport};
-use crate::workload::read_weights;
-use crate::{
+use super::{
+    message, parse_injection, parse_kind, read_schedule_file, reworded, unknown, TrainArgs,
+    Transport,
+};
+use dualpipe_train::checkpoint::DEFAULT_EVERY;
+use dualpipe_train::job::{CheckpointSection, JobConfig, ObserveSection, OutputsSection, Resume};
+use dualpipe_train::workload::read_weights;
+use dualpipe_train::{
     Compression, DType, Driver, LocalThreads, ModelKind, Naming, OptimizerKind, Task, TrainConfig,
     TrainError,
 };
@@ -43,6 +49,51 @@ impl TrainArgs {
             ));
         }
         Ok(resolved)
+    }
+
+    /// The job the flags ask for: [`TrainArgs::config`]'s configuration and the job's own
+    /// sections (checkpoints, watch, outputs, transport), its messages in flag words; with
+    /// `--schedule-file`, the schedule read from the file. After this no flag is read.
+    pub fn job(&self) -> Result<(JobConfig, Option<Schedule>), TrainError> {
+        let (train, given) = self.config()?;
+        let inject_failure = self
+            .inject_failure
+            .as_deref()
+            .map(parse_injection)
+            .transpose()?;
+        let resume = match (&self.resume_from, self.resume) {
+            (Some(path), _) => Resume::From(path.clone()),
+            (None, true) => Resume::Latest,
+            (None, false) => Resume::No,
+        };
+        let job = JobConfig {
+            train,
+            checkpoint: CheckpointSection {
+                dir: self.checkpoint_dir.clone(),
+                every: self.checkpoint_every.unwrap_or(DEFAULT_EVERY),
+                keep: self.keep_checkpoints,
+                resume,
+                allow_changed_settings: self.allow_changed_settings,
+            },
+            observe: ObserveSection {
+                metrics_addr: self.observe.metrics_addr.clone(),
+                log: self.observe.log.clone(),
+                quiet: self.observe.quiet,
+            },
+            outputs: OutputsSection {
+                save: self.save.clone(),
+                trace: self.trace.clone(),
+                svg: self.svg.clone(),
+            },
+            transport: match self.transport {
+                Transport::Local => dualpipe_train::job::Transport::Local,
+                Transport::Mpi => dualpipe_train::job::Transport::Mpi,
+            },
+            init_from: self.init_from.clone(),
+            inject_failure,
+            naming: Naming::Flags,
+        };
+        Ok((job, given))
     }
 
     /// The flags given that only `model` reads, for the error when another model is asked for.
@@ -91,10 +142,11 @@ fn config_and_schedule(args: &TrainArgs) -> Result<(TrainConfig, Option<Schedule
         .schedule_file
         .as_deref()
         .map(read_schedule_file)
-        .transpose()?;
+        .transpose()
+        .map_err(TrainError::Config)?;
     let schedule = match &given {
         Some(s) => s.kind,
-        None => parse_kind(&args.schedule)?,
+        None => parse_kind(&args.schedule).map_err(TrainError::Config)?,
     };
     let optimizer = match OptimizerKind::from_name(&args.optimizer) {
         Some(OptimizerKind::Sgd { momentum }) => OptimizerKind::Sgd {
@@ -226,10 +278,10 @@ fn adopt_architecture(
     path: &Path,
 ) -> Result<(), TrainError> {
     let (weights, chosen) = if path.is_dir() {
-        let found = crate::checkpoint::open(path)
+        let found = dualpipe_train::checkpoint::open(path)
             .map_err(|e| TrainError::Config(format!("--init-from: {e}")))?;
         let weights =
-            crate::checkpoint::gpt_weights(&found.checkpoint, config.model.dtype.candle())
+            dualpipe_train::checkpoint::gpt_weights(&found.checkpoint, config.model.dtype.candle())
                 .map_err(|e| TrainError::Config(format!("--init-from: {e}")))?;
         (weights, Some(found.checkpoint.path))
     } else {
@@ -264,7 +316,7 @@ fn adopt_architecture(
                 "--init-from {}: the partition {} holds {blocks} blocks but the weights file \
                  has layers = {}; give a partition of {} blocks",
                 path.display(),
-                crate::partition::format_partition(p),
+                dualpipe_train::partition::format_partition(p),
                 file.layers,
                 file.layers
             )));
