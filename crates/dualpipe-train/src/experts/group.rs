@@ -34,7 +34,7 @@ use crate::experts::MoeSettings;
 
 /// One replica's ends of the all-to-alls of every MoE block copy, keyed by (model-wide
 /// block, direction), plus the group's end for the step's counts: in process
-/// ([`local_links`]) or over MPI (`mpi_experts`, feature `mpi`).
+/// ([`local_links`]) or over MPI ([`experts::mpi`](crate::experts), feature `mpi`).
 #[derive(Debug)]
 pub struct ExpertLinks {
     /// Per (block, direction) copy: this replica's end of the copy's group.
