@@ -1,5 +1,6 @@
 //! Scrapes a training run's metrics server with a plain TcpStream, as Prometheus would.
 
+use dualpipe_schedule::ScheduleKind;
 use dualpipe_train::{ModelSection, ScheduleSection};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -38,12 +39,7 @@ fn config(steps: usize) -> TrainConfig {
             dtype: DType::F64,
             ..TrainConfig::MLP.model
         },
-        schedule: ScheduleSection {
-            ranks: 2,
-            micro_batches: 4,
-            micro_batch_size: 4,
-            ..TrainConfig::MLP.schedule
-        },
+        schedule: ScheduleSection::new(ScheduleKind::DualPipe, 2, 4, 4),
         steps,
         ..TrainConfig::MLP
     }

@@ -32,13 +32,7 @@ fn tiny(model: ModelKind, kind: ScheduleKind, micro_batches: usize) -> TrainConf
             dtype: DType::F64,
             ..TrainConfig::defaults_for(model).model
         },
-        schedule: ScheduleSection {
-            kind,
-            ranks: 2,
-            micro_batches,
-            micro_batch_size: 2,
-            virtual_stages: kind.default_virtual_stages(),
-        },
+        schedule: ScheduleSection::new(kind, 2, micro_batches, 2),
         optimizer: OptimizerSection {
             lr: 0.05,
             kind: OptimizerKind::Sgd { momentum: 0.9 },

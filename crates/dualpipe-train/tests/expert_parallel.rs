@@ -38,13 +38,7 @@ fn tiny(kind: ScheduleKind, micro_batches: usize, moe: MoeSettings) -> TrainConf
             moe: Some(moe),
             ..TrainConfig::defaults_for(ModelKind::Gpt).model
         },
-        schedule: ScheduleSection {
-            kind,
-            ranks: 2,
-            micro_batches,
-            micro_batch_size: 2,
-            virtual_stages: kind.default_virtual_stages(),
-        },
+        schedule: ScheduleSection::new(kind, 2, micro_batches, 2),
         optimizer: OptimizerSection {
             lr: 0.05,
             kind: OptimizerKind::Sgd { momentum: 0.9 },

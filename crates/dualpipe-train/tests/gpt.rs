@@ -27,13 +27,7 @@ fn tiny(kind: ScheduleKind, ranks: usize, micro_batches: usize) -> TrainConfig {
             dtype: DType::F64,
             ..TrainConfig::DEFAULT.model
         },
-        schedule: ScheduleSection {
-            kind,
-            ranks,
-            micro_batches,
-            micro_batch_size: 2,
-            virtual_stages: kind.default_virtual_stages(),
-        },
+        schedule: ScheduleSection::new(kind, ranks, micro_batches, 2),
         optimizer: OptimizerSection {
             lr: 0.05,
             // A warm-up of two of the three steps: the schedule is part of what must match.

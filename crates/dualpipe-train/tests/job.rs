@@ -1,6 +1,7 @@
 //! The job layer driven by a configuration, not flags: a program that builds a `JobConfig`
 //! gets checkpoints, resume and the notes, in field words.
 
+use dualpipe_schedule::ScheduleKind;
 use dualpipe_train::job::{Job, JobConfig, Resume};
 use dualpipe_train::{DType, ModelKind, ModelSection, ScheduleSection, TrainConfig};
 
@@ -13,12 +14,7 @@ fn tiny(steps: usize) -> TrainConfig {
             dtype: DType::F64,
             ..TrainConfig::MLP.model
         },
-        schedule: ScheduleSection {
-            ranks: 2,
-            micro_batches: 4,
-            micro_batch_size: 4,
-            ..TrainConfig::MLP.schedule
-        },
+        schedule: ScheduleSection::new(ScheduleKind::DualPipe, 2, 4, 4),
         steps,
         ..TrainConfig::MLP
     }

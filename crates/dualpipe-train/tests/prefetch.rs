@@ -1,6 +1,7 @@
 //! The trainer draws the next step's batch during the current step's pipeline when the run
 //! has a next step: that must change no result.
 
+use dualpipe_schedule::ScheduleKind;
 use dualpipe_train::{DType, TrainConfig, Trainer};
 use dualpipe_train::{ModelSection, ScheduleSection};
 
@@ -12,12 +13,7 @@ fn losses(steps_in_config: usize) -> Vec<u64> {
             dtype: DType::F64,
             ..TrainConfig::MLP.model
         },
-        schedule: ScheduleSection {
-            ranks: 2,
-            micro_batches: 4,
-            micro_batch_size: 3,
-            ..TrainConfig::MLP.schedule
-        },
+        schedule: ScheduleSection::new(ScheduleKind::DualPipe, 2, 4, 3),
         steps: steps_in_config,
         ..TrainConfig::MLP
     };

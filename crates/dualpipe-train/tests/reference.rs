@@ -41,13 +41,7 @@ fn reference_matches_autograd_of_the_whole_model() {
             dtype: dualpipe_train::DType::F64,
             ..TrainConfig::MLP.model
         },
-        schedule: ScheduleSection {
-            kind: ScheduleKind::OneFOneB,
-            ranks: 3,
-            micro_batches: 3,
-            micro_batch_size: 2,
-            ..TrainConfig::MLP.schedule
-        },
+        schedule: ScheduleSection::new(ScheduleKind::OneFOneB, 3, 3, 2),
         optimizer: OptimizerSection {
             kind: OptimizerKind::sgd(),
             lr: 0.1,

@@ -12,13 +12,7 @@ fn f32_config() -> TrainConfig {
             dtype: DType::F32,
             ..TrainConfig::MLP.model
         },
-        schedule: ScheduleSection {
-            kind: ScheduleKind::DualPipe,
-            ranks: 4,
-            micro_batches: 8,
-            micro_batch_size: 64,
-            ..TrainConfig::MLP.schedule
-        },
+        schedule: ScheduleSection::new(ScheduleKind::DualPipe, 4, 8, 64),
         optimizer: OptimizerSection {
             lr: 3e-3,
             kind: OptimizerKind::adamw(),

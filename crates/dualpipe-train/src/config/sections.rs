@@ -56,6 +56,26 @@ pub struct ScheduleSection {
     pub virtual_stages: usize,
 }
 
+impl ScheduleSection {
+    /// A pipeline of `ranks` ranks running `kind` over `micro_batches` micro-batches of
+    /// `micro_batch_size` rows, with the schedule's own number of virtual stages
+    /// ([`ScheduleKind::default_virtual_stages`]).
+    pub fn new(
+        kind: ScheduleKind,
+        ranks: usize,
+        micro_batches: usize,
+        micro_batch_size: usize,
+    ) -> ScheduleSection {
+        ScheduleSection {
+            kind,
+            ranks,
+            micro_batches,
+            micro_batch_size,
+            virtual_stages: kind.default_virtual_stages(),
+        }
+    }
+}
+
 /// The parallelisms beside the pipeline: data-parallel replicas and their gradient exchange,
 /// and stage re-partitioning.
 #[derive(Clone, Debug, PartialEq)]
