@@ -18,7 +18,8 @@ pub struct ExchangeStats {
 }
 
 impl ExchangeStats {
-    pub(crate) fn add(&mut self, other: &ExchangeStats) {
+    /// Adds `other`'s bytes, messages and seconds to these.
+    pub fn add(&mut self, other: &ExchangeStats) {
         self.grad_bytes_sent += other.grad_bytes_sent;
         self.header_bytes_sent += other.header_bytes_sent;
         self.grad_bytes_uncompressed += other.grad_bytes_uncompressed;

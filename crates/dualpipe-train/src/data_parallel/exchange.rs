@@ -466,13 +466,7 @@ impl ReplicaExchange {
             let Ok(state) = slot.state.lock() else {
                 continue;
             };
-            let t = state.grads.totals();
-            total.grad_bytes_sent += t.grad_bytes_sent;
-            total.header_bytes_sent += t.header_bytes_sent;
-            total.grad_bytes_uncompressed += t.grad_bytes_uncompressed;
-            total.messages += t.messages;
-            total.exchange_seconds += t.exchange_seconds;
-            total.finish_seconds += t.finish_seconds;
+            total.add(&state.grads.totals());
         }
         total
     }
