@@ -5,7 +5,7 @@
 //! that numpy wraps without copying.
 
 use dualpipe_eplb::{
-    plan, rebalance_experts_with_policy, Layout, LoadMatrix, Placement, Planner, Policy,
+    plan, rebalance_experts_with_policy, Layout, LoadMatrix, PreviousPlacement, Planner, Policy,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -147,7 +147,7 @@ fn eplb_rebalance_improved<'py>(
     let outcome = py
         .detach(move || {
             let previous = prev.map(|p| {
-                Placement::from_rows(
+                PreviousPlacement::from_rows(
                     p.chunks(num_replicas.max(1))
                         .map(<[usize]>::to_vec)
                         .collect(),

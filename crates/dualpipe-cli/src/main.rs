@@ -2,8 +2,9 @@
 
 mod cmd;
 mod flags;
+mod wording;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Pipeline-parallel training with DualPipe schedules and MoE expert load balancing.
 #[derive(Parser)]
@@ -43,7 +44,9 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let command = Cli::command();
+    let matches = command.clone().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let result = match cli.command {
         Command::Schedule(args) => cmd::schedule::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
@@ -60,7 +63,8 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            let flags = wording::long_flags(&command, &matches);
+            eprintln!("error: {}", wording::in_flags(&format!("{err:#}"), &flags));
             std::process::ExitCode::from(cmd::exit_code(&err))
         }
     }

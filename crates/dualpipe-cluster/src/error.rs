@@ -17,7 +17,7 @@ pub enum ClusterError {
     Synth(String),
     /// A placement file is malformed or holds a bad value.
     #[error("placement: {0}")]
-    Placement(String),
+    NodePlacement(String),
     /// The scheduler of the real mode cannot start (its state directory, address, slots).
     #[error("{0}")]
     Serve(String),

@@ -18,7 +18,7 @@ use crate::ClusterError;
 /// A placement: which nodes (by Kubernetes node name) hold how many devices of each job.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct Placement {
+pub struct NodePlacement {
     /// When (simulated seconds) the placement was taken, if it comes from a simulation.
     #[serde(default)]
     pub time_s: Option<f64>,
@@ -85,7 +85,7 @@ pub fn placement_at(
     cluster: &crate::Cluster,
     jobs: &[crate::trace::Job],
     time_s: f64,
-) -> Placement {
+) -> NodePlacement {
     let mut held: std::collections::BTreeMap<usize, std::collections::BTreeMap<usize, usize>> =
         Default::default();
     for seg in outcome
@@ -98,7 +98,7 @@ pub fn placement_at(
             *per_node.entry(cluster.node_of[d]).or_default() += 1;
         }
     }
-    Placement {
+    NodePlacement {
         time_s: Some(time_s),
         jobs: held
             .into_iter()
@@ -138,12 +138,12 @@ fn dns_name(job: &str) -> String {
     }
 }
 
-impl Placement {
+impl NodePlacement {
     /// Reads a placement (JSON), checking every job: a name, at least one node, node names,
     /// at least one device per node, each node once, the same devices on each node.
-    pub fn from_json(text: &str) -> Result<Placement, ClusterError> {
-        let bad = |m: String| ClusterError::Placement(m);
-        let p: Placement = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    pub fn from_json(text: &str) -> Result<NodePlacement, ClusterError> {
+        let bad = |m: String| ClusterError::NodePlacement(m);
+        let p: NodePlacement = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         if p.jobs.is_empty() {
             return Err(bad("no jobs: give at least one placed job".into()));
         }
@@ -404,7 +404,7 @@ mod tests {
 
     #[test]
     fn one_worker_per_placed_node_pinned_there() {
-        let p = Placement::from_json(TWO_NODES).unwrap();
+        let p = NodePlacement::from_json(TWO_NODES).unwrap();
         let m = mpijob(&p.jobs[0], &ManifestOptions::default());
         assert_eq!(m["metadata"]["name"], "dualpipe-big-1");
         assert_eq!(m["spec"]["slotsPerWorker"], 4);
@@ -427,7 +427,7 @@ mod tests {
 
     #[test]
     fn the_yaml_reads_back_as_the_same_value() {
-        let p = Placement::from_json(TWO_NODES).unwrap();
+        let p = NodePlacement::from_json(TWO_NODES).unwrap();
         let m = mpijob(&p.jobs[0], &ManifestOptions::default());
         let y = to_yaml(&m);
         assert!(
@@ -468,7 +468,7 @@ mod tests {
                 "unknown field",
             ),
         ] {
-            let e = Placement::from_json(text).unwrap_err().to_string();
+            let e = NodePlacement::from_json(text).unwrap_err().to_string();
             assert!(e.contains(needle) && !e.contains('\n'), "{e}");
         }
     }

@@ -90,7 +90,7 @@ impl ExchangeConfig {
     pub fn check(&self) -> Result<(), DpError> {
         if self.bucket_bytes == 0 {
             return Err(DpError::Config(
-                "the bucket size is 0 bytes; use --bucket-mb with a positive size".into(),
+                "the bucket size is 0 bytes; give `bucket_bytes` a positive size".into(),
             ));
         }
         if self.chunk_values == 0 {

@@ -130,7 +130,7 @@ pub enum DpError {
     #[error(
         "{key} from worker {from} holds {got_values} values as {got}, but this worker expects \
          {values} values as {expected}: every worker needs the same model, bucket size, \
-         --gradient-compression and --compression-warmup"
+         `gradient_compression` and `compression_warmup`"
     )]
     Mismatch {
         /// Its sender.

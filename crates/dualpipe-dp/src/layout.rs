@@ -33,7 +33,7 @@ impl BucketLayout {
     ) -> Result<Self, DpError> {
         if bucket_bytes == 0 || value_bytes == 0 {
             return Err(DpError::Config(
-                "the bucket size must be positive (--bucket-mb)".into(),
+                "the bucket size must be positive (`bucket_bytes`)".into(),
             ));
         }
         let cap = (bucket_bytes / value_bytes).max(1);

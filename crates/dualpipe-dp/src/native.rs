@@ -317,7 +317,7 @@ impl<T: GradFloat> BucketExchange<T> for NativeExchange<T> {
         if !zeros(&state.worker) || !zeros(&state.server) {
             return Err(DpError::FeedbackState(format!(
                 "{}'s uncompressed sum keeps no error feedback, but the state holds some (a \
-                 checkpoint of a compressed run? resume it with its --gradient-compression)",
+                 checkpoint of a compressed run? resume it with its `gradient_compression`)",
                 self.group.name()
             )));
         }

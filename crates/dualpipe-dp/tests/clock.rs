@@ -151,7 +151,7 @@ fn a_peer_with_another_compression_or_layout_is_named() {
     b.transport().inject(0, h, body);
     let err = b.progress().unwrap_err();
     assert!(matches!(err, DpError::Mismatch { .. }), "{err:?}");
-    assert!(err.to_string().contains("--gradient-compression"), "{err}");
+    assert!(err.to_string().contains("`gradient_compression`"), "{err}");
 
     let (_a, mut b) = pair(Compression::None);
     b.begin_step(0).unwrap();
@@ -226,7 +226,7 @@ fn misuse_is_an_error() {
         ChannelTransport::group(1).pop().unwrap(),
     )
     .unwrap_err();
-    assert!(err.to_string().contains("--bucket-mb"), "{err}");
+    assert!(err.to_string().contains("`bucket_bytes`"), "{err}");
     let err = GradExchange::<f64, _>::new(
         ExchangeConfig::default(),
         BucketLayout::from_bucket_lens(&[usize::MAX / 4]),

@@ -17,7 +17,7 @@
 use std::time::Instant;
 
 use dualpipe_eplb::improved::gpu_loads;
-use dualpipe_eplb::{plan, Layout, LoadMatrix, Placement, Planner, Policy};
+use dualpipe_eplb::{plan, Layout, LoadMatrix, Planner, Policy, PreviousPlacement};
 
 #[path = "../benches/support/shapes.rs"]
 mod shapes;
@@ -46,7 +46,7 @@ fn main() {
         let previous = (policy == "previous").then(|| {
             let before = shapes::loads(shape.layers, shape.experts, 7);
             let out = plan(&before, &layout, &Planner::default(), None, 0).expect("valid shape");
-            Placement::from_rows(out.plan.phy2log_rows().expect("expert indices"))
+            PreviousPlacement::from_rows(out.plan.phy2log_rows().expect("expert indices"))
         });
         let mut row = Vec::new();
         let mut fingerprint = 0;

@@ -18,8 +18,8 @@ use crate::improved::{check_domain_size, rebalance_improved, Decision, PlannerOp
 use crate::layout::Layout;
 use crate::matrix::LoadMatrix;
 use crate::moves::{move_plan, MovePlan};
-use crate::plan::{Plan, Policy};
-use crate::previous::Placement;
+use crate::plan::{ExpertPlan, Policy};
+use crate::previous::PreviousPlacement;
 use crate::reference;
 use crate::stats::PlanStats;
 use crate::EplbError;
@@ -55,7 +55,7 @@ impl Planner {
 #[derive(Clone, Debug)]
 pub struct PlanOutcome {
     /// The placement, in the reference's layout.
-    pub plan: Plan,
+    pub plan: ExpertPlan,
     /// The planner that made it (`improved` or `deepseek`, see [`Planner::name`]).
     pub planner: &'static str,
     /// With the improved policy, how each layer's placement was obtained.
@@ -68,8 +68,8 @@ pub struct PlanOutcome {
 
 impl PlanOutcome {
     /// The new placement, to pass as `previous` to the next [`plan`].
-    pub fn placement(&self) -> Placement {
-        Placement {
+    pub fn placement(&self) -> PreviousPlacement {
+        PreviousPlacement {
             phy2log: self.plan.phy2log_rows().unwrap_or_default(),
             gpus: Some(self.plan.num_gpus),
             nodes: Some(self.plan.num_nodes),
@@ -102,7 +102,7 @@ pub fn plan(
     loads: &LoadMatrix,
     layout: &Layout,
     planner: &Planner,
-    previous: Option<&Placement>,
+    previous: Option<&PreviousPlacement>,
     expert_bytes: u64,
 ) -> Result<PlanOutcome, EplbError> {
     layout.validate(loads)?;
@@ -128,7 +128,7 @@ pub fn plan(
             )?;
             let decisions = improved.layers.iter().map(|l| l.decision).collect();
             (
-                Plan::from_phy2log(&improved.phy2log(), layout)?,
+                ExpertPlan::from_phy2log(&improved.phy2log(), layout)?,
                 Some(decisions),
             )
         }
@@ -181,7 +181,7 @@ pub fn rebalance_experts(
     num_groups: usize,
     num_nodes: usize,
     num_gpus: usize,
-) -> Result<Plan, EplbError> {
+) -> Result<ExpertPlan, EplbError> {
     rebalance_experts_with_policy(
         loads,
         num_replicas,
@@ -204,7 +204,7 @@ pub fn rebalance_experts_with_policy(
     num_nodes: usize,
     num_gpus: usize,
     policy: Policy,
-) -> Result<Plan, EplbError> {
+) -> Result<ExpertPlan, EplbError> {
     let layout = Layout::of_loads(loads, num_replicas, num_groups, num_nodes, num_gpus);
     layout.validate(loads)?;
     let policy = layout.resolve(policy)?;

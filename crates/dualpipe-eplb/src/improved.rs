@@ -39,7 +39,7 @@
 use rayon::prelude::*;
 
 use crate::migrate::{assign_max, matching_work, relabel, MATCHING_MAX_WORK};
-use crate::previous::Placement;
+use crate::previous::PreviousPlacement;
 use crate::{EplbError, Layout, LoadMatrix};
 
 mod domains;
@@ -389,9 +389,9 @@ impl ImprovedPlan {
         self.layers.iter().map(|l| l.moved).sum()
     }
 
-    /// The plan in the crate's [`Plan`](crate::Plan) form.
-    pub fn to_plan(&self, layout: &Layout) -> Result<crate::Plan, EplbError> {
-        crate::Plan::from_phy2log(&self.phy2log(), layout)
+    /// The plan in the crate's [`ExpertPlan`](crate::ExpertPlan) form.
+    pub fn to_plan(&self, layout: &Layout) -> Result<crate::ExpertPlan, EplbError> {
+        crate::ExpertPlan::from_phy2log(&self.phy2log(), layout)
     }
 }
 
@@ -402,7 +402,7 @@ pub fn check_domain_size(layout: &Layout) -> Result<(), EplbError> {
     let cells = (gpd as u128) * (layout.experts / domains) as u128;
     if cells > 1 << 28 {
         return Err(EplbError::Layout(format!(
-            "{gpd} GPUs x {} experts in one placement domain is too large for the improved policy (at most 2^28); use --policy deepseek or more nodes",
+            "{gpd} GPUs x {} experts in one placement domain is too large for the improved policy (at most 2^28); use `policy` deepseek or more nodes",
             layout.experts / domains
         )));
     }
@@ -423,7 +423,7 @@ pub fn rebalance_improved(
     opts.check()?;
     if let Some(prev) = prev {
         // The topology of a bare matrix is the layout's; only the shape is checked here.
-        Placement::from_rows(prev.to_vec()).check(load.len(), layout)?;
+        PreviousPlacement::from_rows(prev.to_vec()).check(load.len(), layout)?;
     }
     let one =
         |(l, row): (usize, &Vec<f64>)| plan_layer(row, layout, prev.map(|p| p[l].as_slice()), opts);

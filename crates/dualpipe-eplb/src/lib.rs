@@ -2,7 +2,7 @@
 //!
 //! [`plan`] is the one call: it validates the loads and the [`Layout`], runs a [`Planner`]
 //! (the improved, migration-aware policy, or DeepSeek's EPLB index for index), lists the
-//! expert moves from a previous [`Placement`], and returns a [`PlanOutcome`] that a
+//! expert moves from a previous [`PreviousPlacement`], and returns a [`PlanOutcome`] that a
 //! [`PlanReport`] renders as JSON or as a table.
 //!
 //! [`rebalance_experts`] is the reference's own four-number entry point: how many replicas
@@ -56,7 +56,7 @@ pub use balance::{
 pub use error::EplbError;
 pub use layout::{Layout, MAX_LOAD, MAX_LOG2PHY, MAX_SLOTS};
 pub use matrix::{LoadMatrix, Matrix, Tensor3};
-pub use plan::{Plan, Policy};
-pub use previous::Placement;
+pub use plan::{ExpertPlan, Policy};
+pub use previous::PreviousPlacement;
 pub use report::{move_summary, PlanReport};
 pub use stats::{BalanceStats, LayerBalance, PlanStats};

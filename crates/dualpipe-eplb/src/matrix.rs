@@ -12,7 +12,7 @@ use crate::EplbError;
 /// A dense `rows x cols` matrix stored row-major in one `Vec`.
 ///
 /// Used for loads (`Matrix<f64>`, rows = layers, columns = logical experts) and for the
-/// index maps of a [`Plan`](crate::Plan) (`Matrix<i64>`).
+/// index maps of an [`ExpertPlan`](crate::ExpertPlan) (`Matrix<i64>`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Matrix<T> {
     rows: usize,

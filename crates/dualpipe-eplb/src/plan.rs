@@ -1,4 +1,4 @@
-//! What a balancer produces: a [`Plan`] in the reference's layout, and the reference
+//! What a balancer produces: an [`ExpertPlan`] in the reference's layout, and the reference
 //! [`Policy`] that made it.
 
 use serde::{Deserialize, Serialize};
@@ -73,7 +73,7 @@ impl std::str::FromStr for Policy {
 /// lives on GPU `p / (num_replicas / num_gpus)` and node `gpu / (num_gpus / num_nodes)`.
 /// Indices are `i64` as in the reference, so `-1` can pad `log2phy`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Plan {
+pub struct ExpertPlan {
     /// The policy that produced the plan (never [`Policy::Auto`]).
     pub policy: Policy,
     /// Number of expert groups the plan was made for.
@@ -95,7 +95,7 @@ pub struct Plan {
     pub logcnt: Matrix<i64>,
 }
 
-impl Plan {
+impl ExpertPlan {
     /// Number of MoE layers.
     pub fn num_layers(&self) -> usize {
         self.phy2log.rows()
@@ -132,12 +132,12 @@ impl Plan {
     }
 }
 
-impl Plan {
+impl ExpertPlan {
     /// Builds a plan (with `phyrank`, `log2phy` and `logcnt` in the reference's layout) from a
     /// `phy2log` matrix (`[layers][replicas]`, every index below `layout.experts`). Replica
     /// ranks follow the physical order; `policy` is [`Policy::Hierarchical`] when the groups
     /// divide over the nodes, else [`Policy::Global`] (the improved policy's domains).
-    pub fn from_phy2log(phy2log: &[Vec<usize>], layout: &Layout) -> Result<Plan, EplbError> {
+    pub fn from_phy2log(phy2log: &[Vec<usize>], layout: &Layout) -> Result<ExpertPlan, EplbError> {
         let layers = phy2log.len();
         let (e, p) = (layout.experts, layout.replicas);
         let mut logcnt = vec![0i64; layers * e];
@@ -161,7 +161,7 @@ impl Plan {
         let matrix = |cols: usize, data: Vec<i64>| {
             Matrix::from_flat(layers, cols, data).unwrap_or_else(|_| Matrix::filled(0, cols, 0))
         };
-        Ok(Plan {
+        Ok(ExpertPlan {
             policy: if layout.hierarchical() {
                 Policy::Hierarchical
             } else {

@@ -8,7 +8,7 @@
 //! - [`check_rounds`]: every move is in one round and no GPU sends or receives twice in a round.
 
 use crate::moves::{Move, MovePlan};
-use crate::{Layout, Plan};
+use crate::{ExpertPlan, Layout};
 
 /// What is wrong with a plan.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -132,9 +132,9 @@ pub enum PlanViolation {
     },
 }
 
-/// Validates any [`Plan`]: a placement with equal slots per GPU and every expert present, and
+/// Validates any [`ExpertPlan`]: a placement with equal slots per GPU and every expert present, and
 /// `phy2log`, `log2phy` and `logcnt` in agreement.
-pub fn check_plan(plan: &Plan) -> Result<(), PlanViolation> {
+pub fn check_plan(plan: &ExpertPlan) -> Result<(), PlanViolation> {
     let Some(phy2log) = plan.phy2log_rows() else {
         return Err(PlanViolation::UnknownExpert {
             layer: 0,

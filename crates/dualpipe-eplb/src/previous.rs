@@ -1,4 +1,4 @@
-//! A previous placement to re-plan from ([`Placement`]): read from JSON, checked against the
+//! A previous placement to re-plan from ([`PreviousPlacement`]): read from JSON, checked against the
 //! layout of the new plan.
 
 use crate::layout::Layout;
@@ -8,7 +8,7 @@ use crate::EplbError;
 /// the GPUs and nodes it was made for when the source records them (the JSON output of
 /// `dualpipe eplb` does; a bare `phy2log` matrix does not).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Placement {
+pub struct PreviousPlacement {
     /// `[layers][replicas]`: the logical expert held by each physical slot.
     pub phy2log: Vec<Vec<usize>>,
     /// GPUs the placement was made for, when recorded.
@@ -17,10 +17,10 @@ pub struct Placement {
     pub nodes: Option<usize>,
 }
 
-impl Placement {
+impl PreviousPlacement {
     /// A placement from its `phy2log` rows, topology unrecorded.
     pub fn from_rows(phy2log: Vec<Vec<usize>>) -> Self {
-        Placement {
+        PreviousPlacement {
             phy2log,
             gpus: None,
             nodes: None,
@@ -30,7 +30,7 @@ impl Placement {
     /// Reads a placement from JSON text: a bare `phy2log` matrix (`[[...], ...]`) or an object
     /// with a `phy2log` member (such as the JSON output of `dualpipe eplb`, whose `num_gpus`
     /// and `num_nodes` are kept), possibly under `plan`.
-    pub fn parse_json(text: &str) -> Result<Placement, EplbError> {
+    pub fn parse_json(text: &str) -> Result<PreviousPlacement, EplbError> {
         let bad = |m: String| EplbError::Previous(m);
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| bad(format!("not JSON ({e})")))?;
@@ -85,7 +85,7 @@ impl Placement {
                     .collect()
             })
             .collect::<Result<_, _>>()?;
-        Ok(Placement {
+        Ok(PreviousPlacement {
             phy2log,
             gpus,
             nodes,
@@ -150,24 +150,24 @@ mod tests {
 
     #[test]
     fn previous_in_both_forms() {
-        let p = Placement::parse_json("[[0,1],[1,0]]").unwrap();
+        let p = PreviousPlacement::parse_json("[[0,1],[1,0]]").unwrap();
         assert_eq!(p.phy2log, vec![vec![0, 1], vec![1, 0]]);
         assert_eq!((p.gpus, p.nodes), (None, None));
         let obj = r#"{"policy":"hierarchical","num_gpus":3,"num_nodes":1,"phy2log":[[2,0,1]]}"#;
-        let p = Placement::parse_json(obj).unwrap();
+        let p = PreviousPlacement::parse_json(obj).unwrap();
         assert_eq!(p.phy2log, vec![vec![2, 0, 1]]);
         assert_eq!((p.gpus, p.nodes), (Some(3), Some(1)));
         let nested = r#"{"plan":{"phy2log":[[1,0]],"num_gpus":2}}"#;
-        assert_eq!(Placement::parse_json(nested).unwrap().gpus, Some(2));
-        assert!(Placement::parse_json("[[0,-1]]").is_err());
-        assert!(Placement::parse_json(r#"{"x":1}"#).is_err());
-        assert!(Placement::parse_json(r#"{"phy2log":[[0]],"num_gpus":-2}"#).is_err());
-        assert!(Placement::parse_json("nope").is_err());
+        assert_eq!(PreviousPlacement::parse_json(nested).unwrap().gpus, Some(2));
+        assert!(PreviousPlacement::parse_json("[[0,-1]]").is_err());
+        assert!(PreviousPlacement::parse_json(r#"{"x":1}"#).is_err());
+        assert!(PreviousPlacement::parse_json(r#"{"phy2log":[[0]],"num_gpus":-2}"#).is_err());
+        assert!(PreviousPlacement::parse_json("nope").is_err());
     }
 
     #[test]
     fn another_topology_is_refused_naming_both() {
-        let p = Placement {
+        let p = PreviousPlacement {
             phy2log: vec![vec![0, 1, 0, 1, 2, 3, 2, 3]],
             gpus: Some(4),
             nodes: Some(2),
@@ -181,10 +181,10 @@ mod tests {
         );
         assert!(p.check(1, &Layout::new(4, 8, 2, 2, 4)).is_ok());
         // Without a record, only the shape is checked.
-        assert!(Placement::from_rows(p.phy2log.clone())
+        assert!(PreviousPlacement::from_rows(p.phy2log.clone())
             .check(1, &layout)
             .is_ok());
-        let e = Placement::from_rows(vec![vec![0, 0, 1, 1, 2, 2, 0, 0]])
+        let e = PreviousPlacement::from_rows(vec![vec![0, 0, 1, 1, 2, 2, 0, 0]])
             .check(1, &layout)
             .unwrap_err()
             .to_string();

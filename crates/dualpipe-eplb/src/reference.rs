@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use crate::introsort::sort_keys_like_libstdcxx;
 use crate::layout::Layout;
 use crate::matrix::{LoadMatrix, Matrix};
-use crate::plan::{new_log2phy, Plan, Policy};
+use crate::plan::{new_log2phy, ExpertPlan, Policy};
 use crate::EplbError;
 
 /// Above this many physical slots in total (layers x replicas), layers run in parallel.
@@ -36,7 +36,11 @@ struct RunSizes {
 
 /// Plans every layer of a validated `loads` and `layout` with the resolved `policy`
 /// (hierarchical or global) and assembles the reference's three outputs.
-pub(crate) fn plan(loads: &LoadMatrix, layout: &Layout, policy: Policy) -> Result<Plan, EplbError> {
+pub(crate) fn plan(
+    loads: &LoadMatrix,
+    layout: &Layout,
+    policy: Policy,
+) -> Result<ExpertPlan, EplbError> {
     let (groups, nodes) = match policy {
         Policy::Hierarchical => (layout.groups, layout.nodes),
         _ => (1, 1),
@@ -98,7 +102,7 @@ pub(crate) fn plan(loads: &LoadMatrix, layout: &Layout, policy: Policy) -> Resul
     let to_matrix = |cols: usize, data: Vec<i64>| {
         Matrix::from_flat(layers, cols, data).expect("plan buffers have the planned shape")
     };
-    Ok(Plan {
+    Ok(ExpertPlan {
         policy,
         num_groups: layout.groups,
         num_nodes: layout.nodes,
@@ -477,7 +481,7 @@ fn balanced_packing(
     pack_load.resize(num_packs, 0.0);
     pack_items.clear();
     pack_items.resize(num_packs, 0);
-    let mut out = Placement {
+    let mut out = PreviousPlacement {
         load: pack_load,
         items: pack_items,
         full: per_pack as u32,
@@ -502,7 +506,7 @@ fn balanced_packing(
 const SCAN_MAX_PACKS: usize = 64;
 
 /// The packing state and its outputs.
-struct Placement<'a> {
+struct PreviousPlacement<'a> {
     /// Load of each pack.
     load: &'a mut [f32],
     /// Items in each pack.
@@ -513,7 +517,7 @@ struct Placement<'a> {
     item_rank: &'a mut [u32],
 }
 
-impl Placement<'_> {
+impl PreviousPlacement<'_> {
     /// Puts the item of sort key `key` (see [`SortBuffers`]) into `pack`; returns the pack's
     /// new load bits, or `u32::MAX` once the pack is full. (Non-negative `f32` loads order
     /// like their bits, and never reach `u32::MAX`.)
@@ -537,7 +541,7 @@ impl Placement<'_> {
 
 /// Greedy packing with a scan over at most 64 packs, without a branch per pack: the
 /// smallest load key, then the first pack holding it through a bit mask.
-fn pack_scan(keys: &[u64], out: &mut Placement<'_>) {
+fn pack_scan(keys: &[u64], out: &mut PreviousPlacement<'_>) {
     let mut pack_keys = [u32::MAX; SCAN_MAX_PACKS];
     let packs = &mut pack_keys[..out.load.len()];
     packs.fill(0);
@@ -558,7 +562,7 @@ fn pack_scan(keys: &[u64], out: &mut Placement<'_>) {
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn pack_scan_avx2(keys: &[u64], out: &mut Placement<'_>) {
+unsafe fn pack_scan_avx2(keys: &[u64], out: &mut PreviousPlacement<'_>) {
     // SAFETY (all four): the caller guarantees AVX2.
     match out.load.len().div_ceil(8) {
         1 => unsafe { pack_scan_avx2_n::<1>(keys, out) },
@@ -578,7 +582,7 @@ unsafe fn pack_scan_avx2(keys: &[u64], out: &mut Placement<'_>) {
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn pack_scan_avx2_n<const V: usize>(keys: &[u64], out: &mut Placement<'_>) {
+unsafe fn pack_scan_avx2_n<const V: usize>(keys: &[u64], out: &mut PreviousPlacement<'_>) {
     use std::arch::x86_64::{
         _mm256_add_ps, _mm256_and_ps, _mm256_andnot_si256, _mm256_castps_si256,
         _mm256_castsi256_ps, _mm256_cmpeq_epi32, _mm256_cmpgt_epi32, _mm256_min_epu32,
@@ -650,7 +654,7 @@ unsafe fn pack_scan_avx2_n<const V: usize>(keys: &[u64], out: &mut Placement<'_>
 /// Greedy packing with a tournament tree over the pack keys `load bits << 32 | pack` (each
 /// inner node holds the smaller key of its two children, so the root is the first lightest
 /// pack); a full pack's key is `u64::MAX`.
-fn pack_tree(keys: &[u64], out: &mut Placement<'_>, tree: &mut Vec<u64>) {
+fn pack_tree(keys: &[u64], out: &mut PreviousPlacement<'_>, tree: &mut Vec<u64>) {
     let packs = out.load.len();
     let leaves = packs.next_power_of_two();
     tree.clear();
@@ -735,14 +739,14 @@ mod tests {
     fn pack_with(
         weights: &[f32],
         packs: usize,
-        run: impl FnOnce(&[u64], &mut Placement<'_>),
+        run: impl FnOnce(&[u64], &mut PreviousPlacement<'_>),
     ) -> (Vec<u32>, Vec<u32>) {
         let n = weights.len();
         let mut sort = SortBuffers::with_capacity(n);
         sort.sort_descending(weights);
         let (mut load, mut items) = (vec![0.0; packs], vec![0; packs]);
         let (mut p, mut r) = (vec![0; n], vec![0; n]);
-        let mut out = Placement {
+        let mut out = PreviousPlacement {
             load: &mut load,
             items: &mut items,
             full: (n / packs) as u32,

@@ -8,7 +8,7 @@
 use serde::Serialize;
 
 use crate::matrix::{LoadMatrix, Matrix};
-use crate::plan::Plan;
+use crate::plan::ExpertPlan;
 use crate::EplbError;
 
 /// The hottest and the mean GPU load of one layer (or of all layers added up).
@@ -97,7 +97,7 @@ pub fn baseline_gpu_loads(loads: &LoadMatrix, num_gpus: usize) -> Matrix<f64> {
 /// Per-GPU loads `[layers][gpus]` under `plan`: each physical slot carries its expert's load
 /// divided by the expert's replica count. Fails if `loads` has a different shape than the
 /// plan.
-pub fn gpu_loads(loads: &LoadMatrix, plan: &Plan) -> Result<Matrix<f64>, EplbError> {
+pub fn gpu_loads(loads: &LoadMatrix, plan: &ExpertPlan) -> Result<Matrix<f64>, EplbError> {
     check_shape(loads, plan)?;
     let per_gpu = plan.replicas_per_gpu().max(1);
     let mut out = Matrix::filled(loads.rows(), plan.num_gpus, 0.0);
@@ -113,7 +113,7 @@ pub fn gpu_loads(loads: &LoadMatrix, plan: &Plan) -> Result<Matrix<f64>, EplbErr
     Ok(out)
 }
 
-fn check_shape(loads: &LoadMatrix, plan: &Plan) -> Result<(), EplbError> {
+fn check_shape(loads: &LoadMatrix, plan: &ExpertPlan) -> Result<(), EplbError> {
     if loads.rows() != plan.num_layers() || loads.cols() != plan.num_experts() {
         return Err(EplbError::ShapeMismatch {
             layers: plan.num_layers(),
@@ -125,7 +125,7 @@ fn check_shape(loads: &LoadMatrix, plan: &Plan) -> Result<(), EplbError> {
     Ok(())
 }
 
-impl Plan {
+impl ExpertPlan {
     /// Per-GPU loads under this plan; see [`gpu_loads`].
     pub fn gpu_loads(&self, loads: &LoadMatrix) -> Result<Matrix<f64>, EplbError> {
         gpu_loads(loads, self)

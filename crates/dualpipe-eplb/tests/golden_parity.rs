@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use dualpipe_eplb::{rebalance_experts, LoadMatrix, Matrix, Plan};
+use dualpipe_eplb::{rebalance_experts, ExpertPlan, LoadMatrix, Matrix};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -64,7 +64,7 @@ fn hottest(loads: &LoadMatrix, phy2log: &[Vec<i64>], logcnt: &[Vec<i64>], gpus: 
         .collect()
 }
 
-fn plan_for(case: &Case) -> (LoadMatrix, Plan) {
+fn plan_for(case: &Case) -> (LoadMatrix, ExpertPlan) {
     let loads = LoadMatrix::from_rows(case.weight.clone()).unwrap();
     let plan = rebalance_experts(
         &loads,

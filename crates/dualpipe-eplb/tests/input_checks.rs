@@ -187,7 +187,7 @@ fn sizes_above_the_cap_are_refused_before_planning() {
     // Byte totals that would overflow are refused.
     let m = loads(2, 4);
     let layout = dualpipe_eplb::Layout::of_loads(&m, 4, 1, 1, 1);
-    let prev = dualpipe_eplb::Placement::from_rows(vec![vec![0, 1, 2, 3]; 2]);
+    let prev = dualpipe_eplb::PreviousPlacement::from_rows(vec![vec![0, 1, 2, 3]; 2]);
     let e =
         dualpipe_eplb::plan(&m, &layout, &Default::default(), Some(&prev), u64::MAX).unwrap_err();
     assert!(

@@ -6,7 +6,7 @@
 
 use dualpipe_eplb::improved::PlannerOptions;
 use dualpipe_eplb::plan_check::{check_moves, check_policy, check_rounds};
-use dualpipe_eplb::{plan, Layout, LoadMatrix, Placement, Planner};
+use dualpipe_eplb::{plan, Layout, LoadMatrix, Planner, PreviousPlacement};
 
 /// Loads with a few hot experts, different for each `seed`.
 fn loads(layers: usize, experts: usize, seed: u64) -> LoadMatrix {
@@ -30,7 +30,7 @@ fn replan(layout: &Layout) {
     let before = loads(1, layout.experts, 1);
     let first = plan(&before, layout, &planner, None, 0).expect("a valid shape");
     let old = first.plan.phy2log_rows().expect("expert indices");
-    let previous = Placement::from_rows(old.clone());
+    let previous = PreviousPlacement::from_rows(old.clone());
     let now = loads(1, layout.experts, 2);
     let second = plan(&now, layout, &planner, Some(&previous), 1 << 20).expect("a valid shape");
     let new = second.plan.phy2log_rows().expect("expert indices");

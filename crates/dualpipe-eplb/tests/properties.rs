@@ -1,6 +1,6 @@
 //! Invariants of every plan, over random shapes and loads (including many ties).
 
-use dualpipe_eplb::{rebalance_experts_with_policy, LoadMatrix, Plan, Policy};
+use dualpipe_eplb::{rebalance_experts_with_policy, ExpertPlan, LoadMatrix, Policy};
 use proptest::prelude::*;
 
 /// (layers, experts, replicas, groups, nodes, gpus) with the divisibility rules met.
@@ -25,7 +25,7 @@ fn shape() -> impl Strategy<Value = (usize, usize, usize, usize, usize, usize)> 
         )
 }
 
-fn check_plan(plan: &Plan, loads: &LoadMatrix) -> Result<(), TestCaseError> {
+fn check_plan(plan: &ExpertPlan, loads: &LoadMatrix) -> Result<(), TestCaseError> {
     let (e, p) = (plan.num_experts(), plan.num_replicas());
     for l in 0..plan.num_layers() {
         let mut count = vec![0i64; e];

@@ -18,19 +18,20 @@ use crate::target::parent_of;
 /// Most symbolic links followed from a path before giving up (as the kernel's `ELOOP`).
 const MAX_LINKS: usize = 40;
 
-/// One path a command reads or writes, with the flag (or role) that named it.
+/// One path a command reads or writes, with the setting (a field, a flag) or role that named it.
 #[derive(Clone, Copy, Debug)]
 pub struct Named<'a> {
-    /// The flag as the user typed it (`--log`), or a role (`standard output (the summary)`).
-    pub flag: &'a str,
+    /// The setting as the caller words it (`log`; the command line, `--log`), or a role
+    /// (`standard output (the summary)`).
+    pub name: &'a str,
     /// The path as given (`-`: standard input for an input, standard output for an output).
     pub path: &'a Path,
 }
 
 impl<'a> Named<'a> {
-    /// `path`, named by `flag`.
-    pub fn new(flag: &'a str, path: &'a Path) -> Named<'a> {
-        Named { flag, path }
+    /// `path`, named by `name`.
+    pub fn new(name: &'a str, path: &'a Path) -> Named<'a> {
+        Named { name, path }
     }
 }
 
@@ -39,45 +40,45 @@ impl<'a> Named<'a> {
 pub enum PathClash {
     /// An output is the same file as an input: writing it would destroy the input.
     #[error(
-        "{} is the same file as {}: writing it would destroy the input; give {output_flag} \
+        "{} is the same file as {}: writing it would destroy the input; give {output_name} \
          another path",
-        show(output_flag, output),
-        show(input_flag, input)
+        show(output_name, output),
+        show(input_name, input)
     )]
     OutputIsInput {
-        /// The output's flag.
-        output_flag: String,
+        /// The output's name.
+        output_name: String,
         /// The output's path as given.
         output: PathBuf,
-        /// The input's flag.
-        input_flag: String,
+        /// The input's name.
+        input_name: String,
         /// The input's path as given.
         input: PathBuf,
     },
     /// Two outputs are the same file: one would replace the other.
     #[error(
         "{} and {} are the same file: one would replace the other; give each its own path",
-        show(first_flag, first),
-        show(second_flag, second)
+        show(first_name, first),
+        show(second_name, second)
     )]
     SameOutput {
-        /// The first output's flag.
-        first_flag: String,
+        /// The first output's name.
+        first_name: String,
         /// The first output's path as given.
         first: PathBuf,
-        /// The second output's flag.
-        second_flag: String,
+        /// The second output's name.
+        second_name: String,
         /// The second output's path as given.
         second: PathBuf,
     },
 }
 
-/// `flag path`, or the flag alone for `-` (standard input or output, named by the flag).
-fn show(flag: &str, path: &Path) -> String {
+/// `name path`, or the name alone for `-` (standard input or output, named by it).
+fn show(name: &str, path: &Path) -> String {
     if path.as_os_str() == "-" {
-        flag.to_string()
+        name.to_string()
     } else {
-        format!("{flag} {}", path.display())
+        format!("{name} {}", path.display())
     }
 }
 
@@ -115,17 +116,17 @@ pub fn check_clashes(inputs: &[Named<'_>], outputs: &[Named<'_>]) -> Result<(), 
         };
         if let Some((input, _)) = ins.iter().find(|(_, i)| *i == id) {
             return Err(PathClash::OutputIsInput {
-                output_flag: out.flag.to_string(),
+                output_name: out.name.to_string(),
                 output: out.path.to_path_buf(),
-                input_flag: input.flag.to_string(),
+                input_name: input.name.to_string(),
                 input: input.path.to_path_buf(),
             });
         }
         if let Some((first, _)) = seen.iter().find(|(_, i)| *i == id) {
             return Err(PathClash::SameOutput {
-                first_flag: first.flag.to_string(),
+                first_name: first.name.to_string(),
                 first: first.path.to_path_buf(),
-                second_flag: out.flag.to_string(),
+                second_name: out.name.to_string(),
                 second: out.path.to_path_buf(),
             });
         }
@@ -200,8 +201,8 @@ fn resolved(path: &Path) -> Option<PathBuf> {
 mod tests {
     use super::*;
 
-    fn named<'a>(flag: &'a str, path: &'a Path) -> Named<'a> {
-        Named::new(flag, path)
+    fn named<'a>(name: &'a str, path: &'a Path) -> Named<'a> {
+        Named::new(name, path)
     }
 
     #[test]
@@ -215,13 +216,13 @@ mod tests {
         std::os::unix::fs::symlink("data.txt", &soft).unwrap();
         let dotted = dir.path().join(".").join("data.txt");
         for out in [&data, &hard, &soft, &dotted] {
-            let err = check_clashes(&[named("--data", &data)], &[named("--log", out)])
+            let err = check_clashes(&[named("data", &data)], &[named("log", out)])
                 .unwrap_err()
                 .to_string();
-            assert!(err.contains("--log") && err.contains("--data"), "{err}");
+            assert!(err.contains("log") && err.contains("data"), "{err}");
         }
         let other = dir.path().join("run.jsonl");
-        check_clashes(&[named("--data", &data)], &[named("--log", &other)]).unwrap();
+        check_clashes(&[named("data", &data)], &[named("log", &other)]).unwrap();
     }
 
     #[test]
@@ -230,28 +231,28 @@ mod tests {
         let a = dir.path().join("out.json");
         let b = dir.path().join("sub/../out.json");
         std::fs::create_dir(dir.path().join("sub")).unwrap();
-        let err = check_clashes(&[], &[named("--log", &a), named("--save", &b)])
+        let err = check_clashes(&[], &[named("log", &a), named("save", &b)])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("--log") && err.contains("--save"), "{err}");
+        assert!(err.contains("log") && err.contains("save"), "{err}");
         // A link to a file that does not exist yet is the file it would create.
         let link = dir.path().join("link");
         std::os::unix::fs::symlink("out.json", &link).unwrap();
-        assert!(check_clashes(&[], &[named("--log", &a), named("--svg", &link)]).is_err());
+        assert!(check_clashes(&[], &[named("log", &a), named("svg", &link)]).is_err());
     }
 
     #[test]
     fn devices_and_folders_never_clash() {
         let null = Path::new("/dev/null");
         check_clashes(
-            &[named("--data", null)],
-            &[named("--output", null), named("--svg", null)],
+            &[named("data", null)],
+            &[named("output", null), named("svg", null)],
         )
         .unwrap();
         let dir = tempfile::tempdir().unwrap();
         check_clashes(
-            &[named("--init-from", dir.path())],
-            &[named("--log", dir.path())],
+            &[named("init-from", dir.path())],
+            &[named("log", dir.path())],
         )
         .unwrap();
     }

@@ -40,7 +40,7 @@ pub enum WriteError {
         path: PathBuf,
     },
     /// Standard output is closed (the command ran with `>&-`).
-    #[error("standard output is closed, so the result would be lost; redirect it (> FILE) or pass --output FILE")]
+    #[error("standard output is closed, so the result would be lost; redirect it (> FILE) or write to a file (`output`)")]
     StdoutClosed,
     /// The operating system refused a step of the write. The system's error is said once, in
     /// the message (it is not also given as the error's source, which a caller printing the

@@ -24,7 +24,7 @@ pub enum MetricsError {
     /// Another process holds the run log's lock: it is writing it.
     #[error(
         "the run log {} is being written by another run (it holds the file's lock); give this \
-         run another --log, or wait for that run to end",
+         run another log file, or wait for that run to end",
         path.display()
     )]
     LogLocked {

@@ -45,7 +45,7 @@ pub fn tensor_to_wire(tensor: &Tensor) -> Result<WireData, WireError> {
         }
         other => {
             return Err(WireError(format!(
-                "tensors of {other:?} cannot cross processes yet; train with --dtype f32 or f64"
+                "tensors of {other:?} cannot cross processes yet; train with `dtype` f32 or f64"
             )))
         }
     };

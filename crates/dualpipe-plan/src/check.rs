@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use dualpipe_schedule::{Placement, ScheduleKind};
+use dualpipe_schedule::{ScheduleKind, StagePlacement};
 
 use crate::assign::MAX_SIDE;
 use crate::error::PlanError;
@@ -85,7 +85,7 @@ impl Plan {
                 ),
             ));
         }
-        let stages = Placement::for_kind(kind, self.ranks, self.virtual_stages).stages();
+        let stages = StagePlacement::for_kind(kind, self.ranks, self.virtual_stages).stages();
         if self.stages.len() != stages {
             return Err(bad(
                 "stages",

@@ -7,7 +7,7 @@
 //! simulated; the best simulated step is kept. Placements never split what the schedule puts
 //! on one rank: DualPipe's stage and its mirror (and DualPipeV's two arms) move together.
 
-use dualpipe_schedule::{build, Op, Placement, Schedule, ScheduleKind};
+use dualpipe_schedule::{build, Op, Schedule, ScheduleKind, StagePlacement};
 use dualpipe_sim::metrics::peak_activations;
 use dualpipe_sim::topology::{DeviceSlot, Topology};
 use dualpipe_sim::{metrics, simulate, CommCost, CostModel, StageCost, Timeline};
@@ -190,14 +190,14 @@ pub fn plan_with_progress(
         )));
     }
     let too_few = |kind: ScheduleKind| {
-        let stages = Placement::for_kind(kind, ranks, kind.default_virtual_stages()).stages();
+        let stages = StagePlacement::for_kind(kind, ranks, kind.default_virtual_stages()).stages();
         (profile.layers.len() < stages).then(|| too_few_layers(kind, ranks, stages, profile))
     };
     let refused: Vec<Option<String>> = kinds.iter().map(|&k| too_few(k)).collect();
     if refused.iter().all(Option::is_some) {
         let least = kinds
             .iter()
-            .map(|&k| Placement::for_kind(k, ranks, k.default_virtual_stages()).stages())
+            .map(|&k| StagePlacement::for_kind(k, ranks, k.default_virtual_stages()).stages())
             .min()
             .unwrap_or(ranks);
         return Err(PlanError::NoPlan(format!(

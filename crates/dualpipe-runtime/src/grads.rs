@@ -2,7 +2,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use dualpipe_schedule::Placement;
+use dualpipe_schedule::StagePlacement;
 
 use crate::error::panic_message;
 use crate::{RankStages, RuntimeError, Stage};
@@ -17,7 +17,7 @@ use crate::{RankStages, RuntimeError, Stage};
 /// after identical optimizer updates. Stages with a single copy are left alone; for a
 /// single-direction schedule this does nothing.
 pub fn sum_stage_copies<S: Stage>(
-    placement: &Placement,
+    placement: &StagePlacement,
     ranks: &mut [RankStages<S>],
 ) -> Result<(), RuntimeError> {
     for stage in 0..placement.stages() {

@@ -74,8 +74,8 @@ pub enum LaunchError {
     },
     /// The launcher started a different number of processes than the run asked for.
     #[error(
-        "{launcher} started {world_size} processes but the run asks for --ranks {ranks}: \
-         start it with `-n {ranks}` or pass --ranks {world_size} (one process per pipeline rank)"
+        "{launcher} started {world_size} processes but the run asks for `ranks` {ranks}: \
+         start it with `-n {ranks}` or give `ranks` {world_size} (one process per pipeline rank)"
     )]
     WorldSizeMismatch {
         /// The launcher.
@@ -438,7 +438,7 @@ mod tests {
         let err = got.check_world(4).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("started 3 processes"), "{text}");
-        assert!(text.contains("--ranks 4"), "{text}");
+        assert!(text.contains("`ranks` 4"), "{text}");
         assert!(text.contains("-n 4"), "{text}");
     }
 

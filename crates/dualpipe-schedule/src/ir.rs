@@ -1,6 +1,6 @@
 //! The schedule IR: chunks, ops, placements, programs and schedules.
 //!
-//! A [`Chunk`] is one micro-batch at one pipeline stage of one direction. A [`Placement`] says
+//! A [`Chunk`] is one micro-batch at one pipeline stage of one direction. A [`StagePlacement`] says
 //! which rank runs which (direction, stage). A program is one rank's ordered list of [`Op`]s; a
 //! [`Schedule`] bundles the kind, the sizes, the placement and every rank's program.
 //!
@@ -32,7 +32,7 @@ impl Chunk {
 
     /// The same micro-batch `delta` stages further along its direction's pipeline, or `None`
     /// before stage 0. Whether that stage exists is the placement's to say
-    /// ([`Placement::neighbour`]).
+    /// ([`StagePlacement::neighbour`]).
     pub const fn shifted(self, delta: isize) -> Option<Chunk> {
         match self.stage.checked_add_signed(delta) {
             Some(stage) => Some(Chunk::new(self.dir, stage, self.mb)),
@@ -365,14 +365,14 @@ impl UnknownScheduleKind {
 /// weights, so a rank that holds `(0, s)` and another that holds `(1, s)` keep two copies of
 /// one stage whose gradients are summed after the step.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Placement {
+pub struct StagePlacement {
     /// Number of ranks.
     pub ranks: usize,
     /// `rank_of[dir][stage]`: the rank that runs that stage of that direction.
     pub rank_of: Vec<Vec<usize>>,
 }
 
-impl Placement {
+impl StagePlacement {
     /// The placement every generator of `kind` uses.
     ///
     /// * `dualpipe`: two directions; rank `r` runs stage `r` of direction 0 and stage
@@ -381,7 +381,7 @@ impl Placement {
     ///   rank `s` for `s < ranks`, else on rank `2 x ranks - 1 - s`;
     /// * the others: one direction of `ranks x virtual_stages` stages, stage `s` on rank
     ///   `s % ranks` (`virtual_stages` is 1 except for `interleaved`).
-    pub fn for_kind(kind: ScheduleKind, ranks: usize, virtual_stages: usize) -> Placement {
+    pub fn for_kind(kind: ScheduleKind, ranks: usize, virtual_stages: usize) -> StagePlacement {
         let rank_of = match kind {
             ScheduleKind::DualPipe => vec![(0..ranks).collect(), (0..ranks).rev().collect()],
             ScheduleKind::DualPipeV => vec![(0..2 * ranks)
@@ -391,7 +391,7 @@ impl Placement {
                 .map(|s| s % ranks.max(1))
                 .collect()],
         };
-        Placement { ranks, rank_of }
+        StagePlacement { ranks, rank_of }
     }
 
     /// Number of directions (1, or 2 for DualPipe).
@@ -422,7 +422,7 @@ impl Placement {
         (n.stage < self.rank_of.get(n.dir)?.len()).then_some(n)
     }
 
-    /// The rank that holds the neighbouring stage of `chunk` (see [`Placement::neighbour`]).
+    /// The rank that holds the neighbouring stage of `chunk` (see [`StagePlacement::neighbour`]).
     pub fn neighbour_rank(&self, chunk: Chunk, side: Neighbour) -> Option<usize> {
         let n = self.neighbour(chunk, side)?;
         self.try_rank(n.dir, n.stage)
@@ -461,7 +461,7 @@ impl Placement {
     }
 }
 
-/// Every stage's message peers ([`Placement::peer`] on both sides), precomputed for the passes
+/// Every stage's message peers ([`StagePlacement::peer`] on both sides), precomputed for the passes
 /// that ask once per op (lowering, the validator).
 pub(crate) struct Peers {
     stages: usize,
@@ -475,7 +475,7 @@ impl Peers {
 
     /// The peers of every (dir, stage) of `placement` (rows past the first row's length are
     /// not looked up).
-    pub(crate) fn new(placement: &Placement) -> Self {
+    pub(crate) fn new(placement: &StagePlacement) -> Self {
         let stages = placement.stages();
         let table = (0..placement.dirs())
             .flat_map(|dir| {
@@ -489,7 +489,7 @@ impl Peers {
         Peers { stages, table }
     }
 
-    /// [`Placement::peer`] of `chunk` (`None` also for chunks outside the placement).
+    /// [`StagePlacement::peer`] of `chunk` (`None` also for chunks outside the placement).
     #[inline]
     pub(crate) fn get(&self, chunk: Chunk, side: Neighbour) -> Option<usize> {
         if chunk.stage >= self.stages {
@@ -517,7 +517,7 @@ pub struct Schedule {
     /// (the two arms of the V), 1 otherwise (see [`ScheduleKind::fixed_virtual_stages`]).
     pub virtual_stages: usize,
     /// Which rank runs which (dir, stage).
-    pub placement: Placement,
+    pub placement: StagePlacement,
     /// `programs[rank]`: that rank's ops in execution order.
     pub programs: Vec<Vec<Op>>,
 }
@@ -586,7 +586,7 @@ mod tests {
     fn neighbours_and_peers_follow_the_placement() {
         use Neighbour::{Next, Prev};
         // DualPipeV over 3 ranks: stages 0..6 on ranks 0 1 2 2 1 0.
-        let v = Placement::for_kind(ScheduleKind::DualPipeV, 3, 2);
+        let v = StagePlacement::for_kind(ScheduleKind::DualPipeV, 3, 2);
         let c = |stage| Chunk::new(0, stage, 4);
         assert_eq!(v.neighbour(c(0), Prev), None);
         assert_eq!(v.neighbour(c(0), Next), Some(c(1)));
@@ -601,7 +601,7 @@ mod tests {
         assert_eq!(v.peer(Chunk::new(1, 0, 0), Next), None);
         assert_eq!(v.try_rank(0, 6), None);
         // DualPipe's second direction runs the ranks backwards.
-        let d = Placement::for_kind(ScheduleKind::DualPipe, 4, 1);
+        let d = StagePlacement::for_kind(ScheduleKind::DualPipe, 4, 1);
         assert_eq!(d.peer(Chunk::new(1, 0, 0), Next), Some(2));
         assert_eq!(d.peer(Chunk::new(1, 3, 0), Prev), Some(1));
         // The cached table agrees with the placement everywhere, also past its edges.

@@ -27,7 +27,7 @@ pub mod validate;
 
 pub use error::{ConfigError, Knob, Part, ScheduleError};
 pub use generate::generate;
-pub use ir::{Chunk, Op, OpKind, Placement, Schedule, ScheduleKind};
+pub use ir::{Chunk, Op, OpKind, Schedule, ScheduleKind, StagePlacement};
 pub use lower::lower;
 pub use size::{check_size, chunks, MAX_CHUNKS};
 pub use timeline::{ComputeInterval, MessageInterval, MessageKind, Timeline};

@@ -1,7 +1,7 @@
 //! Cost model, event simulation, metrics and renderers for pipeline schedules.
 //!
 //! ```
-//! # use dualpipe_schedule::{Chunk, Op, Placement, Schedule, ScheduleKind};
+//! # use dualpipe_schedule::{Chunk, Op, StagePlacement, Schedule, ScheduleKind};
 //! use dualpipe_sim::{metrics, simulate, CostModel};
 //! // Two ranks, one micro-batch, a two-stage pipeline.
 //! let c0 = Chunk::new(0, 0, 0);
@@ -11,7 +11,7 @@
 //!     ranks: 2,
 //!     micro_batches: 1,
 //!     virtual_stages: 1,
-//!     placement: Placement { ranks: 2, rank_of: vec![vec![0, 1]] },
+//!     placement: StagePlacement { ranks: 2, rank_of: vec![vec![0, 1]] },
 //!     programs: vec![
 //!         vec![Op::F(c0), Op::SendF { chunk: c0, peer: 1 }, Op::RecvB { chunk: c0, peer: 1 }, Op::B(c0)],
 //!         vec![Op::RecvF { chunk: c1, peer: 0 }, Op::F(c1), Op::B(c1), Op::SendB { chunk: c1, peer: 0 }],

@@ -3,7 +3,7 @@
 //! [`metrics`] takes a [`Timeline`], not a simulator, so the runtime computes the same
 //! numbers from a measured step and "predicted vs measured" compares like with like.
 
-use dualpipe_schedule::{Op, Placement};
+use dualpipe_schedule::{Op, StagePlacement};
 use serde::{Deserialize, Serialize};
 
 use dualpipe_schedule::timeline::Timeline;
@@ -41,7 +41,7 @@ pub struct Metrics {
 /// full backward (`B`, or the backward half of an `FB`) or, after an `I`, until its `W`. The
 /// forward half of an `FB` adds one and its backward half frees one; the peak counts both
 /// as alive during the pair. Parameter copies come from the placement.
-pub fn metrics(timeline: &Timeline, placement: &Placement) -> Metrics {
+pub fn metrics(timeline: &Timeline, placement: &StagePlacement) -> Metrics {
     let ranks = timeline.ranks();
     let makespan = timeline.makespan();
     let busy_per_rank: Vec<f64> = timeline
@@ -128,7 +128,7 @@ mod tests {
             interval(Op::B(c(0)), 3.0, 5.0),
         ];
         t.compute[1] = vec![interval(Op::F(Chunk::new(0, 1, 0)), 1.0, 2.0)];
-        let placement = Placement {
+        let placement = StagePlacement {
             ranks: 2,
             rank_of: vec![vec![0, 1]],
         };
@@ -165,7 +165,7 @@ mod tests {
     fn empty_timeline_has_zero_metrics() {
         let m = metrics(
             &Timeline::new(1),
-            &Placement {
+            &StagePlacement {
                 ranks: 1,
                 rank_of: vec![vec![0]],
             },

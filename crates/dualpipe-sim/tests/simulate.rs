@@ -2,7 +2,7 @@
 
 mod common;
 
-use dualpipe_schedule::{Chunk, Op, Placement, Schedule, ScheduleKind};
+use dualpipe_schedule::{Chunk, Op, Schedule, ScheduleKind, StagePlacement};
 use dualpipe_sim::{metrics, simulate, CommCost, CostModel, SimError};
 use proptest::prelude::*;
 
@@ -211,7 +211,7 @@ fn split_backward_frees_activations_at_w() {
         ranks: 1,
         micro_batches: 2,
         virtual_stages: 1,
-        placement: Placement {
+        placement: StagePlacement {
             ranks: 1,
             rank_of: vec![vec![0]],
         },

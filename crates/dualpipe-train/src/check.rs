@@ -178,11 +178,8 @@ impl TrainConfig {
                     "the mixture of experts is a GPT feed-forward; drop it or use the GPT".into(),
                 ));
             }
-            moe.check(matches!(naming, Naming::Flags))?;
-            moe.check_parallel(
-                self.parallelism.data_parallel,
-                matches!(naming, Naming::Flags),
-            )?;
+            moe.check(naming)?;
+            moe.check_parallel(self.parallelism.data_parallel, naming)?;
             if moe.expert_parallel
                 && self.parallelism.data_parallel > 1
                 && self.parallelism.rebalance.is_some()

@@ -132,9 +132,10 @@ impl Driver for LocalThreads {
         if config.schedule.ranks > MAX_LOCAL_RANKS {
             return Err(TrainError::Config(format!(
                 "{} {}: one process runs at most {MAX_LOCAL_RANKS} ranks (a thread each); run \
-                 one process per rank instead (dualpipe train --transport mpi under mpirun)",
+                 one process per rank instead ({} mpi, under mpirun)",
                 Field::Ranks.name(naming),
-                config.schedule.ranks
+                config.schedule.ranks,
+                Field::Transport.name(naming)
             )));
         }
         let workers = config

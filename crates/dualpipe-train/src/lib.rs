@@ -43,7 +43,7 @@
 //!   (with `mpi`) one process under a launcher, resuming, writing checkpoints, watched, with
 //!   its notes and failures in the words its caller asks for (no clap: the flags are the
 //!   binary's);
-//! - `mpi` (feature `mpi`) — one worker per process under an MPI launcher: the grid's check
+//! - `process_grid` (feature `mpi`) — one worker per process under an MPI launcher: the grid's check
 //!   and this process's trainer.
 //!
 //! ```
@@ -87,10 +87,10 @@ pub mod experts;
 pub mod job;
 pub mod local;
 pub mod memory;
-#[cfg(feature = "mpi")]
-pub mod mpi;
 pub mod partition;
 pub mod plan_file;
+#[cfg(feature = "mpi")]
+pub mod process_grid;
 pub mod profile;
 pub mod rank;
 pub mod rebalance;

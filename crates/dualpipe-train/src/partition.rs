@@ -46,24 +46,16 @@ impl TrainConfig {
     /// The partition's own checks: the GPT only, one entry per model stage, each at least 1,
     /// at most [`MAX_BLOCKS`] in all.
     pub(crate) fn check_partition(&self, naming: Naming) -> Result<(), TrainError> {
-        let flags = matches!(naming, Naming::Flags);
         if let Some(slow) = &self.parallelism.slow_rank {
-            slow.check(
-                self.schedule.ranks,
-                if flags { "--slow-rank" } else { "slow_rank" },
-            )?;
+            slow.check(self.schedule.ranks, &Field::SlowRank.name(naming))?;
         }
         if let Some(r) = &self.parallelism.rebalance {
-            r.check(if flags { "--rebalance-" } else { "rebalance." })?;
+            r.check(naming)?;
             if self.model.kind != ModelKind::Gpt || self.parallelism.data_parallel > 1 {
                 return Err(TrainError::Config(format!(
                     "{} moves the GPT's blocks within one pipeline replica; drop it for the \
                      MLP or with {} {}",
-                    if flags {
-                        "--rebalance-stages"
-                    } else {
-                        "rebalance"
-                    },
+                    Field::Rebalance.name(naming),
                     Field::DataParallel.name(naming),
                     self.parallelism.data_parallel
                 )));
@@ -72,7 +64,7 @@ impl TrainConfig {
         let Some(p) = &self.model.partition else {
             return Ok(());
         };
-        let flag = if flags { "--partition" } else { "partition" };
+        let flag = Field::Partition.name(naming);
         let shown = format_partition(p);
         if self.model.kind != ModelKind::Gpt {
             return Err(TrainError::Config(format!(

@@ -40,7 +40,7 @@ impl PlanChoice {
         let Some(plan) = report.plans.first() else {
             return Err(TrainError::Config(format!(
                 "{source}: the plan file holds no plan (every candidate was rejected); plan \
-                 again with other --schedules or --micro-batches"
+                 again with other schedules or micro-batch counts"
             )));
         };
         Self::from_plan(plan, source)
@@ -81,10 +81,6 @@ impl PlanChoice {
         defaults: &TrainConfig,
         naming: Naming,
     ) -> Result<(), TrainError> {
-        let flag = |field: &str| match naming {
-            Naming::Fields => field.to_string(),
-            Naming::Flags => format!("--{}", field.replace('_', "-")),
-        };
         let clash = |what: String, given: String, planned: String| {
             TrainError::Config(format!(
                 "{what} {given} disagrees with the plan's {planned}; drop the flag or plan again"
@@ -92,7 +88,7 @@ impl PlanChoice {
         };
         if config.schedule.kind != defaults.schedule.kind && config.schedule.kind != self.schedule {
             return Err(clash(
-                flag("schedule"),
+                Field::Schedule.name(naming),
                 config.schedule.kind.to_string(),
                 self.schedule.to_string(),
             ));
@@ -132,7 +128,7 @@ impl PlanChoice {
         if let Some(p) = &config.model.partition {
             if *p != self.partition {
                 return Err(clash(
-                    flag("partition"),
+                    Field::Partition.name(naming),
                     format_partition(p),
                     format_partition(&self.partition),
                 ));

@@ -47,7 +47,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, TrainError> {
     if config.model.kind != ModelKind::Gpt {
         return Err(TrainError::Config(
-            "--profile measures the GPT's blocks; drop --model mlp".into(),
+            "a profile measures the GPT's blocks; drop `model` mlp".into(),
         ));
     }
     if !(1..=MAX_REPEATS).contains(&repeats) {
@@ -58,7 +58,7 @@ pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, Trai
     config.validate()?;
     let workload = Workload::new(config)?;
     let Some(gpt) = workload.gpt() else {
-        return Err(TrainError::Config("--profile measures the GPT".into()));
+        return Err(TrainError::Config("a profile measures the GPT".into()));
     };
     let blocks = gpt.weights.config().layers;
     let pieces = blocks + 2;
@@ -74,7 +74,7 @@ pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, Trai
         ..config.clone()
     };
     let StepBatch::Gpt(batch) = workload.batch(&one, 0)? else {
-        return Err(TrainError::Config("--profile measures the GPT".into()));
+        return Err(TrainError::Config("a profile measures the GPT".into()));
     };
     let mut stages = (0..pieces)
         .map(|s| {

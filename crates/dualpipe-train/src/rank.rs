@@ -80,7 +80,7 @@ impl<L: Link> Driver for OneRank<L> {
             && config.parallelism.data_parallel > 1
         {
             return Err(TrainError::Config(
-                "the expert link emulation (--link-latency, --link-bandwidth) runs on the \
+                "the expert link emulation (`moe.link_latency`, `moe.link_bandwidth`) runs on the \
                  in-process links only; drop it, or run without MPI"
                     .into(),
             ));

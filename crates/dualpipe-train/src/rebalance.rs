@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use dualpipe_schedule::{Op, Schedule};
 use dualpipe_sim::Timeline;
 
+use crate::config::{Field, Naming};
 use crate::error::TrainError;
 
 /// The default `--rebalance-threshold`: re-balance when the slowest rank's compute exceeds
@@ -47,17 +48,17 @@ impl SlowRank {
     }
 
     /// Checks the rank against `ranks` and the factor (finite, in `[1, 1000]`).
-    pub fn check(&self, ranks: usize, flag: &str) -> Result<(), TrainError> {
+    pub fn check(&self, ranks: usize, name: &str) -> Result<(), TrainError> {
         if self.rank >= ranks {
             return Err(TrainError::Config(format!(
-                "{flag} {}:{}: rank {} does not exist in a run of {ranks} ranks; give a rank \
+                "{name} {}:{}: rank {} does not exist in a run of {ranks} ranks; give a rank \
                  below {ranks}",
                 self.rank, self.factor, self.rank
             )));
         }
         if !(self.factor.is_finite() && (1.0..=1000.0).contains(&self.factor)) {
             return Err(TrainError::Config(format!(
-                "{flag} {}:{}: the factor must be a number from 1 to 1000, such as 2",
+                "{name} {}:{}: the factor must be a number from 1 to 1000, such as 2",
                 self.rank, self.factor
             )));
         }
@@ -89,16 +90,18 @@ impl Default for RebalanceSettings {
 
 impl RebalanceSettings {
     /// Checks the threshold (finite, in `[0, 10]`) and the window (1 to 1000 steps).
-    pub fn check(&self, flag_prefix: &str) -> Result<(), TrainError> {
+    pub fn check(&self, naming: Naming) -> Result<(), TrainError> {
         if !(self.threshold.is_finite() && (0.0..=10.0).contains(&self.threshold)) {
             return Err(TrainError::Config(format!(
-                "{flag_prefix}threshold {}: give a share from 0 to 10, such as 0.05",
+                "{} {}: give a share from 0 to 10, such as 0.05",
+                Field::RebalanceThreshold.name(naming),
                 self.threshold
             )));
         }
         if !(1..=1000).contains(&self.window) {
             return Err(TrainError::Config(format!(
-                "{flag_prefix}window {}: give 1 to 1000 steps, such as 5",
+                "{} {}: give 1 to 1000 steps, such as 5",
+                Field::RebalanceWindow.name(naming),
                 self.window
             )));
         }
@@ -111,8 +114,8 @@ impl RebalanceSettings {
 pub fn check_held(config: &crate::TrainConfig, held: usize) -> Result<(), TrainError> {
     if config.parallelism.rebalance.is_some() && held != config.schedule.ranks {
         return Err(TrainError::Config(
-            "--rebalance-stages moves blocks between the ranks of one process; under \
-             --transport mpi train with a static --partition (or --plan) instead"
+            "`rebalance` moves blocks between the ranks of one process; under `transport` \
+             mpi train with a static `partition` (or `plan`) instead"
                 .into(),
         ));
     }
@@ -330,14 +333,14 @@ mod tests {
         let s = SlowRank::parse("1:2").unwrap();
         assert_eq!((s.rank, s.factor), (1, 2.0));
         assert!(SlowRank::parse("1").unwrap_err().contains("RANK:FACTOR"));
-        assert!(s.check(4, "--slow-rank").is_ok());
-        let err = s.check(1, "--slow-rank").unwrap_err().to_string();
+        assert!(s.check(4, "slow_rank").is_ok());
+        let err = s.check(1, "slow_rank").unwrap_err().to_string();
         assert!(err.contains("rank 1 does not exist"), "{err}");
         let err = SlowRank {
             rank: 0,
             factor: 0.5,
         }
-        .check(4, "--slow-rank")
+        .check(4, "slow_rank")
         .unwrap_err()
         .to_string();
         assert!(err.contains("from 1 to 1000"), "{err}");

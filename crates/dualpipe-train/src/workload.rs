@@ -409,10 +409,10 @@ pub fn read_data(path: &Path) -> Result<Vec<u8>, TrainError> {
             available as u64 / 2,
             format!("half the {available} bytes of memory available"),
         ),
-        _ => (MAX_DATA_BYTES, "the cap of --data".to_string()),
+        _ => (MAX_DATA_BYTES, "the cap of `data`".to_string()),
     };
     dualpipe_io::read_regular(path, cap, &why, "the training text")
-        .map_err(|e| TrainError::Config(format!("{e} (--data)")))
+        .map_err(|e| TrainError::Config(format!("{e} (`data`)")))
 }
 
 /// Reads a whole file, refusing one larger than half this machine's available memory.

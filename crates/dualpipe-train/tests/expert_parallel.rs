@@ -769,7 +769,7 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
 }
 
 /// `ranks x 2` workers, each a thread with its own one-rank trainer as an MPI process would be
-/// (`dualpipe_train::mpi::mpi_trainer`): each replica's pipeline on in-memory links, each held
+/// (`dualpipe_train::process_grid::mpi_trainer`): each replica's pipeline on in-memory links, each held
 /// stage's gradients over our exchange with its holder in the other replica, and the expert
 /// links of each pipeline rank over both replicas (as `dualpipe_train::experts::mpi` builds
 /// them, here in process). Per worker, per step: the micro-batch losses, the gradient norm,

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use dualpipe_eplb::improved::PlannerOptions;
 use dualpipe_eplb::loads::{read_loads, Predictor};
 use dualpipe_eplb::{
-    EplbError, Layout, LoadMatrix, Placement, PlanOutcome, PlanReport, Planner, Policy, MAX_SLOTS,
+    EplbError, Layout, LoadMatrix, PlanOutcome, PlanReport, Planner, Policy, PreviousPlacement,
+    MAX_SLOTS,
 };
 
 use crate::cmd::output::{check_paths, write_output};
@@ -120,7 +121,7 @@ pub struct Request {
     /// The balancer and its options.
     pub planner: Planner,
     /// The previous placement and its file, if given.
-    pub previous: Option<(PathBuf, Placement)>,
+    pub previous: Option<(PathBuf, PreviousPlacement)>,
     /// Bytes of one expert (0 if unknown).
     pub expert_bytes: u64,
     /// Output format.
@@ -211,7 +212,7 @@ pub fn parse(args: Args) -> anyhow::Result<Request> {
                     path.display()
                 ))
             })?;
-            let placement = Placement::parse_json(&text)
+            let placement = PreviousPlacement::parse_json(&text)
                 .map_err(|e| UsageError(format!("--previous {}: {e}", path.display())))?;
             Some((path, placement))
         }

@@ -72,7 +72,7 @@ impl Journal {
         };
         let journal: Journal = serde_json::from_str(&text).map_err(|e| {
             format!(
-                "{}: not a scheduler state file ({e}); give another --state directory",
+                "{}: not a scheduler state file ({e}); give another `state` directory",
                 path.display()
             )
         })?;
@@ -105,7 +105,7 @@ impl DirLock {
     /// scheduler holds it.
     pub fn take(dir: &Path) -> Result<DirLock, String> {
         std::fs::create_dir_all(dir)
-            .map_err(|e| format!("--state {}: cannot create: {e}", dir.display()))?;
+            .map_err(|e| format!("`state` {}: cannot create: {e}", dir.display()))?;
         let path = dir.join(".lock");
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -113,12 +113,12 @@ impl DirLock {
             .read(true)
             .write(true)
             .open(&path)
-            .map_err(|e| format!("--state {}: cannot open its lock: {e}", dir.display()))?;
+            .map_err(|e| format!("`state` {}: cannot open its lock: {e}", dir.display()))?;
         // SAFETY: flock(2) on a descriptor we own.
         let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if r != 0 {
             return Err(format!(
-                "--state {}: another `dualpipe cluster serve` uses this directory; stop it or give another --state",
+                "`state` {}: another `dualpipe cluster serve` uses this directory; stop it or give another `state`",
                 dir.display()
             ));
         }

@@ -88,7 +88,7 @@ pub fn serve(
         .find(|j| !j.phase.is_final() && j.min_ranks > options.slots)
     {
         return Err(ClusterError::Serve(format!(
-            "--slots {}: {} in --state {} needs at least {} slots; give --slots {} or more",
+            "`slots` {}: {} in `state` {} needs at least {} slots; give `slots` {} or more",
             options.slots,
             j.id,
             options.state.display(),
@@ -99,7 +99,7 @@ pub fn serve(
     journal.slots = options.slots;
     let server = tiny_http::Server::http(options.addr.as_str()).map_err(|e| {
         ClusterError::Serve(format!(
-            "--addr {}: cannot listen: {e}; give a free HOST:PORT",
+            "`addr` {}: cannot listen: {e}; give a free HOST:PORT",
             options.addr
         ))
     })?;
@@ -586,7 +586,7 @@ impl Scheduler<'_> {
                 job.crashes += 1;
                 if job.crashes > max_restarts {
                     let why = format!(
-                        "{how} after step {step}; crashed {} times (--max-restarts {max_restarts})",
+                        "{how} after step {step}; crashed {} times (`max_restarts` {max_restarts})",
                         job.crashes
                     );
                     return self.fail(id, &why);

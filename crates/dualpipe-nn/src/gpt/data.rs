@@ -44,7 +44,7 @@ impl ByteWindows {
         }
         if range.len() < seq_len + 1 {
             return Err(NnError::Config(format!(
-                "{what} has {} bytes, fewer than one window of seq_len + 1 = {}; use a longer file or a smaller --seq-len{advice}",
+                "{what} has {} bytes, fewer than one window of seq_len + 1 = {}; use a longer file or a smaller `seq_len`{advice}",
                 range.len(),
                 seq_len + 1
             )));
@@ -147,14 +147,14 @@ impl TextData {
                     seq_len,
                     "the validation part",
                     &format!(
-                        ", or hold out more (--validation-fraction {validation_fraction}; 0 \
+                        ", or hold out more (`validation_fraction` {validation_fraction}; 0 \
                          holds nothing out)"
                     ),
                 )
             })
             .transpose()?;
         let advice = if val_len > 0 {
-            format!(", or hold out less (--validation-fraction {validation_fraction})")
+            format!(", or hold out less (`validation_fraction` {validation_fraction})")
         } else {
             String::new()
         };
@@ -306,7 +306,10 @@ mod tests {
         assert_eq!(data.train.window(7), &[35, 36, 37, 38, 39]);
         // 40 bytes, 10% held out: the validation part's 4 bytes hold no window of 17.
         let err = TextData::new(&[0u8; 40], 16, 0.1, None).unwrap_err();
-        assert!(err.to_string().contains("--validation-fraction"), "{err}");
+        assert!(
+            err.to_string().contains("`validation_fraction` 0.1"),
+            "{err}"
+        );
     }
 
     #[test]

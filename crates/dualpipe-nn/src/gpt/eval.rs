@@ -32,7 +32,7 @@ pub struct EvalReport {
 pub fn evaluate(model: &GptStage, bytes: &[u8], seq_len: usize) -> Result<EvalReport, NnError> {
     if seq_len > model.config().seq_len {
         return Err(NnError::Config(format!(
-            "--seq-len {seq_len} is longer than the model's seq_len {}",
+            "`seq_len` {seq_len} is longer than the model's seq_len {}",
             model.config().seq_len
         )));
     }

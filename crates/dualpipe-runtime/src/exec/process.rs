@@ -21,7 +21,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use dualpipe_schedule::{MessageKind, Timeline};
-use dualpipe_schedule::{Placement, Schedule};
+use dualpipe_schedule::{Schedule, StagePlacement};
 
 use super::check::check_rank_setup;
 use super::cpu::{available_cores, RankTimes};
@@ -321,7 +321,7 @@ pub fn run_rank_step_with<S: WireStage, L: Link>(
 /// left alone; single-direction schedules exchange nothing. Call it on every rank after
 /// [`run_rank_step`] with the same `step`.
 pub fn sum_stage_copies_remote<S: WireStage, L: Link>(
-    placement: &Placement,
+    placement: &StagePlacement,
     stages: &mut RankStages<S>,
     endpoint: &mut Endpoint<L>,
     step: u64,

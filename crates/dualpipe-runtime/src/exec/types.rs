@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use dualpipe_schedule::Timeline;
-use dualpipe_schedule::{Op, Placement};
+use dualpipe_schedule::{Op, StagePlacement};
 
 use super::cpu::RankTimes;
 
@@ -93,7 +93,7 @@ impl<S> RankStages<S> {
 /// Builds every rank's stages from a placement: `make(rank, dir, stage)` is called once per
 /// (dir, stage), ranks in order and each rank's stages in (dir, stage) order.
 pub fn build_ranks<S>(
-    placement: &Placement,
+    placement: &StagePlacement,
     mut make: impl FnMut(usize, usize, usize) -> S,
 ) -> Vec<RankStages<S>> {
     let built: Result<_, std::convert::Infallible> =
@@ -106,7 +106,7 @@ pub fn build_ranks<S>(
 
 /// Like [`build_ranks`], for a `make` that can fail; stops at the first error.
 pub fn try_build_ranks<S, E>(
-    placement: &Placement,
+    placement: &StagePlacement,
     mut make: impl FnMut(usize, usize, usize) -> Result<S, E>,
 ) -> Result<Vec<RankStages<S>>, E> {
     (0..placement.ranks)

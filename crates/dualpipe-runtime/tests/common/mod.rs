@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use dualpipe_runtime::{build_ranks, ForwardInput, ForwardOutput, RankStages, Stage, StageError};
-use dualpipe_schedule::{lower, Chunk, Op, OpKind, Placement, Schedule, ScheduleKind};
+use dualpipe_schedule::{lower, Chunk, Op, OpKind, Schedule, ScheduleKind, StagePlacement};
 
 /// The input of micro-batch `global_mb`.
 pub fn input(global_mb: usize) -> f64 {
@@ -242,7 +242,7 @@ pub fn faulty_ranks(
 
 fn schedule(
     kind: ScheduleKind,
-    placement: Placement,
+    placement: StagePlacement,
     micro_batches: usize,
     programs: Vec<Vec<Op>>,
 ) -> Schedule {
@@ -258,7 +258,7 @@ fn schedule(
 
 /// GPipe over `ranks` ranks (one stage each): all forwards, then all backwards.
 pub fn gpipe(ranks: usize, micro_batches: usize) -> Schedule {
-    let placement = Placement {
+    let placement = StagePlacement {
         ranks,
         rank_of: vec![(0..ranks).collect()],
     };
@@ -276,7 +276,7 @@ pub fn gpipe(ranks: usize, micro_batches: usize) -> Schedule {
 
 /// 1F1B with the backward split into `I` and a deferred `W` (weight gradients at the end).
 pub fn one_f_one_b_split(ranks: usize, micro_batches: usize) -> Schedule {
-    let placement = Placement {
+    let placement = StagePlacement {
         ranks,
         rank_of: vec![(0..ranks).collect()],
     };
@@ -305,7 +305,7 @@ pub fn one_f_one_b_split(ranks: usize, micro_batches: usize) -> Schedule {
 /// Two directions over the same ranks (DualPipe's placement: rank r runs stage r of direction
 /// 0 and stage ranks-1-r of direction 1), GPipe-like order per rank.
 pub fn bidirectional(ranks: usize, micro_batches: usize) -> Schedule {
-    let placement = Placement {
+    let placement = StagePlacement {
         ranks,
         rank_of: vec![(0..ranks).collect(), (0..ranks).rev().collect()],
     };
@@ -335,7 +335,7 @@ pub fn v_shape(ranks: usize, micro_batches: usize) -> Schedule {
     let rank_of = (0..stages)
         .map(|s| if s < ranks { s } else { stages - 1 - s })
         .collect();
-    let placement = Placement {
+    let placement = StagePlacement {
         ranks,
         rank_of: vec![rank_of],
     };
@@ -416,14 +416,14 @@ pub fn golden(name: &str) -> Schedule {
         .collect();
     let placement = if v_shape {
         let stages = 2 * ranks;
-        Placement {
+        StagePlacement {
             ranks,
             rank_of: vec![(0..stages)
                 .map(|s| if s < ranks { s } else { stages - 1 - s })
                 .collect()],
         }
     } else {
-        Placement {
+        StagePlacement {
             ranks,
             rank_of: vec![(0..ranks).collect(), (0..ranks).rev().collect()],
         }

@@ -23,7 +23,7 @@
 
 use std::fmt::Write as _;
 
-use crate::{generate, validate, Chunk, Op, Placement, Schedule, ScheduleError, ScheduleKind};
+use crate::{generate, validate, Chunk, Op, Schedule, ScheduleError, ScheduleKind, StagePlacement};
 
 /// The global stage id of a chunk in `schedule` (see the module documentation).
 pub fn global_stage(schedule: &Schedule, chunk: Chunk) -> usize {
@@ -233,7 +233,7 @@ pub fn from_str_unvalidated(
         ScheduleKind::Interleaved => (1, global_stages.div_ceil(ranks).max(1)),
         _ => (1, 1),
     };
-    let placement = Placement::for_kind(kind, ranks, virtual_stages);
+    let placement = StagePlacement::for_kind(kind, ranks, virtual_stages);
     let stages = placement.stages();
     let micro_batches = if dirs == 2 {
         global_mbs.div_ceil(2) * 2
@@ -415,7 +415,7 @@ mod tests {
             ranks: 2,
             micro_batches: 4,
             virtual_stages: 1,
-            placement: Placement::for_kind(ScheduleKind::DualPipe, 2, 1),
+            placement: StagePlacement::for_kind(ScheduleKind::DualPipe, 2, 1),
             programs: vec![
                 vec![Op::FB {
                     f: Chunk::new(0, 0, 1),

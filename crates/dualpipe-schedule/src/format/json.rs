@@ -13,7 +13,7 @@
 //!   directions (DualPipe) and read as 0 when absent.
 //! * `"virtual_stages"` is written only for interleaved schedules, and only when it is not 1
 //!   (the other kinds imply it: 2 for dualpipev, 1 otherwise).
-//! * The placement is not written: it follows from the kind ([`Placement::for_kind`]).
+//! * The placement is not written: it follows from the kind ([`StagePlacement::for_kind`]).
 //!
 //! [`to_string`] then [`from_str`] gives back an identical [`Schedule`]; [`from_str`] also reads
 //! the golden files and validates what it reads.
@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 
 use serde_json::{Map, Value};
 
-use crate::{validate, Chunk, Op, Placement, Schedule, ScheduleError, ScheduleKind};
+use crate::{validate, Chunk, Op, Schedule, ScheduleError, ScheduleKind, StagePlacement};
 
 /// Writes `schedule` as one line of JSON in the golden schema (no trailing newline).
 pub fn to_string(schedule: &Schedule) -> String {
@@ -188,7 +188,7 @@ pub fn from_str_unvalidated(text: &str) -> Result<Schedule, ScheduleError> {
         ranks,
         micro_batches,
         virtual_stages,
-        placement: Placement::for_kind(kind, ranks, virtual_stages),
+        placement: StagePlacement::for_kind(kind, ranks, virtual_stages),
         programs,
     })
 }

@@ -77,7 +77,7 @@ pub const MAX_SCHEDULE_FILE_BYTES: u64 = 64 << 20;
 fn too_large(origin: &str) -> ScheduleError {
     ScheduleError::Parse(format!(
         "schedule file {origin} is over {} MiB, the most a schedule file may be; generate a \
-         schedule that large with --schedule instead",
+         schedule that large from its kind (`schedule`) instead",
         MAX_SCHEDULE_FILE_BYTES >> 20
     ))
 }

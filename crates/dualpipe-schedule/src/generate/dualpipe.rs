@@ -24,7 +24,7 @@
 
 use std::collections::VecDeque;
 
-use crate::{Chunk, ConfigError, Knob, Op, Placement, Schedule, ScheduleError, ScheduleKind};
+use crate::{Chunk, ConfigError, Knob, Op, Schedule, ScheduleError, ScheduleKind, StagePlacement};
 
 /// Upper bound on the ops of one generated schedule, so an absurd request fails with a message
 /// instead of exhausting memory.
@@ -54,7 +54,7 @@ pub fn generate(ranks: usize, micro_batches: usize) -> Result<Schedule, Schedule
         ranks,
         micro_batches,
         virtual_stages: 1,
-        placement: Placement::for_kind(ScheduleKind::DualPipe, ranks, 1),
+        placement: StagePlacement::for_kind(ScheduleKind::DualPipe, ranks, 1),
         programs,
     })
 }

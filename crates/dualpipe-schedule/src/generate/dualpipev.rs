@@ -13,7 +13,7 @@
 //! and deadlock-free. Odd micro-batch counts need nothing special: the reference handles them.
 
 use super::dualpipe::{check_size, eight_phase_program};
-use crate::{ConfigError, Knob, Placement, Schedule, ScheduleError, ScheduleKind};
+use crate::{ConfigError, Knob, Schedule, ScheduleError, ScheduleKind, StagePlacement};
 
 /// Generates the compute-only `dualpipev` schedule.
 ///
@@ -53,7 +53,7 @@ pub fn generate(ranks: usize, micro_batches: usize) -> Result<Schedule, Schedule
         ranks,
         micro_batches,
         virtual_stages: 2,
-        placement: Placement::for_kind(ScheduleKind::DualPipeV, ranks, 2),
+        placement: StagePlacement::for_kind(ScheduleKind::DualPipeV, ranks, 2),
         programs,
     })
 }

@@ -11,7 +11,7 @@ mod interleaved;
 mod one_f_one_b;
 mod zb1p;
 
-use crate::{ConfigError, Knob, Op, Placement, Schedule, ScheduleError, ScheduleKind};
+use crate::{ConfigError, Knob, Op, Schedule, ScheduleError, ScheduleKind, StagePlacement};
 
 /// Generates the compute-only schedule of `kind` for `ranks` ranks and `micro_batches`
 /// micro-batches (`virtual_stages` is chosen for `interleaved` only; other kinds take 1, or the
@@ -95,7 +95,7 @@ fn check_common(
 }
 
 /// A single-direction schedule whose stage `s` runs on rank `s % ranks`
-/// ([`Placement::for_kind`]).
+/// ([`StagePlacement::for_kind`]).
 fn single_direction(
     kind: ScheduleKind,
     ranks: usize,
@@ -108,7 +108,7 @@ fn single_direction(
         ranks,
         micro_batches,
         virtual_stages,
-        placement: Placement::for_kind(kind, ranks, virtual_stages),
+        placement: StagePlacement::for_kind(kind, ranks, virtual_stages),
         programs,
     }
 }

@@ -4,27 +4,27 @@
 
 use std::path::PathBuf;
 
-use dualpipe_schedule::{Chunk, Op, Placement, Schedule, ScheduleKind};
+use dualpipe_schedule::{Chunk, Op, Schedule, ScheduleKind, StagePlacement};
 
 /// The placement of a single-direction pipeline with one stage per rank.
-pub fn linear_placement(ranks: usize) -> Placement {
-    Placement {
+pub fn linear_placement(ranks: usize) -> StagePlacement {
+    StagePlacement {
         ranks,
         rank_of: vec![(0..ranks).collect()],
     }
 }
 
 /// DualPipe's placement: rank r runs stage r of direction 0 and stage ranks-1-r of direction 1.
-pub fn dualpipe_placement(ranks: usize) -> Placement {
-    Placement {
+pub fn dualpipe_placement(ranks: usize) -> StagePlacement {
+    StagePlacement {
         ranks,
         rank_of: vec![(0..ranks).collect(), (0..ranks).rev().collect()],
     }
 }
 
 /// DualPipeV's placement: one pipeline of 2 x ranks stages folded into a V.
-pub fn dualpipev_placement(ranks: usize) -> Placement {
-    Placement {
+pub fn dualpipev_placement(ranks: usize) -> StagePlacement {
+    StagePlacement {
         ranks,
         rank_of: vec![(0..2 * ranks)
             .map(|s| if s < ranks { s } else { 2 * ranks - 1 - s })
@@ -65,7 +65,7 @@ pub fn gpipe_compute(ranks: usize, micro_batches: usize) -> Vec<Vec<Op>> {
 
 /// A naive lowering: a RECV right before each consumer of a remote input, a SEND right after
 /// each producer of an output consumed on another rank.
-pub fn lower_naively(placement: &Placement, programs: &[Vec<Op>]) -> Vec<Vec<Op>> {
+pub fn lower_naively(placement: &StagePlacement, programs: &[Vec<Op>]) -> Vec<Vec<Op>> {
     let stages = placement.stages();
     let rank = |c: Chunk| placement.rank(c.dir, c.stage);
     programs

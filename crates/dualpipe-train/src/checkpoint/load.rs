@@ -305,7 +305,7 @@ pub struct Listed {
 pub fn list(root: &Path) -> Result<Vec<Listed>, CheckpointError> {
     if !root.is_dir() {
         return Err(CheckpointError::NotFound(format!(
-            "{} is not a directory; give a --checkpoint-dir",
+            "{} is not a directory; give a checkpoint directory",
             root.display()
         )));
     }

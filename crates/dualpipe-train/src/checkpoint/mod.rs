@@ -49,7 +49,9 @@ pub use load::{find_latest, list, open, step_dir, Checkpoint, Found, Listed};
 pub use session::Checkpointing;
 pub use shared::Share;
 pub use weights::gpt_weights;
-pub use writer::{CheckpointPart, CheckpointSink, CheckpointWriter, Layout, OnSaved, SaveRecord};
+pub use writer::{
+    CheckpointPart, CheckpointSink, CheckpointWriter, OnSaved, SaveRecord, WriteScope,
+};
 
 use std::path::PathBuf;
 

@@ -1,7 +1,7 @@
 //! [`Checkpointing`]: a run's checkpoints from the writer's start to the note of what it
 //! saved.
 
-use super::{CheckpointError, CheckpointOptions, CheckpointWriter, Layout, OnSaved};
+use super::{CheckpointError, CheckpointOptions, CheckpointWriter, OnSaved, WriteScope};
 
 /// The background writer of one run, when it saves checkpoints.
 #[derive(Debug, Default)]
@@ -10,15 +10,15 @@ pub struct Checkpointing {
 }
 
 impl Checkpointing {
-    /// Starts the writer `options` asks for (none without options), writing `layout` and
+    /// Starts the writer `options` asks for (none without options), writing `scope` and
     /// telling `on_saved` of every checkpoint it saved.
     pub fn start(
         options: Option<&CheckpointOptions>,
-        layout: Layout,
+        scope: WriteScope,
         on_saved: Option<OnSaved>,
     ) -> Result<Self, CheckpointError> {
         let writer = match options {
-            Some(options) => Some(CheckpointWriter::start_with(options, layout, on_saved)?),
+            Some(options) => Some(CheckpointWriter::start_with(options, scope, on_saved)?),
             None => None,
         };
         Ok(Checkpointing { writer })

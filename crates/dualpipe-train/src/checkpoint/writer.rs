@@ -262,21 +262,21 @@ impl CheckpointWriter {
     /// Starts the writer thread for `options`, expecting `parts` parts per checkpoint (the
     /// data-parallel replicas of a local run; 1 otherwise).
     pub fn start(options: &CheckpointOptions, parts: usize) -> Result<Self, CheckpointError> {
-        CheckpointWriter::start_with(options, Layout::Whole { parts }, None)
+        CheckpointWriter::start_with(options, WriteScope::Whole { parts }, None)
     }
 
-    /// Starts the writer thread for `options` in `layout` (the whole checkpoint from this
+    /// Starts the writer thread for `options` in `scope` (the whole checkpoint from this
     /// process's parts, or this process's share of one several processes write); `on_saved`
     /// is told of every checkpoint written (on the writer thread; e.g. for metrics).
     pub fn start_with(
         options: &CheckpointOptions,
-        layout: Layout,
+        scope: WriteScope,
         on_saved: Option<OnSaved>,
     ) -> Result<Self, CheckpointError> {
         create_root(&options.dir)?;
-        let publishes = match &layout {
-            Layout::Whole { .. } => true,
-            Layout::Shared(share) => share.process == 0,
+        let publishes = match &scope {
+            WriteScope::Whole { .. } => true,
+            WriteScope::Shared(share) => share.process == 0,
         };
         let mut lock = None;
         let mut removed = Vec::new();
@@ -294,15 +294,15 @@ impl CheckpointWriter {
             pointer::check_replaceable(&options.dir)?;
             removed = owner::remove_stale_temps(&options.dir);
         }
-        if let Layout::Shared(share) = &layout {
+        if let WriteScope::Shared(share) = &scope {
             if share.process == 0 {
                 super::shared::remove_stale(&options.dir, share.job);
             }
         }
         let run = options.run.clone();
-        let parts = match &layout {
-            Layout::Whole { parts } => (*parts).max(1),
-            Layout::Shared(_) => 1,
+        let parts = match &scope {
+            WriteScope::Whole { parts } => (*parts).max(1),
+            WriteScope::Shared(_) => 1,
         };
         let (tx, rx) = mpsc::sync_channel(2 * parts);
         let failed = Arc::new(Mutex::new(None));
@@ -312,9 +312,9 @@ impl CheckpointWriter {
         let handle = std::thread::Builder::new()
             .name("checkpoint-writer".into())
             .spawn(move || {
-                let save = |step: usize, group: Vec<CheckpointPart>| match &layout {
-                    Layout::Whole { .. } => save(&root, step, group, keep, run.as_ref()),
-                    Layout::Shared(share) => {
+                let save = |step: usize, group: Vec<CheckpointPart>| match &scope {
+                    WriteScope::Whole { .. } => save(&root, step, group, keep, run.as_ref()),
+                    WriteScope::Shared(share) => {
                         super::shared::save_share(&root, step, group, keep, share, run.as_ref())
                     }
                 };
@@ -366,7 +366,7 @@ pub type OnSaved = Box<dyn Fn(&SaveRecord) + Send>;
 
 /// What a writer writes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Layout {
+pub enum WriteScope {
     /// The whole checkpoint, from `parts` parts per step (the data-parallel replicas of a
     /// local run; 1 otherwise).
     Whole {

@@ -86,6 +86,19 @@ pub enum Field {
     Transport,
     /// A failure injected into a job.
     InjectFailure,
+    /// [`ModelSection::partition`](super::ModelSection::partition).
+    Partition,
+    /// [`ParallelismSection::slow_rank`](super::ParallelismSection::slow_rank).
+    SlowRank,
+    /// [`ParallelismSection::rebalance`](super::ParallelismSection::rebalance): stage
+    /// re-balancing on.
+    Rebalance,
+    /// The re-balancing threshold, [`RebalanceSettings::threshold`](crate::RebalanceSettings::threshold).
+    RebalanceThreshold,
+    /// The re-balancing window, [`RebalanceSettings::window`](crate::RebalanceSettings::window).
+    RebalanceWindow,
+    /// The overlap of the MoE all-to-alls, [`MoeSettings::overlap`](crate::MoeSettings::overlap).
+    MoeOverlap,
 }
 
 /// How messages name a [`Field`].
@@ -99,6 +112,55 @@ pub enum Naming {
 }
 
 impl Field {
+    /// Every field, in declaration order.
+    pub const ALL: [Field; 45] = [
+        Field::Schedule,
+        Field::Ranks,
+        Field::MicroBatches,
+        Field::MicroBatchSize,
+        Field::VirtualStages,
+        Field::Hidden,
+        Field::LayersPerStage,
+        Field::Steps,
+        Field::Lr,
+        Field::LrWarmup,
+        Field::LrDecay,
+        Field::LrMin,
+        Field::RecvTimeout,
+        Field::DType,
+        Field::DModel,
+        Field::Heads,
+        Field::SeqLen,
+        Field::Data,
+        Field::ValidationFraction,
+        Field::InitFrom,
+        Field::ClipGrad,
+        Field::DataParallel,
+        Field::BucketMb,
+        Field::Momentum,
+        Field::CompressionWarmup,
+        Field::VarianceRefresh,
+        Field::Seed,
+        Field::Task,
+        Field::Shuffle,
+        Field::CheckpointDir,
+        Field::CheckpointEvery,
+        Field::Resume,
+        Field::ResumeFrom,
+        Field::AllowChangedSettings,
+        Field::MetricsAddr,
+        Field::Log,
+        Field::Save,
+        Field::Transport,
+        Field::InjectFailure,
+        Field::Partition,
+        Field::SlowRank,
+        Field::Rebalance,
+        Field::RebalanceThreshold,
+        Field::RebalanceWindow,
+        Field::MoeOverlap,
+    ];
+
     /// The field's name (as in JSON; a job section's field by its path).
     pub fn key(self) -> &'static str {
         match self {
@@ -141,7 +203,19 @@ impl Field {
             Field::Save => "outputs.save",
             Field::Transport => "transport",
             Field::InjectFailure => "inject_failure",
+            Field::Partition => "partition",
+            Field::SlowRank => "slow_rank",
+            Field::Rebalance => "rebalance",
+            Field::RebalanceThreshold => "rebalance.threshold",
+            Field::RebalanceWindow => "rebalance.window",
+            Field::MoeOverlap => "moe.overlap",
         }
+    }
+
+    /// The field whose [`key`](Field::key) is `key` (for [`Field::Resume`] and
+    /// [`Field::ResumeFrom`], which share one, the first).
+    pub fn from_key(key: &str) -> Option<Field> {
+        Field::ALL.iter().copied().find(|f| f.key() == key)
     }
 
     /// The command-line flag that sets the field.
@@ -155,6 +229,10 @@ impl Field {
             Field::MetricsAddr => "metrics-addr",
             Field::Log => "log",
             Field::Save => "save",
+            Field::Rebalance => "rebalance-stages",
+            Field::RebalanceThreshold => "rebalance-threshold",
+            Field::RebalanceWindow => "rebalance-window",
+            Field::MoeOverlap => "no-moe-overlap",
             other => return format!("--{}", other.key().replace('_', "-")),
         };
         format!("--{flag}")

@@ -12,7 +12,7 @@ use dualpipe_dp::{
 };
 use dualpipe_nn::ModelStage;
 use dualpipe_runtime::RankStages;
-use dualpipe_schedule::Placement;
+use dualpipe_schedule::StagePlacement;
 
 use super::grads::{copies_of, exchanged_lens, lock_error, Snapshot, StageGrads};
 use super::hook::ExchangeHook;
@@ -103,7 +103,7 @@ impl ReplicaExchange {
     pub fn new(
         config: &TrainConfig,
         links: ReplicaLinks,
-        placement: &Placement,
+        placement: &StagePlacement,
         stages: &mut [RankStages<ModelStage>],
     ) -> Result<Self, TrainError> {
         let exchange = config.exchange_config();

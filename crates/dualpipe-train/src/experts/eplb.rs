@@ -6,7 +6,7 @@
 //! the same plan from the same group-wide counts, so no plan travels.
 
 use dualpipe_eplb::moves::move_plan;
-use dualpipe_eplb::{Layout, LoadMatrix, Placement, Planner};
+use dualpipe_eplb::{Layout, LoadMatrix, Planner, PreviousPlacement};
 use dualpipe_nn::gpt::moe::parallel::ExpertPlacement;
 
 use crate::error::TrainError;
@@ -129,7 +129,7 @@ impl ExpertRebalancer {
         )
         .map_err(eplb_error)?;
         let layout = Layout::new(self.experts, self.slots, 1, 1, self.workers);
-        let previous = Placement::from_rows(self.phy2log.clone());
+        let previous = PreviousPlacement::from_rows(self.phy2log.clone());
         let planner = Planner::default();
         let outcome = dualpipe_eplb::plan(&loads, &layout, &planner, Some(&previous), 0)
             .map_err(eplb_error)?;

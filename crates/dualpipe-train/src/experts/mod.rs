@@ -22,6 +22,7 @@ use dualpipe_nn::gpt::moe::waits::{self, Tally};
 use dualpipe_nn::gpt::MoeConfig;
 use serde::{Deserialize, Serialize};
 
+use crate::config::Naming;
 use crate::error::TrainError;
 
 /// The MoE feed-forward of the GPT and its balancing. `TrainConfig::moe = None` is the dense
@@ -117,14 +118,11 @@ impl MoeSettings {
         }
     }
 
-    /// Checks the sizes and rates; `flags` words the message in flags, else in fields.
-    pub fn check(&self, flags: bool) -> Result<(), TrainError> {
-        let name = |flag: &str, field: &str| {
-            if flags {
-                format!("--{flag}")
-            } else {
-                format!("moe.{field}")
-            }
+    /// Checks the sizes and rates; the message names the settings as `naming` says.
+    pub fn check(&self, naming: Naming) -> Result<(), TrainError> {
+        let name = |flag: &str, field: &str| match naming {
+            Naming::Flags => format!("--{flag}"),
+            Naming::Fields => format!("moe.{field}"),
         };
         for (flag, field, v) in [
             ("experts", "experts", self.experts),
@@ -172,15 +170,12 @@ impl MoeSettings {
 }
 
 impl MoeSettings {
-    /// Checks expert parallelism and EPLB against `data_parallel` replicas; `flags` words
-    /// the message in flags, else in fields.
-    pub fn check_parallel(&self, data_parallel: usize, flags: bool) -> Result<(), TrainError> {
-        let name = |flag: &str, field: &str| {
-            if flags {
-                format!("--{flag}")
-            } else {
-                format!("moe.{field}")
-            }
+    /// Checks expert parallelism and EPLB against `data_parallel` replicas; the message names
+    /// the settings as `naming` says.
+    pub fn check_parallel(&self, data_parallel: usize, naming: Naming) -> Result<(), TrainError> {
+        let name = |flag: &str, field: &str| match naming {
+            Naming::Flags => format!("--{flag}"),
+            Naming::Fields => format!("moe.{field}"),
         };
         let ep = name("expert-parallel", "expert_parallel");
         let latency = name("link-latency", "link_latency");
@@ -364,7 +359,7 @@ mod tests {
             top_k: 9,
             ..MoeSettings::DEFAULT
         };
-        let msg = bad.check(true).unwrap_err().to_string();
+        let msg = bad.check(Naming::Flags).unwrap_err().to_string();
         assert!(
             msg.contains("--top-k 9") && msg.contains("--experts 8"),
             "{msg}"
@@ -374,7 +369,7 @@ mod tests {
             ..MoeSettings::DEFAULT
         };
         assert!(bad
-            .check(false)
+            .check(Naming::Fields)
             .unwrap_err()
             .to_string()
             .contains("moe.aux_loss"));

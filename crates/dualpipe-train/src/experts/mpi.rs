@@ -225,7 +225,7 @@ pub fn expert_links(
     if threads && !world.threads_serialized() {
         return Err(TrainError::Config(
             "this MPI does not provide MPI_THREAD_SERIALIZED, which the overlapped FB pair's \
-             expert all-to-alls need (two threads); add --no-moe-overlap"
+             expert all-to-alls need (two threads); turn the overlap off (`moe.overlap`)"
                 .into(),
         ));
     }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use dualpipe_schedule::Schedule;
 
 use super::{rank_addr, Failure, JobConfig, OutputsSection};
-use crate::checkpoint::{Checkpointing, Layout, OnSaved, RunIdentity};
+use crate::checkpoint::{Checkpointing, OnSaved, RunIdentity, WriteScope};
 use crate::partition::format_partition;
 use crate::rebalance::Repartition;
 use crate::watch::{Watch, WatchError, WatchPlan};
@@ -67,8 +67,12 @@ pub(super) fn run_local<W: Watch>(
     let mut watch = job.start_watch(local.schedule(), 0, true, start, say)?;
     let parts = local.checkpoint_parts();
     let resumed = resume_from.as_ref().map(|c| c.manifest.run.clone());
-    let checkpoints =
-        job.checkpointing(Layout::Whole { parts }, watch.on_checkpoint(), resumed, say)?;
+    let checkpoints = job.checkpointing(
+        WriteScope::Whole { parts },
+        watch.on_checkpoint(),
+        resumed,
+        say,
+    )?;
     if let Some(writer) = checkpoints.writer() {
         local.set_checkpoints(writer);
     }
@@ -134,11 +138,11 @@ impl JobConfig {
     }
 
     /// The checkpoint writer the job asks for (none without a checkpoint directory), writing
-    /// `layout`; `resumed`: the identity of the run the resumed checkpoint holds (`None`: a
+    /// `scope`; `resumed`: the identity of the run the resumed checkpoint holds (`None`: a
     /// fresh run). Tells `say` of dead runs' temp directories it removed.
     pub(super) fn checkpointing(
         &self,
-        layout: Layout,
+        scope: WriteScope,
         on_saved: Option<OnSaved>,
         resumed: Option<Option<RunIdentity>>,
         say: &mut dyn FnMut(&str),
@@ -151,7 +155,7 @@ impl JobConfig {
             Some(run) => run,
             None => self.run_identity()?,
         });
-        let checkpoints = Checkpointing::start(Some(&options), layout, on_saved)
+        let checkpoints = Checkpointing::start(Some(&options), scope, on_saved)
             .map_err(|e| self.checkpoint_refusal(e))?;
         if let Some(writer) = checkpoints.writer() {
             for removed in writer.removed() {

@@ -14,8 +14,10 @@ use dualpipe_runtime::RuntimeError;
 use dualpipe_schedule::Schedule;
 
 use super::{Failure, Finished, How, JobConfig};
-use crate::checkpoint::{Checkpointing, Layout};
-use crate::mpi::{check_checkpoints, check_grid, checkpoint_share, mpi_trainer, restore_agreed};
+use crate::checkpoint::{Checkpointing, WriteScope};
+use crate::process_grid::{
+    check_checkpoints, check_grid, checkpoint_share, mpi_trainer, restore_agreed,
+};
 use crate::watch::{Watch, WatchError, WatchPlan};
 use crate::{Driver, StepEvent, TrainError, Trainer};
 
@@ -166,7 +168,7 @@ fn mpi_checkpoints<D: Driver>(
         return Ok(Checkpointing::default());
     }
     let share = checkpoint_share(world);
-    let checkpoints = job.checkpointing(Layout::Shared(share), on_saved, resumed, say)?;
+    let checkpoints = job.checkpointing(WriteScope::Shared(share), on_saved, resumed, say)?;
     if let Some(sink) = checkpoints.writer().and_then(|w| w.sink()) {
         trainer.set_checkpoints(sink);
     }

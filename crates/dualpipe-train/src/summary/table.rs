@@ -229,7 +229,7 @@ impl RunSummary {
             let loss = if e.held_out {
                 format!("loss {:.6} ({:.4} bits/byte)", e.loss, e.bits_per_byte)
             } else {
-                "loss none (nothing held out: --validation-fraction 0)".to_string()
+                "loss none (nothing held out: validation fraction 0)".to_string()
             };
             rows.insert(1, ("validation", format!("{loss}{accuracy}")));
         }

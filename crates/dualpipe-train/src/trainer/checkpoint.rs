@@ -227,7 +227,7 @@ impl<D: Driver> Trainer<D> {
             return Err(mismatch(
                 ckpt,
                 format!(
-                    "it is of step {step} and this run has {} steps in all; raise --steps \
+                    "it is of step {step} and this run has {} steps in all; raise `steps` \
                      (the total, counting the steps before the checkpoint)",
                     self.config.steps
                 ),

@@ -120,14 +120,14 @@ impl<D: Driver> Trainer<D> {
         }
         if self.held.len() != self.config.schedule.ranks {
             return Err(TrainError::Config(format!(
-                "{what} moves blocks between the ranks of one process; under --transport mpi \
-                 train with a static --partition (or --plan) instead"
+                "{what} moves blocks between the ranks of one process; under `transport` mpi \
+                 train with a static `partition` (or `plan`) instead"
             )));
         }
         if self.config.parallelism.data_parallel > 1 || self.exchange().is_some() {
             return Err(TrainError::Config(format!(
-                "{what} works on one pipeline replica for now; drop --data-parallel {} or \
-                 --rebalance-stages",
+                "{what} works on one pipeline replica for now; drop `data_parallel` {} or \
+                 `rebalance`",
                 self.config.parallelism.data_parallel
             )));
         }

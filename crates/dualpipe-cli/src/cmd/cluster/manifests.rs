@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use dualpipe_cluster::k8s::{mpijob, to_yaml, ManifestOptions, Placement};
+use dualpipe_cluster::k8s::{mpijob, to_yaml, ManifestOptions, NodePlacement};
 
 use crate::cmd::output::write_together;
 use crate::cmd::UsageError;
@@ -30,7 +30,7 @@ pub struct ManifestsArgs {
 /// Runs `dualpipe cluster manifests`.
 pub fn run_manifests(a: ManifestsArgs) -> anyhow::Result<()> {
     let text = super::read_text(&a.placement, "--placement")?;
-    let placement = Placement::from_json(&text)
+    let placement = NodePlacement::from_json(&text)
         .map_err(|e| UsageError(format!("--placement {}: {e}", a.placement.display())))?;
     if a.image.trim().is_empty() || a.device_resource.trim().is_empty() {
         return Err(

@@ -43,7 +43,7 @@ pub fn check_grid(info: &LaunchInfo, config: &TrainConfig) -> Result<(), TrainEr
     let workers = config.schedule.ranks.saturating_mul(replicas);
     if info.world_size != workers {
         return Err(TrainError::Config(format!(
-            "{} processes were started for --ranks {} x --data-parallel {replicas} = {workers} \
+            "{} processes were started for `ranks` {} x `data_parallel` {replicas} = {workers} \
              workers; start {workers} (mpiexec -n {workers})",
             info.world_size, config.schedule.ranks
         )));
@@ -62,7 +62,7 @@ pub fn check_checkpoints(config: &TrainConfig, checkpointing: bool) -> Result<()
         return Err(TrainError::Config(
             "checkpoints of an expert-parallel run are written in one process only for now \
              (under MPI the replicas' experts of a block would share its file); drop \
-             --checkpoint-dir, --resume and --resume-from, or run without MPI"
+             `checkpoint.dir` and `checkpoint.resume`, or run without MPI"
                 .into(),
         ));
     }
