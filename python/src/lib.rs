@@ -3,7 +3,10 @@
 //! The pure-Python half (`python/dualpipe_rs/`) converts user inputs (lists, numpy arrays, torch
 //! tensors) to plain buffers and wraps the results; this module does the work with the GIL
 //! released. Errors of the Rust crates arrive as `ValueError` carrying the crate's message, the
-//! same text the `dualpipe` CLI prints after `error: `.
+//! same text the `dualpipe` CLI prints after `error: ` (where a message names a setting by its
+//! field in backquotes, `` `policy` ``, the CLI names it by its flag, `--policy`).
+
+#![warn(missing_docs)]
 
 use pyo3::prelude::*;
 
