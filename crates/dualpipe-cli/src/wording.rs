@@ -30,6 +30,14 @@ pub fn long_flags(mut command: &Command, mut matches: &ArgMatches) -> HashSet<St
     }
 }
 
+/// The long flags of the arguments `A` (one command's, outside a command tree).
+pub fn flags_of<A: clap::Args>() -> HashSet<String> {
+    long_flags(
+        &A::augment_args(Command::new("args")),
+        &ArgMatches::default(),
+    )
+}
+
 /// `message` with every backquoted field whose flag is one of `flags` written as that flag:
 /// `` a smaller `seq_len` `` becomes `a smaller --seq-len`. Other backquoted text (a command,
 /// a file name) is left as it is.
@@ -119,6 +127,18 @@ mod tests {
         ] {
             assert_eq!(in_flags(kept, &f), kept);
         }
+    }
+
+    #[test]
+    fn the_training_flags_reword_its_fields() {
+        let train = flags_of::<crate::flags::TrainArgs>();
+        assert_eq!(
+            in_flags(
+                "`ranks` 4 x `data_parallel` 2; drop `checkpoint.dir`, `rebalance` or `moe.overlap`",
+                &train
+            ),
+            "--ranks 4 x --data-parallel 2; drop --checkpoint-dir, --rebalance-stages or --no-moe-overlap"
+        );
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! point, the checkpoints, the watch, which MPI process reports and how a failing one leaves)
 //! is `dualpipe_train::job`'s; this module maps its failures to exit codes and prints.
 
+use std::collections::HashSet;
 use std::io::Write;
+use std::sync::OnceLock;
 
 use dualpipe_metrics::RunWatch;
 use dualpipe_train::job::{Failure, Finished, Job, JobConfig, Transport};
@@ -91,8 +93,11 @@ fn write(args: &TrainArgs, job: &JobConfig, finished: &Finished) -> anyhow::Resu
 }
 
 /// Prints one line on stderr in one write (launchers that tag each write with its rank would
-/// split a line written in pieces).
+/// split a line written in pieces), a backquoted field named by its flag as `main` does.
 fn say(line: &str) {
+    static FLAGS: OnceLock<HashSet<String>> = OnceLock::new();
+    let flags = FLAGS.get_or_init(crate::wording::flags_of::<TrainArgs>);
+    let line = crate::wording::in_flags(line, flags);
     let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
 
