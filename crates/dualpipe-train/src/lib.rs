@@ -110,7 +110,6 @@ pub use config::{
 };
 pub use data_parallel::{GroupLink, LocalReplicas, ReplicaExchange, ReplicaLinks, StepExchange};
 pub use driver::{Driver, LocalThreads, Round, MAX_LOCAL_RANKS};
-pub use dualpipe_dp as dp;
 pub use dualpipe_dp::Compression;
 pub use dualpipe_nn::{Optimizer, OptimizerKind};
 pub use error::{Divergence, TrainError};
