@@ -5,7 +5,7 @@
 //! that numpy wraps without copying.
 
 use dualpipe_eplb::{
-    plan, rebalance_experts_with_policy, Layout, LoadMatrix, PreviousPlacement, Planner, Policy,
+    plan, rebalance_experts_with_policy, Layout, LoadMatrix, Planner, Policy, PreviousPlacement,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
