@@ -409,4 +409,56 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn a_stage_recomputes_only_when_it_would_not_fit_otherwise() {
+        let layer = |recompute| LayerCost {
+            f: 1.0,
+            i: 1.0,
+            w: 1.0,
+            activation_bytes: 10.0,
+            parameter_bytes: 0.0,
+            recompute,
+        };
+        let cost = Some(crate::RecomputeCost {
+            full_bytes: 1.0,
+            selective_bytes: 4.0,
+            selective_f: 0.5,
+        });
+        let p = Profile {
+            message_bytes: 1,
+            layers: vec![layer(cost); 4],
+        };
+        let slot = |memory| StageSlot {
+            speed: 1.0,
+            memory,
+            in_flight: 4,
+        };
+        let even = Partition::even(4, 2).unwrap();
+        // Two layers x 4 in flight x 10 bytes = 80: fits without recomputing.
+        assert_eq!(
+            even.recompute(&p, &[slot(80.0), slot(80.0)]),
+            vec![Recompute::None; 2]
+        );
+        assert_eq!(even.bottleneck(&p, &[slot(80.0), slot(80.0)]), Some(6.0));
+        // Selective: 4 x 8 + (20 - 8) = 44; full: 4 x 2 + 18 = 26.
+        let slots = [slot(44.0), slot(26.0)];
+        assert_eq!(
+            even.recompute(&p, &slots),
+            vec![Recompute::Selective, Recompute::Full]
+        );
+        // The rerun forward is charged: selective 2 x 0.5, full 2 x 1.
+        assert_eq!(even.bottleneck(&p, &slots), Some(8.0));
+        assert_eq!(even.bottleneck(&p, &[slot(25.0), slot(80.0)]), None);
+        // Without a layer's recomputation costs selective is not offered; full keeps the
+        // message bytes.
+        let plain = Profile {
+            message_bytes: 1,
+            layers: vec![layer(None); 4],
+        };
+        assert_eq!(
+            even.recompute(&plain, &[slot(44.0), slot(26.0)]),
+            vec![Recompute::Full, Recompute::Full]
+        );
+    }
 }
