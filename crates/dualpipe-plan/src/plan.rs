@@ -393,7 +393,7 @@ pub fn evaluate(
             };
             let Some(part) = part else {
                 return Err(PlanError::NoPlan(format!(
-                "no {} partition of the {} layers into {stages} stages fits the devices' memory, even with full recomputation",
+                "no {} partition of the {} layers into {stages} stages fits the devices' memory",
                 if options.even { "even" } else { "contiguous" },
                 profile.layers.len()
             )));
