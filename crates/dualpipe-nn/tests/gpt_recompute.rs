@@ -129,7 +129,11 @@ fn pipeline_step(kind: ScheduleKind, recompute: Recompute) -> (Vec<u64>, Vec<(St
         assert_eq!(s.pending(), 0);
     }
     sum_stage_copies(&schedule.placement, &mut ranks).unwrap();
-    let mut losses: Vec<_> = outcome.losses.iter().map(|l| (l.global_mb, l.loss)).collect();
+    let mut losses: Vec<_> = outcome
+        .losses
+        .iter()
+        .map(|l| (l.global_mb, l.loss))
+        .collect();
     losses.sort_by_key(|l| l.0);
     let mut grads: Vec<_> = gradients_by_name(&ranks)
         .into_iter()

@@ -113,7 +113,9 @@ impl Sums {
             let mut secs = vec![0.0];
             let mut missing = vec![0usize];
             for (l, layer) in profile.layers.iter().enumerate() {
-                let (k, t) = layer.kept(mode, profile.message_bytes).unwrap_or((0.0, 0.0));
+                let (k, t) = layer
+                    .kept(mode, profile.message_bytes)
+                    .unwrap_or((0.0, 0.0));
                 kept.push(kept[l] + k);
                 secs.push(secs[l] + t);
                 missing.push(missing[l] + usize::from(layer.kept(mode, 0).is_none()));

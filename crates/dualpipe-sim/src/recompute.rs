@@ -134,7 +134,13 @@ mod tests {
             backward: 12.0,
         };
         // F F I: 10, 20, then the input backward of one turns 10 into 12.
-        let ops = [Op::F(c(0)), Op::F(c(1)), Op::I(c(0)), Op::W(c(0)), Op::B(c(1))];
+        let ops = [
+            Op::F(c(0)),
+            Op::F(c(1)),
+            Op::I(c(0)),
+            Op::W(c(0)),
+            Op::B(c(1)),
+        ];
         assert_eq!(peak_activation_bytes(&ops, bytes), 22.0);
         // Recomputing keeps 1 after the forward: 1, 2, then the input backward 12 + 1.
         let small = |_| ChunkBytes {

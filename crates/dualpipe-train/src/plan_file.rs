@@ -177,7 +177,10 @@ impl PlanChoice {
         config.model.partition = Some(self.partition.clone());
         // A recomputation given beside the plan wins; else the plan's, when it needs one.
         if config.model.recompute.is_none()
-            && self.recompute.iter().any(|&r| r != dualpipe_nn::Recompute::None)
+            && self
+                .recompute
+                .iter()
+                .any(|&r| r != dualpipe_nn::Recompute::None)
         {
             config.model.recompute = Some(self.recompute.clone());
         }

@@ -258,7 +258,11 @@ pub fn table(report: &PlanReport) -> String {
         ));
     }
     if let Some(best) = report.plans.first() {
-        if best.stages.iter().any(|s| s.recompute != dualpipe_sim::Recompute::None) {
+        if best
+            .stages
+            .iter()
+            .any(|s| s.recompute != dualpipe_sim::Recompute::None)
+        {
             let modes: Vec<&str> = best.stages.iter().map(|s| s.recompute.name()).collect();
             out.push_str(&format!(
                 "recompute per stage (to fit the devices' memory): {}\n",

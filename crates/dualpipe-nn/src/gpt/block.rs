@@ -111,7 +111,10 @@ struct Kept {
 impl Kept {
     fn bytes(&self) -> usize {
         crate::layers::tensor_bytes(&self.input)
-            + self.attn_out.as_ref().map_or(0, crate::layers::tensor_bytes)
+            + self
+                .attn_out
+                .as_ref()
+                .map_or(0, crate::layers::tensor_bytes)
     }
 }
 
@@ -229,7 +232,9 @@ impl Block {
                 Ok(y)
             }
             Recompute::Selective => {
-                let h1 = self.attn.forward(key, &self.norm1.apply(h)?, seq, Some(h))?;
+                let h1 = self
+                    .attn
+                    .forward(key, &self.norm1.apply(h)?, seq, Some(h))?;
                 let y = self.mlp.apply(&self.norm2.apply(&h1)?, &h1)?;
                 self.keep(key, h, Some(h1), seq);
                 Ok(y)
