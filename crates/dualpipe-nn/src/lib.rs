@@ -38,6 +38,7 @@ pub mod optim;
 pub mod rng;
 pub mod stage;
 
+pub use dualpipe_sim::Recompute;
 pub use error::NnError;
 pub use model_stage::{ExpertStage, ModelStage, PipelineStage, StepBatch};
 pub use optim::{LrDecay, LrSchedule, Optimizer, OptimizerKind, ParamState};

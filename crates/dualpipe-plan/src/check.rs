@@ -211,11 +211,13 @@ mod tests {
                     stage: 0,
                     first_layer: 0,
                     end_layer: 3,
+                    recompute: dualpipe_sim::Recompute::None,
                 },
                 StagePlan {
                     stage: 1,
                     first_layer: 3,
                     end_layer: 4,
+                    recompute: dualpipe_sim::Recompute::None,
                 },
             ],
             placement: (0..2)

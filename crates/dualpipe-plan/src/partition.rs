@@ -10,7 +10,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::profile::Profile;
+use dualpipe_sim::Recompute;
+
+use crate::profile::{live_bytes, Profile};
 
 /// What one stage may hold and how fast it runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -61,8 +63,9 @@ impl Partition {
         Some(Partition { bounds })
     }
 
-    /// The bottleneck of this partition on `slots`: the slowest stage's time, or `None`
-    /// when a stage does not fit its memory.
+    /// The bottleneck of this partition on `slots`: the slowest stage's time (with the
+    /// recomputation a stage needs to fit, see [`Partition::recompute`]), or `None` when a
+    /// stage does not fit its memory even recomputing.
     pub fn bottleneck(&self, profile: &Profile, slots: &[StageSlot]) -> Option<f64> {
         let sums = Sums::new(profile);
         let mut worst: f64 = 0.0;
@@ -77,12 +80,17 @@ impl Partition {
     }
 }
 
-/// Prefix sums of work, parameter and activation bytes.
+/// Prefix sums of work, parameter and activation bytes, and per recomputation (selective,
+/// full) of the bytes kept, the seconds rerun and the layers that do not offer it.
 struct Sums {
     work: Vec<f64>,
     params: Vec<f64>,
     acts: Vec<f64>,
+    /// `[selective, full]`: (kept bytes, rerun seconds, layers without it).
+    rerun: [(Vec<f64>, Vec<f64>, Vec<usize>); 2],
 }
+
+const RECOMPUTING: [Recompute; 2] = [Recompute::Selective, Recompute::Full];
 
 impl Sums {
     fn new(profile: &Profile) -> Sums {
@@ -100,17 +108,71 @@ impl Sums {
             params.push(params[l] + layer.parameter_bytes);
             acts.push(acts[l] + layer.activation_bytes);
         }
-        Sums { work, params, acts }
+        let rerun = RECOMPUTING.map(|mode| {
+            let mut kept = vec![0.0];
+            let mut secs = vec![0.0];
+            let mut missing = vec![0usize];
+            for (l, layer) in profile.layers.iter().enumerate() {
+                let (k, t) = layer
+                    .kept(mode, profile.message_bytes)
+                    .unwrap_or((0.0, 0.0));
+                kept.push(kept[l] + k);
+                secs.push(secs[l] + t);
+                missing.push(missing[l] + usize::from(layer.kept(mode, 0).is_none()));
+            }
+            (kept, secs, missing)
+        });
+        Sums {
+            work,
+            params,
+            acts,
+            rerun,
+        }
+    }
+
+    /// The least recomputation (none, selective, full) with which layers `a..b` fit the
+    /// slot's memory, and the forward seconds it reruns per micro-batch.
+    fn choice(&self, slot: &StageSlot, a: usize, b: usize) -> Option<(Recompute, f64)> {
+        let params = self.params[b] - self.params[a];
+        let acts = self.acts[b] - self.acts[a];
+        if params + slot.in_flight as f64 * acts <= slot.memory {
+            return Some((Recompute::None, 0.0));
+        }
+        RECOMPUTING
+            .into_iter()
+            .zip(&self.rerun)
+            .find_map(|(mode, (kept, secs, missing))| {
+                let kept = kept[b] - kept[a];
+                (missing[b] == missing[a]
+                    && params + live_bytes(mode, acts, kept, slot.in_flight) <= slot.memory)
+                    .then_some((mode, secs[b] - secs[a]))
+            })
     }
 
     fn time(&self, slot: &StageSlot, a: usize, b: usize) -> f64 {
-        (self.work[b] - self.work[a]) / slot.speed
+        let rerun = self.choice(slot, a, b).map_or(0.0, |c| c.1);
+        (self.work[b] - self.work[a] + rerun) / slot.speed
     }
 
     fn fits(&self, slot: &StageSlot, a: usize, b: usize) -> bool {
-        let bytes = (self.params[b] - self.params[a])
-            + slot.in_flight as f64 * (self.acts[b] - self.acts[a]);
-        bytes <= slot.memory
+        self.choice(slot, a, b).is_some()
+    }
+}
+
+impl Partition {
+    /// What each stage recomputes on `slots`: the least recomputation with which it fits its
+    /// memory (none when it fits without, or when nothing fits).
+    pub fn recompute(&self, profile: &Profile, slots: &[StageSlot]) -> Vec<Recompute> {
+        let sums = Sums::new(profile);
+        slots
+            .iter()
+            .enumerate()
+            .map(|(s, slot)| {
+                let r = self.range(s);
+                sums.choice(slot, r.start, r.end)
+                    .map_or(Recompute::None, |c| c.0)
+            })
+            .collect()
     }
 }
 
@@ -187,6 +249,7 @@ mod tests {
                     w: 0.0,
                     activation_bytes: 1.0,
                     parameter_bytes: p,
+                    recompute: None,
                 })
                 .collect(),
         }
@@ -347,5 +410,57 @@ mod tests {
                 "case {case}"
             );
         }
+    }
+
+    #[test]
+    fn a_stage_recomputes_only_when_it_would_not_fit_otherwise() {
+        let layer = |recompute| LayerCost {
+            f: 1.0,
+            i: 1.0,
+            w: 1.0,
+            activation_bytes: 10.0,
+            parameter_bytes: 0.0,
+            recompute,
+        };
+        let cost = Some(crate::RecomputeCost {
+            full_bytes: 1.0,
+            selective_bytes: 4.0,
+            selective_f: 0.5,
+        });
+        let p = Profile {
+            message_bytes: 1,
+            layers: vec![layer(cost); 4],
+        };
+        let slot = |memory| StageSlot {
+            speed: 1.0,
+            memory,
+            in_flight: 4,
+        };
+        let even = Partition::even(4, 2).unwrap();
+        // Two layers x 4 in flight x 10 bytes = 80: fits without recomputing.
+        assert_eq!(
+            even.recompute(&p, &[slot(80.0), slot(80.0)]),
+            vec![Recompute::None; 2]
+        );
+        assert_eq!(even.bottleneck(&p, &[slot(80.0), slot(80.0)]), Some(6.0));
+        // Selective: 4 x 8 + (20 - 8) = 44; full: 4 x 2 + 18 = 26.
+        let slots = [slot(44.0), slot(26.0)];
+        assert_eq!(
+            even.recompute(&p, &slots),
+            vec![Recompute::Selective, Recompute::Full]
+        );
+        // The rerun forward is charged: selective 2 x 0.5, full 2 x 1.
+        assert_eq!(even.bottleneck(&p, &slots), Some(8.0));
+        assert_eq!(even.bottleneck(&p, &[slot(25.0), slot(80.0)]), None);
+        // Without a layer's recomputation costs selective is not offered; full keeps the
+        // message bytes.
+        let plain = Profile {
+            message_bytes: 1,
+            layers: vec![layer(None); 4],
+        };
+        assert_eq!(
+            even.recompute(&plain, &[slot(44.0), slot(26.0)]),
+            vec![Recompute::Full, Recompute::Full]
+        );
     }
 }

@@ -10,14 +10,14 @@
 use dualpipe_schedule::{build, Op, Schedule, ScheduleKind, StagePlacement};
 use dualpipe_sim::metrics::peak_activations;
 use dualpipe_sim::topology::{DeviceSlot, Topology};
-use dualpipe_sim::{metrics, simulate, CommCost, CostModel, StageCost, Timeline};
+use dualpipe_sim::{metrics, simulate, CommCost, CostModel, Recompute, StageCost, Timeline};
 use serde::{Deserialize, Serialize};
 
 use crate::assign::{assign, MAX_SIDE};
 use crate::error::PlanError;
 use crate::partition::{min_max, Partition, StageSlot};
 use crate::previous::PreviousLayers;
-use crate::profile::Profile;
+use crate::profile::{live_bytes, Profile};
 
 /// Partition and placement turns per candidate.
 pub const ROUNDS: usize = 4;
@@ -47,6 +47,14 @@ pub struct StagePlan {
     pub first_layer: usize,
     /// One past the last layer.
     pub end_layer: usize,
+    /// The activation recomputation the stage needs to fit its devices' memory (`none`,
+    /// not written, when it fits without).
+    #[serde(default, skip_serializing_if = "is_none")]
+    pub recompute: Recompute,
+}
+
+fn is_none(r: &Recompute) -> bool {
+    *r == Recompute::None
 }
 
 /// One rank: where it runs and what it holds.
@@ -280,26 +288,27 @@ fn rank_needs(
     profile: &Profile,
     part: &Partition,
     peaks: &[usize],
+    recompute: &[Recompute],
 ) -> RankNeeds {
     let placement = &schedule.placement;
     let per_dir = schedule.micro_batches_per_dir() as f64;
     let mut load = vec![0.0; schedule.ranks];
-    let mut params = vec![0.0; schedule.ranks];
-    let mut acts = vec![0.0f64; schedule.ranks];
-    for (r, ((l, p), a)) in load.iter_mut().zip(&mut params).zip(&mut acts).enumerate() {
+    let mut memory = vec![0.0; schedule.ranks];
+    for (r, (l, m)) in load.iter_mut().zip(&mut memory).enumerate() {
+        let mut params = 0.0;
+        let mut acts = 0.0f64;
         for (_, s) in placement.stages_of(r) {
             let sum = profile.sum(part.range(s));
-            *l += per_dir * sum.work();
-            *p += sum.parameter_bytes;
-            *a = a.max(sum.activation_bytes);
+            let mode = recompute.get(s).copied().unwrap_or_default();
+            let (kept, rerun) = profile
+                .kept(part.range(s), mode)
+                .unwrap_or((sum.activation_bytes, 0.0));
+            *l += per_dir * (sum.work() + rerun);
+            params += sum.parameter_bytes;
+            acts = acts.max(live_bytes(mode, sum.activation_bytes, kept, peaks[r]));
         }
+        *m = params + acts;
     }
-    let memory = params
-        .iter()
-        .zip(&acts)
-        .zip(peaks)
-        .map(|((p, a), &k)| p + k as f64 * a)
-        .collect();
     RankNeeds { load, memory }
 }
 
@@ -389,10 +398,11 @@ pub fn evaluate(
                 profile.layers.len()
             )));
             };
+            let recompute = part.recompute(profile, &slots);
             if !options.even {
                 // The partition was cut for the devices the ranks sat on; place the ranks for
                 // it (the next turn cuts again for the new devices).
-                let needs = rank_needs(&schedule, profile, &part, &peaks);
+                let needs = rank_needs(&schedule, profile, &part, &peaks, &recompute);
                 device_of_rank = place(
                     topology,
                     &devices,
@@ -405,12 +415,17 @@ pub fn evaluate(
                     options,
                 )?;
             }
+            // The ranks may have moved: what each stage recomputes on its new devices.
+            let recompute = part.recompute(
+                profile,
+                &stage_slots(&schedule, &devices, &device_of_rank, &peaks),
+            );
             let e = simulate_plan(
                 topology,
                 &devices,
                 &schedule,
                 profile,
-                &part,
+                (&part, &recompute),
                 &device_of_rank,
                 &peaks,
                 options,
@@ -529,20 +544,25 @@ pub fn rank_layers(schedule: &Schedule, part: &Partition) -> Vec<Vec<usize>> {
         .collect()
 }
 
-/// The cost model of a partition placed on devices: per-stage compute at speed 1, per-rank
-/// speeds, and messages charged by the links they cross.
+/// The cost model of a partition placed on devices: per-stage compute at speed 1 (a stage's
+/// backward charged with the forward its `recompute` entry reruns, see
+/// [`StageCost::with_recompute`]; missing entries recompute nothing), per-rank speeds, and
+/// messages charged by the links they cross.
 pub fn cost_model(
     topology: &Topology,
     devices: &[DeviceSlot],
     profile: &Profile,
     part: &Partition,
+    recompute: &[Recompute],
     device_of_rank: &[usize],
 ) -> Result<CostModel, PlanError> {
     let per_stage = (0..part.stages())
         .map(|s| {
             let sum = profile.sum(part.range(s));
             let b = sum.i + sum.w;
-            StageCost::new(sum.f, b, sum.w, sum.f + b)
+            let mode = recompute.get(s).copied().unwrap_or_default();
+            let rerun = profile.kept(part.range(s), mode).map_or(0.0, |k| k.1);
+            StageCost::new(sum.f, b, sum.w, sum.f + b).with_recompute(rerun)
         })
         .collect();
     let network = topology.network(device_of_rank, vec![profile.message_bytes])?;
@@ -562,15 +582,15 @@ fn simulate_plan(
     devices: &[DeviceSlot],
     schedule: &Schedule,
     profile: &Profile,
-    part: &Partition,
+    (part, recompute): (&Partition, &[Recompute]),
     device_of_rank: &[usize],
     peaks: &[usize],
     options: &PlanOptions,
 ) -> Result<Evaluated, PlanError> {
-    let cost = cost_model(topology, devices, profile, part, device_of_rank)?;
+    let cost = cost_model(topology, devices, profile, part, recompute, device_of_rank)?;
     let timeline = simulate(schedule, &cost)?;
     let m = metrics(&timeline, &schedule.placement);
-    let needs = rank_needs(schedule, profile, part, peaks);
+    let needs = rank_needs(schedule, profile, part, peaks, recompute);
     let layers = rank_layers(schedule, part);
     let placement: Vec<RankPlan> = (0..schedule.ranks)
         .map(|r| {
@@ -616,6 +636,7 @@ fn simulate_plan(
                 stage: s,
                 first_layer: part.bounds[s],
                 end_layer: part.bounds[s + 1],
+                recompute: recompute.get(s).copied().unwrap_or_default(),
             })
             .collect(),
         placement,

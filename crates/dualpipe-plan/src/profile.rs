@@ -14,6 +14,7 @@
 //! optimizer state); `message_bytes` is what crosses a stage boundary per micro-batch (the
 //! activations forwards, their gradients backwards).
 
+use dualpipe_sim::Recompute;
 use serde::{Deserialize, Serialize};
 
 use crate::error::PlanError;
@@ -25,6 +26,17 @@ pub const MAX_LAYERS: usize = 4096;
 pub const MAX_LAYER_SECONDS: f64 = 1e6;
 /// The most activation or parameter bytes of one layer (an exabyte).
 pub const MAX_LAYER_BYTES: f64 = 1e18;
+
+/// The activation bytes a stage holds at its peak with `in_flight` micro-batches alive, each
+/// keeping `kept` of the `activation_bytes` a forward saves: `in_flight x activation_bytes`
+/// without recomputation; with it, the kept bytes of every live micro-batch plus the rest of
+/// one micro-batch's activations, recomputed for its backward.
+pub fn live_bytes(mode: Recompute, activation_bytes: f64, kept: f64, in_flight: usize) -> f64 {
+    match mode {
+        Recompute::None => in_flight as f64 * activation_bytes,
+        _ => in_flight as f64 * kept + (activation_bytes - kept).max(0.0),
+    }
+}
 
 /// The cost of one layer for one micro-batch.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -40,12 +52,47 @@ pub struct LayerCost {
     pub activation_bytes: f64,
     /// Bytes this layer keeps for the whole step (weights, gradients, optimizer state).
     pub parameter_bytes: f64,
+    /// What recomputing the layer's activations keeps and costs (`None`: full
+    /// recomputation keeps the layer's input, at most the profile's `message_bytes`, and
+    /// reruns `f`; selective is not offered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute: Option<RecomputeCost>,
+}
+
+/// What recomputing one layer's activations keeps and costs, per micro-batch.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecomputeCost {
+    /// Bytes one micro-batch keeps under full recomputation (the layer's input).
+    pub full_bytes: f64,
+    /// Bytes it keeps under selective recomputation (the input and the attention's tensors).
+    pub selective_bytes: f64,
+    /// Seconds of forward that selective recomputation runs again before each backward
+    /// (the norms and the MLP); full reruns the whole `f`.
+    pub selective_f: f64,
 }
 
 impl LayerCost {
     /// Compute time of one micro-batch through the layer: `F + I + W`.
     pub fn work(&self) -> f64 {
         self.f + self.i + self.w
+    }
+
+    /// Bytes one micro-batch keeps in the layer between its forward and its backward under
+    /// `mode`, and the forward seconds rerun before that backward; `None` when the profile
+    /// does not offer `mode` for the layer (selective without [`LayerCost::recompute`]).
+    /// `message_bytes` is the profile's (a layer's input, kept by full recomputation when the
+    /// layer gives no [`RecomputeCost`]).
+    pub fn kept(&self, mode: Recompute, message_bytes: u64) -> Option<(f64, f64)> {
+        match (mode, self.recompute) {
+            (Recompute::None, _) => Some((self.activation_bytes, 0.0)),
+            (Recompute::Full, Some(r)) => Some((r.full_bytes, self.f)),
+            (Recompute::Full, None) => {
+                Some(((message_bytes as f64).min(self.activation_bytes), self.f))
+            }
+            (Recompute::Selective, Some(r)) => Some((r.selective_bytes, r.selective_f)),
+            (Recompute::Selective, None) => None,
+        }
     }
 }
 
@@ -81,13 +128,23 @@ impl Profile {
             )));
         }
         for (l, layer) in self.layers.iter().enumerate() {
+            let recompute = layer.recompute.map_or_else(Vec::new, |r| {
+                vec![
+                    ("recompute.full_bytes", r.full_bytes),
+                    ("recompute.selective_bytes", r.selective_bytes),
+                    ("recompute.selective_f", r.selective_f),
+                ]
+            });
             for (name, value) in [
                 ("f", layer.f),
                 ("i", layer.i),
                 ("w", layer.w),
                 ("activation_bytes", layer.activation_bytes),
                 ("parameter_bytes", layer.parameter_bytes),
-            ] {
+            ]
+            .into_iter()
+            .chain(recompute)
+            {
                 if !value.is_finite() || value < 0.0 {
                     return Err(PlanError::Profile(format!(
                         "layers[{l}].{name} = {value}: give a finite number >= 0"
@@ -117,6 +174,16 @@ impl Profile {
         }
     }
 
+    /// Over the layers `range` under `mode`: the bytes one micro-batch keeps between its
+    /// forward and its backward and the forward seconds rerun before the backward (see
+    /// [`LayerCost::kept`]); `None` when some layer does not offer `mode`.
+    pub fn kept(&self, range: std::ops::Range<usize>, mode: Recompute) -> Option<(f64, f64)> {
+        self.layers[range].iter().try_fold((0.0, 0.0), |(b, t), l| {
+            let (lb, lt) = l.kept(mode, self.message_bytes)?;
+            Some((b + lb, t + lt))
+        })
+    }
+
     /// Sum of `F`, `I`, `W`, activation and parameter bytes over `range`.
     pub fn sum(&self, range: std::ops::Range<usize>) -> LayerCost {
         let mut s = LayerCost {
@@ -125,6 +192,7 @@ impl Profile {
             w: 0.0,
             activation_bytes: 0.0,
             parameter_bytes: 0.0,
+            recompute: None,
         };
         for l in &self.layers[range] {
             s.f += l.f;

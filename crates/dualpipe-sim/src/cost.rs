@@ -33,6 +33,17 @@ impl StageCost {
         StageCost { f, b, w, fb }
     }
 
+    /// The same costs with `extra` seconds of recomputed forward (see
+    /// [`Recompute`](crate::Recompute)) run at the start of every backward: added to `B` and
+    /// `F&B` (so to `I`), not to `W`.
+    pub fn with_recompute(self, extra: f64) -> Self {
+        StageCost {
+            b: self.b + extra,
+            fb: self.fb + extra,
+            ..self
+        }
+    }
+
     /// Duration of `I`, the input-gradient-only backward: `B - W`.
     pub fn i(&self) -> f64 {
         self.b - self.w
@@ -402,6 +413,12 @@ impl CostModel {
 mod tests {
     use super::*;
     use dualpipe_schedule::Chunk;
+
+    #[test]
+    fn recompute_is_charged_to_the_backward() {
+        let s = StageCost::new(1.0, 2.0, 0.5, 2.5).with_recompute(0.75);
+        assert_eq!((s.f, s.b, s.w, s.fb, s.i()), (1.0, 2.75, 0.5, 3.25, 2.25));
+    }
 
     #[test]
     fn durations_follow_the_model() {

@@ -32,6 +32,7 @@ pub mod error;
 pub mod formula;
 pub mod measure;
 pub mod metrics;
+pub mod recompute;
 pub mod report;
 pub mod simulate;
 pub mod svg;
@@ -43,5 +44,6 @@ pub use dualpipe_schedule::timeline::{ComputeInterval, MessageInterval, MessageK
 pub use error::SimError;
 pub use measure::{OpTally, OpTimes};
 pub use metrics::{metrics, Metrics};
+pub use recompute::{peak_activation_bytes, ChunkBytes, Recompute};
 pub use simulate::simulate;
 pub use topology::{Link, LinkClass, Links, Network, Topology};

@@ -192,6 +192,7 @@ impl TrainConfig {
             }
         }
         self.check_partition(naming)?;
+        self.check_recompute(naming)?;
         if self.model.kind != ModelKind::Gpt {
             return Ok(());
         }

@@ -94,6 +94,7 @@ pub mod process_grid;
 pub mod profile;
 pub mod rank;
 pub mod rebalance;
+pub mod recompute;
 pub mod reference;
 pub mod stop;
 pub mod strategy;
@@ -111,7 +112,7 @@ pub use config::{
 pub use data_parallel::{GroupLink, LocalReplicas, ReplicaExchange, ReplicaLinks, StepExchange};
 pub use driver::{Driver, LocalThreads, Round, MAX_LOCAL_RANKS};
 pub use dualpipe_dp::Compression;
-pub use dualpipe_nn::{Optimizer, OptimizerKind};
+pub use dualpipe_nn::{Optimizer, OptimizerKind, Recompute};
 pub use error::{Divergence, TrainError};
 pub use experts::{ExpertLoad, MoeSettings};
 pub use local::LocalRun;

@@ -26,6 +26,9 @@ pub struct PlanChoice {
     pub partition: Vec<usize>,
     /// `(rank, device path)` of every rank, in rank order.
     pub placement: Vec<(usize, String)>,
+    /// What each model stage recomputes to fit its devices' memory (all none: the plan
+    /// needs no recomputation).
+    pub recompute: Vec<dualpipe_nn::Recompute>,
 }
 
 impl PlanChoice {
@@ -56,6 +59,7 @@ impl PlanChoice {
         let mut stages = plan.stages.clone();
         stages.sort_by_key(|s| s.stage);
         let partition = stages.iter().map(|s| s.end_layer - s.first_layer).collect();
+        let recompute = stages.iter().map(|s| s.recompute).collect();
         let mut placement: Vec<(usize, String)> = plan
             .placement
             .iter()
@@ -69,6 +73,7 @@ impl PlanChoice {
             virtual_stages: plan.virtual_stages.max(1),
             partition,
             placement,
+            recompute,
         })
     }
 
@@ -170,6 +175,15 @@ impl PlanChoice {
             )));
         }
         config.model.partition = Some(self.partition.clone());
+        // A recomputation given beside the plan wins; else the plan's, when it needs one.
+        if config.model.recompute.is_none()
+            && self
+                .recompute
+                .iter()
+                .any(|&r| r != dualpipe_nn::Recompute::None)
+        {
+            config.model.recompute = Some(self.recompute.clone());
+        }
         Ok(())
     }
 }

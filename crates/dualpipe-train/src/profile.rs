@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use dualpipe_nn::gpt::GptStage;
 use dualpipe_nn::{StagePosition, StepBatch};
-use dualpipe_plan::{LayerCost, Profile};
+use dualpipe_plan::{LayerCost, Profile, RecomputeCost};
 use dualpipe_runtime::{ForwardInput, ForwardOutput, Stage};
 use dualpipe_schedule::Chunk;
 
@@ -35,6 +35,7 @@ struct Measured {
     w: f64,
     activation_bytes: f64,
     parameter_bytes: f64,
+    recompute: Option<RecomputeCost>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -150,6 +151,7 @@ pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, Trai
                 w: median(w),
                 activation_bytes: bytes,
                 parameter_bytes: values as f64 * value_bytes * (2.0 + state_tensors),
+                recompute: None,
             }
         })
         .collect();
@@ -161,6 +163,7 @@ pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, Trai
             w: m.w,
             activation_bytes: m.activation_bytes,
             parameter_bytes: m.parameter_bytes,
+            recompute: m.recompute,
         })
         .collect();
     for (edge, layer) in [(&measured[0], 0), (&measured[pieces - 1], blocks - 1)] {

@@ -118,6 +118,7 @@ impl Workload {
             Workload::Gpt(gpt) => {
                 let layers = config.stage_layers(position.model_stage);
                 let mut stage = GptStage::with_layers(&gpt.weights, stages, position, layers)?;
+                stage.set_recompute(config.stage_recompute(position.model_stage));
                 if let Some(moe) = &config.model.moe {
                     stage.set_aux_loss(moe.aux_loss);
                 }

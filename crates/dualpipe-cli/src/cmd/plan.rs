@@ -258,6 +258,17 @@ pub fn table(report: &PlanReport) -> String {
         ));
     }
     if let Some(best) = report.plans.first() {
+        if best
+            .stages
+            .iter()
+            .any(|s| s.recompute != dualpipe_sim::Recompute::None)
+        {
+            let modes: Vec<&str> = best.stages.iter().map(|s| s.recompute.name()).collect();
+            out.push_str(&format!(
+                "recompute per stage (to fit the devices' memory): {}\n",
+                modes.join(",")
+            ));
+        }
         out.push_str(&format!(
             "\nbest: {} with {} micro-batches ({} partition)\n",
             best.schedule, best.micro_batches, best.partition

@@ -1,4 +1,4 @@
-//! `dualpipe train`'s layout flags ([`LayoutArgs`]): `--partition`, `--plan`, `--profile`,
+//! `dualpipe train`'s layout flags ([`LayoutArgs`]): `--partition`, `--recompute`, `--plan`, `--profile`,
 //! `--slow-rank` and `--rebalance-stages` (with its threshold and window). They map onto
 //! [`TrainConfig::partition`], [`PlanChoice`], [`SlowRank`] and [`RebalanceSettings`]; the
 //! profiling run itself is [`profile_gpt`](dualpipe_train::profile::profile_gpt).
@@ -19,6 +19,12 @@ pub struct LayoutArgs {
     /// embeddings, the last the head); replaces --layers-per-stage.
     #[arg(long, value_name = "B,B,...", conflicts_with = "layers_per_stage")]
     pub partition: Option<String>,
+    /// Activation recomputation of the GPT's blocks: none, full (keep each block's input,
+    /// rerun its forward before the backward) or selective (keep the attention's tensors
+    /// too, rerun the norms and the MLP); one value for every stage or a comma list, one
+    /// per model stage, e.g. full,none,none,none [default: none].
+    #[arg(long, value_name = "MODE[,MODE...]")]
+    pub recompute: Option<String>,
     /// Train with the best plan of `dualpipe plan --format json` in FILE: its schedule,
     /// ranks, micro-batches and partition (a flag given that disagrees is an error).
     #[arg(long, value_name = "FILE", conflicts_with = "schedule_file")]
@@ -59,6 +65,12 @@ impl LayoutArgs {
             let blocks = parse_partition(text)
                 .map_err(|e| TrainError::Config(format!("--partition {e}")))?;
             config.model.partition = Some(blocks);
+        }
+        if let Some(text) = &self.recompute {
+            config.model.recompute = Some(
+                dualpipe_train::recompute::parse_recompute(text)
+                    .map_err(|e| TrainError::Config(format!("--recompute {e}")))?,
+            );
         }
         if let Some(path) = &self.plan {
             let text = std::fs::read_to_string(path).map_err(|e| {

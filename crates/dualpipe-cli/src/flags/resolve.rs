@@ -203,6 +203,7 @@ fn config_and_schedule(args: &TrainArgs) -> Result<(TrainConfig, Option<Schedule
             dtype,
             moe: args.moe.settings()?,
             partition: None,
+            recompute: None,
         },
         schedule: ScheduleSection {
             kind: schedule,

@@ -1,7 +1,10 @@
 //! The pre-norm transformer block.
 
+use std::collections::HashMap;
+
 use candle_core::Tensor;
 use dualpipe_schedule::Chunk;
+use dualpipe_sim::Recompute;
 
 use super::weights::moe_bias_name;
 use super::{GptWeights, MoeLayer};
@@ -78,12 +81,41 @@ impl FeedForward {
 /// `h₁ = h + attn(norm1(h))`, `y = h₁ + ff(norm2(h₁))` with `ff` the dense MLP or the MoE
 /// layer. The residual sums are folded into the output projections' GEMMs (forward) and the
 /// norms' input-gradient passes (backward).
+///
+/// With [`Recompute::Full`] a chunk's forward keeps only the block's input and the saving
+/// forward runs again from it at the start of the chunk's input backward; with
+/// [`Recompute::Selective`] the attention saves as usual and the forward keeps the block's
+/// input and the attention's output (the second norm's input), the norms and the
+/// feed-forward part running again. MoE blocks always save (their forward routes and counts
+/// tokens, and may exchange them with other workers).
 #[derive(Debug)]
 pub struct Block {
     norm1: RmsNorm,
     attn: CausalSelfAttention,
     norm2: RmsNorm,
     mlp: FeedForward,
+    recompute: Recompute,
+    /// Per chunk whose forward did not save everything: its input, the attention's output
+    /// (selective) and the sequence length.
+    kept: HashMap<Chunk, Kept>,
+}
+
+/// What a recomputing block keeps of one chunk's forward.
+#[derive(Debug)]
+struct Kept {
+    input: Tensor,
+    attn_out: Option<Tensor>,
+    seq: usize,
+}
+
+impl Kept {
+    fn bytes(&self) -> usize {
+        crate::layers::tensor_bytes(&self.input)
+            + self
+                .attn_out
+                .as_ref()
+                .map_or(0, crate::layers::tensor_bytes)
+    }
 }
 
 impl Block {
@@ -129,7 +161,23 @@ impl Block {
                 }
                 _ => FeedForward::Dense(Mlp::from_layers(linear("mlp.fc1")?, linear("mlp.fc2")?)?),
             },
+            recompute: Recompute::None,
+            kept: HashMap::new(),
         })
+    }
+
+    /// What the block's forwards keep from now on (set it between steps: chunks already
+    /// forwarded keep what they saved). An MoE block always saves everything.
+    pub fn set_recompute(&mut self, recompute: Recompute) {
+        self.recompute = recompute;
+    }
+
+    /// What the block's forwards keep: [`Recompute::None`] for an MoE block, whatever was set.
+    pub fn recompute(&self) -> Recompute {
+        match self.mlp {
+            FeedForward::Moe(_) => Recompute::None,
+            FeedForward::Dense(_) => self.recompute,
+        }
     }
 
     /// The MoE layer, if this block has one.
@@ -173,16 +221,69 @@ impl Block {
         self.mlp.apply(&self.norm2.apply(&h1)?, &h1)
     }
 
-    /// Forward of the chunk, saving what its backward needs.
+    /// Forward of the chunk, saving what its backward needs (or, recomputing, what the
+    /// recomputation starts from: see [`Block`]).
     pub fn forward(&mut self, key: Chunk, h: &Tensor, seq: usize) -> Result<Tensor, NnError> {
+        match self.recompute() {
+            Recompute::None => self.forward_saving(key, h, seq),
+            Recompute::Full => {
+                let y = self.apply(h, seq)?;
+                self.keep(key, h, None, seq);
+                Ok(y)
+            }
+            Recompute::Selective => {
+                let h1 = self
+                    .attn
+                    .forward(key, &self.norm1.apply(h)?, seq, Some(h))?;
+                let y = self.mlp.apply(&self.norm2.apply(&h1)?, &h1)?;
+                self.keep(key, h, Some(h1), seq);
+                Ok(y)
+            }
+        }
+    }
+
+    fn keep(&mut self, key: Chunk, h: &Tensor, attn_out: Option<Tensor>, seq: usize) {
+        self.kept.insert(
+            key,
+            Kept {
+                input: h.clone(),
+                attn_out,
+                seq,
+            },
+        );
+    }
+
+    /// The forward that saves everything the backward needs.
+    fn forward_saving(&mut self, key: Chunk, h: &Tensor, seq: usize) -> Result<Tensor, NnError> {
         let a = self.norm1.forward(key, h)?;
         let h1 = self.attn.forward(key, &a, seq, Some(h))?;
         let b = self.norm2.forward(key, &h1)?;
         self.mlp.forward(key, &b, &h1)
     }
 
-    /// The input gradient of the chunk; weight gradients wait for [`Block::backward_weight`].
+    /// Runs again what a recomputing forward of the chunk did not save (nothing for a chunk
+    /// that saved everything).
+    fn recompute_saved(&mut self, key: Chunk) -> Result<(), NnError> {
+        let Some(kept) = self.kept.remove(&key) else {
+            return Ok(());
+        };
+        match kept.attn_out {
+            None => {
+                self.forward_saving(key, &kept.input, kept.seq)?;
+            }
+            Some(h1) => {
+                self.norm1.forward(key, &kept.input)?;
+                let b = self.norm2.forward(key, &h1)?;
+                self.mlp.forward(key, &b, &h1)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The input gradient of the chunk (first recomputing what its forward did not save);
+    /// weight gradients wait for [`Block::backward_weight`].
     pub fn backward_input(&mut self, key: Chunk, dy: &Tensor) -> Result<Tensor, NnError> {
+        self.recompute_saved(key)?;
         let db = self.mlp.backward_input(key, dy)?;
         let dh1 = self.norm2.backward_input(key, &db, Some(dy))?;
         let da = self.attn.backward_input(key, &dh1)?;
@@ -199,12 +300,17 @@ impl Block {
 
     /// Saved per-chunk tensors not yet consumed.
     pub fn pending(&self) -> usize {
-        self.norm1.pending() + self.attn.pending() + self.norm2.pending() + self.mlp.pending()
+        self.kept.len()
+            + self.norm1.pending()
+            + self.attn.pending()
+            + self.norm2.pending()
+            + self.mlp.pending()
     }
 
     /// Bytes of the saved tensors of its layers.
     pub fn saved_bytes(&self) -> usize {
-        self.norm1.saved_bytes()
+        self.kept.values().map(Kept::bytes).sum::<usize>()
+            + self.norm1.saved_bytes()
             + self.attn.saved_bytes()
             + self.norm2.saved_bytes()
             + self.mlp.saved_bytes()

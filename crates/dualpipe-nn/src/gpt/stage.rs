@@ -7,6 +7,7 @@ use std::sync::Arc;
 use candle_core::Tensor;
 use dualpipe_runtime::{ForwardInput, ForwardOutput};
 use dualpipe_schedule::Chunk;
+use dualpipe_sim::Recompute;
 
 use super::weights::{block_buffer_names, block_tensor_names, expert_prefix, moe_bias_name};
 use super::{stage_layers, Block, GptConfig, GptWeights, MoeLayer};
@@ -54,6 +55,8 @@ pub struct GptStage {
     loss_grads: HashMap<Chunk, Tensor>,
     /// Per chunk: the sequence length (blocks need it).
     seqs: HashMap<Chunk, usize>,
+    /// What the blocks' forwards keep.
+    recompute: Recompute,
 }
 
 impl GptStage {
@@ -123,6 +126,7 @@ impl GptStage {
             batch: None,
             loss_grads: HashMap::new(),
             seqs: HashMap::new(),
+            recompute: Recompute::None,
         })
     }
 
@@ -139,6 +143,20 @@ impl GptStage {
                 micro_batches_per_dir: 1,
             },
         )
+    }
+
+    /// What the blocks' forwards keep from now on (set it between steps); the embeddings
+    /// and the head always save. See [`Block`] (MoE blocks always save).
+    pub fn set_recompute(&mut self, recompute: Recompute) {
+        self.recompute = recompute;
+        for block in &mut self.blocks {
+            block.set_recompute(recompute);
+        }
+    }
+
+    /// What the blocks' forwards keep (see [`GptStage::set_recompute`]).
+    pub fn recompute(&self) -> Recompute {
+        self.recompute
     }
 
     /// The architecture.

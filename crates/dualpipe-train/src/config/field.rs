@@ -99,6 +99,8 @@ pub enum Field {
     RebalanceWindow,
     /// The overlap of the MoE all-to-alls, [`MoeSettings::overlap`](crate::MoeSettings::overlap).
     MoeOverlap,
+    /// [`ModelSection::recompute`](super::ModelSection::recompute).
+    Recompute,
 }
 
 /// How messages name a [`Field`].
@@ -113,7 +115,7 @@ pub enum Naming {
 
 impl Field {
     /// Every field, in declaration order.
-    pub const ALL: [Field; 45] = [
+    pub const ALL: [Field; 46] = [
         Field::Schedule,
         Field::Ranks,
         Field::MicroBatches,
@@ -159,6 +161,7 @@ impl Field {
         Field::RebalanceThreshold,
         Field::RebalanceWindow,
         Field::MoeOverlap,
+        Field::Recompute,
     ];
 
     /// The field's name (as in JSON; a job section's field by its path).
@@ -209,6 +212,7 @@ impl Field {
             Field::RebalanceThreshold => "rebalance.threshold",
             Field::RebalanceWindow => "rebalance.window",
             Field::MoeOverlap => "moe.overlap",
+            Field::Recompute => "recompute",
         }
     }
 

@@ -6,11 +6,13 @@
 use std::path::PathBuf;
 
 use dualpipe_dp::Compression;
-use dualpipe_nn::{LrDecay, OptimizerKind};
+use dualpipe_nn::{LrDecay, OptimizerKind, Recompute};
 use dualpipe_schedule::ScheduleKind;
 use serde::{Deserialize, Serialize};
 
-use super::serde_repr::{compression_name, lr_decay_name, optimizer_repr, schedule_name};
+use super::serde_repr::{
+    compression_name, lr_decay_name, optimizer_repr, recompute_repr, schedule_name,
+};
 use super::{
     DType, DataSection, ModelKind, ModelSection, OptimizerSection, ParallelismSection,
     ScheduleSection, Task, TrainConfig, TransportSection,
@@ -85,6 +87,12 @@ pub(super) struct Flat {
     moe: Option<MoeSettings>,
     #[serde(skip_serializing_if = "Option::is_none")]
     partition: Option<Vec<usize>>,
+    #[serde(
+        default,
+        with = "recompute_repr",
+        skip_serializing_if = "recompute_repr::is_none"
+    )]
+    recompute: Option<Vec<Recompute>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     slow_rank: Option<SlowRank>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -148,6 +156,7 @@ impl From<TrainConfig> for Flat {
             mpi_allreduce: t.mpi_allreduce,
             moe: m.moe,
             partition: m.partition,
+            recompute: m.recompute,
             slow_rank: p.slow_rank,
             rebalance: p.rebalance,
         }
@@ -168,6 +177,7 @@ impl From<Flat> for TrainConfig {
                 init_from: f.init_from,
                 moe: f.moe,
                 partition: f.partition,
+                recompute: f.recompute,
             },
             schedule: ScheduleSection {
                 kind: f.schedule,

@@ -92,6 +92,7 @@ impl TrainConfig {
             init_from: None,
             moe: None,
             partition: None,
+            recompute: None,
         },
         schedule: ScheduleSection {
             kind: ScheduleKind::DualPipe,

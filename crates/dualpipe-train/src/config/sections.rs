@@ -38,6 +38,10 @@ pub struct ModelSection {
     /// Blocks of each model stage, input to output (`[3, 2, 2, 1]`; `None`: every stage
     /// holds `layers_per_stage`). The GPT only; see [`crate::partition`].
     pub partition: Option<Vec<usize>>,
+    /// What each model stage's forwards keep for the backward (JSON `recompute`, e.g.
+    /// `"full"` or `"none,selective,full,none"`): `None`, none everywhere; one value, every
+    /// stage; otherwise one per model stage. The GPT only; see [`crate::recompute`].
+    pub recompute: Option<Vec<dualpipe_nn::Recompute>>,
 }
 
 /// The pipeline: its schedule, its ranks and the micro-batches of a step.

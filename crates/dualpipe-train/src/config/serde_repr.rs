@@ -38,6 +38,32 @@ pub(super) mod compression_name {
     }
 }
 
+/// The per-stage recomputation as its text (`"full"`, `"none,selective"`); not written when
+/// no stage recomputes, so older outputs keep their members.
+pub(super) mod recompute_repr {
+    use dualpipe_nn::Recompute;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::recompute::{format_recompute, parse_recompute};
+
+    pub fn is_none(r: &Option<Vec<Recompute>>) -> bool {
+        r.iter().flatten().all(|&r| r == Recompute::None)
+    }
+
+    pub fn serialize<S: Serializer>(r: &Option<Vec<Recompute>>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_recompute(r.as_deref().unwrap_or_default()))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Vec<Recompute>>, D::Error> {
+        let text = String::deserialize(d)?;
+        parse_recompute(&text)
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 /// `LrDecay` as its flag value (`"constant"`, `"cosine"`).
 pub(super) mod lr_decay_name {
     use dualpipe_nn::LrDecay;

@@ -146,6 +146,11 @@ impl SummaryBuilder {
             hidden: config.model.hidden,
             layers_per_stage: config.model.layers_per_stage,
             partition: config.model.partition.clone(),
+            recompute: config.recomputes().then(|| {
+                crate::recompute::format_recompute(
+                    config.model.recompute.as_deref().unwrap_or_default(),
+                )
+            }),
             model_stages: config.model_stages(),
             optimizer: config.optimizer.kind.name().into(),
             lr: config.optimizer.lr,

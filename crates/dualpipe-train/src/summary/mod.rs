@@ -59,6 +59,10 @@ pub struct RunSummary {
     /// as configured at the start of the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partition: Option<Vec<usize>>,
+    /// The activation recomputation when some stage recomputes (`"full"`, or one value per
+    /// model stage, `"none,selective"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute: Option<String>,
     /// Model stages along one pipeline.
     pub model_stages: usize,
     /// Optimizer name.

@@ -25,6 +25,10 @@ impl RunSummary {
                 s.layers_per_stage
             ),
         };
+        let blocks = match &s.recompute {
+            Some(r) => format!("{blocks}, recompute {r}"),
+            None => blocks,
+        };
         let lr = match &s.lr_schedule {
             Some(words) => format!("{} ({words})", s.lr),
             None => s.lr.to_string(),

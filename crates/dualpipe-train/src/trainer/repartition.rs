@@ -65,6 +65,7 @@ impl<D: Driver> Trainer<D> {
                 };
                 let layers = config.stage_layers(stage);
                 let mut copy = GptStage::with_layers(&weights, stages, position, layers)?;
+                copy.set_recompute(config.stage_recompute(stage));
                 if let Some(moe) = &config.model.moe {
                     copy.set_aux_loss(moe.aux_loss);
                 }
