@@ -433,7 +433,7 @@ mod tests {
     }
 
     #[test]
-    fn one_bit_adam_warms_up_in_int8_for_a_quarter_and_refreshes_every_seventh_of_the_run() {
+    fn one_bit_adam_warms_up_in_int8_for_four_steps_and_refreshes_on_doubling_steps() {
         let one_bit = TrainConfig {
             parallelism: ParallelismSection {
                 data_parallel: 2,
@@ -442,19 +442,40 @@ mod tests {
             },
             ..TrainConfig::default()
         };
-        assert_eq!(one_bit.compression_warmup_steps(), 75);
-        assert_eq!(one_bit.one_bit_adam_from(), Some(75));
-        assert_eq!(one_bit.variance_refresh_every(), 42);
+        assert_eq!(one_bit.compression_warmup_steps(), 4, "300 / 80, rounded up");
+        assert_eq!(one_bit.one_bit_adam_from(), Some(4));
+        assert_eq!(one_bit.variance_refresh_every(), 8);
+        assert!(one_bit.variance_refresh_doubling());
         let ex = one_bit.exchange_config();
-        assert_eq!(ex.compression_warmup, 75);
+        assert_eq!(ex.compression_warmup, 4);
         assert_eq!(ex.warmup_compression, Compression::Int8);
-        assert_eq!(ex.refresh_every, 42);
+        assert_eq!((ex.refresh_every, ex.refresh_doubling), (8, true));
+        let int8_steps: Vec<u64> = (0..300)
+            .filter(|&s| ex.compression_at(s) == Compression::Int8)
+            .map(|s| s + 1)
+            .collect();
+        // The byte goal (96% fewer over the run) leaves room for at most 11 int8 steps.
+        assert_eq!(int8_steps, [1, 2, 3, 4, 8, 16, 32, 64, 128, 256]);
+        assert!(!ex.feedback_at(3) && ex.feedback_at(4) && !ex.feedback_at(7));
+        // The optimizer refreshes on the same steps: frozen on every other step after the
+        // warm-up (checked on its own in dualpipe-nn's optim tests).
+        assert_eq!(one_bit.new_optimizer().variance_frozen_from(), Some(4));
+        // A given period recurs, without doubling; 0 keeps the variance frozen.
+        let every = TrainConfig {
+            parallelism: ParallelismSection {
+                variance_refresh: Some(42),
+                compression_warmup: Some(75),
+                ..one_bit.parallelism.clone()
+            },
+            ..one_bit.clone()
+        };
+        let ex = every.exchange_config();
+        assert_eq!((ex.refresh_every, ex.refresh_doubling), (42, false));
         let int8_steps = (0..300)
             .filter(|&s| ex.compression_at(s) == Compression::Int8)
             .count();
         // Steps 1-75, then 84, 126, 168, 210, 252 and 294 (1-based).
         assert_eq!(int8_steps, 75 + 6, "the warm-up and six refreshes");
-        assert!(!ex.feedback_at(83) && ex.feedback_at(84) && !ex.feedback_at(74));
         let frozen = TrainConfig {
             parallelism: ParallelismSection {
                 variance_refresh: Some(0),
@@ -486,6 +507,7 @@ mod tests {
             ..one_bit.clone()
         };
         assert_eq!(given.one_bit_adam_from(), Some(120));
+        assert_eq!(given.variance_refresh_every(), 240, "refreshes from twice the warm-up");
         // No default warm-up for int8 and bf16, SGD, or one replica.
         for other in [
             TrainConfig {
