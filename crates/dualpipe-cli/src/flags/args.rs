@@ -183,8 +183,8 @@ pub struct TrainArgs {
     /// Wire format of the gradient exchange: none, bf16, int8 or 1bit.
     #[arg(long, default_value_t = D.parallelism.gradient_compression.name().to_string())]
     pub gradient_compression: String,
-    /// Warm-up steps before --gradient-compression starts [default: --steps / 80, rounded up
-    /// (4 of 300), for 1bit under AdamW (1-bit Adam's warm-up, the gradient in int8), else 0
+    /// Warm-up steps before --gradient-compression starts [default: --steps / 50, rounded up
+    /// (6 of 300), for 1bit under AdamW (1-bit Adam's warm-up, the gradient in int8), else 0
     /// (other warm-ups are uncompressed)]; 0 compresses the gradient from the first step.
     #[arg(long, value_name = "N")]
     pub compression_warmup: Option<u64>,
