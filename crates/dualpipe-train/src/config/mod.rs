@@ -442,7 +442,11 @@ mod tests {
             },
             ..TrainConfig::default()
         };
-        assert_eq!(one_bit.compression_warmup_steps(), 6, "300 / 50, rounded up");
+        assert_eq!(
+            one_bit.compression_warmup_steps(),
+            6,
+            "300 / 50, rounded up"
+        );
         assert_eq!(one_bit.one_bit_adam_from(), Some(6));
         assert_eq!(one_bit.variance_refresh_every(), 12);
         assert!(one_bit.variance_refresh_doubling());
@@ -507,7 +511,11 @@ mod tests {
             ..one_bit.clone()
         };
         assert_eq!(given.one_bit_adam_from(), Some(120));
-        assert_eq!(given.variance_refresh_every(), 240, "refreshes from twice the warm-up");
+        assert_eq!(
+            given.variance_refresh_every(),
+            240,
+            "refreshes from twice the warm-up"
+        );
         // No default warm-up for int8 and bf16, SGD, or one replica.
         for other in [
             TrainConfig {
