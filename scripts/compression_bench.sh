@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The gradient compressions side by side on the default run, in one go: for each seed,
 # `dualpipe train --data-parallel 2 --seed S --gradient-compression C` for C in none, bf16,
-# int8 and 1bit with every other flag at its default (1bit therefore runs 1-bit Adam after its
-# default warm-up), then one table: the validation loss after the last step, its gap to
-# `none` of the same seed, and the gradient bytes each run sent (all workers, the whole run,
-# warm-up included) against the uncompressed figure, and on the steps of its own format only
-# (1bit: not its int8 warm-up and variance refreshes); then the training and validation
+# int8 and 1bit with every other flag at its default (1bit therefore runs 1-bit Adam with its
+# default warm-up and variance refreshes), then one table: the validation loss after the last
+# step, its gap to `none` of the same seed, and the gradient bytes each run sent (all workers,
+# the whole run, warm-up included) against the uncompressed figure, and on the steps of its
+# own format only (1bit: not its int8 warm-up and variance refreshes); then the training and validation
 # curves and, for the compressed runs, the error-feedback residual's norm every 25 steps.
 # Usage: scripts/compression_bench.sh [SEEDS] [-- TRAIN_FLAGS...]
 #   SEEDS: comma-separated, default 0,1,2. TRAIN_FLAGS go to every run (e.g. --steps 100).
@@ -82,8 +82,9 @@ for c in comps:
     first = runs[(seeds[0], c)]
     warm, adam = first.get("compression_warmup"), first.get("one_bit_adam_from")
     refresh = first.get("variance_refresh")
-    words = "" if warm is None else f"{warm} steps" + (
-        f" (1-bit Adam, variance refresh every {refresh})" if adam else "")
+    every = (f"variance refreshed on steps {refresh}, {2 * refresh}, {4 * refresh}, ..."
+             if first.get("variance_refresh_doubling") else f"variance refresh every {refresh}")
+    words = "" if warm is None else f"{warm} steps" + (f" (1-bit Adam, {every})" if adam else "")
     # The steps of the run's own format (replica 0's bytes), apart from warm-up/refreshes.
     own = [f for f in first.get("grad_bytes_by_format", []) if f["compression"] == c]
     own = (f"{100 * (1 - own[0]['bytes_sent'] / own[0]['bytes_uncompressed']):.2f}% "

@@ -54,8 +54,12 @@ pub struct ExchangeConfig {
     /// `compression`, so a refresh step neither adds nor changes the residual of the others.
     pub warmup_compression: Compression,
     /// After the warm-up, every step whose 1-based number is a multiple of this is exchanged
-    /// in `warmup_compression` (1-bit Adam's variance refresh); 0: none.
+    /// in `warmup_compression` (1-bit Adam's variance refresh); 0: none. With
+    /// `refresh_doubling`, only the multiples `refresh_every · 2^i` are.
     pub refresh_every: u64,
+    /// The refresh steps double (`refresh_every`, twice it, four times it, ...: 0/1 Adam's
+    /// growing intervals) instead of recurring every `refresh_every` steps.
+    pub refresh_doubling: bool,
     /// Bucket budget in bytes of uncompressed gradients (`--bucket-mb`).
     pub bucket_bytes: usize,
     /// Values per scale for int8 and 1bit.
@@ -76,6 +80,7 @@ impl Default for ExchangeConfig {
             compression_warmup: 0,
             warmup_compression: Compression::None,
             refresh_every: 0,
+            refresh_doubling: false,
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             chunk_values: DEFAULT_CHUNK_VALUES,
             rounding: Rounding::Nearest,
@@ -108,11 +113,14 @@ impl ExchangeConfig {
     }
 
     /// Whether `step` (0-based) is a refresh step: after the warm-up, its 1-based number a
-    /// multiple of `refresh_every`.
+    /// multiple of `refresh_every` (with `refresh_doubling`, `refresh_every` times a power of
+    /// two).
     pub fn is_refresh(&self, step: u64) -> bool {
-        self.refresh_every > 0
+        let (t, k) = (step + 1, self.refresh_every);
+        k > 0
             && step >= self.compression_warmup
-            && (step + 1).is_multiple_of(self.refresh_every)
+            && t.is_multiple_of(k)
+            && (!self.refresh_doubling || (t / k).is_power_of_two())
     }
 
     /// The compression used at `step`: `warmup_compression` during the warm-up and on refresh
@@ -141,5 +149,55 @@ impl ExchangeConfig {
             chunk_values: self.chunk_values,
             rounding: self.rounding,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 1-based step numbers in `1..=steps` that `config` exchanges in `warmup_compression`.
+    fn warmup_format_steps(config: &ExchangeConfig, steps: u64) -> Vec<u64> {
+        (0..steps)
+            .filter(|&s| config.compression_at(s) == config.warmup_compression)
+            .map(|s| s + 1)
+            .collect()
+    }
+
+    #[test]
+    fn refreshes_recur_every_period_or_double() {
+        let every = ExchangeConfig {
+            compression: Compression::OneBit,
+            warmup_compression: Compression::Int8,
+            compression_warmup: 4,
+            refresh_every: 8,
+            ..ExchangeConfig::default()
+        };
+        assert_eq!(
+            warmup_format_steps(&every, 40),
+            [1, 2, 3, 4, 8, 16, 24, 32, 40]
+        );
+        let doubling = ExchangeConfig {
+            refresh_doubling: true,
+            ..every.clone()
+        };
+        assert_eq!(
+            warmup_format_steps(&doubling, 300),
+            [1, 2, 3, 4, 8, 16, 32, 64, 128, 256]
+        );
+        // Error feedback only on the 1-bit steps.
+        assert!(!doubling.feedback_at(3) && doubling.feedback_at(4));
+        assert!(!doubling.feedback_at(15) && doubling.feedback_at(16));
+        // No refresh inside the warm-up, and none at all with a period of 0.
+        let long = ExchangeConfig {
+            compression_warmup: 20,
+            ..doubling.clone()
+        };
+        assert_eq!(warmup_format_steps(&long, 70).len(), 20 + 2, "32 and 64");
+        let never = ExchangeConfig {
+            refresh_every: 0,
+            ..doubling
+        };
+        assert_eq!(warmup_format_steps(&never, 300), [1, 2, 3, 4]);
     }
 }

@@ -36,11 +36,11 @@ proptest! {
                         // f64 -> f32 -> bf16: two roundings.
                         Compression::Bf16 => x.abs() * (2f64.powi(-8) + 2f64.powi(-24)) * 1.0001,
                         Compression::Int8 => {
-                            // Logarithmic levels 2^(1/4) apart: nearest within 8.64% of the
-                            // value, stochastic within one spacing (2^(1/4) - 1 of it); below
-                            // the lowest level (2^-31.5 of the max) within that level.
-                            let rel = if stochastic { 2f64.powf(0.25) - 1.0 } else { 0.0865 };
-                            (x.abs() * rel).max(max * 2f64.powf(-31.5)) * (1.0 + 1e-6)
+                            // Logarithmic levels 2^(1/8) apart: nearest within 4.33% of the
+                            // value, stochastic within one spacing (2^(1/8) - 1 of it); below
+                            // the lowest level (2^-15.75 of the max) within that level.
+                            let rel = if stochastic { 2f64.powf(0.125) - 1.0 } else { 0.0434 };
+                            (x.abs() * rel).max(max * 2f64.powf(-15.75)) * (1.0 + 1e-6)
                                 + x.abs() * 1e-7
                                 + 1e-300
                         }

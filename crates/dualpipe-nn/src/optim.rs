@@ -211,6 +211,9 @@ pub struct Optimizer {
     /// 1-bit Adam: after the warm-up, every step whose 1-based number is a multiple of this
     /// updates the second moment again ([`Optimizer::with_variance_refresh`]); 0: never.
     refresh_every: u64,
+    /// 1-bit Adam: only the multiples `refresh_every · 2^i` refresh
+    /// ([`Optimizer::with_variance_refresh_doubling`]).
+    refresh_doubling: bool,
 }
 
 impl Optimizer {
@@ -229,6 +232,7 @@ impl Optimizer {
             variance_frozen_from: None,
             preconditioned: false,
             refresh_every: 0,
+            refresh_doubling: false,
         }
     }
 
@@ -268,6 +272,14 @@ impl Optimizer {
         self
     }
 
+    /// With [`Optimizer::with_variance_refresh`]`(k)`, refresh only on the steps `k · 2^i`
+    /// (`k`, `2k`, `4k`, ...: intervals that double, 0/1 Adam's idea) instead of every
+    /// multiple of `k`.
+    pub fn with_variance_refresh_doubling(mut self, doubling: bool) -> Self {
+        self.refresh_doubling = doubling;
+        self
+    }
+
     /// The step from which the second moment stays frozen (`None`: never).
     pub fn variance_frozen_from(&self) -> Option<u64> {
         self.variance_frozen_from
@@ -275,9 +287,11 @@ impl Optimizer {
 
     /// Whether the step of 1-based number `t` refreshes the second moment (after the warm-up).
     fn is_refresh(&self, t: u64) -> bool {
-        self.refresh_every > 0
+        let k = self.refresh_every;
+        k > 0
             && self.variance_frozen_from.is_some_and(|w| t > w)
-            && t.is_multiple_of(self.refresh_every)
+            && t.is_multiple_of(k)
+            && (!self.refresh_doubling || (t / k).is_power_of_two())
     }
 
     /// The 1-based number of the last step up to `t` that updated the second moment: `t`
@@ -286,9 +300,14 @@ impl Optimizer {
     fn variance_step(&self, t: u64) -> u64 {
         match self.variance_frozen_from {
             Some(w) if t > w => {
-                let refreshed = match self.refresh_every {
-                    0 => 0,
-                    k => t / k * k,
+                let k = self.refresh_every;
+                let refreshed = if k == 0 || t < k {
+                    0
+                } else if self.refresh_doubling {
+                    // The largest k · 2^i <= t.
+                    k << (t / k).ilog2()
+                } else {
+                    t / k * k
                 };
                 refreshed.max(w)
             }
@@ -676,6 +695,46 @@ mod tests {
             frozen.step(&mut [&mut q]).unwrap();
         }
         assert!((value(&q) - x).abs() > 1e-6);
+    }
+
+    /// Warm-up 2, refreshes doubling from 4: steps 4, 8 and 16 refresh (not 12: a plain
+    /// period of 4 would), each moving `v` by the steps since the last update, by hand.
+    #[test]
+    fn one_bit_adam_refreshes_on_doubling_steps_when_asked() {
+        let (b1, b2, eps, lr) = (0.9f64, 0.99f64, 1e-8, 0.05);
+        let kind = OptimizerKind::AdamW {
+            beta1: b1,
+            beta2: b2,
+            eps,
+            weight_decay: 0.0,
+        };
+        let mut p = param(1.0, 0.5);
+        let mut opt = Optimizer::new(kind, lr)
+            .with_variance_frozen_from(2)
+            .with_variance_refresh(4)
+            .with_variance_refresh_doubling(true);
+        let (mut x, mut m, mut v, mut last) = (1.0f64, 0.0f64, 0.0f64, 0i32);
+        for t in 1..=18i32 {
+            let g = (f64::from(t) * 0.9).sin() * f64::from(t);
+            let refresh = [4, 8, 16].contains(&t);
+            assert_eq!(opt.variance_frozen(), t > 2 && !refresh, "step {t}");
+            p.grad = Tensor::new(&[g], &Device::Cpu).unwrap();
+            opt.fold_momentum(&mut [&mut p], &[]).unwrap();
+            opt.step(&mut [&mut p]).unwrap();
+            m = b1 * m + (1.0 - b1) * g;
+            if t <= 2 || refresh {
+                let keep = b2.powi(t - last);
+                v = keep * v + (1.0 - keep) * g * g;
+                last = t;
+            }
+            let vhat = v / (1.0 - b2.powi(last));
+            x -= lr * (m / (1.0 - b1.powi(t))) / (vhat.sqrt() + eps);
+            assert!(
+                (value(&p) - x).abs() < 1e-12,
+                "step {t}: {} vs {x}",
+                value(&p)
+            );
+        }
     }
 
     #[test]

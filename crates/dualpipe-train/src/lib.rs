@@ -107,7 +107,7 @@ pub use checkpoint::{Checkpoint, CheckpointError, CheckpointOptions, CheckpointW
 pub use config::{
     DType, DataSection, Field, ModelKind, ModelSection, Naming, OptimizerSection,
     ParallelismSection, ScheduleSection, Task, TrainConfig, TransportSection, MAX_STEPS,
-    ONE_BIT_ADAM_WARMUP_SHARE,
+    ONE_BIT_ADAM_STEPS_PER_WARMUP_STEP,
 };
 pub use data_parallel::{GroupLink, LocalReplicas, ReplicaExchange, ReplicaLinks, StepExchange};
 pub use driver::{Driver, LocalThreads, Round, MAX_LOCAL_RANKS};

@@ -183,14 +183,14 @@ pub struct TrainArgs {
     /// Wire format of the gradient exchange: none, bf16, int8 or 1bit.
     #[arg(long, default_value_t = D.parallelism.gradient_compression.name().to_string())]
     pub gradient_compression: String,
-    /// Warm-up steps before --gradient-compression starts [default: a quarter of --steps, at
-    /// least 1, for 1bit under AdamW (1-bit Adam's warm-up, the gradient in int8), else 0 (other
-    /// warm-ups are uncompressed)]; 0 compresses the gradient from the first step.
+    /// Warm-up steps before --gradient-compression starts [default: --steps / 50, rounded up
+    /// (6 of 300), for 1bit under AdamW (1-bit Adam's warm-up, the gradient in int8), else 0
+    /// (other warm-ups are uncompressed)]; 0 compresses the gradient from the first step.
     #[arg(long, value_name = "N")]
     pub compression_warmup: Option<u64>,
     /// With 1-bit Adam: every N-th step after the warm-up exchanges the gradient in int8 and
-    /// refreshes AdamW's variance [default: --steps / 7]; 0 keeps the variance frozen after
-    /// the warm-up.
+    /// refreshes AdamW's variance [default: steps 2w, 4w, 8w, ... for a warm-up of w, the
+    /// intervals doubling]; 0 keeps the variance frozen after the warm-up.
     #[arg(long, value_name = "N")]
     pub variance_refresh: Option<u64>,
     /// With 1bit under AdamW: exchange 1-bit Adam's momentum divided by AdamW's frozen

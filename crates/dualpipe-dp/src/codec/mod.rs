@@ -14,12 +14,13 @@
 //!
 //! - **int8** ([`int8`]): `scale = max |x|` over the chunk (as `f32`); each value's byte is its
 //!   sign (bit 7, 1 for negative) and a level `l` in 0..=127 (bits 0-6): 0 decodes to 0, `l >= 1`
-//!   to `scale * 2^((l - 127) / 4)` (four levels per octave). The level is the nearer of the two
+//!   to `scale * 2^((l - 127) / 8)` (eight levels per octave). The level is the nearer of the two
 //!   around `|x| / scale` (in value, not in logarithm) or, stochastically, either with the
 //!   probability that makes the result unbiased (`u` uniform in [0, 1) from a seeded
-//!   counter-based generator). Every value keeps its magnitude to within 8.6%, down to
-//!   `2^-31.5` of the chunk's largest (a linear code sent everything below `max / 254` as 0,
-//!   which AdamW did not forgive: issue 31, docs/distributed.md). A chunk of zeros has scale 0.
+//!   counter-based generator). Every value keeps its magnitude to within 4.3%, down to
+//!   `2^-15.75` of the chunk's largest (a linear code sent everything below `max / 254` as 0,
+//!   which AdamW did not forgive; four levels per octave, within 8.6%, left int8 behind on one
+//!   seed: issue 31, docs/distributed.md). A chunk of zeros has scale 0.
 //! - **1bit** ([`onebit`]): `scale = mean |x|` over the chunk (as `f32`); bit `j` of the chunk
 //!   (byte `j / 8`, bit `j % 8`, least significant first) is 1 when `x_j >= 0`; decoded as
 //!   `+scale` or `-scale`. Unused bits of the last byte are 0.
@@ -118,7 +119,7 @@ impl FromStr for Compression {
 /// How int8 rounds a value to one of its levels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Rounding {
-    /// To the nearer of the two levels around it (error at most 8.6% of the value).
+    /// To the nearer of the two levels around it (error at most 4.3% of the value).
     #[default]
     Nearest,
     /// To the upper level with probability `(x - lower) / (upper - lower)`: unbiased, error

@@ -88,7 +88,7 @@ fn json_stays_one_flat_object_in_the_members_order_it_always_had() {
 }
 
 #[test]
-fn one_bit_adam_warms_up_in_int8_for_a_quarter_and_refreshes_every_seventh_of_the_run() {
+fn one_bit_adam_warms_up_in_int8_for_six_steps_and_refreshes_on_doubling_steps() {
     let one_bit = TrainConfig {
         parallelism: ParallelismSection {
             data_parallel: 2,
@@ -97,19 +97,44 @@ fn one_bit_adam_warms_up_in_int8_for_a_quarter_and_refreshes_every_seventh_of_th
         },
         ..TrainConfig::default()
     };
-    assert_eq!(one_bit.compression_warmup_steps(), 75);
-    assert_eq!(one_bit.one_bit_adam_from(), Some(75));
-    assert_eq!(one_bit.variance_refresh_every(), 42);
+    assert_eq!(
+        one_bit.compression_warmup_steps(),
+        6,
+        "300 / 50, rounded up"
+    );
+    assert_eq!(one_bit.one_bit_adam_from(), Some(6));
+    assert_eq!(one_bit.variance_refresh_every(), 12);
+    assert!(one_bit.variance_refresh_doubling());
     let ex = one_bit.exchange_config();
-    assert_eq!(ex.compression_warmup, 75);
+    assert_eq!(ex.compression_warmup, 6);
     assert_eq!(ex.warmup_compression, Compression::Int8);
-    assert_eq!(ex.refresh_every, 42);
+    assert_eq!((ex.refresh_every, ex.refresh_doubling), (12, true));
+    let int8_steps: Vec<u64> = (0..300)
+        .filter(|&s| ex.compression_at(s) == Compression::Int8)
+        .map(|s| s + 1)
+        .collect();
+    // The byte goal (96% fewer over the run) leaves room for at most 11 int8 steps.
+    assert_eq!(int8_steps, [1, 2, 3, 4, 5, 6, 12, 24, 48, 96, 192]);
+    assert!(!ex.feedback_at(5) && ex.feedback_at(6) && !ex.feedback_at(11));
+    // The optimizer refreshes on the same steps: frozen on every other step after the
+    // warm-up (checked on its own in dualpipe-nn's optim tests).
+    assert_eq!(one_bit.new_optimizer().variance_frozen_from(), Some(6));
+    // A given period recurs, without doubling; 0 keeps the variance frozen.
+    let every = TrainConfig {
+        parallelism: ParallelismSection {
+            variance_refresh: Some(42),
+            compression_warmup: Some(75),
+            ..one_bit.parallelism.clone()
+        },
+        ..one_bit.clone()
+    };
+    let ex = every.exchange_config();
+    assert_eq!((ex.refresh_every, ex.refresh_doubling), (42, false));
     let int8_steps = (0..300)
         .filter(|&s| ex.compression_at(s) == Compression::Int8)
         .count();
     // Steps 1-75, then 84, 126, 168, 210, 252 and 294 (1-based).
     assert_eq!(int8_steps, 75 + 6, "the warm-up and six refreshes");
-    assert!(!ex.feedback_at(83) && ex.feedback_at(84) && !ex.feedback_at(74));
     let frozen = TrainConfig {
         parallelism: ParallelismSection {
             variance_refresh: Some(0),
@@ -141,6 +166,11 @@ fn one_bit_adam_warms_up_in_int8_for_a_quarter_and_refreshes_every_seventh_of_th
         ..one_bit.clone()
     };
     assert_eq!(given.one_bit_adam_from(), Some(120));
+    assert_eq!(
+        given.variance_refresh_every(),
+        240,
+        "refreshes from twice the warm-up"
+    );
     // No default warm-up for int8 and bf16, SGD, or one replica.
     for other in [
         TrainConfig {

@@ -304,26 +304,35 @@ impl JobConfig {
         let warm = default(
             config.parallelism.compression_warmup.is_some(),
             &format!(
-                "{:.0}% of the steps",
-                100.0 * crate::config::ONE_BIT_ADAM_WARMUP_SHARE
+                "one step in {}, rounded up",
+                crate::config::ONE_BIT_ADAM_STEPS_PER_WARMUP_STEP
             ),
         );
         let every = config.variance_refresh_every();
         let refresh = if every == 0 {
             "frozen for the rest of the run".to_string()
         } else {
-            format!(
-                "refreshed on every step whose number is a multiple of {every} ({}): such a \
-                 step exchanges the gradient in int8 and updates the variance as AdamW would \
-                 have over the steps since its last update",
-                default(
-                    config.parallelism.variance_refresh.is_some(),
-                    &format!(
-                        "{} / {}",
-                        self.name(Field::Steps),
-                        crate::config::ONE_BIT_ADAM_REFRESHES
-                    )
+            let steps = if config.variance_refresh_doubling() {
+                let mut at = Vec::new();
+                let mut t = every;
+                while t <= config.steps as u64 {
+                    at.push(t.to_string());
+                    t *= 2;
+                }
+                format!(
+                    "on steps {} (the default: twice the warm-up, then doubling)",
+                    if at.is_empty() {
+                        "none".into()
+                    } else {
+                        at.join(", ")
+                    }
                 )
+            } else {
+                format!("on every step whose number is a multiple of {every} (given)")
+            };
+            format!(
+                "refreshed {steps}: such a step exchanges the gradient in int8 and updates the \
+                 variance as AdamW would have over the steps since its last update"
             )
         };
         let warmup_name = self.name(Field::CompressionWarmup);

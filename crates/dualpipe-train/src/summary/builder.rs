@@ -195,6 +195,9 @@ impl SummaryBuilder {
             variance_refresh: config
                 .one_bit_adam_from()
                 .map(|_| config.variance_refresh_every()),
+            variance_refresh_doubling: config
+                .one_bit_adam_from()
+                .map(|_| config.variance_refresh_doubling()),
             feedback_norms: if config.parallelism.gradient_compression
                 == dualpipe_dp::Compression::None
             {

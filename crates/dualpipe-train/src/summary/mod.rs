@@ -165,6 +165,10 @@ pub struct RunSummary {
     /// otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub variance_refresh: Option<u64>,
+    /// Under 1-bit Adam: whether the refresh steps double (`variance_refresh` times a power
+    /// of two) instead of recurring every `variance_refresh` steps (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variance_refresh_doubling: Option<bool>,
     /// With a compression: the L2 norm of the reporting replica's error-feedback residuals
     /// after each step (what compression still owes the model).
     #[serde(skip_serializing_if = "Vec::is_empty")]
