@@ -659,33 +659,11 @@ mod tests {
             eps,
             weight_decay: 0.0,
         };
-        let mut p = param(1.0, 0.5);
         let mut opt = Optimizer::new(kind, lr)
             .with_variance_frozen_from(2)
             .with_variance_refresh(5);
-        let (mut x, mut m, mut v, mut last) = (1.0f64, 0.0f64, 0.0f64, 0i32);
         let grads = [0.5, -0.25, 0.75, 0.125, -0.5, 2.0, 0.25];
-        for (i, g) in grads.into_iter().enumerate() {
-            let t = i as i32 + 1;
-            let refresh = t == 5;
-            assert_eq!(opt.variance_frozen(), t > 2 && !refresh, "step {t}");
-            p.grad = Tensor::new(&[g], &Device::Cpu).unwrap();
-            opt.fold_momentum(&mut [&mut p], &[]).unwrap();
-            opt.step(&mut [&mut p]).unwrap();
-            m = b1 * m + (1.0 - b1) * g;
-            if t <= 2 || refresh {
-                let keep = b2.powi(t - last);
-                v = keep * v + (1.0 - keep) * g * g;
-                last = t;
-            }
-            let vhat = v / (1.0 - b2.powi(last));
-            x -= lr * (m / (1.0 - b1.powi(t))) / (vhat.sqrt() + eps);
-            assert!(
-                (value(&p) - x).abs() < 1e-14,
-                "step {t}: {} vs {x}",
-                value(&p)
-            );
-        }
+        let x = one_bit_adam_by_hand(&mut opt, (b1, b2, eps, lr), &grads, &[5], 1e-14);
         // Without the refresh the variance stays step 2's: steps 5-7 move differently.
         let mut frozen = Optimizer::new(kind, lr).with_variance_frozen_from(2);
         let mut q = param(1.0, 0.5);
@@ -708,15 +686,30 @@ mod tests {
             eps,
             weight_decay: 0.0,
         };
-        let mut p = param(1.0, 0.5);
         let mut opt = Optimizer::new(kind, lr)
             .with_variance_frozen_from(2)
             .with_variance_refresh(4)
             .with_variance_refresh_doubling(true);
+        let grads: Vec<f64> = (1..=18)
+            .map(|t| (f64::from(t) * 0.9).sin() * f64::from(t))
+            .collect();
+        one_bit_adam_by_hand(&mut opt, (b1, b2, eps, lr), &grads, &[4, 8, 16], 1e-12);
+    }
+
+    /// Runs `opt` (1-bit Adam frozen from step 2) on one parameter (1.0) over `grads` and
+    /// checks every step against AdamW by hand, whose variance moves on steps 1-2 and
+    /// `refreshes` only, each by the steps since its last update; returns the last value.
+    fn one_bit_adam_by_hand(
+        opt: &mut Optimizer,
+        (b1, b2, eps, lr): (f64, f64, f64, f64),
+        grads: &[f64],
+        refreshes: &[i32],
+        tolerance: f64,
+    ) -> f64 {
+        let mut p = param(1.0, 0.5);
         let (mut x, mut m, mut v, mut last) = (1.0f64, 0.0f64, 0.0f64, 0i32);
-        for t in 1..=18i32 {
-            let g = (f64::from(t) * 0.9).sin() * f64::from(t);
-            let refresh = [4, 8, 16].contains(&t);
+        for (t, &g) in (1i32..).zip(grads) {
+            let refresh = refreshes.contains(&t);
             assert_eq!(opt.variance_frozen(), t > 2 && !refresh, "step {t}");
             p.grad = Tensor::new(&[g], &Device::Cpu).unwrap();
             opt.fold_momentum(&mut [&mut p], &[]).unwrap();
@@ -730,11 +723,12 @@ mod tests {
             let vhat = v / (1.0 - b2.powi(last));
             x -= lr * (m / (1.0 - b1.powi(t))) / (vhat.sqrt() + eps);
             assert!(
-                (value(&p) - x).abs() < 1e-12,
+                (value(&p) - x).abs() < tolerance,
                 "step {t}: {} vs {x}",
                 value(&p)
             );
         }
+        x
     }
 
     #[test]
