@@ -7,13 +7,16 @@ other for every hidden size, so both see the same machine load, and prints a Mar
     cargo build --release -p dualpipe-cli
     pip install torch
     python3 scripts/runtime_reference_compare.py --dualpipe /path/to/DualPipe
+    pip install dualpipe   # or DeepSeek's package from PyPI: --dualpipe defaults to where it is installed
+    python3 scripts/runtime_reference_compare.py --hidden 128 512 1024 [--json FILE]
 
 The machine's load moves both, so every width is measured in --rounds rounds (reference, ours
 DualPipe, ours 1F1B, one after the other) and the table shows the medians over rounds.
 
 Shapes: 4 ranks, 8 micro-batches of 128 rows, one block (h -> 4h -> h) per stage. "ours step"
 is the whole training step (data, pipeline, gradient sum of the copies, AdamW); "ours pipeline"
-is the pipeline part alone, which is what the reference's timed `step()` covers.
+is the pipeline part alone, which is what the reference's timed `step()` covers. The first
+lines name the machine (CPU model, CPUs) and the load average at the start and the end.
 """
 
 import argparse
@@ -43,17 +46,52 @@ def reference(hidden, args):
     return json.loads(out)["results"][0]
 
 
+def installed_dualpipe():
+    """The folder holding an installed `dualpipe` package (PyPI `dualpipe`), if any."""
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("dualpipe")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    return os.path.dirname(os.path.dirname(spec.origin))
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dualpipe", required=True, help="path to a checkout of deepseek-ai/DualPipe")
+    parser.add_argument("--dualpipe", default=installed_dualpipe(),
+                        help="path to a checkout of deepseek-ai/DualPipe (default: the installed `dualpipe` package's folder)")
     parser.add_argument("--binary", default=os.path.join(HERE, "..", "target", "release", "dualpipe"))
-    parser.add_argument("--hidden", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--hidden", type=int, nargs="+", default=[128, 512, 1024])
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--micro-batches", type=int, default=8)
     parser.add_argument("--micro-batch-size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per width")
+    parser.add_argument("--json", help="also write every measurement into this file")
     args = parser.parse_args()
+    if not args.dualpipe:
+        parser.error("no DeepSeek DualPipe: pass --dualpipe PATH (a checkout) or `pip install dualpipe`")
+
+    load_start = os.getloadavg()
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; load average (1, 5, 15 min) "
+          f"{' / '.join(f'{x:.2f}' for x in load_start)} at the start; {args.ranks} ranks, {args.micro_batches} "
+          f"micro-batches of {args.micro_batch_size} rows, {args.steps} steps per contender, {args.rounds} rounds")
+    print()
+    record = []
 
     print("| hidden | reference ms/step | ours ms/step (pipeline) | ours ms/step (whole step) | speed-up (pipeline) | speed-up (whole step) | ours 1F1B pipeline ms | DualPipe / 1F1B measured | simulated from measured op times |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -71,11 +109,21 @@ def main():
                 "sim": dp["simulated_pipeline_seconds"] / ob["simulated_pipeline_seconds"],
             })
         m = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        record.append({"hidden": hidden, "rounds": rows, "median": m, "speedup_pipeline": m["ref"] / m["pipe"],
+                       "speedup_whole_step": m["ref"] / m["step"], "load": os.getloadavg()})
         speedups = ", ".join(f"{r['ref'] / r['pipe']:.2f}x" for r in rows)
         print(f"| {hidden} | {m['ref']:.1f} | {m['pipe']:.1f} | {m['step']:.1f} | {m['ref'] / m['pipe']:.2f}x "
               f"| {m['ref'] / m['step']:.2f}x | {m['pipe_1f1b']:.1f} | {m['pipe'] / m['pipe_1f1b']:.2f} | {m['sim']:.2f} |",
               flush=True)
         print(f"<!-- hidden {hidden}: pipeline speed-up per round: {speedups} -->", flush=True)
+    load_end = os.getloadavg()
+    print()
+    print(f"load average (1, 5, 15 min) {' / '.join(f'{x:.2f}' for x in load_end)} at the end")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": cpu_model(), "cpus": os.cpu_count(), "load_start": load_start, "load_end": load_end,
+                       "ranks": args.ranks, "micro_batches": args.micro_batches,
+                       "micro_batch_size": args.micro_batch_size, "steps": args.steps, "widths": record}, f, indent=1)
 
 
 if __name__ == "__main__":

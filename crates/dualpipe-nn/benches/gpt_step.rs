@@ -1,6 +1,12 @@
 //! One GPT pipeline step (forward and split backward of every micro-batch, the copies' gradient
-//! sum; no optimizer) at the shapes of issue 13's comparison with PyTorch: d 128, 4 heads,
-//! seq 64, 8 blocks, 8 micro-batches of 16 sequences, f32.
+//! sum; no optimizer) at the shapes of issue 13's comparison with PyTorch by default: d 128,
+//! 4 heads, seq 64, 8 blocks, 8 micro-batches of 16 sequences, f32.
+//!
+//! The environment changes the shapes and the precision (issue 30): `GPT_STEP_D_MODEL`,
+//! `GPT_STEP_HEADS`, `GPT_STEP_SEQ`, `GPT_STEP_ROWS` (sequences per micro-batch) and
+//! `GPT_STEP_DTYPE=f32|bf16` (bf16: every stage switched to mixed precision with
+//! `GptStage::set_half(Some(Half::Bf16))`, f32 master weights). The blocks (8), micro-batches
+//! (8) and ranks (4) stay.
 //!
 //! - `cargo bench -p dualpipe-nn --bench gpt_step`: criterion timings of `dualpipev_4_ranks`
 //!   (one block per stage, 8 stages over 4 rank threads) and `sequential` (the whole model on
@@ -22,21 +28,72 @@ use criterion::Criterion;
 use dualpipe_nn::gpt::data::TextData;
 use dualpipe_nn::gpt::pipeline::sequential_step;
 use dualpipe_nn::gpt::{GptConfig, GptStage, GptWeights, TokenBatch};
-use dualpipe_nn::StagePosition;
+use dualpipe_nn::{Half, StagePosition};
 use dualpipe_runtime::{
     run_step, sum_stage_copies, try_build_ranks, ExecOptions, ForwardInput, ForwardOutput,
     RankStages, Stage, StageError,
 };
 use dualpipe_schedule::{Chunk, Schedule, ScheduleKind};
 
-const D_MODEL: usize = 128;
-const HEADS: usize = 4;
-const SEQ: usize = 64;
 const LAYERS: usize = 8;
 const MICRO_BATCHES: usize = 8;
-const ROWS: usize = 16;
 const RANKS: usize = 4;
-const TOKENS_PER_STEP: usize = MICRO_BATCHES * ROWS * SEQ;
+
+/// The shapes and precision of the run, from the environment (defaults: issue 13's).
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    d_model: usize,
+    heads: usize,
+    seq: usize,
+    /// Sequences per micro-batch.
+    rows: usize,
+    /// `None`: f32 throughout; `Some`: mixed precision in this format.
+    half: Option<Half>,
+}
+
+impl Shape {
+    fn from_env() -> Shape {
+        fn var(name: &str, default: usize) -> usize {
+            match std::env::var(name) {
+                Ok(v) => v
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{name}={v}: not a whole number")),
+                Err(_) => default,
+            }
+        }
+        let half = match std::env::var("GPT_STEP_DTYPE").as_deref() {
+            Err(_) | Ok("f32") => None,
+            Ok("bf16") => Some(Half::Bf16),
+            Ok(other) => panic!("GPT_STEP_DTYPE={other}: use f32 or bf16"),
+        };
+        Shape {
+            d_model: var("GPT_STEP_D_MODEL", 128),
+            heads: var("GPT_STEP_HEADS", 4),
+            seq: var("GPT_STEP_SEQ", 64),
+            rows: var("GPT_STEP_ROWS", 16),
+            half,
+        }
+    }
+
+    fn tokens_per_step(&self) -> usize {
+        MICRO_BATCHES * self.rows * self.seq
+    }
+
+    fn dtype_name(&self) -> &'static str {
+        match self.half {
+            None => "f32",
+            Some(Half::Bf16) => "bf16",
+            Some(Half::F16) => "f16",
+        }
+    }
+}
+
+/// Switches `stage` to the run's precision.
+fn set_precision(stage: &mut GptStage, half: Option<Half>) {
+    if half.is_some() {
+        stage.set_half(half).expect("mixed precision");
+    }
+}
 
 /// A stage that records, after every op, the bytes of saved tensors of all stages of its rank
 /// (the rank's stages run on one thread, so the shared counter is updated in program order).
@@ -96,12 +153,12 @@ impl Stage for Tracked {
     }
 }
 
-fn config() -> GptConfig {
+fn config(shape: &Shape) -> GptConfig {
     GptConfig {
-        d_model: D_MODEL,
-        heads: HEADS,
+        d_model: shape.d_model,
+        heads: shape.heads,
         layers: LAYERS,
-        seq_len: SEQ,
+        seq_len: shape.seq,
         dtype: DType::F32,
         moe: None,
     }
@@ -126,12 +183,14 @@ fn text() -> Vec<u8> {
 }
 
 struct Setup {
+    shape: Shape,
     schedule: Schedule,
     weights: GptWeights,
     data: TextData,
 }
 
 fn setup() -> Setup {
+    let shape = Shape::from_env();
     let schedule = dualpipe_schedule::build(
         ScheduleKind::DualPipeV,
         RANKS,
@@ -141,9 +200,10 @@ fn setup() -> Setup {
     .expect("schedule");
     assert_eq!(schedule.placement.stages(), LAYERS, "one block per stage");
     Setup {
+        shape,
         schedule,
-        weights: GptWeights::random(&config(), 0).expect("weights"),
-        data: TextData::new(&text(), SEQ, 0.0, None).expect("data"),
+        weights: GptWeights::random(&config(&shape), 0).expect("weights"),
+        data: TextData::new(&text(), shape.seq, 0.0, None).expect("data"),
     }
 }
 
@@ -160,11 +220,14 @@ fn tracked_stages(s: &Setup) -> (Vec<RankStages<Tracked>>, Vec<Arc<AtomicUsize>>
             micro_batches: s.schedule.micro_batches,
             micro_batches_per_dir: per_dir,
         };
-        GptStage::new(&s.weights, s.schedule.placement.stages(), position).map(|inner| Tracked {
-            inner,
-            mine: 0,
-            live: trackers[rank].0.clone(),
-            peak: trackers[rank].1.clone(),
+        GptStage::new(&s.weights, s.schedule.placement.stages(), position).map(|mut inner| {
+            set_precision(&mut inner, s.shape.half);
+            Tracked {
+                inner,
+                mine: 0,
+                live: trackers[rank].0.clone(),
+                peak: trackers[rank].1.clone(),
+            }
         })
     })
     .expect("stages");
@@ -184,7 +247,7 @@ fn pipeline_step(s: &Setup, ranks: &mut [RankStages<Tracked>], batch: &TokenBatc
 }
 
 fn whole(s: &Setup) -> GptStage {
-    GptStage::new(
+    let mut stage = GptStage::new(
         &s.weights,
         1,
         StagePosition {
@@ -194,7 +257,9 @@ fn whole(s: &Setup) -> GptStage {
             micro_batches_per_dir: MICRO_BATCHES,
         },
     )
-    .expect("whole model")
+    .expect("whole model");
+    set_precision(&mut stage, s.shape.half);
+    stage
 }
 
 fn sequential(stage: &mut GptStage, batch: &TokenBatch) -> f64 {
@@ -213,9 +278,14 @@ fn one_micro_batch_bytes(s: &Setup, batch: &TokenBatch) -> usize {
         micro_batches_per_dir: MICRO_BATCHES,
     };
     let mut stage = GptStage::new(&s.weights, LAYERS, position).expect("stage 1");
+    set_precision(&mut stage, s.shape.half);
     stage.set_batch(batch.clone());
-    let x =
-        Tensor::zeros((ROWS * SEQ, D_MODEL), DType::F32, &candle_core::Device::Cpu).expect("input");
+    let x = Tensor::zeros(
+        (s.shape.rows * s.shape.seq, s.shape.d_model),
+        DType::F32,
+        &candle_core::Device::Cpu,
+    )
+    .expect("input");
     stage
         .forward(Chunk::new(0, 1, 0), ForwardInput::Activation(x))
         .expect("forward");
@@ -277,7 +347,7 @@ fn measure_json(path: &str) {
         .max(1);
     let s = setup();
     let batches: Vec<TokenBatch> = (0..=steps)
-        .map(|t| s.data.batch(t, MICRO_BATCHES, ROWS))
+        .map(|t| s.data.batch(t, MICRO_BATCHES, s.shape.rows))
         .collect();
 
     let (mut ranks, peaks) = tracked_stages(&s);
@@ -312,11 +382,11 @@ fn measure_json(path: &str) {
             seq_cpu.push(cpu_since(cpu));
         }
     }
-    let tps = |v: &[f64]| TOKENS_PER_STEP as f64 / median(v);
+    let tps = |v: &[f64]| s.shape.tokens_per_step() as f64 / median(v);
     let json = format!(
         concat!(
             "{{\"d_model\": {}, \"heads\": {}, \"seq_len\": {}, \"layers\": {}, ",
-            "\"micro_batches\": {}, \"rows\": {}, \"ranks\": {}, \"dtype\": \"f32\", ",
+            "\"micro_batches\": {}, \"rows\": {}, \"ranks\": {}, \"dtype\": \"{}\", ",
             "\"tokens_per_step\": {}, \"steps\": {},\n",
             " \"dualpipev\": {{\"step_seconds\": [{}], \"cpu_seconds\": [{}], \"tokens_per_second\": {}, ",
             "\"peak_saved_bytes_per_rank\": [{}], \"sim_peak_activations_per_rank\": [{}], ",
@@ -324,14 +394,15 @@ fn measure_json(path: &str) {
             " \"sequential\": {{\"step_seconds\": [{}], \"cpu_seconds\": [{}], \"tokens_per_second\": {}}},\n",
             " \"vm_hwm_bytes\": {}}}\n"
         ),
-        D_MODEL,
-        HEADS,
-        SEQ,
+        s.shape.d_model,
+        s.shape.heads,
+        s.shape.seq,
         LAYERS,
         MICRO_BATCHES,
-        ROWS,
+        s.shape.rows,
         RANKS,
-        TOKENS_PER_STEP,
+        s.shape.dtype_name(),
+        s.shape.tokens_per_step(),
         steps,
         list(&pipe),
         list(&pipe_cpu),
@@ -350,8 +421,15 @@ fn measure_json(path: &str) {
 
 fn bench(c: &mut Criterion) {
     let s = setup();
-    let batch = s.data.batch(0, MICRO_BATCHES, ROWS);
-    let mut group = c.benchmark_group("gpt_step_d128_seq64_8x16");
+    let batch = s.data.batch(0, MICRO_BATCHES, s.shape.rows);
+    let suffix = match s.shape.half {
+        None => String::new(),
+        Some(_) => format!("_{}", s.shape.dtype_name()),
+    };
+    let mut group = c.benchmark_group(format!(
+        "gpt_step_d{}_seq{}_{}x{}{suffix}",
+        s.shape.d_model, s.shape.seq, MICRO_BATCHES, s.shape.rows
+    ));
     group.sample_size(10);
     let (mut ranks, _) = tracked_stages(&s);
     group.bench_function("dualpipev_4_ranks", |b| {

@@ -22,7 +22,7 @@ fn candle_error(e: candle_core::Error) -> WireError {
     WireError(format!("candle: {e}"))
 }
 
-/// A candle tensor (f32 or f64) as (dtype, shape, little-endian bytes).
+/// A candle tensor (f32, f64, bf16 or f16) as (dtype, shape, little-endian bytes).
 pub fn tensor_to_wire(tensor: &Tensor) -> Result<WireData, WireError> {
     let shape = tensor.dims().to_vec();
     let flat = tensor.flatten_all().map_err(candle_error)?;
@@ -43,10 +43,20 @@ pub fn tensor_to_wire(tensor: &Tensor) -> Result<WireData, WireError> {
             }
             (WireDType::F32, bytes)
         }
+        CDType::BF16 => {
+            let values = flat.to_vec1::<half::bf16>().map_err(candle_error)?;
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (WireDType::BF16, bytes)
+        }
+        CDType::F16 => {
+            let values = flat.to_vec1::<half::f16>().map_err(candle_error)?;
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (WireDType::F16, bytes)
+        }
         other => {
             return Err(WireError(format!(
-                "tensors of {other:?} cannot cross processes yet; train with `dtype` f32 or f64"
-            )))
+            "tensors of {other:?} cannot cross processes; train with `dtype` f32, f64, bf16 or f16"
+        )))
         }
     };
     WireData::new(dtype, shape, bytes)
@@ -73,8 +83,24 @@ pub fn tensor_from_wire(data: WireData) -> Result<Tensor, WireError> {
                 .collect();
             Tensor::from_vec(values, shape, &Device::Cpu).map_err(candle_error)
         }
+        WireDType::BF16 => {
+            let values: Vec<half::bf16> = data
+                .bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            Tensor::from_vec(values, shape, &Device::Cpu).map_err(candle_error)
+        }
+        WireDType::F16 => {
+            let values: Vec<half::f16> = data
+                .bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            Tensor::from_vec(values, shape, &Device::Cpu).map_err(candle_error)
+        }
         other => Err(WireError(format!(
-            "a {other:?} tensor arrived; this build trains in f32 or f64 only"
+            "a {other:?} tensor arrived; stages exchange f32, f64, bf16 or f16 tensors"
         ))),
     }
 }

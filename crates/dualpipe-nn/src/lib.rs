@@ -16,6 +16,7 @@
 //!   is candle's autograd;
 //! - [`data`]: seeded teacher-student regression data;
 //! - [`optim`]: SGD with momentum and AdamW;
+//! - [`precision`]: the half-precision formats of mixed-precision training ([`Half`]);
 //! - [`distributed`]: the wire codec of the stage's tensors, so a stage's activations and
 //!   gradients can cross processes (MPI).
 //!
@@ -35,6 +36,7 @@ pub mod gpt;
 pub mod layers;
 pub mod model_stage;
 pub mod optim;
+pub mod precision;
 pub mod rng;
 pub mod stage;
 
@@ -42,4 +44,5 @@ pub use dualpipe_sim::Recompute;
 pub use error::NnError;
 pub use model_stage::{ExpertStage, ModelStage, PipelineStage, StepBatch};
 pub use optim::{LrDecay, LrSchedule, Optimizer, OptimizerKind, ParamState};
+pub use precision::Half;
 pub use stage::{MlpStage, ModelConfig, StagePosition};

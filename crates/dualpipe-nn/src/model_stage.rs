@@ -182,6 +182,19 @@ pub trait PipelineStage: fmt::Debug + Send + Any {
         Err(NnError::Stage(format!("this stage has no buffer `{name}`")))
     }
 
+    /// Multiplies the loss gradient the last stage's backward starts from by `scale` (the
+    /// dynamic loss scaling of f16 mixed precision) from the next forward on. The default
+    /// accepts only 1 (no scaling).
+    fn set_loss_scale(&mut self, scale: f64) -> Result<(), NnError> {
+        if scale == 1.0 {
+            Ok(())
+        } else {
+            Err(NnError::Config(
+                "this model does not scale its loss; train it in f32, f64 or bf16".into(),
+            ))
+        }
+    }
+
     /// The stage's MoE side, if it has MoE blocks (router counts, expert parallelism,
     /// re-placement). The default: none.
     fn experts(&self) -> Option<&dyn ExpertStage> {
@@ -336,6 +349,11 @@ impl ModelStage {
     /// Sets a buffer from a checkpoint ([`PipelineStage::set_buffer`]).
     pub fn set_buffer(&mut self, name: &str, values: &[f64]) -> Result<(), NnError> {
         self.0.set_buffer(name, values)
+    }
+
+    /// Sets the loss scale ([`PipelineStage::set_loss_scale`]).
+    pub fn set_loss_scale(&mut self, scale: f64) -> Result<(), NnError> {
+        self.0.set_loss_scale(scale)
     }
 
     /// The stage's MoE side, if any ([`PipelineStage::experts`]).

@@ -69,6 +69,8 @@ pub struct MlpStage {
     batch: Option<Batch>,
     /// Last stage only: output and target of each chunk whose forward ran.
     loss_inputs: HashMap<Chunk, (Tensor, Tensor)>,
+    /// What the loss gradient is multiplied by (1 but under f16 loss scaling).
+    loss_scale: f64,
 }
 
 impl MlpStage {
@@ -101,7 +103,16 @@ impl MlpStage {
             blocks,
             batch: None,
             loss_inputs: HashMap::new(),
+            loss_scale: 1.0,
         })
+    }
+
+    /// Computes the blocks in mixed precision with `half` (f32 weights; GEMMs and saved
+    /// tensors in `half`), or in the weights' dtype with `None`. The MSE runs in f32.
+    pub fn set_half(&mut self, half: Option<crate::Half>) -> Result<(), NnError> {
+        self.blocks
+            .iter_mut()
+            .try_for_each(|block| block.set_half(half))
     }
 
     /// Where this copy sits.
@@ -262,7 +273,7 @@ impl MlpStage {
                 let (y, t) = self.loss_inputs.remove(&chunk).ok_or_else(|| {
                     NnError::Stage(format!("backward_input of {chunk} before its forward"))
                 })?;
-                mse_grad(&y, &t, 1.0 / self.position.micro_batches as f64)?
+                mse_grad(&y, &t, self.loss_scale / self.position.micro_batches as f64)?
             }
             (Some(g), false) => g,
             (Some(_), true) => {
@@ -459,4 +470,9 @@ pub fn to_f64_vec(t: &Tensor) -> Result<Vec<f64>, NnError> {
         .ctx("to_f64_vec")
 }
 
-impl_pipeline_stage!(MlpStage, Mlp, "an MLP", {});
+impl_pipeline_stage!(MlpStage, Mlp, "an MLP", {
+    fn set_loss_scale(&mut self, scale: f64) -> Result<(), NnError> {
+        self.loss_scale = scale;
+        Ok(())
+    }
+});

@@ -172,6 +172,20 @@ impl TrainConfig {
                 name(Field::CompressionWarmup)
             )));
         }
+        if self.model.dtype == crate::config::DType::F16
+            && self.parallelism.data_parallel > 1
+            && self.parallelism.gradient_compression != dualpipe_dp::Compression::None
+        {
+            return Err(TrainError::Config(format!(
+                "{} f16 with `gradient_compression` {}: f16 loss scaling skips a step whose \
+                 gradients overflowed, which a lossy compression's error feedback cannot take \
+                 back; use {} bf16 (no loss scaling), or `gradient_compression` none (the \
+                 exchange then carries bf16)",
+                name(Field::DType),
+                self.parallelism.gradient_compression.name(),
+                name(Field::DType)
+            )));
+        }
         if let Some(moe) = &self.model.moe {
             if self.model.kind != ModelKind::Gpt {
                 return Err(TrainError::Config(

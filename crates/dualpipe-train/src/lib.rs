@@ -86,6 +86,7 @@ pub mod error;
 pub mod experts;
 pub mod job;
 pub mod local;
+pub mod loss_scale;
 pub mod memory;
 pub mod partition;
 pub mod plan_file;

@@ -173,9 +173,9 @@ pub fn mpi_trainer(
                         sum.size()
                     )));
                 }
-                let link = match config.model.dtype {
-                    DType::F32 => GroupLink::SumF32(Box::new(sum)),
+                let link = match config.model.dtype.master() {
                     DType::F64 => GroupLink::SumF64(Box::new(sum)),
+                    _ => GroupLink::SumF32(Box::new(sum)),
                 };
                 stages.push((s, link));
             }

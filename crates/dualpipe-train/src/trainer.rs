@@ -44,6 +44,10 @@ pub struct StepReport {
     pub wall: Duration,
     /// The step's global gradient norm, when the run clips gradients (before clipping).
     pub grad_norm: Option<f64>,
+    /// The loss scale the step's backward ran under (f16 mixed precision only).
+    pub loss_scale: Option<f64>,
+    /// Whether the step's optimizer step was skipped: its f16 gradients overflowed.
+    pub skipped: bool,
     /// The validation after this step, when one was due (the GPT every
     /// [`TrainConfig::eval_every`] steps and after the last; on the reporting process).
     pub evaluation: Option<Evaluation>,
@@ -107,6 +111,8 @@ pub struct Trainer<D: Driver = LocalThreads> {
     checkpoints: Option<crate::checkpoint::CheckpointSink>,
     /// A request to stop at a step boundary (Ctrl-C), when one may come.
     stop: Option<crate::stop::StopRequest>,
+    /// The dynamic loss scale of f16 mixed precision (`None` in every other dtype).
+    loss_scale: Option<crate::loss_scale::LossScale>,
 }
 
 impl Trainer<LocalThreads> {
@@ -251,6 +257,8 @@ impl<D: Driver> Trainer<D> {
                 if let Some(slow) = config.parallelism.slow_rank {
                     exec_options = exec_options.with_slow_rank(slow.rank, slow.factor);
                 }
+                let loss_scale = (config.model.dtype == crate::config::DType::F16)
+                    .then(crate::loss_scale::LossScale::default);
                 Ok(Trainer {
                     config,
                     schedule,
@@ -268,6 +276,7 @@ impl<D: Driver> Trainer<D> {
                     parallelisms,
                     checkpoints: None,
                     stop: None,
+                    loss_scale,
                 })
             }
             Err(err) => {
@@ -398,6 +407,11 @@ impl<D: Driver> Trainer<D> {
                 .filter_map(|p| p.pipeline_hook(step))
                 .collect(),
         );
+        let loss_scale = self.loss_scale.map(|ls| ls.scale);
+        if let Some(scale) = loss_scale {
+            let set = self.scale_losses(scale);
+            self.own(step, set)?;
+        }
         let outcome = self.pipeline(step, &hooks)?;
         let drained = self.check_drained(outcome.losses.len());
         self.own(step, drained)?;
@@ -418,9 +432,15 @@ impl<D: Driver> Trainer<D> {
             expert_load: None,
         };
         self.each_parallelism(|p, t| p.after_backward(t, &mut state))?;
-        let grad_norm = self.clip_gradients(step)?;
-        let updated = self.optimizer_step();
-        self.own(step, updated)?;
+        let applied = self.unscale_gradients(step)?;
+        let grad_norm = if applied {
+            let norm = self.clip_gradients(step)?;
+            let updated = self.optimizer_step();
+            self.own(step, updated)?;
+            norm
+        } else {
+            None
+        };
         self.each_parallelism(|p, t| p.after_optimizer(t, &mut state))?;
         self.steps_done += 1;
         self.failed = false;
@@ -438,6 +458,8 @@ impl<D: Driver> Trainer<D> {
             timeline: Some(outcome.timeline),
             wall: start.elapsed(),
             grad_norm,
+            loss_scale,
+            skipped: !applied,
             evaluation: None,
             rank_times: outcome.rank_times,
             expert_load,

@@ -113,12 +113,24 @@ impl Workload {
         position: StagePosition,
     ) -> Result<ModelStage, TrainError> {
         Ok(match self {
-            Workload::Mlp(_) => ModelStage::new(MlpStage::new(&config.mlp(), position)?),
+            Workload::Mlp(_) => {
+                let mut stage = MlpStage::new(&config.mlp(), position)?;
+                stage.set_half(config.model.dtype.half())?;
+                ModelStage::new(stage)
+            }
+            Workload::Custom(_) if config.model.dtype.half().is_some() => {
+                return Err(TrainError::Config(format!(
+                    "`dtype` {}: mixed precision runs in the built-in models' layers; a user's \
+                     model computes in its own tensors' dtype: train it in f32 or f64",
+                    config.model.dtype
+                )))
+            }
             Workload::Custom(custom) => custom.stage(position)?,
             Workload::Gpt(gpt) => {
                 let layers = config.stage_layers(position.model_stage);
                 let mut stage = GptStage::with_layers(&gpt.weights, stages, position, layers)?;
                 stage.set_recompute(config.stage_recompute(position.model_stage));
+                stage.set_half(config.model.dtype.half())?;
                 if let Some(moe) = &config.model.moe {
                     stage.set_aux_loss(moe.aux_loss);
                 }

@@ -157,5 +157,6 @@ fn names_round_trip() {
     for name in DType::NAMES {
         assert_eq!(DType::from_name(name).unwrap().name(), name);
     }
-    assert!(DType::from_name("bf16").is_none());
+    assert!(DType::from_name("bf8").is_none());
+    assert_eq!(DType::from_name("BF16"), Some(DType::Bf16));
 }

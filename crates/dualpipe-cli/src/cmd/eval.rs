@@ -3,8 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use dualpipe_nn::gpt::eval::evaluate;
-use dualpipe_nn::gpt::{DType, GptStage, GptWeights};
+use dualpipe_nn::gpt::{GptStage, GptWeights};
 use dualpipe_nn::NnError;
+use dualpipe_train::DType;
 
 use super::output::{check_paths, write_output};
 use super::simulate::Format;
@@ -22,7 +23,8 @@ pub struct Args {
     /// Tokens per window (windows are N+1 bytes) [default: the model's seq_len].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = super::count)]
     pub seq_len: Option<usize>,
-    /// Element type of the computation: f32 or f64.
+    /// Element type of the computation: f32, f64, or mixed precision bf16 or f16 (f32
+    /// weights, half-precision GEMMs).
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// Output format.
@@ -32,13 +34,12 @@ pub struct Args {
 
 /// Parses `--dtype`.
 pub fn parse_dtype(name: &str) -> Result<DType, UsageError> {
-    match name {
-        "f32" => Ok(DType::F32),
-        "f64" => Ok(DType::F64),
-        other => Err(UsageError(format!(
-            "unknown dtype '{other}' (--dtype): use f32 or f64"
-        ))),
-    }
+    DType::from_name(name).ok_or_else(|| {
+        UsageError(format!(
+            "unknown dtype '{name}' (--dtype): use one of {}",
+            DType::NAMES.join(", ")
+        ))
+    })
 }
 
 /// Reads a file the user named, as a usage error naming the flag when it cannot be read.
@@ -77,10 +78,14 @@ pub fn load_model(path: &Path, dtype: DType) -> Result<GptStage, UsageError> {
         }
     }
     let bytes = read_input(path, "--weights")?;
-    let weights = GptWeights::from_safetensors(&bytes, dtype)
+    let weights = GptWeights::from_safetensors(&bytes, dtype.candle())
         .map_err(|e| UsageError(format!("{} (--weights): {e}", path.display())))?;
-    GptStage::whole(&weights)
-        .map_err(|e| UsageError(format!("{} (--weights): {}", path.display(), plain(e))))
+    let mut model = GptStage::whole(&weights)
+        .map_err(|e| UsageError(format!("{} (--weights): {}", path.display(), plain(e))))?;
+    model
+        .set_half(dtype.half())
+        .map_err(|e| UsageError(format!("--dtype {dtype}: {}", plain(e))))?;
+    Ok(model)
 }
 
 /// Runs `dualpipe eval`.

@@ -47,7 +47,8 @@ pub struct Args {
     /// Seed of the sampling.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::seed)]
     pub seed: u64,
-    /// Element type of the computation: f32 or f64.
+    /// Element type of the computation: f32, f64, or mixed precision bf16 or f16 (f32
+    /// weights, half-precision GEMMs).
     #[arg(long, default_value = "f32")]
     pub dtype: String,
 }

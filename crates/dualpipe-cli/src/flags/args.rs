@@ -134,7 +134,9 @@ pub struct TrainArgs {
     /// clipping unless given).
     #[arg(long, value_name = "NORM", allow_negative_numbers = true)]
     pub clip_grad: Option<f64>,
-    /// Element type: f32 or f64.
+    /// Element type: f32, f64, or mixed precision bf16 or f16 (f32 master weights and
+    /// optimizer state; half-precision GEMMs, saved activations, pipeline messages and
+    /// gradient exchange; f16 with dynamic loss scaling).
     #[arg(long, default_value_t = D.model.dtype.name().to_string())]
     pub dtype: String,
     /// Seed of the model, the data and the shuffled order.

@@ -103,7 +103,7 @@ fn bad_flags_are_usage_errors_naming_the_flag() {
     let cases: [(&[&str], &str); 17] = [
         (&["--schedule", "zigzag"], "--schedule"),
         (&["--optimizer", "lion"], "--optimizer"),
-        (&["--dtype", "f16"], "--dtype"),
+        (&["--dtype", "f8"], "--dtype"),
         (&["--ranks", "0"], "--ranks"),
         (&["--lr", "-1"], "--lr"),
         (

@@ -642,3 +642,69 @@ fn inspect_lists_steps_shapes_sizes_and_init_from_reads_the_weights() {
     assert_eq!(doc["layers_per_stage"], 4);
     assert_eq!(doc["first_step"], 1);
 }
+
+#[test]
+fn mixed_precision_resumes_bit_identically_and_across_dtypes() {
+    let v = [
+        "--schedule",
+        "dualpipev",
+        "--ranks",
+        "2",
+        "--micro-batches",
+        "4",
+    ];
+    for dtype in ["bf16", "f16"] {
+        let mut flags = v.to_vec();
+        flags.extend(["--dtype", dtype]);
+        check_resume("gpt", &flags);
+    }
+    let mut mlp = v.to_vec();
+    mlp.extend(["--dtype", "bf16"]);
+    check_resume("mlp", &mlp);
+    // The master weights are f32 in every dtype but f64: a checkpoint of one resumes in the
+    // other, and continues close to the uninterrupted run.
+    let dir = TempDir::new("ckpt-dtypes");
+    for (from, to) in [("f32", "bf16"), ("bf16", "f32"), ("f16", "bf16")] {
+        let ckpt = dir.join(&format!("{from}-{to}"));
+        let mut first = v.to_vec();
+        first.extend([
+            "--dtype",
+            from,
+            "--steps",
+            "4",
+            "--checkpoint-dir",
+            s(&ckpt),
+        ]);
+        first.extend(["--checkpoint-every", "2"]);
+        let full = floats(&run_json(tiny("gpt"), &first)["losses"]);
+        let mut then = v.to_vec();
+        let step2 = ckpt.join("step-000002");
+        then.extend(["--dtype", to, "--steps", "4", "--resume-from", s(&step2)]);
+        let resumed = run_json(tiny("gpt"), &then);
+        assert_eq!(resumed["first_step"], 3, "{from} -> {to}");
+        assert_eq!(resumed["dtype"], to);
+        for (got, want) in floats(&resumed["losses"]).iter().zip(&full[2..]) {
+            assert!(
+                (got - want).abs() < 0.02 * want,
+                "{from} -> {to}: {got} against {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn f16_refuses_a_lossy_gradient_compression() {
+    let mut args = tiny("gpt");
+    args.extend(
+        [
+            "--dtype",
+            "f16",
+            "--data-parallel",
+            "2",
+            "--gradient-compression",
+            "int8",
+        ]
+        .map(String::from),
+    );
+    dualpipe(&args).usage_error(&["--dtype f16", "--gradient-compression int8", "bf16"]);
+}

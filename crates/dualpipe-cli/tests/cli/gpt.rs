@@ -159,7 +159,7 @@ fn bad_inputs_are_one_line_errors() {
         "--prompt",
         "a",
         "--dtype",
-        "f16",
+        "f8",
     ])
-    .usage_error(&["--dtype"]);
+    .usage_error(&["--dtype", "bf16"]);
 }

@@ -220,7 +220,7 @@ fn bad_flags_are_one_line_usage_errors() {
         (&["--micro-batch-size", "0"], &["--micro-batch-size"]),
         (&["--schedule", "zigzag"], &["zigzag", "--schedule"]),
         (&["--optimizer", "lion"], &["lion", "--optimizer"]),
-        (&["--dtype", "f16"], &["f16", "--dtype"]),
+        (&["--dtype", "f8"], &["f8", "--dtype"]),
         (&["--lr", "-1"], &["--lr", "-1"]),
         (&["--lr", "0"], &["--lr"]),
         (

@@ -10,6 +10,7 @@ use super::weights::moe_bias_name;
 use super::{GptWeights, MoeLayer};
 use crate::error::{NnError, TensorContext};
 use crate::layers::{CausalSelfAttention, Linear, Mlp, Param, RmsNorm};
+use crate::precision::Half;
 
 /// A block's feed-forward part: the dense MLP or a mixture of experts.
 #[derive(Debug)]
@@ -164,6 +165,16 @@ impl Block {
             recompute: Recompute::None,
             kept: HashMap::new(),
         })
+    }
+
+    /// Computes in mixed precision with `half` (the attention's and feed-forward's GEMMs and
+    /// saved tensors; the norms stay f32), or in the weights' dtype with `None`.
+    pub fn set_half(&mut self, half: Option<Half>) -> Result<(), NnError> {
+        self.attn.set_half(half)?;
+        match &mut self.mlp {
+            FeedForward::Dense(m) => m.set_half(half),
+            FeedForward::Moe(m) => m.set_half(half),
+        }
     }
 
     /// What the block's forwards keep from now on (set it between steps: chunks already

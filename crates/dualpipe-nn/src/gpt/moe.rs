@@ -17,6 +17,7 @@ use dualpipe_schedule::Chunk;
 
 use crate::error::{NnError, TensorContext};
 use crate::layers::{tensor_bytes, Linear, Mlp, Param};
+use crate::precision::Half;
 pub use router::Routing;
 pub use serve::ExpertParallel;
 
@@ -113,6 +114,16 @@ fn device(v: Vec<f64>, shape: (usize, usize), dtype: DType, what: &str) -> Resul
 }
 
 impl MoeLayer {
+    /// Computes the experts in mixed precision with `half` (their GEMMs and saved tensors),
+    /// or in the weights' dtype with `None`; the router stays in the weights' dtype, so the
+    /// routing decisions see full-precision scores.
+    pub fn set_half(&mut self, half: Option<Half>) -> Result<(), NnError> {
+        for mlp in self.experts.iter_mut().flatten().chain(&mut self.shared) {
+            mlp.set_half(half)?;
+        }
+        Ok(())
+    }
+
     /// The layer from its router (`d → E`), selection bias (`E`), routed experts (`E`) and
     /// shared experts, routing each token to `top_k` experts.
     pub fn new(

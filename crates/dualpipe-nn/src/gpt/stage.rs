@@ -12,7 +12,10 @@ use dualpipe_sim::Recompute;
 use super::weights::{block_buffer_names, block_tensor_names, expert_prefix, moe_bias_name};
 use super::{stage_layers, Block, GptConfig, GptWeights, MoeLayer};
 use crate::error::NnError;
-use crate::layers::{cross_entropy, tensor_bytes, Embedding, Linear, Param, RmsNorm};
+use crate::layers::{
+    cross_entropy, restore, store, tensor_bytes, Embedding, Linear, Param, RmsNorm,
+};
+use crate::precision::Half;
 use crate::stage::StagePosition;
 
 /// One micro-batch of token sequences: `rows` sequences of `seq` input ids and, shifted by
@@ -57,6 +60,12 @@ pub struct GptStage {
     seqs: HashMap<Chunk, usize>,
     /// What the blocks' forwards keep.
     recompute: Recompute,
+    /// The half-precision format under mixed precision (`None`: the weights' dtype).
+    half: Option<Half>,
+    /// What the loss gradient is multiplied by (1 but under f16 loss scaling).
+    loss_scale: f64,
+    /// The MoE auxiliary loss's coefficient ([`GptStage::set_aux_loss`]).
+    aux_coef: f64,
 }
 
 impl GptStage {
@@ -127,6 +136,9 @@ impl GptStage {
             loss_grads: HashMap::new(),
             seqs: HashMap::new(),
             recompute: Recompute::None,
+            half: None,
+            loss_scale: 1.0,
+            aux_coef: 0.0,
         })
     }
 
@@ -152,6 +164,27 @@ impl GptStage {
         for block in &mut self.blocks {
             block.set_recompute(recompute);
         }
+    }
+
+    /// Computes in mixed precision with `half`, or in the weights' dtype with `None` (set it
+    /// between steps). Under mixed precision the weights stay f32 (the master copy the
+    /// optimizer updates); the feed-forward GEMMs (the dense MLP's, the experts') read their
+    /// operands in `half` and accumulate in f32, the tensors the blocks keep for their
+    /// backward are held in `half`, and so are the activations and gradients this stage sends
+    /// to its neighbours. As DeepSeek-V3 keeps its embedding, output head, gating, norms and
+    /// attention in higher precision, the embeddings, the attention (projections included),
+    /// the norms, the MoE router, the output head and the loss compute in f32.
+    pub fn set_half(&mut self, half: Option<Half>) -> Result<(), NnError> {
+        for block in &mut self.blocks {
+            block.set_half(half)?;
+        }
+        self.half = half;
+        Ok(())
+    }
+
+    /// The half-precision format under mixed precision, if on.
+    pub fn half(&self) -> Option<Half> {
+        self.half
     }
 
     /// What the blocks' forwards keep (see [`GptStage::set_recompute`]).
@@ -360,7 +393,8 @@ impl GptStage {
     /// Turns the MoE layers' auxiliary balance loss on with coefficient `coef` (0: off); its
     /// gradient is scaled by `1 / micro_batches` as the cross-entropy's is.
     pub fn set_aux_loss(&mut self, coef: f64) {
-        let scale = 1.0 / self.position.micro_batches as f64;
+        self.aux_coef = coef;
+        let scale = self.loss_scale / self.position.micro_batches as f64;
         for block in &mut self.blocks {
             if let Some(m) = block.moe_mut() {
                 m.set_aux_loss(coef, scale);
@@ -481,7 +515,7 @@ impl GptStage {
                     .ok_or_else(|| NnError::Stage("the first stage has no embeddings".into()))?;
                 emb.forward(chunk, ids, seq)?
             }
-            (ForwardInput::Activation(x), false) => x,
+            (ForwardInput::Activation(x), false) => restore(&x)?,
             (ForwardInput::MicroBatch { .. }, false) => {
                 return Err(NnError::Stage(format!(
                     "forward of {chunk}: only the first stage loads a micro-batch"
@@ -500,13 +534,13 @@ impl GptStage {
         if let Some((norm, head)) = &mut self.head {
             let hn = norm.forward(chunk, &h)?;
             let logits = head.forward(chunk, &hn)?;
-            let scale = 1.0 / self.position.micro_batches as f64;
+            let scale = self.loss_scale / self.position.micro_batches as f64;
             let targets = self.micro_batch(chunk)?.targets.clone();
             let (loss, grad) = cross_entropy(&logits, &targets, scale)?;
             self.loss_grads.insert(chunk, grad);
             Ok(ForwardOutput::Loss(loss))
         } else {
-            Ok(ForwardOutput::Activation(h))
+            Ok(ForwardOutput::Activation(store(&h, self.half)?))
         }
     }
 
@@ -523,7 +557,7 @@ impl GptStage {
                 let dhn = head.backward_input(chunk, &dl)?;
                 norm.backward_input(chunk, &dhn, None)?
             }
-            (Some(g), None) => g,
+            (Some(g), None) => restore(&g)?,
             (Some(_), Some(_)) => {
                 return Err(NnError::Stage(format!(
                     "backward_input of {chunk}: the last stage starts from the loss and takes no gradient"
@@ -544,7 +578,7 @@ impl GptStage {
                 emb.backward_input(chunk, &g)?;
                 Ok(None)
             }
-            None => Ok(Some(g)),
+            None => Ok(Some(store(&g, self.half)?)),
         }
     }
 
@@ -581,6 +615,12 @@ crate::stage::impl_pipeline_stage!(GptStage, Gpt, "a GPT", {
 
     fn experts(&self) -> Option<&dyn crate::model_stage::ExpertStage> {
         Some(self)
+    }
+
+    fn set_loss_scale(&mut self, scale: f64) -> Result<(), NnError> {
+        self.loss_scale = scale;
+        self.set_aux_loss(self.aux_coef);
+        Ok(())
     }
 
     fn experts_mut(&mut self) -> Option<&mut dyn crate::model_stage::ExpertStage> {

@@ -48,6 +48,14 @@ impl MlpBlock {
         Self::from_layers(up, down)
     }
 
+    /// Computes in mixed precision with `half` (both GEMMs and the saved tensors), or in the
+    /// weights' dtype with `None`.
+    pub fn set_half(&mut self, half: Option<crate::Half>) -> Result<(), NnError> {
+        self.up.set_half(half)?;
+        self.act.set_half(half);
+        self.down.set_half(half)
+    }
+
     /// Parameters in a fixed order: up weight, up bias, down weight, down bias.
     pub fn params(&self) -> Vec<&Param> {
         let mut p = self.up.params();

@@ -5,8 +5,9 @@ use std::collections::HashMap;
 use candle_core::Tensor;
 use dualpipe_schedule::Chunk;
 
-use super::{kernels, tensor_bytes};
+use super::{kernels, restore, store, tensor_bytes};
 use crate::error::NnError;
+use crate::precision::Half;
 
 /// `gelu(x) = x Φ(x) = x (1 + erf(x / √2)) / 2`, the exact form (PyTorch's default
 /// `nn.GELU()`, candle's `gelu_erf`), not the tanh approximation. f64 evaluates erf with libm;
@@ -14,15 +15,23 @@ use crate::error::NnError;
 ///
 /// Its derivative is `Φ(x) + x φ(x)` with `φ(x) = exp(-x²/2) / √(2π)`. No parameters, so
 /// `backward_weight` does nothing.
+///
+/// Under mixed precision ([`Gelu::set_half`]) the saved derivative is held in the half format.
 #[derive(Debug, Default)]
 pub struct Gelu {
     saved_derivative: HashMap<Chunk, Tensor>,
+    half: Option<Half>,
 }
 
 impl Gelu {
     /// A GELU layer.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Keeps the saved derivatives in `half` (mixed precision), or in the input's dtype.
+    pub fn set_half(&mut self, half: Option<Half>) {
+        self.half = half;
     }
 
     /// The exact GELU of `x` (one fused pass).
@@ -33,7 +42,7 @@ impl Gelu {
     /// `gelu(x)`; saves `gelu'(x)`, computed in the same pass, for the chunk's backward.
     pub fn forward(&mut self, key: Chunk, x: &Tensor) -> Result<Tensor, NnError> {
         let (y, d) = kernels::gelu_forward(x)?;
-        self.saved_derivative.insert(key, d);
+        self.saved_derivative.insert(key, store(&d, self.half)?);
         Ok(y)
     }
 
@@ -42,7 +51,7 @@ impl Gelu {
         let d = self.saved_derivative.remove(&key).ok_or_else(|| {
             NnError::Stage(format!("GELU: backward_input of {key} before its forward"))
         })?;
-        kernels::mul(dy, &d, "GELU backward")
+        kernels::mul(dy, &restore(&d)?, "GELU backward")
     }
 
     /// `Φ(x) + x φ(x)` elementwise.

@@ -5,6 +5,7 @@ use dualpipe_schedule::Chunk;
 
 use super::{Gelu, Linear, Param};
 use crate::error::NnError;
+use crate::precision::Half;
 
 /// `y = fc2(gelu(fc1(x)))` with `fc1: [4d, d]`, `fc2: [d, 4d]` and exact (erf) GELU.
 #[derive(Debug)]
@@ -31,6 +32,14 @@ impl Mlp {
             act: Gelu::new(),
             fc2,
         })
+    }
+
+    /// Computes in mixed precision with `half` (both GEMMs and the saved tensors), or in the
+    /// weights' dtype with `None`.
+    pub fn set_half(&mut self, half: Option<Half>) -> Result<(), NnError> {
+        self.fc1.set_half(half)?;
+        self.act.set_half(half);
+        self.fc2.set_half(half)
     }
 
     /// fc1's weight, then fc2's.

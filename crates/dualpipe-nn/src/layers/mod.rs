@@ -19,6 +19,8 @@ pub use attention::CausalSelfAttention;
 pub use block::MlpBlock;
 pub use embedding::Embedding;
 pub use gelu::Gelu;
+#[doc(hidden)]
+pub use kernels::bench_gemm;
 pub use linear::Linear;
 pub use loss::{cross_entropy, mse_grad, mse_loss};
 pub use mlp::Mlp;
@@ -27,10 +29,28 @@ pub use rms_norm::{RmsNorm, RMS_NORM_EPS};
 use candle_core::Tensor;
 
 use crate::error::{NnError, TensorContext};
+use crate::precision::Half;
 
 /// Bytes of a tensor's elements (`elements · element size`): what a saved tensor holds.
 pub fn tensor_bytes(t: &Tensor) -> usize {
     t.elem_count() * t.dtype().size_in_bytes()
+}
+
+/// `t` as a layer keeps it for its backward: rounded to `half` under mixed precision, else
+/// as is (a reference, no copy).
+pub(crate) fn store(t: &Tensor, half: Option<Half>) -> Result<Tensor, NnError> {
+    match half {
+        Some(h) => kernels::to_half(t, h),
+        None => Ok(t.clone()),
+    }
+}
+
+/// A saved tensor as f32 again if [`store`] rounded it to a half format, else as is.
+pub(crate) fn restore(t: &Tensor) -> Result<Tensor, NnError> {
+    match t.dtype() {
+        candle_core::DType::BF16 | candle_core::DType::F16 => kernels::to_f32(t),
+        _ => Ok(t.clone()),
+    }
 }
 
 /// A trainable tensor and the gradient accumulated for it since the last

@@ -34,7 +34,7 @@ pub const OPTIM_INFIX: &str = ".optim.";
 pub struct HostTensor {
     /// Its name in the checkpoint.
     pub name: String,
-    /// Element type.
+    /// Element type (f32 or f64: mixed precision keeps f32 master weights).
     pub dtype: DType,
     /// Shape.
     pub shape: Vec<usize>,
@@ -96,7 +96,7 @@ impl HostTensor {
     /// Whether every value is a finite number (no infinity, no NaN).
     pub fn is_finite(&self) -> bool {
         match self.dtype {
-            DType::F32 => self
+            DType::F32 | DType::Bf16 | DType::F16 => self
                 .data
                 .chunks_exact(4)
                 .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
@@ -110,7 +110,7 @@ impl HostTensor {
     /// The values as f64 (exact for f32).
     pub fn to_f64s(&self) -> Vec<f64> {
         match self.dtype {
-            DType::F32 => self
+            DType::F32 | DType::Bf16 | DType::F16 => self
                 .data
                 .chunks_exact(4)
                 .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
@@ -127,7 +127,7 @@ impl HostTensor {
     pub fn to_tensor(&self, dtype: candle_core::DType) -> Result<Tensor, CheckpointError> {
         let bad = |e: candle_core::Error| CheckpointError::Writer(format!("{}: {e}", self.name));
         let t = match self.dtype {
-            DType::F32 => {
+            DType::F32 | DType::Bf16 | DType::F16 => {
                 let v: Vec<f32> = self
                     .data
                     .chunks_exact(4)
@@ -145,7 +145,7 @@ impl HostTensor {
 impl View for &HostTensor {
     fn dtype(&self) -> Dtype {
         match self.dtype {
-            DType::F32 => Dtype::F32,
+            DType::F32 | DType::Bf16 | DType::F16 => Dtype::F32,
             DType::F64 => Dtype::F64,
         }
     }
@@ -285,6 +285,9 @@ pub struct CheckpointState {
     /// The random streams: every draw of the model, the data and the compression is keyed by
     /// (seed, step, micro-batch or bucket), so the seed and the step restore them all.
     pub rng: String,
+    /// The f16 loss scale after the step (absent but under f16 mixed precision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<crate::loss_scale::LossScale>,
 }
 
 impl CheckpointState {
@@ -307,6 +310,7 @@ impl CheckpointState {
                 "counter-based: every stream is keyed by (seed {}, step, index)",
                 config.seed
             ),
+            loss_scale: None,
         }
     }
 }

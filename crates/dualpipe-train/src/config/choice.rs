@@ -5,7 +5,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// Element type of parameters and activations.
+/// Element type of parameters and activations: one precision throughout, or mixed precision
+/// (f32 master weights and optimizer state, half-precision GEMMs, saved activations and
+/// messages: [`dualpipe_nn::precision`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
@@ -14,42 +16,69 @@ pub enum DType {
     F32,
     /// 64-bit floats (for exact comparisons in tests).
     F64,
+    /// Mixed precision in bfloat16.
+    Bf16,
+    /// Mixed precision in IEEE half precision, with dynamic loss scaling.
+    F16,
 }
 
 impl DType {
     /// Names accepted by [`DType::from_name`].
-    pub const NAMES: [&'static str; 2] = ["f32", "f64"];
+    pub const NAMES: [&'static str; 4] = ["f32", "f64", "bf16", "f16"];
 
-    /// `"f32"` or `"f64"`.
+    /// `"f32"`, `"f64"`, `"bf16"` or `"f16"`.
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
             DType::F64 => "f64",
+            DType::Bf16 => "bf16",
+            DType::F16 => "f16",
         }
     }
 
-    /// Parses `"f32"` or `"f64"` (case-insensitive).
+    /// Parses one of [`DType::NAMES`] (case-insensitive).
     pub fn from_name(name: &str) -> Option<Self> {
         match name.to_ascii_lowercase().as_str() {
             "f32" => Some(DType::F32),
             "f64" => Some(DType::F64),
+            "bf16" => Some(DType::Bf16),
+            "f16" => Some(DType::F16),
             _ => None,
         }
     }
 
-    /// The candle element type.
-    pub fn candle(self) -> candle_core::DType {
+    /// The precision of the parameters, their gradients and the optimizer state: f32 under
+    /// mixed precision (the master weights).
+    pub fn master(self) -> DType {
         match self {
-            DType::F32 => candle_core::DType::F32,
-            DType::F64 => candle_core::DType::F64,
+            DType::F64 => DType::F64,
+            DType::F32 | DType::Bf16 | DType::F16 => DType::F32,
         }
     }
 
-    /// Bytes of one value.
+    /// The half-precision format of mixed precision, if this is one.
+    pub fn half(self) -> Option<dualpipe_nn::Half> {
+        match self {
+            DType::Bf16 => Some(dualpipe_nn::Half::Bf16),
+            DType::F16 => Some(dualpipe_nn::Half::F16),
+            DType::F32 | DType::F64 => None,
+        }
+    }
+
+    /// The candle element type of the parameters ([`DType::master`]).
+    pub fn candle(self) -> candle_core::DType {
+        match self.master() {
+            DType::F64 => candle_core::DType::F64,
+            _ => candle_core::DType::F32,
+        }
+    }
+
+    /// Bytes of one activation value as a stage keeps it (2 under mixed precision).
     pub fn size_in_bytes(self) -> u128 {
         match self {
             DType::F32 => 4,
             DType::F64 => 8,
+            DType::Bf16 | DType::F16 => 2,
         }
     }
 }

@@ -324,14 +324,24 @@ impl TrainConfig {
 
     /// The gradient exchange's settings for one stage's data-parallel group.
     pub fn exchange_config(&self) -> dualpipe_dp::ExchangeConfig {
+        // Under mixed precision an uncompressed exchange carries the gradients in bf16 (f32's
+        // range: no loss scale needed on the wire, also for f16 runs).
+        let half_wire = |c: Compression| match (c, self.model.dtype.half()) {
+            (Compression::None, Some(_)) => Compression::Bf16,
+            (c, _) => c,
+        };
+        let compression = half_wire(self.parallelism.gradient_compression);
         dualpipe_dp::ExchangeConfig {
-            compression: self.parallelism.gradient_compression,
-            error_feedback: self.parallelism.error_feedback,
+            compression,
+            // The bf16 wire of mixed precision has no error feedback (as a bf16 all-reduce):
+            // an f16 step skipped on overflow leaves nothing behind.
+            error_feedback: self.parallelism.error_feedback
+                && compression == self.parallelism.gradient_compression,
             compression_warmup: self.compression_warmup_steps(),
             warmup_compression: if self.one_bit_adam_from().is_some() {
                 Compression::Int8
             } else {
-                Compression::None
+                half_wire(Compression::None)
             },
             refresh_every: self.variance_refresh_every(),
             refresh_doubling: self.variance_refresh_doubling(),

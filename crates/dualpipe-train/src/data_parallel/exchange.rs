@@ -147,19 +147,19 @@ impl ReplicaExchange {
             let keeps_feedback = !matches!(link, GroupLink::Partner(_));
             let timeout = exchange.timeout;
             let grads = match (config.model.dtype, link) {
-                (DType::F32, GroupLink::Messages(t)) => StageGrads::F32(Box::new(
-                    GradExchange::new(exchange.clone(), layout(4)?, s, t)?,
-                )),
+                (DType::F32 | DType::Bf16 | DType::F16, GroupLink::Messages(t)) => StageGrads::F32(
+                    Box::new(GradExchange::new(exchange.clone(), layout(4)?, s, t)?),
+                ),
                 (DType::F64, GroupLink::Messages(t)) => StageGrads::F64(Box::new(
                     GradExchange::new(exchange.clone(), layout(8)?, s, t)?,
                 )),
-                (DType::F32, GroupLink::SumF32(g)) => {
+                (DType::F32 | DType::Bf16 | DType::F16, GroupLink::SumF32(g)) => {
                     StageGrads::F32(Box::new(NativeExchange::new(summed, layout(4)?, s, g)?))
                 }
                 (DType::F64, GroupLink::SumF64(g)) => {
                     StageGrads::F64(Box::new(NativeExchange::new(summed, layout(8)?, s, g)?))
                 }
-                (DType::F32, GroupLink::Lead { replicas, copies }) => {
+                (DType::F32 | DType::Bf16 | DType::F16, GroupLink::Lead { replicas, copies }) => {
                     let inner = GradExchange::new(exchange.clone(), layout(4)?, s, replicas)?;
                     let lead = CopyLead::new(inner, copies, timeout)?;
                     StageGrads::F32(Box::new(if presummed { lead.presummed() } else { lead }))
@@ -169,7 +169,7 @@ impl ReplicaExchange {
                     let lead = CopyLead::new(inner, copies, timeout)?;
                     StageGrads::F64(Box::new(if presummed { lead.presummed() } else { lead }))
                 }
-                (DType::F32, GroupLink::Partner(t)) => {
+                (DType::F32 | DType::Bf16 | DType::F16, GroupLink::Partner(t)) => {
                     let partner = CopyPartner::new(layout(4)?, s, t, timeout)?;
                     StageGrads::F32(Box::new(if presummed {
                         partner.presummed()

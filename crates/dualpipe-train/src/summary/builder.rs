@@ -16,6 +16,8 @@ use crate::workload::{Evaluation, Sample};
 #[derive(Debug)]
 pub struct SummaryBuilder {
     config: TrainConfig,
+    /// f16 loss scaling: the last step's scale and the steps skipped on overflow.
+    loss_scale: Option<(f64, usize)>,
     schedule: Schedule,
     losses: Vec<f64>,
     walls: Vec<f64>,
@@ -56,6 +58,7 @@ impl SummaryBuilder {
             last_step: None,
             expert_loads: Vec::new(),
             first_step: None,
+            loss_scale: None,
             feedback_norms: Vec::new(),
             by_format: Vec::new(),
         }
@@ -64,6 +67,10 @@ impl SummaryBuilder {
     /// Adds one step.
     pub fn add(&mut self, report: StepReport) {
         self.first_step.get_or_insert(report.step + 1);
+        if let Some(scale) = report.loss_scale {
+            let skipped = self.loss_scale.map_or(0, |(_, n)| n) + usize::from(report.skipped);
+            self.loss_scale = Some((scale, skipped));
+        }
         self.losses.push(report.loss);
         self.walls.push(report.wall.as_secs_f64());
         self.evaluations.extend(report.evaluation);
@@ -192,6 +199,8 @@ impl SummaryBuilder {
                 && config.parallelism.gradient_compression != dualpipe_dp::Compression::None)
                 .then(|| config.compression_warmup_steps()),
             one_bit_adam_from: config.one_bit_adam_from(),
+            loss_scale: self.loss_scale.map(|(scale, _)| scale),
+            skipped_steps: self.loss_scale.map(|(_, skipped)| skipped),
             variance_refresh: config
                 .one_bit_adam_from()
                 .map(|_| config.variance_refresh_every()),

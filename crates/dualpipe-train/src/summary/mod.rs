@@ -161,6 +161,13 @@ pub struct RunSummary {
     /// is exchanged in 1 bit (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub one_bit_adam_from: Option<u64>,
+    /// Under f16 mixed precision: the loss scale of the last step (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f64>,
+    /// Under f16 mixed precision: steps whose optimizer step was skipped because their
+    /// gradients overflowed (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped_steps: Option<usize>,
     /// Under 1-bit Adam: the variance refresh period (0: frozen after the warm-up; absent
     /// otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -288,6 +295,8 @@ mod tests {
             },
             exchange: None,
             grad_norm: None,
+            loss_scale: None,
+            skipped: false,
             evaluation: None,
             expert_load: None,
         });
@@ -352,6 +361,8 @@ mod tests {
                 rank_times: RankTimes::default(),
                 exchange: None,
                 grad_norm: None,
+                loss_scale: None,
+                skipped: false,
                 evaluation: None,
                 expert_load: Some(
                     crate::experts::ExpertLoad::new(step, vec![(0, counts.to_vec())])

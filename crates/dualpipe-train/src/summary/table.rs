@@ -108,8 +108,14 @@ impl RunSummary {
             ),
             None => format!("{:.0} samples/s", s.samples_per_second),
         };
-        let mut rows = vec![
-            ("final loss", format!("{:.6}", s.final_loss)),
+        let mut rows = vec![("final loss", format!("{:.6}", s.final_loss))];
+        if let (Some(scale), Some(skipped)) = (s.loss_scale, s.skipped_steps) {
+            rows.push((
+                "loss scale",
+                format!("{scale} (last step), {skipped} steps skipped on f16 overflow"),
+            ));
+        }
+        rows.extend([
             ("throughput", throughput),
             (
                 "step time (median)",
@@ -160,7 +166,7 @@ impl RunSummary {
                 "total",
                 format!("{} steps in {:.2} s", s.steps, s.total_seconds),
             ),
-        ];
+        ]);
         if s.data_parallel > 1 {
             let saved = if s.grad_bytes_uncompressed > 0 {
                 format!(

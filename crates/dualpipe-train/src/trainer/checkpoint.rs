@@ -166,8 +166,11 @@ impl<D: Driver> Trainer<D> {
         for p in &self.parallelisms {
             p.checkpoint_tensors(self, &mut tensors)?;
         }
-        let state = (replica == 0)
-            .then(|| CheckpointState::new(&self.config, self.schedule_shape(), self.steps_done));
+        let state = (replica == 0).then(|| CheckpointState {
+            optimizer_steps: self.optimizer_steps(),
+            loss_scale: self.loss_scale,
+            ..CheckpointState::new(&self.config, self.schedule_shape(), self.steps_done)
+        });
         Ok(CheckpointPart {
             step: self.steps_done,
             tensors,
@@ -257,7 +260,7 @@ impl<D: Driver> Trainer<D> {
                         states.push(param_state(ckpt, name, kind, dtype)?);
                     }
                 }
-                opt.set_state(step as u64, states)?;
+                opt.set_state(ckpt.state.optimizer_steps, states)?;
                 for (name, _) in stage.buffers() {
                     let saved = ckpt.tensor(&name)?.to_f64s();
                     stage.set_buffer(&name, &saved)?;
@@ -274,6 +277,9 @@ impl<D: Driver> Trainer<D> {
         };
         self.each_parallelism(|p, t| p.restore_state(t, ckpt, &mut restored))?;
         self.steps_done = step;
+        if self.loss_scale.is_some() {
+            self.loss_scale = Some(ckpt.state.loss_scale.unwrap_or_default());
+        }
         self.prefetched = None;
         self.gathered = None;
         self.failed = false;

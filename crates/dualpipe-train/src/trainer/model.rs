@@ -19,6 +19,77 @@ impl<D: Driver> Trainer<D> {
         let Some(clip) = self.config.optimizer.clip_grad else {
             return Ok(None);
         };
+        let norm = self.gradient_norm(step)?;
+        let scale = clip / (norm + 1e-6);
+        if scale < 1.0 {
+            let scaled = collective::scale_gradients(&mut self.stages, scale);
+            self.own(step, scaled)?;
+        }
+        Ok(Some(norm))
+    }
+
+    /// Under f16 loss scaling: the step's scaled gradients' global norm decides (the same on
+    /// every process) whether the step is taken; if so every gradient is divided by the scale
+    /// (so clipping and the optimizer see the true gradients), if not (an overflow) the
+    /// optimizer step is skipped and the scale halved. Without loss scaling: `true`.
+    pub(super) fn unscale_gradients(&mut self, step: usize) -> Result<bool, TrainError> {
+        let Some(mut loss_scale) = self.loss_scale else {
+            return Ok(true);
+        };
+        let norm = self.gradient_norm(step)?;
+        let scale = loss_scale.scale;
+        let applied = loss_scale.update(norm);
+        self.loss_scale = Some(loss_scale);
+        if applied {
+            let unscaled = collective::scale_gradients(&mut self.stages, 1.0 / scale);
+            self.own(step, unscaled)?;
+        }
+        Ok(applied)
+    }
+
+    /// Sets the loss scale of every held stage (the last stages multiply their loss gradient
+    /// by it).
+    pub(super) fn scale_losses(&mut self, scale: f64) -> Result<(), TrainError> {
+        for (_, stage) in self.stages.iter_mut().flat_map(|r| r.iter_mut()) {
+            stage.set_loss_scale(scale)?;
+        }
+        Ok(())
+    }
+
+    /// The f16 loss scale and its history (`None` in every other dtype).
+    pub fn loss_scale(&self) -> Option<crate::loss_scale::LossScale> {
+        self.loss_scale
+    }
+
+    /// Sets the f16 loss scale and its history (for example a larger first scale than
+    /// [`crate::loss_scale::INITIAL_SCALE`]); an error in every other dtype.
+    pub fn set_loss_scale(
+        &mut self,
+        state: crate::loss_scale::LossScale,
+    ) -> Result<(), TrainError> {
+        if self.loss_scale.is_none() {
+            return Err(TrainError::Config(format!(
+                "`dtype` {} has no loss scale; only f16 scales its loss",
+                self.config.model.dtype
+            )));
+        }
+        self.loss_scale = Some(state);
+        Ok(())
+    }
+
+    /// Steps the optimizers have taken (fewer than the steps done when f16 loss scaling
+    /// skipped some).
+    pub(super) fn optimizer_steps(&self) -> u64 {
+        self.optimizers
+            .iter()
+            .flatten()
+            .next()
+            .map_or(self.steps_done as u64, |o| o.steps())
+    }
+
+    /// The step's global gradient norm over every stage (the same on every process): a
+    /// collective call.
+    fn gradient_norm(&mut self, step: usize) -> Result<f64, TrainError> {
         // The squares of what the stages hold only a share of (the routed experts of an
         // expert-parallel group), from the parallelisms that shard.
         let mut sharded = 0.0;
@@ -28,20 +99,14 @@ impl<D: Driver> Trainer<D> {
             }
             Ok(())
         })?;
-        let norm = collective::gradient_norm(
+        collective::gradient_norm(
             &mut self.driver,
             &self.stages,
             self.config.model_stages(),
             step,
             &self.exec_options,
             sharded,
-        )?;
-        let scale = clip / (norm + 1e-6);
-        if scale < 1.0 {
-            let scaled = collective::scale_gradients(&mut self.stages, scale);
-            self.own(step, scaled)?;
-        }
-        Ok(Some(norm))
+        )
     }
 
     /// The GPT's weights now (`None` for the MLP), on every process: a collective call that

@@ -66,6 +66,7 @@ impl<D: Driver> Trainer<D> {
                 let layers = config.stage_layers(stage);
                 let mut copy = GptStage::with_layers(&weights, stages, position, layers)?;
                 copy.set_recompute(config.stage_recompute(stage));
+                copy.set_half(config.model.dtype.half())?;
                 if let Some(moe) = &config.model.moe {
                     copy.set_aux_loss(moe.aux_loss);
                 }

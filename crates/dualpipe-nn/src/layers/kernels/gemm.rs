@@ -11,11 +11,11 @@ use crate::error::NnError;
 /// A matrix operand read through strides: element `(i, j)` is `data[i * rs + j * cs]`.
 #[derive(Clone, Copy)]
 pub(crate) struct Mat<'a, T> {
-    data: &'a [T],
-    rows: usize,
-    cols: usize,
-    rs: usize,
-    cs: usize,
+    pub(super) data: &'a [T],
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    pub(super) rs: usize,
+    pub(super) cs: usize,
 }
 
 impl<'a, T> Mat<'a, T> {
@@ -194,7 +194,7 @@ pub(crate) fn linear_forward(
 /// The start of a `rows x cols` GEMM output that the product is added to: a copy of
 /// `residual` (its shape checked), or `None` when there is none (the product is written into a
 /// fresh buffer).
-fn residual_start<T: Elem>(
+pub(super) fn residual_start<T: Elem>(
     residual: Option<&Tensor>,
     rows: usize,
     cols: usize,

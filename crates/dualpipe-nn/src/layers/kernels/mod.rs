@@ -104,6 +104,8 @@ macro_rules! wide_kernel {
 mod attention;
 mod elementwise;
 mod gemm;
+mod half;
+mod linear_half;
 mod math;
 mod norm;
 mod optim;
@@ -114,13 +116,19 @@ pub(crate) use elementwise::{add, gelu, gelu_derivative, gelu_forward, mse, mul,
 pub(crate) use gemm::{
     gemm, gemm_to, linear_backward_input, linear_backward_weight, linear_forward, transpose, Mat,
 };
+#[doc(hidden)]
+pub use half::bench_gemm;
+pub(crate) use half::{to_f32, to_half};
+pub(crate) use linear_half::{
+    linear_backward_input_half, linear_backward_weight_half, linear_forward_half,
+};
 pub(crate) use norm::{rms_norm_backward_input, rms_norm_backward_weight, rms_norm_forward};
 pub(crate) use optim::{adamw, sgd, AdamWStep};
 pub(crate) use token::{cross_entropy, embedding_backward_weight, embedding_forward};
 
 /// Calls `f` with the tensor's elements as one contiguous slice (row-major), copying only if
 /// the tensor is a non-contiguous view.
-pub(crate) fn read<T: Elem, R>(
+pub(crate) fn read<T: WithDType, R>(
     t: &Tensor,
     what: &str,
     f: impl FnOnce(&[T]) -> R,

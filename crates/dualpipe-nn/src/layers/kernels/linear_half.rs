@@ -1,0 +1,151 @@
+//! The Linear layer's three products in mixed precision: f32 activations and master weights
+//! read as half-precision GEMM operands, f32 outputs and f32 gradient accumulation.
+
+use candle_core::{DType, Tensor};
+use half::{bf16, f16};
+
+use super::gemm::{residual_start, Mat};
+use super::half::{gemm_half, HalfOperand};
+use super::{dims2, read, tensor};
+use crate::error::NnError;
+use crate::precision::Half;
+
+/// Calls `f` with the matrix `t` (`[rows, cols]`, f32, bf16 or f16) as a GEMM operand.
+fn with_operand<R>(
+    t: &Tensor,
+    what: &str,
+    f: impl FnOnce(HalfOperand<'_>) -> R,
+) -> Result<R, NnError> {
+    let (rows, cols) = dims2(t, what)?;
+    match t.dtype() {
+        DType::F32 => read::<f32, _>(t, what, |s| f(HalfOperand::F32(Mat::new(s, rows, cols)))),
+        DType::BF16 => read::<bf16, _>(t, what, |s| f(HalfOperand::Bf16(Mat::new(s, rows, cols)))),
+        DType::F16 => read::<f16, _>(t, what, |s| f(HalfOperand::F16(Mat::new(s, rows, cols)))),
+        other => Err(NnError::Stage(format!(
+            "{what}: mixed precision reads f32, bf16 or f16 tensors, not {other:?}"
+        ))),
+    }
+}
+
+/// `start + a·b` (or `a·b` when there is no start) in f32, the operands read in `half`, each
+/// given with whether it is used transposed.
+fn half_product(
+    half: Half,
+    start: Option<Vec<f32>>,
+    (a, a_t): (&Tensor, bool),
+    (b, b_t): (&Tensor, bool),
+    len: usize,
+    what: &str,
+) -> Result<Vec<f32>, NnError> {
+    let accumulate = start.is_some();
+    let mut dst = start.unwrap_or_else(|| vec![0.0; len]);
+    with_operand(a, what, |a| {
+        with_operand(b, what, |b| {
+            let a = if a_t { a.t() } else { a };
+            let b = if b_t { b.t() } else { b };
+            gemm_half(half, &mut dst, a, b, accumulate, what)
+        })
+    })???;
+    Ok(dst)
+}
+
+/// `x Wᵀ (+ b) (+ residual)` in f32 for `x: [n, in]` and the f32 master weight `W: [out, in]`,
+/// both read as `half` GEMM operands; the bias and the residual are added in f32.
+pub(crate) fn linear_forward_half(
+    half: Half,
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    residual: Option<&Tensor>,
+) -> Result<Tensor, NnError> {
+    const WHAT: &str = "Linear forward x Wᵀ + b (mixed precision)";
+    let (n, input) = dims2(x, WHAT)?;
+    let (out, w_in) = dims2(w, WHAT)?;
+    if w_in != input {
+        return Err(NnError::Stage(format!(
+            "{WHAT}: input has {input} features, the weight expects {w_in}"
+        )));
+    }
+    let mut start = residual_start::<f32>(residual, n, out, WHAT)?;
+    if let Some(b) = b {
+        let dst = start.get_or_insert_with(|| vec![0.0; n * out]);
+        read::<f32, _>(b, WHAT, |b| {
+            if b.len() != out {
+                return Err(NnError::Stage(format!(
+                    "{WHAT}: bias has {} elements, expected {out}",
+                    b.len()
+                )));
+            }
+            for row in dst.chunks_exact_mut(out) {
+                for (d, &bias) in row.iter_mut().zip(b) {
+                    *d += bias;
+                }
+            }
+            Ok(())
+        })??;
+    }
+    let dst = half_product(half, start, (x, false), (w, true), n * out, WHAT)?;
+    tensor(dst, (n, out), WHAT)
+}
+
+/// `dy W (+ residual)` in f32 for `dy: [n, out]` (f32 or half) and `W: [out, in]`, read as
+/// `half` operands.
+pub(crate) fn linear_backward_input_half(
+    half: Half,
+    dy: &Tensor,
+    w: &Tensor,
+    residual: Option<&Tensor>,
+) -> Result<Tensor, NnError> {
+    const WHAT: &str = "Linear backward dy W (mixed precision)";
+    let (n, out) = dims2(dy, WHAT)?;
+    let (w_out, input) = dims2(w, WHAT)?;
+    if w_out != out {
+        return Err(NnError::Stage(format!(
+            "{WHAT}: gradient has {out} features, the weight produces {w_out}"
+        )));
+    }
+    let start = residual_start::<f32>(residual, n, input, WHAT)?;
+    let dst = half_product(half, start, (dy, false), (w, false), n * input, WHAT)?;
+    tensor(dst, (n, input), WHAT)
+}
+
+/// `(grad_w + dyᵀ x, grad_b + Σ_rows dy)` with f32 gradients and `dy: [n, out]`,
+/// `x: [n, in]` (f32 or half) read as `half` operands.
+pub(crate) fn linear_backward_weight_half(
+    half: Half,
+    dy: &Tensor,
+    x: &Tensor,
+    grad_w: &Tensor,
+    grad_b: Option<&Tensor>,
+) -> Result<(Tensor, Option<Tensor>), NnError> {
+    const WHAT: &str = "Linear weight gradient dyᵀ x (mixed precision)";
+    let (n, out) = dims2(dy, WHAT)?;
+    let (xn, input) = dims2(x, WHAT)?;
+    if xn != n || grad_w.dims() != [out, input] {
+        return Err(NnError::Stage(format!(
+            "{WHAT}: dy {:?}, x {:?} and the gradient {:?} do not fit",
+            dy.dims(),
+            x.dims(),
+            grad_w.dims()
+        )));
+    }
+    let start = read::<f32, _>(grad_w, WHAT, <[f32]>::to_vec)?;
+    let dw = half_product(half, Some(start), (dy, true), (x, false), out * input, WHAT)?;
+    let dw = tensor(dw, (out, input), WHAT)?;
+    let db = match grad_b {
+        None => None,
+        Some(gb) => {
+            if gb.dims() != [out] {
+                return Err(NnError::Stage(format!(
+                    "Linear bias gradient is {:?}, expected [{out}]",
+                    gb.dims()
+                )));
+            }
+            let sum = super::half::to_f32(dy)?
+                .sum(0)
+                .map_err(|e| NnError::Stage(format!("{WHAT}: {e}")))?;
+            Some((gb + sum).map_err(|e| NnError::Stage(format!("Linear bias gradient: {e}")))?)
+        }
+    };
+    Ok((dw, db))
+}
