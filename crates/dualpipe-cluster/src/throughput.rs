@@ -245,6 +245,7 @@ mod tests {
             w: 1e-3,
             activation_bytes: 1e6,
             parameter_bytes: 1e8,
+            w_bytes: None,
             recompute: None,
         };
         let mut profiles = BTreeMap::new();

@@ -20,7 +20,7 @@
 //!   "datacenters": [{"name": "dc", "nodes": [{"name": "n", "devices": [
 //!     {"name": "fast", "speed": 2, "memory": 1e10},
 //!     {"name": "slow", "speed": 1, "memory": 1e10}]}]}]}"#).unwrap();
-//! let layer = LayerCost { f: 1e-3, i: 1e-3, w: 1e-3, activation_bytes: 1e6, parameter_bytes: 1e8, recompute: None };
+//! let layer = LayerCost { f: 1e-3, i: 1e-3, w: 1e-3, activation_bytes: 1e6, parameter_bytes: 1e8, w_bytes: None, recompute: None };
 //! let profile = Profile::uniform(12, layer, 1_000_000);
 //! let report = plan(&topology, &profile, &PlanOptions::default()).unwrap();
 //! let best = &report.plans[0];
@@ -34,6 +34,7 @@
 pub mod assign;
 pub mod check;
 pub mod error;
+pub mod memory;
 pub mod partition;
 pub mod plan;
 pub mod previous;
@@ -47,4 +48,5 @@ pub use plan::{
     RankPlan, Rejected,
 };
 pub use previous::PreviousLayers;
-pub use profile::{live_bytes, LayerCost, Profile, RecomputeCost};
+pub use memory::{rank_activation_bytes, LiveChunks};
+pub use profile::{LayerCost, Profile, RecomputeCost};

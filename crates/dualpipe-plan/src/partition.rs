@@ -10,19 +10,21 @@
 
 use serde::{Deserialize, Serialize};
 
-use dualpipe_sim::Recompute;
+use dualpipe_sim::{ChunkBytes, Recompute};
 
-use crate::profile::{live_bytes, Profile};
+use crate::memory::LiveChunks;
+use crate::profile::Profile;
 
 /// What one stage may hold and how fast it runs.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct StageSlot {
     /// Relative speed of the slowest device that runs the stage.
     pub speed: f64,
     /// Bytes the stage may use on each device that runs it.
     pub memory: f64,
-    /// The most micro-batches whose activations the stage keeps alive at once.
-    pub in_flight: usize,
+    /// The micro-batches whose activations the stage keeps alive at once, before and after
+    /// their input backward.
+    pub live: LiveChunks,
 }
 
 /// A contiguous partition of the layers into stages.
@@ -86,6 +88,8 @@ struct Sums {
     work: Vec<f64>,
     params: Vec<f64>,
     acts: Vec<f64>,
+    /// Bytes kept between `I` and `W` ([`crate::LayerCost::backward_bytes`]).
+    back: Vec<f64>,
     /// `[selective, full]`: (kept bytes, rerun seconds, layers without it).
     rerun: [(Vec<f64>, Vec<f64>, Vec<usize>); 2],
 }
@@ -100,13 +104,16 @@ impl Sums {
             Vec::with_capacity(n + 1),
             Vec::with_capacity(n + 1),
         );
+        let mut back = Vec::with_capacity(n + 1);
         work.push(0.0);
         params.push(0.0);
         acts.push(0.0);
+        back.push(0.0);
         for (l, layer) in profile.layers.iter().enumerate() {
             work.push(work[l] + layer.work());
             params.push(params[l] + layer.parameter_bytes);
             acts.push(acts[l] + layer.activation_bytes);
+            back.push(back[l] + layer.backward_bytes());
         }
         let rerun = RECOMPUTING.map(|mode| {
             let mut kept = vec![0.0];
@@ -126,6 +133,7 @@ impl Sums {
             work,
             params,
             acts,
+            back,
             rerun,
         }
     }
@@ -135,7 +143,12 @@ impl Sums {
     fn choice(&self, slot: &StageSlot, a: usize, b: usize) -> Option<(Recompute, f64)> {
         let params = self.params[b] - self.params[a];
         let acts = self.acts[b] - self.acts[a];
-        if params + slot.in_flight as f64 * acts <= slot.memory {
+        let backward = self.back[b] - self.back[a];
+        let none = ChunkBytes {
+            forward: acts,
+            backward,
+        };
+        if params + slot.live.bytes(none, 0.0) <= slot.memory {
             return Some((Recompute::None, 0.0));
         }
         RECOMPUTING
@@ -143,8 +156,12 @@ impl Sums {
             .zip(&self.rerun)
             .find_map(|(mode, (kept, secs, missing))| {
                 let kept = kept[b] - kept[a];
+                let per_chunk = ChunkBytes {
+                    forward: kept,
+                    backward,
+                };
                 (missing[b] == missing[a]
-                    && params + live_bytes(mode, acts, kept, slot.in_flight) <= slot.memory)
+                    && params + slot.live.bytes(per_chunk, acts - kept) <= slot.memory)
                     .then_some((mode, secs[b] - secs[a]))
             })
     }
@@ -249,6 +266,7 @@ mod tests {
                     w: 0.0,
                     activation_bytes: 1.0,
                     parameter_bytes: p,
+                    w_bytes: None,
                     recompute: None,
                 })
                 .collect(),
@@ -304,7 +322,7 @@ mod tests {
                 .map(|_| StageSlot {
                     speed: 0.5 + lcg(&mut seed) / 5.0,
                     memory: 5.0 + 3.0 * lcg(&mut seed),
-                    in_flight: 1 + (lcg(&mut seed) as usize) % 3,
+                    live: LiveChunks::uniform(1 + (lcg(&mut seed) as usize) % 3),
                 })
                 .collect();
             let brute = all_partitions(layers, stages.min(layers))
@@ -337,7 +355,7 @@ mod tests {
         let slot = |speed| StageSlot {
             speed,
             memory: 100.0,
-            in_flight: 1,
+            live: LiveChunks::uniform(1),
         };
         let (part, value) = min_max(&p, &[slot(1.0), slot(2.0), slot(1.0)]).unwrap();
         assert_eq!(part.sizes(), vec![3, 6, 3]);
@@ -401,7 +419,7 @@ mod tests {
                 .map(|_| StageSlot {
                     speed: 1.0 + (lcg(&mut seed) as u64 % 2) as f64,
                     memory: 10.0 + 8.0 * lcg(&mut seed),
-                    in_flight: 1 + (lcg(&mut seed) as usize) % 3,
+                    live: LiveChunks::uniform(1 + (lcg(&mut seed) as usize) % 3),
                 })
                 .collect();
             assert_eq!(
@@ -420,6 +438,7 @@ mod tests {
             w: 1.0,
             activation_bytes: 10.0,
             parameter_bytes: 0.0,
+            w_bytes: None,
             recompute,
         };
         let cost = Some(crate::RecomputeCost {
@@ -434,7 +453,7 @@ mod tests {
         let slot = |memory| StageSlot {
             speed: 1.0,
             memory,
-            in_flight: 4,
+            live: LiveChunks::uniform(4),
         };
         let even = Partition::even(4, 2).unwrap();
         // Two layers x 4 in flight x 10 bytes = 80: fits without recomputing.

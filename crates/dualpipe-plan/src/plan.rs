@@ -8,16 +8,18 @@
 //! on one rank: DualPipe's stage and its mirror (and DualPipeV's two arms) move together.
 
 use dualpipe_schedule::{build, Op, Schedule, ScheduleKind, StagePlacement};
-use dualpipe_sim::metrics::peak_activations;
 use dualpipe_sim::topology::{DeviceSlot, Topology};
-use dualpipe_sim::{metrics, simulate, CommCost, CostModel, Recompute, StageCost, Timeline};
+use dualpipe_sim::{
+    metrics, simulate, ChunkBytes, CommCost, CostModel, Recompute, StageCost, Timeline,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::assign::{assign, MAX_SIDE};
 use crate::error::PlanError;
 use crate::partition::{min_max, Partition, StageSlot};
 use crate::previous::PreviousLayers;
-use crate::profile::{live_bytes, Profile};
+use crate::memory::{rank_activation_bytes, LiveChunks};
+use crate::profile::Profile;
 
 /// Partition and placement turns per candidate.
 pub const ROUNDS: usize = 4;
@@ -287,27 +289,39 @@ fn rank_needs(
     schedule: &Schedule,
     profile: &Profile,
     part: &Partition,
-    peaks: &[usize],
     recompute: &[Recompute],
 ) -> RankNeeds {
     let placement = &schedule.placement;
     let per_dir = schedule.micro_batches_per_dir() as f64;
     let mut load = vec![0.0; schedule.ranks];
     let mut memory = vec![0.0; schedule.ranks];
+    // What one chunk of each stage keeps after its forward and after its input backward,
+    // and the transient of its recomputation.
+    let per_stage: Vec<(ChunkBytes, f64)> = (0..part.stages())
+        .map(|s| {
+            let sum = profile.sum(part.range(s));
+            let mode = recompute.get(s).copied().unwrap_or_default();
+            let (kept, _) = profile
+                .kept(part.range(s), mode)
+                .unwrap_or((sum.activation_bytes, 0.0));
+            let per_chunk = ChunkBytes {
+                forward: kept,
+                backward: sum.backward_bytes(),
+            };
+            (per_chunk, sum.activation_bytes - kept)
+        })
+        .collect();
     for (r, (l, m)) in load.iter_mut().zip(&mut memory).enumerate() {
         let mut params = 0.0;
-        let mut acts = 0.0f64;
         for (_, s) in placement.stages_of(r) {
             let sum = profile.sum(part.range(s));
             let mode = recompute.get(s).copied().unwrap_or_default();
-            let (kept, rerun) = profile
-                .kept(part.range(s), mode)
-                .unwrap_or((sum.activation_bytes, 0.0));
+            let rerun = profile.kept(part.range(s), mode).map_or(0.0, |k| k.1);
             *l += per_dir * (sum.work() + rerun);
             params += sum.parameter_bytes;
-            acts = acts.max(live_bytes(mode, sum.activation_bytes, kept, peaks[r]));
         }
-        *m = params + acts;
+        let ops = schedule.programs[r].iter().filter(|op| op.is_compute());
+        *m = params + rank_activation_bytes(ops, |s| per_stage[s]);
     }
     RankNeeds { load, memory }
 }
@@ -317,7 +331,7 @@ fn stage_slots(
     schedule: &Schedule,
     devices: &[DeviceSlot],
     device_of_rank: &[usize],
-    peaks: &[usize],
+    live: &[LiveChunks],
 ) -> Vec<StageSlot> {
     let placement = &schedule.placement;
     let copies = placement.parameter_copies();
@@ -333,7 +347,9 @@ fn stage_slots(
                     .iter()
                     .map(|&r| devices[device_of_rank[r]].memory / copies[r].max(1) as f64)
                     .fold(f64::INFINITY, f64::min),
-                in_flight: holders.iter().map(|&r| peaks[r]).max().unwrap_or(0),
+                live: holders
+                    .iter()
+                    .fold(LiveChunks::default(), |acc, &r| acc.merge(&live[r])),
             }
         })
         .collect()
@@ -358,10 +374,10 @@ pub fn evaluate(
             kind, ranks, stages, profile,
         )));
     }
-    let peaks: Vec<usize> = schedule
+    let live: Vec<LiveChunks> = schedule
         .programs
         .iter()
-        .map(|p| peak_activations(p.iter().filter(|op| op.is_compute())))
+        .map(|p| LiveChunks::of_program(p.iter().filter(|op| op.is_compute())))
         .collect();
     let mut sends = vec![vec![0usize; ranks]; ranks];
     for (r, program) in schedule.programs.iter().enumerate() {
@@ -384,7 +400,7 @@ pub fn evaluate(
         let mut device_of_rank = start;
         let mut seen: Vec<Vec<usize>> = Vec::new();
         for _ in 0..ROUNDS {
-            let slots = stage_slots(&schedule, &devices, &device_of_rank, &peaks);
+            let slots = stage_slots(&schedule, &devices, &device_of_rank, &live);
             let part = if options.even {
                 Partition::even(profile.layers.len(), stages)
                     .filter(|p| p.bottleneck(profile, &slots).is_some())
@@ -402,7 +418,7 @@ pub fn evaluate(
             if !options.even {
                 // The partition was cut for the devices the ranks sat on; place the ranks for
                 // it (the next turn cuts again for the new devices).
-                let needs = rank_needs(&schedule, profile, &part, &peaks, &recompute);
+                let needs = rank_needs(&schedule, profile, &part, &recompute);
                 device_of_rank = place(
                     topology,
                     &devices,
@@ -418,7 +434,7 @@ pub fn evaluate(
             // The ranks may have moved: what each stage recomputes on its new devices.
             let recompute = part.recompute(
                 profile,
-                &stage_slots(&schedule, &devices, &device_of_rank, &peaks),
+                &stage_slots(&schedule, &devices, &device_of_rank, &live),
             );
             let e = simulate_plan(
                 topology,
@@ -427,7 +443,6 @@ pub fn evaluate(
                 profile,
                 (&part, &recompute),
                 &device_of_rank,
-                &peaks,
                 options,
             )?;
             let better = best.as_ref().is_none_or(|b| {
@@ -576,7 +591,6 @@ pub fn cost_model(
         .with_network(network))
 }
 
-#[allow(clippy::too_many_arguments)]
 fn simulate_plan(
     topology: &Topology,
     devices: &[DeviceSlot],
@@ -584,13 +598,12 @@ fn simulate_plan(
     profile: &Profile,
     (part, recompute): (&Partition, &[Recompute]),
     device_of_rank: &[usize],
-    peaks: &[usize],
     options: &PlanOptions,
 ) -> Result<Evaluated, PlanError> {
     let cost = cost_model(topology, devices, profile, part, recompute, device_of_rank)?;
     let timeline = simulate(schedule, &cost)?;
     let m = metrics(&timeline, &schedule.placement);
-    let needs = rank_needs(schedule, profile, part, peaks, recompute);
+    let needs = rank_needs(schedule, profile, part, recompute);
     let layers = rank_layers(schedule, part);
     let placement: Vec<RankPlan> = (0..schedule.ranks)
         .map(|r| {

@@ -27,17 +27,6 @@ pub const MAX_LAYER_SECONDS: f64 = 1e6;
 /// The most activation or parameter bytes of one layer (an exabyte).
 pub const MAX_LAYER_BYTES: f64 = 1e18;
 
-/// The activation bytes a stage holds at its peak with `in_flight` micro-batches alive, each
-/// keeping `kept` of the `activation_bytes` a forward saves: `in_flight x activation_bytes`
-/// without recomputation; with it, the kept bytes of every live micro-batch plus the rest of
-/// one micro-batch's activations, recomputed for its backward.
-pub fn live_bytes(mode: Recompute, activation_bytes: f64, kept: f64, in_flight: usize) -> f64 {
-    match mode {
-        Recompute::None => in_flight as f64 * activation_bytes,
-        _ => in_flight as f64 * kept + (activation_bytes - kept).max(0.0),
-    }
-}
-
 /// The cost of one layer for one micro-batch.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -52,6 +41,11 @@ pub struct LayerCost {
     pub activation_bytes: f64,
     /// Bytes this layer keeps for the whole step (weights, gradients, optimizer state).
     pub parameter_bytes: f64,
+    /// Bytes one micro-batch keeps in the layer from its input backward (`I`) until its
+    /// weight backward (`W`): the inputs and output gradients the weight gradients need,
+    /// whatever the recomputation. Absent: `activation_bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub w_bytes: Option<f64>,
     /// What recomputing the layer's activations keeps and costs (`None`: full
     /// recomputation keeps the layer's input, at most the profile's `message_bytes`, and
     /// reruns `f`; selective is not offered).
@@ -76,6 +70,12 @@ impl LayerCost {
     /// Compute time of one micro-batch through the layer: `F + I + W`.
     pub fn work(&self) -> f64 {
         self.f + self.i + self.w
+    }
+
+    /// Bytes one micro-batch keeps between `I` and `W` ([`LayerCost::w_bytes`], or
+    /// `activation_bytes` when the profile does not give it).
+    pub fn backward_bytes(&self) -> f64 {
+        self.w_bytes.unwrap_or(self.activation_bytes)
     }
 
     /// Bytes one micro-batch keeps in the layer between its forward and its backward under
@@ -128,13 +128,14 @@ impl Profile {
             )));
         }
         for (l, layer) in self.layers.iter().enumerate() {
-            let recompute = layer.recompute.map_or_else(Vec::new, |r| {
+            let mut recompute = layer.recompute.map_or_else(Vec::new, |r| {
                 vec![
                     ("recompute.full_bytes", r.full_bytes),
                     ("recompute.selective_bytes", r.selective_bytes),
                     ("recompute.selective_f", r.selective_f),
                 ]
             });
+            recompute.extend(layer.w_bytes.map(|b| ("w_bytes", b)));
             for (name, value) in [
                 ("f", layer.f),
                 ("i", layer.i),
@@ -184,7 +185,7 @@ impl Profile {
         })
     }
 
-    /// Sum of `F`, `I`, `W`, activation and parameter bytes over `range`.
+    /// Sum of `F`, `I`, `W`, activation, parameter and `I`-to-`W` bytes over `range`.
     pub fn sum(&self, range: std::ops::Range<usize>) -> LayerCost {
         let mut s = LayerCost {
             f: 0.0,
@@ -192,15 +193,19 @@ impl Profile {
             w: 0.0,
             activation_bytes: 0.0,
             parameter_bytes: 0.0,
+            w_bytes: None,
             recompute: None,
         };
+        let mut w_bytes = 0.0;
         for l in &self.layers[range] {
             s.f += l.f;
             s.i += l.i;
             s.w += l.w;
             s.activation_bytes += l.activation_bytes;
             s.parameter_bytes += l.parameter_bytes;
+            w_bytes += l.backward_bytes();
         }
+        s.w_bytes = Some(w_bytes);
         s
     }
 }

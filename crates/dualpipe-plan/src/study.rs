@@ -64,6 +64,7 @@ pub fn study_profile() -> Profile {
             w: 0.004,
             activation_bytes: 0.5e9,
             parameter_bytes: 1.5e9,
+            w_bytes: None,
             recompute: None,
         },
         32 << 20,

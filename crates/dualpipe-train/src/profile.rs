@@ -14,7 +14,7 @@ use crate::config::{ParallelismSection, ScheduleSection};
 use std::time::Instant;
 
 use dualpipe_nn::gpt::GptStage;
-use dualpipe_nn::{StagePosition, StepBatch};
+use dualpipe_nn::{Recompute, StagePosition, StepBatch};
 use dualpipe_plan::{LayerCost, Profile, RecomputeCost};
 use dualpipe_runtime::{ForwardInput, ForwardOutput, Stage};
 use dualpipe_schedule::Chunk;
@@ -28,14 +28,87 @@ use crate::workload::Workload;
 /// The most timed repetitions of a profiling run.
 pub const MAX_REPEATS: usize = 1000;
 
-/// One piece's medians: F, I, W seconds and the bytes its forward saved.
+/// One piece's medians: F, I, W seconds, the bytes its forward saved and that it kept from
+/// its input backward to its weight backward, and what recomputation keeps and reruns.
 struct Measured {
     f: f64,
     i: f64,
     w: f64,
     activation_bytes: f64,
+    w_bytes: f64,
     parameter_bytes: f64,
-    recompute: Option<RecomputeCost>,
+    recompute: RecomputeCost,
+}
+
+/// One piece's op times over the measured passes, and its saved bytes after the forward and
+/// after the input backward (the same every pass).
+#[derive(Clone, Default)]
+struct Samples {
+    f: Vec<f64>,
+    i: Vec<f64>,
+    w: Vec<f64>,
+    saved_after_f: f64,
+    saved_after_i: f64,
+}
+
+impl Samples {
+    fn push(&mut self, p: Pass) {
+        self.f.push(p.f);
+        self.i.push(p.i);
+        self.w.push(p.w);
+        self.saved_after_f = p.saved_after_f;
+        self.saved_after_i = p.saved_after_i;
+    }
+}
+
+/// One piece's times and saved bytes in one pass.
+struct Pass {
+    f: f64,
+    i: f64,
+    w: f64,
+    saved_after_f: f64,
+    saved_after_i: f64,
+}
+
+/// One micro-batch forward through every piece, then the input and weight backward of each
+/// from the last; the gradients zeroed after.
+fn one_pass(stages: &mut [GptStage]) -> Result<Vec<Pass>, TrainError> {
+    let fail =
+        |e: dualpipe_runtime::StageError| TrainError::Execution(format!("profiling: {}", e.0));
+    let mut passes = Vec::with_capacity(stages.len());
+    let mut input = ForwardInput::MicroBatch { global_mb: 0 };
+    for (s, stage) in stages.iter_mut().enumerate() {
+        let c = Chunk::new(0, s, 0);
+        let t = Instant::now();
+        let out = stage.forward(c, input).map_err(fail)?;
+        passes.push(Pass {
+            f: t.elapsed().as_secs_f64(),
+            i: 0.0,
+            w: 0.0,
+            saved_after_f: stage.saved_bytes() as f64,
+            saved_after_i: 0.0,
+        });
+        input = match out {
+            ForwardOutput::Activation(a) => ForwardInput::Activation(a),
+            ForwardOutput::Loss(_) => ForwardInput::MicroBatch { global_mb: 0 },
+        };
+    }
+    let mut grad = None;
+    for (s, stage) in stages.iter_mut().enumerate().rev() {
+        let c = Chunk::new(0, s, 0);
+        let t = Instant::now();
+        let g = stage.backward_input(c, grad.take()).map_err(fail)?;
+        passes[s].i = t.elapsed().as_secs_f64();
+        passes[s].saved_after_i = stage.saved_bytes() as f64;
+        let t = Instant::now();
+        stage.backward_weight(c).map_err(fail)?;
+        passes[s].w = t.elapsed().as_secs_f64();
+        grad = g;
+    }
+    for stage in stages.iter_mut() {
+        stage.zero_grad()?;
+    }
+    Ok(passes)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -99,59 +172,48 @@ pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, Trai
         OptimizerKind::Sgd { .. } => 1.0,
         OptimizerKind::AdamW { .. } => 2.0,
     };
-    let value_bytes = config.model.dtype.size_in_bytes() as f64;
-    let mut times = vec![[Vec::new(), Vec::new(), Vec::new()]; pieces];
-    let mut saved = vec![0.0; pieces];
-    let fail =
-        |e: dualpipe_runtime::StageError| TrainError::Execution(format!("profiling: {}", e.0));
-    for pass in 0..=repeats {
-        let mut input = ForwardInput::MicroBatch { global_mb: 0 };
-        for (s, stage) in stages.iter_mut().enumerate() {
-            let c = Chunk::new(0, s, 0);
-            let t = Instant::now();
-            let out = stage.forward(c, input).map_err(fail)?;
-            let f = t.elapsed().as_secs_f64();
-            saved[s] = stage.saved_bytes() as f64;
-            if pass > 0 {
-                times[s][0].push(f);
-            }
-            input = match out {
-                ForwardOutput::Activation(a) => ForwardInput::Activation(a),
-                ForwardOutput::Loss(_) => ForwardInput::MicroBatch { global_mb: 0 },
-            };
-        }
-        let mut grad = None;
-        for (s, stage) in stages.iter_mut().enumerate().rev() {
-            let c = Chunk::new(0, s, 0);
-            let t = Instant::now();
-            let g = stage.backward_input(c, grad.take()).map_err(fail)?;
-            let i = t.elapsed().as_secs_f64();
-            let t = Instant::now();
-            stage.backward_weight(c).map_err(fail)?;
-            let w = t.elapsed().as_secs_f64();
-            if pass > 0 {
-                times[s][1].push(i);
-                times[s][2].push(w);
-            }
-            grad = g;
-        }
+    // Parameters, their gradients and the optimizer state are master-precision values.
+    let value_bytes = config.model.dtype.master().size_in_bytes() as f64;
+    for stage in &mut stages {
+        stage.set_half(config.model.dtype.half());
+    }
+    // The same passes three times: saving everything (the times and bytes of the profile),
+    // then recomputing fully and selectively (what each keeps, and selective's extra input
+    // backward time: the forward seconds it reruns).
+    let mut runs = Vec::with_capacity(3);
+    for mode in [Recompute::None, Recompute::Full, Recompute::Selective] {
         for stage in &mut stages {
-            stage.zero_grad()?;
+            stage.set_recompute(mode);
         }
+        let mut run = vec![Samples::default(); pieces];
+        for pass in 0..=repeats {
+            let passed = one_pass(&mut stages)?;
+            if pass > 0 {
+                for (samples, p) in run.iter_mut().zip(passed) {
+                    samples.push(p);
+                }
+            }
+        }
+        runs.push(run);
     }
     let measured: Vec<Measured> = stages
         .iter()
-        .zip(times)
-        .zip(&saved)
-        .map(|((stage, [f, i, w]), &bytes)| {
+        .enumerate()
+        .map(|(s, stage)| {
             let values: usize = stage.params().iter().map(|p| p.value.elem_count()).sum();
+            let [none, full, selective] = [&runs[0][s], &runs[1][s], &runs[2][s]];
             Measured {
-                f: median(f),
-                i: median(i),
-                w: median(w),
-                activation_bytes: bytes,
+                f: median(none.f.clone()),
+                i: median(none.i.clone()),
+                w: median(none.w.clone()),
+                activation_bytes: none.saved_after_f,
+                w_bytes: none.saved_after_i,
                 parameter_bytes: values as f64 * value_bytes * (2.0 + state_tensors),
-                recompute: None,
+                recompute: RecomputeCost {
+                    full_bytes: full.saved_after_f,
+                    selective_bytes: selective.saved_after_f,
+                    selective_f: (median(selective.i.clone()) - median(none.i.clone())).max(0.0),
+                },
             }
         })
         .collect();
@@ -163,7 +225,8 @@ pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, Trai
             w: m.w,
             activation_bytes: m.activation_bytes,
             parameter_bytes: m.parameter_bytes,
-            recompute: m.recompute,
+            w_bytes: Some(m.w_bytes),
+            recompute: Some(m.recompute),
         })
         .collect();
     for (edge, layer) in [(&measured[0], 0), (&measured[pieces - 1], blocks - 1)] {
@@ -173,6 +236,12 @@ pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, Trai
         l.w += edge.w;
         l.activation_bytes += edge.activation_bytes;
         l.parameter_bytes += edge.parameter_bytes;
+        l.w_bytes = Some(l.backward_bytes() + edge.w_bytes);
+        // The embeddings and the head always save what they need.
+        if let Some(r) = &mut l.recompute {
+            r.full_bytes += edge.activation_bytes;
+            r.selective_bytes += edge.activation_bytes;
+        }
     }
     let message_bytes = (config.schedule.micro_batch_size as u64)
         .saturating_mul(config.model.seq_len as u64)

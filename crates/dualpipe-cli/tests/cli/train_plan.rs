@@ -52,10 +52,21 @@ fn losses(v: &Value) -> Vec<f64> {
 
 /// `devices` devices in one node; device `slow` (if any) at speed 0.5.
 fn topology(dir: &TempDir, name: &str, devices: usize, slow: Option<usize>) -> String {
+    topology_with_memory(dir, name, devices, slow, 1e10)
+}
+
+/// As [`topology`], each device with `memory` bytes.
+fn topology_with_memory(
+    dir: &TempDir,
+    name: &str,
+    devices: usize,
+    slow: Option<usize>,
+    memory: f64,
+) -> String {
     let list: Vec<String> = (0..devices)
         .map(|d| {
             let speed = if Some(d) == slow { 0.5 } else { 1.0 };
-            format!(r#"{{"name": "gpu{d}", "speed": {speed}, "memory": 1e10}}"#)
+            format!(r#"{{"name": "gpu{d}", "speed": {speed}, "memory": {memory:e}}}"#)
         })
         .collect();
     let text = format!(
@@ -199,6 +210,95 @@ fn a_measured_profile_plans_and_its_plan_trains() {
         "8",
     ])
     .ok();
+}
+
+#[test]
+fn a_plan_for_tight_memory_recomputes_and_trains_the_same_losses() {
+    let dir = TempDir::new("train-plan-recompute");
+    let profile = dir.join("profile.json");
+    let shape = ["--schedule", "1f1b"];
+    let mut args = shape.to_vec();
+    args.extend(["--ranks", "4", "--layers-per-stage", "2"]);
+    args.extend(["--profile", s(&profile), "--profile-repeats", "1"]);
+    dualpipe(gpt(&args)).ok();
+    let p: Value = serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
+    let field = |l: &Value, path: &[&str]| {
+        path.iter()
+            .fold(l, |v, k| &v[*k])
+            .as_f64()
+            .unwrap_or_else(|| panic!("{path:?} in {l}"))
+    };
+    let layers = p["layers"].as_array().unwrap();
+    for l in layers {
+        // Full recomputation keeps the block's input, selective also the attention's tensors;
+        // between I and W a block keeps its linear layers' inputs and output gradients.
+        let full = field(l, &["recompute", "full_bytes"]);
+        let selective = field(l, &["recompute", "selective_bytes"]);
+        let all = field(l, &["activation_bytes"]);
+        assert!(0.0 < full && full < selective && selective < all, "{l}");
+        assert!(field(l, &["w_bytes"]) > 0.0, "{l}");
+        assert!(field(l, &["recompute", "selective_f"]) >= 0.0, "{l}");
+    }
+    // Devices that hold every stage's parameters and about 2.6 micro-batches of its
+    // activations: the first rank of 1F1B keeps 4 in flight, so it must recompute.
+    let stage =
+        |k: usize, key: &str| field(&layers[2 * k], &[key]) + field(&layers[2 * k + 1], &[key]);
+    let params = (0..4)
+        .map(|k| stage(k, "parameter_bytes"))
+        .fold(0.0, f64::max);
+    let acts = (0..4)
+        .map(|k| stage(k, "activation_bytes"))
+        .fold(0.0, f64::max);
+    let topo = topology_with_memory(&dir, "tight.json", 4, None, params + 2.6 * acts);
+    let plan = dir.join("plan.json");
+    dualpipe([
+        "plan",
+        "--topology",
+        &topo,
+        "--profile",
+        s(&profile),
+        "--schedules",
+        "1f1b",
+        "--micro-batches",
+        "8",
+        "--even",
+        "--format",
+        "json",
+        "--output",
+        s(&plan),
+    ])
+    .ok();
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let best = &doc["plans"][0];
+    let modes: Vec<&str> = best["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|st| st["recompute"].as_str().unwrap_or("none"))
+        .collect();
+    assert_ne!(modes[0], "none", "{best}");
+    for rank in best["placement"].as_array().unwrap() {
+        assert!(
+            field(rank, &["memory"]) <= field(rank, &["memory_capacity"]),
+            "{rank}"
+        );
+    }
+    // Recomputation changes no number: the planned run's f64 losses are the saving run's.
+    let mut planned = shape.to_vec();
+    planned.extend(["--plan", s(&plan), "--steps", "2"]);
+    let planned = dualpipe(gpt(&planned));
+    planned.ok();
+    let mut saving = shape.to_vec();
+    saving.extend(["--micro-batches", "8", "--steps", "2"]);
+    let saving = dualpipe(gpt(&saving));
+    saving.ok();
+    let planned = planned.json();
+    assert_eq!(losses(&planned), losses(&saving.json()));
+    let ran = planned["recompute"].as_str().unwrap_or("none");
+    assert!(
+        ran.starts_with(modes[0]),
+        "{ran} against the plan's {modes:?}"
+    );
 }
 
 #[test]
