@@ -1,6 +1,6 @@
 //! The planner's partition: `dualpipe_rs._native.plan_partition(profile_json, stages)`.
 
-use dualpipe_plan::{min_max, Profile, StageSlot};
+use dualpipe_plan::{min_max, LiveChunks, Profile, StageSlot};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -19,7 +19,7 @@ fn plan_partition(py: Python<'_>, profile_json: &str, stages: i64) -> PyResult<V
             StageSlot {
                 speed: 1.0,
                 memory: f64::INFINITY,
-                in_flight: 1,
+                live: LiveChunks::uniform(1),
             };
             stages
         ];

@@ -42,11 +42,11 @@ pub mod profile;
 pub mod study;
 
 pub use error::PlanError;
+pub use memory::{rank_activation_bytes, LiveChunks};
 pub use partition::{min_max, Partition, StageSlot};
 pub use plan::{
     evaluate, plan, plan_with_progress, Evaluated, Plan, PlanOptions, PlanReport, Progress,
     RankPlan, Rejected,
 };
 pub use previous::PreviousLayers;
-pub use memory::{rank_activation_bytes, LiveChunks};
 pub use profile::{LayerCost, Profile, RecomputeCost};

@@ -161,9 +161,8 @@ mod tests {
                     },
                 ] {
                     // One stage per rank's bytes: equal sizes for every stage of the rank.
-                    let walk = dualpipe_sim::peak_activation_bytes(ops.iter().copied(), |_| {
-                        per_chunk
-                    });
+                    let walk =
+                        dualpipe_sim::peak_activation_bytes(ops.iter().copied(), |_| per_chunk);
                     assert_eq!(live.bytes(per_chunk, 0.0), walk, "{kind:?}");
                 }
                 assert_eq!(

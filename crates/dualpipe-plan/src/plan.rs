@@ -16,9 +16,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::assign::{assign, MAX_SIDE};
 use crate::error::PlanError;
+use crate::memory::{rank_activation_bytes, LiveChunks};
 use crate::partition::{min_max, Partition, StageSlot};
 use crate::previous::PreviousLayers;
-use crate::memory::{rank_activation_bytes, LiveChunks};
 use crate::profile::Profile;
 
 /// Partition and placement turns per candidate.
