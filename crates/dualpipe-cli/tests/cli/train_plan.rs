@@ -50,6 +50,17 @@ fn losses(v: &Value) -> Vec<f64> {
         .collect()
 }
 
+/// `dualpipe plan` of 1F1B with 8 micro-batches on `topo` and `profile` (plus `extra`), its
+/// JSON written to `out` and returned.
+fn plan_1f1b(topo: &str, profile: &Path, extra: &[&str], out: &Path) -> Value {
+    let mut args = vec!["plan", "--topology", topo, "--profile", s(profile)];
+    args.extend(["--schedules", "1f1b", "--micro-batches", "8"]);
+    args.extend(extra);
+    args.extend(["--format", "json", "--output", s(out)]);
+    dualpipe(args).ok();
+    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
+}
+
 /// `devices` devices in one node; device `slow` (if any) at speed 0.5.
 fn topology(dir: &TempDir, name: &str, devices: usize, slow: Option<usize>) -> String {
     topology_with_memory(dir, name, devices, slow, 1e10)
@@ -105,23 +116,7 @@ fn a_measured_profile_plans_and_its_plan_trains() {
     assert_eq!(p["message_bytes"], 2 * 8 * 16 * 8);
     let topo = topology(&dir, "topo.json", 4, Some(1));
     let plan = dir.join("plan.json");
-    dualpipe([
-        "plan",
-        "--topology",
-        &topo,
-        "--profile",
-        s(&profile),
-        "--schedules",
-        "1f1b",
-        "--micro-batches",
-        "8",
-        "--format",
-        "json",
-        "--output",
-        s(&plan),
-    ])
-    .ok();
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let doc = plan_1f1b(&topo, &profile, &[], &plan);
     let stages: Vec<usize> = doc["plans"][0]["stages"]
         .as_array()
         .unwrap()
@@ -251,24 +246,7 @@ fn a_plan_for_tight_memory_recomputes_and_trains_the_same_losses() {
         .fold(0.0, f64::max);
     let topo = topology_with_memory(&dir, "tight.json", 4, None, params + 2.6 * acts);
     let plan = dir.join("plan.json");
-    dualpipe([
-        "plan",
-        "--topology",
-        &topo,
-        "--profile",
-        s(&profile),
-        "--schedules",
-        "1f1b",
-        "--micro-batches",
-        "8",
-        "--even",
-        "--format",
-        "json",
-        "--output",
-        s(&plan),
-    ])
-    .ok();
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let doc = plan_1f1b(&topo, &profile, &["--even"], &plan);
     let best = &doc["plans"][0];
     let modes: Vec<&str> = best["stages"]
         .as_array()

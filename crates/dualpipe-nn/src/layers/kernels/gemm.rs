@@ -210,6 +210,43 @@ pub(super) fn residual_start<T: Elem>(
     }
 }
 
+/// The shapes of `x Wᵀ + b (+ residual)` for `x: [n, in]` and a weight of `w_in` inputs and
+/// `out` outputs, checked, with the output's start: the residual plus the bias on every row
+/// (`None` when there is neither). Returns `(n, in, start)`.
+pub(super) fn linear_start<T: Elem>(
+    x: &Tensor,
+    (w_in, out): (usize, usize),
+    b: Option<&Tensor>,
+    residual: Option<&Tensor>,
+    what: &str,
+) -> Result<(usize, usize, Option<Vec<T>>), NnError> {
+    let (n, input) = dims2(x, what)?;
+    if w_in != input {
+        return Err(NnError::Stage(format!(
+            "{what}: input has {input} features, the weight expects {w_in}"
+        )));
+    }
+    let mut start = residual_start::<T>(residual, n, out, what)?;
+    if let Some(b) = b {
+        let dst = start.get_or_insert_with(|| vec![T::zero(); n * out]);
+        read::<T, _>(b, what, |b| {
+            if b.len() != out {
+                return Err(NnError::Stage(format!(
+                    "{what}: bias has {} elements, expected {out}",
+                    b.len()
+                )));
+            }
+            for row in dst.chunks_exact_mut(out) {
+                for (d, &bias) in row.iter_mut().zip(b) {
+                    *d += bias;
+                }
+            }
+            Ok(())
+        })??;
+    }
+    Ok((n, input, start))
+}
+
 /// `start + a·b`, or `a·b` in a fresh buffer when there is no start.
 fn product_plus<T: Elem>(
     start: Option<Vec<T>>,
@@ -233,31 +270,8 @@ fn linear_forward_t<T: Elem>(
     residual: Option<&Tensor>,
 ) -> Result<Tensor, NnError> {
     const WHAT: &str = "Linear forward x Wᵀ + b";
-    let (n, input) = dims2(x, WHAT)?;
     let (w_in, out) = dims2(wt, WHAT)?;
-    if w_in != input {
-        return Err(NnError::Stage(format!(
-            "{WHAT}: input has {input} features, the weight expects {w_in}"
-        )));
-    }
-    let mut start = residual_start::<T>(residual, n, out, WHAT)?;
-    if let Some(b) = b {
-        let dst = start.get_or_insert_with(|| vec![T::zero(); n * out]);
-        read::<T, _>(b, WHAT, |b| {
-            if b.len() != out {
-                return Err(NnError::Stage(format!(
-                    "{WHAT}: bias has {} elements, expected {out}",
-                    b.len()
-                )));
-            }
-            for row in dst.chunks_exact_mut(out) {
-                for (d, &bias) in row.iter_mut().zip(b) {
-                    *d += bias;
-                }
-            }
-            Ok(())
-        })??;
-    }
+    let (n, input, start) = linear_start::<T>(x, (w_in, out), b, residual, WHAT)?;
     let dst = read::<T, _>(x, WHAT, |x| {
         read::<T, _>(wt, WHAT, |wt| {
             product_plus(start, Mat::new(x, n, input), Mat::new(wt, input, out), WHAT)

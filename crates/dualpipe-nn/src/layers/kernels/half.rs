@@ -816,35 +816,16 @@ mod tests {
     fn gemm_on_the_gpt_shapes() {
         // A d-128 forward, backward-input and weight-gradient GEMM (more than one block of k
         // and of m), with f32 and bf16 operands.
+        let (rm, tr) = (Layout::RowMajor, Layout::Transposed);
+        let cases = [
+            ([400, 128, 384], [rm, tr], [Kind::F32, Kind::F32], false, 1),
+            ([400, 512, 128], [rm, rm], [Kind::Bf16, Kind::F32], true, 2),
+            ([512, 400, 128], [tr, rm], [Kind::Bf16, Kind::Bf16], true, 3),
+        ];
         for path in paths(Half::Bf16) {
-            let (rm, tr) = (Layout::RowMajor, Layout::Transposed);
-            check(
-                path,
-                Half::Bf16,
-                [400, 128, 384],
-                [rm, tr],
-                [Kind::F32, Kind::F32],
-                false,
-                1,
-            );
-            check(
-                path,
-                Half::Bf16,
-                [400, 512, 128],
-                [rm, rm],
-                [Kind::Bf16, Kind::F32],
-                true,
-                2,
-            );
-            check(
-                path,
-                Half::Bf16,
-                [512, 400, 128],
-                [tr, rm],
-                [Kind::Bf16, Kind::Bf16],
-                true,
-                3,
-            );
+            for (shape, layouts, kinds, accumulate, seed) in cases {
+                check(path, Half::Bf16, shape, layouts, kinds, accumulate, seed);
+            }
         }
     }
 

@@ -4,7 +4,7 @@
 use candle_core::{DType, Tensor};
 use half::{bf16, f16};
 
-use super::gemm::{residual_start, Mat};
+use super::gemm::{linear_start, residual_start, Mat};
 use super::half::{gemm_half, HalfOperand};
 use super::{dims2, read, tensor};
 use crate::error::NnError;
@@ -59,31 +59,8 @@ pub(crate) fn linear_forward_half(
     residual: Option<&Tensor>,
 ) -> Result<Tensor, NnError> {
     const WHAT: &str = "Linear forward x Wᵀ + b (mixed precision)";
-    let (n, input) = dims2(x, WHAT)?;
     let (out, w_in) = dims2(w, WHAT)?;
-    if w_in != input {
-        return Err(NnError::Stage(format!(
-            "{WHAT}: input has {input} features, the weight expects {w_in}"
-        )));
-    }
-    let mut start = residual_start::<f32>(residual, n, out, WHAT)?;
-    if let Some(b) = b {
-        let dst = start.get_or_insert_with(|| vec![0.0; n * out]);
-        read::<f32, _>(b, WHAT, |b| {
-            if b.len() != out {
-                return Err(NnError::Stage(format!(
-                    "{WHAT}: bias has {} elements, expected {out}",
-                    b.len()
-                )));
-            }
-            for row in dst.chunks_exact_mut(out) {
-                for (d, &bias) in row.iter_mut().zip(b) {
-                    *d += bias;
-                }
-            }
-            Ok(())
-        })??;
-    }
+    let (n, _, start) = linear_start::<f32>(x, (w_in, out), b, residual, WHAT)?;
     let dst = half_product(half, start, (x, false), (w, true), n * out, WHAT)?;
     tensor(dst, (n, out), WHAT)
 }
