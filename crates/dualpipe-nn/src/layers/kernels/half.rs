@@ -886,79 +886,67 @@ mod tests {
         let h = [f16::ONE; 4];
         let f = [1.0f32; 6];
         let mut dst = [0.0f32; 4];
+        // The message of a GEMM into a 2 x 2 destination that must fail.
+        let error = |path, half, a, b, what| {
+            let mut dst = [0.0f32; 4];
+            gemm_half_with(path, half, &mut dst, a, b, false, what)
+                .unwrap_err()
+                .to_string()
+        };
         for path in [HalfPath::Native, HalfPath::Converting] {
-            let err = gemm_half_with(
+            let (xb, hf) = (Mat::new(&x, 2, 2), Mat::new(&h, 2, 2));
+            let (f22, f23) = (Mat::new(&f, 2, 2), Mat::new(&f, 2, 3));
+            let err = error(
                 path,
                 Half::F16,
-                &mut dst,
-                HalfOperand::Bf16(Mat::new(&x, 2, 2)),
-                HalfOperand::F32(Mat::new(&f, 2, 2)),
-                false,
+                HalfOperand::Bf16(xb),
+                HalfOperand::F32(f22),
                 "wrong format",
-            )
-            .unwrap_err()
-            .to_string();
+            );
             assert!(
                 err.contains("wrong format") && err.contains("other format than f16"),
                 "{err}"
             );
-            let err = gemm_half_with(
+            let err = error(
                 path,
                 Half::Bf16,
-                &mut dst,
-                HalfOperand::F32(Mat::new(&f, 2, 2)),
-                HalfOperand::F16(Mat::new(&h, 2, 2)),
-                false,
+                HalfOperand::F32(f22),
+                HalfOperand::F16(hf),
                 "wrong format",
-            )
-            .unwrap_err()
-            .to_string();
+            );
             assert!(err.contains("other format than bf16"), "{err}");
             // [2, 3] x [2, 2]: k differs.
-            let err = gemm_half_with(
+            let err = error(
                 path,
                 Half::Bf16,
-                &mut dst,
-                HalfOperand::F32(Mat::new(&f, 2, 3)),
-                HalfOperand::Bf16(Mat::new(&x, 2, 2)),
-                false,
+                HalfOperand::F32(f23),
+                HalfOperand::Bf16(xb),
                 "shapes",
-            )
-            .unwrap_err()
-            .to_string();
+            );
             assert!(
                 err.contains("shapes: shapes do not fit: [2, 3] x [2, 2]"),
                 "{err}"
             );
             // dst too small, operand outside its slice.
-            let small = HalfOperand::F32(Mat::new(&f, 2, 3));
-            assert!(gemm_half_with(
+            let small = HalfOperand::F32(f23);
+            let too_small = gemm_half_with(
                 path,
                 Half::Bf16,
                 &mut dst[..3],
                 small,
                 small.t(),
                 false,
-                "t"
-            )
-            .is_err());
+                "t",
+            );
+            assert!(too_small.is_err());
             let outside = HalfOperand::F32(Mat::strided(&f, 2, 2, 5, 1));
             assert!(
                 gemm_half_with(path, Half::Bf16, &mut dst, outside, outside, false, "t").is_err()
             );
         }
         // No native f16 GEMM.
-        let err = gemm_half_with(
-            HalfPath::Native,
-            Half::F16,
-            &mut dst,
-            HalfOperand::F16(Mat::new(&h, 2, 2)),
-            HalfOperand::F16(Mat::new(&h, 2, 2)),
-            false,
-            "native f16",
-        )
-        .unwrap_err()
-        .to_string();
+        let f16s = HalfOperand::F16(Mat::new(&h, 2, 2));
+        let err = error(HalfPath::Native, Half::F16, f16s, f16s, "native f16");
         assert!(err.contains("no native f16 GEMM"), "{err}");
     }
 
