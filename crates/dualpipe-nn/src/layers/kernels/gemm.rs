@@ -247,6 +247,27 @@ pub(super) fn linear_start<T: Elem>(
     Ok((n, input, start))
 }
 
+/// `(n, out, in)` of a Linear weight gradient `grad_w + dyᵀ x` for `dy: [n, out]`,
+/// `x: [n, in]` and `grad_w: [out, in]`, or an error naming the three shapes.
+pub(super) fn weight_gradient_dims(
+    dy: &Tensor,
+    x: &Tensor,
+    grad_w: &Tensor,
+    what: &str,
+) -> Result<(usize, usize, usize), NnError> {
+    let (n, out) = dims2(dy, what)?;
+    let (xn, input) = dims2(x, what)?;
+    if xn != n || grad_w.dims() != [out, input] {
+        return Err(NnError::Stage(format!(
+            "{what}: dy {:?}, x {:?} and the gradient {:?} do not fit",
+            dy.dims(),
+            x.dims(),
+            grad_w.dims()
+        )));
+    }
+    Ok((n, out, input))
+}
+
 /// `start + a·b`, or `a·b` in a fresh buffer when there is no start.
 fn product_plus<T: Elem>(
     start: Option<Vec<T>>,
@@ -361,16 +382,7 @@ fn linear_backward_weight_t<T: Elem>(
     grad_b: Option<&Tensor>,
 ) -> Result<(Tensor, Option<Tensor>), NnError> {
     const WHAT: &str = "Linear weight gradient dyᵀ x";
-    let (n, out) = dims2(dy, WHAT)?;
-    let (xn, input) = dims2(x, WHAT)?;
-    if xn != n || grad_w.dims() != [out, input] {
-        return Err(NnError::Stage(format!(
-            "{WHAT}: dy {:?}, x {:?} and the gradient {:?} do not fit",
-            dy.dims(),
-            x.dims(),
-            grad_w.dims()
-        )));
-    }
+    let (n, out, input) = weight_gradient_dims(dy, x, grad_w, WHAT)?;
     let mut dw = read::<T, _>(grad_w, WHAT, <[T]>::to_vec)?;
     read::<T, _>(dy, WHAT, |dy| {
         read::<T, _>(x, WHAT, |x| {

@@ -4,7 +4,7 @@
 use candle_core::{DType, Tensor};
 use half::{bf16, f16};
 
-use super::gemm::{linear_start, residual_start, Mat};
+use super::gemm::{linear_start, residual_start, weight_gradient_dims, Mat};
 use super::half::{gemm_half, HalfOperand};
 use super::{dims2, read, tensor};
 use crate::error::NnError;
@@ -96,16 +96,7 @@ pub(crate) fn linear_backward_weight_half(
     grad_b: Option<&Tensor>,
 ) -> Result<(Tensor, Option<Tensor>), NnError> {
     const WHAT: &str = "Linear weight gradient dyᵀ x (mixed precision)";
-    let (n, out) = dims2(dy, WHAT)?;
-    let (xn, input) = dims2(x, WHAT)?;
-    if xn != n || grad_w.dims() != [out, input] {
-        return Err(NnError::Stage(format!(
-            "{WHAT}: dy {:?}, x {:?} and the gradient {:?} do not fit",
-            dy.dims(),
-            x.dims(),
-            grad_w.dims()
-        )));
-    }
+    let (_, out, input) = weight_gradient_dims(dy, x, grad_w, WHAT)?;
     let start = read::<f32, _>(grad_w, WHAT, <[f32]>::to_vec)?;
     let dw = half_product(half, Some(start), (dy, true), (x, false), out * input, WHAT)?;
     let dw = tensor(dw, (out, input), WHAT)?;
