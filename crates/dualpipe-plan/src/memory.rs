@@ -60,11 +60,6 @@ impl LiveChunks {
         LiveChunks::from_points(self.0.iter().chain(&other.0).copied().collect())
     }
 
-    /// The most chunks alive at once, whatever their state.
-    pub fn most(&self) -> usize {
-        self.0.iter().map(|&(a, b)| a + b).max().unwrap_or(0)
-    }
-
     /// The peak bytes: `per_chunk.forward` for each chunk before its input backward,
     /// `per_chunk.backward` for each after it, at the worst kept moment, plus `transient` (a
     /// recomputing stage's one chunk whose dropped tensors are rebuilt for its input backward).
@@ -118,6 +113,11 @@ mod tests {
     use super::*;
     use dualpipe_schedule::Chunk;
 
+    /// The most chunks alive at once, whatever their state.
+    fn most(live: &LiveChunks) -> usize {
+        live.0.iter().map(|&(a, b)| a + b).max().unwrap_or(0)
+    }
+
     #[test]
     fn split_backwards_move_chunks_to_the_weight_count() {
         let c = |mb| Chunk::new(0, 0, mb);
@@ -133,7 +133,7 @@ mod tests {
         let live = LiveChunks::of_program(&ops);
         // Points: (1,0) (2,0) (1,1) (2,1) (1,2): (2,1) covers (2,0), (1,1) and (1,0).
         assert_eq!(live.0, vec![(2, 1), (1, 2)]);
-        assert_eq!(live.most(), 3);
+        assert_eq!(most(&live), 3);
         let bytes = |forward, backward| ChunkBytes { forward, backward };
         // Recomputation keeps 1 per chunk before I, 10 after: the two deferred chunks decide.
         assert_eq!(live.bytes(bytes(1.0, 10.0), 0.0), 21.0);
@@ -166,7 +166,7 @@ mod tests {
                     assert_eq!(live.bytes(per_chunk, 0.0), walk, "{kind:?}");
                 }
                 assert_eq!(
-                    live.most(),
+                    most(&live),
                     dualpipe_sim::metrics::peak_activations(ops.iter().copied()),
                     "{kind:?}"
                 );

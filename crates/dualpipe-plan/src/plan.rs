@@ -293,36 +293,36 @@ fn rank_needs(
 ) -> RankNeeds {
     let placement = &schedule.placement;
     let per_dir = schedule.micro_batches_per_dir() as f64;
-    let mut load = vec![0.0; schedule.ranks];
-    let mut memory = vec![0.0; schedule.ranks];
-    // What one chunk of each stage keeps after its forward and after its input backward,
-    // and the transient of its recomputation.
-    let per_stage: Vec<(ChunkBytes, f64)> = (0..part.stages())
+    // Per stage: its seconds per micro-batch (with what it reruns), its parameter bytes, what
+    // one chunk keeps after its forward and after its input backward, and the transient of
+    // its recomputation.
+    let per_stage: Vec<(f64, f64, (ChunkBytes, f64))> = (0..part.stages())
         .map(|s| {
             let sum = profile.sum(part.range(s));
             let mode = recompute.get(s).copied().unwrap_or_default();
-            let (kept, _) = profile
+            let (kept, rerun) = profile
                 .kept(part.range(s), mode)
                 .unwrap_or((sum.activation_bytes, 0.0));
             let per_chunk = ChunkBytes {
                 forward: kept,
                 backward: sum.backward_bytes(),
             };
-            (per_chunk, sum.activation_bytes - kept)
+            let bytes = (per_chunk, sum.activation_bytes - kept);
+            (sum.work() + rerun, sum.parameter_bytes, bytes)
         })
         .collect();
-    for (r, (l, m)) in load.iter_mut().zip(&mut memory).enumerate() {
-        let mut params = 0.0;
-        for (_, s) in placement.stages_of(r) {
-            let sum = profile.sum(part.range(s));
-            let mode = recompute.get(s).copied().unwrap_or_default();
-            let rerun = profile.kept(part.range(s), mode).map_or(0.0, |k| k.1);
-            *l += per_dir * (sum.work() + rerun);
-            params += sum.parameter_bytes;
-        }
-        let ops = schedule.programs[r].iter().filter(|op| op.is_compute());
-        *m = params + rank_activation_bytes(ops, |s| per_stage[s]);
-    }
+    let (load, memory) = (0..schedule.ranks)
+        .map(|r| {
+            let stages = placement.stages_of(r);
+            let load: f64 = stages.iter().map(|&(_, s)| per_dir * per_stage[s].0).sum();
+            let params: f64 = stages.iter().map(|&(_, s)| per_stage[s].1).sum();
+            let ops = schedule.programs[r].iter().filter(|op| op.is_compute());
+            (
+                load,
+                params + rank_activation_bytes(ops, |s| per_stage[s].2),
+            )
+        })
+        .unzip();
     RankNeeds { load, memory }
 }
 

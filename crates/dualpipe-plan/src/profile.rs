@@ -128,14 +128,14 @@ impl Profile {
             )));
         }
         for (l, layer) in self.layers.iter().enumerate() {
-            let mut recompute = layer.recompute.map_or_else(Vec::new, |r| {
+            let mut optional = layer.recompute.map_or_else(Vec::new, |r| {
                 vec![
                     ("recompute.full_bytes", r.full_bytes),
                     ("recompute.selective_bytes", r.selective_bytes),
                     ("recompute.selective_f", r.selective_f),
                 ]
             });
-            recompute.extend(layer.w_bytes.map(|b| ("w_bytes", b)));
+            optional.extend(layer.w_bytes.map(|b| ("w_bytes", b)));
             for (name, value) in [
                 ("f", layer.f),
                 ("i", layer.i),
@@ -144,7 +144,7 @@ impl Profile {
                 ("parameter_bytes", layer.parameter_bytes),
             ]
             .into_iter()
-            .chain(recompute)
+            .chain(optional)
             {
                 if !value.is_finite() || value < 0.0 {
                     return Err(PlanError::Profile(format!(

@@ -28,18 +28,6 @@ use crate::workload::Workload;
 /// The most timed repetitions of a profiling run.
 pub const MAX_REPEATS: usize = 1000;
 
-/// One piece's medians: F, I, W seconds, the bytes its forward saved and that it kept from
-/// its input backward to its weight backward, and what recomputation keeps and reruns.
-struct Measured {
-    f: f64,
-    i: f64,
-    w: f64,
-    activation_bytes: f64,
-    w_bytes: f64,
-    parameter_bytes: f64,
-    recompute: RecomputeCost,
-}
-
 /// One piece's op times over the measured passes, and its saved bytes after the forward and
 /// after the input backward (the same every pass).
 #[derive(Clone, Default)]
@@ -196,51 +184,44 @@ pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, Trai
         }
         runs.push(run);
     }
-    let measured: Vec<Measured> = stages
+    // Every piece as a layer of its own: the embeddings, each block, the head.
+    let mut layers: Vec<LayerCost> = stages
         .iter()
         .enumerate()
         .map(|(s, stage)| {
             let values: usize = stage.params().iter().map(|p| p.value.elem_count()).sum();
             let [none, full, selective] = [&runs[0][s], &runs[1][s], &runs[2][s]];
-            Measured {
+            LayerCost {
                 f: median(none.f.clone()),
                 i: median(none.i.clone()),
                 w: median(none.w.clone()),
                 activation_bytes: none.saved_after_f,
-                w_bytes: none.saved_after_i,
                 parameter_bytes: values as f64 * value_bytes * (2.0 + state_tensors),
-                recompute: RecomputeCost {
+                w_bytes: Some(none.saved_after_i),
+                recompute: Some(RecomputeCost {
                     full_bytes: full.saved_after_f,
                     selective_bytes: selective.saved_after_f,
                     selective_f: (median(selective.i.clone()) - median(none.i.clone())).max(0.0),
-                },
+                }),
             }
         })
         .collect();
-    let mut layers: Vec<LayerCost> = measured[1..pieces - 1]
-        .iter()
-        .map(|m| LayerCost {
-            f: m.f,
-            i: m.i,
-            w: m.w,
-            activation_bytes: m.activation_bytes,
-            parameter_bytes: m.parameter_bytes,
-            w_bytes: Some(m.w_bytes),
-            recompute: Some(m.recompute),
-        })
-        .collect();
-    for (edge, layer) in [(&measured[0], 0), (&measured[pieces - 1], blocks - 1)] {
+    // The embeddings join the first block and the head the last; they always save what they
+    // need (their sizes under recomputation are what they saved), and their selective rerun
+    // time is left out: they rerun nothing.
+    let head = layers.pop().expect("a head piece");
+    let embeddings = layers.remove(0);
+    for (edge, layer) in [(embeddings, 0), (head, blocks - 1)] {
         let l = &mut layers[layer];
         l.f += edge.f;
         l.i += edge.i;
         l.w += edge.w;
         l.activation_bytes += edge.activation_bytes;
         l.parameter_bytes += edge.parameter_bytes;
-        l.w_bytes = Some(l.backward_bytes() + edge.w_bytes);
-        // The embeddings and the head always save what they need.
-        if let Some(r) = &mut l.recompute {
-            r.full_bytes += edge.activation_bytes;
-            r.selective_bytes += edge.activation_bytes;
+        l.w_bytes = Some(l.backward_bytes() + edge.backward_bytes());
+        if let (Some(r), Some(e)) = (&mut l.recompute, edge.recompute) {
+            r.full_bytes += e.full_bytes;
+            r.selective_bytes += e.selective_bytes;
         }
     }
     let message_bytes = (config.schedule.micro_batch_size as u64)
