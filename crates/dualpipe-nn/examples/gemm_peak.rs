@@ -255,7 +255,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let bf16_ref = bf16_peak.unwrap_or(f32_peak);
     let budget = Duration::from_millis(400);
-    for shape in shapes(512, 1024).into_iter().chain(shapes(128, 1024)) {
+    let list: Vec<Shape> = match std::env::var("GEMM_MLP") {
+        Ok(_) => [128, 512, 1024]
+            .iter()
+            .flat_map(|&d| shapes(d, 128))
+            .collect(),
+        Err(_) => shapes(512, 1024)
+            .into_iter()
+            .chain(shapes(128, 1024))
+            .collect(),
+    };
+    for shape in list {
         if !shape.name.contains(&only) {
             continue;
         }

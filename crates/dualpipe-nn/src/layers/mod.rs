@@ -66,6 +66,9 @@ pub struct Param {
 impl Param {
     /// A parameter with value `value` and a zero gradient.
     pub fn new(value: Tensor) -> Result<Self, NnError> {
+        // A model's parameters are made before its ranks' threads start: the allocator's
+        // settings (one arena for every thread) must be in place by then.
+        kernels::keep_freed_memory();
         let grad = value.zeros_like().ctx("Param::new")?;
         Ok(Param { value, grad })
     }

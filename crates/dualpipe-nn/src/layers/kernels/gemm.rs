@@ -308,20 +308,28 @@ pub(crate) fn transpose(w: &Tensor) -> Result<Tensor, NnError> {
 
 fn transpose_t<T: Elem>(w: &Tensor) -> Result<Tensor, NnError> {
     const WHAT: &str = "transposing a weight";
+    // Square tiles of this side: a tile's source rows and destination rows stay in cache.
     const BLOCK: usize = 32;
     let (rows, cols) = dims2(w, WHAT)?;
     let out = read::<T, _>(w, WHAT, |w| {
-        let mut out = vec![T::zero(); rows * cols];
-        for r0 in (0..rows).step_by(BLOCK) {
-            for c0 in (0..cols).step_by(BLOCK) {
-                for r in r0..(r0 + BLOCK).min(rows) {
-                    for c in c0..(c0 + BLOCK).min(cols) {
-                        out[c * rows + r] = w[r * cols + c];
+        // Written tile by tile, each destination row's run of a tile contiguously (so the
+        // stores stream; the strided side is the loads), into memory not zeroed first.
+        let mut out = Uninit::new(rows * cols);
+        let slots = out.slots();
+        for c0 in (0..cols).step_by(BLOCK) {
+            let c_end = (c0 + BLOCK).min(cols);
+            for r0 in (0..rows).step_by(BLOCK) {
+                let r_end = (r0 + BLOCK).min(rows);
+                for c in c0..c_end {
+                    let dst = &mut slots[c * rows + r0..c * rows + r_end];
+                    for (d, r) in dst.iter_mut().zip(r0..r_end) {
+                        d.write(w[r * cols + c]);
                     }
                 }
             }
         }
-        out
+        // SAFETY: the tiles cover every (r, c), so every slot c·rows + r was written.
+        unsafe { out.assume_init() }
     })?;
     tensor(out, (cols, rows), WHAT)
 }
@@ -428,6 +436,28 @@ fn linear_backward_weight_t<T: Elem>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transpose_covers_partial_tiles() {
+        // Neither side a multiple of the tile, one side shorter than a tile.
+        for (rows, cols) in [(37, 70), (5, 33), (64, 32), (1, 1)] {
+            let data: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+            let w =
+                Tensor::from_vec(data.clone(), (rows, cols), &candle_core::Device::Cpu).unwrap();
+            let t = transpose(&w).unwrap();
+            assert_eq!(t.dims(), [cols, rows]);
+            let got = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(
+                        got[c * rows + r],
+                        data[r * cols + c],
+                        "({r}, {c}) of {rows}x{cols}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn gemm_handles_transposes_and_accumulation() {

@@ -256,18 +256,24 @@ pub(crate) fn max_of<T: Elem>(xs: &[T]) -> T {
 /// kernel between uses (buffers above the mmap threshold are unmapped when freed, and a heap
 /// whose free top passes the trim threshold is shrunk), so the next buffer of that size
 /// page-faults and is zeroed again: about 30,000 page faults per step of issue 13's GPT
-/// comparison, about 12% of its CPU time. Called once, the first time a kernel makes a
-/// tensor; the process keeps its peak heap instead of shrinking after it (a training
-/// process returns to that peak at every step anyway). Buffers above 32 MiB are still mapped
-/// and unmapped on their own.
-fn keep_freed_memory() {
+/// comparison, about 12% of its CPU time. Every thread allocates from the one main arena:
+/// glibc gives other threads arenas of at most 64 MiB heaps each, which the MiB-sized
+/// buffers of wide layers (16 MiB per weight at MLP width 1024) overflow and which are
+/// unmapped when they empty, so rank threads page-faulted their buffers in again at every
+/// step (one arena: 43% fewer page faults, 7-10% shorter steps and a third less resident
+/// memory at width 1024; docs/performance.md). Called once, when the first parameter or
+/// kernel tensor is made, before a model's rank threads start; the process keeps its peak
+/// heap instead of shrinking after it (a training process returns to that peak at every step
+/// anyway). Buffers above 32 MiB are still mapped and unmapped on their own.
+pub(crate) fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         static ONCE: std::sync::Once = std::sync::Once::new();
         ONCE.call_once(|| {
-            // SAFETY: mallopt only changes the allocator's parameters; both values are within
+            // SAFETY: mallopt only changes the allocator's parameters; all three values are within
             // the ranges glibc accepts (the mmap threshold's maximum is 32 MiB on 64-bit).
             unsafe {
+                libc::mallopt(libc::M_ARENA_MAX, 1);
                 libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
                 libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
             }

@@ -1,8 +1,10 @@
 //! The optimizers' fused update passes.
 
+use std::mem::MaybeUninit;
+
 use candle_core::Tensor;
 
-use super::{read, same_shape, tensor, unsupported, Elem};
+use super::{read, same_shape, tensor, unsupported, Elem, Uninit};
 use crate::error::NnError;
 
 /// AdamW hyper-parameters of one step, bias corrections included.
@@ -46,55 +48,129 @@ fn adamw_t<T: Elem>(
 ) -> Result<(Tensor, Tensor, Tensor), NnError> {
     const WHAT: &str = "AdamW update";
     same_shape(p, g, WHAT)?;
+    if let Some((m, v)) = mv {
+        same_shape(p, m, WHAT)?;
+        same_shape(p, v, WHAT)?;
+    }
     let c = |x: f64| T::from_f64(x);
-    let (b1, nb1, b2, nb2) = (c(s.beta1), c(1.0 - s.beta1), c(s.beta2), c(1.0 - s.beta2));
-    let (eps, decay, inv_bc2, step_size) = (c(s.eps), c(s.decay), c(s.inv_bc2), c(s.step_size));
-    // Three streaming passes, each writing its result once (no zero-filled or copied buffers):
-    // the optimizer is memory-bound at width 512.
-    let frozen = s.frozen_variance;
-    let (m, v) = read::<T, _>(g, WHAT, |g| {
-        let m_of = |m: T, g: T| if frozen { g } else { m * b1 + g * nb1 };
-        let v_of = |v: T, g: T| if frozen { v } else { v * b2 + (g * g) * nb2 };
-        Ok::<_, NnError>(match mv {
-            Some((m, v)) => {
-                same_shape(p, m, WHAT)?;
-                same_shape(p, v, WHAT)?;
-                (
-                    read::<T, _>(m, WHAT, |m| zip_map(m, g, m_of))?,
-                    read::<T, _>(v, WHAT, |v| zip_map(v, g, v_of))?,
-                )
+    let k = AdamWConsts {
+        b1: c(s.beta1),
+        nb1: c(1.0 - s.beta1),
+        b2: c(s.beta2),
+        nb2: c(1.0 - s.beta2),
+        eps: c(s.eps),
+        decay: c(s.decay),
+        inv_bc2: c(s.inv_bc2),
+        step_size: c(s.step_size),
+        frozen: s.frozen_variance,
+        preconditioned: s.frozen_variance && s.preconditioned,
+    };
+    // One streaming pass over p, g, m and v, each result written once into memory not zeroed
+    // first: the optimizer is memory-bound at width 512 and above.
+    let n = p.elem_count();
+    let (mut new_p, mut new_m, mut new_v) = (Uninit::new(n), Uninit::new(n), Uninit::new(n));
+    read::<T, _>(p, WHAT, |p| {
+        read::<T, _>(g, WHAT, |g| {
+            let out = [new_p.slots(), new_m.slots(), new_v.slots()];
+            match mv {
+                Some((m, v)) => read::<T, _>(m, WHAT, |m| {
+                    read::<T, _>(v, WHAT, |v| adamw_wide(p, g, Some((m, v)), k, out))
+                })?,
+                None => Ok(adamw_wide(p, g, None, k, out)),
             }
-            None => (
-                g.iter().map(|&g| m_of(T::zero(), g)).collect(),
-                g.iter().map(|&g| v_of(T::zero(), g)).collect(),
-            ),
         })
-    })??;
-    let preconditioned = frozen && s.preconditioned;
-    let new_p = read::<T, _>(p, WHAT, |p| {
-        p.iter()
-            .zip(&m)
-            .zip(&v)
-            .map(|((&p, &m), &v)| {
-                if preconditioned {
-                    p * decay - m * step_size
-                } else {
-                    p * decay - (m * step_size) / ((v * inv_bc2).sqrt() + eps)
-                }
-            })
-            .collect::<Vec<T>>()
-    })?;
-    let m = if preconditioned {
-        zip_map(&m, &v, |u, v| u * ((v * inv_bc2).sqrt() + eps))
-    } else {
-        m
+    })???;
+    // SAFETY: adamw_wide wrote every element of the three outputs (all have p's length, and
+    // so have g, m and v: the shapes were checked).
+    let (new_p, new_m, new_v) = unsafe {
+        (
+            new_p.assume_init(),
+            new_m.assume_init(),
+            new_v.assume_init(),
+        )
     };
     let shape = p.shape().clone();
     Ok((
         tensor(new_p, shape.clone(), WHAT)?,
-        tensor(m, shape.clone(), WHAT)?,
-        tensor(v, shape, WHAT)?,
+        tensor(new_m, shape.clone(), WHAT)?,
+        tensor(new_v, shape, WHAT)?,
     ))
+}
+
+/// [`AdamWStep`] in the parameters' element type.
+#[derive(Clone, Copy)]
+struct AdamWConsts<T> {
+    b1: T,
+    nb1: T,
+    b2: T,
+    nb2: T,
+    eps: T,
+    decay: T,
+    inv_bc2: T,
+    step_size: T,
+    frozen: bool,
+    preconditioned: bool,
+}
+
+wide_kernel! {
+    /// [`adamw_elements`] as wide as the CPU allows.
+    fn adamw_wide<T: Elem>(
+        p: &[T],
+        g: &[T],
+        mv: Option<(&[T], &[T])>,
+        k: AdamWConsts<T>,
+        out: [&mut [MaybeUninit<T>]; 3],
+    ) => adamw_elements
+}
+
+/// Writes the new `(p, m, v)` of every element into `out` (`m` and `v` zero when `mv` is
+/// `None`). Per element: `m' = β₁m + (1-β₁)g` (`g` when the variance is frozen), `v' = β₂v +
+/// (1-β₂)g²` (`v` when frozen), `p' = (1-lrλ)p - s·m' / (√(v'/(1-β₂ᵗ)) + ε)`; preconditioned,
+/// `p' = (1-lrλ)p - s·m'` and the kept first moment is `m'` times that denominator.
+#[inline(always)]
+fn adamw_elements<T: Elem>(
+    p: &[T],
+    g: &[T],
+    mv: Option<(&[T], &[T])>,
+    k: AdamWConsts<T>,
+    out: [&mut [MaybeUninit<T>]; 3],
+) {
+    let [out_p, out_m, out_v] = out;
+    let one = |p: T, g: T, m: T, v: T| {
+        let (m, v) = if k.frozen {
+            (g, v)
+        } else {
+            (m * k.b1 + g * k.nb1, v * k.b2 + (g * g) * k.nb2)
+        };
+        let denominator = (v * k.inv_bc2).sqrt() + k.eps;
+        if k.preconditioned {
+            (p * k.decay - m * k.step_size, m * denominator, v)
+        } else {
+            (p * k.decay - (m * k.step_size) / denominator, m, v)
+        }
+    };
+    let outs = out_p.iter_mut().zip(out_m.iter_mut()).zip(out_v.iter_mut());
+    let write = |((op, om), ov): (
+        (&mut MaybeUninit<T>, &mut MaybeUninit<T>),
+        &mut MaybeUninit<T>,
+    ),
+                 (p, m, v): (T, T, T)| {
+        op.write(p);
+        om.write(m);
+        ov.write(v);
+    };
+    match mv {
+        Some((m, v)) => {
+            for (o, (((&p, &g), &m), &v)) in outs.zip(p.iter().zip(g).zip(m).zip(v)) {
+                write(o, one(p, g, m, v));
+            }
+        }
+        None => {
+            for (o, (&p, &g)) in outs.zip(p.iter().zip(g)) {
+                write(o, one(p, g, T::zero(), T::zero()));
+            }
+        }
+    }
 }
 
 /// One fused SGD-with-momentum pass: `buf = μ buf + g` (`buf = g` when `buf` is `None`),
@@ -140,9 +216,4 @@ fn sgd_t<T: Elem>(
     })?;
     let shape = p.shape().clone();
     Ok((tensor(new_p, shape.clone(), WHAT)?, tensor(b, shape, WHAT)?))
-}
-
-/// `f(a[i], b[i])` for every `i`, collected once.
-fn zip_map<T: Elem>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> Vec<T> {
-    a.iter().zip(b).map(|(&a, &b)| f(a, b)).collect()
 }
