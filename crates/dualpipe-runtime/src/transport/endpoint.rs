@@ -247,7 +247,13 @@ impl<L: Link> Endpoint<L> {
             });
         }
         let (header, body) = pack(stamp, self.rank(), tensors);
-        self.link.post(dst, header, body)?;
+        if let Err(gone) = self.link.post(dst, header, body) {
+            // A peer usually goes because some rank failed and told everyone: when that notice
+            // has arrived here, it names the cause, which the lost link does not.
+            self.aborted();
+            self.check_abort()?;
+            return Err(gone.into());
+        }
         Ok(())
     }
 
@@ -621,6 +627,30 @@ mod tests {
             c.take(f(0, 1), soon()),
             Err(NetError::Aborted { rank: 2, .. })
         ));
+    }
+
+    #[test]
+    fn a_send_to_a_peer_gone_after_a_failure_names_the_failure() {
+        let mut eps = endpoints(3);
+        let mut c = eps.pop().unwrap();
+        let b = eps.pop().unwrap();
+        let mut a = eps.pop().unwrap();
+        // Rank 2 fails and tells everyone; rank 1 hears it and is gone before rank 0 sends.
+        c.fail("rank 2: asked to stop", Duration::from_secs(1));
+        drop(b);
+        assert_eq!(
+            a.send(1, f(0, 0), tensor(1.0)).unwrap_err(),
+            NetError::Aborted {
+                rank: 2,
+                message: "rank 2: asked to stop".into()
+            }
+        );
+        // Without a notice, the lost link is the error.
+        let mut eps = endpoints(2);
+        drop(eps.pop());
+        let mut a = eps.pop().unwrap();
+        let err = a.send(1, f(0, 0), tensor(1.0)).unwrap_err();
+        assert!(err.to_string().contains("rank 1 has gone"), "{err}");
     }
 
     #[test]
