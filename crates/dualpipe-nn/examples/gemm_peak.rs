@@ -3,7 +3,11 @@
 //! and d 128: the forward `x Wᵀ`, the backward-input `dy W` and the weight-gradient `dyᵀ x`
 //! of the attention projections and the MLP), each as a share of its dtype's peak.
 //!
-//! `cargo run --release -p dualpipe-nn --example gemm_peak [-- --json] [--only TEXT]`
+//! `cargo run --release -p dualpipe-nn --example gemm_peak [-- --json] [--only TEXT] [--mlp]`
+//!
+//! `--mlp`: the MLP benchmark's layers instead (128 rows, widths 128, 512 and 1024). Each GEMM
+//! reads its operands in the layout the training code uses: the f32 forward multiplies by the
+//! weight's cached transpose, the mixed-precision forward reads the weight transposed.
 //!
 //! Everything runs on one thread (a pipeline rank's share of the machine), timed in the
 //! thread's CPU time (Linux) as the best of repetitions, so that other processes sharing the
@@ -163,11 +167,13 @@ fn peaks() -> (f64, &'static str, Option<f64>) {
     (rate, "scalar mul_add", None)
 }
 
-/// A GEMM of the GPT: its name, `[m, k, n]` and which operands are read transposed.
+/// A GEMM of the GPT: its name, `[m, k, n]` and which operands are read transposed by the f32
+/// GEMM and by the mixed-precision ones.
 struct Shape {
     name: String,
     dims: [usize; 3],
     transposed: [bool; 2],
+    half_transposed: [bool; 2],
 }
 
 /// The forward, backward-input and weight-gradient GEMMs of the attention's QKV and output
@@ -180,23 +186,27 @@ fn shapes(d: usize, rows: usize) -> Vec<Shape> {
         ("fc1", d, 4 * d),
         ("fc2", 4 * d, d),
     ] {
-        // Forward x Wᵀ: x [rows, in], W [out, in] read transposed.
+        // Forward x Wᵀ: the f32 Linear keeps Wᵀ [in, out] contiguous from one weight update
+        // to the next; the mixed-precision one reads W [out, in] transposed as it packs it.
         out.push(Shape {
             name: format!("d{d} {layer} fwd x·Wᵀ"),
             dims: [rows, input, output],
-            transposed: [false, true],
+            transposed: [false, false],
+            half_transposed: [false, true],
         });
         // Backward input dy W: dy [rows, out], W [out, in].
         out.push(Shape {
             name: format!("d{d} {layer} bwd dy·W"),
             dims: [rows, output, input],
             transposed: [false, false],
+            half_transposed: [false, false],
         });
         // Weight gradient dyᵀ x: dy [rows, out] read transposed, x [rows, in].
         out.push(Shape {
             name: format!("d{d} {layer} wgrad dyᵀ·x"),
             dims: [output, rows, input],
             transposed: [true, false],
+            half_transposed: [true, false],
         });
     }
     out
@@ -255,15 +265,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let bf16_ref = bf16_peak.unwrap_or(f32_peak);
     let budget = Duration::from_millis(400);
-    let list: Vec<Shape> = match std::env::var("GEMM_MLP") {
-        Ok(_) => [128, 512, 1024]
+    // `--mlp`: the MLP benchmark's GEMMs (one micro-batch of 128 rows, widths 128, 512 and
+    // 1024) instead of the GPT's.
+    let list: Vec<Shape> = if args.iter().any(|a| a == "--mlp") {
+        [128, 512, 1024]
             .iter()
             .flat_map(|&d| shapes(d, 128))
-            .collect(),
-        Err(_) => shapes(512, 1024)
+            .filter(|s| s.name.contains("fc"))
+            .collect()
+    } else {
+        shapes(512, 1024)
             .into_iter()
             .chain(shapes(128, 1024))
-            .collect(),
+            .collect()
     };
     for shape in list {
         if !shape.name.contains(&only) {
@@ -277,7 +291,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut rate = |kind: &str| {
             let mut err = None;
             let r = best_rate(flops, budget, || {
-                if let Err(e) = bench_gemm(kind, shape.dims, shape.transposed, &a, &b, &mut dst) {
+                let transposed = if kind == "f32" {
+                    shape.transposed
+                } else {
+                    shape.half_transposed
+                };
+                if let Err(e) = bench_gemm(kind, shape.dims, transposed, &a, &b, &mut dst) {
                     err = Some(e);
                 }
                 black_box(&dst);
