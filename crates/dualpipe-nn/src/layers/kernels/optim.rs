@@ -76,7 +76,10 @@ fn adamw_t<T: Elem>(
                 Some((m, v)) => read::<T, _>(m, WHAT, |m| {
                     read::<T, _>(v, WHAT, |v| adamw_wide(p, g, Some((m, v)), k, out))
                 })?,
-                None => Ok(adamw_wide(p, g, None, k, out)),
+                None => {
+                    adamw_wide(p, g, None, k, out);
+                    Ok(())
+                }
             }
         })
     })???;
