@@ -260,7 +260,7 @@ pub(crate) fn max_of<T: Elem>(xs: &[T]) -> T {
 /// glibc gives other threads arenas of at most 64 MiB heaps each, which the MiB-sized
 /// buffers of wide layers (16 MiB per weight at MLP width 1024) overflow and which are
 /// unmapped when they empty, so rank threads page-faulted their buffers in again at every
-/// step (one arena: 43% fewer page faults, 7-10% shorter steps and a third less resident
+/// step (one arena: half the page faults, 7-9% shorter steps and a third less resident
 /// memory at width 1024; docs/performance.md). Called once, when the first parameter or
 /// kernel tensor is made, before a model's rank threads start; the process keeps its peak
 /// heap instead of shrinking after it (a training process returns to that peak at every step
