@@ -247,14 +247,19 @@ impl<L: Link> Endpoint<L> {
             });
         }
         let (header, body) = pack(stamp, self.rank(), tensors);
-        if let Err(gone) = self.link.post(dst, header, body) {
-            // A peer usually goes because some rank failed and told everyone: when that notice
-            // has arrived here, it names the cause, which the lost link does not.
+        if let Err(lost) = self.link.post(dst, header, body) {
+            // Take in what has arrived: the notice that explains the loss may be among it.
             self.aborted();
-            self.check_abort()?;
-            return Err(gone.into());
+            return Err(self.link_failure(lost));
         }
         Ok(())
+    }
+
+    /// A link failure as the error to report. A peer usually goes because some rank failed and
+    /// told everyone: when that notice has arrived, it names the cause, which the lost link
+    /// does not.
+    fn link_failure(&self, lost: LinkError) -> NetError {
+        self.check_abort().err().unwrap_or(lost.into())
     }
 
     /// Takes every message that has arrived into the buffer, without waiting.
@@ -262,10 +267,13 @@ impl<L: Link> Endpoint<L> {
         if let Some(fault) = self.fault.take() {
             return Err(fault);
         }
-        while let Some((src, header, body)) = self.link.poll()? {
-            self.deliver(src, &header, body)?;
+        loop {
+            match self.link.poll() {
+                Ok(Some((src, header, body))) => self.deliver(src, &header, body)?,
+                Ok(None) => return Ok(()),
+                Err(lost) => return Err(self.link_failure(lost)),
+            }
         }
-        Ok(())
     }
 
     /// Files one arrival by its stamp.
@@ -651,6 +659,52 @@ mod tests {
         let mut a = eps.pop().unwrap();
         let err = a.send(1, f(0, 0), tensor(1.0)).unwrap_err();
         assert!(err.to_string().contains("rank 1 has gone"), "{err}");
+    }
+
+    /// A link whose peers have all gone once its inbox is empty: polling then fails.
+    struct Closing(ChannelLink);
+
+    impl Link for Closing {
+        fn rank(&self) -> usize {
+            self.0.rank()
+        }
+        fn ranks(&self) -> usize {
+            self.0.ranks()
+        }
+        fn post(&mut self, dst: usize, header: Vec<u8>, body: Vec<u8>) -> Result<(), LinkError> {
+            self.0.post(dst, header, body)
+        }
+        fn poll(&mut self) -> Result<Option<Packet>, LinkError> {
+            match self.0.poll()? {
+                Some(packet) => Ok(Some(packet)),
+                None => Err(LinkError("every peer has gone".into())),
+            }
+        }
+        fn flush(&mut self, deadline: Instant) -> Result<bool, LinkError> {
+            self.0.flush(deadline)
+        }
+    }
+
+    #[test]
+    fn a_wait_that_loses_its_link_after_a_failure_names_the_failure() {
+        let mut links = ChannelLink::world(2);
+        let mut b = Endpoint::new(links.pop().unwrap());
+        let mut a = Endpoint::new(Closing(links.pop().unwrap()));
+        // Rank 1 fails and tells rank 0; rank 0's next poll after the notice finds the link
+        // lost.
+        b.fail("rank 1: asked to stop", Duration::from_secs(1));
+        assert_eq!(
+            a.take(f(0, 0), soon()).unwrap_err(),
+            NetError::Aborted {
+                rank: 1,
+                message: "rank 1: asked to stop".into()
+            }
+        );
+        // Without a notice, the lost link is the error.
+        let mut links = ChannelLink::world(2);
+        let mut a = Endpoint::new(Closing(links.remove(0)));
+        let err = a.take(f(0, 0), soon()).unwrap_err();
+        assert!(err.to_string().contains("every peer has gone"), "{err}");
     }
 
     #[test]
