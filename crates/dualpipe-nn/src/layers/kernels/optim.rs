@@ -127,9 +127,7 @@ wide_kernel! {
 }
 
 /// Writes the new `(p, m, v)` of every element into `out` (`m` and `v` zero when `mv` is
-/// `None`). Per element: `m' = β₁m + (1-β₁)g` (`g` when the variance is frozen), `v' = β₂v +
-/// (1-β₂)g²` (`v` when frozen), `p' = (1-lrλ)p - s·m' / (√(v'/(1-β₂ᵗ)) + ε)`; preconditioned,
-/// `p' = (1-lrλ)p - s·m'` and the kept first moment is `m'` times that denominator.
+/// `None`).
 #[inline(always)]
 fn adamw_elements<T: Elem>(
     p: &[T],
@@ -138,41 +136,40 @@ fn adamw_elements<T: Elem>(
     k: AdamWConsts<T>,
     out: [&mut [MaybeUninit<T>]; 3],
 ) {
-    let [out_p, out_m, out_v] = out;
-    let one = |p: T, g: T, m: T, v: T| {
+    match mv {
+        Some((m, v)) => adamw_moments(p, g, m.iter().copied().zip(v.iter().copied()), k, out),
+        None => adamw_moments(p, g, std::iter::repeat((T::zero(), T::zero())), k, out),
+    }
+}
+
+/// [`adamw_elements`] with the moments as pairs. Per element: `m' = β₁m + (1-β₁)g` (`g` when
+/// the variance is frozen), `v' = β₂v + (1-β₂)g²` (`v` when frozen), `p' = (1-lrλ)p -
+/// s·m' / (√(v'/(1-β₂ᵗ)) + ε)`; preconditioned, `p' = (1-lrλ)p - s·m'` and the kept first
+/// moment is `m'` times that denominator.
+#[inline(always)]
+fn adamw_moments<T: Elem>(
+    p: &[T],
+    g: &[T],
+    moments: impl Iterator<Item = (T, T)>,
+    k: AdamWConsts<T>,
+    [out_p, out_m, out_v]: [&mut [MaybeUninit<T>]; 3],
+) {
+    let outs = out_p.iter_mut().zip(out_m.iter_mut()).zip(out_v.iter_mut());
+    for (((op, om), ov), ((&p, &g), (m, v))) in outs.zip(p.iter().zip(g).zip(moments)) {
         let (m, v) = if k.frozen {
             (g, v)
         } else {
             (m * k.b1 + g * k.nb1, v * k.b2 + (g * g) * k.nb2)
         };
         let denominator = (v * k.inv_bc2).sqrt() + k.eps;
-        if k.preconditioned {
-            (p * k.decay - m * k.step_size, m * denominator, v)
+        let (p, m) = if k.preconditioned {
+            (p * k.decay - m * k.step_size, m * denominator)
         } else {
-            (p * k.decay - (m * k.step_size) / denominator, m, v)
-        }
-    };
-    let outs = out_p.iter_mut().zip(out_m.iter_mut()).zip(out_v.iter_mut());
-    let write = |((op, om), ov): (
-        (&mut MaybeUninit<T>, &mut MaybeUninit<T>),
-        &mut MaybeUninit<T>,
-    ),
-                 (p, m, v): (T, T, T)| {
+            (p * k.decay - (m * k.step_size) / denominator, m)
+        };
         op.write(p);
         om.write(m);
         ov.write(v);
-    };
-    match mv {
-        Some((m, v)) => {
-            for (o, (((&p, &g), &m), &v)) in outs.zip(p.iter().zip(g).zip(m).zip(v)) {
-                write(o, one(p, g, m, v));
-            }
-        }
-        None => {
-            for (o, (&p, &g)) in outs.zip(p.iter().zip(g)) {
-                write(o, one(p, g, T::zero(), T::zero()));
-            }
-        }
     }
 }
 
