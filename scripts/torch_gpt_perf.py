@@ -177,6 +177,9 @@ def worker_pipe(rank, args, out_path, port):
     configure(args.d_model, args.heads, args.seq, args.rows, args.dtype.split(",")[0])
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # gloo finds its interface from the host name, which a sandbox may not resolve: one host,
+    # so the loopback device.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", rank=rank, world_size=RANKS)
     torch.manual_seed(0)
     Stage, loss_fn = build_modules()
@@ -259,13 +262,21 @@ def checked(out, who):
 def torch_eager(args):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "eager", "--steps", str(args.steps),
            "--warmup", str(args.warmup)] + shape_flags()
-    return checked(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout), "PyTorch eager")
+    return checked(json.loads(run_worker(cmd)), "PyTorch eager")
+
+
+def run_worker(cmd):
+    """A worker's stdout; its stderr's end in the error when it fails."""
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[2:4])} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
 
 
 def torch_pipe(args):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "pipe", "--steps", str(args.steps),
            "--warmup", str(args.warmup)] + shape_flags()
-    return checked(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout), "PyTorch pipe")
+    return checked(json.loads(run_worker(cmd)), "PyTorch pipe")
 
 
 def mib(b):

@@ -80,12 +80,14 @@ def main() -> None:
     ap.add_argument("--micro_batches", type=int, default=8)
     ap.add_argument("--rows", type=int, default=32, help="rows per replica and step")
     ap.add_argument("--save", default=None, help="a new directory for the final checkpoint")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: each process on cuda:LOCAL_RANK, over NCCL (one process per GPU)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     vocab, width, heads, layers, length = 32, 32, 4, 4, 16
 
     torch.manual_seed(0)  # the same model in every process
-    model = TinyGPT(vocab, width, heads, layers, length)
+    model = TinyGPT(vocab, width, heads, layers, length).to(args.device)
     loss_fn = lambda out, y: nn.functional.cross_entropy(out.reshape(-1, vocab), y.reshape(-1))  # noqa: E731
     s = dpt.DualPipeStrategy(
         (model, "blocks"), torch.optim.AdamW, loss_fn,

@@ -297,3 +297,15 @@ def test_a_message_of_another_step_or_bucket_is_refused():
         msg = torch.cat([ex._stamp(*stale, "cpu"), body])
         with pytest.raises(StaleMessage, match=r"stamped step %d, bucket %d, phase %d where step 7, bucket 2, phase 0 was awaited: refused" % stale):
             ex._check(msg, 7, 2, 0, 1)
+
+
+def test_more_processes_than_gpus_is_refused_with_what_to_launch():
+    from dualpipe_rs.torch._world import cuda_device
+
+    assert cuda_device(1, 2) == torch.device("cuda", 1)
+    with pytest.raises(ValueError) as e:
+        cuda_device(1, 1)
+    assert str(e.value).startswith("LOCAL_RANK=1, but this node has 1 CUDA device: NCCL runs one process per GPU")
+    assert "torchrun --nproc_per_node 1" in str(e.value)
+    with pytest.raises(ValueError, match="has 0 CUDA devices.*at most 0 processes"):
+        cuda_device(0, 0)

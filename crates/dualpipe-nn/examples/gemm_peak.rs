@@ -16,12 +16,15 @@
 //! 2 FLOPs) on 16 accumulator registers, AVX2 (8 lanes) where there is no AVX-512. The GEMMs'
 //! operands are f32 (the bf16 GEMM rounds them as it packs them), timed as the best of several
 //! repetitions after a warm-up. The last column is the f16 GEMM, on the converting path
-//! (operands rounded to f16 and widened, then the f32 GEMM), for comparison.
+//! (operands rounded to f16 and widened, then the f32 GEMM), for comparison. Where the
+//! processor has AMX, the bf16 GEMM runs on its tiles: the bf16 peak is then four
+//! independent `tdpbf16ps` on zero tiles (16 × 16 × 32 × 2 FLOPs each), and a last column
+//! gives the `vdpbf16ps` kernel's rate for comparison.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use dualpipe_nn::layers::bench_gemm;
+use dualpipe_nn::layers::{bench_amx_peak, bench_gemm};
 
 /// Seconds of CPU time this thread has run (wall time where that clock is not available), so
 /// that other processes' time slices on a shared machine do not count.
@@ -236,11 +239,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .cloned()
         .unwrap_or_default();
     let (f32_peak, f32_instr, bf16_peak) = peaks();
+    // The bf16 GEMM runs on AMX tiles where the processor has them.
+    let amx_peak = bench_amx_peak(200_000, 5);
+    let gflops = |p: Option<f64>| p.map_or("null".to_string(), |p| format!("{:.1}", p / 1e9));
     if json {
         println!(
-            "{{\"peak\":{{\"f32_gflops\":{:.1},\"f32_instruction\":\"{f32_instr}\",\"bf16_gflops\":{}}}}}",
+            "{{\"peak\":{{\"f32_gflops\":{:.1},\"f32_instruction\":\"{f32_instr}\",\"bf16_gflops\":{},\"amx_bf16_gflops\":{}}}}}",
             f32_peak / 1e9,
-            bf16_peak.map_or("null".to_string(), |p| format!("{:.1}", p / 1e9)),
+            gflops(bf16_peak),
+            gflops(amx_peak),
         );
     } else {
         println!(
@@ -257,13 +264,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "one-thread peak: bf16 n/a (no AVX512_BF16: bf16 uses the converting path)"
             ),
         }
+        if let Some(p) = amx_peak {
+            println!(
+                "one-thread peak: bf16 {:.1} GFLOP/s (AMX tdpbf16ps), {:.2}x f32; the bf16 GEMM runs on AMX",
+                p / 1e9,
+                p / f32_peak
+            );
+        }
         println!();
         println!(
-            "{:<26} {:>16} {:>9} {:>7} {:>9} {:>7} {:>8} {:>9}",
-            "GEMM (GFLOP/s)", "m x k x n", "f32", "%peak", "bf16", "%peak", "bf16/f32", "f16 conv"
+            "{:<26} {:>16} {:>9} {:>7} {:>9} {:>7} {:>8} {:>9} {:>9}",
+            "GEMM (GFLOP/s)",
+            "m x k x n",
+            "f32",
+            "%peak",
+            "bf16",
+            "%peak",
+            "bf16/f32",
+            "f16 conv",
+            "bf16 dp"
         );
     }
-    let bf16_ref = bf16_peak.unwrap_or(f32_peak);
+    let bf16_ref = amx_peak.or(bf16_peak).unwrap_or(f32_peak);
+    // With AMX, the `vdpbf16ps` kernel too, for comparison.
+    let dp_too = amx_peak.is_some() && bf16_peak.is_some();
     let budget = Duration::from_millis(400);
     // `--mlp`: the MLP benchmark's GEMMs (one micro-batch of 128 rows, widths 128, 512 and
     // 1024) instead of the GPT's.
@@ -306,19 +330,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let f32_rate = rate("f32")?;
         let bf16_rate = rate("bf16")?;
         let f16_rate = rate("f16")?;
+        let dp_rate = if dp_too {
+            Some(rate("bf16-avx512")?)
+        } else {
+            None
+        };
         if json {
             println!(
-                "{{\"gemm\":\"{}\",\"m\":{m},\"k\":{k},\"n\":{n},\"f32_gflops\":{:.1},\"f32_share\":{:.3},\"bf16_gflops\":{:.1},\"bf16_share\":{:.3},\"f16_converting_gflops\":{:.1}}}",
+                "{{\"gemm\":\"{}\",\"m\":{m},\"k\":{k},\"n\":{n},\"f32_gflops\":{:.1},\"f32_share\":{:.3},\"bf16_gflops\":{:.1},\"bf16_share\":{:.3},\"f16_converting_gflops\":{:.1},\"bf16_avx512_gflops\":{}}}",
                 shape.name,
                 f32_rate / 1e9,
                 f32_rate / f32_peak,
                 bf16_rate / 1e9,
                 bf16_rate / bf16_ref,
                 f16_rate / 1e9,
+                gflops(dp_rate),
             );
         } else {
             println!(
-                "{:<26} {:>16} {:>9.1} {:>6.1}% {:>9.1} {:>6.1}% {:>7.2}x {:>9.1}",
+                "{:<26} {:>16} {:>9.1} {:>6.1}% {:>9.1} {:>6.1}% {:>7.2}x {:>9.1} {:>9}",
                 shape.name,
                 format!("{m}x{k}x{n}"),
                 f32_rate / 1e9,
@@ -327,6 +357,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 100.0 * bf16_rate / bf16_ref,
                 bf16_rate / f32_rate,
                 f16_rate / 1e9,
+                dp_rate.map_or("-".to_string(), |r| format!("{:.1}", r / 1e9)),
             );
         }
     }

@@ -19,7 +19,7 @@ from ._dp import GradExchange, exchange_copies
 from ._executor import Executor
 from ._p2p import P2P, incoming, pair_groups, wait_for
 from ._split import StageModule, copy_stage, layers_of, partition_sizes, stage_units, unit_sizes
-from ._world import World, backend_for, init, world_from_env
+from ._world import World, backend_for, cuda_device, init, world_from_env
 
 KINDS = ("dualpipe", "dualpipev", "1f1b", "zb1p", "gpipe", "interleaved")
 _COPY_TAG = 1 << 26
@@ -153,7 +153,7 @@ class DualPipeStrategy:
         params = [p for _, m in layers.units for p in m.parameters()]
         device = params[0].device if params else torch.device("cpu")
         if device.type == "cuda":
-            device = torch.device("cuda", self.world.local_rank)
+            device = cuda_device(self.world.local_rank, torch.cuda.device_count())
             torch.cuda.set_device(device)
         self.device = device
         self.backend = backend_for(device)

@@ -69,6 +69,19 @@ def world_from_env(pipeline_stages: Optional[int]) -> World:
     return World(rank, size, pipeline_stages, size // pipeline_stages, local)
 
 
+def cuda_device(local_rank: int, count: int) -> torch.device:
+    """This process's GPU, ``cuda:LOCAL_RANK``; NCCL runs one rank per GPU, so a node with fewer
+    GPUs than processes is refused with what to launch instead."""
+    if local_rank >= count:
+        raise ValueError(
+            f"LOCAL_RANK={local_rank}, but this node has {count} CUDA device{'s' if count != 1 else ''}: NCCL runs "
+            f"one process per GPU (it refuses two ranks on one device), so launch at most {count} process"
+            f"{'es' if count != 1 else ''} per node (torchrun --nproc_per_node {count}), or keep the model on the "
+            f"CPU to run over gloo"
+        )
+    return torch.device("cuda", local_rank)
+
+
 def backend_for(device: torch.device) -> str:
     """NCCL for CUDA tensors, gloo for CPU ones."""
     return "nccl" if device.type == "cuda" else "gloo"

@@ -37,6 +37,8 @@ use super::{keep_freed_memory, read, Uninit};
 use crate::error::{NnError, TensorContext};
 use crate::precision::Half;
 
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod native;
 
@@ -153,6 +155,8 @@ fn widen<T: Copy>(
 /// How a half-precision GEMM computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum HalfPath {
+    /// AMX tiles (bf16 on Linux with AMX-BF16 only).
+    Amx,
     /// The processor's bf16 dot-product instructions (bf16 with AVX512_BF16 only).
     Native,
     /// Operands rounded and widened to f32, then the f32 GEMM (every format and processor).
@@ -173,9 +177,42 @@ impl HalfPath {
         }
     }
 
+    /// Whether this processor (and the operating system) lets `half` run on AMX tiles.
+    pub(crate) fn amx_available(half: Half) -> bool {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            half == Half::Bf16 && amx::available()
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        {
+            let _ = half;
+            false
+        }
+    }
+
+    /// The path's name in messages.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            HalfPath::Amx => "AMX",
+            HalfPath::Native => "AVX512_BF16",
+            HalfPath::Converting => "converting",
+        }
+    }
+
+    /// Whether this processor has `path` for `half`.
+    pub(crate) fn available(self, half: Half) -> bool {
+        match self {
+            HalfPath::Amx => HalfPath::amx_available(half),
+            HalfPath::Native => HalfPath::native_available(half),
+            HalfPath::Converting => true,
+        }
+    }
+
     /// The fastest path for `half` on this processor.
     pub(crate) fn best(half: Half) -> HalfPath {
-        if HalfPath::native_available(half) {
+        if HalfPath::amx_available(half) {
+            HalfPath::Amx
+        } else if HalfPath::native_available(half) {
             HalfPath::Native
         } else {
             HalfPath::Converting
@@ -218,9 +255,10 @@ pub(crate) fn gemm_half_with(
             dst.len()
         )));
     }
-    if path == HalfPath::Native && !HalfPath::native_available(half) {
+    if !path.available(half) {
         return Err(NnError::Stage(format!(
-            "{what}: this processor has no native {} GEMM",
+            "{what}: this processor has no {} {} GEMM",
+            path.name(),
             half.name()
         )));
     }
@@ -234,31 +272,55 @@ pub(crate) fn gemm_half_with(
         return Ok(());
     }
     match path {
-        HalfPath::Native => native_gemm(dst, a, b, accumulate, what),
+        HalfPath::Amx | HalfPath::Native => native_gemm(path, dst, a, b, accumulate, what),
         HalfPath::Converting => converting_gemm(half, dst, a, b, accumulate, what),
     }
 }
 
-/// The native bf16 GEMM (shapes and formats checked, `m, n, k` not zero, bf16 supported).
+/// The bf16 GEMM on the processor's own instructions, `path` AMX or `vdpbf16ps` (shapes and
+/// formats checked, `m, n, k` not zero, the path available).
 #[cfg(target_arch = "x86_64")]
 fn native_gemm(
+    path: HalfPath,
     dst: &mut [f32],
     a: HalfOperand<'_>,
     b: HalfOperand<'_>,
     accumulate: bool,
     what: &str,
 ) -> Result<(), NnError> {
+    /// One GEMM on `path`'s kernel.
+    ///
+    /// # Safety
+    ///
+    /// As `native::gemm` (and `amx::gemm` for [`HalfPath::Amx`]).
+    unsafe fn run<A: native::Src, B: native::Src>(
+        path: HalfPath,
+        c: *mut f32,
+        ldc: usize,
+        a: Mat<'_, A>,
+        b: Mat<'_, B>,
+        accumulate: bool,
+    ) {
+        // SAFETY: as the caller vouches.
+        unsafe {
+            match path {
+                #[cfg(target_os = "linux")]
+                HalfPath::Amx => amx::gemm(c, ldc, a, b, accumulate),
+                _ => native::gemm(c, ldc, a, b, accumulate),
+            }
+        }
+    }
     let n = b.dims().1;
     let c = dst.as_mut_ptr();
     // SAFETY: the caller checked the shapes (a.cols == b.rows, dst is a.rows × n, every
-    // operand element inside its slice) and that the processor has AVX512_BF16; dst is
+    // operand element inside its slice) and that the processor has the path; dst is
     // borrowed mutably, so it aliases neither operand.
     unsafe {
         match (a, b) {
-            (HalfOperand::F32(a), HalfOperand::F32(b)) => native::gemm(c, n, a, b, accumulate),
-            (HalfOperand::F32(a), HalfOperand::Bf16(b)) => native::gemm(c, n, a, b, accumulate),
-            (HalfOperand::Bf16(a), HalfOperand::F32(b)) => native::gemm(c, n, a, b, accumulate),
-            (HalfOperand::Bf16(a), HalfOperand::Bf16(b)) => native::gemm(c, n, a, b, accumulate),
+            (HalfOperand::F32(a), HalfOperand::F32(b)) => run(path, c, n, a, b, accumulate),
+            (HalfOperand::F32(a), HalfOperand::Bf16(b)) => run(path, c, n, a, b, accumulate),
+            (HalfOperand::Bf16(a), HalfOperand::F32(b)) => run(path, c, n, a, b, accumulate),
+            (HalfOperand::Bf16(a), HalfOperand::Bf16(b)) => run(path, c, n, a, b, accumulate),
             _ => {
                 return Err(NnError::Stage(format!(
                     "{what}: no native path for f16 operands"
@@ -269,9 +331,10 @@ fn native_gemm(
     Ok(())
 }
 
-/// The native bf16 GEMM: none off x86-64 ([`HalfPath::native_available`] is false there).
+/// The native bf16 GEMM: none off x86-64 ([`HalfPath::available`] is false there).
 #[cfg(not(target_arch = "x86_64"))]
 fn native_gemm(
+    _path: HalfPath,
     _dst: &mut [f32],
     _a: HalfOperand<'_>,
     _b: HalfOperand<'_>,
@@ -552,7 +615,7 @@ mod f16_avx512 {
 /// `a` (`[m, k]`, or stored `[k, m]` and read transposed when `transposed[0]`) and `b`
 /// (`[k, n]`, or `[n, k]` transposed), by `kind`: `"f32"` (the f32 GEMM), `"bf16"` or `"f16"`
 /// (the mixed-precision GEMM on its fastest path), `"bf16-converting"` (bf16 on the
-/// converting path).
+/// converting path), `"bf16-avx512"` (bf16 on `vdpbf16ps`, where there is AMX too).
 #[doc(hidden)]
 pub fn bench_gemm(
     kind: &str,
@@ -581,8 +644,32 @@ pub fn bench_gemm(
         "bf16-converting" => {
             gemm_half_with(HalfPath::Converting, Half::Bf16, dst, a16, b16, false, WHAT)
         }
+        "bf16-avx512" => gemm_half_with(HalfPath::Native, Half::Bf16, dst, a16, b16, false, WHAT),
         other => Err(NnError::Stage(format!("{WHAT}: unknown kind {other}"))),
     }
+}
+
+/// Benchmark hook for `examples/gemm_peak.rs`, not an API: one thread's bf16 FLOP/s on AMX
+/// tiles (`tdpbf16ps` with no loads, best of `reps` runs of `iters` rounds), `None` where this
+/// processor or the operating system has no AMX.
+#[doc(hidden)]
+pub fn bench_amx_peak(iters: usize, reps: usize) -> Option<f64> {
+    if !HalfPath::amx_available(Half::Bf16) {
+        return None;
+    }
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        let mut best = 0f64;
+        for _ in 0..reps.max(1) {
+            let start = std::time::Instant::now();
+            // SAFETY: AMX is available (checked above).
+            let flops = unsafe { amx::peak(iters) };
+            best = best.max(flops / start.elapsed().as_secs_f64());
+        }
+        Some(best)
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    None
 }
 
 #[cfg(test)]
@@ -740,14 +827,13 @@ mod tests {
 
     /// The paths to test for `half` on this processor.
     fn paths(half: Half) -> Vec<HalfPath> {
-        if HalfPath::native_available(half) {
-            vec![HalfPath::Native, HalfPath::Converting]
-        } else {
+        let all = [HalfPath::Amx, HalfPath::Native, HalfPath::Converting];
+        for path in all.iter().filter(|p| !p.available(half)) {
             if half == Half::Bf16 {
-                eprintln!("note: no AVX512_BF16 on this processor; the native path is not tested");
+                eprintln!("note: this processor has no {path:?} bf16 path; it is not tested");
             }
-            vec![HalfPath::Converting]
         }
+        all.into_iter().filter(|p| p.available(half)).collect()
     }
 
     const SHAPES: [[usize; 3]; 17] = [
@@ -829,6 +915,45 @@ mod tests {
         }
     }
 
+    #[test]
+    fn native_paths_cross_every_block_edge() {
+        // More rows, columns and steps of k than one packed block of either native path holds
+        // (k in two blocks, none a whole number of tiles), with partial tiles at every edge.
+        let (rm, tr) = (Layout::RowMajor, Layout::Transposed);
+        for path in paths(Half::Bf16) {
+            if path == HalfPath::Converting {
+                continue;
+            }
+            check(
+                path,
+                Half::Bf16,
+                [650, 1100, 2100],
+                [rm, tr],
+                [Kind::F32, Kind::F32],
+                true,
+                7,
+            );
+            check(
+                path,
+                Half::Bf16,
+                [270, 1030, 70],
+                [tr, rm],
+                [Kind::Bf16, Kind::F32],
+                false,
+                8,
+            );
+            check(
+                path,
+                Half::Bf16,
+                [20, 600, 4200],
+                [rm, rm],
+                [Kind::F32, Kind::Bf16],
+                true,
+                9,
+            );
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
         #[test]
@@ -893,7 +1018,7 @@ mod tests {
                 .unwrap_err()
                 .to_string()
         };
-        for path in [HalfPath::Native, HalfPath::Converting] {
+        for path in [HalfPath::Amx, HalfPath::Native, HalfPath::Converting] {
             let (xb, hf) = (Mat::new(&x, 2, 2), Mat::new(&h, 2, 2));
             let (f22, f23) = (Mat::new(&f, 2, 2), Mat::new(&f, 2, 3));
             let err = error(
@@ -947,7 +1072,9 @@ mod tests {
         // No native f16 GEMM.
         let f16s = HalfOperand::F16(Mat::new(&h, 2, 2));
         let err = error(HalfPath::Native, Half::F16, f16s, f16s, "native f16");
-        assert!(err.contains("no native f16 GEMM"), "{err}");
+        assert!(err.contains("no AVX512_BF16 f16 GEMM"), "{err}");
+        let err = error(HalfPath::Amx, Half::F16, f16s, f16s, "amx f16");
+        assert!(err.contains("no AMX f16 GEMM"), "{err}");
     }
 
     /// f32 values that stress rounding: zeros, infinities, NaNs (quiet and signalling, with
@@ -1090,14 +1217,19 @@ mod tests {
         }
     }
 
-    /// The native path's packing rounds as the `half` crate does (normal values only:
-    /// `vdpbf16ps` treats subnormal inputs as zero), through both packing layouts of `A`.
+    /// The native paths' packing rounds as the `half` crate does (normal values only:
+    /// `vdpbf16ps` and `tdpbf16ps` treat subnormal inputs as zero), through both packing
+    /// layouts of `A`.
     #[test]
     fn native_packing_rounds_as_the_half_crate() {
-        if !HalfPath::native_available(Half::Bf16) {
-            eprintln!("note: no AVX512_BF16 on this processor; the native path is not tested");
-            return;
+        for path in paths(Half::Bf16) {
+            if path != HalfPath::Converting {
+                packing_rounds_as_the_half_crate(path);
+            }
         }
+    }
+
+    fn packing_rounds_as_the_half_crate(path: HalfPath) {
         let v: Vec<f32> = hard_values()
             .into_iter()
             .filter(|x| x.is_normal() && x.abs() < 1e38 && x.abs() > 1e-37)
@@ -1107,7 +1239,7 @@ mod tests {
         // A as one column (entries contiguous) and as [m, 2] row-major (k contiguous).
         let mut dst = vec![0.0; m];
         gemm_half_with(
-            HalfPath::Native,
+            path,
             Half::Bf16,
             &mut dst,
             HalfOperand::F32(Mat::new(&v, m, 1)),
@@ -1121,7 +1253,7 @@ mod tests {
         }
         let pairs: Vec<f32> = v.iter().flat_map(|&x| [x, 3.0]).collect();
         gemm_half_with(
-            HalfPath::Native,
+            path,
             Half::Bf16,
             &mut dst,
             HalfOperand::F32(Mat::new(&pairs, m, 2)),

@@ -59,11 +59,11 @@ struct Line([u32; 16]);
 
 /// A reusable packing buffer of 64-byte aligned words.
 #[derive(Default)]
-struct Buf(Vec<Line>);
+pub(super) struct Buf(Vec<Line>);
 
 impl Buf {
     /// Room for at least `words` words (old contents kept, never shrunk).
-    fn words(&mut self, words: usize) -> *mut u32 {
+    pub(super) fn words(&mut self, words: usize) -> *mut u32 {
         let lines = words.div_ceil(16);
         if self.0.len() < lines {
             self.0.resize(lines, Line([0; 16]));
@@ -92,7 +92,7 @@ pub(super) trait Src: Copy {
 
 /// The mask of the first `count` (at most 16) lanes.
 #[inline(always)]
-fn mask16(count: usize) -> u16 {
+pub(super) fn mask16(count: usize) -> u16 {
     if count >= 16 {
         u16::MAX
     } else {
@@ -151,7 +151,7 @@ unsafe fn pair(lo: __m512i, hi: __m512i) -> __m512i {
 
 /// Transposes the 16 × 16 matrix of 32-bit words whose row `i` is `r[i]`.
 #[inline(always)]
-unsafe fn transpose16(r: &mut [__m512i; 16]) {
+pub(super) unsafe fn transpose16(r: &mut [__m512i; 16]) {
     // SAFETY: AVX-512 F is available (the callers' target features).
     unsafe {
         // Within each 128-bit block q: rows 4g..4g+4 of columns 4q..4q+4, 4 × 4 transposed:
@@ -189,7 +189,7 @@ unsafe fn transpose16(r: &mut [__m512i; 16]) {
 ///
 /// The AVX-512 features are available, every real element is readable and `dst` has room.
 #[inline(always)]
-unsafe fn pack<T: Src>(
+pub(super) unsafe fn pack<T: Src>(
     src: *const T,
     es: usize,
     ks: usize,

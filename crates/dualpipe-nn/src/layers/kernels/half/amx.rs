@@ -1,0 +1,556 @@
+//! The bf16 GEMM on x86-64 processors with AMX (Sapphire Rapids and later Xeons): `tdpbf16ps`
+//! multiplies a 16 × 32 tile of bf16 by a 32 × 16 one and adds the 16 × 16 products into an
+//! f32 tile, 16 384 FLOPs in one instruction.
+//!
+//! The blocking is the native kernel's (`native.rs`): for each block of at most `KC` steps of
+//! `k` and `NC` columns, `B` is packed into panels of [`TN`] = 32 columns in the pair layout
+//! that `vdpbf16ps` reads, which is also AMX's "VNNI" layout of a `B` tile (row `p` of a tile:
+//! the words `(B[2p, j], B[2p+1, j])` of its 16 columns), so a panel is two column tiles read
+//! with a 128-byte row stride. `A` is packed into panels of [`TM`] = 32 rows, each row its
+//! bf16 values along `k` (an `A` tile's rows): the pair layout of 16 rows at a time,
+//! transposed in registers. Both are padded with zeros to whole tiles of 32 steps of `k`.
+//! The microkernel keeps a 32 × 32 output block in four accumulator tiles over the whole
+//! block of `k` (two `A` and two `B` tile loads per four `tdpbf16ps`), stores it to a
+//! scratch block and adds it into `C` with masked vector stores at the edges.
+//!
+//! The tile instructions are written as inline assembly: Rust's AMX intrinsics and its
+//! detection of the AMX features are not stable yet. The processor reports AMX through
+//! `cpuid`; Linux hands the 8 KiB tile state to a process only after it asks
+//! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), which [`available`] does once,
+//! for every thread of the process. Like `vdpbf16ps`, `tdpbf16ps` treats subnormal bf16
+//! inputs as zero, flushes subnormal results, and rounds each partial sum to f32 in its own
+//! order, so results differ from the converting path by the accumulation's rounding and
+//! below f32's smallest normal value.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use super::super::gemm::Mat;
+use super::native::{mask16, pack, transpose16, Buf, Src};
+
+/// Rows of the microkernel's output block (two `A` tiles of 16 rows).
+const TM: usize = 32;
+/// Columns of the microkernel's output block (two `B` tiles of 16 columns).
+const TN: usize = 32;
+/// Pairs of `k` steps in one tile (32 bf16 of an `A` row).
+const TILE_PAIRS: usize = 16;
+/// The most steps of `k` per packed block (a multiple of 32): a `B` panel (32 KiB of bf16)
+/// stays in L1 while the block's `A` panels stream past it.
+const KC: usize = 512;
+/// Rows of `A` per packed block (a multiple of [`TM`]): the block (256 KiB of bf16) stays in
+/// L2 while the `B` panels pass.
+const MC: usize = 8 * TM;
+/// Columns of `B` per packed block (a multiple of [`TN`]): wide, so that `A` is packed once
+/// for every GEMM of the GPT (each `B` panel is read once per block of `A`).
+const NC: usize = 128 * TN;
+
+/// `arch_prctl` request for permission to use an extended state component.
+const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+/// The extended state component of AMX's tile data.
+const XFEATURE_XTILEDATA: libc::c_long = 18;
+
+/// Whether this processor has AMX-BF16 (and the AVX-512 the packing uses) and the kernel let
+/// this process use the tiles (asked once per process).
+pub(super) fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        if __cpuid(0).eax < 7 {
+            return false;
+        }
+        let leaf7 = __cpuid_count(7, 0);
+        let amx_bf16 = leaf7.edx >> 22 & 1 == 1;
+        let amx_tile = leaf7.edx >> 24 & 1 == 1;
+        amx_bf16
+            && amx_tile
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            // SAFETY: a plain system call with integer arguments; it changes no memory of ours.
+            && unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) } == 0
+    })
+}
+
+/// The tile configuration `ldtilecfg` reads (palette 1): tiles 0-7 of 16 rows of 64 bytes
+/// (accumulators 0-3: 16 × 16 f32; `A` tiles 4-5: 16 rows × 32 bf16; `B` tiles 6-7: 16
+/// pair rows × 16 columns).
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+impl TileConfig {
+    fn new() -> TileConfig {
+        let mut colsb = [0; 16];
+        let mut rows = [0; 16];
+        colsb[..8].fill(64);
+        rows[..8].fill(16);
+        TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb,
+            rows,
+        }
+    }
+}
+
+/// A 32 × 32 f32 output block, where the tiles are stored before they are added into `C`.
+#[repr(C, align(64))]
+struct Block([[f32; TN]; TM]);
+
+thread_local! {
+    /// The packed `A` block, the packed `B` block and the pair-layout scratch of `A`'s
+    /// packing, of this thread's GEMMs.
+    static BUFS: RefCell<(Buf, Buf, Buf)> = RefCell::new((Buf::default(), Buf::default(), Buf::default()));
+}
+
+/// Packs `entries` columns of `B` (`src`: element `(l, j)` at `src + j·es + l·ks`) over `kc`
+/// steps of `k` into panels of [`TN`] columns of `kp_pad` pair rows each (zero past `kc`).
+///
+/// # Safety
+///
+/// AVX-512 F/BW/VL are available, every real element is readable and `dst` holds
+/// `⌈entries/TN⌉ · kp_pad · TN` words.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn pack_b<T: Src>(
+    src: *const T,
+    es: usize,
+    ks: usize,
+    entries: usize,
+    kc: usize,
+    kp_pad: usize,
+    dst: *mut u32,
+) {
+    let kp = kc.div_ceil(2);
+    // SAFETY: panel q's words are q·kp_pad·TN.. of dst; pack reads real elements only.
+    unsafe {
+        for (q, e0) in (0..entries).step_by(TN).enumerate() {
+            let panel = dst.add(q * kp_pad * TN);
+            pack(src.add(e0 * es), es, ks, TN, entries - e0, kc, panel);
+            std::ptr::write_bytes(panel.add(kp * TN), 0, (kp_pad - kp) * TN);
+        }
+    }
+}
+
+/// Packs `entries` rows of `A` (`src`: element `(i, l)` at `src + i·es + l·ks`) over `kc`
+/// steps of `k` into panels of [`TM`] rows, each row `kp_pad` pair words along `k` (zero past
+/// `kc` and for rows past `entries`), using `tmp` (`kp_pad · 16` words) for the pair layout of
+/// 16 rows before it is transposed.
+///
+/// # Safety
+///
+/// As [`pack_b`], `dst` holding `⌈entries/TM⌉ · TM · kp_pad` words.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pack_a<T: Src>(
+    src: *const T,
+    es: usize,
+    ks: usize,
+    entries: usize,
+    kc: usize,
+    kp_pad: usize,
+    tmp: *mut u32,
+    dst: *mut u32,
+) {
+    let kp = kc.div_ceil(2);
+    // SAFETY: each group of 16 rows is packed into tmp's kp·16 words, then its rows are
+    // written to their panel's rows (inside dst); reads of tmp stay below kp·16 words.
+    unsafe {
+        for r0 in (0..entries.next_multiple_of(TM)).step_by(16) {
+            let valid = (entries - r0.min(entries)).min(16);
+            if valid > 0 {
+                pack(src.add(r0 * es), es, ks, 16, valid, kc, tmp);
+            }
+            let rows = dst.add(r0 * kp_pad);
+            for p0 in (0..kp_pad).step_by(16) {
+                let mut r = [_mm512_setzero_si512(); 16];
+                if valid > 0 {
+                    for (q, w) in r.iter_mut().enumerate().take(kp.saturating_sub(p0)) {
+                        *w = _mm512_loadu_si512(tmp.add((p0 + q) * 16).cast());
+                    }
+                    transpose16(&mut r);
+                }
+                for (e, w) in r.iter().enumerate() {
+                    _mm512_storeu_si512(rows.add(e * kp_pad + p0).cast(), *w);
+                }
+            }
+        }
+    }
+}
+
+/// The 32 × 32 block `A·B` over `tiles` tiles of `k` into `out`: `a` is a packed `A` panel
+/// (32 rows, `row_bytes` apart), `b` a packed `B` panel (pair rows of 32 words).
+///
+/// # Safety
+///
+/// The tiles are configured as [`TileConfig::new`]; the panels hold `tiles` tiles of `k`.
+#[inline(always)]
+unsafe fn tile_block(
+    tiles: usize,
+    a: *const u32,
+    row_bytes: usize,
+    b: *const u32,
+    out: &mut Block,
+) {
+    let c = out.0.as_mut_ptr().cast::<u8>();
+    // SAFETY: the loads read tiles · (32 rows × 64 bytes) of a and tiles · (16 pair rows ×
+    // 128 bytes) of b, inside the panels; the stores write the 4 KiB of out.
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "2:",
+            "tileloadd tmm4, [{a0} + {sa}*1]",
+            "tileloadd tmm5, [{a1} + {sa}*1]",
+            "tileloadd tmm6, [{b0} + {sb}*1]",
+            "tileloadd tmm7, [{b1} + {sb}*1]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            "add {a0}, 64",
+            "add {a1}, 64",
+            "add {b0}, 2048",
+            "add {b1}, 2048",
+            "dec {n}",
+            "jnz 2b",
+            "tilestored [{c0} + {sb}*1], tmm0",
+            "tilestored [{c1} + {sb}*1], tmm1",
+            "tilestored [{c2} + {sb}*1], tmm2",
+            "tilestored [{c3} + {sb}*1], tmm3",
+            a0 = inout(reg) a => _,
+            a1 = inout(reg) a.byte_add(16 * row_bytes) => _,
+            b0 = inout(reg) b => _,
+            b1 = inout(reg) b.byte_add(64) => _,
+            n = inout(reg) tiles => _,
+            sa = in(reg) row_bytes,
+            sb = in(reg) 4 * TN,
+            c0 = in(reg) c,
+            c1 = in(reg) c.add(64),
+            c2 = in(reg) c.add(16 * 4 * TN),
+            c3 = in(reg) c.add(16 * 4 * TN + 64),
+            options(nostack),
+        );
+    }
+}
+
+/// `c[i·ldc + j] (+)= block[i][j]` for `i < rows`, `j < cols` (at most 32 each).
+///
+/// # Safety
+///
+/// AVX-512 F is available; the `rows × cols` tile of `c` may be read and written.
+#[inline(always)]
+unsafe fn add_block(block: &Block, c: *mut f32, ldc: usize, rows: usize, cols: usize, load: bool) {
+    let (m0, m1) = (mask16(cols), mask16(cols.saturating_sub(16)));
+    // SAFETY: the masked loads and stores touch the tile's elements only.
+    unsafe {
+        for (i, r) in block.0.iter().enumerate().take(rows) {
+            let row = c.add(i * ldc);
+            let (mut v0, mut v1) = (
+                _mm512_loadu_ps(r.as_ptr()),
+                _mm512_loadu_ps(r.as_ptr().add(16)),
+            );
+            if load {
+                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
+                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row.add(16)));
+            }
+            _mm512_mask_storeu_ps(row, m0, v0);
+            _mm512_mask_storeu_ps(row.add(16), m1, v1);
+        }
+    }
+}
+
+/// `c[i·ldc + j] (+)= (a·b)[i, j]` for `i < a.rows`, `j < b.cols`.
+///
+/// # Safety
+///
+/// [`available`] is true; `a` and `b` have fitting shapes (`a.cols == b.rows`, none zero)
+/// and every element of them lies inside its slice; the `a.rows × b.cols` rows of `c` may be
+/// written (and read when `accumulate`) and alias neither operand.
+pub(super) unsafe fn gemm<A: Src, B: Src>(
+    c: *mut f32,
+    ldc: usize,
+    a: Mat<'_, A>,
+    b: Mat<'_, B>,
+    accumulate: bool,
+) {
+    // SAFETY: as the caller vouches; the function only adds AVX-512 to what it may use.
+    unsafe { gemm_avx512(c, ldc, a, b, accumulate) }
+}
+
+/// [`gemm`] with the AVX-512 features enabled for the packing and the edges.
+///
+/// # Safety
+///
+/// As [`gemm`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn gemm_avx512<A: Src, B: Src>(
+    c: *mut f32,
+    ldc: usize,
+    a: Mat<'_, A>,
+    b: Mat<'_, B>,
+    accumulate: bool,
+) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    let config = TileConfig::new();
+    let mut block = Block([[0.0; TN]; TM]);
+    BUFS.with(|bufs| {
+        let mut bufs = bufs.borrow_mut();
+        let (abuf, bbuf, tbuf) = &mut *bufs;
+        // k in equal blocks of whole tiles, at most KC (k = 1536 as 512 + 512 + 512, k = 600 as 320 + 280).
+        let kc_step = k.div_ceil(k.div_ceil(KC)).next_multiple_of(2 * TILE_PAIRS);
+        let kp_max = kc_step.min(k.next_multiple_of(2 * TILE_PAIRS)) / 2;
+        let apack = abuf.words(kp_max * MC.min(m.next_multiple_of(TM)));
+        let bpack = bbuf.words(kp_max * NC.min(n.next_multiple_of(TN)));
+        let tmp = tbuf.words(kp_max * 16);
+        // SAFETY: the packs read elements (i, l) of a and (l, j) of b with i < m, l < k,
+        // j < n, which the caller guarantees are in their slices; the blocks are added into
+        // the tiles of c inside its m × n rows; the buffers hold the blocks' panels; the
+        // tiles are configured before the first tile instruction and released after the last.
+        unsafe {
+            if !model::ON.get() {
+                asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
+            }
+            for jc in (0..n).step_by(NC) {
+                let nc = NC.min(n - jc);
+                for pc in (0..k).step_by(kc_step) {
+                    let kc = kc_step.min(k - pc);
+                    let kp_pad = kc.next_multiple_of(2 * TILE_PAIRS) / 2;
+                    let tiles = kp_pad / TILE_PAIRS;
+                    pack_b(
+                        b.data.as_ptr().add(pc * b.rs + jc * b.cs),
+                        b.cs,
+                        b.rs,
+                        nc,
+                        kc,
+                        kp_pad,
+                        bpack,
+                    );
+                    let load = accumulate || pc > 0;
+                    for ic in (0..m).step_by(MC) {
+                        let mc = MC.min(m - ic);
+                        pack_a(
+                            a.data.as_ptr().add(ic * a.rs + pc * a.cs),
+                            a.rs,
+                            a.cs,
+                            mc,
+                            kc,
+                            kp_pad,
+                            tmp,
+                            apack,
+                        );
+                        for (jq, jr) in (0..nc).step_by(TN).enumerate() {
+                            let bp = bpack.add(jq * kp_pad * TN);
+                            for (iq, ir) in (0..mc).step_by(TM).enumerate() {
+                                let ap = apack.add(iq * TM * kp_pad);
+                                if model::ON.get() {
+                                    model::block(tiles, ap, kp_pad, bp, &mut block);
+                                } else {
+                                    tile_block(tiles, ap, 4 * kp_pad, bp, &mut block);
+                                }
+                                let rows = (mc - ir).min(TM);
+                                let cols = (nc - jr).min(TN);
+                                add_block(
+                                    &block,
+                                    c.add((ic + ir) * ldc + jc + jr),
+                                    ldc,
+                                    rows,
+                                    cols,
+                                    load,
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            if !model::ON.get() {
+                asm!("tilerelease", options(nostack, nomem));
+            }
+        }
+    });
+}
+
+/// Runs `iters` rounds of four independent `tdpbf16ps` on zero tiles (the benchmark's peak);
+/// returns the FLOPs done.
+///
+/// # Safety
+///
+/// [`available`] is true.
+pub(super) unsafe fn peak(iters: usize) -> f64 {
+    let config = TileConfig::new();
+    // SAFETY: the tiles are configured first and released last; nothing is read or written
+    // but the configuration.
+    unsafe {
+        asm!(
+            "ldtilecfg [{cfg}]",
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "tilezero tmm4",
+            "tilezero tmm5",
+            "tilezero tmm6",
+            "tilezero tmm7",
+            "2:",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            "dec {n}",
+            "jnz 2b",
+            "tilerelease",
+            cfg = in(reg) &config,
+            n = inout(reg) iters.max(1) => _,
+            options(nostack, readonly),
+        );
+    }
+    (iters.max(1) * 4 * 16 * 16 * 32 * 2) as f64
+}
+
+/// A scalar model of the tile instructions, so that the packing and the blocking around them
+/// are tested on processors without AMX: with [`model::ON`] set, [`gemm`] computes each block
+/// in Rust from the packed panels, as `tdpbf16ps` does (products of bf16 exact in f32, summed
+/// in f32), and runs no tile instruction.
+mod model {
+    use std::cell::Cell;
+
+    use super::{Block, TILE_PAIRS, TM, TN};
+
+    thread_local! {
+        /// Whether this thread's AMX GEMMs run on the model (set by tests only).
+        pub(in super::super) static ON: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// The bf16 halves of a pair word as f32: (low, high).
+    fn halves(w: u32) -> (f32, f32) {
+        (f32::from_bits(w << 16), f32::from_bits(w & 0xffff_0000))
+    }
+
+    /// [`super::tile_block`]'s result from the panels (`row_words` words between `A`'s rows).
+    ///
+    /// # Safety
+    ///
+    /// The panels hold `tiles` tiles of `k`.
+    pub(super) unsafe fn block(
+        tiles: usize,
+        a: *const u32,
+        row_words: usize,
+        b: *const u32,
+        out: &mut Block,
+    ) {
+        for (i, row) in out.0.iter_mut().enumerate().take(TM) {
+            for (j, o) in row.iter_mut().enumerate().take(TN) {
+                let mut acc = 0f32;
+                for p in 0..tiles * TILE_PAIRS {
+                    // SAFETY: row i's pair p and pair row p's column j are inside the panels.
+                    let (aw, bw) = unsafe { (*a.add(i * row_words + p), *b.add(p * TN + j)) };
+                    let ((a0, a1), (b0, b1)) = (halves(aw), halves(bw));
+                    acc += a1 * b1;
+                    acc += a0 * b0;
+                }
+                *o = acc;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+
+    use super::*;
+
+    /// The blocked GEMM (packing, padding, blocks of k, edges, accumulation) on the model of
+    /// the tiles, against an f64 product of the bf16-rounded operands, in every layout the
+    /// packing has a branch for.
+    #[test]
+    fn blocking_matches_the_reference_on_the_model_of_the_tiles() {
+        if !(is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl"))
+        {
+            eprintln!("note: no AVX-512 on this processor; the AMX packing is not tested");
+            return;
+        }
+        model::ON.set(true);
+        let mut seed = 1u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        for (s, &[m, k, n]) in [
+            [1, 1, 1],
+            [3, 5, 2],
+            [17, 33, 31],
+            [32, 32, 32],
+            [40, 70, 65],
+            [300, 1100, 40],
+            [33, 600, 1090],
+            [20, 40, 4200],
+        ]
+        .iter()
+        .enumerate()
+        {
+            // (row stride, column stride) of A and of B: row-major, transposed, scattered.
+            let layouts = [(k, 1), (1, m), (2 * k + 1, 2)];
+            let blayouts = [(n, 1), (1, k), (2 * n + 3, 2)];
+            for (l, (&(ars, acs), &(brs, bcs))) in layouts
+                .iter()
+                .zip(blayouts.iter().cycle().skip(s))
+                .enumerate()
+            {
+                let a: Vec<f32> = (0..(m - 1) * ars + (k - 1) * acs + 1)
+                    .map(|_| next())
+                    .collect();
+                let b: Vec<f32> = (0..(k - 1) * brs + (n - 1) * bcs + 1)
+                    .map(|_| next())
+                    .collect();
+                let start: Vec<f32> = (0..m * n).map(|_| next()).collect();
+                let accumulate = (s + l) % 2 == 1;
+                let mut c = start.clone();
+                // SAFETY: the shapes fit and the operands' elements are inside their slices.
+                unsafe {
+                    gemm(
+                        c.as_mut_ptr(),
+                        n,
+                        Mat::strided(&a, m, k, ars, acs),
+                        Mat::strided(&b, k, n, brs, bcs),
+                        accumulate,
+                    );
+                }
+                let round = |x: f32| bf16::from_f32(x).to_f64();
+                for i in 0..m {
+                    for j in 0..n {
+                        let (mut exact, mut size) = (0.0, 0.0);
+                        for l in 0..k {
+                            let p = round(a[i * ars + l * acs]) * round(b[l * brs + j * bcs]);
+                            exact += p;
+                            size += p.abs();
+                        }
+                        if accumulate {
+                            exact += start[i * n + j] as f64;
+                            size += (start[i * n + j] as f64).abs();
+                        }
+                        let got = c[i * n + j] as f64;
+                        let gamma = (k + 2) as f64 * f32::EPSILON as f64;
+                        assert!(
+                            (got - exact).abs() <= gamma * size + 1e-30,
+                            "[{m}, {k}, {n}] layout {l} acc {accumulate}: ({i}, {j}) is {got}, expected {exact}"
+                        );
+                    }
+                }
+            }
+        }
+        model::ON.set(false);
+    }
+}
