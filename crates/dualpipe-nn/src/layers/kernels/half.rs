@@ -1,8 +1,14 @@
 //! Mixed-precision GEMMs: operands rounded to bf16 or f16, products accumulated in f32, and the
 //! conversions between f32 tensors and half-precision ones.
 //!
-//! Two paths compute a GEMM ([`HalfPath`]):
+//! Three paths compute a GEMM ([`HalfPath`]):
 //!
+//! - **AMX** (bf16 on Linux on x86-64 processors with AMX-BF16, Sapphire Rapids and later
+//!   Xeons; `amx`): the same blocking around `tdpbf16ps` tiles, 16 384 FLOPs per
+//!   instruction. On one such core (an Intel Xeon with AMX, measured through the GPU machine's
+//!   host) it runs the GPT's d-512 GEMMs at 2-4.4x the f32 GEMM (310-660 GFLOP/s), 11-23% of
+//!   the tiles' measured peak: packing the operands, not the tiles, bounds it. Preferred
+//!   over the next path where both exist (`vdpbf16ps` ran at half the f32 FMA rate there).
 //! - **Native** (bf16 on x86-64 processors with AVX512_BF16, such as Zen 4 or Sapphire Rapids;
 //!   `native`): a blocked GEMM around `vdpbf16ps`, which multiplies pairs of bf16 values and
 //!   accumulates in f32 at twice the rate of f32 FMAs. Packing the operands into the
@@ -17,8 +23,8 @@
 //!   multiplied by the f32 GEMM. Products of two half values are exact in f32, so this path
 //!   differs from a native one only by the accumulation's rounding; it is no faster than f32.
 //!
-//! There is no native f16 path: a native f16 GEMM needs AVX512_FP16 (Sapphire Rapids, not
-//! Zen 4) or AMX, and Rust's `_mm512_*_ph` and AMX intrinsics are not stable yet.
+//! There is no native f16 path: AVX512_FP16 accumulates in f16, not f32, and AMX has f16
+//! tiles only from Granite Rapids on (AMX-FP16), which no machine here has.
 //!
 //! Rounding is to nearest even everywhere, bit for bit as `half::bf16::from_f32` and
 //! `half::f16::from_f32` (NaN quieted; f32 subnormals rounded, not flushed), and widening
