@@ -159,6 +159,11 @@ unsafe fn pack_a<T: Src>(
     dst: *mut u32,
 ) {
     let kp = kc.div_ceil(2);
+    if ks == 1 {
+        // SAFETY: as the caller vouches; see `pack_rows`.
+        unsafe { pack_rows(src, es, entries, kc, kp_pad, dst) };
+        return;
+    }
     // SAFETY: each group of 16 rows is packed into tmp's kp·16 words, then its rows are
     // written to their panel's rows (inside dst); reads of tmp stay below kp·16 words.
     unsafe {
@@ -179,6 +184,48 @@ unsafe fn pack_a<T: Src>(
                 for (e, w) in r.iter().enumerate() {
                     _mm512_storeu_si512(rows.add(e * kp_pad + p0).cast(), *w);
                 }
+            }
+        }
+    }
+}
+
+/// [`pack_a`] for rows whose `k` steps are contiguous (`ks` 1): each row is its values rounded
+/// to bf16, 32 at a time, with no transposition.
+///
+/// # Safety
+///
+/// As [`pack_a`].
+#[inline(always)]
+unsafe fn pack_rows<T: Src>(
+    src: *const T,
+    es: usize,
+    entries: usize,
+    kc: usize,
+    kp_pad: usize,
+    dst: *mut u32,
+) {
+    // SAFETY: the loads read the first kc elements of real rows; the stores write row r's
+    // kp_pad words (32 steps of k, 16 words, at a time: kp_pad·2 is kc rounded up to 32).
+    unsafe {
+        for r in 0..entries.next_multiple_of(TM) {
+            let row = dst.add(r * kp_pad);
+            if r >= entries {
+                std::ptr::write_bytes(row, 0, kp_pad);
+                continue;
+            }
+            let from = src.add(r * es);
+            for l0 in (0..kc).step_by(32) {
+                let lo = T::load16(from.add(l0), (kc - l0).min(16));
+                let hi = if kc - l0 > 16 {
+                    T::load16(from.add(l0 + 16), kc - l0 - 16)
+                } else {
+                    _mm512_setzero_si512()
+                };
+                // Each lane's upper half is the bf16: narrow to 16 bits, in order along k.
+                let lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(lo));
+                let hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(hi));
+                _mm256_storeu_si256(row.add(l0 / 2).cast(), lo);
+                _mm256_storeu_si256(row.add(l0 / 2 + 8).cast(), hi);
             }
         }
     }
