@@ -310,27 +310,36 @@ fn place(state: &mut State<'_>, mut pending: Vec<(usize, usize)>, now: f64) {
 /// Moves running jobs spread over more nodes than they need into the tightest node with room.
 fn consolidate(params: &ElasticParams, state: &mut State<'_>, now: f64) {
     let largest = state.cluster.largest_node();
+    // Indices into `state.running`, which a reshape keeps in place.
     let candidates: Vec<usize> = state
         .running
         .iter()
-        .filter(|r| r.paused_until <= now)
-        .filter(|r| {
+        .enumerate()
+        .filter(|(_, r)| r.paused_until <= now)
+        .filter(|(_, r)| {
             let first = state.cluster.node_of[r.devices[0]];
             r.devices.iter().any(|&d| state.cluster.node_of[d] != first)
         })
-        .map(|r| r.job)
+        .map(|(i, _)| i)
         .collect();
-    for j in candidates {
-        if state
-            .running
-            .iter()
-            .any(|r| r.job == j && r.devices.len() > largest)
-        {
-            consolidate_wide(params, state, j, now);
+    // The most free devices on one node: a node the job does not use needs k of them.
+    let mut max_free = state.free_per_node.iter().copied().max().unwrap_or(0);
+    for i in candidates {
+        let r = &state.running[i];
+        let j = r.job;
+        if r.devices.len() > largest {
+            consolidate_wide(params, state, i, now);
+            max_free = state.free_per_node.iter().copied().max().unwrap_or(0);
             continue;
         }
-        let r = state.running.iter().find(|r| r.job == j).expect("running");
         let k = r.devices.len();
+        let node_of = |d: usize| state.cluster.node_of[d];
+        let own_room = |n: usize| {
+            state.free_per_node[n] + r.devices.iter().filter(|&&d| node_of(d) == n).count()
+        };
+        if max_free < k && r.devices.iter().all(|&d| own_room(node_of(d)) < k) {
+            continue; // no node has room for the whole job
+        }
         let own = r.devices.clone();
         let old_rate = r.rate;
         let mine = own_per_node(state, &own);
@@ -357,7 +366,25 @@ fn consolidate(params: &ElasticParams, state: &mut State<'_>, now: f64) {
         if saving(state, j, old_rate, new_rate) > cost && within_budget(params, state, j, cost, now)
         {
             state.reshape(j, devices, now);
+            max_free = state.free_per_node.iter().copied().max().unwrap_or(0);
         }
+    }
+}
+
+/// How many nodes `devices` lie on (devices are numbered node after node, so a sorted list
+/// changes node where it crosses one).
+fn nodes_spanned(state: &State<'_>, devices: &[usize]) -> usize {
+    let node_of = |d: usize| state.cluster.node_of[d];
+    if devices.is_sorted() {
+        1 + devices
+            .windows(2)
+            .filter(|w| node_of(w[0]) != node_of(w[1]))
+            .count()
+    } else {
+        let mut nodes: Vec<usize> = devices.iter().map(|&d| node_of(d)).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes.len()
     }
 }
 
@@ -370,21 +397,43 @@ fn own_per_node(state: &State<'_>, devices: &[usize]) -> Vec<usize> {
     per_node
 }
 
-/// Moves running job `j`, larger than a node, onto fewer nodes (those with the most room,
-/// its own devices counted as room) when it spans more than it needs and the move pays.
-fn consolidate_wide(params: &ElasticParams, state: &mut State<'_>, j: usize, now: f64) {
-    let r = state.running.iter().find(|r| r.job == j).expect("running");
-    let k = r.devices.len();
+/// Moves the running job at index `i` of `state.running`, larger than a node, onto fewer
+/// nodes (those with the most room, its own devices counted as room) when it spans more than
+/// it needs and the move pays.
+fn consolidate_wide(params: &ElasticParams, state: &mut State<'_>, i: usize, now: f64) {
+    let r = &state.running[i];
+    let (j, k) = (r.job, r.devices.len());
+    let node_of = |d: usize| state.cluster.node_of[d];
+    let spanned = nodes_spanned(state, &r.devices);
+    // No placement of k devices uses fewer nodes than k over the largest node's size: a job on
+    // that few already is as gathered as it can be (the search below would find no fewer).
+    if spanned <= k.div_ceil(state.cluster.largest_node()) {
+        return;
+    }
     let own = r.devices.clone();
     let old_rate = r.rate;
-    let node_of = |d: usize| state.cluster.node_of[d];
-    let mut spanned: Vec<usize> = own.iter().map(|&d| node_of(d)).collect();
-    spanned.sort_unstable();
-    spanned.dedup();
     let mine = own_per_node(state, &own);
     let room = |n: usize| state.free_per_node[n] + mine[n];
+    // How many nodes the gathering below takes (most room first), counted from how many nodes
+    // have each room (at most a node's size) without sorting them: most passes end here.
+    let mut by_room = vec![0usize; state.cluster.largest_node() + 1];
+    for n in 0..state.cluster.nodes.len() {
+        by_room[room(n)] += 1;
+    }
+    let (mut left, mut needed) = (k, 0);
+    for (size, &count) in by_room.iter().enumerate().skip(1).rev() {
+        let take = left.div_ceil(size).min(count);
+        needed += take;
+        left = left.saturating_sub(take * size);
+        if left == 0 {
+            break;
+        }
+    }
+    if needed >= spanned {
+        return;
+    }
     let mut order: Vec<usize> = (0..state.cluster.nodes.len()).collect();
-    order.sort_by_key(|&n| (std::cmp::Reverse(room(n)), n));
+    order.sort_unstable_by_key(|&n| (std::cmp::Reverse(room(n)), n));
     let mut devices = Vec::with_capacity(k);
     let mut used = 0;
     for n in order {
@@ -399,7 +448,7 @@ fn consolidate_wide(params: &ElasticParams, state: &mut State<'_>, j: usize, now
             }
         }
     }
-    if used >= spanned.len() {
+    if used >= spanned {
         return;
     }
     devices.sort_unstable();
