@@ -24,6 +24,7 @@
 use serde::Serialize;
 
 use crate::assign::assign;
+use crate::cluster::Cluster;
 use crate::policy::spread;
 use crate::state::State;
 
@@ -373,8 +374,8 @@ fn consolidate(params: &ElasticParams, state: &mut State<'_>, now: f64) {
 
 /// How many nodes `devices` lie on (devices are numbered node after node, so a sorted list
 /// changes node where it crosses one).
-fn nodes_spanned(state: &State<'_>, devices: &[usize]) -> usize {
-    let node_of = |d: usize| state.cluster.node_of[d];
+fn nodes_spanned(cluster: &Cluster, devices: &[usize]) -> usize {
+    let node_of = |d: usize| cluster.node_of[d];
     if devices.is_sorted() {
         1 + devices
             .windows(2)
@@ -404,7 +405,7 @@ fn consolidate_wide(params: &ElasticParams, state: &mut State<'_>, i: usize, now
     let r = &state.running[i];
     let (j, k) = (r.job, r.devices.len());
     let node_of = |d: usize| state.cluster.node_of[d];
-    let spanned = nodes_spanned(state, &r.devices);
+    let spanned = nodes_spanned(state.cluster, &r.devices);
     // No placement of k devices uses fewer nodes than k over the largest node's size: a job on
     // that few already is as gathered as it can be (the search below would find no fewer).
     if spanned <= k.div_ceil(state.cluster.largest_node()) {
@@ -456,5 +457,22 @@ fn consolidate_wide(params: &ElasticParams, state: &mut State<'_>, i: usize, now
     let cost = state.move_cost(j, k);
     if saving(state, j, old_rate, new_rate) > cost && within_budget(params, state, j, cost, now) {
         state.reshape(j, devices, now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_spanned_counts_distinct_nodes_sorted_or_not() {
+        let cluster = Cluster::uniform(4, 8).unwrap();
+        assert_eq!(nodes_spanned(&cluster, &[3]), 1);
+        assert_eq!(nodes_spanned(&cluster, &[0, 7, 8, 30]), 3);
+        assert_eq!(nodes_spanned(&cluster, &[30, 0, 8, 7, 9]), 3);
+        assert_eq!(
+            nodes_spanned(&cluster, &[8, 9, 10, 11, 12, 13, 14, 15, 16]),
+            2
+        );
     }
 }
