@@ -187,7 +187,8 @@ impl HalfPath {
     pub(crate) fn amx_available(half: Half) -> bool {
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         {
-            half == Half::Bf16 && amx::available()
+            // (Or the tests' model of the tiles, on this thread.)
+            half == Half::Bf16 && (amx::available() || amx::model::ON.get())
         }
         #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
         {
@@ -862,46 +863,94 @@ mod tests {
         [42, 1, 96],
     ];
 
+    /// Every shape of [`SHAPES`] in pairs of [`LAYOUTS`] and operand formats on `path`.
+    fn every_shape_and_layout(path: HalfPath, half: Half) {
+        let other = if half == Half::Bf16 {
+            Kind::Bf16
+        } else {
+            Kind::F16
+        };
+        for (s, &shape) in SHAPES.iter().enumerate() {
+            // Every pair of layouts on the small shapes, a cycle of them on the large.
+            let small = shape.iter().product::<usize>() < 20_000;
+            for (c, (la, lb)) in LAYOUTS
+                .iter()
+                .flat_map(|&la| LAYOUTS.iter().map(move |&lb| (la, lb)))
+                .enumerate()
+            {
+                if !small && c % 6 != s % 6 {
+                    continue;
+                }
+                let kinds = match (s + c) % 4 {
+                    0 => [Kind::F32, Kind::F32],
+                    1 => [Kind::F32, other],
+                    2 => [other, Kind::F32],
+                    _ => [other, other],
+                };
+                let accumulate = (s + c) % 3 == 0;
+                let seed = (s * 100 + c) as u64;
+                check(path, half, shape, [la, lb], kinds, accumulate, seed);
+            }
+        }
+    }
+
     #[test]
     fn gemm_matches_the_reference_on_every_path_shape_and_layout() {
         for half in [Half::Bf16, Half::F16] {
-            let other = if half == Half::Bf16 {
-                Kind::Bf16
-            } else {
-                Kind::F16
-            };
             for path in paths(half) {
-                for (s, &shape) in SHAPES.iter().enumerate() {
-                    // Every pair of layouts on the small shapes, a cycle of them on the large.
-                    let small = shape.iter().product::<usize>() < 20_000;
-                    for (c, (la, lb)) in LAYOUTS
-                        .iter()
-                        .flat_map(|&la| LAYOUTS.iter().map(move |&lb| (la, lb)))
-                        .enumerate()
-                    {
-                        if !small && c % 6 != s % 6 {
-                            continue;
-                        }
-                        let kinds = match (s + c) % 4 {
-                            0 => [Kind::F32, Kind::F32],
-                            1 => [Kind::F32, other],
-                            2 => [other, Kind::F32],
-                            _ => [other, other],
-                        };
-                        let accumulate = (s + c) % 3 == 0;
-                        check(
-                            path,
-                            half,
-                            shape,
-                            [la, lb],
-                            kinds,
-                            accumulate,
-                            (s * 100 + c) as u64,
-                        );
-                    }
-                }
+                every_shape_and_layout(path, half);
             }
         }
+    }
+
+    /// The AMX path's packing, padding and blocking, on every processor with AVX-512: its
+    /// GEMMs with the tile instructions replaced by a scalar model of `tdpbf16ps` (the real
+    /// tiles are tested above where the processor has them).
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn amx_blocking_on_a_model_of_the_tiles() {
+        let avx512 = ["avx512f", "avx512bw", "avx512vl"];
+        if !(std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl"))
+        {
+            eprintln!("note: no {avx512:?} on this processor; the AMX packing is not tested");
+            return;
+        }
+        amx::model::ON.set(true);
+        every_shape_and_layout(HalfPath::Amx, Half::Bf16);
+        // More rows, columns and steps of k than one packed block holds, in every packing
+        // branch (k contiguous, entries contiguous, neither), partial tiles at every edge.
+        let (rm, tr, sc) = (Layout::RowMajor, Layout::Transposed, Layout::Scattered);
+        let f = Kind::F32;
+        check(
+            HalfPath::Amx,
+            Half::Bf16,
+            [300, 1100, 40],
+            [rm, tr],
+            [f, f],
+            true,
+            11,
+        );
+        check(
+            HalfPath::Amx,
+            Half::Bf16,
+            [33, 600, 1090],
+            [tr, rm],
+            [Kind::Bf16, f],
+            false,
+            12,
+        );
+        check(
+            HalfPath::Amx,
+            Half::Bf16,
+            [20, 40, 4200],
+            [sc, sc],
+            [f, Kind::Bf16],
+            true,
+            13,
+        );
+        amx::model::ON.set(false);
     }
 
     #[test]

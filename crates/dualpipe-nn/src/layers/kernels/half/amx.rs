@@ -466,7 +466,7 @@ pub(super) unsafe fn peak(iters: usize) -> f64 {
 /// are tested on processors without AMX: with [`model::ON`] set, [`gemm`] computes each block
 /// in Rust from the packed panels, as `tdpbf16ps` does (products of bf16 exact in f32, summed
 /// in f32), and runs no tile instruction.
-mod model {
+pub(super) mod model {
     use std::cell::Cell;
 
     use super::{Block, TILE_PAIRS, TM, TN};
@@ -506,98 +506,5 @@ mod model {
                 *o = acc;
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use half::bf16;
-
-    use super::*;
-
-    /// The blocked GEMM (packing, padding, blocks of k, edges, accumulation) on the model of
-    /// the tiles, against an f64 product of the bf16-rounded operands, in every layout the
-    /// packing has a branch for.
-    #[test]
-    fn blocking_matches_the_reference_on_the_model_of_the_tiles() {
-        if !(is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl"))
-        {
-            eprintln!("note: no AVX-512 on this processor; the AMX packing is not tested");
-            return;
-        }
-        model::ON.set(true);
-        let mut seed = 1u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
-        for (s, &[m, k, n]) in [
-            [1, 1, 1],
-            [3, 5, 2],
-            [17, 33, 31],
-            [32, 32, 32],
-            [40, 70, 65],
-            [300, 1100, 40],
-            [33, 600, 1090],
-            [20, 40, 4200],
-        ]
-        .iter()
-        .enumerate()
-        {
-            // (row stride, column stride) of A and of B: row-major, transposed, scattered.
-            let layouts = [(k, 1), (1, m), (2 * k + 1, 2)];
-            let blayouts = [(n, 1), (1, k), (2 * n + 3, 2)];
-            for (l, (&(ars, acs), &(brs, bcs))) in layouts
-                .iter()
-                .zip(blayouts.iter().cycle().skip(s))
-                .enumerate()
-            {
-                let a: Vec<f32> = (0..(m - 1) * ars + (k - 1) * acs + 1)
-                    .map(|_| next())
-                    .collect();
-                let b: Vec<f32> = (0..(k - 1) * brs + (n - 1) * bcs + 1)
-                    .map(|_| next())
-                    .collect();
-                let start: Vec<f32> = (0..m * n).map(|_| next()).collect();
-                let accumulate = (s + l) % 2 == 1;
-                let mut c = start.clone();
-                // SAFETY: the shapes fit and the operands' elements are inside their slices.
-                unsafe {
-                    gemm(
-                        c.as_mut_ptr(),
-                        n,
-                        Mat::strided(&a, m, k, ars, acs),
-                        Mat::strided(&b, k, n, brs, bcs),
-                        accumulate,
-                    );
-                }
-                let round = |x: f32| bf16::from_f32(x).to_f64();
-                for i in 0..m {
-                    for j in 0..n {
-                        let (mut exact, mut size) = (0.0, 0.0);
-                        for l in 0..k {
-                            let p = round(a[i * ars + l * acs]) * round(b[l * brs + j * bcs]);
-                            exact += p;
-                            size += p.abs();
-                        }
-                        if accumulate {
-                            exact += start[i * n + j] as f64;
-                            size += (start[i * n + j] as f64).abs();
-                        }
-                        let got = c[i * n + j] as f64;
-                        let gamma = (k + 2) as f64 * f32::EPSILON as f64;
-                        assert!(
-                            (got - exact).abs() <= gamma * size + 1e-30,
-                            "[{m}, {k}, {n}] layout {l} acc {accumulate}: ({i}, {j}) is {got}, expected {exact}"
-                        );
-                    }
-                }
-            }
-        }
-        model::ON.set(false);
     }
 }
