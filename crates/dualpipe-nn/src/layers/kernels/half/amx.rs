@@ -7,8 +7,10 @@
 //! that `vdpbf16ps` reads, which is also AMX's "VNNI" layout of a `B` tile (row `p` of a tile:
 //! the words `(B[2p, j], B[2p+1, j])` of its 16 columns), so a panel is two column tiles read
 //! with a 128-byte row stride. `A` is packed into panels of [`TM`] = 32 rows, each row its
-//! bf16 values along `k` (an `A` tile's rows): the pair layout of 16 rows at a time,
-//! transposed in registers. Both are padded with zeros to whole tiles of 32 steps of `k`.
+//! bf16 values along `k` (an `A` tile's rows): rounded row by row where `A`'s rows run along
+//! `k` in memory (the forward's and the input gradient's), else the pair layout of 16 rows at
+//! a time transposed in registers. Both are padded with zeros to whole tiles of 32 steps of
+//! `k`.
 //! The microkernel keeps a 32 × 32 output block in four accumulator tiles over the whole
 //! block of `k` (two `A` and two `B` tile loads per four `tdpbf16ps`), stores it to a
 //! scratch block and adds it into `C` with masked vector stores at the edges.
