@@ -42,56 +42,69 @@ fn queue_of(params: &LasParams, service: f64) -> usize {
 
 /// Acts on the pool at `now` (module documentation).
 pub fn schedule(params: &LasParams, state: &mut State<'_>, now: f64) {
-    let mut order: Vec<usize> = state
+    // Every job, queued or running, as (its queue, its arrival in `f64::total_cmp`'s order, its
+    // index, the devices it counts, its index among the running ones): the first three are
+    // unique, so an unstable sort gives the one order.
+    let key = |j: usize| {
+        let bits = state.jobs[j].arrival_s.to_bits() as i64;
+        let arrival = bits ^ (((bits >> 63) as u64) >> 1) as i64;
+        (queue_of(params, state.progress[j].attained), arrival, j)
+    };
+    let mut order: Vec<(usize, i64, usize, usize, Option<usize>)> = state
         .queue
         .iter()
-        .copied()
-        .chain(state.running.iter().map(|r| r.job))
+        .map(|&j| {
+            let (q, a, j) = key(j);
+            (q, a, j, state.jobs[j].gpus, None)
+        })
+        .chain(state.running.iter().enumerate().map(|(i, r)| {
+            let (q, a, j) = key(r.job);
+            (q, a, j, r.devices.len(), Some(i))
+        }))
         .collect();
-    order.sort_by(|&a, &b| {
-        let qa = queue_of(params, state.progress[a].attained);
-        let qb = queue_of(params, state.progress[b].attained);
-        qa.cmp(&qb)
-            .then(state.jobs[a].arrival_s.total_cmp(&state.jobs[b].arrival_s))
-            .then(a.cmp(&b))
-    });
-    let held = |state: &State<'_>, j: usize| {
-        state
-            .running
-            .iter()
-            .find(|r| r.job == j)
-            .map(|r| r.devices.len())
-    };
+    order.sort_unstable();
     let mut capacity = state.cluster.devices();
-    let mut admitted = Vec::new();
-    for &j in &order {
-        let need = held(state, j).unwrap_or(state.jobs[j].gpus);
+    let mut admitted = vec![false; order.len()];
+    let mut running_admitted = vec![false; state.running.len()];
+    for (&(_, _, _, need, running), admit) in order.iter().zip(admitted.iter_mut()) {
         if need <= capacity {
             capacity -= need;
-            admitted.push(j);
+            *admit = true;
+            if let Some(i) = running {
+                running_admitted[i] = true;
+            }
         }
     }
     let preempt: Vec<usize> = state
         .running
         .iter()
-        .map(|r| r.job)
-        .filter(|j| !admitted.contains(j))
+        .zip(&running_admitted)
+        .filter(|(_, &kept)| !kept)
+        .map(|(r, _)| r.job)
         .collect();
     for j in preempt {
         state.preempt(j, now);
     }
-    let waiting: Vec<usize> = admitted
-        .iter()
-        .copied()
-        .filter(|&j| held(state, j).is_none())
-        .chain(order.iter().copied().filter(|j| !admitted.contains(j)))
+    // Admitted jobs that were not running (an admitted running job is not preempted), then
+    // the rest in rank order.
+    let listed = || order.iter().zip(&admitted);
+    let waiting: Vec<usize> = listed()
+        .filter(|(o, &a)| a && o.4.is_none())
+        .chain(listed().filter(|(_, &a)| !a))
+        .map(|(o, _)| o.2)
         .collect();
+    // Every waiting job is queued now (it was, or its preemption queued it) and each is
+    // listed once, so none has started before its turn.
+    let mut free = state.free();
     for j in waiting {
-        if held(state, j).is_some() || !state.queue.contains(&j) {
-            continue;
+        debug_assert!(state.queue.contains(&j) && state.running.iter().all(|r| r.job != j));
+        let k = state.jobs[j].gpus;
+        if k > free {
+            continue; // no placement of k devices exists
         }
-        if let Some(devices) = place_rigid(state, state.jobs[j].gpus) {
+        if let Some(devices) = place_rigid(state, k) {
             state.start(j, devices, now);
+            free -= k;
         }
     }
 }
