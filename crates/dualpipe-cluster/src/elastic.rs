@@ -435,22 +435,18 @@ fn consolidate_wide(params: &ElasticParams, state: &mut State<'_>, i: usize, now
     }
     let mut order: Vec<usize> = (0..state.cluster.nodes.len()).collect();
     order.sort_unstable_by_key(|&n| (std::cmp::Reverse(room(n)), n));
+    // The gathering takes `needed` nodes (counted above), fewer than the job spans.
     let mut devices = Vec::with_capacity(k);
-    let mut used = 0;
     for n in order {
         if devices.len() == k {
             break;
         }
-        used += 1;
         let mine = own.iter().copied().filter(|&d| node_of(d) == n);
         for d in mine.chain(state.free_devices_of(n)) {
             if devices.len() < k {
                 devices.push(d);
             }
         }
-    }
-    if used >= spanned {
-        return;
     }
     devices.sort_unstable();
     let new_rate = state.throughput.rate(j, &state.jobs[j], &devices);

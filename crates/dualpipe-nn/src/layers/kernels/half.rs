@@ -6,7 +6,7 @@
 //! - **AMX** (bf16 on Linux on x86-64 processors with AMX-BF16, Sapphire Rapids and later
 //!   Xeons; `amx`): the same blocking around `tdpbf16ps` tiles, 16 384 FLOPs per
 //!   instruction. On one such core (an Intel Xeon with AMX, measured through the GPU machine's
-//!   host) it runs the GPT's d-512 GEMMs at 2-4.4x the f32 GEMM (310-660 GFLOP/s), 11-23% of
+//!   host) it runs the GPT's d-512 GEMMs at 2-4.4x the f32 GEMM (308-657 GFLOP/s), 11-23% of
 //!   the tiles' measured peak: packing the operands, not the tiles, bounds it. Preferred
 //!   over the next path where both exist (`vdpbf16ps` ran at half the f32 FMA rate there).
 //! - **Native** (bf16 on x86-64 processors with AVX512_BF16, such as Zen 4 or Sapphire Rapids;
@@ -188,7 +188,7 @@ impl HalfPath {
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         {
             // (Or the tests' model of the tiles, on this thread.)
-            half == Half::Bf16 && (amx::available() || amx::model::ON.get())
+            half == Half::Bf16 && (amx::available() || amx::modelled())
         }
         #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
         {
@@ -217,13 +217,10 @@ impl HalfPath {
 
     /// The fastest path for `half` on this processor.
     pub(crate) fn best(half: Half) -> HalfPath {
-        if HalfPath::amx_available(half) {
-            HalfPath::Amx
-        } else if HalfPath::native_available(half) {
-            HalfPath::Native
-        } else {
-            HalfPath::Converting
-        }
+        [HalfPath::Amx, HalfPath::Native]
+            .into_iter()
+            .find(|p| p.available(half))
+            .unwrap_or(HalfPath::Converting)
     }
 }
 
@@ -656,25 +653,17 @@ pub fn bench_gemm(
     }
 }
 
-/// Benchmark hook for `examples/gemm_peak.rs`, not an API: one thread's bf16 FLOP/s on AMX
-/// tiles (`tdpbf16ps` with no loads, best of `reps` runs of `iters` rounds), `None` where this
-/// processor or the operating system has no AMX.
+/// Benchmark hook for `examples/gemm_peak.rs`, not an API: runs `iters` rounds of four
+/// independent `tdpbf16ps` on zero tiles and returns the FLOPs done (the caller times it),
+/// `None` where this processor or the operating system has no AMX.
 #[doc(hidden)]
-pub fn bench_amx_peak(iters: usize, reps: usize) -> Option<f64> {
+pub fn bench_amx_peak(iters: usize) -> Option<f64> {
     if !HalfPath::amx_available(Half::Bf16) {
         return None;
     }
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    {
-        let mut best = 0f64;
-        for _ in 0..reps.max(1) {
-            let start = std::time::Instant::now();
-            // SAFETY: AMX is available (checked above).
-            let flops = unsafe { amx::peak(iters) };
-            best = best.max(flops / start.elapsed().as_secs_f64());
-        }
-        Some(best)
-    }
+    // SAFETY: AMX is available (checked above).
+    return Some(unsafe { amx::peak(iters) });
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     None
 }

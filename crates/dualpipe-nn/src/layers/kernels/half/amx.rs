@@ -365,7 +365,7 @@ unsafe fn gemm_avx512<A: Src, B: Src>(
         // the tiles of c inside its m × n rows; the buffers hold the blocks' panels; the
         // tiles are configured before the first tile instruction and released after the last.
         unsafe {
-            if !model::ON.get() {
+            if !modelled() {
                 asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
             }
             for jc in (0..n).step_by(NC) {
@@ -400,7 +400,7 @@ unsafe fn gemm_avx512<A: Src, B: Src>(
                             let bp = bpack.add(jq * kp_pad * TN);
                             for (iq, ir) in (0..mc).step_by(TM).enumerate() {
                                 let ap = apack.add(iq * TM * kp_pad);
-                                if model::ON.get() {
+                                if modelled() {
                                     model::block(tiles, ap, kp_pad, bp, &mut block);
                                 } else {
                                     tile_block(tiles, ap, 4 * kp_pad, bp, &mut block);
@@ -420,7 +420,7 @@ unsafe fn gemm_avx512<A: Src, B: Src>(
                     }
                 }
             }
-            if !model::ON.get() {
+            if !modelled() {
                 asm!("tilerelease", options(nostack, nomem));
             }
         }
@@ -462,6 +462,12 @@ pub(super) unsafe fn peak(iters: usize) -> f64 {
         );
     }
     (iters.max(1) * 4 * 16 * 16 * 32 * 2) as f64
+}
+
+/// Whether this thread's GEMMs run on the tests' [`model`] of the tiles: never outside the
+/// tests, where the branch is compiled away.
+pub(super) fn modelled() -> bool {
+    cfg!(test) && model::ON.get()
 }
 
 /// A scalar model of the tile instructions, so that the packing and the blocking around them
