@@ -3,11 +3,15 @@
 //! and d 128: the forward `x Wᵀ`, the backward-input `dy W` and the weight-gradient `dyᵀ x`
 //! of the attention projections and the MLP), each as a share of its dtype's peak.
 //!
-//! `cargo run --release -p dualpipe-nn --example gemm_peak [-- --json] [--only TEXT] [--mlp]`
+//! `cargo run --release -p dualpipe-nn --example gemm_peak [-- --json] [--only TEXT] [--mlp]
+//! [--amx-blocking]`
 //!
 //! `--mlp`: the MLP benchmark's layers instead (128 rows, widths 128, 512 and 1024). Each GEMM
 //! reads its operands in the layout the training code uses: the f32 forward multiplies by the
 //! weight's cached transpose, the mixed-precision forward reads the weight transposed.
+//! `--amx-blocking` (processors with AMX): the bf16 GEMMs of d 512 on AMX under each of a set
+//! of blockings (steps of `k`, rows of `A`, columns of `B` per packed block), as a share of
+//! the tiles' peak, to choose the kernel's blocking on a machine that has the tiles.
 //!
 //! Everything runs on one thread (a pipeline rank's share of the machine), timed in the
 //! thread's CPU time (Linux) as the best of repetitions, so that other processes sharing the
@@ -246,6 +250,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             black_box(bench_amx_peak(black_box(AMX_ITERS)));
         })
     });
+    if args.iter().any(|a| a == "--amx-blocking") {
+        return match amx_peak {
+            Some(peak) => amx_blocking(peak, &only),
+            None => Err("--amx-blocking: this processor (or system) has no AMX".into()),
+        };
+    }
     let gflops = |p: Option<f64>| p.map_or("null".to_string(), |p| format!("{:.1}", p / 1e9));
     if json {
         println!(
@@ -366,5 +376,68 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
+    Ok(())
+}
+
+/// The blockings `--amx-blocking` compares: `KC,MC,NC`.
+const AMX_BLOCKINGS: [&str; 12] = [
+    "512,256,4096",
+    "256,256,4096",
+    "1024,256,4096",
+    "512,128,4096",
+    "512,512,4096",
+    "512,64,4096",
+    "256,128,4096",
+    "256,512,4096",
+    "1024,128,4096",
+    "512,256,512",
+    "256,256,512",
+    "512,1024,256",
+];
+
+/// Prints the d-512 bf16 GEMMs' rates on AMX (share of the tiles' `peak`) under each of
+/// [`AMX_BLOCKINGS`], and each blocking's mean share.
+fn amx_blocking(peak: f64, only: &str) -> Result<(), Box<dyn std::error::Error>> {
+    println!("bf16 on AMX, % of the tiles' peak ({:.1} GFLOP/s), by blocking KC,MC,NC", peak / 1e9);
+    print!("{:<26}", "GEMM");
+    for b in AMX_BLOCKINGS {
+        print!(" {b:>13}");
+    }
+    println!();
+    let mut sums = [0.0; AMX_BLOCKINGS.len()];
+    let mut count = 0;
+    for shape in shapes(512, 1024) {
+        if !shape.name.contains(only) {
+            continue;
+        }
+        let [m, k, n] = shape.dims;
+        let a = values(m * k, 1);
+        let b = values(k * n, 2);
+        let mut dst = vec![0f32; m * n];
+        let flops = 2.0 * (m * k * n) as f64;
+        print!("{:<26}", shape.name);
+        for (i, blocking) in AMX_BLOCKINGS.iter().enumerate() {
+            let kind = format!("bf16-amx:{blocking}");
+            let mut err = None;
+            let rate = best_rate(flops, Duration::from_millis(150), || {
+                if let Err(e) = bench_gemm(&kind, shape.dims, shape.half_transposed, &a, &b, &mut dst) {
+                    err = Some(e);
+                }
+                black_box(&dst);
+            });
+            if let Some(e) = err {
+                return Err(e.into());
+            }
+            sums[i] += rate / peak;
+            print!(" {:>12.1}%", 100.0 * rate / peak);
+        }
+        count += 1;
+        println!();
+    }
+    print!("{:<26}", "mean");
+    for s in sums {
+        print!(" {:>12.1}%", 100.0 * s / count.max(1) as f64);
+    }
+    println!();
     Ok(())
 }

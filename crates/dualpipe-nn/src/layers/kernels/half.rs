@@ -649,7 +649,56 @@ pub fn bench_gemm(
             gemm_half_with(HalfPath::Converting, Half::Bf16, dst, a16, b16, false, WHAT)
         }
         "bf16-avx512" => gemm_half_with(HalfPath::Native, Half::Bf16, dst, a16, b16, false, WHAT),
-        other => Err(NnError::Stage(format!("{WHAT}: unknown kind {other}"))),
+        other => match other.strip_prefix("bf16-amx:") {
+            Some(sizes) => bench_amx_blocked(sizes, dst, a, b),
+            None => Err(NnError::Stage(format!("{WHAT}: unknown kind {other}"))),
+        },
+    }
+}
+
+/// The bf16 GEMM on AMX with the blocking `sizes` (`"KC,MC,NC"`) instead of the kernel's
+/// own: `examples/gemm_peak.rs` compares blockings with it.
+fn bench_amx_blocked(
+    sizes: &str,
+    dst: &mut [f32],
+    a: Mat<'_, f32>,
+    b: Mat<'_, f32>,
+) -> Result<(), NnError> {
+    const WHAT: &str = "benchmark GEMM on AMX";
+    let bad = || {
+        NnError::Stage(format!(
+            "{WHAT}: blocking {sizes:?}: give KC,MC,NC, multiples of 32"
+        ))
+    };
+    let sizes: Vec<usize> = sizes
+        .split(',')
+        .map(|v| v.trim().parse().map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        let [kc, mc, nc] = sizes[..] else {
+            return Err(bad());
+        };
+        let blocking = amx::Blocking { kc, mc, nc };
+        if !blocking.valid() {
+            return Err(bad());
+        }
+        if !HalfPath::amx_available(Half::Bf16) {
+            return Err(NnError::Stage(format!("{WHAT}: this processor has no AMX")));
+        }
+        let (m, k, n) = (a.rows, a.cols, b.cols);
+        if b.rows != k || dst.len() != m * n || m * k * n == 0 {
+            return Err(NnError::Stage(format!("{WHAT}: shapes do not fit")));
+        }
+        // SAFETY: AMX is available, the shapes fit and are not empty, the operands' elements
+        // lie in their slices (Mat::new and its transpose), dst is borrowed mutably.
+        unsafe { amx::gemm_blocked(dst.as_mut_ptr(), n, a, b, false, blocking) };
+        Ok(())
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        let _ = (sizes, dst, a, b);
+        Err(NnError::Stage(format!("{WHAT}: no AMX off x86-64 Linux")))
     }
 }
 

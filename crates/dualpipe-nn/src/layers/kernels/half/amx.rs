@@ -38,15 +38,39 @@ const TM: usize = 32;
 const TN: usize = 32;
 /// Pairs of `k` steps in one tile (32 bf16 of an `A` row).
 const TILE_PAIRS: usize = 16;
-/// The most steps of `k` per packed block (a multiple of 32): a `B` panel (32 KiB of bf16)
-/// stays in L1 while the block's `A` panels stream past it.
-const KC: usize = 512;
-/// Rows of `A` per packed block (a multiple of [`TM`]): the block (256 KiB of bf16) stays in
-/// L2 while the `B` panels pass.
-const MC: usize = 8 * TM;
-/// Columns of `B` per packed block (a multiple of [`TN`]): wide, so that `A` is packed once
-/// for every GEMM of the GPT (each `B` panel is read once per block of `A`).
-const NC: usize = 128 * TN;
+/// How [`gemm`] blocks its operands: at most `kc` steps of `k` (a multiple of 32), `mc` rows
+/// of `A` (a multiple of [`TM`]) and `nc` columns of `B` (a multiple of [`TN`]) per packed
+/// block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Blocking {
+    /// Steps of `k` per block.
+    pub(super) kc: usize,
+    /// Rows of `A` per block.
+    pub(super) mc: usize,
+    /// Columns of `B` per block.
+    pub(super) nc: usize,
+}
+
+impl Blocking {
+    /// Whether the sizes are positive multiples of the tiles'.
+    pub(super) fn valid(&self) -> bool {
+        self.kc > 0
+            && self.kc % (2 * TILE_PAIRS) == 0
+            && self.mc > 0
+            && self.mc % TM == 0
+            && self.nc > 0
+            && self.nc % TN == 0
+    }
+}
+
+/// The blocking [`gemm`] uses: a `B` panel (32 KiB of bf16 at `kc` 512) stays in L1 while
+/// the block's `A` panels (256 KiB) stream past it from L2; `nc` is wide, so that `A` is
+/// packed once for every GEMM of the GPT.
+pub(super) const BLOCKING: Blocking = Blocking {
+    kc: 512,
+    mc: 8 * TM,
+    nc: 128 * TN,
+};
 
 /// `arch_prctl` request for permission to use an extended state component.
 const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
@@ -140,10 +164,18 @@ unsafe fn pack_b<T: Src>(
     }
 }
 
+/// The word of row `r` (< [`TM`]) and pair `p` of `k` in a packed `A` panel. A panel is its
+/// tiles of `k` in order, each two 1 KiB `A` tiles (rows 0-15, then rows 16-31) of 16 rows of
+/// 16 pairs, so that the microkernel reads it front to back.
+#[inline(always)]
+fn a_word(r: usize, p: usize) -> usize {
+    ((p / TILE_PAIRS) * 2 + r / 16) * 16 * TILE_PAIRS + (r % 16) * TILE_PAIRS + p % TILE_PAIRS
+}
+
 /// Packs `entries` rows of `A` (`src`: element `(i, l)` at `src + i·es + l·ks`) over `kc`
-/// steps of `k` into panels of [`TM`] rows, each row `kp_pad` pair words along `k` (zero past
-/// `kc` and for rows past `entries`), using `tmp` (`kp_pad · 16` words) for the pair layout of
-/// 16 rows before it is transposed.
+/// steps of `k` into panels of [`TM`] rows and `kp_pad` pairs laid out as [`a_word`] says
+/// (zero past `kc` and for rows past `entries`), using `tmp` (`kp_pad · 16` words) for the
+/// pair layout of 16 rows before it is transposed.
 ///
 /// # Safety
 ///
@@ -166,16 +198,16 @@ unsafe fn pack_a<T: Src>(
         unsafe { pack_rows(src, es, entries, kc, kp_pad, dst) };
         return;
     }
-    // SAFETY: each group of 16 rows is packed into tmp's kp·16 words, then its rows are
-    // written to their panel's rows (inside dst); reads of tmp stay below kp·16 words.
+    // SAFETY: each group of 16 rows is packed into tmp's kp·16 words, then transposed into
+    // its tiles (inside its panel, inside dst); reads of tmp stay below kp·16 words.
     unsafe {
         for r0 in (0..entries.next_multiple_of(TM)).step_by(16) {
             let valid = (entries - r0.min(entries)).min(16);
             if valid > 0 {
                 pack(src.add(r0 * es), es, ks, 16, valid, kc, tmp);
             }
-            let rows = dst.add(r0 * kp_pad);
-            for p0 in (0..kp_pad).step_by(16) {
+            let panel = dst.add(r0 / TM * TM * kp_pad);
+            for p0 in (0..kp_pad).step_by(TILE_PAIRS) {
                 let mut r = [_mm512_setzero_si512(); 16];
                 if valid > 0 {
                     for (q, w) in r.iter_mut().enumerate().take(kp.saturating_sub(p0)) {
@@ -183,8 +215,10 @@ unsafe fn pack_a<T: Src>(
                     }
                     transpose16(&mut r);
                 }
+                // Rows r0..r0 + 16 of this tile of k: one A tile, 16 rows of 16 pairs.
+                let tile = panel.add(a_word(r0 % TM, p0));
                 for (e, w) in r.iter().enumerate() {
-                    _mm512_storeu_si512(rows.add(e * kp_pad + p0).cast(), *w);
+                    _mm512_storeu_si512(tile.add(e * TILE_PAIRS).cast(), *w);
                 }
             }
         }
@@ -207,12 +241,16 @@ unsafe fn pack_rows<T: Src>(
     dst: *mut u32,
 ) {
     // SAFETY: the loads read the first kc elements of real rows; the stores write row r's
-    // kp_pad words (32 steps of k, 16 words, at a time: kp_pad·2 is kc rounded up to 32).
+    // kp_pad words in its panel (32 steps of k, one tile row of 16 words, at a time: kp_pad·2
+    // is kc rounded up to 32).
     unsafe {
         for r in 0..entries.next_multiple_of(TM) {
-            let row = dst.add(r * kp_pad);
+            let panel = dst.add(r / TM * TM * kp_pad);
+            let row = r % TM;
             if r >= entries {
-                std::ptr::write_bytes(row, 0, kp_pad);
+                for p0 in (0..kp_pad).step_by(TILE_PAIRS) {
+                    std::ptr::write_bytes(panel.add(a_word(row, p0)), 0, TILE_PAIRS);
+                }
                 continue;
             }
             let from = src.add(r * es);
@@ -226,93 +264,134 @@ unsafe fn pack_rows<T: Src>(
                 // Each lane's upper half is the bf16: narrow to 16 bits, in order along k.
                 let lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(lo));
                 let hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(hi));
-                _mm256_storeu_si256(row.add(l0 / 2).cast(), lo);
-                _mm256_storeu_si256(row.add(l0 / 2 + 8).cast(), hi);
+                let out = panel.add(a_word(row, l0 / 2));
+                _mm256_storeu_si256(out.cast(), lo);
+                _mm256_storeu_si256(out.add(8).cast(), hi);
             }
         }
     }
 }
 
-/// The 32 × 32 block `A·B` over `tiles` tiles of `k` into `out`: `a` is a packed `A` panel
-/// (32 rows, `row_bytes` apart), `b` a packed `B` panel (pair rows of 32 words).
+/// `c (+)= A·B` for one 32 × 32 block over `tiles` tiles of `k`: `a` is a packed `A` panel
+/// ([`a_word`]), `b` a packed `B` panel (pair rows of 32 words), `c` the block's first
+/// element with `c_bytes` bytes between its rows. The accumulator tiles start as `c`'s
+/// values when `load`, else as zeros, and are stored back into `c`.
 ///
 /// # Safety
 ///
-/// The tiles are configured as [`TileConfig::new`]; the panels hold `tiles` tiles of `k`.
+/// The tiles are configured as [`TileConfig::new`]; the panels hold `tiles` tiles of `k`;
+/// the 32 × 32 block at `c` may be written (and read when `load`).
 #[inline(always)]
-unsafe fn tile_block(
-    tiles: usize,
-    a: *const u32,
-    row_bytes: usize,
-    b: *const u32,
-    out: &mut Block,
-) {
-    let c = out.0.as_mut_ptr().cast::<u8>();
-    // SAFETY: the loads read tiles · (32 rows × 64 bytes) of a and tiles · (16 pair rows ×
-    // 128 bytes) of b, inside the panels; the stores write the 4 KiB of out.
+unsafe fn tile_block(tiles: usize, a: *const u32, b: *const u32, c: *mut f32, c_bytes: usize, load: bool) {
+    let c = c.cast::<u8>();
+    // SAFETY: the loads read tiles · (2 × 1 KiB) of a and tiles · (16 pair rows × 128
+    // bytes) of b, inside the panels; the accumulators read and write the 32 × 32 block.
     unsafe {
         asm!(
+            "test {load}, {load}",
+            "jz 3f",
+            "tileloadd tmm0, [{c0} + {sc}*1]",
+            "tileloadd tmm1, [{c1} + {sc}*1]",
+            "tileloadd tmm2, [{c2} + {sc}*1]",
+            "tileloadd tmm3, [{c3} + {sc}*1]",
+            "jmp 2f",
+            "3:",
             "tilezero tmm0",
             "tilezero tmm1",
             "tilezero tmm2",
             "tilezero tmm3",
             "2:",
-            "tileloadd tmm4, [{a0} + {sa}*1]",
-            "tileloadd tmm5, [{a1} + {sa}*1]",
+            "tileloadd tmm4, [{a} + {sa}*1]",
+            "tileloadd tmm5, [{a} + {sa}*1 + 1024]",
             "tileloadd tmm6, [{b0} + {sb}*1]",
             "tileloadd tmm7, [{b1} + {sb}*1]",
             "tdpbf16ps tmm0, tmm4, tmm6",
             "tdpbf16ps tmm1, tmm4, tmm7",
             "tdpbf16ps tmm2, tmm5, tmm6",
             "tdpbf16ps tmm3, tmm5, tmm7",
-            "add {a0}, 64",
-            "add {a1}, 64",
+            "add {a}, 2048",
             "add {b0}, 2048",
             "add {b1}, 2048",
             "dec {n}",
             "jnz 2b",
-            "tilestored [{c0} + {sb}*1], tmm0",
-            "tilestored [{c1} + {sb}*1], tmm1",
-            "tilestored [{c2} + {sb}*1], tmm2",
-            "tilestored [{c3} + {sb}*1], tmm3",
-            a0 = inout(reg) a => _,
-            a1 = inout(reg) a.byte_add(16 * row_bytes) => _,
+            "tilestored [{c0} + {sc}*1], tmm0",
+            "tilestored [{c1} + {sc}*1], tmm1",
+            "tilestored [{c2} + {sc}*1], tmm2",
+            "tilestored [{c3} + {sc}*1], tmm3",
+            load = in(reg) load as usize,
+            a = inout(reg) a => _,
             b0 = inout(reg) b => _,
             b1 = inout(reg) b.byte_add(64) => _,
             n = inout(reg) tiles => _,
-            sa = in(reg) row_bytes,
+            sa = in(reg) 4 * TILE_PAIRS,
             sb = in(reg) 4 * TN,
+            sc = in(reg) c_bytes,
             c0 = in(reg) c,
             c1 = in(reg) c.add(64),
-            c2 = in(reg) c.add(16 * 4 * TN),
-            c3 = in(reg) c.add(16 * 4 * TN + 64),
+            c2 = in(reg) c.add(16 * c_bytes),
+            c3 = in(reg) c.add(16 * c_bytes + 64),
             options(nostack),
         );
     }
 }
 
-/// `c[i·ldc + j] (+)= block[i][j]` for `i < rows`, `j < cols` (at most 32 each).
+/// One 32 × 32 block on the tiles, or on the tests' [`model`] of them.
 ///
 /// # Safety
 ///
-/// AVX-512 F is available; the `rows × cols` tile of `c` may be read and written.
+/// As [`tile_block`].
 #[inline(always)]
-unsafe fn add_block(block: &Block, c: *mut f32, ldc: usize, rows: usize, cols: usize, load: bool) {
+unsafe fn block(tiles: usize, a: *const u32, b: *const u32, c: *mut f32, c_bytes: usize, load: bool) {
+    // SAFETY: as the caller vouches.
+    unsafe {
+        if modelled() {
+            model::block(tiles, a, b, c, c_bytes / 4, load);
+        } else {
+            tile_block(tiles, a, b, c, c_bytes, load);
+        }
+    }
+}
+
+/// `block[i][j] = c[i·ldc + j]` for `i < rows`, `j < cols` (at most 32 each), zero elsewhere.
+///
+/// # Safety
+///
+/// AVX-512 F is available; the `rows × cols` tile of `c` may be read.
+#[inline(always)]
+unsafe fn load_block(block: &mut Block, c: *const f32, ldc: usize, rows: usize, cols: usize) {
     let (m0, m1) = (mask16(cols), mask16(cols.saturating_sub(16)));
-    // SAFETY: the masked loads and stores touch the tile's elements only.
+    // SAFETY: the masked loads touch the tile's elements only.
+    unsafe {
+        for (i, r) in block.0.iter_mut().enumerate() {
+            let (v0, v1) = if i < rows {
+                let row = c.add(i * ldc);
+                (
+                    _mm512_maskz_loadu_ps(m0, row),
+                    _mm512_maskz_loadu_ps(m1, row.add(16)),
+                )
+            } else {
+                (_mm512_setzero_ps(), _mm512_setzero_ps())
+            };
+            _mm512_storeu_ps(r.as_mut_ptr(), v0);
+            _mm512_storeu_ps(r.as_mut_ptr().add(16), v1);
+        }
+    }
+}
+
+/// `c[i·ldc + j] = block[i][j]` for `i < rows`, `j < cols` (at most 32 each).
+///
+/// # Safety
+///
+/// AVX-512 F is available; the `rows × cols` tile of `c` may be written.
+#[inline(always)]
+unsafe fn store_block(block: &Block, c: *mut f32, ldc: usize, rows: usize, cols: usize) {
+    let (m0, m1) = (mask16(cols), mask16(cols.saturating_sub(16)));
+    // SAFETY: the masked stores touch the tile's elements only.
     unsafe {
         for (i, r) in block.0.iter().enumerate().take(rows) {
             let row = c.add(i * ldc);
-            let (mut v0, mut v1) = (
-                _mm512_loadu_ps(r.as_ptr()),
-                _mm512_loadu_ps(r.as_ptr().add(16)),
-            );
-            if load {
-                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
-                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row.add(16)));
-            }
-            _mm512_mask_storeu_ps(row, m0, v0);
-            _mm512_mask_storeu_ps(row.add(16), m1, v1);
+            _mm512_mask_storeu_ps(row, m0, _mm512_loadu_ps(r.as_ptr()));
+            _mm512_mask_storeu_ps(row.add(16), m1, _mm512_loadu_ps(r.as_ptr().add(16)));
         }
     }
 }
@@ -331,15 +410,32 @@ pub(super) unsafe fn gemm<A: Src, B: Src>(
     b: Mat<'_, B>,
     accumulate: bool,
 ) {
-    // SAFETY: as the caller vouches; the function only adds AVX-512 to what it may use.
-    unsafe { gemm_avx512(c, ldc, a, b, accumulate) }
+    // SAFETY: as the caller vouches.
+    unsafe { gemm_blocked(c, ldc, a, b, accumulate, BLOCKING) }
 }
 
-/// [`gemm`] with the AVX-512 features enabled for the packing and the edges.
+/// [`gemm`] with the blocking `blocking` (the benchmark compares blockings with it).
 ///
 /// # Safety
 ///
-/// As [`gemm`].
+/// As [`gemm`]; `blocking` is [`Blocking::valid`].
+pub(super) unsafe fn gemm_blocked<A: Src, B: Src>(
+    c: *mut f32,
+    ldc: usize,
+    a: Mat<'_, A>,
+    b: Mat<'_, B>,
+    accumulate: bool,
+    blocking: Blocking,
+) {
+    // SAFETY: as the caller vouches; the function only adds AVX-512 to what it may use.
+    unsafe { gemm_avx512(c, ldc, a, b, accumulate, blocking) }
+}
+
+/// [`gemm_blocked`] with the AVX-512 features enabled for the packing and the edges.
+///
+/// # Safety
+///
+/// As [`gemm_blocked`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn gemm_avx512<A: Src, B: Src>(
     c: *mut f32,
@@ -347,29 +443,32 @@ unsafe fn gemm_avx512<A: Src, B: Src>(
     a: Mat<'_, A>,
     b: Mat<'_, B>,
     accumulate: bool,
+    Blocking { kc: kc_max, mc: mc_max, nc: nc_max }: Blocking,
 ) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     let config = TileConfig::new();
-    let mut block = Block([[0.0; TN]; TM]);
+    let mut edge = Block([[0.0; TN]; TM]);
     BUFS.with(|bufs| {
         let mut bufs = bufs.borrow_mut();
         let (abuf, bbuf, tbuf) = &mut *bufs;
-        // k in equal blocks of whole tiles, at most KC (k = 1536 as 512 + 512 + 512, k = 600 as 320 + 280).
-        let kc_step = k.div_ceil(k.div_ceil(KC)).next_multiple_of(2 * TILE_PAIRS);
+        // k in equal blocks of whole tiles, at most kc_max (k = 1536 as 512 + 512 + 512,
+        // k = 600 as 320 + 280 at kc_max 512).
+        let kc_step = k.div_ceil(k.div_ceil(kc_max)).next_multiple_of(2 * TILE_PAIRS);
         let kp_max = kc_step.min(k.next_multiple_of(2 * TILE_PAIRS)) / 2;
-        let apack = abuf.words(kp_max * MC.min(m.next_multiple_of(TM)));
-        let bpack = bbuf.words(kp_max * NC.min(n.next_multiple_of(TN)));
+        let apack = abuf.words(kp_max * mc_max.min(m.next_multiple_of(TM)));
+        let bpack = bbuf.words(kp_max * nc_max.min(n.next_multiple_of(TN)));
         let tmp = tbuf.words(kp_max * 16);
         // SAFETY: the packs read elements (i, l) of a and (l, j) of b with i < m, l < k,
-        // j < n, which the caller guarantees are in their slices; the blocks are added into
-        // the tiles of c inside its m × n rows; the buffers hold the blocks' panels; the
-        // tiles are configured before the first tile instruction and released after the last.
+        // j < n, which the caller guarantees are in their slices; the blocks read and write
+        // the tiles of c inside its m × n rows (whole 32 × 32 blocks in place, blocks at the
+        // edges through `edge`); the buffers hold the blocks' panels; the tiles are
+        // configured before the first tile instruction and released after the last.
         unsafe {
             if !modelled() {
                 asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
             }
-            for jc in (0..n).step_by(NC) {
-                let nc = NC.min(n - jc);
+            for jc in (0..n).step_by(nc_max) {
+                let nc = nc_max.min(n - jc);
                 for pc in (0..k).step_by(kc_step) {
                     let kc = kc_step.min(k - pc);
                     let kp_pad = kc.next_multiple_of(2 * TILE_PAIRS) / 2;
@@ -384,8 +483,8 @@ unsafe fn gemm_avx512<A: Src, B: Src>(
                         bpack,
                     );
                     let load = accumulate || pc > 0;
-                    for ic in (0..m).step_by(MC) {
-                        let mc = MC.min(m - ic);
+                    for ic in (0..m).step_by(mc_max) {
+                        let mc = mc_max.min(m - ic);
                         pack_a(
                             a.data.as_ptr().add(ic * a.rs + pc * a.cs),
                             a.rs,
@@ -400,21 +499,19 @@ unsafe fn gemm_avx512<A: Src, B: Src>(
                             let bp = bpack.add(jq * kp_pad * TN);
                             for (iq, ir) in (0..mc).step_by(TM).enumerate() {
                                 let ap = apack.add(iq * TM * kp_pad);
-                                if modelled() {
-                                    model::block(tiles, ap, kp_pad, bp, &mut block);
-                                } else {
-                                    tile_block(tiles, ap, 4 * kp_pad, bp, &mut block);
-                                }
+                                let cp = c.add((ic + ir) * ldc + jc + jr);
                                 let rows = (mc - ir).min(TM);
                                 let cols = (nc - jr).min(TN);
-                                add_block(
-                                    &block,
-                                    c.add((ic + ir) * ldc + jc + jr),
-                                    ldc,
-                                    rows,
-                                    cols,
-                                    load,
-                                );
+                                if rows == TM && cols == TN {
+                                    block(tiles, ap, bp, cp, 4 * ldc, load);
+                                } else {
+                                    if load {
+                                        load_block(&mut edge, cp, ldc, rows, cols);
+                                    }
+                                    let e = edge.0.as_mut_ptr().cast::<f32>();
+                                    block(tiles, ap, bp, e, 4 * TN, load);
+                                    store_block(&edge, cp, ldc, rows, cols);
+                                }
                             }
                         }
                     }
@@ -477,7 +574,7 @@ pub(super) fn modelled() -> bool {
 pub(super) mod model {
     use std::cell::Cell;
 
-    use super::{Block, TILE_PAIRS, TM, TN};
+    use super::{a_word, TILE_PAIRS, TM, TN};
 
     thread_local! {
         /// Whether this thread's AMX GEMMs run on the model (set by tests only).
@@ -489,29 +586,35 @@ pub(super) mod model {
         (f32::from_bits(w << 16), f32::from_bits(w & 0xffff_0000))
     }
 
-    /// [`super::tile_block`]'s result from the panels (`row_words` words between `A`'s rows).
+    /// [`super::tile_block`] computed from the panels: `c` has `ldc` floats between rows.
     ///
     /// # Safety
     ///
-    /// The panels hold `tiles` tiles of `k`.
+    /// The panels hold `tiles` tiles of `k`; the 32 × 32 block at `c` may be read and
+    /// written.
     pub(super) unsafe fn block(
         tiles: usize,
         a: *const u32,
-        row_words: usize,
         b: *const u32,
-        out: &mut Block,
+        c: *mut f32,
+        ldc: usize,
+        load: bool,
     ) {
-        for (i, row) in out.0.iter_mut().enumerate().take(TM) {
-            for (j, o) in row.iter_mut().enumerate().take(TN) {
-                let mut acc = 0f32;
-                for p in 0..tiles * TILE_PAIRS {
-                    // SAFETY: row i's pair p and pair row p's column j are inside the panels.
-                    let (aw, bw) = unsafe { (*a.add(i * row_words + p), *b.add(p * TN + j)) };
-                    let ((a0, a1), (b0, b1)) = (halves(aw), halves(bw));
-                    acc += a1 * b1;
-                    acc += a0 * b0;
+        for i in 0..TM {
+            for j in 0..TN {
+                // SAFETY: element (i, j) of the block, pair p of row i and pair row p's
+                // column j are inside the block and the panels.
+                unsafe {
+                    let out = c.add(i * ldc + j);
+                    let mut acc = if load { *out } else { 0.0 };
+                    for p in 0..tiles * TILE_PAIRS {
+                        let (aw, bw) = (*a.add(a_word(i, p)), *b.add(p * TN + j));
+                        let ((a0, a1), (b0, b1)) = (halves(aw), halves(bw));
+                        acc += a1 * b1;
+                        acc += a0 * b0;
+                    }
+                    *out = acc;
                 }
-                *o = acc;
             }
         }
     }
