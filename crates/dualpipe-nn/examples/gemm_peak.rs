@@ -398,7 +398,10 @@ const AMX_BLOCKINGS: [&str; 12] = [
 /// Prints the d-512 bf16 GEMMs' rates on AMX (share of the tiles' `peak`) under each of
 /// [`AMX_BLOCKINGS`], and each blocking's mean share.
 fn amx_blocking(peak: f64, only: &str) -> Result<(), Box<dyn std::error::Error>> {
-    println!("bf16 on AMX, % of the tiles' peak ({:.1} GFLOP/s), by blocking KC,MC,NC", peak / 1e9);
+    println!(
+        "bf16 on AMX, % of the tiles' peak ({:.1} GFLOP/s), by blocking KC,MC,NC",
+        peak / 1e9
+    );
     print!("{:<26}", "GEMM");
     for b in AMX_BLOCKINGS {
         print!(" {b:>13}");
@@ -420,7 +423,9 @@ fn amx_blocking(peak: f64, only: &str) -> Result<(), Box<dyn std::error::Error>>
             let kind = format!("bf16-amx:{blocking}");
             let mut err = None;
             let rate = best_rate(flops, Duration::from_millis(150), || {
-                if let Err(e) = bench_gemm(&kind, shape.dims, shape.half_transposed, &a, &b, &mut dst) {
+                if let Err(e) =
+                    bench_gemm(&kind, shape.dims, shape.half_transposed, &a, &b, &mut dst)
+                {
                     err = Some(e);
                 }
                 black_box(&dst);

@@ -93,7 +93,7 @@ impl CausalSelfAttention {
         residual: Option<&Tensor>,
     ) -> Result<Tensor, NnError> {
         let qkv = self.qkv.apply(x)?;
-        let (o, _) = kernels::attention_forward(&qkv, seq, self.heads)?;
+        let (o, _) = kernels::attention_forward(&qkv, seq, self.heads, self.half)?;
         self.proj.apply_plus(&o, residual)
     }
 
@@ -106,7 +106,7 @@ impl CausalSelfAttention {
         residual: Option<&Tensor>,
     ) -> Result<Tensor, NnError> {
         let qkv = self.qkv.forward(key, x)?;
-        let (o, probs) = kernels::attention_forward(&qkv, seq, self.heads)?;
+        let (o, probs) = kernels::attention_forward(&qkv, seq, self.heads, self.half)?;
         self.saved.insert(
             key,
             (store(&qkv, self.half)?, store(&probs, self.half)?, seq),
@@ -123,7 +123,7 @@ impl CausalSelfAttention {
         })?;
         let d_out = self.proj.backward_input(key, dy)?;
         let (qkv, probs) = (restore(&qkv)?, restore(&probs)?);
-        let d_qkv = kernels::attention_backward(&d_out, &qkv, &probs, seq, self.heads)?;
+        let d_qkv = kernels::attention_backward(&d_out, &qkv, &probs, seq, self.heads, self.half)?;
         self.qkv.backward_input(key, &d_qkv)
     }
 

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use dualpipe_schedule::Chunk;
 
 use super::{kernels, restore, store, tensor_bytes};
@@ -41,8 +41,15 @@ impl Gelu {
 
     /// `gelu(x)`; saves `gelu'(x)`, computed in the same pass, for the chunk's backward.
     pub fn forward(&mut self, key: Chunk, x: &Tensor) -> Result<Tensor, NnError> {
-        let (y, d) = kernels::gelu_forward(x)?;
-        self.saved_derivative.insert(key, store(&d, self.half)?);
+        let (y, d) = match self.half {
+            // The derivative rounded as it is made (the values of `store`).
+            Some(h) if x.dtype() == DType::F32 => kernels::gelu_forward_half(x, h)?,
+            _ => {
+                let (y, d) = kernels::gelu_forward(x)?;
+                (y, store(&d, self.half)?)
+            }
+        };
+        self.saved_derivative.insert(key, d);
         Ok(y)
     }
 
@@ -51,7 +58,10 @@ impl Gelu {
         let d = self.saved_derivative.remove(&key).ok_or_else(|| {
             NnError::Stage(format!("GELU: backward_input of {key} before its forward"))
         })?;
-        kernels::mul(dy, &restore(&d)?, "GELU backward")
+        match (dy.dtype(), d.dtype()) {
+            (DType::F32, DType::BF16 | DType::F16) => kernels::mul_widened(dy, &d, "GELU backward"),
+            _ => kernels::mul(dy, &restore(&d)?, "GELU backward"),
+        }
     }
 
     /// `Φ(x) + x φ(x)` elementwise.

@@ -4,14 +4,86 @@
 //! owns columns `h·hd .. (h+1)·hd` of its third, `hd = d / heads`). Every (sequence, head)
 //! pair is two single-threaded GEMMs read through strides (no copies of q, k or v) and
 //! written through strides into the head's columns of the output (no copies back either);
-//! the probabilities are kept for the backward.
+//! the probabilities are kept for the backward. Under mixed precision the products read their
+//! operands rounded to bf16 or f16 (the half GEMM's fastest path: AMX tiles where there are
+//! some), with f32 outputs; the softmax and its gradient stay f32.
 
 use candle_core::Tensor;
 
+use std::mem::MaybeUninit;
+
+use super::half::{gemm_half_to, HalfOperand};
 use super::{
-    assume_init_mut, dims2, gemm, gemm_to, max_of, read, tensor, unsupported, Elem, Mat, Uninit,
+    assume_init_mut, dims2, gemm_to, max_of, read, tensor, unsupported, Elem, Mat, Uninit,
 };
 use crate::error::NnError;
+use crate::precision::Half;
+
+/// `dst[i·ld + j] = (a·b)[i, j]`: the products of [`attention_forward`] and
+/// [`attention_backward`], in the tensors' precision or in mixed precision.
+trait Product<T: Elem> {
+    fn product(
+        &self,
+        dst: &mut [MaybeUninit<T>],
+        ld: usize,
+        a: Mat<'_, T>,
+        b: Mat<'_, T>,
+        what: &str,
+    ) -> Result<(), NnError>;
+}
+
+/// Products in the operands' own precision (f32 or f64).
+struct Exact;
+
+impl<T: Elem> Product<T> for Exact {
+    fn product(
+        &self,
+        dst: &mut [MaybeUninit<T>],
+        ld: usize,
+        a: Mat<'_, T>,
+        b: Mat<'_, T>,
+        what: &str,
+    ) -> Result<(), NnError> {
+        gemm_to(dst, ld, a, b, what)
+    }
+}
+
+/// Products of f32 operands rounded to a half format, accumulated in f32.
+struct Mixed(Half);
+
+impl Product<f32> for Mixed {
+    fn product(
+        &self,
+        dst: &mut [MaybeUninit<f32>],
+        ld: usize,
+        a: Mat<'_, f32>,
+        b: Mat<'_, f32>,
+        what: &str,
+    ) -> Result<(), NnError> {
+        gemm_half_to(
+            self.0,
+            dst,
+            ld,
+            HalfOperand::F32(a),
+            HalfOperand::F32(b),
+            what,
+        )
+    }
+}
+
+/// Runs `$f::<T>(args, product)` with the exact products by the tensor's dtype, or with
+/// mixed-precision products (`half` set: f32 tensors only).
+macro_rules! by_precision {
+    ($t:expr, $half:expr, $what:expr, $f:ident ( $($arg:expr),* )) => {
+        match $half {
+            None => by_dtype!($t, $what, $f($($arg,)* &Exact)),
+            Some(h) => match $t.dtype() {
+                candle_core::DType::F32 => $f::<f32>($($arg,)* &Mixed(h)),
+                other => Err(unsupported(other, $what)),
+            },
+        }
+    };
+}
 
 /// The shape of one attention call.
 #[derive(Clone, Copy, Debug)]
@@ -54,19 +126,22 @@ impl Geometry {
 }
 
 /// `(out, probs)`: `out [rows·seq, d]` holds every head's `softmax(q kᵀ / √hd + causal) v`,
-/// `probs [seqs·heads·seq·seq]` the attention probabilities (zero above the diagonal).
+/// `probs [seqs·heads·seq·seq]` the attention probabilities (zero above the diagonal); the
+/// two products in mixed precision when `half` is set (f32 `qkv`).
 pub(crate) fn attention_forward(
     qkv: &Tensor,
     seq: usize,
     heads: usize,
+    half: Option<Half>,
 ) -> Result<(Tensor, Tensor), NnError> {
-    by_dtype!(qkv, "attention", attention_forward_t(qkv, seq, heads))
+    by_precision!(qkv, half, "attention", attention_forward_t(qkv, seq, heads))
 }
 
 fn attention_forward_t<T: Elem>(
     qkv: &Tensor,
     seq: usize,
     heads: usize,
+    mm: &impl Product<T>,
 ) -> Result<(Tensor, Tensor), NnError> {
     const WHAT: &str = "attention forward";
     let g = Geometry::new(qkv, seq, heads, WHAT)?;
@@ -83,12 +158,12 @@ fn attention_forward_t<T: Elem>(
                 let k = Mat::strided(&qkv[base + d + h * hd..], t, hd, 3 * d, 1);
                 let v = Mat::strided(&qkv[base + 2 * d + h * hd..], t, hd, 3 * d, 1);
                 let p = &mut probs[(s * heads + h) * t * t..][..t * t];
-                gemm_to(p, t, q, k.t(), WHAT)?;
-                // SAFETY: gemm_to wrote all t x t scores.
+                mm.product(p, t, q, k.t(), WHAT)?;
+                // SAFETY: the product wrote all t x t scores.
                 let p = unsafe { assume_init_mut(p) };
                 softmax_rows(p, t, scale);
                 // This head's columns of the output rows, written in place.
-                gemm_to(
+                mm.product(
                     &mut out[s * t * d + h * hd..],
                     d,
                     Mat::new(p, t, t),
@@ -147,16 +222,19 @@ fn softmax_causal<T: Elem>(row: &mut [T], i: usize, scale: T) {
 
 /// `dqkv [rows·seq, 3d]` from the output gradient `dout [rows·seq, d]`, the forward's `qkv`
 /// and `probs`: `dv = Pᵀ do`, `dS = P ⊙ (dP − rowsum(dP ⊙ P))` with `dP = do vᵀ`,
-/// `dq = dS k / √hd`, `dk = dSᵀ q / √hd`.
+/// `dq = dS k / √hd`, `dk = dSᵀ q / √hd`; the four products in mixed precision when `half` is
+/// set (f32 tensors).
 pub(crate) fn attention_backward(
     dout: &Tensor,
     qkv: &Tensor,
     probs: &Tensor,
     seq: usize,
     heads: usize,
+    half: Option<Half>,
 ) -> Result<Tensor, NnError> {
-    by_dtype!(
+    by_precision!(
         qkv,
+        half,
         "attention backward",
         attention_backward_t(dout, qkv, probs, seq, heads)
     )
@@ -168,6 +246,7 @@ fn attention_backward_t<T: Elem>(
     probs: &Tensor,
     seq: usize,
     heads: usize,
+    mm: &impl Product<T>,
 ) -> Result<Tensor, NnError> {
     const WHAT: &str = "attention backward";
     let g = Geometry::new(qkv, seq, heads, WHAT)?;
@@ -182,7 +261,7 @@ fn attention_backward_t<T: Elem>(
     }
     let scale = T::from_f64(g.scale());
     let mut dqkv = Uninit::<T>::new(g.seqs * t * 3 * d);
-    let mut ds = vec![T::zero(); t * t];
+    let mut ds = Uninit::<T>::new(t * t);
     read::<T, _>(dout, WHAT, |dout| {
         read::<T, _>(qkv, WHAT, |qkv| {
             read::<T, _>(probs, WHAT, |probs| {
@@ -199,13 +278,16 @@ fn attention_backward_t<T: Elem>(
                         // This head's columns of q's, k's or v's third, written in place.
                         let third = |third: usize| base + third * d + h * hd;
                         // dv = Pᵀ do
-                        gemm_to(&mut dqkv[third(2)..], 3 * d, pm.t(), dout_h, WHAT)?;
+                        mm.product(&mut dqkv[third(2)..], 3 * d, pm.t(), dout_h, WHAT)?;
                         // dP = do vᵀ, then dS in place.
-                        gemm(&mut ds, dout_h, v.t(), false, WHAT)?;
-                        softmax_backward(&mut ds, p, t, scale);
-                        let dsm = Mat::new(&ds, t, t);
-                        gemm_to(&mut dqkv[third(0)..], 3 * d, dsm, k, WHAT)?;
-                        gemm_to(&mut dqkv[third(1)..], 3 * d, dsm.t(), q, WHAT)?;
+                        let ds = ds.slots();
+                        mm.product(ds, t, dout_h, v.t(), WHAT)?;
+                        // SAFETY: the product wrote all t x t elements.
+                        let ds = unsafe { assume_init_mut(ds) };
+                        softmax_backward(ds, p, t, scale);
+                        let dsm = Mat::new(ds, t, t);
+                        mm.product(&mut dqkv[third(0)..], 3 * d, dsm, k, WHAT)?;
+                        mm.product(&mut dqkv[third(1)..], 3 * d, dsm.t(), q, WHAT)?;
                     }
                 }
                 Ok::<_, NnError>(())
@@ -235,5 +317,63 @@ fn softmax_backward_inline<T: Elem>(ds: &mut [T], p: &[T], t: usize, scale: T) {
             *x = pv * (*x - dot) * scale;
         }
         dsr[live..].fill(T::zero());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+    use half::bf16;
+
+    use super::*;
+
+    /// The largest difference between two f32 tensors' elements.
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        let (a, b) = (a.flatten_all().unwrap(), b.flatten_all().unwrap());
+        let (a, b) = (a.to_vec1::<f32>().unwrap(), b.to_vec1::<f32>().unwrap());
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn mixed_precision_products_read_rounded_operands() {
+        // 2 sequences of 24, 2 heads of 8.
+        let (seq, heads, d) = (24, 2, 16);
+        let n = 2 * seq;
+        let vals: Vec<f32> = (0..n * 3 * d)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 1.7)
+            .collect();
+        let rounded: Vec<f32> = vals.iter().map(|&x| bf16::from_f32(x).to_f32()).collect();
+        let qkv = Tensor::from_vec(vals, (n, 3 * d), &Device::Cpu).unwrap();
+        let qkv_r = Tensor::from_vec(rounded, (n, 3 * d), &Device::Cpu).unwrap();
+        let (out_m, p_m) = attention_forward(&qkv, seq, heads, Some(Half::Bf16)).unwrap();
+        let (out_r, p_r) = attention_forward(&qkv_r, seq, heads, None).unwrap();
+        let (out_x, p_x) = attention_forward(&qkv, seq, heads, None).unwrap();
+        // The scores are products of the rounded q and k (exact in f32): the probabilities
+        // match the f32 ones of the rounded input up to the sums' order, not the unrounded.
+        assert!(max_diff(&p_m, &p_r) < 1e-5, "{}", max_diff(&p_m, &p_r));
+        assert!(max_diff(&p_m, &p_x) > 1e-4, "{}", max_diff(&p_m, &p_x));
+        // The output multiplies the probabilities rounded to bf16 too.
+        assert!(max_diff(&out_m, &out_r) > 1e-5 && max_diff(&out_m, &out_r) < 3e-2);
+        assert!(max_diff(&out_m, &out_x) < 3e-2);
+        // The backward: close to f32 on the rounded operands, and f32 out.
+        let dout = Tensor::from_vec(
+            (0..n * d)
+                .map(|i| ((i * 104729 % 997) as f32 / 498.0 - 1.0))
+                .collect(),
+            (n, d),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let g_m = attention_backward(&dout, &qkv, &p_m, seq, heads, Some(Half::Bf16)).unwrap();
+        let g_r = attention_backward(&dout, &qkv_r, &p_r, seq, heads, None).unwrap();
+        assert_eq!(g_m.dtype(), candle_core::DType::F32);
+        assert!(max_diff(&g_m, &g_r) < 5e-2, "{}", max_diff(&g_m, &g_r));
+        // f64 tensors have no mixed-precision products.
+        let q64 = qkv.to_dtype(candle_core::DType::F64).unwrap();
+        let err = attention_forward(&q64, seq, heads, Some(Half::Bf16)).unwrap_err();
+        assert!(err.to_string().contains("F64"), "{err}");
     }
 }

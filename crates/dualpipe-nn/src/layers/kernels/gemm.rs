@@ -109,7 +109,7 @@ fn shape_error<T>(a: &Mat<'_, T>, b: &Mat<'_, T>, len: usize, what: &str) -> NnE
 ///
 /// `dst` points to `len` elements that may be written (and, when `accumulate`, are
 /// initialized and read) and that alias neither `a` nor `b`.
-unsafe fn gemm_raw<T: Elem>(
+pub(super) unsafe fn gemm_raw<T: Elem>(
     dst: *mut T,
     len: usize,
     rs: usize,

@@ -38,7 +38,7 @@ use std::mem::MaybeUninit;
 use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
 
-use super::gemm::{gemm, Mat};
+use super::gemm::{gemm, gemm_raw, Mat};
 use super::{keep_freed_memory, read, Uninit};
 use crate::error::{NnError, TensorContext};
 use crate::precision::Half;
@@ -61,7 +61,7 @@ pub(crate) enum HalfOperand<'a> {
 
 impl HalfOperand<'_> {
     /// `(rows, cols)`.
-    fn dims(&self) -> (usize, usize) {
+    pub(crate) fn dims(&self) -> (usize, usize) {
         match self {
             HalfOperand::F32(m) => (m.rows, m.cols),
             HalfOperand::Bf16(m) => (m.rows, m.cols),
@@ -249,14 +249,79 @@ pub(crate) fn gemm_half_with(
     accumulate: bool,
     what: &str,
 ) -> Result<(), NnError> {
+    let n = b.dims().1;
+    // SAFETY: dst is a live, initialized slice of dst.len() elements, borrowed mutably.
+    unsafe {
+        gemm_half_raw(
+            path,
+            half,
+            dst.as_mut_ptr(),
+            dst.len(),
+            n,
+            a,
+            b,
+            accumulate,
+            what,
+        )
+    }
+}
+
+/// `dst[i·ldc + j] = (a·b)[i, j]` for every `i < a.rows`, `j < b.cols`, the operands' values
+/// rounded to `half` and the products accumulated in f32 on this processor's fastest path:
+/// the product written into rows of a wider, possibly not yet initialized, buffer (one
+/// attention head's columns, say).
+pub(crate) fn gemm_half_to(
+    half: Half,
+    dst: &mut [MaybeUninit<f32>],
+    ldc: usize,
+    a: HalfOperand<'_>,
+    b: HalfOperand<'_>,
+    what: &str,
+) -> Result<(), NnError> {
+    // SAFETY: dst is a live slice borrowed mutably; without accumulation the GEMM only
+    // writes (initialized values) into it.
+    unsafe {
+        gemm_half_raw(
+            HalfPath::best(half),
+            half,
+            dst.as_mut_ptr().cast(),
+            dst.len(),
+            ldc,
+            a,
+            b,
+            false,
+            what,
+        )
+    }
+}
+
+/// `dst[i·ldc + j] (+)= (a·b)[i, j]` on `path`, after checking the shapes, the formats and
+/// that the processor has the path.
+///
+/// # Safety
+///
+/// `dst` points to `len` elements that may be written (and, when `accumulate`, are
+/// initialized and read) and that alias neither operand.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_half_raw(
+    path: HalfPath,
+    half: Half,
+    dst: *mut f32,
+    len: usize,
+    ldc: usize,
+    a: HalfOperand<'_>,
+    b: HalfOperand<'_>,
+    accumulate: bool,
+    what: &str,
+) -> Result<(), NnError> {
     a.check_format(half, what)?;
     b.check_format(half, what)?;
     let (m, k) = a.dims();
     let (k2, n) = b.dims();
-    if k2 != k || dst.len() != m * n || !a.fits() || !b.fits() {
+    let dst_fits = m == 0 || n == 0 || (ldc >= n && (m - 1) * ldc + n <= len);
+    if k2 != k || !dst_fits || !a.fits() || !b.fits() {
         return Err(NnError::Stage(format!(
-            "{what}: shapes do not fit: [{m}, {k}] x [{k2}, {n}] into {} elements",
-            dst.len()
+            "{what}: shapes do not fit: [{m}, {k}] x [{k2}, {n}] into {len} elements, rows {ldc} apart"
         )));
     }
     if !path.available(half) {
@@ -269,24 +334,36 @@ pub(crate) fn gemm_half_with(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    if k == 0 {
-        if !accumulate {
-            dst.fill(0.0);
+    // SAFETY: the m rows of n elements, ldc apart, lie inside dst's len elements (checked
+    // above), which the caller lets us write (and read when accumulating).
+    unsafe {
+        if k == 0 {
+            if !accumulate {
+                for i in 0..m {
+                    std::ptr::write_bytes(dst.add(i * ldc), 0, n);
+                }
+            }
+            return Ok(());
         }
-        return Ok(());
-    }
-    match path {
-        HalfPath::Amx | HalfPath::Native => native_gemm(path, dst, a, b, accumulate, what),
-        HalfPath::Converting => converting_gemm(half, dst, a, b, accumulate, what),
+        match path {
+            HalfPath::Amx | HalfPath::Native => native_gemm(path, dst, ldc, a, b, accumulate, what),
+            HalfPath::Converting => converting_gemm(half, dst, len, ldc, a, b, accumulate, what),
+        }
     }
 }
 
 /// The bf16 GEMM on the processor's own instructions, `path` AMX or `vdpbf16ps` (shapes and
 /// formats checked, `m, n, k` not zero, the path available).
+///
+/// # Safety
+///
+/// The `a.rows` rows of `b.cols` elements of `dst`, `ldc` apart, may be written (and read
+/// when `accumulate`) and alias neither operand.
 #[cfg(target_arch = "x86_64")]
-fn native_gemm(
+unsafe fn native_gemm(
     path: HalfPath,
-    dst: &mut [f32],
+    c: *mut f32,
+    ldc: usize,
     a: HalfOperand<'_>,
     b: HalfOperand<'_>,
     accumulate: bool,
@@ -314,17 +391,14 @@ fn native_gemm(
             }
         }
     }
-    let n = b.dims().1;
-    let c = dst.as_mut_ptr();
-    // SAFETY: the caller checked the shapes (a.cols == b.rows, dst is a.rows × n, every
-    // operand element inside its slice) and that the processor has the path; dst is
-    // borrowed mutably, so it aliases neither operand.
+    // SAFETY: the caller checked the shapes (a.cols == b.rows, every operand element inside
+    // its slice) and that the processor has the path, and vouches for dst.
     unsafe {
         match (a, b) {
-            (HalfOperand::F32(a), HalfOperand::F32(b)) => run(path, c, n, a, b, accumulate),
-            (HalfOperand::F32(a), HalfOperand::Bf16(b)) => run(path, c, n, a, b, accumulate),
-            (HalfOperand::Bf16(a), HalfOperand::F32(b)) => run(path, c, n, a, b, accumulate),
-            (HalfOperand::Bf16(a), HalfOperand::Bf16(b)) => run(path, c, n, a, b, accumulate),
+            (HalfOperand::F32(a), HalfOperand::F32(b)) => run(path, c, ldc, a, b, accumulate),
+            (HalfOperand::F32(a), HalfOperand::Bf16(b)) => run(path, c, ldc, a, b, accumulate),
+            (HalfOperand::Bf16(a), HalfOperand::F32(b)) => run(path, c, ldc, a, b, accumulate),
+            (HalfOperand::Bf16(a), HalfOperand::Bf16(b)) => run(path, c, ldc, a, b, accumulate),
             _ => {
                 return Err(NnError::Stage(format!(
                     "{what}: no native path for f16 operands"
@@ -337,9 +411,10 @@ fn native_gemm(
 
 /// The native bf16 GEMM: none off x86-64 ([`HalfPath::available`] is false there).
 #[cfg(not(target_arch = "x86_64"))]
-fn native_gemm(
+unsafe fn native_gemm(
     _path: HalfPath,
-    _dst: &mut [f32],
+    _c: *mut f32,
+    _ldc: usize,
     _a: HalfOperand<'_>,
     _b: HalfOperand<'_>,
     _accumulate: bool,
@@ -355,9 +430,16 @@ thread_local! {
 
 /// The converting path: both operands rounded and widened into reused f32 buffers, then the
 /// f32 GEMM.
-fn converting_gemm(
+///
+/// # Safety
+///
+/// As [`gemm_half_raw`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn converting_gemm(
     half: Half,
-    dst: &mut [f32],
+    dst: *mut f32,
+    len: usize,
+    ldc: usize,
     a: HalfOperand<'_>,
     b: HalfOperand<'_>,
     accumulate: bool,
@@ -370,13 +452,18 @@ fn converting_gemm(
         let (abuf, bbuf) = &mut *wide;
         let (ars, acs) = a.widen_into(half, abuf);
         let (brs, bcs) = b.widen_into(half, bbuf);
-        gemm(
-            dst,
-            Mat::strided(abuf, m, k, ars, acs),
-            Mat::strided(bbuf, k, n, brs, bcs),
-            accumulate,
-            what,
-        )
+        // SAFETY: as the caller vouches.
+        unsafe {
+            gemm_raw(
+                dst,
+                len,
+                ldc,
+                Mat::strided(abuf, m, k, ars, acs),
+                Mat::strided(bbuf, k, n, brs, bcs),
+                accumulate,
+                what,
+            )
+        }
     })
 }
 
@@ -407,6 +494,116 @@ pub(crate) fn to_half(x: &Tensor, half: Half) -> Result<Tensor, NnError> {
             })?;
             Tensor::from_vec(v, shape, &Device::Cpu).ctx(WHAT)
         }
+    }
+}
+
+/// Elements per piece of the fused conversions below: a piece's f32 scratch (16 KiB) stays
+/// in L1 between the two passes over it.
+const PIECE: usize = 4096;
+
+/// `(gelu(x), gelu'(x))` for f32 `x`, the derivative rounded to `half` as it is made: the
+/// values of `gelu_forward` then [`to_half`], without the f32 derivative tensor between them.
+pub(crate) fn gelu_forward_half(x: &Tensor, half: Half) -> Result<(Tensor, Tensor), NnError> {
+    const WHAT: &str = "GELU forward (mixed precision)";
+    /// Each piece's derivative through `scratch`, then rounded into `d` by `round`.
+    fn pieces<H: candle_core::WithDType>(
+        x: &[f32],
+        round: fn(&[f32], &mut [MaybeUninit<H>]),
+    ) -> (Vec<f32>, Vec<H>) {
+        let mut y = Uninit::<f32>::new(x.len());
+        let mut d = Uninit::<H>::new(x.len());
+        let mut scratch = Uninit::<f32>::new(PIECE.min(x.len()));
+        for ((xs, ys), ds) in x
+            .chunks(PIECE)
+            .zip(y.slots().chunks_mut(PIECE))
+            .zip(d.slots().chunks_mut(PIECE))
+        {
+            let tmp = &mut scratch.slots()[..xs.len()];
+            <f32 as super::Elem>::gelu_forward(xs, ys, tmp);
+            // SAFETY: gelu_forward wrote every slot of tmp.
+            round(unsafe { super::assume_init_mut(tmp) }, ds);
+        }
+        // SAFETY: every piece wrote its slots of y and d.
+        unsafe { (y.assume_init(), d.assume_init()) }
+    }
+    if x.dtype() != DType::F32 {
+        return Err(NnError::Stage(format!(
+            "{WHAT}: mixed precision runs on f32 activations, not {:?}",
+            x.dtype()
+        )));
+    }
+    keep_freed_memory();
+    let shape = x.shape().clone();
+    let (y, d) = match half {
+        Half::Bf16 => read::<f32, _>(x, WHAT, |x| {
+            let (y, d) = pieces(x, f32_to_bf16);
+            (y, Tensor::from_vec(d, shape.clone(), &Device::Cpu))
+        })?,
+        Half::F16 => read::<f32, _>(x, WHAT, |x| {
+            let (y, d) = pieces(x, f32_to_f16);
+            (y, Tensor::from_vec(d, shape.clone(), &Device::Cpu))
+        })?,
+    };
+    Ok((
+        Tensor::from_vec(y, shape, &Device::Cpu).ctx(WHAT)?,
+        d.ctx(WHAT)?,
+    ))
+}
+
+/// `a ⊙ b` for f32 `a` and a half-precision `b` of the same shape, `b` widened exactly piece
+/// by piece: the values of `mul(a, to_f32(b))` without the widened tensor.
+pub(crate) fn mul_widened(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor, NnError> {
+    /// `a ⊙ widen(b)` through an f32 scratch piece.
+    fn pieces<H: candle_core::WithDType>(
+        a: &[f32],
+        b: &[H],
+        widen: fn(&[H], &mut [MaybeUninit<f32>]),
+    ) -> Vec<f32> {
+        let mut out = Uninit::<f32>::new(a.len());
+        let mut scratch = Uninit::<f32>::new(PIECE.min(a.len()));
+        for ((av, bv), ov) in a
+            .chunks(PIECE)
+            .zip(b.chunks(PIECE))
+            .zip(out.slots().chunks_mut(PIECE))
+        {
+            let tmp = &mut scratch.slots()[..bv.len()];
+            widen(bv, tmp);
+            // SAFETY: widen wrote every slot of tmp.
+            let wide = unsafe { super::assume_init_mut(tmp) };
+            product_into(av, wide, ov);
+        }
+        // SAFETY: every piece wrote its slots.
+        unsafe { out.assume_init() }
+    }
+    if a.dims() != b.dims() || a.dtype() != DType::F32 {
+        return Err(NnError::Stage(format!(
+            "{what}: {:?} {:?} and {:?} {:?}: expected f32 and a half-precision tensor of one shape",
+            a.dtype(),
+            a.dims(),
+            b.dtype(),
+            b.dims()
+        )));
+    }
+    let out = read::<f32, _>(a, what, |a| match b.dtype() {
+        DType::BF16 => read::<bf16, _>(b, what, |b| pieces(a, b, bf16_to_f32)),
+        DType::F16 => read::<f16, _>(b, what, |b| pieces(a, b, f16_to_f32)),
+        other => Err(NnError::Stage(format!(
+            "{what}: {other:?} is not a half-precision type"
+        ))),
+    })??;
+    keep_freed_memory();
+    Tensor::from_vec(out, a.shape().clone(), &Device::Cpu).ctx(what)
+}
+
+wide_kernel! {
+    /// `out = a ⊙ b` elementwise.
+    fn product_into(a: &[f32], b: &[f32], out: &mut [MaybeUninit<f32>]) => product_into_inline
+}
+
+#[inline(always)]
+fn product_into_inline(a: &[f32], b: &[f32], out: &mut [MaybeUninit<f32>]) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        o.write(x * y);
     }
 }
 
@@ -1308,6 +1505,45 @@ mod tests {
             assert_eq!(t.dims(), [100, 10]);
             assert_eq!(to_f32(&x).unwrap().id(), x.id());
         }
+    }
+
+    /// The fused GELU forward and the product with a widened tensor give, bit for bit, the
+    /// values of the unfused passes (over several pieces, a partial one last; hard values
+    /// and NaN included).
+    #[test]
+    fn fused_conversions_match_the_passes() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let mut v: Vec<f32> = (0..2 * PIECE + 123)
+            .map(|_| rng.gen_range(-6.0..6.0))
+            .collect();
+        v.extend(hard_values());
+        let x = Tensor::from_vec(v.clone(), v.len(), &Device::Cpu).unwrap();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.to_dtype(DType::F32)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        };
+        for half in [Half::Bf16, Half::F16] {
+            let (y, d) = gelu_forward_half(&x, half).unwrap();
+            let (y0, d0) = super::super::gelu_forward(&x).unwrap();
+            let d0 = to_half(&d0, half).unwrap();
+            assert_eq!(d.dtype(), half.dtype());
+            assert_eq!(bits(&y), bits(&y0), "{half:?} values");
+            assert_eq!(bits(&d), bits(&d0), "{half:?} derivatives");
+            let p = mul_widened(&x, &d, "t").unwrap();
+            let p0 = super::super::mul(&x, &to_f32(&d).unwrap(), "t").unwrap();
+            assert_eq!(bits(&p), bits(&p0), "{half:?} product");
+        }
+        let err = mul_widened(&x, &x, "t").unwrap_err().to_string();
+        assert!(err.contains("not a half-precision type"), "{err}");
+        let err = gelu_forward_half(&x.to_dtype(DType::F64).unwrap(), Half::Bf16)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("f32 activations"), "{err}");
     }
 
     /// The native paths' packing rounds as the `half` crate does (normal values only:

@@ -5,8 +5,8 @@ use candle_core::{DType, Tensor};
 use half::{bf16, f16};
 
 use super::gemm::{linear_start, residual_start, weight_gradient_dims, Mat};
-use super::half::{gemm_half, HalfOperand};
-use super::{dims2, read, tensor};
+use super::half::{gemm_half, gemm_half_to, HalfOperand};
+use super::{dims2, read, tensor, Uninit};
 use crate::error::NnError;
 use crate::precision::Half;
 
@@ -37,13 +37,23 @@ fn half_product(
     len: usize,
     what: &str,
 ) -> Result<Vec<f32>, NnError> {
-    let accumulate = start.is_some();
-    let mut dst = start.unwrap_or_else(|| vec![0.0; len]);
-    with_operand(a, what, |a| {
+    let dst = with_operand(a, what, |a| {
         with_operand(b, what, |b| {
             let a = if a_t { a.t() } else { a };
             let b = if b_t { b.t() } else { b };
-            gemm_half(half, &mut dst, a, b, accumulate, what)
+            match start {
+                Some(mut dst) => {
+                    gemm_half(half, &mut dst, a, b, true, what)?;
+                    Ok::<_, NnError>(dst)
+                }
+                None => {
+                    // Written in full by the product: no zeroing pass first.
+                    let mut dst = Uninit::<f32>::new(len);
+                    gemm_half_to(half, dst.slots(), b.dims().1, a, b, what)?;
+                    // SAFETY: the product wrote all len = a.rows · b.cols elements.
+                    Ok(unsafe { dst.assume_init() })
+                }
+            }
         })
     })???;
     Ok(dst)

@@ -114,11 +114,11 @@ mod token;
 pub(crate) use attention::{attention_backward, attention_forward};
 pub(crate) use elementwise::{add, gelu, gelu_derivative, gelu_forward, mse, mul, scaled_diff};
 pub(crate) use gemm::{
-    gemm, gemm_to, linear_backward_input, linear_backward_weight, linear_forward, transpose, Mat,
+    gemm_to, linear_backward_input, linear_backward_weight, linear_forward, transpose, Mat,
 };
 #[doc(hidden)]
 pub use half::{bench_amx_peak, bench_gemm};
-pub(crate) use half::{to_f32, to_half};
+pub(crate) use half::{gelu_forward_half, mul_widened, to_f32, to_half};
 pub(crate) use linear_half::{
     linear_backward_input_half, linear_backward_weight_half, linear_forward_half,
 };

@@ -282,7 +282,14 @@ unsafe fn pack_rows<T: Src>(
 /// The tiles are configured as [`TileConfig::new`]; the panels hold `tiles` tiles of `k`;
 /// the 32 × 32 block at `c` may be written (and read when `load`).
 #[inline(always)]
-unsafe fn tile_block(tiles: usize, a: *const u32, b: *const u32, c: *mut f32, c_bytes: usize, load: bool) {
+unsafe fn tile_block(
+    tiles: usize,
+    a: *const u32,
+    b: *const u32,
+    c: *mut f32,
+    c_bytes: usize,
+    load: bool,
+) {
     let c = c.cast::<u8>();
     // SAFETY: the loads read tiles · (2 × 1 KiB) of a and tiles · (16 pair rows × 128
     // bytes) of b, inside the panels; the accumulators read and write the 32 × 32 block.
@@ -341,7 +348,14 @@ unsafe fn tile_block(tiles: usize, a: *const u32, b: *const u32, c: *mut f32, c_
 ///
 /// As [`tile_block`].
 #[inline(always)]
-unsafe fn block(tiles: usize, a: *const u32, b: *const u32, c: *mut f32, c_bytes: usize, load: bool) {
+unsafe fn block(
+    tiles: usize,
+    a: *const u32,
+    b: *const u32,
+    c: *mut f32,
+    c_bytes: usize,
+    load: bool,
+) {
     // SAFETY: as the caller vouches.
     unsafe {
         if modelled() {
@@ -443,7 +457,11 @@ unsafe fn gemm_avx512<A: Src, B: Src>(
     a: Mat<'_, A>,
     b: Mat<'_, B>,
     accumulate: bool,
-    Blocking { kc: kc_max, mc: mc_max, nc: nc_max }: Blocking,
+    Blocking {
+        kc: kc_max,
+        mc: mc_max,
+        nc: nc_max,
+    }: Blocking,
 ) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     let config = TileConfig::new();
@@ -453,7 +471,9 @@ unsafe fn gemm_avx512<A: Src, B: Src>(
         let (abuf, bbuf, tbuf) = &mut *bufs;
         // k in equal blocks of whole tiles, at most kc_max (k = 1536 as 512 + 512 + 512,
         // k = 600 as 320 + 280 at kc_max 512).
-        let kc_step = k.div_ceil(k.div_ceil(kc_max)).next_multiple_of(2 * TILE_PAIRS);
+        let kc_step = k
+            .div_ceil(k.div_ceil(kc_max))
+            .next_multiple_of(2 * TILE_PAIRS);
         let kp_max = kc_step.min(k.next_multiple_of(2 * TILE_PAIRS)) / 2;
         let apack = abuf.words(kp_max * mc_max.min(m.next_multiple_of(TM)));
         let bpack = bbuf.words(kp_max * nc_max.min(n.next_multiple_of(TN)));
