@@ -361,7 +361,7 @@ mod tests {
         // The backward: close to f32 on the rounded operands, and f32 out.
         let dout = Tensor::from_vec(
             (0..n * d)
-                .map(|i| ((i * 104729 % 997) as f32 / 498.0 - 1.0))
+                .map(|i| (i * 104729 % 997) as f32 / 498.0 - 1.0)
                 .collect(),
             (n, d),
             &Device::Cpu,

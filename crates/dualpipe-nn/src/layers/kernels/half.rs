@@ -1514,7 +1514,7 @@ mod tests {
     fn fused_conversions_match_the_passes() {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let mut v: Vec<f32> = (0..2 * PIECE + 123)
-            .map(|_| rng.gen_range(-6.0..6.0))
+            .map(|_| rng.random_range(-6.0..6.0))
             .collect();
         v.extend(hard_values());
         let x = Tensor::from_vec(v.clone(), v.len(), &Device::Cpu).unwrap();
