@@ -55,11 +55,11 @@ impl Blocking {
     /// Whether the sizes are positive multiples of the tiles'.
     pub(super) fn valid(&self) -> bool {
         self.kc > 0
-            && self.kc % (2 * TILE_PAIRS) == 0
+            && self.kc.is_multiple_of(2 * TILE_PAIRS)
             && self.mc > 0
-            && self.mc % TM == 0
+            && self.mc.is_multiple_of(TM)
             && self.nc > 0
-            && self.nc % TN == 0
+            && self.nc.is_multiple_of(TN)
     }
 }
 
