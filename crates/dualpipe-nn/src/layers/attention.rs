@@ -17,8 +17,9 @@ use crate::precision::Half;
 /// for `backward_weight`.
 ///
 /// Under mixed precision ([`CausalSelfAttention::set_half`]) the saved q, k, v and
-/// probabilities are held in the half format; the projections, the per-head score and value
-/// products and the softmax run in f32 (see [`CausalSelfAttention::set_half`]).
+/// probabilities are held in the half format and the per-head score and value products (and
+/// their gradients) read their operands in it, accumulating in f32; the projections and the
+/// softmax run in f32 (see [`CausalSelfAttention::set_half`]).
 #[derive(Debug)]
 pub struct CausalSelfAttention {
     qkv: Linear,
@@ -55,11 +56,13 @@ impl CausalSelfAttention {
         })
     }
 
-    /// Keeps the saved q, k, v and probabilities in `half` (mixed precision), or in the
-    /// weights' dtype with `None`. The projections' GEMMs stay in the weights' dtype: with
-    /// them in bf16 the default GPT task learned its attention later (validation loss 1.2%
-    /// above f32's after 300 steps, 0.08% with them in f32: docs/precision.md), and DeepSeek-V3
-    /// likewise keeps its attention in higher precision than its GEMMs.
+    /// Keeps the saved q, k, v and probabilities in `half` (mixed precision), and runs the
+    /// per-head score and value products on `half` operands (as PyTorch's autocast runs its
+    /// batched products), or everything in the weights' dtype with `None`. The projections'
+    /// GEMMs stay in the weights' dtype: with them in bf16 the default GPT task learned its
+    /// attention later (validation loss 1.2% above f32's after 300 steps, 0.08% with them in
+    /// f32: docs/precision.md), and DeepSeek-V3 likewise keeps its attention projections in
+    /// higher precision than its other GEMMs.
     pub fn set_half(&mut self, half: Option<Half>) -> Result<(), NnError> {
         if half.is_some() && self.qkv.params()[0].value.dtype() != candle_core::DType::F32 {
             return Err(NnError::Config(format!(

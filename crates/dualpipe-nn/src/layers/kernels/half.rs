@@ -6,9 +6,11 @@
 //! - **AMX** (bf16 on Linux on x86-64 processors with AMX-BF16, Sapphire Rapids and later
 //!   Xeons; `amx`): the same blocking around `tdpbf16ps` tiles, 16 384 FLOPs per
 //!   instruction. On one such core (an Intel Xeon with AMX, measured through the GPU machine's
-//!   host) it runs the GPT's d-512 GEMMs at 2-4.4x the f32 GEMM (308-657 GFLOP/s), 11-23% of
-//!   the tiles' measured peak: packing the operands, not the tiles, bounds it. Preferred
-//!   over the next path where both exist (`vdpbf16ps` ran at half the f32 FMA rate there).
+//!   host) it runs the GPT's d-512 GEMMs at 3.7-4.7x the f32 GEMM (568-767 GFLOP/s), 19-26%
+//!   of the tiles' measured peak. What bounds it is not established: packing the operands
+//!   takes an eighth to under a third of that time, and neither other blockings nor
+//!   prefetching the next block's lines moved it by more than a tenth. Preferred over the
+//!   next path where both exist (`vdpbf16ps` ran at half the f32 FMA rate there).
 //! - **Native** (bf16 on x86-64 processors with AVX512_BF16, such as Zen 4 or Sapphire Rapids;
 //!   `native`): a blocked GEMM around `vdpbf16ps`, which multiplies pairs of bf16 values and
 //!   accumulates in f32 at twice the rate of f32 FMAs. Packing the operands into the

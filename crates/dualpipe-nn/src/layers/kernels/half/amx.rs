@@ -2,18 +2,20 @@
 //! multiplies a 16 × 32 tile of bf16 by a 32 × 16 one and adds the 16 × 16 products into an
 //! f32 tile, 16 384 FLOPs in one instruction.
 //!
-//! The blocking is the native kernel's (`native.rs`): for each block of at most `KC` steps of
-//! `k` and `NC` columns, `B` is packed into panels of [`TN`] = 32 columns in the pair layout
-//! that `vdpbf16ps` reads, which is also AMX's "VNNI" layout of a `B` tile (row `p` of a tile:
-//! the words `(B[2p, j], B[2p+1, j])` of its 16 columns), so a panel is two column tiles read
-//! with a 128-byte row stride. `A` is packed into panels of [`TM`] = 32 rows, each row its
-//! bf16 values along `k` (an `A` tile's rows): rounded row by row where `A`'s rows run along
-//! `k` in memory (the forward's and the input gradient's), else the pair layout of 16 rows at
-//! a time transposed in registers. Both are padded with zeros to whole tiles of 32 steps of
-//! `k`.
+//! The blocking is the native kernel's (`native.rs`), its sizes in [`BLOCKING`]: for each
+//! block of at most `kc` steps of `k` and `nc` columns, `B` is packed into panels of [`TN`] =
+//! 32 columns in the pair layout that `vdpbf16ps` reads, which is also AMX's "VNNI" layout of
+//! a `B` tile (row `p` of a tile: the words `(B[2p, j], B[2p+1, j])` of its 16 columns), so a
+//! panel is two column tiles read with a 128-byte row stride. `A` is packed into panels of
+//! [`TM`] = 32 rows stored tile by tile in the order the microkernel reads them (for each 32
+//! steps of `k`, the 1 KiB tile of rows 0-15, then that of rows 16-31): rounded row by row
+//! where `A`'s rows run along `k` in memory (the forward's and the input gradient's), else the
+//! pair layout of 16 rows at a time transposed in registers. Both are padded with zeros to
+//! whole tiles of 32 steps of `k`.
 //! The microkernel keeps a 32 × 32 output block in four accumulator tiles over the whole
-//! block of `k` (two `A` and two `B` tile loads per four `tdpbf16ps`), stores it to a
-//! scratch block and adds it into `C` with masked vector stores at the edges.
+//! block of `k` (two `A` and two `B` tile loads per four `tdpbf16ps`); the accumulators start
+//! as `C`'s values (or zeros) and are stored back into `C` in place, through a scratch block
+//! with masked vector loads and stores at the edges.
 //!
 //! The tile instructions are written as inline assembly: Rust's AMX intrinsics and its
 //! detection of the AMX features are not stable yet. The processor reports AMX through
