@@ -1,0 +1,163 @@
+"""scripts/public_trace.py: public cluster traces (Philly, Helios, PAI) into the simulator's CSV.
+
+Each format is checked on a small file written here in that format's schema (no public trace is
+committed): which jobs are kept, their arrivals, devices and run times, the report on stderr,
+and bad input (one line, exit code 2). Where a built `dualpipe` CLI is found, the converted
+trace is simulated too.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "scripts" / "public_trace.py"
+
+
+def convert(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def rows(text):
+    return list(csv.DictReader(text.splitlines()))
+
+
+def attempt(start, end, gpus_per_machine):
+    return {"start_time": start, "end_time": end,
+            "detail": [{"ip": f"m{i}", "gpus": [f"gpu{g}" for g in range(n)]}
+                       for i, n in enumerate(gpus_per_machine)]}
+
+
+PHILLY = [
+    {"status": "Pass", "vc": "v1", "jobid": "app_2", "user": "u",
+     "submitted_time": "2017-10-07 01:11:39",
+     # Two attempts: 74 s on 8 GPUs, then 1 h on 2 x 8 (the last attempt's GPUs count).
+     "attempts": [attempt("2017-10-07 01:12:09", "2017-10-07 01:13:23", [8]),
+                  attempt("2017-10-07 01:13:30", "2017-10-07 02:13:30", [8, 8])]},
+    {"status": "Killed", "vc": "v1", "jobid": "app_1", "user": "u",
+     "submitted_time": "2017-10-07 01:10:00",
+     "attempts": [attempt("2017-10-07 01:10:05", "2017-10-07 01:20:05", [1])]},
+    {"status": "Failed", "vc": "v2", "jobid": "app_3", "user": "u",
+     "submitted_time": "2017-10-07 01:30:00", "attempts": []},
+    {"status": "Pass", "vc": "v2", "jobid": "app_4", "user": "u",
+     "submitted_time": "2017-10-07 01:40:00",
+     "attempts": [attempt("2017-10-07 01:40:00", "2017-10-07 01:50:00", [8, 8, 8, 8])]},
+]
+
+
+def test_philly(tmp_path):
+    src = tmp_path / "cluster_job_log"
+    src.write_text(json.dumps(PHILLY))
+    out = tmp_path / "trace.csv"
+    p = convert("philly", src, "--output", out, "--devices", 16)
+    assert p.returncode == 0, p.stderr
+    got = rows(out.read_text())
+    # Sorted by arrival from 0; app_3 never ran, app_4 asks 32 > 16 devices.
+    assert [(r["job"], r["arrival_s"], r["gpus"], r["duration_s"]) for r in got] == [
+        ("app_1", "0.000", "1", "600.000"),
+        ("app_2", "99.000", "16", "3674.000"),
+    ]
+    assert all(r["min_gpus"] == "" and r["max_gpus"] == "" for r in got)
+    assert "4 jobs read, 2 kept, dropped: 1 more than 16 devices, 1 never ran" in p.stderr
+    # (1 x 600 + 16 x 3674) device-seconds over 16 devices x 99 s.
+    assert f"offered load on 16 devices: {(600 + 16 * 3674) / (16 * 99):.3f}" in p.stderr
+    p = convert("philly", src, "--completed-only", "--devices", 0)
+    assert p.returncode == 0, p.stderr
+    assert [r["job"] for r in rows(p.stdout)] == ["app_2", "app_4"]
+    assert "2 not completed" in p.stderr
+
+
+def test_helios(tmp_path):
+    src = tmp_path / "cluster_log.csv"
+    src.write_text(
+        "job_id,user,vc,gpu_num,cpu_num,node_num,state,submit_time,start_time,end_time,duration,queue\n"
+        "1425511,uX,vcJ,1,1,1,COMPLETED,2020-06-09 18:41:01,2020-06-09 18:41:01,2020-06-10 04:55:09,36848,0\n"
+        "1425512,uV,vch,4,16,1,FAILED,2020-06-09 18:41:27,2020-06-09 18:41:27,2020-06-09 18:45:36,249,0\n"
+        "1425513,uz,vcp,0,1,1,COMPLETED,2020-06-09 18:41:28,2020-06-09 18:41:28,2020-06-17 14:15:21,675233,0\n"
+        "1425514,uz,vcp,8,8,1,CANCELLED,2020-06-09 18:42:01,,,0,0\n")
+    p = convert("helios", src)
+    assert p.returncode == 0, p.stderr
+    assert [(r["job"], r["arrival_s"], r["gpus"], r["duration_s"]) for r in rows(p.stdout)] == [
+        ("1425511", "0.000", "1", "36848.000"),
+        ("1425512", "26.000", "4", "249.000"),
+    ]
+    assert "4 jobs read, 2 kept, dropped: 1 no GPUs, 1 ran for 0 s" in p.stderr
+
+
+def test_pai(tmp_path):
+    jobs = tmp_path / "pai_job_table.csv"
+    tasks = tmp_path / "pai_task_table.csv"
+    jobs.write_text("j1,i1,u,Terminated,1000.0,4600.0\n"
+                    "j2,i2,u,Failed,1200.0,1300.0\n"
+                    "j3,i3,u,Terminated,1500.0,1600.0\n"
+                    "j4,i4,u,Waiting,1700.0,\n")
+    tasks.write_text(
+        # j1: 2 x 50% + 1 x 100% = 2 devices, first task at 1010.
+        "j1,worker,2.0,Terminated,1010.0,4600.0,600.0,29.0,50.0,T4\n"
+        "j1,ps,1.0,Terminated,1020.0,4600.0,600.0,29.0,100.0,T4\n"
+        # j2: 3 x 25% = 0.75: one device.
+        "j2,worker,3.0,Failed,1250.0,1300.0,600.0,29.0,25.0,V100\n"
+        # j3: CPU only.
+        "j3,tensorflow,1.0,Terminated,1500.0,1600.0,600.0,29.0,,\n"
+        "j4,worker,1.0,Waiting,,,600.0,29.0,100.0,\n")
+    p = convert("pai", jobs, tasks)
+    assert p.returncode == 0, p.stderr
+    assert [(r["job"], r["arrival_s"], r["gpus"], r["duration_s"]) for r in rows(p.stdout)] == [
+        ("j1", "0.000", "2", "3590.000"),
+        ("j2", "200.000", "1", "50.000"),
+    ]
+    assert "4 jobs read, 2 kept, dropped: 1 never ran, 1 no GPUs" in p.stderr, p.stderr
+
+
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
+    src = tmp_path / "bad.json"
+    src.write_text(json.dumps([{"jobid": "a", "status": "Pass", "submitted_time": "yesterday",
+                                "attempts": [attempt("2017-10-07 01:12:09", "2017-10-07 01:13:23", [1])]}]))
+    out = tmp_path / "out.csv"
+    p = convert("philly", src, "--output", out)
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and "submitted_time" in p.stderr and "yesterday" in p.stderr
+    assert not out.exists() and not Path(str(out) + ".part").exists(), "no half-written file"
+    p = convert("helios", tmp_path / "missing.csv")
+    assert p.returncode == 2 and "missing.csv" in p.stderr
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    p = convert("helios", tmp_path / "x.csv")
+    assert p.returncode == 2 and "expected a header" in p.stderr
+    p = convert("pai", tmp_path / "x.csv")
+    assert p.returncode == 2 and "pai_task_table" in p.stderr
+
+
+def _cli():
+    env = os.environ.get("DUALPIPE_BIN")
+    if env:
+        return Path(env)
+    for profile in ("release", "debug"):
+        path = REPO_ROOT / "target" / profile / "dualpipe"
+        if path.is_file():
+            return path
+    return None
+
+
+@pytest.mark.skipif(_cli() is None, reason="no built dualpipe CLI (set DUALPIPE_BIN)")
+def test_the_converted_trace_simulates(tmp_path):
+    src = tmp_path / "cluster_job_log"
+    src.write_text(json.dumps(PHILLY))
+    out = tmp_path / "trace.csv"
+    assert convert("philly", src, "--output", out).returncode == 0
+    p = subprocess.run([str(_cli()), "cluster", "simulate", "--cluster",
+                        REPO_ROOT / "testdata" / "cluster" / "64x8.json", "--trace", out,
+                        "--policy", "elastic", "--format", "json"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert 0 < report["utilization"] <= 1
+    assert report["makespan_s"] >= 3674

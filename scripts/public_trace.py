@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Convert a public GPU-cluster trace into the trace CSV of `dualpipe cluster simulate`.
+
+    python3 scripts/public_trace.py philly cluster_job_log --output trace.csv
+    python3 scripts/public_trace.py helios cluster_log.csv --output trace.csv
+    python3 scripts/public_trace.py pai pai_job_table.csv pai_task_table.csv --output trace.csv
+
+Formats (none of these traces is committed here; fetch them from their publishers):
+
+- `philly`: Microsoft's Philly trace (msr-fiddle/philly-traces), `cluster_job_log`, a JSON list
+  of jobs. Arrival: `submitted_time`. Devices: the GPUs of the job's last scheduling attempt
+  (summed over its machines). Run time: the sum of its attempts' `end_time - start_time` (the
+  time it actually held GPUs).
+- `helios`: SenseTime's Helios traces (S-Lab-System-Group/HeliosData), a cluster's
+  `cluster_log.csv`. Arrival: `submit_time`; devices: `gpu_num`; run time: `duration` (end
+  minus start, in seconds). Jobs with `gpu_num` 0 (CPU jobs) are dropped.
+- `pai`: Alibaba's PAI trace of 2020 (alibaba/clusterdata, cluster-trace-gpu-v2020), the
+  header-less `pai_job_table.csv` and `pai_task_table.csv`. Arrival: the job's `start_time`
+  (its submission); devices: the sum over its tasks of `inst_num x plan_gpu / 100`, rounded up
+  (a task asking 50% of a GPU counts half a device, so small tasks share one); run time: the
+  job's `end_time` minus its earliest task's `start_time`.
+
+In every format a job that never ran (no start or end time, no GPUs, a run time of 0) is
+dropped, and with `--devices N` so is a job asking more than N devices (the simulator refuses
+those); jobs that ran and then failed or were killed are kept by default (they held devices),
+`--completed-only` drops them. Arrivals start at 0 (the first kept job) and rows are sorted by
+arrival. Every job is rigid (`min_gpus`, `max_gpus` empty): these traces say nothing about
+elasticity. On stderr: how many jobs were read, kept and dropped (by reason), and the offered
+load on `--devices` devices (requested device-seconds over devices x the arrival window), the
+figure that decides whether a cluster queues (docs/cluster.md).
+
+Bad input (a missing file, a malformed row or time) is one line on stderr and exit code 2.
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+from datetime import datetime
+
+
+class TraceError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+def seconds(text, where):
+    """`YYYY-MM-DD HH:MM:SS` (the traces' local time; only differences matter) as seconds."""
+    try:
+        return datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S").timestamp()
+    except (ValueError, AttributeError):
+        raise TraceError(f"{where}: time {text!r} is not YYYY-MM-DD HH:MM:SS") from None
+
+
+def number(text, where, field):
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise TraceError(f"{where}: {field} = {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise TraceError(f"{where}: {field} = {text!r} is not finite")
+    return value
+
+
+def philly(paths, completed_only):
+    """Jobs `(name, arrival, gpus, duration, dropped_reason)` of Philly's `cluster_job_log`."""
+    try:
+        with open(paths[0]) as f:
+            jobs = json.load(f)
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{paths[0]}: not JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(jobs, list):
+        raise TraceError(f"{paths[0]}: expected a JSON list of jobs")
+    for i, job in enumerate(jobs):
+        where = f"{paths[0]}: job {i}"
+        if not isinstance(job, dict) or "jobid" not in job:
+            raise TraceError(f"{where}: expected an object with jobid, submitted_time and attempts")
+        name = str(job["jobid"])
+        if completed_only and job.get("status") != "Pass":
+            yield name, None, 0, 0.0, "not completed"
+            continue
+        attempts = [a for a in job.get("attempts") or []
+                    if a.get("start_time") not in (None, "None") and a.get("end_time") not in (None, "None")]
+        if not attempts or job.get("submitted_time") in (None, "None"):
+            yield name, None, 0, 0.0, "never ran"
+            continue
+        arrival = seconds(job["submitted_time"], f"{where} ({name}) submitted_time")
+        gpus = sum(len(d.get("gpus") or []) for d in attempts[-1].get("detail") or [])
+        duration = sum(seconds(a["end_time"], f"{where} ({name}) end_time")
+                       - seconds(a["start_time"], f"{where} ({name}) start_time") for a in attempts)
+        yield name, arrival, gpus, duration, None
+
+
+def helios(paths, completed_only):
+    """Jobs of a Helios `cluster_log.csv`."""
+    with open(paths[0], newline="") as f:
+        rows = csv.DictReader(f)
+        need = {"job_id", "gpu_num", "state", "submit_time", "duration"}
+        if rows.fieldnames is None or not need <= set(rows.fieldnames):
+            raise TraceError(f"{paths[0]}: expected a header with {', '.join(sorted(need))}")
+        for line, row in enumerate(rows, start=2):
+            where = f"{paths[0]}: line {line}"
+            name = row["job_id"]
+            if completed_only and row["state"] != "COMPLETED":
+                yield name, None, 0, 0.0, "not completed"
+                continue
+            gpus = number(row["gpu_num"], where, "gpu_num")
+            if gpus == 0:
+                yield name, None, 0, 0.0, "no GPUs"
+                continue
+            if not row["duration"] or not row["submit_time"]:
+                yield name, None, 0, 0.0, "never ran"
+                continue
+            yield (name, seconds(row["submit_time"], f"{where} submit_time"), int(gpus),
+                   number(row["duration"], where, "duration"), None)
+
+
+def pai(paths, completed_only):
+    """Jobs of PAI's `pai_job_table.csv` and `pai_task_table.csv` (no header rows)."""
+    if len(paths) != 2:
+        raise TraceError("pai: give pai_job_table.csv and pai_task_table.csv")
+    devices, first_start = {}, {}
+    with open(paths[1], newline="") as f:
+        for line, row in enumerate(csv.reader(f), start=1):
+            where = f"{paths[1]}: line {line}"
+            if len(row) < 9:
+                raise TraceError(f"{where}: {len(row)} columns; expected job_name,task_name,inst_num,"
+                                 "status,start_time,end_time,plan_cpu,plan_mem,plan_gpu[,gpu_type]")
+            job = row[0]
+            inst = number(row[2] or "0", where, "inst_num")
+            plan_gpu = number(row[8] or "0", where, "plan_gpu")
+            devices[job] = devices.get(job, 0.0) + inst * plan_gpu / 100.0
+            if row[4]:
+                start = number(row[4], where, "start_time")
+                first_start[job] = min(first_start.get(job, start), start)
+    with open(paths[0], newline="") as f:
+        for line, row in enumerate(csv.reader(f), start=1):
+            where = f"{paths[0]}: line {line}"
+            if len(row) < 6:
+                raise TraceError(f"{where}: {len(row)} columns; expected job_name,inst_id,user,status,"
+                                 "start_time,end_time")
+            name = row[0]
+            if completed_only and row[3] != "Terminated":
+                yield name, None, 0, 0.0, "not completed"
+                continue
+            gpus = math.ceil(devices.get(name, 0.0) - 1e-9)
+            if gpus <= 0:
+                yield name, None, 0, 0.0, "no GPUs"
+                continue
+            if not row[4] or not row[5] or name not in first_start:
+                yield name, None, 0, 0.0, "never ran"
+                continue
+            end = number(row[5], where, "end_time")
+            yield name, number(row[4], where, "start_time"), gpus, end - first_start[name], None
+
+
+READERS = {"philly": philly, "helios": helios, "pai": pai}
+
+
+def convert(fmt, paths, devices, completed_only):
+    """The kept rows `(name, arrival_s, gpus, duration_s)` sorted by arrival, and the counts."""
+    kept, dropped, read = [], {}, 0
+    for name, arrival, gpus, duration, reason in READERS[fmt](paths, completed_only):
+        read += 1
+        if reason is None and (gpus <= 0 or duration <= 0):
+            reason = "no GPUs" if gpus <= 0 else "ran for 0 s"
+        if reason is None and devices and gpus > devices:
+            reason = f"more than {devices} devices"
+        if reason is not None:
+            dropped[reason] = dropped.get(reason, 0) + 1
+            continue
+        kept.append((name, arrival, gpus, duration))
+    if not kept:
+        raise TraceError(f"{fmt}: none of the {read} jobs ran on GPUs; nothing to write")
+    kept.sort(key=lambda r: (r[1], r[0]))
+    t0 = kept[0][1]
+    rows = [(name, arrival - t0, gpus, duration) for name, arrival, gpus, duration in kept]
+    return rows, read, dropped
+
+
+def offered_load(rows, devices):
+    window = rows[-1][1] - rows[0][1]
+    if window <= 0:
+        return float("nan")
+    return sum(g * d for _, _, g, d in rows) / (devices * window)
+
+
+def write(rows, out):
+    out.write("job,arrival_s,gpus,duration_s,min_gpus,max_gpus,profile\n")
+    seen = {}
+    for name, arrival, gpus, duration in rows:
+        # A name twice (PAI reuses none, but a merged file might): keep both, renamed.
+        n = seen.get(name, 0)
+        seen[name] = n + 1
+        label = name if n == 0 else f"{name}#{n}"
+        label = label.replace(",", "_")
+        out.write(f"{label},{arrival:.3f},{gpus},{duration:.3f},,,\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("format", choices=sorted(READERS))
+    ap.add_argument("files", nargs="+", help="the trace's file(s), as the format says")
+    ap.add_argument("--output", "-o", help="the trace CSV to write (default: stdout)")
+    ap.add_argument("--devices", type=int, default=512,
+                    help="the simulated cluster's devices: the offered load is reported on them and "
+                         "jobs asking more are dropped (default 512, testdata/cluster/64x8.json); 0 keeps all")
+    ap.add_argument("--completed-only", action="store_true",
+                    help="drop jobs that failed or were killed (kept by default: they held devices)")
+    args = ap.parse_args(argv)
+    if args.devices < 0:
+        print(f"error: --devices {args.devices}: give 0 or more", file=sys.stderr)
+        return 2
+    try:
+        rows, read, dropped = convert(args.format, args.files, args.devices, args.completed_only)
+    except TraceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
+    if args.output:
+        tmp = args.output + ".part"
+        with open(tmp, "w") as f:
+            write(rows, f)
+        os.replace(tmp, args.output)
+    else:
+        write(rows, sys.stdout)
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(dropped.items())) or "none"
+    print(f"{args.format}: {read} jobs read, {len(rows)} kept, dropped: {why}", file=sys.stderr)
+    if args.devices:
+        window_h = (rows[-1][1] - rows[0][1]) / 3600
+        print(f"offered load on {args.devices} devices: {offered_load(rows, args.devices):.3f} "
+              f"(arrival window {window_h:.1f} h)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
