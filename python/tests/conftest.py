@@ -15,6 +15,19 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def dualpipe_cli():
+    """A built `dualpipe` CLI: ``DUALPIPE_BIN``, else ``<repo>/target/{release,debug}/dualpipe``;
+    ``None`` when there is none (the tests that need one skip)."""
+    env = os.environ.get("DUALPIPE_BIN")
+    if env:
+        return Path(env)
+    for profile in ("release", "debug"):
+        path = REPO_ROOT / "target" / profile / "dualpipe"
+        if path.is_file():
+            return path
+    return None
+
+
 def golden_dir() -> Path:
     """The golden data directory (may not exist)."""
     env = os.environ.get("DUALPIPE_GOLDEN")

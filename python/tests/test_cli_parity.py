@@ -7,30 +7,17 @@ Runs when a built CLI is found: ``DUALPIPE_BIN``, else ``<repo>/target/{release,
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import dualpipe_rs
-from conftest import REPO_ROOT
+from conftest import dualpipe_cli
 from dualpipe_rs.eplb import rebalance_experts
 
 
-def _find_cli():
-    env = os.environ.get("DUALPIPE_BIN")
-    if env:
-        return Path(env)
-    for profile in ("release", "debug"):
-        path = REPO_ROOT / "target" / profile / "dualpipe"
-        if path.is_file():
-            return path
-    return None
-
-
-CLI = _find_cli()
+CLI = dualpipe_cli()
 pytestmark = pytest.mark.skipif(CLI is None, reason="no built dualpipe CLI (set DUALPIPE_BIN)")
 
 

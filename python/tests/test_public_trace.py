@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, dualpipe_cli
 
 SCRIPT = REPO_ROOT / "scripts" / "public_trace.py"
 
@@ -136,24 +135,13 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
     assert p.returncode == 2 and "pai_task_table" in p.stderr
 
 
-def _cli():
-    env = os.environ.get("DUALPIPE_BIN")
-    if env:
-        return Path(env)
-    for profile in ("release", "debug"):
-        path = REPO_ROOT / "target" / profile / "dualpipe"
-        if path.is_file():
-            return path
-    return None
-
-
-@pytest.mark.skipif(_cli() is None, reason="no built dualpipe CLI (set DUALPIPE_BIN)")
+@pytest.mark.skipif(dualpipe_cli() is None, reason="no built dualpipe CLI (set DUALPIPE_BIN)")
 def test_the_converted_trace_simulates(tmp_path):
     src = tmp_path / "cluster_job_log"
     src.write_text(json.dumps(PHILLY))
     out = tmp_path / "trace.csv"
     assert convert("philly", src, "--output", out).returncode == 0
-    p = subprocess.run([str(_cli()), "cluster", "simulate", "--cluster",
+    p = subprocess.run([str(dualpipe_cli()), "cluster", "simulate", "--cluster",
                         REPO_ROOT / "testdata" / "cluster" / "64x8.json", "--trace", out,
                         "--policy", "elastic", "--format", "json"],
                        capture_output=True, text=True, timeout=120)

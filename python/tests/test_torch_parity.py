@@ -8,29 +8,16 @@ default test command.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from conftest import REPO_ROOT, dualpipe_cli
 pytest.importorskip("torch")
 
 
-def _find_cli():
-    env = os.environ.get("DUALPIPE_BIN")
-    if env:
-        return Path(env)
-    for profile in ("release", "debug"):
-        path = REPO_ROOT / "target" / profile / "dualpipe"
-        if path.is_file():
-            return path
-    return None
-
-
-CLI = _find_cli()
+CLI = dualpipe_cli()
 
 
 @pytest.mark.skipif(CLI is None, reason="no built dualpipe CLI (set DUALPIPE_BIN)")

@@ -29,6 +29,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use dualpipe_nn::layers::{bench_amx_peak, bench_gemm};
+use dualpipe_nn::NnError;
 
 /// Seconds of CPU time this thread has run (wall time where that clock is not available), so
 /// that other processes' time slices on a shared machine do not count.
@@ -219,6 +220,45 @@ fn shapes(d: usize, rows: usize) -> Vec<Shape> {
     out
 }
 
+/// A GEMM's operands and output, and its FLOPs.
+struct Operands {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    dst: Vec<f32>,
+    flops: f64,
+}
+
+impl Operands {
+    fn new(shape: &Shape) -> Operands {
+        let [m, k, n] = shape.dims;
+        Operands {
+            a: values(m * k, 1),
+            b: values(k * n, 2),
+            dst: vec![0f32; m * n],
+            flops: 2.0 * (m * k * n) as f64,
+        }
+    }
+
+    /// FLOP/s of the GEMM of `kind` (see `bench_gemm`), its operands read as the training code
+    /// reads them for that kind, the best of repetitions over about `budget`.
+    fn rate(&mut self, shape: &Shape, kind: &str, budget: Duration) -> Result<f64, NnError> {
+        let transposed = if kind == "f32" {
+            shape.transposed
+        } else {
+            shape.half_transposed
+        };
+        let mut err = None;
+        let Operands { a, b, dst, flops } = self;
+        let r = best_rate(*flops, budget, || {
+            if let Err(e) = bench_gemm(kind, shape.dims, transposed, a, b, dst) {
+                err = Some(e);
+            }
+            black_box(&dst);
+        });
+        err.map_or(Ok(r), Err)
+    }
+}
+
 /// Deterministic values in [-1, 1).
 fn values(len: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -323,25 +363,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             continue;
         }
         let [m, k, n] = shape.dims;
-        let a = values(m * k, 1);
-        let b = values(k * n, 2);
-        let mut dst = vec![0f32; m * n];
-        let flops = 2.0 * (m * k * n) as f64;
-        let mut rate = |kind: &str| {
-            let mut err = None;
-            let r = best_rate(flops, budget, || {
-                let transposed = if kind == "f32" {
-                    shape.transposed
-                } else {
-                    shape.half_transposed
-                };
-                if let Err(e) = bench_gemm(kind, shape.dims, transposed, &a, &b, &mut dst) {
-                    err = Some(e);
-                }
-                black_box(&dst);
-            });
-            err.map_or(Ok(r), Err)
-        };
+        let mut ops = Operands::new(&shape);
+        let mut rate = |kind: &str| ops.rate(&shape, kind, budget);
         let f32_rate = rate("f32")?;
         let bf16_rate = rate("bf16")?;
         let f16_rate = rate("f16")?;
@@ -411,26 +434,11 @@ fn amx_blocking(peak: f64, only: &str) -> Result<(), Box<dyn std::error::Error>>
         if !shape.name.contains(only) {
             continue;
         }
-        let [m, k, n] = shape.dims;
-        let a = values(m * k, 1);
-        let b = values(k * n, 2);
-        let mut dst = vec![0f32; m * n];
-        let flops = 2.0 * (m * k * n) as f64;
+        let mut ops = Operands::new(&shape);
         print!("{:<26}", shape.name);
         for (i, blocking) in AMX_BLOCKINGS.iter().enumerate() {
             let kind = format!("bf16-amx:{blocking}");
-            let mut err = None;
-            let rate = best_rate(flops, Duration::from_millis(150), || {
-                if let Err(e) =
-                    bench_gemm(&kind, shape.dims, shape.half_transposed, &a, &b, &mut dst)
-                {
-                    err = Some(e);
-                }
-                black_box(&dst);
-            });
-            if let Some(e) = err {
-                return Err(e.into());
-            }
+            let rate = ops.rate(&shape, &kind, Duration::from_millis(150))?;
             sums[i] += rate / peak;
             print!(" {:>14.1}%", 100.0 * rate / peak);
         }

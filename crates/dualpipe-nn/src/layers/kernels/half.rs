@@ -254,17 +254,12 @@ pub(crate) fn gemm_half_with(
     let n = b.dims().1;
     // SAFETY: dst is a live, initialized slice of dst.len() elements, borrowed mutably.
     unsafe {
-        gemm_half_raw(
-            path,
-            half,
-            dst.as_mut_ptr(),
-            dst.len(),
-            n,
-            a,
-            b,
-            accumulate,
-            what,
-        )
+        let out = Dst {
+            ptr: dst.as_mut_ptr(),
+            len: dst.len(),
+            ldc: n,
+        };
+        gemm_half_raw(path, half, out, a, b, accumulate, what)
     }
 }
 
@@ -283,18 +278,21 @@ pub(crate) fn gemm_half_to(
     // SAFETY: dst is a live slice borrowed mutably; without accumulation the GEMM only
     // writes (initialized values) into it.
     unsafe {
-        gemm_half_raw(
-            HalfPath::best(half),
-            half,
-            dst.as_mut_ptr().cast(),
-            dst.len(),
+        let out = Dst {
+            ptr: dst.as_mut_ptr().cast(),
+            len: dst.len(),
             ldc,
-            a,
-            b,
-            false,
-            what,
-        )
+        };
+        gemm_half_raw(HalfPath::best(half), half, out, a, b, false, what)
     }
+}
+
+/// Where a GEMM writes: `len` f32 elements from `ptr`, the output's rows `ldc` apart.
+#[derive(Clone, Copy)]
+struct Dst {
+    ptr: *mut f32,
+    len: usize,
+    ldc: usize,
 }
 
 /// `dst[i·ldc + j] (+)= (a·b)[i, j]` on `path`, after checking the shapes, the formats and
@@ -302,20 +300,18 @@ pub(crate) fn gemm_half_to(
 ///
 /// # Safety
 ///
-/// `dst` points to `len` elements that may be written (and, when `accumulate`, are
-/// initialized and read) and that alias neither operand.
-#[allow(clippy::too_many_arguments)]
+/// `dst`'s `len` elements may be written (and, when `accumulate`, are initialized and read)
+/// and alias neither operand.
 unsafe fn gemm_half_raw(
     path: HalfPath,
     half: Half,
-    dst: *mut f32,
-    len: usize,
-    ldc: usize,
+    dst: Dst,
     a: HalfOperand<'_>,
     b: HalfOperand<'_>,
     accumulate: bool,
     what: &str,
 ) -> Result<(), NnError> {
+    let Dst { ptr, len, ldc } = dst;
     a.check_format(half, what)?;
     b.check_format(half, what)?;
     let (m, k) = a.dims();
@@ -342,14 +338,14 @@ unsafe fn gemm_half_raw(
         if k == 0 {
             if !accumulate {
                 for i in 0..m {
-                    std::ptr::write_bytes(dst.add(i * ldc), 0, n);
+                    std::ptr::write_bytes(ptr.add(i * ldc), 0, n);
                 }
             }
             return Ok(());
         }
         match path {
-            HalfPath::Amx | HalfPath::Native => native_gemm(path, dst, ldc, a, b, accumulate, what),
-            HalfPath::Converting => converting_gemm(half, dst, len, ldc, a, b, accumulate, what),
+            HalfPath::Amx | HalfPath::Native => native_gemm(path, ptr, ldc, a, b, accumulate, what),
+            HalfPath::Converting => converting_gemm(half, dst, a, b, accumulate, what),
         }
     }
 }
@@ -436,12 +432,9 @@ thread_local! {
 /// # Safety
 ///
 /// As [`gemm_half_raw`].
-#[allow(clippy::too_many_arguments)]
 unsafe fn converting_gemm(
     half: Half,
-    dst: *mut f32,
-    len: usize,
-    ldc: usize,
+    dst: Dst,
     a: HalfOperand<'_>,
     b: HalfOperand<'_>,
     accumulate: bool,
@@ -457,9 +450,9 @@ unsafe fn converting_gemm(
         // SAFETY: as the caller vouches.
         unsafe {
             gemm_raw(
-                dst,
-                len,
-                ldc,
+                dst.ptr,
+                dst.len,
+                dst.ldc,
                 Mat::strided(abuf, m, k, ars, acs),
                 Mat::strided(bbuf, k, n, brs, bcs),
                 accumulate,
