@@ -8,9 +8,9 @@
 //! operands rounded to bf16 or f16 (the half GEMM's fastest path: AMX tiles where there are
 //! some), with f32 outputs; the softmax and its gradient stay f32.
 
-use candle_core::Tensor;
-
 use std::mem::MaybeUninit;
+
+use candle_core::Tensor;
 
 use super::half::{gemm_half_to, HalfOperand};
 use super::{
@@ -22,6 +22,8 @@ use crate::precision::Half;
 /// `dst[i·ld + j] = (a·b)[i, j]`: the products of [`attention_forward`] and
 /// [`attention_backward`], in the tensors' precision or in mixed precision.
 trait Product<T: Elem> {
+    /// Writes `a·b` into `dst`'s rows, `ld` apart (every element of the `a.rows × b.cols`
+    /// block written).
     fn product(
         &self,
         dst: &mut [MaybeUninit<T>],

@@ -48,9 +48,15 @@ fn half_product(
                 }
                 None => {
                     // Written in full by the product: no zeroing pass first.
+                    let (m, n) = (a.dims().0, b.dims().1);
+                    if len != m * n {
+                        return Err(NnError::Stage(format!(
+                            "{what}: a [{m}, {n}] product into {len} elements"
+                        )));
+                    }
                     let mut dst = Uninit::<f32>::new(len);
-                    gemm_half_to(half, dst.slots(), b.dims().1, a, b, what)?;
-                    // SAFETY: the product wrote all len = a.rows · b.cols elements.
+                    gemm_half_to(half, dst.slots(), n, a, b, what)?;
+                    // SAFETY: the product wrote all len = m · n elements.
                     Ok(unsafe { dst.assume_init() })
                 }
             }
