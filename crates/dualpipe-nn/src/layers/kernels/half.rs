@@ -811,7 +811,8 @@ mod f16_avx512 {
 /// `a` (`[m, k]`, or stored `[k, m]` and read transposed when `transposed[0]`) and `b`
 /// (`[k, n]`, or `[n, k]` transposed), by `kind`: `"f32"` (the f32 GEMM), `"bf16"` or `"f16"`
 /// (the mixed-precision GEMM on its fastest path), `"bf16-converting"` (bf16 on the
-/// converting path), `"bf16-avx512"` (bf16 on `vdpbf16ps`, where there is AMX too).
+/// converting path), `"bf16-avx512"` (bf16 on `vdpbf16ps`, where there is AMX too),
+/// `"bf16-amx:KC,MC,NC"` (bf16 on AMX with that blocking instead of the kernel's own).
 #[doc(hidden)]
 pub fn bench_gemm(
     kind: &str,
