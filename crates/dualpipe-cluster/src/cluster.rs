@@ -88,9 +88,6 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     /// For each device, its node.
     pub node_of: Vec<usize>,
-    /// The most devices of one node (kept, since the policies ask for it in every pass).
-    #[serde(skip)]
-    largest: usize,
 }
 
 impl Cluster {
@@ -207,12 +204,10 @@ impl Cluster {
                 });
             }
         }
-        let largest = nodes.iter().map(|n| n.devices).max().unwrap_or(0);
         Ok(Cluster {
             links: file.links,
             nodes,
             node_of,
-            largest,
         })
     }
 
@@ -239,7 +234,7 @@ impl Cluster {
 
     /// The most devices of one node.
     pub fn largest_node(&self) -> usize {
-        self.largest
+        self.nodes.iter().map(|n| n.devices).max().unwrap_or(0)
     }
 
     /// The planner's topology of the given devices (one datacenter; nodes as in the cluster),

@@ -329,7 +329,7 @@ fn consolidate(params: &ElasticParams, state: &mut State<'_>, now: f64) {
         let r = &state.running[i];
         let j = r.job;
         if r.devices.len() > largest {
-            consolidate_wide(params, state, i, now);
+            consolidate_wide(params, state, i, largest, now);
             max_free = state.free_per_node.iter().copied().max().unwrap_or(0);
             continue;
         }
@@ -398,17 +398,23 @@ fn own_per_node(state: &State<'_>, devices: &[usize]) -> Vec<usize> {
     per_node
 }
 
-/// Moves the running job at index `i` of `state.running`, larger than a node, onto fewer
-/// nodes (those with the most room, its own devices counted as room) when it spans more than
-/// it needs and the move pays.
-fn consolidate_wide(params: &ElasticParams, state: &mut State<'_>, i: usize, now: f64) {
+/// Moves the running job at index `i` of `state.running`, larger than a node (the largest has
+/// `largest` devices), onto fewer nodes (those with the most room, its own devices counted as
+/// room) when it spans more than it needs and the move pays.
+fn consolidate_wide(
+    params: &ElasticParams,
+    state: &mut State<'_>,
+    i: usize,
+    largest: usize,
+    now: f64,
+) {
     let r = &state.running[i];
     let (j, k) = (r.job, r.devices.len());
     let node_of = |d: usize| state.cluster.node_of[d];
     let spanned = nodes_spanned(state.cluster, &r.devices);
     // No placement of k devices uses fewer nodes than k over the largest node's size: a job on
     // that few already is as gathered as it can be (the search below would find no fewer).
-    if spanned <= k.div_ceil(state.cluster.largest_node()) {
+    if spanned <= k.div_ceil(largest) {
         return;
     }
     let own = r.devices.clone();
@@ -417,7 +423,7 @@ fn consolidate_wide(params: &ElasticParams, state: &mut State<'_>, i: usize, now
     let room = |n: usize| state.free_per_node[n] + mine[n];
     // How many nodes the gathering below takes (most room first), counted from how many nodes
     // have each room (at most a node's size) without sorting them: most passes end here.
-    let mut by_room = vec![0usize; state.cluster.largest_node() + 1];
+    let mut by_room = vec![0usize; largest + 1];
     for n in 0..state.cluster.nodes.len() {
         by_room[room(n)] += 1;
     }

@@ -42,25 +42,27 @@ fn queue_of(params: &LasParams, service: f64) -> usize {
 
 /// Acts on the pool at `now` (module documentation).
 pub fn schedule(params: &LasParams, state: &mut State<'_>, now: f64) {
-    // Every job, queued or running, as (its queue, its arrival in `f64::total_cmp`'s order, its
-    // index, the devices it counts, its index among the running ones): the first three are
-    // unique, so an unstable sort gives the one order.
-    let key = |j: usize| {
-        let bits = state.jobs[j].arrival_s.to_bits() as i64;
-        let arrival = bits ^ (((bits >> 63) as u64) >> 1) as i64;
-        (queue_of(params, state.progress[j].attained), arrival, j)
+    // Every job, queued or running, as (its queue, its arrival, its index, the devices it
+    // counts, its index among the running ones), ranked by the first three (the index makes
+    // the order total, so an unstable sort gives the one order); keys computed once. Arrivals
+    // are finite and >= 0 (the trace refuses others), where an f64's bits order as its value.
+    let entry = |j: usize, need: usize, running: Option<usize>| {
+        let arrival = state.jobs[j].arrival_s;
+        debug_assert!(arrival.is_finite() && arrival >= 0.0);
+        let queue = queue_of(params, state.progress[j].attained);
+        (queue, arrival.to_bits(), j, need, running)
     };
-    let mut order: Vec<(usize, i64, usize, usize, Option<usize>)> = state
+    let mut order: Vec<(usize, u64, usize, usize, Option<usize>)> = state
         .queue
         .iter()
-        .map(|&j| {
-            let (q, a, j) = key(j);
-            (q, a, j, state.jobs[j].gpus, None)
-        })
-        .chain(state.running.iter().enumerate().map(|(i, r)| {
-            let (q, a, j) = key(r.job);
-            (q, a, j, r.devices.len(), Some(i))
-        }))
+        .map(|&j| entry(j, state.jobs[j].gpus, None))
+        .chain(
+            state
+                .running
+                .iter()
+                .enumerate()
+                .map(|(i, r)| entry(r.job, r.devices.len(), Some(i))),
+        )
         .collect();
     order.sort_unstable();
     let mut capacity = state.cluster.devices();
