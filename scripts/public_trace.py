@@ -38,7 +38,7 @@ import json
 import math
 import os
 import sys
-from datetime import datetime
+from datetime import datetime, timezone
 
 
 class TraceError(Exception):
@@ -46,9 +46,11 @@ class TraceError(Exception):
 
 
 def seconds(text, where):
-    """`YYYY-MM-DD HH:MM:SS` (the traces' local time; only differences matter) as seconds."""
+    """`YYYY-MM-DD HH:MM:SS` as seconds: the traces' clock read as it is written (only
+    differences matter), whatever this machine's time zone and its daylight saving."""
     try:
-        return datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S").timestamp()
+        when = datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S")
+        return when.replace(tzinfo=timezone.utc).timestamp()
     except (ValueError, AttributeError):
         raise TraceError(f"{where}: time {text!r} is not YYYY-MM-DD HH:MM:SS") from None
 
@@ -188,14 +190,8 @@ def offered_load(rows, devices):
 
 def write(rows, out):
     out.write("job,arrival_s,gpus,duration_s,min_gpus,max_gpus,profile\n")
-    seen = {}
     for name, arrival, gpus, duration in rows:
-        # A name twice (PAI reuses none, but a merged file might): keep both, renamed.
-        n = seen.get(name, 0)
-        seen[name] = n + 1
-        label = name if n == 0 else f"{name}#{n}"
-        label = label.replace(",", "_")
-        out.write(f"{label},{arrival:.3f},{gpus},{duration:.3f},,,\n")
+        out.write(f"{name},{arrival:.3f},{gpus},{duration:.3f},,,\n")
 
 
 def main(argv=None):

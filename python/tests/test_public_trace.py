@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,9 +22,10 @@ from conftest import REPO_ROOT, dualpipe_cli
 SCRIPT = REPO_ROOT / "scripts" / "public_trace.py"
 
 
-def convert(*args):
+def convert(*args, tz=None):
+    env = dict(os.environ, TZ=tz) if tz else None
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=env)
 
 
 def rows(text):
@@ -73,6 +75,23 @@ def test_philly(tmp_path):
     assert p.returncode == 0, p.stderr
     assert [r["job"] for r in rows(p.stdout)] == ["app_2", "app_4"]
     assert "2 not completed" in p.stderr
+
+
+def test_times_do_not_depend_on_the_machines_time_zone(tmp_path):
+    # A run over the night New York's clocks went back (2017-11-05 02:00 EDT -> 01:00 EST):
+    # read as written, 01:30 to 03:30 is 2 h wherever the conversion runs.
+    job = {"status": "Pass", "vc": "v", "jobid": "app_dst", "user": "u",
+           "submitted_time": "2017-11-05 01:00:00",
+           "attempts": [attempt("2017-11-05 01:30:00", "2017-11-05 03:30:00", [1])]}
+    src = tmp_path / "cluster_job_log"
+    src.write_text(json.dumps(PHILLY[:1] + [job]))
+    outputs = []
+    for tz in ("UTC", "America/New_York", "Asia/Shanghai"):
+        p = convert("philly", src, tz=tz)
+        assert p.returncode == 0, p.stderr
+        outputs.append(p.stdout)
+        assert {r["job"]: r["duration_s"] for r in rows(p.stdout)}["app_dst"] == "7200.000", tz
+    assert outputs[0] == outputs[1] == outputs[2]
 
 
 def test_helios(tmp_path):
