@@ -1184,6 +1184,53 @@ mod tests {
         amx::model::ON.set(false);
     }
 
+    /// Every blocking `gemm_peak --amx-blocking` compares computes the same GEMM (on the model
+    /// of the tiles, where there is AVX-512), and a bad blocking is refused.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn amx_benchmark_blockings_agree_with_the_converting_path() {
+        let [m, k, n] = [70, 1100, 90];
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 32.0)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 16.0)
+            .collect();
+        let run = |kind: &str| {
+            let mut dst = vec![0f32; m * n];
+            bench_gemm(kind, [m, k, n], [false, true], &a, &b, &mut dst).map(|()| dst)
+        };
+        for bad in [
+            "bf16-amx:100,32,32",
+            "bf16-amx:512,256",
+            "bf16-amx:512,x,32",
+        ] {
+            let err = run(bad).unwrap_err().to_string();
+            assert!(err.contains("give KC,MC,NC"), "{bad}: {err}");
+        }
+        if !(std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl"))
+        {
+            eprintln!("note: no AVX-512 on this processor; the AMX blockings are not compared");
+            return;
+        }
+        amx::model::ON.set(true);
+        let want = run("bf16-converting").unwrap();
+        // Products of bf16 values are exact in f32; only the sums' order differs.
+        let tol = (k + 2) as f32 * f32::EPSILON * 3.2 * 3.2 * k as f32;
+        for blocking in ["1024,128,4096", "512,256,4096", "256,64,512", "64,32,32"] {
+            let got = run(&format!("bf16-amx:{blocking}")).unwrap();
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(worst <= tol, "{blocking}: off by {worst} (tolerance {tol})");
+        }
+        amx::model::ON.set(false);
+    }
+
     #[test]
     fn gemm_on_the_gpt_shapes() {
         // A d-128 forward, backward-input and weight-gradient GEMM (more than one block of k
