@@ -19,68 +19,17 @@ use super::{
 use crate::error::NnError;
 use crate::precision::Half;
 
-/// `dst[i·ld + j] = (a·b)[i, j]`: the products of [`attention_forward`] and
-/// [`attention_backward`], in the tensors' precision or in mixed precision.
-trait Product<T: Elem> {
-    /// Writes `a·b` into `dst`'s rows, `ld` apart (every element of the `a.rows × b.cols`
-    /// block written).
-    fn product(
-        &self,
-        dst: &mut [MaybeUninit<T>],
-        ld: usize,
-        a: Mat<'_, T>,
-        b: Mat<'_, T>,
-        what: &str,
-    ) -> Result<(), NnError>;
-}
-
-/// Products in the operands' own precision (f32 or f64).
-struct Exact;
-
-impl<T: Elem> Product<T> for Exact {
-    fn product(
-        &self,
-        dst: &mut [MaybeUninit<T>],
-        ld: usize,
-        a: Mat<'_, T>,
-        b: Mat<'_, T>,
-        what: &str,
-    ) -> Result<(), NnError> {
-        gemm_to(dst, ld, a, b, what)
-    }
-}
-
-/// Products of f32 operands rounded to a half format, accumulated in f32.
-struct Mixed(Half);
-
-impl Product<f32> for Mixed {
-    fn product(
-        &self,
-        dst: &mut [MaybeUninit<f32>],
-        ld: usize,
-        a: Mat<'_, f32>,
-        b: Mat<'_, f32>,
-        what: &str,
-    ) -> Result<(), NnError> {
-        gemm_half_to(
-            self.0,
-            dst,
-            ld,
-            HalfOperand::F32(a),
-            HalfOperand::F32(b),
-            what,
-        )
-    }
-}
-
-/// Runs `$f::<T>(args, product)` with the exact products by the tensor's dtype, or with
-/// mixed-precision products (`half` set: f32 tensors only).
+/// Runs `$f::<T>(args, product)` with `product(dst, ld, a, b, what)` writing `a·b` into
+/// `dst`'s rows, `ld` apart: in the tensors' own precision (`gemm_to`) by their dtype, or on
+/// operands rounded to `half` with f32 accumulation (`half` set: f32 tensors only).
 macro_rules! by_precision {
     ($t:expr, $half:expr, $what:expr, $f:ident ( $($arg:expr),* )) => {
         match $half {
-            None => by_dtype!($t, $what, $f($($arg,)* &Exact)),
+            None => by_dtype!($t, $what, $f($($arg,)* &gemm_to)),
             Some(h) => match $t.dtype() {
-                candle_core::DType::F32 => $f::<f32>($($arg,)* &Mixed(h)),
+                candle_core::DType::F32 => $f::<f32>($($arg,)* &|dst, ld, a, b, what| {
+                    gemm_half_to(h, dst, ld, HalfOperand::F32(a), HalfOperand::F32(b), what)
+                }),
                 other => Err(unsupported(other, $what)),
             },
         }
@@ -143,7 +92,7 @@ fn attention_forward_t<T: Elem>(
     qkv: &Tensor,
     seq: usize,
     heads: usize,
-    mm: &impl Product<T>,
+    mm: &impl Fn(&mut [MaybeUninit<T>], usize, Mat<'_, T>, Mat<'_, T>, &str) -> Result<(), NnError>,
 ) -> Result<(Tensor, Tensor), NnError> {
     const WHAT: &str = "attention forward";
     let g = Geometry::new(qkv, seq, heads, WHAT)?;
@@ -160,12 +109,12 @@ fn attention_forward_t<T: Elem>(
                 let k = Mat::strided(&qkv[base + d + h * hd..], t, hd, 3 * d, 1);
                 let v = Mat::strided(&qkv[base + 2 * d + h * hd..], t, hd, 3 * d, 1);
                 let p = &mut probs[(s * heads + h) * t * t..][..t * t];
-                mm.product(p, t, q, k.t(), WHAT)?;
+                mm(p, t, q, k.t(), WHAT)?;
                 // SAFETY: the product wrote all t x t scores.
                 let p = unsafe { assume_init_mut(p) };
                 softmax_rows(p, t, scale);
                 // This head's columns of the output rows, written in place.
-                mm.product(
+                mm(
                     &mut out[s * t * d + h * hd..],
                     d,
                     Mat::new(p, t, t),
@@ -248,7 +197,7 @@ fn attention_backward_t<T: Elem>(
     probs: &Tensor,
     seq: usize,
     heads: usize,
-    mm: &impl Product<T>,
+    mm: &impl Fn(&mut [MaybeUninit<T>], usize, Mat<'_, T>, Mat<'_, T>, &str) -> Result<(), NnError>,
 ) -> Result<Tensor, NnError> {
     const WHAT: &str = "attention backward";
     let g = Geometry::new(qkv, seq, heads, WHAT)?;
@@ -280,16 +229,16 @@ fn attention_backward_t<T: Elem>(
                         // This head's columns of q's, k's or v's third, written in place.
                         let third = |third: usize| base + third * d + h * hd;
                         // dv = Pᵀ do
-                        mm.product(&mut dqkv[third(2)..], 3 * d, pm.t(), dout_h, WHAT)?;
+                        mm(&mut dqkv[third(2)..], 3 * d, pm.t(), dout_h, WHAT)?;
                         // dP = do vᵀ, then dS in place.
                         let ds = ds.slots();
-                        mm.product(ds, t, dout_h, v.t(), WHAT)?;
+                        mm(ds, t, dout_h, v.t(), WHAT)?;
                         // SAFETY: the product wrote all t x t elements.
                         let ds = unsafe { assume_init_mut(ds) };
                         softmax_backward(ds, p, t, scale);
                         let dsm = Mat::new(ds, t, t);
-                        mm.product(&mut dqkv[third(0)..], 3 * d, dsm, k, WHAT)?;
-                        mm.product(&mut dqkv[third(1)..], 3 * d, dsm.t(), q, WHAT)?;
+                        mm(&mut dqkv[third(0)..], 3 * d, dsm, k, WHAT)?;
+                        mm(&mut dqkv[third(1)..], 3 * d, dsm.t(), q, WHAT)?;
                     }
                 }
                 Ok::<_, NnError>(())
