@@ -1134,21 +1134,29 @@ mod tests {
         }
     }
 
+    /// Switches this thread's AMX GEMMs to the model of the tiles where the processor has the
+    /// AVX-512 their packing uses, and says so; else notes what is `untested` and is false.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    fn amx_model_runs(untested: &str) -> bool {
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl");
+        if !avx512 {
+            eprintln!("note: no AVX-512 F/BW/VL on this processor; {untested}");
+        }
+        amx::model::ON.set(avx512);
+        avx512
+    }
+
     /// The AMX path's packing, padding and blocking, on every processor with AVX-512: its
     /// GEMMs with the tile instructions replaced by a scalar model of `tdpbf16ps` (the real
     /// tiles are tested above where the processor has them).
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     #[test]
     fn amx_blocking_on_a_model_of_the_tiles() {
-        let avx512 = ["avx512f", "avx512bw", "avx512vl"];
-        if !(std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl"))
-        {
-            eprintln!("note: no {avx512:?} on this processor; the AMX packing is not tested");
+        if !amx_model_runs("the AMX packing is not tested") {
             return;
         }
-        amx::model::ON.set(true);
         every_shape_and_layout(HalfPath::Amx, Half::Bf16);
         // More rows, columns and steps of k than one packed block holds, in every packing
         // branch (k contiguous, entries contiguous, neither), partial tiles at every edge.
@@ -1208,14 +1216,9 @@ mod tests {
             let err = run(bad).unwrap_err().to_string();
             assert!(err.contains("give KC,MC,NC"), "{bad}: {err}");
         }
-        if !(std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl"))
-        {
-            eprintln!("note: no AVX-512 on this processor; the AMX blockings are not compared");
+        if !amx_model_runs("the AMX blockings are not compared") {
             return;
         }
-        amx::model::ON.set(true);
         let want = run("bf16-converting").unwrap();
         // Products of bf16 values are exact in f32; only the sums' order differs.
         let tol = (k + 2) as f32 * f32::EPSILON * 3.2 * 3.2 * k as f32;
