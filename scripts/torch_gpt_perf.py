@@ -11,7 +11,10 @@ takes presets and `--dtype` a list, so that one run measures every pair of issue
 - `f32`: f32 throughout on both sides; `bf16`: ours with every stage in mixed precision
   (`GptStage::set_half(Some(Half::Bf16))`: f32 master weights, bf16 GEMMs and saved
   activations), PyTorch under `torch.autocast("cpu", dtype=torch.bfloat16)` around every
-  stage's forward (f32 parameters, bf16 matmuls; the loss in f32).
+  stage's forward (f32 parameters, bf16 matmuls; the loss in f32). Our bf16 keeps the
+  attention projections in f32 by default (docs/precision.md: in bf16 they cost the default
+  task's validation loss 1.2-1.7%); `--half-projections` runs them in bf16 as autocast does
+  (`GptStage::set_half_projections(true)`), so that both sides do the same work.
 
 For every size and dtype, four contenders:
 
@@ -244,7 +247,8 @@ def ours(args):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "ours.json")
         env = dict(os.environ, GPT_STEP_JSON=out, GPT_STEP_STEPS=str(args.steps), GPT_STEP_D_MODEL=str(D),
-                   GPT_STEP_HEADS=str(HEADS), GPT_STEP_SEQ=str(SEQ), GPT_STEP_ROWS=str(ROWS), GPT_STEP_DTYPE=DTYPE)
+                   GPT_STEP_HEADS=str(HEADS), GPT_STEP_SEQ=str(SEQ), GPT_STEP_ROWS=str(ROWS), GPT_STEP_DTYPE=DTYPE,
+                   GPT_STEP_HALF_PROJECTIONS="1" if args.half_projections else "0")
         cmd = [args.bench_bin] if args.bench_bin else ["cargo", "bench", "--quiet", "-p", "dualpipe-nn",
                                                         "--bench", "gpt_step"]
         subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -316,6 +320,9 @@ def measure(args, label):
         if "unavailable" not in o and got != (D, HEADS, SEQ, ROWS, DTYPE):
             # a build from before the bench read GPT_STEP_*: it ran its fixed shapes in f32
             o = {"unavailable": f"the bench build ran {got}, not the {(D, HEADS, SEQ, ROWS, DTYPE)} asked for"}
+        elif "unavailable" not in o and DTYPE != "f32" and o.get("half_projections", False) != args.half_projections:
+            o = {"unavailable": f"the bench build ran half_projections {o.get('half_projections')}, "
+                                f"not {args.half_projections} as asked (a build from before it read them)"}
         if "unavailable" in o:
             unavailable = o["unavailable"]
         else:
@@ -337,6 +344,7 @@ def measure(args, label):
         load.append(os.getloadavg())
         last = {"ours": o, "torch_pipe": tp, "torch_eager": te}
     return {"d_model": D, "heads": HEADS, "seq": SEQ, "rows": ROWS, "dtype": DTYPE, "layers": LAYERS,
+            "half_projections": args.half_projections and DTYPE != "f32",
             "micro_batches": MBS, "tokens_per_step": tokens_per_step(), "steps": rec, "cpu_seconds": cpu,
             "load": load, "ours_unavailable": unavailable, "last": last}
 
@@ -396,6 +404,8 @@ def main():
     ap.add_argument("--sizes", help="comma list of presets (" + ", ".join(
         f"{k}: d {v[0]}, {v[1]} heads, seq {v[2]}, {v[3]} sequences per micro-batch" for k, v in SIZES.items())
         + "), each measured; overrides --d-model, --heads, --seq and --rows")
+    ap.add_argument("--half-projections", action="store_true",
+                    help="bf16: our attention projections in bf16 too, as PyTorch's autocast runs them")
     ap.add_argument("--memory", action="store_true", help="also print the activation memory per rank")
     ap.add_argument("--worker", choices=["eager", "pipe"], help=argparse.SUPPRESS)
     ap.add_argument("--json", help="also write every measurement into this file")
@@ -445,6 +455,7 @@ def main():
     print(f"machine: {mach['model_name']}, {mach['cpus']} CPUs ({flags}); PyTorch {torch.__version__} "
           f"(CPU capability {cap}); load average (1, 5, 15 min) {' / '.join(f'{x:.2f}' for x in load_start)} at the start, "
           f"{' / '.join(f'{x:.2f}' for x in load_end)} at the end")
+    print(f"our bf16: attention projections in {'bf16 (--half-projections)' if args.half_projections else 'f32'}")
     print(f"{LAYERS} blocks, {MBS} micro-batches; {args.rounds} rounds x {args.steps} measured steps per contender "
           f"(PyTorch after {args.warmup} warm-up steps, ours after 1); medians")
     print()

@@ -5,8 +5,9 @@
 //! The environment changes the shapes and the precision (issue 30): `GPT_STEP_D_MODEL`,
 //! `GPT_STEP_HEADS`, `GPT_STEP_SEQ`, `GPT_STEP_ROWS` (sequences per micro-batch) and
 //! `GPT_STEP_DTYPE=f32|bf16` (bf16: every stage switched to mixed precision with
-//! `GptStage::set_half(Some(Half::Bf16))`, f32 master weights). The blocks (8), micro-batches
-//! (8) and ranks (4) stay.
+//! `GptStage::set_half(Some(Half::Bf16))`, f32 master weights); `GPT_STEP_HALF_PROJECTIONS=1`
+//! runs the attention projections in bf16 too (`GptStage::set_half_projections`, PyTorch
+//! autocast's recipe). The blocks (8), micro-batches (8) and ranks (4) stay.
 //!
 //! - `cargo bench -p dualpipe-nn --bench gpt_step`: criterion timings of `dualpipev_4_ranks`
 //!   (one block per stage, 8 stages over 4 rank threads) and `sequential` (the whole model on
@@ -18,6 +19,8 @@
 //!   the most bytes of saved tensors the rank's stages held at once (measured after every op),
 //!   against the simulator's peak-activation count times the bytes one micro-batch leaves at
 //!   one single-block stage. `scripts/torch_gpt_perf.py` runs this beside PyTorch.
+//!   `GPT_STEP_ONLY=sequential` (or `dualpipev`) measures that one alone (for a profiler);
+//!   the other's members are then empty.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -49,6 +52,8 @@ struct Shape {
     rows: usize,
     /// `None`: f32 throughout; `Some`: mixed precision in this format.
     half: Option<Half>,
+    /// Whether the attention projections follow `half` too.
+    half_projections: bool,
 }
 
 impl Shape {
@@ -72,6 +77,7 @@ impl Shape {
             seq: var("GPT_STEP_SEQ", 64),
             rows: var("GPT_STEP_ROWS", 16),
             half,
+            half_projections: var("GPT_STEP_HALF_PROJECTIONS", 0) != 0,
         }
     }
 
@@ -89,9 +95,12 @@ impl Shape {
 }
 
 /// Switches `stage` to the run's precision.
-fn set_precision(stage: &mut GptStage, half: Option<Half>) {
-    if half.is_some() {
-        stage.set_half(half).expect("mixed precision");
+fn set_precision(stage: &mut GptStage, shape: &Shape) {
+    if shape.half.is_some() {
+        stage.set_half(shape.half).expect("mixed precision");
+        stage
+            .set_half_projections(shape.half_projections)
+            .expect("half projections");
     }
 }
 
@@ -221,7 +230,7 @@ fn tracked_stages(s: &Setup) -> (Vec<RankStages<Tracked>>, Vec<Arc<AtomicUsize>>
             micro_batches_per_dir: per_dir,
         };
         GptStage::new(&s.weights, s.schedule.placement.stages(), position).map(|mut inner| {
-            set_precision(&mut inner, s.shape.half);
+            set_precision(&mut inner, &s.shape);
             Tracked {
                 inner,
                 mine: 0,
@@ -258,7 +267,7 @@ fn whole(s: &Setup) -> GptStage {
         },
     )
     .expect("whole model");
-    set_precision(&mut stage, s.shape.half);
+    set_precision(&mut stage, &s.shape);
     stage
 }
 
@@ -278,7 +287,7 @@ fn one_micro_batch_bytes(s: &Setup, batch: &TokenBatch) -> usize {
         micro_batches_per_dir: MICRO_BATCHES,
     };
     let mut stage = GptStage::new(&s.weights, LAYERS, position).expect("stage 1");
-    set_precision(&mut stage, s.shape.half);
+    set_precision(&mut stage, &s.shape);
     stage.set_batch(batch.clone());
     let x = Tensor::zeros(
         (s.shape.rows * s.shape.seq, s.shape.d_model),
@@ -350,9 +359,17 @@ fn measure_json(path: &str) {
         .map(|t| s.data.batch(t, MICRO_BATCHES, s.shape.rows))
         .collect();
 
+    let only = std::env::var("GPT_STEP_ONLY").ok();
+    let runs = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if let Some(o) = only
+        .as_deref()
+        .filter(|o| !["sequential", "dualpipev"].contains(o))
+    {
+        panic!("GPT_STEP_ONLY={o}: use sequential or dualpipev");
+    }
     let (mut ranks, peaks) = tracked_stages(&s);
     let (mut pipe, mut pipe_cpu) = (Vec::new(), Vec::new());
-    for (t, b) in batches.iter().enumerate() {
+    for (t, b) in batches.iter().enumerate().filter(|_| runs("dualpipev")) {
         let cpu = process_cpu_seconds();
         let secs = pipeline_step(&s, &mut ranks, b);
         if t > 0 {
@@ -374,7 +391,7 @@ fn measure_json(path: &str) {
 
     let mut stage = whole(&s);
     let (mut seq, mut seq_cpu) = (Vec::new(), Vec::new());
-    for (t, b) in batches.iter().enumerate() {
+    for (t, b) in batches.iter().enumerate().filter(|_| runs("sequential")) {
         let cpu = process_cpu_seconds();
         let secs = sequential(&mut stage, b);
         if t > 0 {
@@ -382,11 +399,17 @@ fn measure_json(path: &str) {
             seq_cpu.push(cpu_since(cpu));
         }
     }
-    let tps = |v: &[f64]| s.shape.tokens_per_step() as f64 / median(v);
+    let tps = |v: &[f64]| {
+        if v.is_empty() {
+            "null".to_string()
+        } else {
+            (s.shape.tokens_per_step() as f64 / median(v)).to_string()
+        }
+    };
     let json = format!(
         concat!(
             "{{\"d_model\": {}, \"heads\": {}, \"seq_len\": {}, \"layers\": {}, ",
-            "\"micro_batches\": {}, \"rows\": {}, \"ranks\": {}, \"dtype\": \"{}\", ",
+            "\"micro_batches\": {}, \"rows\": {}, \"ranks\": {}, \"dtype\": \"{}\", \"half_projections\": {}, ",
             "\"tokens_per_step\": {}, \"steps\": {},\n",
             " \"dualpipev\": {{\"step_seconds\": [{}], \"cpu_seconds\": [{}], \"tokens_per_second\": {}, ",
             "\"peak_saved_bytes_per_rank\": [{}], \"sim_peak_activations_per_rank\": [{}], ",
@@ -402,6 +425,7 @@ fn measure_json(path: &str) {
         s.shape.rows,
         RANKS,
         s.shape.dtype_name(),
+        s.shape.half.is_some() && s.shape.half_projections,
         s.shape.tokens_per_step(),
         steps,
         list(&pipe),

@@ -47,11 +47,16 @@ fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
 
 /// The losses and the gradients of one sequential step of the whole model (4 micro-batches).
 fn whole_step(half: Option<Half>) -> (Vec<f64>, Vec<Tensor>) {
+    whole_step_with(|stage| stage.set_half(half).unwrap())
+}
+
+/// [`whole_step`] with the precision set by `set`.
+fn whole_step_with(set: impl FnOnce(&mut GptStage)) -> (Vec<f64>, Vec<Tensor>) {
     let c = config(2, DType::F32);
     let weights = GptWeights::random(&c, 3).unwrap();
     let data = TextData::new(&text(), c.seq_len, 0.0, None).unwrap();
     let mut stage = GptStage::whole(&weights).unwrap();
-    stage.set_half(half).unwrap();
+    set(&mut stage);
     let losses = sequential_step(&mut stage, data.batch(0, 4, 4)).unwrap();
     let grads = stage.params().iter().map(|p| p.grad.clone()).collect();
     (losses, grads)
@@ -78,6 +83,55 @@ fn a_mixed_precision_step_follows_f32() {
             );
         }
     }
+}
+
+/// Bit for bit the same losses and gradients.
+fn same(a: &(Vec<f64>, Vec<Tensor>), b: &(Vec<f64>, Vec<Tensor>)) -> bool {
+    a.0 == b.0 && a.1.iter().zip(&b.1).all(|(x, y)| values(x) == values(y))
+}
+
+#[test]
+fn half_projections_round_the_attention_projections_under_mixed_precision_only() {
+    let f32_step = whole_step(None);
+    let mixed = whole_step(Some(Half::Bf16));
+    let autocast = whole_step_with(|s| {
+        s.set_half(Some(Half::Bf16)).unwrap();
+        s.set_half_projections(true).unwrap();
+    });
+    // The projections now read bf16 operands: every gradient moves (the projections' own and,
+    // through the activations, the others'), and still follows f32 within bf16's rounding.
+    for (i, ((got, def), want)) in autocast.1.iter().zip(&mixed.1).zip(&f32_step.1).enumerate() {
+        assert_ne!(values(got), values(def), "gradient {i} did not change");
+        let err = relative_error(got, want);
+        assert!(err < 5e-2, "gradient {i} off f32's by {err}");
+    }
+    // Set before or after the format, switched off again, or without mixed precision: the
+    // projections follow the setting and the format, nothing else.
+    let before = whole_step_with(|s| {
+        s.set_half_projections(true).unwrap();
+        s.set_half(Some(Half::Bf16)).unwrap();
+    });
+    assert!(
+        same(&before, &autocast),
+        "order of the two settings matters"
+    );
+    let off_again = whole_step_with(|s| {
+        s.set_half(Some(Half::Bf16)).unwrap();
+        s.set_half_projections(true).unwrap();
+        s.set_half_projections(false).unwrap();
+    });
+    assert!(
+        same(&off_again, &mixed),
+        "switched off, the projections are not f32 again"
+    );
+    let no_half = whole_step_with(|s| {
+        s.set_half_projections(true).unwrap();
+        s.set_half(None).unwrap();
+    });
+    assert!(
+        same(&no_half, &f32_step),
+        "without mixed precision the step is not f32's"
+    );
 }
 
 /// A middle stage of one block: the bytes it keeps after one forward, its output and its

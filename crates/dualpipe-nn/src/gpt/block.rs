@@ -177,6 +177,12 @@ impl Block {
         }
     }
 
+    /// Whether the attention projections' GEMMs follow the mixed-precision format too (see
+    /// [`CausalSelfAttention::set_half_projections`](crate::layers::CausalSelfAttention::set_half_projections)).
+    pub fn set_half_projections(&mut self, on: bool) -> Result<(), NnError> {
+        self.attn.set_half_projections(on)
+    }
+
     /// What the block's forwards keep from now on (set it between steps: chunks already
     /// forwarded keep what they saved). An MoE block always saves everything.
     pub fn set_recompute(&mut self, recompute: Recompute) {

@@ -182,6 +182,16 @@ impl GptStage {
         Ok(())
     }
 
+    /// Runs the attention projections' GEMMs in the mixed-precision format as well, as
+    /// PyTorch's autocast does (`false`, the default: they stay f32, which keeps the default
+    /// task's validation loss within 0.1% of f32's; see
+    /// [`CausalSelfAttention::set_half_projections`](crate::layers::CausalSelfAttention::set_half_projections)).
+    pub fn set_half_projections(&mut self, on: bool) -> Result<(), NnError> {
+        self.blocks
+            .iter_mut()
+            .try_for_each(|block| block.set_half_projections(on))
+    }
+
     /// The half-precision format under mixed precision, if on.
     pub fn half(&self) -> Option<Half> {
         self.half
