@@ -402,21 +402,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The blockings `--amx-blocking` compares: `KC,MC,NC[,PF]` (the kernel's own first; `PF`:
-/// the tile loop's prefetch distance in tiles of `k`, none when absent).
-const AMX_BLOCKINGS: [&str; 12] = [
+/// The blockings `--amx-blocking` compares: `KC,MC,NC` (the kernel's own first).
+const AMX_BLOCKINGS: [&str; 10] = [
     "1024,128,4096",
-    "1024,128,4096,1",
-    "1024,128,4096,2",
-    "1024,128,4096,4",
-    "512,256,4096,1",
-    "512,256,4096,2",
-    "256,1024,4096",
-    "256,1024,4096,1",
-    "256,512,4096,2",
-    "512,512,4096,2",
-    "1024,256,4096,2",
-    "1024,64,4096,2",
+    "512,256,4096",
+    "256,256,4096",
+    "1024,256,4096",
+    "512,128,4096",
+    "512,512,4096",
+    "512,64,4096",
+    "1024,64,4096",
+    "256,128,4096",
+    "512,256,512",
 ];
 
 /// Prints the d-512 bf16 GEMMs' rates on AMX (share of the tiles' `peak`) under each of

@@ -849,9 +849,8 @@ pub fn bench_gemm(
     }
 }
 
-/// The bf16 GEMM on AMX with the blocking `sizes` (`"KC,MC,NC"`, or `"KC,MC,NC,PF"` with
-/// the tile loop's prefetch distance in tiles of `k`) instead of the kernel's own:
-/// `examples/gemm_peak.rs` compares blockings with it.
+/// The bf16 GEMM on AMX with the blocking `sizes` (`"KC,MC,NC"`) instead of the kernel's
+/// own: `examples/gemm_peak.rs` compares blockings with it.
 fn bench_amx_blocked(
     sizes: &str,
     dst: &mut [f32],
@@ -861,7 +860,7 @@ fn bench_amx_blocked(
     const WHAT: &str = "benchmark GEMM on AMX";
     let bad = || {
         NnError::Stage(format!(
-            "{WHAT}: blocking {sizes:?}: give KC,MC,NC, multiples of 32, and optionally PF"
+            "{WHAT}: blocking {sizes:?}: give KC,MC,NC, multiples of 32"
         ))
     };
     let sizes: Vec<usize> = sizes
@@ -870,17 +869,10 @@ fn bench_amx_blocked(
         .collect::<Result<_, _>>()?;
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     {
-        let (kc, mc, nc, prefetch) = match sizes[..] {
-            [kc, mc, nc] => (kc, mc, nc, 0),
-            [kc, mc, nc, pf] => (kc, mc, nc, pf),
-            _ => return Err(bad()),
+        let [kc, mc, nc] = sizes[..] else {
+            return Err(bad());
         };
-        let blocking = amx::Blocking {
-            kc,
-            mc,
-            nc,
-            prefetch,
-        };
+        let blocking = amx::Blocking { kc, mc, nc };
         if !blocking.valid() {
             return Err(bad());
         }
@@ -1230,12 +1222,7 @@ mod tests {
         let want = run("bf16-converting").unwrap();
         // Products of bf16 values are exact in f32; only the sums' order differs.
         let tol = (k + 2) as f32 * f32::EPSILON * 3.2 * 3.2 * k as f32;
-        for blocking in [
-            "1024,128,4096",
-            "512,256,4096,2",
-            "256,64,512",
-            "64,32,32,1",
-        ] {
+        for blocking in ["1024,128,4096", "512,256,4096", "256,64,512", "64,32,32"] {
             let got = run(&format!("bf16-amx:{blocking}")).unwrap();
             let worst = got
                 .iter()

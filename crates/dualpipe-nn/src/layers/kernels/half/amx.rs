@@ -51,9 +51,6 @@ pub(super) struct Blocking {
     pub(super) mc: usize,
     /// Columns of `B` per block.
     pub(super) nc: usize,
-    /// How many tiles of `k` ahead the tile loop prefetches its `A` and `B` tiles into L1
-    /// (0: none, the hardware's prefetchers alone).
-    pub(super) prefetch: usize,
 }
 
 impl Blocking {
@@ -77,7 +74,6 @@ pub(super) const BLOCKING: Blocking = Blocking {
     kc: 1024,
     mc: 4 * TM,
     nc: 128 * TN,
-    prefetch: 0,
 };
 
 /// `arch_prctl` request for permission to use an extended state component.
@@ -280,10 +276,28 @@ unsafe fn pack_rows<T: Src>(
     }
 }
 
-/// The tile loop of [`tile_block`]: `$pf` are instructions run after each step's four
-/// `tdpbf16ps` (the prefetches, or none), `$($op)*` the operands they use besides the loop's.
-macro_rules! tile_loop {
-    ($load:expr, $a:expr, $b:expr, $tiles:expr, $c:expr, $c_bytes:expr; [$($pf:literal),*] $($op:tt)*) => {
+/// `c (+)= A·B` for one 32 × 32 block over `tiles` tiles of `k`: `a` is a packed `A` panel
+/// ([`a_word`]), `b` a packed `B` panel (pair rows of 32 words), `c` the block's first
+/// element with `c_bytes` bytes between its rows. The accumulator tiles start as `c`'s
+/// values when `load`, else as zeros, and are stored back into `c`.
+///
+/// # Safety
+///
+/// The tiles are configured as [`TileConfig::new`]; the panels hold `tiles` tiles of `k`;
+/// the 32 × 32 block at `c` may be written (and read when `load`).
+#[inline(always)]
+unsafe fn tile_block(
+    tiles: usize,
+    a: *const u32,
+    b: *const u32,
+    c: *mut f32,
+    c_bytes: usize,
+    load: bool,
+) {
+    let c = c.cast::<u8>();
+    // SAFETY: the loads read tiles · (2 × 1 KiB) of a and tiles · (16 pair rows × 128
+    // bytes) of b, inside the panels; the accumulators read and write the 32 × 32 block.
+    unsafe {
         asm!(
             "test {load}, {load}",
             "jz 3f",
@@ -306,7 +320,6 @@ macro_rules! tile_loop {
             "tdpbf16ps tmm1, tmm4, tmm7",
             "tdpbf16ps tmm2, tmm5, tmm6",
             "tdpbf16ps tmm3, tmm5, tmm7",
-            $($pf,)*
             "add {a}, 2048",
             "add {b0}, 2048",
             "add {b1}, 2048",
@@ -316,120 +329,20 @@ macro_rules! tile_loop {
             "tilestored [{c1} + {sc}*1], tmm1",
             "tilestored [{c2} + {sc}*1], tmm2",
             "tilestored [{c3} + {sc}*1], tmm3",
-            load = in(reg) $load as usize,
-            a = inout(reg) $a => _,
-            b0 = inout(reg) $b => _,
-            b1 = inout(reg) $b.byte_add(64) => _,
-            n = inout(reg) $tiles => _,
+            load = in(reg) load as usize,
+            a = inout(reg) a => _,
+            b0 = inout(reg) b => _,
+            b1 = inout(reg) b.byte_add(64) => _,
+            n = inout(reg) tiles => _,
             sa = in(reg) 4 * TILE_PAIRS,
             sb = in(reg) 4 * TN,
-            sc = in(reg) $c_bytes,
-            c0 = in(reg) $c,
-            c1 = in(reg) $c.add(64),
-            c2 = in(reg) $c.add(16 * $c_bytes),
-            c3 = in(reg) $c.add(16 * $c_bytes + 64),
-            $($op)*
+            sc = in(reg) c_bytes,
+            c0 = in(reg) c,
+            c1 = in(reg) c.add(64),
+            c2 = in(reg) c.add(16 * c_bytes),
+            c3 = in(reg) c.add(16 * c_bytes + 64),
             options(nostack),
-        )
-    };
-}
-
-/// `c (+)= A·B` for one 32 × 32 block over `tiles` tiles of `k`: `a` is a packed `A` panel
-/// ([`a_word`]), `b` a packed `B` panel (pair rows of 32 words), `c` the block's first
-/// element with `c_bytes` bytes between its rows. The accumulator tiles start as `c`'s
-/// values when `load`, else as zeros, and are stored back into `c`. With `prefetch` > 0,
-/// each step of the loop prefetches into L1 the two `A` tiles and the `B` pair rows that
-/// the step `prefetch` tiles of `k` later loads (2 KiB of each, contiguous in the panels).
-///
-/// # Safety
-///
-/// The tiles are configured as [`TileConfig::new`]; the panels hold `tiles` tiles of `k`;
-/// the 32 × 32 block at `c` may be written (and read when `load`).
-#[inline(always)]
-unsafe fn tile_block(
-    tiles: usize,
-    a: *const u32,
-    b: *const u32,
-    c: *mut f32,
-    c_bytes: usize,
-    load: bool,
-    prefetch: usize,
-) {
-    let c = c.cast::<u8>();
-    // SAFETY: the loads read tiles · (2 × 1 KiB) of a and tiles · (16 pair rows × 128
-    // bytes) of b, inside the panels; the accumulators read and write the 32 × 32 block;
-    // prefetches do not fault, wherever they point.
-    unsafe {
-        if prefetch == 0 {
-            tile_loop!(load, a, b, tiles, c, c_bytes; [])
-        } else {
-            tile_loop!(load, a, b, tiles, c, c_bytes; [
-                "prefetcht0 [{a} + {pd} + 0]",
-                "prefetcht0 [{a} + {pd} + 64]",
-                "prefetcht0 [{a} + {pd} + 128]",
-                "prefetcht0 [{a} + {pd} + 192]",
-                "prefetcht0 [{a} + {pd} + 256]",
-                "prefetcht0 [{a} + {pd} + 320]",
-                "prefetcht0 [{a} + {pd} + 384]",
-                "prefetcht0 [{a} + {pd} + 448]",
-                "prefetcht0 [{a} + {pd} + 512]",
-                "prefetcht0 [{a} + {pd} + 576]",
-                "prefetcht0 [{a} + {pd} + 640]",
-                "prefetcht0 [{a} + {pd} + 704]",
-                "prefetcht0 [{a} + {pd} + 768]",
-                "prefetcht0 [{a} + {pd} + 832]",
-                "prefetcht0 [{a} + {pd} + 896]",
-                "prefetcht0 [{a} + {pd} + 960]",
-                "prefetcht0 [{a} + {pd} + 1024]",
-                "prefetcht0 [{a} + {pd} + 1088]",
-                "prefetcht0 [{a} + {pd} + 1152]",
-                "prefetcht0 [{a} + {pd} + 1216]",
-                "prefetcht0 [{a} + {pd} + 1280]",
-                "prefetcht0 [{a} + {pd} + 1344]",
-                "prefetcht0 [{a} + {pd} + 1408]",
-                "prefetcht0 [{a} + {pd} + 1472]",
-                "prefetcht0 [{a} + {pd} + 1536]",
-                "prefetcht0 [{a} + {pd} + 1600]",
-                "prefetcht0 [{a} + {pd} + 1664]",
-                "prefetcht0 [{a} + {pd} + 1728]",
-                "prefetcht0 [{a} + {pd} + 1792]",
-                "prefetcht0 [{a} + {pd} + 1856]",
-                "prefetcht0 [{a} + {pd} + 1920]",
-                "prefetcht0 [{a} + {pd} + 1984]",
-                "prefetcht0 [{b0} + {pd} + 0]",
-                "prefetcht0 [{b0} + {pd} + 64]",
-                "prefetcht0 [{b0} + {pd} + 128]",
-                "prefetcht0 [{b0} + {pd} + 192]",
-                "prefetcht0 [{b0} + {pd} + 256]",
-                "prefetcht0 [{b0} + {pd} + 320]",
-                "prefetcht0 [{b0} + {pd} + 384]",
-                "prefetcht0 [{b0} + {pd} + 448]",
-                "prefetcht0 [{b0} + {pd} + 512]",
-                "prefetcht0 [{b0} + {pd} + 576]",
-                "prefetcht0 [{b0} + {pd} + 640]",
-                "prefetcht0 [{b0} + {pd} + 704]",
-                "prefetcht0 [{b0} + {pd} + 768]",
-                "prefetcht0 [{b0} + {pd} + 832]",
-                "prefetcht0 [{b0} + {pd} + 896]",
-                "prefetcht0 [{b0} + {pd} + 960]",
-                "prefetcht0 [{b0} + {pd} + 1024]",
-                "prefetcht0 [{b0} + {pd} + 1088]",
-                "prefetcht0 [{b0} + {pd} + 1152]",
-                "prefetcht0 [{b0} + {pd} + 1216]",
-                "prefetcht0 [{b0} + {pd} + 1280]",
-                "prefetcht0 [{b0} + {pd} + 1344]",
-                "prefetcht0 [{b0} + {pd} + 1408]",
-                "prefetcht0 [{b0} + {pd} + 1472]",
-                "prefetcht0 [{b0} + {pd} + 1536]",
-                "prefetcht0 [{b0} + {pd} + 1600]",
-                "prefetcht0 [{b0} + {pd} + 1664]",
-                "prefetcht0 [{b0} + {pd} + 1728]",
-                "prefetcht0 [{b0} + {pd} + 1792]",
-                "prefetcht0 [{b0} + {pd} + 1856]",
-                "prefetcht0 [{b0} + {pd} + 1920]",
-                "prefetcht0 [{b0} + {pd} + 1984]"
-            ] pd = in(reg) prefetch * 2048,)
-        }
+        );
     }
 }
 
@@ -446,14 +359,13 @@ unsafe fn block(
     c: *mut f32,
     c_bytes: usize,
     load: bool,
-    prefetch: usize,
 ) {
     // SAFETY: as the caller vouches.
     unsafe {
         if modelled() {
             model::block(tiles, a, b, c, c_bytes / 4, load);
         } else {
-            tile_block(tiles, a, b, c, c_bytes, load, prefetch);
+            tile_block(tiles, a, b, c, c_bytes, load);
         }
     }
 }
@@ -553,7 +465,6 @@ unsafe fn gemm_avx512<A: Src, B: Src>(
         kc: kc_max,
         mc: mc_max,
         nc: nc_max,
-        prefetch,
     }: Blocking,
 ) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
@@ -616,13 +527,13 @@ unsafe fn gemm_avx512<A: Src, B: Src>(
                                 let rows = (mc - ir).min(TM);
                                 let cols = (nc - jr).min(TN);
                                 if rows == TM && cols == TN {
-                                    block(tiles, ap, bp, cp, 4 * ldc, load, prefetch);
+                                    block(tiles, ap, bp, cp, 4 * ldc, load);
                                 } else {
                                     if load {
                                         load_block(&mut edge, cp, ldc, rows, cols);
                                     }
                                     let e = edge.0.as_mut_ptr().cast::<f32>();
-                                    block(tiles, ap, bp, e, 4 * TN, load, prefetch);
+                                    block(tiles, ap, bp, e, 4 * TN, load);
                                     store_block(&edge, cp, ldc, rows, cols);
                                 }
                             }
