@@ -186,6 +186,19 @@ impl TrainConfig {
                 name(Field::DType)
             )));
         }
+        if self.model.half_projections
+            && (self.model.dtype.half().is_none() || self.model.kind != ModelKind::Gpt)
+        {
+            return Err(TrainError::Config(format!(
+                "{} runs the GPT's attention projections in the mixed-precision format, but \
+                 this run trains the {} in {}: use the GPT with {} bf16 or f16, or drop {}",
+                name(Field::HalfProjections),
+                self.model.kind.name(),
+                self.model.dtype,
+                name(Field::DType),
+                name(Field::HalfProjections)
+            )));
+        }
         if let Some(moe) = &self.model.moe {
             if self.model.kind != ModelKind::Gpt {
                 return Err(TrainError::Config(

@@ -131,6 +131,7 @@ impl Workload {
                 let mut stage = GptStage::with_layers(&gpt.weights, stages, position, layers)?;
                 stage.set_recompute(config.stage_recompute(position.model_stage));
                 stage.set_half(config.model.dtype.half())?;
+                stage.set_half_projections(config.model.half_projections)?;
                 if let Some(moe) = &config.model.moe {
                     stage.set_aux_loss(moe.aux_loss);
                 }

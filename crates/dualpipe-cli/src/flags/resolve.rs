@@ -204,6 +204,7 @@ fn config_and_schedule(args: &TrainArgs) -> Result<(TrainConfig, Option<Schedule
             moe: args.moe.settings()?,
             partition: None,
             recompute: None,
+            half_projections: args.half_projections,
         },
         schedule: ScheduleSection {
             kind: schedule,

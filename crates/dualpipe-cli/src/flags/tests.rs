@@ -93,6 +93,16 @@ fn flags_override_defaults() {
 }
 
 #[test]
+fn half_projections_need_the_gpt_in_mixed_precision() {
+    let (c, _) = parse(&["--dtype", "bf16", "--half-projections"])
+        .config()
+        .unwrap();
+    assert!(c.model.half_projections);
+    let (c, _) = parse(&["--dtype", "bf16"]).config().unwrap();
+    assert!(!c.model.half_projections, "off by default");
+}
+
+#[test]
 fn interleaved_defaults_to_two_virtual_stages() {
     let (c, _) = parse(&["--schedule", "interleaved"]).config().unwrap();
     assert_eq!(c.schedule.virtual_stages, 2);
@@ -100,7 +110,7 @@ fn interleaved_defaults_to_two_virtual_stages() {
 
 #[test]
 fn bad_flags_are_usage_errors_naming_the_flag() {
-    let cases: [(&[&str], &str); 17] = [
+    let cases: [(&[&str], &str); 19] = [
         (&["--schedule", "zigzag"], "--schedule"),
         (&["--optimizer", "lion"], "--optimizer"),
         (&["--dtype", "f8"], "--dtype"),
@@ -124,6 +134,11 @@ fn bad_flags_are_usage_errors_naming_the_flag() {
         ),
         (&["--ranks", "4096"], "--transport mpi"),
         (&["--steps", "1000000000000"], "--steps"),
+        (&["--half-projections"], "--dtype bf16 or f16"),
+        (
+            &["--model", "mlp", "--dtype", "bf16", "--half-projections"],
+            "the mlp in bf16",
+        ),
     ];
     for (flags, flag) in cases {
         let err = config_error(parse(flags).config().unwrap_err());

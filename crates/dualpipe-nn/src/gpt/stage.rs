@@ -172,7 +172,8 @@ impl GptStage {
     /// operands in `half` and accumulate in f32, the tensors the blocks keep for their
     /// backward are held in `half`, and so are the activations and gradients this stage sends
     /// to its neighbours. As DeepSeek-V3 keeps its embedding, output head, gating, norms and
-    /// attention in higher precision, the embeddings, the attention (projections included),
+    /// attention in higher precision, the embeddings, the attention's projections (unless
+    /// [`GptStage::set_half_projections`]) and softmax,
     /// the norms, the MoE router, the output head and the loss compute in f32.
     pub fn set_half(&mut self, half: Option<Half>) -> Result<(), NnError> {
         for block in &mut self.blocks {

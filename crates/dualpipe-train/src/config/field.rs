@@ -101,6 +101,8 @@ pub enum Field {
     MoeOverlap,
     /// [`ModelSection::recompute`](super::ModelSection::recompute).
     Recompute,
+    /// [`ModelSection::half_projections`](super::ModelSection::half_projections).
+    HalfProjections,
 }
 
 /// How messages name a [`Field`].
@@ -115,7 +117,7 @@ pub enum Naming {
 
 impl Field {
     /// Every field, in declaration order.
-    pub const ALL: [Field; 46] = [
+    pub const ALL: [Field; 47] = [
         Field::Schedule,
         Field::Ranks,
         Field::MicroBatches,
@@ -162,6 +164,7 @@ impl Field {
         Field::RebalanceWindow,
         Field::MoeOverlap,
         Field::Recompute,
+        Field::HalfProjections,
     ];
 
     /// The field's name (as in JSON; a job section's field by its path).
@@ -213,6 +216,7 @@ impl Field {
             Field::RebalanceWindow => "rebalance.window",
             Field::MoeOverlap => "moe.overlap",
             Field::Recompute => "recompute",
+            Field::HalfProjections => "half_projections",
         }
     }
 

@@ -93,6 +93,8 @@ pub(super) struct Flat {
         skip_serializing_if = "recompute_repr::is_none"
     )]
     recompute: Option<Vec<Recompute>>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    half_projections: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     slow_rank: Option<SlowRank>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -157,6 +159,7 @@ impl From<TrainConfig> for Flat {
             moe: m.moe,
             partition: m.partition,
             recompute: m.recompute,
+            half_projections: m.half_projections,
             slow_rank: p.slow_rank,
             rebalance: p.rebalance,
         }
@@ -178,6 +181,7 @@ impl From<Flat> for TrainConfig {
                 moe: f.moe,
                 partition: f.partition,
                 recompute: f.recompute,
+                half_projections: f.half_projections,
             },
             schedule: ScheduleSection {
                 kind: f.schedule,

@@ -91,6 +91,7 @@ impl TrainConfig {
             moe: None,
             partition: None,
             recompute: None,
+            half_projections: false,
         },
         schedule: ScheduleSection {
             kind: ScheduleKind::DualPipe,

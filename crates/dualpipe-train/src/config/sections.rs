@@ -42,6 +42,11 @@ pub struct ModelSection {
     /// `"full"` or `"none,selective,full,none"`): `None`, none everywhere; one value, every
     /// stage; otherwise one per model stage. The GPT only; see [`crate::recompute`].
     pub recompute: Option<Vec<dualpipe_nn::Recompute>>,
+    /// Under mixed precision, run the GPT's attention projections in the half format too, as
+    /// PyTorch's autocast does (JSON `half_projections`; default false: they stay f32, which
+    /// keeps the default task's validation loss within 0.1% of f32's, against +1.5% in bf16;
+    /// docs/precision.md). See `dualpipe_nn::gpt::GptStage::set_half_projections`.
+    pub half_projections: bool,
 }
 
 /// The pipeline: its schedule, its ranks and the micro-batches of a step.

@@ -33,6 +33,21 @@ fn json_round_trips_and_missing_members_take_defaults() {
             ..TrainConfig::default()
         }
     );
+    assert!(
+        !text.contains("half_projections"),
+        "written only when on: {text}"
+    );
+    let on = TrainConfig {
+        model: ModelSection {
+            dtype: DType::Bf16,
+            half_projections: true,
+            ..TrainConfig::DEFAULT.model
+        },
+        ..TrainConfig::default()
+    };
+    let text = serde_json::to_string(&on).unwrap();
+    assert!(text.contains("\"half_projections\":true"), "{text}");
+    assert_eq!(serde_json::from_str::<TrainConfig>(&text).unwrap(), on);
     assert!(serde_json::from_str::<TrainConfig>(r#"{"schedule": "zigzag"}"#).is_err());
     assert!(serde_json::from_str::<TrainConfig>(r#"{"rank": 2}"#).is_err());
 }

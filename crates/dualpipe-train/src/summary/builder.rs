@@ -158,6 +158,7 @@ impl SummaryBuilder {
                     config.model.recompute.as_deref().unwrap_or_default(),
                 )
             }),
+            half_projections: config.model.half_projections,
             model_stages: config.model_stages(),
             optimizer: config.optimizer.kind.name().into(),
             lr: config.optimizer.lr,

@@ -63,6 +63,10 @@ pub struct RunSummary {
     /// model stage, `"none,selective"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recompute: Option<String>,
+    /// Whether the attention projections ran in the mixed-precision format too
+    /// (`--half-projections`; written only when they did).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub half_projections: bool,
     /// Model stages along one pipeline.
     pub model_stages: usize,
     /// Optimizer name.

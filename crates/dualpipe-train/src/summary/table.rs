@@ -29,6 +29,11 @@ impl RunSummary {
             Some(r) => format!("{blocks}, recompute {r}"),
             None => blocks,
         };
+        let dtype = if s.half_projections {
+            format!("{} (attention projections too)", s.dtype)
+        } else {
+            s.dtype.clone()
+        };
         let lr = match &s.lr_schedule {
             Some(words) => format!("{} ({words})", s.lr),
             None => s.lr.to_string(),
@@ -45,7 +50,7 @@ impl RunSummary {
                 s.micro_batch_size,
                 s.optimizer,
                 lr,
-                s.dtype,
+                dtype,
                 s.seed
             ),
             _ => format!(
@@ -60,7 +65,7 @@ impl RunSummary {
                 s.layers_per_stage,
                 s.optimizer,
                 lr,
-                s.dtype,
+                dtype,
                 s.seed
             ),
         };

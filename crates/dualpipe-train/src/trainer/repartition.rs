@@ -67,6 +67,7 @@ impl<D: Driver> Trainer<D> {
                 let mut copy = GptStage::with_layers(&weights, stages, position, layers)?;
                 copy.set_recompute(config.stage_recompute(stage));
                 copy.set_half(config.model.dtype.half())?;
+                copy.set_half_projections(config.model.half_projections)?;
                 if let Some(moe) = &config.model.moe {
                     copy.set_aux_loss(moe.aux_loss);
                 }
