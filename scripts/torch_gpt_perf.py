@@ -230,8 +230,8 @@ def skip_self_warmup(stage, rank):
     (`_get_init_p2p_neighbors_ops`). At the V's turn both neighbours live on the same rank, so
     that rank sends to itself, which gloo cannot ("Pair is not connected ... <--> [none]"),
     while the schedule itself hands tensors between one rank's stages in memory. Versions
-    without that warm-up (2.15) are left alone. Not yet run under 2.11 (the AMX hosts where it
-    failed had no device time left); the warm-up carries no data the step uses.
+    without that warm-up (2.15) are left alone. With it, 2.11's ScheduleDualPipeV runs on gloo
+    (docs/performance.md); the warm-up carries no data the step uses.
     """
     warmup = getattr(stage, "_get_init_p2p_neighbors_ops", None)
     if warmup is None:
