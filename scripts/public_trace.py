@@ -191,7 +191,8 @@ def offered_load(rows, devices):
 def write(rows, out):
     out.write("job,arrival_s,gpus,duration_s,min_gpus,max_gpus,profile\n")
     for name, arrival, gpus, duration in rows:
-        out.write(f"{name},{arrival:.3f},{gpus},{duration:.3f},,,\n")
+        # The simulator's CSV has no quoting: a comma inside a name becomes "_".
+        out.write(f"{name.replace(',', '_')},{arrival:.3f},{gpus},{duration:.3f},,,\n")
 
 
 def main(argv=None):

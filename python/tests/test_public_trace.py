@@ -99,14 +99,14 @@ def test_helios(tmp_path):
     src.write_text(
         "job_id,user,vc,gpu_num,cpu_num,node_num,state,submit_time,start_time,end_time,duration,queue\n"
         "1425511,uX,vcJ,1,1,1,COMPLETED,2020-06-09 18:41:01,2020-06-09 18:41:01,2020-06-10 04:55:09,36848,0\n"
-        "1425512,uV,vch,4,16,1,FAILED,2020-06-09 18:41:27,2020-06-09 18:41:27,2020-06-09 18:45:36,249,0\n"
+        "\"14,25512\",uV,vch,4,16,1,FAILED,2020-06-09 18:41:27,2020-06-09 18:41:27,2020-06-09 18:45:36,249,0\n"
         "1425513,uz,vcp,0,1,1,COMPLETED,2020-06-09 18:41:28,2020-06-09 18:41:28,2020-06-17 14:15:21,675233,0\n"
         "1425514,uz,vcp,8,8,1,CANCELLED,2020-06-09 18:42:01,,,0,0\n")
     p = convert("helios", src)
     assert p.returncode == 0, p.stderr
     assert [(r["job"], r["arrival_s"], r["gpus"], r["duration_s"]) for r in rows(p.stdout)] == [
         ("1425511", "0.000", "1", "36848.000"),
-        ("1425512", "26.000", "4", "249.000"),
+        ("14_25512", "26.000", "4", "249.000"),  # quoted with a comma in the source
     ]
     assert "4 jobs read, 2 kept, dropped: 1 no GPUs, 1 ran for 0 s" in p.stderr
 
