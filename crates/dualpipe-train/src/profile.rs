@@ -163,8 +163,7 @@ pub fn profile_gpt(config: &TrainConfig, repeats: usize) -> Result<Profile, Trai
     // Parameters, their gradients and the optimizer state are master-precision values.
     let value_bytes = config.model.dtype.master().size_in_bytes() as f64;
     for stage in &mut stages {
-        stage.set_half(config.model.dtype.half())?;
-        stage.set_half_projections(config.model.half_projections)?;
+        crate::workload::set_gpt_precision(config, stage)?;
     }
     // The same passes three times: saving everything (the times and bytes of the profile),
     // then recomputing fully and selectively (what each keeps, and selective's extra input

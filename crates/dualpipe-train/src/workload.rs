@@ -91,6 +91,32 @@ pub enum Workload {
     Custom(Box<crate::custom::CustomWorkload>),
 }
 
+/// The GPT copy of model stage `position.model_stage` (of `stages`) from `weights`, set up as
+/// `config` says: its blocks, recomputation, precision and MoE auxiliary loss (for the first
+/// build and for a re-partitioning alike).
+pub(crate) fn gpt_stage(
+    config: &TrainConfig,
+    weights: &GptWeights,
+    stages: usize,
+    position: StagePosition,
+) -> Result<GptStage, TrainError> {
+    let layers = config.stage_layers(position.model_stage);
+    let mut stage = GptStage::with_layers(weights, stages, position, layers)?;
+    stage.set_recompute(config.stage_recompute(position.model_stage));
+    set_gpt_precision(config, &mut stage)?;
+    if let Some(moe) = &config.model.moe {
+        stage.set_aux_loss(moe.aux_loss);
+    }
+    Ok(stage)
+}
+
+/// Sets `stage` to `config`'s precision: the mixed-precision format of `dtype` (if any) and
+/// whether the attention projections follow it.
+pub(crate) fn set_gpt_precision(config: &TrainConfig, stage: &mut GptStage) -> Result<(), NnError> {
+    stage.set_half(config.model.dtype.half())?;
+    stage.set_half_projections(config.model.half_projections)
+}
+
 impl Workload {
     /// The workload `config` describes: reads `data` and `init_from` when given.
     pub fn new(config: &TrainConfig) -> Result<Self, TrainError> {
@@ -127,15 +153,7 @@ impl Workload {
             }
             Workload::Custom(custom) => custom.stage(position)?,
             Workload::Gpt(gpt) => {
-                let layers = config.stage_layers(position.model_stage);
-                let mut stage = GptStage::with_layers(&gpt.weights, stages, position, layers)?;
-                stage.set_recompute(config.stage_recompute(position.model_stage));
-                stage.set_half(config.model.dtype.half())?;
-                stage.set_half_projections(config.model.half_projections)?;
-                if let Some(moe) = &config.model.moe {
-                    stage.set_aux_loss(moe.aux_loss);
-                }
-                ModelStage::new(stage)
+                ModelStage::new(gpt_stage(config, &gpt.weights, stages, position)?)
             }
         })
     }

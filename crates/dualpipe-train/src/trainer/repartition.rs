@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 
-use dualpipe_nn::gpt::GptStage;
 use dualpipe_nn::{ModelStage, Optimizer, ParamState, StagePosition};
 use dualpipe_runtime::RankStages;
 
@@ -15,6 +14,7 @@ use crate::driver::Driver;
 use crate::error::TrainError;
 use crate::partition::format_partition;
 use crate::rebalance::{head_units, Repartition, StageRebalancer};
+use crate::workload::gpt_stage;
 
 impl<D: Driver> Trainer<D> {
     /// Moves to the partition `blocks` (blocks per model stage) between steps: every held
@@ -63,14 +63,7 @@ impl<D: Driver> Trainer<D> {
                     micro_batches: config.schedule.micro_batches,
                     micro_batches_per_dir: per_dir,
                 };
-                let layers = config.stage_layers(stage);
-                let mut copy = GptStage::with_layers(&weights, stages, position, layers)?;
-                copy.set_recompute(config.stage_recompute(stage));
-                copy.set_half(config.model.dtype.half())?;
-                copy.set_half_projections(config.model.half_projections)?;
-                if let Some(moe) = &config.model.moe {
-                    copy.set_aux_loss(moe.aux_loss);
-                }
+                let copy = gpt_stage(&config, &weights, stages, position)?;
                 copies.insert(dir, stage, ModelStage::new(copy));
             }
             // `optimizers[i][j]` updates the `j`-th copy of `stages[i]` in iteration order.
