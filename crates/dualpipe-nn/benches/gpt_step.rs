@@ -19,8 +19,8 @@
 //!   the most bytes of saved tensors the rank's stages held at once (measured after every op),
 //!   against the simulator's peak-activation count times the bytes one micro-batch leaves at
 //!   one single-block stage. `scripts/torch_gpt_perf.py` runs this beside PyTorch.
-//!   `GPT_STEP_ONLY=sequential` (or `dualpipev`) measures that one alone (for a profiler);
-//!   the other's members are then empty.
+//!   `GPT_STEP_ONLY=sequential` (or `dualpipev`) builds and measures that one alone (for a
+//!   profiler); the other's measured members are then empty.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -367,17 +367,20 @@ fn measure_json(path: &str) {
     {
         panic!("GPT_STEP_ONLY={o}: use sequential or dualpipev");
     }
-    let (mut ranks, peaks) = tracked_stages(&s);
-    let (mut pipe, mut pipe_cpu) = (Vec::new(), Vec::new());
-    for (t, b) in batches.iter().enumerate().filter(|_| runs("dualpipev")) {
-        let cpu = process_cpu_seconds();
-        let secs = pipeline_step(&s, &mut ranks, b);
-        if t > 0 {
-            pipe.push(secs);
-            pipe_cpu.push(cpu_since(cpu));
+    // A contender not run leaves its members empty.
+    let (mut pipe, mut pipe_cpu, mut peak_bytes) = (Vec::new(), Vec::new(), Vec::new());
+    if runs("dualpipev") {
+        let (mut ranks, peaks) = tracked_stages(&s);
+        for (t, b) in batches.iter().enumerate() {
+            let cpu = process_cpu_seconds();
+            let secs = pipeline_step(&s, &mut ranks, b);
+            if t > 0 {
+                pipe.push(secs);
+                pipe_cpu.push(cpu_since(cpu));
+            }
         }
+        peak_bytes = peaks.iter().map(|p| p.load(Ordering::Relaxed)).collect();
     }
-    let peak_bytes: Vec<usize> = peaks.iter().map(|p| p.load(Ordering::Relaxed)).collect();
     let cost = dualpipe_sim::CostModel::uniform(1.0, 2.0, 1.0, 3.0);
     let timeline = dualpipe_sim::simulate(&s.schedule, &cost).expect("simulate");
     let sim = dualpipe_sim::metrics(&timeline, &s.schedule.placement);
@@ -387,16 +390,17 @@ fn measure_json(path: &str) {
         .iter()
         .map(|&n| n * unit)
         .collect();
-    drop(ranks);
 
-    let mut stage = whole(&s);
     let (mut seq, mut seq_cpu) = (Vec::new(), Vec::new());
-    for (t, b) in batches.iter().enumerate().filter(|_| runs("sequential")) {
-        let cpu = process_cpu_seconds();
-        let secs = sequential(&mut stage, b);
-        if t > 0 {
-            seq.push(secs);
-            seq_cpu.push(cpu_since(cpu));
+    if runs("sequential") {
+        let mut stage = whole(&s);
+        for (t, b) in batches.iter().enumerate() {
+            let cpu = process_cpu_seconds();
+            let secs = sequential(&mut stage, b);
+            if t > 0 {
+                seq.push(secs);
+                seq_cpu.push(cpu_since(cpu));
+            }
         }
     }
     let tps = |v: &[f64]| {
