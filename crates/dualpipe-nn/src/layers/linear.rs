@@ -32,6 +32,11 @@ pub struct Linear {
     /// forward GEMM reads a row-major right operand ~1.7x faster than the transposed view at
     /// width 512. Rebuilt when the weight tensor changes (after an optimizer step).
     weight_t: Mutex<Option<(TensorId, Tensor)>>,
+    /// Under mixed precision, `W` rounded to the half format with the id of the weight it was
+    /// made from: the GEMMs of every micro-batch read it instead of rounding the f32 master
+    /// weight again as they pack it (the same values, so the same products). Rebuilt when the
+    /// weight tensor changes.
+    weight_half: Mutex<Option<(TensorId, Tensor)>>,
     /// The half-precision format of the GEMMs and saved tensors (`None`: the weight's dtype).
     half: Option<Half>,
 }
@@ -54,6 +59,7 @@ impl Linear {
             saved_input: HashMap::new(),
             saved_grad: HashMap::new(),
             weight_t: Mutex::new(None),
+            weight_half: Mutex::new(None),
             half: None,
         })
     }
@@ -68,6 +74,10 @@ impl Linear {
             )));
         }
         self.half = half;
+        *self
+            .weight_half
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         Ok(())
     }
 
@@ -158,6 +168,23 @@ impl Linear {
         Ok(wt)
     }
 
+    /// `W` rounded to `half`, cached until the weight changes.
+    fn weight_rounded(&self, half: Half) -> Result<Tensor, NnError> {
+        let w = &self.weight.value;
+        let mut cache = self
+            .weight_half
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((id, wh)) = cache.as_ref() {
+            if *id == w.id() {
+                return Ok(wh.clone());
+            }
+        }
+        let wh = kernels::to_half(w, half)?;
+        *cache = Some((w.id(), wh.clone()));
+        Ok(wh)
+    }
+
     /// `y = x Wᵀ + b (+ residual)`, the residual added inside the GEMM (no extra pass).
     pub(crate) fn apply_plus(
         &self,
@@ -168,7 +195,7 @@ impl Linear {
             return kernels::linear_forward_half(
                 half,
                 x,
-                &self.weight.value,
+                &self.weight_rounded(half)?,
                 self.bias.as_ref().map(|b| &b.value),
                 residual,
             );
@@ -188,8 +215,11 @@ impl Linear {
         x: &Tensor,
         residual: Option<&Tensor>,
     ) -> Result<Tensor, NnError> {
-        let y = self.apply_plus(x, residual)?;
-        self.saved_input.insert(key, store(x, self.half)?);
+        // Under mixed precision the GEMM reads the rounded copy it keeps: the same operand
+        // values as rounding `x` while packing it, read at half the bytes.
+        let x = store(x, self.half)?;
+        let y = self.apply_plus(&x, residual)?;
+        self.saved_input.insert(key, x);
         Ok(y)
     }
 
@@ -210,13 +240,17 @@ impl Linear {
                 "Linear: backward_input of {key} before its forward"
             ))
         })?;
+        let dy = store(dy, self.half)?;
         let dx = match self.half {
-            Some(half) => {
-                kernels::linear_backward_input_half(half, dy, &self.weight.value, residual)?
-            }
-            None => kernels::linear_backward_input(dy, &self.weight.value, residual)?,
+            Some(half) => kernels::linear_backward_input_half(
+                half,
+                &dy,
+                &self.weight_rounded(half)?,
+                residual,
+            )?,
+            None => kernels::linear_backward_input(&dy, &self.weight.value, residual)?,
         };
-        self.saved_grad.insert(key, (x, store(dy, self.half)?));
+        self.saved_grad.insert(key, (x, dy));
         Ok(dx)
     }
 
@@ -275,5 +309,65 @@ mod tests {
         lin.params_mut()[0].value =
             Tensor::new(&[[1.0, 0.0], [0.0, 1.0], [2.0, 0.0f64]], &Device::Cpu).unwrap();
         assert_eq!(values(&lin.apply(&x).unwrap()), vec![1.0, -1.0, 2.0]);
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        let t = t.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
+        t.to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    }
+
+    /// Under mixed precision the layer hands its GEMMs the rounded copies of `x`, `dy` and
+    /// `W` it keeps: every product must be bit-identical to the GEMMs rounding the f32
+    /// tensors themselves, and a replaced weight must not be read through a stale copy.
+    #[test]
+    fn mixed_precision_reads_rounded_copies_with_the_same_products() {
+        use rand::SeedableRng;
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let (n, input, output) = (37, 48, 40);
+        let mut lin = Linear::random(&mut rng, input, output, true, 1.0, DType::F32).unwrap();
+        let draw = |rng: &mut ChaCha8Rng, len: usize, shape: (usize, usize)| {
+            Tensor::from_vec(rng::uniform(rng, len, 3.0), shape, &Device::Cpu)
+                .and_then(|t| t.to_dtype(DType::F32))
+                .unwrap()
+        };
+        let x = draw(&mut rng, n * input, (n, input));
+        let dy = draw(&mut rng, n * output, (n, output));
+        for half in [Half::Bf16, Half::F16] {
+            lin.set_half(Some(half)).unwrap();
+            for round in 0..2 {
+                let w = lin.weight.value.clone();
+                let b = lin.bias.as_ref().map(|b| b.value.clone());
+                let key = Chunk {
+                    dir: 0,
+                    stage: 0,
+                    mb: round,
+                };
+                let y = lin.forward(key, &x).unwrap();
+                let want_y = kernels::linear_forward_half(half, &x, &w, b.as_ref(), None).unwrap();
+                assert_eq!(bits(&y), bits(&want_y), "{half:?} forward, round {round}");
+                let dx = lin.backward_input(key, &dy).unwrap();
+                let want_dx = kernels::linear_backward_input_half(half, &dy, &w, None).unwrap();
+                assert_eq!(
+                    bits(&dx),
+                    bits(&want_dx),
+                    "{half:?} input gradient, round {round}"
+                );
+                let g0 = lin.weight.grad.clone();
+                lin.backward_weight(key).unwrap();
+                let (want_dw, _) =
+                    kernels::linear_backward_weight_half(half, &dy, &x, &g0, None).unwrap();
+                assert_eq!(
+                    bits(&lin.weight.grad),
+                    bits(&want_dw),
+                    "{half:?} weight gradient"
+                );
+                // An optimizer step: a new weight tensor, which the next round must read.
+                lin.params_mut()[0].value = (&w * 0.5).unwrap();
+            }
+        }
     }
 }
