@@ -153,36 +153,14 @@ impl Linear {
 
     /// `Wᵀ` as a contiguous `[in, out]` tensor, cached until the weight changes.
     fn weight_transposed(&self) -> Result<Tensor, NnError> {
-        let w = &self.weight.value;
-        let mut cache = self
-            .weight_t
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((id, wt)) = cache.as_ref() {
-            if *id == w.id() {
-                return Ok(wt.clone());
-            }
-        }
-        let wt = kernels::transpose(w)?;
-        *cache = Some((w.id(), wt.clone()));
-        Ok(wt)
+        derived(&self.weight_t, &self.weight.value, kernels::transpose)
     }
 
     /// `W` rounded to `half`, cached until the weight changes.
     fn weight_rounded(&self, half: Half) -> Result<Tensor, NnError> {
-        let w = &self.weight.value;
-        let mut cache = self
-            .weight_half
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((id, wh)) = cache.as_ref() {
-            if *id == w.id() {
-                return Ok(wh.clone());
-            }
-        }
-        let wh = kernels::to_half(w, half)?;
-        *cache = Some((w.id(), wh.clone()));
-        Ok(wh)
+        derived(&self.weight_half, &self.weight.value, |w| {
+            kernels::to_half(w, half)
+        })
     }
 
     /// `y = x Wᵀ + b (+ residual)`, the residual added inside the GEMM (no extra pass).
@@ -290,6 +268,26 @@ impl Linear {
                 .map(|(x, dy)| tensor_bytes(x) + tensor_bytes(dy))
                 .sum::<usize>()
     }
+}
+
+/// `make(w)`, kept in `cache` with `w`'s id and made again only when `w` is another tensor
+/// (an optimizer step replaces the weight).
+fn derived(
+    cache: &Mutex<Option<(TensorId, Tensor)>>,
+    w: &Tensor,
+    make: impl FnOnce(&Tensor) -> Result<Tensor, NnError>,
+) -> Result<Tensor, NnError> {
+    let mut cache = cache
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((id, t)) = cache.as_ref() {
+        if *id == w.id() {
+            return Ok(t.clone());
+        }
+    }
+    let t = make(w)?;
+    *cache = Some((w.id(), t.clone()));
+    Ok(t)
 }
 
 #[cfg(test)]
