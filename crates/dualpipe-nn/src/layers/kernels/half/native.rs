@@ -12,12 +12,15 @@
 //! arithmetic on the bits: the processor's `vcvtneps2bf16` flushes subnormals to zero, the
 //! `half` crate does not) and pads short panels and an odd last `k` with zeros, so the
 //! microkernel always computes a full `MR × NR` tile in `2·MR` zmm accumulators and only
-//! its stores are masked at the edges. `k` is cut into equal blocks of at most `KC` = 512
-//! steps (the GPT's d-512 GEMMs in one pass over the output where `k` is 512, which matters
-//! when the output is 6-8 MiB): a `B` panel (at most `KC × NR` bf16, 32 KiB) sits in L1
-//! and L2 while the `A` panels of the block (`MC × KC` bf16, at most 630 KiB) stream from
-//! the 1 MiB L2 of a Zen 4 core. The microkernel reads under 7 bytes per cycle from them
-//! (two zmm of `B` and `MR` broadcast words per 28 `vdpbf16ps`), so neither needs L1.
+//! its stores are masked at the edges. `k` is cut into equal blocks of at most `KC` = 1024
+//! steps, so that the GPT's weight-gradient GEMMs (`k` = the micro-batch's 1024 tokens at d
+//! 512) and its d-512 forward GEMMs make one pass over their output, which matters when the
+//! output is 4-8 MiB: a `B` panel (at most `KC × NR` bf16, 64 KiB) sits in L2 while the `A`
+//! panels of the block (`MC × KC` bf16, at most 616 KiB) stream from the 1 MiB L2 of a Zen 4
+//! or Zen 5 core. The microkernel reads under 7 bytes per cycle from them (two zmm of `B` and
+//! `MR` broadcast words per 28 `vdpbf16ps`), so neither needs L1. (On a Zen 5 core this
+//! blocking's d-512 bf16 GPT step took 1-4% less time than `KC` 512 with 616 rows of `A`,
+//! three rounds alternated; docs/performance.md.)
 //! Operands whose entries (rows of `A`, columns of `B`) are far apart in memory are
 //! prefetched by hand, as is each output tile before the microkernel's loop.
 //!
@@ -38,9 +41,9 @@ pub(super) const MR: usize = 14;
 /// Columns of the microkernel's tile (two zmm of f32).
 pub(super) const NR: usize = 32;
 /// The most steps of `k` per packed block (even); `k` is cut into equal even blocks.
-const KC: usize = 512;
+const KC: usize = 1024;
 /// Rows of `A` per packed block (a multiple of [`MR`]).
-const MC: usize = 44 * MR;
+const MC: usize = 22 * MR;
 /// Columns of `B` per packed block (a multiple of [`NR`]).
 const NC: usize = 64 * NR;
 
@@ -396,7 +399,7 @@ pub(super) unsafe fn gemm<A: Src, B: Src>(
     BUFS.with(|bufs| {
         let mut bufs = bufs.borrow_mut();
         let (abuf, bbuf) = &mut *bufs;
-        // k in equal even blocks of at most KC (k = 1024 as 512 + 512, k = 600 as 300 + 300, not 512 + 88).
+        // k in equal even blocks of at most KC (k = 2048 as 1024 + 1024, k = 1100 as 550 + 550, not 1024 + 76).
         let kc_step = k.div_ceil(k.div_ceil(KC)).next_multiple_of(2);
         let kp_max = kc_step.min(k).div_ceil(2);
         let apack = abuf.words(kp_max * MC.min(m.next_multiple_of(MR)));
