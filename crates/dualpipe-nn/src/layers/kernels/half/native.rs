@@ -13,9 +13,9 @@
 //! `half` crate does not) and pads short panels and an odd last `k` with zeros, so the
 //! microkernel always computes a full `MR × NR` tile in `2·MR` zmm accumulators and only
 //! its stores are masked at the edges. `k` is cut into equal blocks of at most `KC` = 1024
-//! steps, so that the GPT's weight-gradient GEMMs (`k` = the micro-batch's 1024 tokens at d
-//! 512) and its d-512 forward GEMMs make one pass over their output, which matters when the
-//! output is 4-8 MiB: a `B` panel (at most `KC × NR` bf16, 64 KiB) sits in L2 while the `A`
+//! steps, so that the GPT's d-512 weight-gradient GEMMs (`k` = the micro-batch's 1024
+//! tokens) make one pass over their output and its `k` = 1536-2048 GEMMs two, not two to
+//! four, which matters when an output is several MiB: a `B` panel (at most `KC × NR` bf16, 64 KiB) sits in L2 while the `A`
 //! panels of the block (`MC × KC` bf16, at most 616 KiB) stream from the 1 MiB L2 of a Zen 4
 //! or Zen 5 core. The microkernel reads under 7 bytes per cycle from them (two zmm of `B` and
 //! `MR` broadcast words per 28 `vdpbf16ps`), so neither needs L1. (On a Zen 5 core this
