@@ -259,7 +259,8 @@ pub(crate) fn gemm_half_with(
             len: dst.len(),
             ldc: n,
         };
-        gemm_half_raw(path, half, out, a, b, accumulate, what)
+        let start = if accumulate { Start::Dst } else { Start::Zero };
+        gemm_half_raw(path, half, out, a, b, start, what)
     }
 }
 
@@ -283,8 +284,58 @@ pub(crate) fn gemm_half_to(
             len: dst.len(),
             ldc,
         };
-        gemm_half_raw(HalfPath::best(half), half, out, a, b, false, what)
+        gemm_half_raw(HalfPath::best(half), half, out, a, b, Start::Zero, what)
     }
+}
+
+/// `dst = start + a·b` (both `[a.rows, b.cols]`, rows `b.cols` apart), the operands' values
+/// rounded to `half` and the products accumulated in f32 on this processor's fastest path:
+/// a gradient accumulated into a new tensor without copying the old one first (the native
+/// kernel reads `start` where it would read `dst`).
+pub(crate) fn gemm_half_from(
+    half: Half,
+    dst: &mut [MaybeUninit<f32>],
+    start: &[f32],
+    a: HalfOperand<'_>,
+    b: HalfOperand<'_>,
+    what: &str,
+) -> Result<(), NnError> {
+    if start.len() != dst.len() {
+        return Err(NnError::Stage(format!(
+            "{what}: a start of {} elements for a product of {}",
+            start.len(),
+            dst.len()
+        )));
+    }
+    // SAFETY: dst is a live slice borrowed mutably, start one of the same length borrowed
+    // shared (so they do not overlap); the GEMM only writes initialized values into dst.
+    unsafe {
+        let out = Dst {
+            ptr: dst.as_mut_ptr().cast(),
+            len: dst.len(),
+            ldc: b.dims().1,
+        };
+        gemm_half_raw(
+            HalfPath::best(half),
+            half,
+            out,
+            a,
+            b,
+            Start::Other(start),
+            what,
+        )
+    }
+}
+
+/// What a GEMM adds its product to.
+#[derive(Clone, Copy)]
+enum Start<'s> {
+    /// Nothing: the product is written.
+    Zero,
+    /// The output's own values (accumulation).
+    Dst,
+    /// Another matrix laid out as the output (as long, rows as far apart), not overlapping it.
+    Other(&'s [f32]),
 }
 
 /// Where a GEMM writes: `len` f32 elements from `ptr`, the output's rows `ldc` apart.
@@ -295,20 +346,20 @@ struct Dst {
     ldc: usize,
 }
 
-/// `dst[i·ldc + j] (+)= (a·b)[i, j]` on `path`, after checking the shapes, the formats and
-/// that the processor has the path.
+/// `dst[i·ldc + j] = start + (a·b)[i, j]` on `path`, after checking the shapes, the formats
+/// and that the processor has the path.
 ///
 /// # Safety
 ///
-/// `dst`'s `len` elements may be written (and, when `accumulate`, are initialized and read)
-/// and alias neither operand.
+/// `dst`'s `len` elements may be written (and, for [`Start::Dst`], are initialized and read)
+/// and alias neither operand; a [`Start::Other`] is `len` elements long.
 unsafe fn gemm_half_raw(
     path: HalfPath,
     half: Half,
     dst: Dst,
     a: HalfOperand<'_>,
     b: HalfOperand<'_>,
-    accumulate: bool,
+    start: Start<'_>,
     what: &str,
 ) -> Result<(), NnError> {
     let Dst { ptr, len, ldc } = dst;
@@ -335,28 +386,56 @@ unsafe fn gemm_half_raw(
     // SAFETY: the m rows of n elements, ldc apart, lie inside dst's len elements (checked
     // above), which the caller lets us write (and read when accumulating).
     unsafe {
+        let from = match start {
+            Start::Zero => None,
+            Start::Dst => Some(ptr.cast_const()),
+            Start::Other(s) => Some(s.as_ptr()),
+        };
         if k == 0 {
-            if !accumulate {
-                for i in 0..m {
-                    std::ptr::write_bytes(ptr.add(i * ldc), 0, n);
+            for i in 0..m {
+                match from {
+                    None => std::ptr::write_bytes(ptr.add(i * ldc), 0, n),
+                    Some(f) if f != ptr.cast_const() => {
+                        std::ptr::copy_nonoverlapping(f.add(i * ldc), ptr.add(i * ldc), n)
+                    }
+                    Some(_) => {}
                 }
             }
             return Ok(());
         }
         match path {
-            HalfPath::Amx | HalfPath::Native => native_gemm(path, ptr, ldc, a, b, accumulate, what),
-            HalfPath::Converting => converting_gemm(half, dst, a, b, accumulate, what),
+            HalfPath::Amx | HalfPath::Native => native_gemm(path, ptr, ldc, a, b, from, what),
+            HalfPath::Converting => {
+                if let Start::Other(s) = start {
+                    copy_rows(s.as_ptr(), ptr, ldc, m, n);
+                }
+                let accumulate = !matches!(start, Start::Zero);
+                converting_gemm(half, dst, a, b, accumulate, what)
+            }
         }
     }
 }
 
-/// The bf16 GEMM on the processor's own instructions, `path` AMX or `vdpbf16ps` (shapes and
-/// formats checked, `m, n, k` not zero, the path available).
+/// `dst`'s `m` rows of `n` elements, `ldc` apart, set to those of `src`.
 ///
 /// # Safety
 ///
-/// The `a.rows` rows of `b.cols` elements of `dst`, `ldc` apart, may be written (and read
-/// when `accumulate`) and alias neither operand.
+/// Both hold those rows, `dst`'s writable, and they do not overlap.
+unsafe fn copy_rows(src: *const f32, dst: *mut f32, ldc: usize, m: usize, n: usize) {
+    for i in 0..m {
+        // SAFETY: as the caller vouches.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(i * ldc), dst.add(i * ldc), n) };
+    }
+}
+
+/// The bf16 GEMM on the processor's own instructions, `path` AMX or `vdpbf16ps` (shapes and
+/// formats checked, `m, n, k` not zero, the path available), adding the product to `from`
+/// (rows `ldc` apart, `c` itself or not overlapping it) where there is one.
+///
+/// # Safety
+///
+/// The `a.rows` rows of `b.cols` elements of `dst`, `ldc` apart, may be written, those of
+/// `from` read, and neither aliases an operand.
 #[cfg(target_arch = "x86_64")]
 unsafe fn native_gemm(
     path: HalfPath,
@@ -364,7 +443,7 @@ unsafe fn native_gemm(
     ldc: usize,
     a: HalfOperand<'_>,
     b: HalfOperand<'_>,
-    accumulate: bool,
+    from: Option<*const f32>,
     what: &str,
 ) -> Result<(), NnError> {
     /// One GEMM on `path`'s kernel.
@@ -378,14 +457,20 @@ unsafe fn native_gemm(
         ldc: usize,
         a: Mat<'_, A>,
         b: Mat<'_, B>,
-        accumulate: bool,
+        from: Option<*const f32>,
     ) {
         // SAFETY: as the caller vouches.
         unsafe {
             match path {
                 #[cfg(target_os = "linux")]
-                HalfPath::Amx => amx::gemm(c, ldc, a, b, accumulate),
-                _ => native::gemm(c, ldc, a, b, accumulate),
+                HalfPath::Amx => {
+                    // The tiles add to the output's own values only.
+                    if let Some(f) = from.filter(|&f| f != c.cast_const()) {
+                        copy_rows(f, c, ldc, a.rows, b.cols);
+                    }
+                    amx::gemm(c, ldc, a, b, from.is_some())
+                }
+                _ => native::gemm(c, ldc, a, b, from),
             }
         }
     }
@@ -393,10 +478,10 @@ unsafe fn native_gemm(
     // its slice) and that the processor has the path, and vouches for dst.
     unsafe {
         match (a, b) {
-            (HalfOperand::F32(a), HalfOperand::F32(b)) => run(path, c, ldc, a, b, accumulate),
-            (HalfOperand::F32(a), HalfOperand::Bf16(b)) => run(path, c, ldc, a, b, accumulate),
-            (HalfOperand::Bf16(a), HalfOperand::F32(b)) => run(path, c, ldc, a, b, accumulate),
-            (HalfOperand::Bf16(a), HalfOperand::Bf16(b)) => run(path, c, ldc, a, b, accumulate),
+            (HalfOperand::F32(a), HalfOperand::F32(b)) => run(path, c, ldc, a, b, from),
+            (HalfOperand::F32(a), HalfOperand::Bf16(b)) => run(path, c, ldc, a, b, from),
+            (HalfOperand::Bf16(a), HalfOperand::F32(b)) => run(path, c, ldc, a, b, from),
+            (HalfOperand::Bf16(a), HalfOperand::Bf16(b)) => run(path, c, ldc, a, b, from),
             _ => {
                 return Err(NnError::Stage(format!(
                     "{what}: no native path for f16 operands"
@@ -415,7 +500,7 @@ unsafe fn native_gemm(
     _ldc: usize,
     _a: HalfOperand<'_>,
     _b: HalfOperand<'_>,
-    _accumulate: bool,
+    _from: Option<*const f32>,
     what: &str,
 ) -> Result<(), NnError> {
     Err(NnError::Stage(format!("{what}: no native bf16 GEMM")))
@@ -497,7 +582,8 @@ pub(crate) fn to_half(x: &Tensor, half: Half) -> Result<Tensor, NnError> {
 const PIECE: usize = 4096;
 
 /// `(gelu(x), gelu'(x))` for f32 `x`, the derivative rounded to `half` as it is made: the
-/// values of `gelu_forward` then [`to_half`], without the f32 derivative tensor between them.
+/// f32 GELU with fused multiply-adds (the values go to 16 bits: the next `Linear` rounds
+/// `gelu(x)`), then [`to_half`], without the f32 derivative tensor between them.
 pub(crate) fn gelu_forward_half(x: &Tensor, half: Half) -> Result<(Tensor, Tensor), NnError> {
     const WHAT: &str = "GELU forward (mixed precision)";
     /// Each piece's derivative through `scratch`, then rounded into `d` by `round`.
@@ -514,7 +600,7 @@ pub(crate) fn gelu_forward_half(x: &Tensor, half: Half) -> Result<(Tensor, Tenso
             .zip(d.slots().chunks_mut(PIECE))
         {
             let tmp = &mut scratch.slots()[..xs.len()];
-            <f32 as super::Elem>::gelu_forward(xs, ys, tmp);
+            super::math::gelu_forward_fused_wide(xs, ys, tmp);
             // SAFETY: gelu_forward wrote every slot of tmp.
             round(unsafe { super::assume_init_mut(tmp) }, ds);
         }
@@ -1252,6 +1338,67 @@ mod tests {
     }
 
     #[test]
+    fn a_start_read_in_place_equals_accumulating_into_its_copy() {
+        // Every path, partial tiles, k in one block, in two (the second block adds to what
+        // the first wrote) and empty: bit for bit what accumulating into a copy gives, and
+        // every element written.
+        let shapes = [
+            [13, 7, 33],
+            [29, 65, 70],
+            [650, 9, 40],
+            [20, 2100, 40],
+            [3, 0, 5],
+        ];
+        for half in [Half::Bf16, Half::F16] {
+            for path in paths(half) {
+                for (s, &[m, k, n]) in shapes.iter().enumerate() {
+                    let mut rng = ChaCha8Rng::seed_from_u64(s as u64);
+                    let a = Operand::new(&mut rng, m, k, Layout::Transposed, Kind::F32, half);
+                    let b = Operand::new(&mut rng, k, n, Layout::RowMajor, Kind::F32, half);
+                    let start: Vec<f32> = (0..m * n).map(|_| rng.random_range(-4.0..4.0)).collect();
+                    let mut want = start.clone();
+                    gemm_half_with(path, half, &mut want, a.operand(), b.operand(), true, "t")
+                        .unwrap();
+                    let mut got = vec![MaybeUninit::new(f32::NAN); m * n];
+                    // SAFETY: got is a live slice of m · n elements, start as long.
+                    unsafe {
+                        let out = Dst {
+                            ptr: got.as_mut_ptr().cast(),
+                            len: m * n,
+                            ldc: n,
+                        };
+                        let (a, b) = (a.operand(), b.operand());
+                        gemm_half_raw(path, half, out, a, b, Start::Other(&start), "t").unwrap();
+                    }
+                    // SAFETY: initialized to NaN, then (all of it, checked here) by the GEMM.
+                    let got: Vec<u32> = got
+                        .iter()
+                        .map(|v| unsafe { v.assume_init() }.to_bits())
+                        .collect();
+                    let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "{path:?} {half:?} [{m}, {k}, {n}]");
+                }
+            }
+        }
+        let mut dst = vec![MaybeUninit::new(0.0); 6];
+        let (a, b) = (vec![1.0f32; 6], vec![1.0f32; 3]);
+        let err = gemm_half_from(
+            Half::Bf16,
+            &mut dst,
+            &[0.0; 5],
+            HalfOperand::F32(Mat::new(&a, 6, 1)),
+            HalfOperand::F32(Mat::new(&b, 1, 1)),
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("a start of 5 elements for a product of 6"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn native_paths_cross_every_block_edge() {
         // More rows, columns and steps of k than one packed block of either native path holds
         // (k in two blocks, none a whole number of tiles), with partial tiles at every edge.
@@ -1573,9 +1720,23 @@ mod tests {
                 .map(|x| x.to_bits())
                 .collect()
         };
+        // The one-pass values: the fused GELU over the whole tensor, then the rounding.
+        let (mut y0, mut d0) = (
+            vec![MaybeUninit::new(0.0); v.len()],
+            vec![MaybeUninit::new(0.0); v.len()],
+        );
+        super::super::math::gelu_forward_fused_wide(&v, &mut y0, &mut d0);
+        // SAFETY: every element was initialized (to 0, then by the GELU).
+        let (y0, d0): (Vec<f32>, Vec<f32>) = unsafe {
+            (
+                y0.iter().map(|v| v.assume_init()).collect(),
+                d0.iter().map(|v| v.assume_init()).collect(),
+            )
+        };
+        let y0 = Tensor::from_vec(y0, v.len(), &Device::Cpu).unwrap();
+        let d0 = Tensor::from_vec(d0, v.len(), &Device::Cpu).unwrap();
         for half in [Half::Bf16, Half::F16] {
             let (y, d) = gelu_forward_half(&x, half).unwrap();
-            let (y0, d0) = super::super::gelu_forward(&x).unwrap();
             let d0 = to_half(&d0, half).unwrap();
             assert_eq!(d.dtype(), half.dtype());
             assert_eq!(bits(&y), bits(&y0), "{half:?} values");

@@ -5,7 +5,7 @@ use candle_core::{DType, Tensor};
 use half::{bf16, f16};
 
 use super::gemm::{linear_start, residual_start, weight_gradient_dims, Mat};
-use super::half::{gemm_half, gemm_half_to, HalfOperand};
+use super::half::{gemm_half, gemm_half_from, gemm_half_to, HalfOperand};
 use super::{dims2, read, tensor, Uninit};
 use crate::error::NnError;
 use crate::precision::Half;
@@ -27,11 +27,27 @@ fn with_operand<R>(
     }
 }
 
-/// `start + a·b` (or `a·b` when there is no start) in f32, the operands read in `half`, each
-/// given with whether it is used transposed.
+/// What a product is added to.
+enum Start<'t> {
+    /// Nothing.
+    Zero,
+    /// Values made for it (a bias, a residual), added to in place.
+    Owned(Vec<f32>),
+    /// An f32 tensor of the product's shape (a gradient so far), read, not copied.
+    Of(&'t Tensor),
+}
+
+impl From<Option<Vec<f32>>> for Start<'_> {
+    fn from(start: Option<Vec<f32>>) -> Self {
+        start.map_or(Start::Zero, Start::Owned)
+    }
+}
+
+/// `start + a·b` in f32, the operands read in `half`, each given with whether it is used
+/// transposed.
 fn half_product(
     half: Half,
-    start: Option<Vec<f32>>,
+    start: Start<'_>,
     (a, a_t): (&Tensor, bool),
     (b, b_t): (&Tensor, bool),
     len: usize,
@@ -41,25 +57,26 @@ fn half_product(
         with_operand(b, what, |b| {
             let a = if a_t { a.t() } else { a };
             let b = if b_t { b.t() } else { b };
-            match start {
-                Some(mut dst) => {
-                    gemm_half(half, &mut dst, a, b, true, what)?;
-                    Ok::<_, NnError>(dst)
-                }
-                None => {
-                    // Written in full by the product: no zeroing pass first.
-                    let (m, n) = (a.dims().0, b.dims().1);
-                    if len != m * n {
-                        return Err(NnError::Stage(format!(
-                            "{what}: a [{m}, {n}] product into {len} elements"
-                        )));
-                    }
-                    let mut dst = Uninit::<f32>::new(len);
-                    gemm_half_to(half, dst.slots(), n, a, b, what)?;
-                    // SAFETY: the product wrote all len = m · n elements.
-                    Ok(unsafe { dst.assume_init() })
-                }
+            if let Start::Owned(mut dst) = start {
+                gemm_half(half, &mut dst, a, b, true, what)?;
+                return Ok::<_, NnError>(dst);
             }
+            // Written in full by the product: no zeroing or copying pass first.
+            let (m, n) = (a.dims().0, b.dims().1);
+            if len != m * n {
+                return Err(NnError::Stage(format!(
+                    "{what}: a [{m}, {n}] product into {len} elements"
+                )));
+            }
+            let mut dst = Uninit::<f32>::new(len);
+            match start {
+                Start::Of(t) => read::<f32, _>(t, what, |s| {
+                    gemm_half_from(half, dst.slots(), s, a, b, what)
+                })??,
+                _ => gemm_half_to(half, dst.slots(), n, a, b, what)?,
+            }
+            // SAFETY: the product wrote all len = m · n elements.
+            Ok(unsafe { dst.assume_init() })
         })
     })???;
     Ok(dst)
@@ -77,7 +94,7 @@ pub(crate) fn linear_forward_half(
     const WHAT: &str = "Linear forward x Wᵀ + b (mixed precision)";
     let (out, w_in) = dims2(w, WHAT)?;
     let (n, _, start) = linear_start::<f32>(x, (w_in, out), b, residual, WHAT)?;
-    let dst = half_product(half, start, (x, false), (w, true), n * out, WHAT)?;
+    let dst = half_product(half, start.into(), (x, false), (w, true), n * out, WHAT)?;
     tensor(dst, (n, out), WHAT)
 }
 
@@ -98,7 +115,7 @@ pub(crate) fn linear_backward_input_half(
         )));
     }
     let start = residual_start::<f32>(residual, n, input, WHAT)?;
-    let dst = half_product(half, start, (dy, false), (w, false), n * input, WHAT)?;
+    let dst = half_product(half, start.into(), (dy, false), (w, false), n * input, WHAT)?;
     tensor(dst, (n, input), WHAT)
 }
 
@@ -113,8 +130,14 @@ pub(crate) fn linear_backward_weight_half(
 ) -> Result<(Tensor, Option<Tensor>), NnError> {
     const WHAT: &str = "Linear weight gradient dyᵀ x (mixed precision)";
     let (_, out, input) = weight_gradient_dims(dy, x, grad_w, WHAT)?;
-    let start = read::<f32, _>(grad_w, WHAT, <[f32]>::to_vec)?;
-    let dw = half_product(half, Some(start), (dy, true), (x, false), out * input, WHAT)?;
+    let dw = half_product(
+        half,
+        Start::Of(grad_w),
+        (dy, true),
+        (x, false),
+        out * input,
+        WHAT,
+    )?;
     let dw = tensor(dw, (out, input), WHAT)?;
     let db = match grad_b {
         None => None,

@@ -70,15 +70,50 @@ wide_kernel! {
     fn gelu_forward_wide(x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<f32>]) => gelu_forward_f32
 }
 
+wide_kernel! {
+    /// [`gelu_forward_fused`] as wide as the CPU allows: the GELU of the mixed-precision
+    /// paths, whose outputs are rounded to 16 bits afterwards.
+    pub(super) fn gelu_forward_fused_wide(x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<f32>]) => gelu_forward_fused
+}
+
 /// Branch-free f32 GELU and derivative (vectorizable): `Φ(x)` from an erfc approximation with
 /// relative error below 1.2e-7 everywhere (a Chebyshev fit, Numerical Recipes' `erfcc`), so
-/// the tails keep their relative precision.
+/// the tails keep their relative precision. Each step of the polynomials is a multiply, then
+/// an add (the f32 path's results stay what they were).
 #[inline(always)]
 fn gelu_forward_f32(x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<f32>]) {
+    gelu_forward_in::<false>(x, y, d)
+}
+
+/// [`gelu_forward_f32`] with every multiply-add of its polynomials fused (one rounding): a
+/// third fewer instructions where the processor has FMA (slower where it has not), results
+/// within the same bounds but not bit-identical to [`gelu_forward_f32`]'s.
+#[inline(always)]
+fn gelu_forward_fused(x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<f32>]) {
+    gelu_forward_in::<true>(x, y, d)
+}
+
+/// The f32 GELU and derivative, the polynomials' multiply-adds fused when `FUSED`.
+#[inline(always)]
+fn gelu_forward_in<const FUSED: bool>(
+    x: &[f32],
+    y: &mut [MaybeUninit<f32>],
+    d: &mut [MaybeUninit<f32>],
+) {
     for ((&x, y), d) in x.iter().zip(y).zip(d) {
-        let (phi, pdf) = normal_cdf_pdf_f32(x);
+        let (phi, pdf) = normal_cdf_pdf_f32::<FUSED>(x);
         y.write(x * phi);
-        d.write(phi + x * pdf);
+        d.write(madd::<FUSED>(x, pdf, phi));
+    }
+}
+
+/// `a·b + c`, rounded once when `FUSED`, twice otherwise.
+#[inline(always)]
+fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FUSED {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
     }
 }
 
@@ -86,19 +121,27 @@ fn gelu_forward_f32(x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<
 // The fit's published coefficients, kept as printed (f32 rounds them).
 #[allow(clippy::excessive_precision)]
 #[inline(always)]
-fn normal_cdf_pdf_f32(x: f32) -> (f32, f32) {
+fn normal_cdf_pdf_f32<const FUSED: bool>(x: f32) -> (f32, f32) {
+    const C: [f32; 10] = [
+        -1.265_512_2,
+        1.000_023_7,
+        0.374_091_96,
+        0.096_784_18,
+        -0.186_288_06,
+        0.278_868_07,
+        -1.135_203_98,
+        1.488_515_87,
+        -0.822_152_23,
+        0.170_872_77,
+    ];
     let z = x.abs() * std::f32::consts::FRAC_1_SQRT_2;
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let poly = -1.265_512_2
-        + t * (1.000_023_7
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_203_98
-                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
-    let e = exp_f32(-z * z);
-    let erfc = t * e * exp_f32(poly);
+    let t = 1.0 / madd::<FUSED>(0.5, z, 1.0);
+    let mut poly = C[9];
+    for &c in C[..9].iter().rev() {
+        poly = madd::<FUSED>(t, poly, c);
+    }
+    let e = exp_in::<FUSED>(-z * z);
+    let erfc = t * e * exp_in::<FUSED>(poly);
     let half = 0.5 * erfc;
     let phi = if x >= 0.0 { 1.0 - half } else { half };
     (phi, e * INV_SQRT_2PI as f32)
@@ -108,23 +151,38 @@ fn normal_cdf_pdf_f32(x: f32) -> (f32, f32) {
 /// vectorizes; underflows to 0 at -87 and below.
 #[inline(always)]
 fn exp_f32(x: f32) -> f32 {
+    exp_in::<false>(x)
+}
+
+/// [`exp_f32`], the multiply-adds fused when `FUSED`.
+#[inline(always)]
+fn exp_in<const FUSED: bool>(x: f32) -> f32 {
     const LOG2_E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
     // 1.5 · 2²³: adding it rounds to an integer, held in the low mantissa bits.
     const ROUND: f32 = 12_582_912.0;
     const ROUND_BITS: u32 = 0x4B40_0000;
+    // The Taylor coefficients 1/7!, 1/6!, ..., 1, 1.
+    const C: [f32; 8] = [
+        1.0 / 5040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ];
     let x = if x < -87.0 { -87.0 } else { x };
     let x = if x > 88.0 { 88.0 } else { x };
-    let kr = x * LOG2_E + ROUND;
+    let kr = madd::<FUSED>(x, LOG2_E, ROUND);
     let k = kr - ROUND;
-    let r = (x - k * LN2_HI) - k * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0
-                    + r * (1.0 / 24.0
-                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    let r = madd::<FUSED>(-k, LN2_LO, madd::<FUSED>(-k, LN2_HI, x));
+    let mut p = C[0];
+    for &c in &C[1..] {
+        p = madd::<FUSED>(r, p, c);
+    }
     // 2ᵏ: the biased exponent k + 127 shifted into place.
     let scale = f32::from_bits(kr.to_bits().wrapping_sub(ROUND_BITS - 127) << 23);
     let v = p * scale;
@@ -145,11 +203,37 @@ mod tests {
 
     #[test]
     fn f32_gelu_matches_the_f64_formula() {
+        check_gelu(f32::gelu_forward);
+    }
+
+    #[test]
+    fn fused_gelu_matches_the_f64_formula_and_differs_from_the_f32_path() {
+        check_gelu(gelu_forward_fused_wide);
+        let xs: Vec<f32> = (0..1000).map(|i| -5.0 + i as f32 * 1e-2).collect();
+        let run = |f: fn(&[f32], &mut [MaybeUninit<f32>], &mut [MaybeUninit<f32>])| {
+            let (mut y, mut d) = (
+                vec![MaybeUninit::new(0.0); 1000],
+                vec![MaybeUninit::new(0.0); 1000],
+            );
+            f(&xs, &mut y, &mut d);
+            // SAFETY: initialized to 0, then written by the GELU.
+            unsafe {
+                y.iter()
+                    .chain(&d)
+                    .map(|v| v.assume_init().to_bits())
+                    .collect::<Vec<_>>()
+            }
+        };
+        // The fused one-rounding steps really run (on any processor: `mul_add` is exact).
+        assert_ne!(run(f32::gelu_forward), run(gelu_forward_fused_wide));
+    }
+
+    fn check_gelu(gelu: fn(&[f32], &mut [MaybeUninit<f32>], &mut [MaybeUninit<f32>])) {
         // In the tails the error grows like x² ε: the argument of exp(-x²/2) is rounded to f32.
         let xs: Vec<f32> = (0..20_001).map(|i| -10.0 + i as f32 * 1e-3).collect();
         let mut y = vec![MaybeUninit::new(0.0); xs.len()];
         let mut d = vec![MaybeUninit::new(0.0); xs.len()];
-        f32::gelu_forward(&xs, &mut y, &mut d);
+        gelu(&xs, &mut y, &mut d);
         // SAFETY: every element was initialized (to 0, then by gelu_forward).
         let (y, d): (Vec<f32>, Vec<f32>) = unsafe {
             (

@@ -72,9 +72,9 @@ macro_rules! by_dtype {
 /// same operations (Rust never fuses `a * b + c` into an FMA on its own), and the kernels keep
 /// their reductions in sequential order.
 macro_rules! wide_kernel {
-    ($(#[$doc:meta])* fn $name:ident $(<$T:ident: Elem>)? ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $inner:ident) => {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident $(<$T:ident: Elem>)? ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $inner:ident) => {
         $(#[$doc])*
-        fn $name $(<$T: Elem>)? ($($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name $(<$T: Elem>)? ($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]

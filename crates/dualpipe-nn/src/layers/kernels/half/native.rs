@@ -288,13 +288,13 @@ pub(super) unsafe fn pack<T: Src>(
     }
 }
 
-/// The `MR × NR` tile over `kp` pairs: `c[i·ldc + j] (+)= Σ_p a·b` for `i < rows`,
-/// `j < cols`, adding to `c`'s values when `load`.
+/// The `MR × NR` tile over `kp` pairs: `c[i·ldc + j] = from[i·ldc + j] + Σ_p a·b` for
+/// `i < rows`, `j < cols` (`from` may be `c` itself), or `Σ_p a·b` when there is no `from`.
 ///
 /// # Safety
 ///
 /// The AVX-512 BF16 features are available; `a` holds `kp·MR` words, `b` `kp·NR` words
-/// (64-byte aligned); the `rows × cols` tile of `c` may be written (and read when `load`).
+/// (64-byte aligned); the `rows × cols` tile of `c` may be written, that of `from` read.
 #[target_feature(enable = "avx512bf16,avx512f,avx512bw,avx512vl")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn kernel(
@@ -305,18 +305,21 @@ unsafe fn kernel(
     ldc: usize,
     rows: usize,
     cols: usize,
-    load: bool,
+    from: Option<*const f32>,
 ) {
     let mut lo = [_mm512_setzero_ps(); MR];
     let mut hi = [_mm512_setzero_ps(); MR];
     // SAFETY: the reads stay inside the panels (kp pairs), the writes inside the tile.
     unsafe {
-        // The tile of c is written (and read) after the loop: fetch it while computing.
+        // The tile of c is written (and that of from read) after the loop: fetch them while
+        // computing.
         for i in 0..MR {
             if i < rows {
-                let row = c.add(i * ldc).cast::<i8>();
-                _mm_prefetch::<_MM_HINT_T0>(row);
-                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(64));
+                for tile in [Some(c.cast_const()), from].into_iter().flatten() {
+                    let row = tile.add(i * ldc).cast::<i8>();
+                    _mm_prefetch::<_MM_HINT_T0>(row);
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(64));
+                }
             }
         }
         let (mut a, mut b) = (a, b);
@@ -337,9 +340,10 @@ unsafe fn kernel(
             if i < rows {
                 let row = c.add(i * ldc);
                 let (mut v0, mut v1) = (lo[i], hi[i]);
-                if load {
-                    v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
-                    v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row.add(16)));
+                if let Some(from) = from {
+                    let start = from.add(i * ldc);
+                    v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, start));
+                    v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, start.add(16)));
                 }
                 _mm512_mask_storeu_ps(row, m0, v0);
                 _mm512_mask_storeu_ps(row.add(16), m1, v1);
@@ -381,19 +385,21 @@ unsafe fn pack_panels<T: Src>(
     }
 }
 
-/// `c[i·ldc + j] (+)= (a·b)[i, j]` for `i < a.rows`, `j < b.cols`.
+/// `c[i·ldc + j] = from[i·ldc + j] + (a·b)[i, j]` for `i < a.rows`, `j < b.cols` (`from`
+/// may be `c` itself: accumulation), or `(a·b)[i, j]` when there is no `from`.
 ///
 /// # Safety
 ///
 /// [`available`] is true; `a` and `b` have fitting shapes (`a.cols == b.rows`, none zero)
 /// and every element of them lies inside its slice; the `a.rows × b.cols` rows of `c` may be
-/// written (and read when `accumulate`) and alias neither operand.
+/// written, those of `from` (rows `ldc` apart too) read, and neither aliases an operand;
+/// `from` is `c` or does not overlap it.
 pub(super) unsafe fn gemm<A: Src, B: Src>(
     c: *mut f32,
     ldc: usize,
     a: Mat<'_, A>,
     b: Mat<'_, B>,
-    accumulate: bool,
+    from: Option<*const f32>,
 ) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     BUFS.with(|bufs| {
@@ -422,7 +428,8 @@ pub(super) unsafe fn gemm<A: Src, B: Src>(
                         kc,
                         bpack,
                     );
-                    let load = accumulate || pc > 0;
+                    // Later blocks of k add to what the first ones wrote.
+                    let from = if pc == 0 { from } else { Some(c.cast_const()) };
                     for ic in (0..m).step_by(MC) {
                         let mc = MC.min(m - ic);
                         pack_panels(
@@ -437,15 +444,16 @@ pub(super) unsafe fn gemm<A: Src, B: Src>(
                         for (jq, jr) in (0..nc).step_by(NR).enumerate() {
                             let bp = bpack.add(jq * kp * NR);
                             for (iq, ir) in (0..mc).step_by(MR).enumerate() {
+                                let tile = (ic + ir) * ldc + jc + jr;
                                 kernel(
                                     kp,
                                     apack.add(iq * kp * MR),
                                     bp,
-                                    c.add((ic + ir) * ldc + jc + jr),
+                                    c.add(tile),
                                     ldc,
                                     mc - ir,
                                     nc - jr,
-                                    load,
+                                    from.map(|f| f.add(tile)),
                                 );
                             }
                         }
