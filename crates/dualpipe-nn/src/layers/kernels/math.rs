@@ -210,7 +210,7 @@ mod tests {
     fn fused_gelu_matches_the_f64_formula_and_differs_from_the_f32_path() {
         check_gelu(gelu_forward_fused_wide);
         let xs: Vec<f32> = (0..1000).map(|i| -5.0 + i as f32 * 1e-2).collect();
-        let run = |f: fn(&[f32], &mut [MaybeUninit<f32>], &mut [MaybeUninit<f32>])| {
+        let run = |f: GeluFn| {
             let (mut y, mut d) = (
                 vec![MaybeUninit::new(0.0); 1000],
                 vec![MaybeUninit::new(0.0); 1000],
@@ -228,7 +228,10 @@ mod tests {
         assert_ne!(run(f32::gelu_forward), run(gelu_forward_fused_wide));
     }
 
-    fn check_gelu(gelu: fn(&[f32], &mut [MaybeUninit<f32>], &mut [MaybeUninit<f32>])) {
+    /// An f32 GELU with its derivative.
+    type GeluFn = fn(&[f32], &mut [MaybeUninit<f32>], &mut [MaybeUninit<f32>]);
+
+    fn check_gelu(gelu: GeluFn) {
         // In the tails the error grows like x² ε: the argument of exp(-x²/2) is rounded to f32.
         let xs: Vec<f32> = (0..20_001).map(|i| -10.0 + i as f32 * 1e-3).collect();
         let mut y = vec![MaybeUninit::new(0.0); xs.len()];
