@@ -200,13 +200,24 @@ pub(super) fn residual_start<T: Elem>(
     cols: usize,
     what: &str,
 ) -> Result<Option<Vec<T>>, NnError> {
+    residual_checked(residual, rows, cols, what)?
+        .map(|r| read::<T, _>(r, what, <[T]>::to_vec))
+        .transpose()
+}
+
+/// The residual, if any, after checking that it is `[rows, cols]`.
+pub(super) fn residual_checked<'t>(
+    residual: Option<&'t Tensor>,
+    rows: usize,
+    cols: usize,
+    what: &str,
+) -> Result<Option<&'t Tensor>, NnError> {
     match residual {
         Some(r) if r.dims() != [rows, cols] => Err(NnError::Stage(format!(
             "{what}: residual is {:?}, expected [{rows}, {cols}]",
             r.dims()
         ))),
-        Some(r) => read::<T, _>(r, what, <[T]>::to_vec).map(Some),
-        None => Ok(None),
+        r => Ok(r),
     }
 }
 

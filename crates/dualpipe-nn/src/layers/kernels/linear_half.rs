@@ -4,7 +4,7 @@
 use candle_core::{DType, Tensor};
 use half::{bf16, f16};
 
-use super::gemm::{linear_start, residual_start, weight_gradient_dims, Mat};
+use super::gemm::{linear_start, residual_checked, weight_gradient_dims, Mat};
 use super::half::{gemm_half, gemm_half_from, gemm_half_to, HalfOperand};
 use super::{dims2, read, tensor, Uninit};
 use crate::error::NnError;
@@ -35,6 +35,16 @@ enum Start<'t> {
     Owned(Vec<f32>),
     /// An f32 tensor of the product's shape (a gradient so far), read, not copied.
     Of(&'t Tensor),
+}
+
+/// The residual `[rows, cols]` as a product's start, read in place (shape checked).
+fn residual_start<'t>(
+    residual: Option<&'t Tensor>,
+    rows: usize,
+    cols: usize,
+    what: &str,
+) -> Result<Start<'t>, NnError> {
+    Ok(residual_checked(residual, rows, cols, what)?.map_or(Start::Zero, Start::Of))
 }
 
 impl From<Option<Vec<f32>>> for Start<'_> {
@@ -93,8 +103,18 @@ pub(crate) fn linear_forward_half(
 ) -> Result<Tensor, NnError> {
     const WHAT: &str = "Linear forward x Wᵀ + b (mixed precision)";
     let (out, w_in) = dims2(w, WHAT)?;
-    let (n, _, start) = linear_start::<f32>(x, (w_in, out), b, residual, WHAT)?;
-    let dst = half_product(half, start.into(), (x, false), (w, true), n * out, WHAT)?;
+    let (n, start) = match b {
+        // The bias on every row: values made for the product.
+        Some(_) => {
+            let (n, _, start) = linear_start::<f32>(x, (w_in, out), b, residual, WHAT)?;
+            (n, start.into())
+        }
+        None => {
+            let (n, _, _) = linear_start::<f32>(x, (w_in, out), None, None, WHAT)?;
+            (n, residual_start(residual, n, out, WHAT)?)
+        }
+    };
+    let dst = half_product(half, start, (x, false), (w, true), n * out, WHAT)?;
     tensor(dst, (n, out), WHAT)
 }
 
@@ -114,8 +134,8 @@ pub(crate) fn linear_backward_input_half(
             "{WHAT}: gradient has {out} features, the weight produces {w_out}"
         )));
     }
-    let start = residual_start::<f32>(residual, n, input, WHAT)?;
-    let dst = half_product(half, start.into(), (dy, false), (w, false), n * input, WHAT)?;
+    let start = residual_start(residual, n, input, WHAT)?;
+    let dst = half_product(half, start, (dy, false), (w, false), n * input, WHAT)?;
     tensor(dst, (n, input), WHAT)
 }
 
