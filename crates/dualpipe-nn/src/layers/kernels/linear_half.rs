@@ -31,9 +31,9 @@ fn with_operand<R>(
 enum Start<'t> {
     /// Nothing.
     Zero,
-    /// Values made for it (a bias, a residual), added to in place.
+    /// Values made for it (the bias on every row, plus any residual), added to in place.
     Owned(Vec<f32>),
-    /// An f32 tensor of the product's shape (a gradient so far), read, not copied.
+    /// An f32 tensor of the product's shape (a residual, a gradient so far), read, not copied.
     Of(&'t Tensor),
 }
 
