@@ -386,32 +386,31 @@ unsafe fn gemm_half_raw(
     // SAFETY: the m rows of n elements, ldc apart, lie inside dst's len elements (checked
     // above), which the caller lets us write (and read when accumulating).
     unsafe {
+        // Only the vdpbf16ps kernel reads a start other than its output: elsewhere (and
+        // when there is no product) the start is copied into the output first.
+        let start = match start {
+            Start::Other(s) if k == 0 || path != HalfPath::Native => {
+                copy_rows(s.as_ptr(), ptr, ldc, m, n);
+                Start::Dst
+            }
+            start => start,
+        };
+        if k == 0 {
+            if let Start::Zero = start {
+                for i in 0..m {
+                    std::ptr::write_bytes(ptr.add(i * ldc), 0, n);
+                }
+            }
+            return Ok(());
+        }
         let from = match start {
             Start::Zero => None,
             Start::Dst => Some(ptr.cast_const()),
             Start::Other(s) => Some(s.as_ptr()),
         };
-        if k == 0 {
-            for i in 0..m {
-                match from {
-                    None => std::ptr::write_bytes(ptr.add(i * ldc), 0, n),
-                    Some(f) if f != ptr.cast_const() => {
-                        std::ptr::copy_nonoverlapping(f.add(i * ldc), ptr.add(i * ldc), n)
-                    }
-                    Some(_) => {}
-                }
-            }
-            return Ok(());
-        }
         match path {
             HalfPath::Amx | HalfPath::Native => native_gemm(path, ptr, ldc, a, b, from, what),
-            HalfPath::Converting => {
-                if let Start::Other(s) = start {
-                    copy_rows(s.as_ptr(), ptr, ldc, m, n);
-                }
-                let accumulate = !matches!(start, Start::Zero);
-                converting_gemm(half, dst, a, b, accumulate, what)
-            }
+            HalfPath::Converting => converting_gemm(half, dst, a, b, from.is_some(), what),
         }
     }
 }
@@ -430,12 +429,13 @@ unsafe fn copy_rows(src: *const f32, dst: *mut f32, ldc: usize, m: usize, n: usi
 
 /// The bf16 GEMM on the processor's own instructions, `path` AMX or `vdpbf16ps` (shapes and
 /// formats checked, `m, n, k` not zero, the path available), adding the product to `from`
-/// (rows `ldc` apart, `c` itself or not overlapping it) where there is one.
+/// (rows `ldc` apart) where there is one: `c` itself, or on `vdpbf16ps` another matrix not
+/// overlapping it.
 ///
 /// # Safety
 ///
 /// The `a.rows` rows of `b.cols` elements of `dst`, `ldc` apart, may be written, those of
-/// `from` read, and neither aliases an operand.
+/// `from` read, and neither aliases an operand; on AMX `from` is `c` or none.
 #[cfg(target_arch = "x86_64")]
 unsafe fn native_gemm(
     path: HalfPath,
@@ -463,13 +463,7 @@ unsafe fn native_gemm(
         unsafe {
             match path {
                 #[cfg(target_os = "linux")]
-                HalfPath::Amx => {
-                    // The tiles add to the output's own values only.
-                    if let Some(f) = from.filter(|&f| f != c.cast_const()) {
-                        copy_rows(f, c, ldc, a.rows, b.cols);
-                    }
-                    amx::gemm(c, ldc, a, b, from.is_some())
-                }
+                HalfPath::Amx => amx::gemm(c, ldc, a, b, from.is_some()),
                 _ => native::gemm(c, ldc, a, b, from),
             }
         }

@@ -47,12 +47,6 @@ fn residual_start<'t>(
     Ok(residual_checked(residual, rows, cols, what)?.map_or(Start::Zero, Start::Of))
 }
 
-impl From<Option<Vec<f32>>> for Start<'_> {
-    fn from(start: Option<Vec<f32>>) -> Self {
-        start.map_or(Start::Zero, Start::Owned)
-    }
-}
-
 /// `start + a·b` in f32, the operands read in `half`, each given with whether it is used
 /// transposed.
 fn half_product(
@@ -107,7 +101,7 @@ pub(crate) fn linear_forward_half(
         // The bias on every row: values made for the product.
         Some(_) => {
             let (n, _, start) = linear_start::<f32>(x, (w_in, out), b, residual, WHAT)?;
-            (n, start.into())
+            (n, start.map_or(Start::Zero, Start::Owned))
         }
         None => {
             let (n, _, _) = linear_start::<f32>(x, (w_in, out), None, None, WHAT)?;
