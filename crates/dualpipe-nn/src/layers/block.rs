@@ -72,7 +72,7 @@ impl MlpBlock {
 
     /// The block's output without saving anything.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor, NnError> {
-        let h = Gelu::apply(&self.up.apply(x)?)?;
+        let h = self.act.apply(&self.up.apply(x)?)?;
         self.down.apply_plus(&h, Some(x))
     }
 

@@ -34,9 +34,15 @@ impl Gelu {
         self.half = half;
     }
 
-    /// The exact GELU of `x` (one fused pass).
-    pub fn apply(x: &Tensor) -> Result<Tensor, NnError> {
-        kernels::gelu(x)
+    /// The exact GELU of `x` (one fused pass), without saving anything: the values
+    /// [`Gelu::forward`] gives, under mixed precision too (inference then runs the GELU
+    /// training ran).
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor, NnError> {
+        match self.half {
+            // The derivative made with the values is dropped.
+            Some(h) if x.dtype() == DType::F32 => Ok(kernels::gelu_forward_half(x, h)?.0),
+            _ => kernels::gelu(x),
+        }
     }
 
     /// `gelu(x)`; saves `gelu'(x)`, computed in the same pass, for the chunk's backward.
@@ -77,5 +83,32 @@ impl Gelu {
     /// Bytes of the saved derivatives.
     pub fn saved_bytes(&self) -> usize {
         self.saved_derivative.values().map(tensor_bytes).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn apply_gives_the_values_of_forward_in_every_precision() {
+        let v: Vec<f32> = (0..3000).map(|i| -6.0 + i as f32 * 4e-3).collect();
+        let x = Tensor::from_vec(v, (30, 100), &Device::Cpu).unwrap();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            v.iter().map(|x| x.to_bits()).collect()
+        };
+        for half in [None, Some(Half::Bf16), Some(Half::F16)] {
+            let mut gelu = Gelu::new();
+            gelu.set_half(half);
+            let key = Chunk {
+                dir: 0,
+                stage: 0,
+                mb: 0,
+            };
+            let y = gelu.forward(key, &x).unwrap();
+            assert_eq!(bits(&gelu.apply(&x).unwrap()), bits(&y), "{half:?}");
+        }
     }
 }

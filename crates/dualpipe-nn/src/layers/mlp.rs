@@ -58,7 +58,7 @@ impl Mlp {
 
     /// `mlp(x) (+ residual)` without saving anything.
     pub fn apply(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor, NnError> {
-        let h = Gelu::apply(&self.fc1.apply(x)?)?;
+        let h = self.act.apply(&self.fc1.apply(x)?)?;
         self.fc2.apply_plus(&h, residual)
     }
 
