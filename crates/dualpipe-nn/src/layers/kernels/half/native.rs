@@ -15,9 +15,9 @@
 //! its stores are masked at the edges. `k` is cut into equal blocks of at most `KC` = 1024
 //! steps, so that the GPT's d-512 weight-gradient GEMMs (`k` = the micro-batch's 1024
 //! tokens) make one pass over their output and its `k` = 1536-2048 GEMMs two, not two to
-//! four, which matters when an output is several MiB: a `B` panel (at most `KC × NR` bf16, 64 KiB) sits in L2 while the `A`
-//! panels of the block (`MC × KC` bf16, at most 616 KiB) stream from the 1 MiB L2 of a Zen 4
-//! or Zen 5 core. The microkernel reads under 7 bytes per cycle from them (two zmm of `B` and
+//! four, which matters when an output is several MiB: a `B` panel (at most `KC × NR` bf16,
+//! 64 KiB) sits in L2 while the `A` panels of the block (`MC × KC` bf16, at most 616 KiB)
+//! stream from the 1 MiB L2 of a Zen 4 or Zen 5 core. The microkernel reads under 7 bytes per cycle from them (two zmm of `B` and
 //! `MR` broadcast words per 28 `vdpbf16ps`), so neither needs L1. (On a Zen 5 core this
 //! blocking's d-512 bf16 GPT step took 1-4% less time than `KC` 512 with 616 rows of `A`,
 //! three rounds alternated; docs/performance.md.)
@@ -405,7 +405,8 @@ pub(super) unsafe fn gemm<A: Src, B: Src>(
     BUFS.with(|bufs| {
         let mut bufs = bufs.borrow_mut();
         let (abuf, bbuf) = &mut *bufs;
-        // k in equal even blocks of at most KC (k = 2048 as 1024 + 1024, k = 1100 as 550 + 550, not 1024 + 76).
+        // k in equal even blocks of at most KC (k = 2048 as 1024 + 1024, k = 1100 as
+        // 550 + 550, not 1024 + 76).
         let kc_step = k.div_ceil(k.div_ceil(KC)).next_multiple_of(2);
         let kp_max = kc_step.min(k).div_ceil(2);
         let apack = abuf.words(kp_max * MC.min(m.next_multiple_of(MR)));
