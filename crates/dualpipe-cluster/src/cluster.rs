@@ -14,7 +14,9 @@
 
 use std::collections::BTreeMap;
 
-use dualpipe_sim::topology::{Datacenter, Device, Links, Node as TopoNode, Topology};
+use dualpipe_sim::topology::{
+    shown, Datacenter, Device, Links, Node as TopoNode, Topology, SPEED_RANGE,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ClusterError;
@@ -104,24 +106,11 @@ impl Cluster {
     /// Checks and expands a parsed cluster file.
     pub fn new(file: ClusterFile) -> Result<Cluster, ClusterError> {
         let bad = |field: String, why: &str| ClusterError::Cluster(format!("{field}: {why}"));
-        for (name, link) in [
-            ("intra_node", &file.links.intra_node),
-            ("inter_node", &file.links.inter_node),
-            ("inter_datacenter", &file.links.inter_datacenter),
-        ] {
-            if !(link.bandwidth.is_finite() && link.bandwidth > 0.0) {
-                return Err(bad(
-                    format!("links.{name}.bandwidth = {}", link.bandwidth),
-                    "give a finite number of bytes per second > 0",
-                ));
-            }
-            if !(link.latency.is_finite() && link.latency >= 0.0) {
-                return Err(bad(
-                    format!("links.{name}.latency = {}", link.latency),
-                    "give a finite number of seconds >= 0",
-                ));
-            }
-        }
+        // The planner's rules for links: finite, latency at most an hour, bandwidth at least
+        // a byte per second.
+        file.links
+            .check()
+            .map_err(|e| ClusterError::Cluster(e.to_string()))?;
         let mut total = 0usize;
         let mut names = std::collections::BTreeSet::new();
         for (g, group) in file.nodes.iter().enumerate() {
@@ -140,10 +129,13 @@ impl Cluster {
                     "a node needs at least 1 device",
                 ));
             }
-            if !(group.speed.is_finite() && group.speed > 0.0) {
+            if !(SPEED_RANGE.0..=SPEED_RANGE.1).contains(&group.speed) {
                 return Err(bad(
-                    format!("nodes[{g}].speed = {}", group.speed),
-                    "give a finite relative speed > 0 (1 for the reference device)",
+                    format!("nodes[{g}].speed = {}", shown(group.speed)),
+                    &format!(
+                        "give a relative speed from {:e} to {:e} (1 for the reference device)",
+                        SPEED_RANGE.0, SPEED_RANGE.1
+                    ),
                 ));
             }
             if !(group.memory.is_finite() && group.memory > 0.0) {
@@ -318,6 +310,23 @@ mod tests {
             (r#""devices": 4"#, r#""devices": 0"#, "nodes[0].devices = 0"),
             (r#""count": 2"#, r#""count": 0"#, "nodes[0].count = 0"),
             (r#""speed": 2"#, r#""speed": -1"#, "nodes[1].speed = -1"),
+            // Speeds and links the planner refuses too: they overflowed the simulated times.
+            (
+                r#""speed": 2"#,
+                r#""speed": 1e-300"#,
+                "nodes[1].speed = 1e-300",
+            ),
+            (r#""speed": 2"#, r#""speed": 1e7"#, "from 1e-6 to 1e6"),
+            (
+                r#""bandwidth": 1e9"#,
+                r#""bandwidth": 1e-300"#,
+                "bandwidth = 1e-300",
+            ),
+            (
+                r#""latency": 0.1"#,
+                r#""latency": 1e300"#,
+                "latency = 1e300",
+            ),
             ("1e10}}]}", "-3}}]}", "metrics.network_bandwidth = -3"),
         ] {
             let err = Cluster::from_json(&OK.replace(from, to))

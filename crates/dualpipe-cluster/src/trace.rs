@@ -7,6 +7,7 @@
 //! scaling curve. A first row starting with `job,` is a header; empty lines and lines starting
 //! with `#` are skipped.
 
+use dualpipe_sim::topology::shown;
 use serde::Serialize;
 
 use crate::cluster::Cluster;
@@ -14,6 +15,9 @@ use crate::error::ClusterError;
 
 /// The most jobs a trace may hold.
 pub const MAX_JOBS: usize = 1_000_000;
+/// The latest arrival and the longest run time of a job, in seconds (about 317 years): longer
+/// is a unit mistake, and would overflow the simulated times.
+pub const MAX_SECONDS: f64 = 1e10;
 
 /// One training job.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -103,9 +107,10 @@ fn parse_row(line: &str, line_no: usize) -> Result<Job, ClusterError> {
         })
     };
     let arrival_s = number(1, "arrival_s")?;
-    if !(arrival_s.is_finite() && arrival_s >= 0.0) {
+    if !(arrival_s.is_finite() && (0.0..=MAX_SECONDS).contains(&arrival_s)) {
         return Err(bad(format!(
-            "arrival_s = {arrival_s}: give a finite time in seconds >= 0"
+            "arrival_s = {}: give a time in seconds from 0 to {MAX_SECONDS:e} (317 years)",
+            shown(arrival_s)
         )));
     }
     let gpus = count(2, "gpus")?;
@@ -113,9 +118,11 @@ fn parse_row(line: &str, line_no: usize) -> Result<Job, ClusterError> {
         return Err(bad("gpus = 0: a job needs at least 1 device".into()));
     }
     let duration_s = number(3, "duration_s")?;
-    if !(duration_s.is_finite() && duration_s > 0.0) {
+    if !(duration_s.is_finite() && duration_s > 0.0 && duration_s <= MAX_SECONDS) {
         return Err(bad(format!(
-            "duration_s = {duration_s}: give a finite run time in seconds > 0"
+            "duration_s = {}: give a run time in seconds > 0 and at most {MAX_SECONDS:e} \
+             (317 years)",
+            shown(duration_s)
         )));
     }
     let (mut min_gpus, mut max_gpus) = (gpus, gpus);
@@ -236,6 +243,9 @@ mod tests {
             ("a,-1,1,60", "line 1: arrival_s = -1"),
             ("a,0,1,-5", "line 1: duration_s = -5"),
             ("a,0,1,nan", "duration_s = NaN"),
+            // Times past 317 years: a unit mistake, which overflowed the simulated times.
+            ("a,1e308,1,60", "line 1: arrival_s = 1e308"),
+            ("a,0,1,1e11", "line 1: duration_s = 1e11"),
             ("a,0,x,60", "gpus = \"x\""),
             ("a,0,4,60,8,16", "min_gpus = 8"),
             ("a,0,4,60,2,", "give both"),

@@ -66,6 +66,50 @@ pub struct Links {
     pub inter_datacenter: Link,
 }
 
+impl Links {
+    /// Checks every link: a latency from 0 to [`MAX_LATENCY`] seconds and a bandwidth of at
+    /// least [`MIN_BANDWIDTH`] bytes per second, both finite. The error names the field
+    /// (`links.inter_node.bandwidth`, ...) and the fix.
+    pub fn check(&self) -> Result<(), SimError> {
+        let bad = |field: String, why: &str| SimError::Topology(format!("{field}: {why}"));
+        for (name, link) in [
+            ("intra_node", &self.intra_node),
+            ("inter_node", &self.inter_node),
+            ("inter_datacenter", &self.inter_datacenter),
+        ] {
+            if !link.latency.is_finite() || link.latency < 0.0 {
+                return Err(bad(
+                    format!("links.{name}.latency = {}", link.latency),
+                    "give a finite number of seconds >= 0",
+                ));
+            }
+            if link.latency > MAX_LATENCY {
+                return Err(bad(
+                    format!("links.{name}.latency = {}", shown(link.latency)),
+                    &format!(
+                        "more than {MAX_LATENCY} seconds; give the latency in seconds, such as \
+                         5e-6 within a node"
+                    ),
+                ));
+            }
+            if !link.bandwidth.is_finite() || link.bandwidth <= 0.0 {
+                return Err(bad(
+                    format!("links.{name}.bandwidth = {}", link.bandwidth),
+                    "give a finite number of bytes per second > 0",
+                ));
+            }
+            if link.bandwidth < MIN_BANDWIDTH {
+                return Err(bad(
+                    format!("links.{name}.bandwidth = {}", shown(link.bandwidth)),
+                    "less than one byte per second; give the bandwidth in bytes per second, \
+                     such as 25e9 for 25 GB/s",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Which link class a message crosses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -147,7 +191,7 @@ pub const MIN_BANDWIDTH: f64 = 1.0;
 pub const SPEED_RANGE: (f64, f64) = (1e-6, 1e6);
 
 /// A number as a user would write it: `1e-308` rather than its 308 zeros.
-fn shown(x: f64) -> String {
+pub fn shown(x: f64) -> String {
     if x.is_finite() && x != 0.0 && !(1e-4..1e9).contains(&x.abs()) {
         format!("{x:e}")
     } else {
@@ -199,40 +243,7 @@ impl Topology {
     /// at least one device; unique names; at most [`MAX_DEVICES`] devices.
     pub fn check(&self) -> Result<(), SimError> {
         let bad = |field: String, why: &str| SimError::Topology(format!("{field}: {why}"));
-        for (name, link) in [
-            ("intra_node", &self.links.intra_node),
-            ("inter_node", &self.links.inter_node),
-            ("inter_datacenter", &self.links.inter_datacenter),
-        ] {
-            if !link.latency.is_finite() || link.latency < 0.0 {
-                return Err(bad(
-                    format!("links.{name}.latency = {}", link.latency),
-                    "give a finite number of seconds >= 0",
-                ));
-            }
-            if link.latency > MAX_LATENCY {
-                return Err(bad(
-                    format!("links.{name}.latency = {}", shown(link.latency)),
-                    &format!(
-                        "more than {MAX_LATENCY} seconds; give the latency in seconds, such as \
-                         5e-6 within a node"
-                    ),
-                ));
-            }
-            if !link.bandwidth.is_finite() || link.bandwidth <= 0.0 {
-                return Err(bad(
-                    format!("links.{name}.bandwidth = {}", link.bandwidth),
-                    "give a finite number of bytes per second > 0",
-                ));
-            }
-            if link.bandwidth < MIN_BANDWIDTH {
-                return Err(bad(
-                    format!("links.{name}.bandwidth = {}", shown(link.bandwidth)),
-                    "less than one byte per second; give the bandwidth in bytes per second, \
-                     such as 25e9 for 25 GB/s",
-                ));
-            }
-        }
+        self.links.check()?;
         let mut count = 0usize;
         let mut dc_names = std::collections::BTreeSet::new();
         for (d, dc) in self.datacenters.iter().enumerate() {

@@ -415,6 +415,22 @@ fn serve_refuses_bad_input_in_one_line() {
     .usage_error(&["--overhead-budget 2"]);
     dualpipe(["cluster", "serve", "--slots", "0", "--state", s(&state)])
         .usage_error(&["--slots 0"]);
+    // Too many slots is refused before any of them is set up (it aborted out of memory).
+    for slots in ["65537", "1000000000000", "18446744073709551615"] {
+        dualpipe(["cluster", "serve", "--slots", slots, "--state", s(&state)])
+            .usage_error(&[&format!("--slots {slots}"), "from 1 to 65536"]);
+    }
+    dualpipe([
+        "cluster",
+        "serve",
+        "--slots",
+        "2",
+        "--state",
+        s(&state),
+        "--tick",
+        "1e300",
+    ])
+    .usage_error(&["--tick 1e300", "at most 1e9 seconds"]);
     // A second scheduler on the same state directory is refused while the first runs.
     let addr = free_addr();
     let out = dir.join("serve.log");
@@ -440,4 +456,36 @@ fn serve_refuses_bad_input_in_one_line() {
         "{}",
         r.stderr
     );
+}
+
+#[test]
+fn serve_on_port_0_says_the_port_it_took() {
+    let dir = TempDir::new("cluster-serve-port-0");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dualpipe"))
+        .args(["cluster", "serve", "--slots", "1", "--state"])
+        .arg(dir.join("state"))
+        .args(["--addr", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    let serve = Serve { child: Some(child) };
+    let addr = first
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {first:?}"))
+        .to_string();
+    assert!(!addr.ends_with(":0"), "{first}");
+    // The clients reach it there.
+    let r = dualpipe(["cluster", "list", "--addr", &addr, "--format", "json"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    drop(serve);
 }

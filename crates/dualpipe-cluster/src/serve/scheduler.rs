@@ -16,6 +16,7 @@ use super::journal::{DirLock, Journal};
 use super::policy::{plan, Action, PolicyParams};
 use super::process::{holders, signal, spawn, JobPaths, Launcher};
 use super::spec::{JobRecord, JobRequest, Pause, PauseKind, Phase, StopReason};
+use crate::cluster::MAX_DEVICES;
 use crate::ClusterError;
 
 /// How a scheduler runs.
@@ -78,6 +79,12 @@ pub fn serve(
     say: &mut dyn FnMut(&str),
 ) -> Result<(), ClusterError> {
     let usage = ClusterError::Serve;
+    if !(1..=MAX_DEVICES).contains(&options.slots) {
+        return Err(ClusterError::Serve(format!(
+            "`slots` {}: give from 1 to {MAX_DEVICES} slots",
+            options.slots
+        )));
+    }
     let _lock = DirLock::take(&options.state).map_err(usage)?;
     let mut journal = Journal::load(&options.state)
         .map_err(usage)?
@@ -119,10 +126,14 @@ pub fn serve(
         started: Instant::now(),
         dirty: true,
     };
+    // The address bound (port 0 asks for a free port: say which).
+    let bound = server
+        .server_addr()
+        .to_ip()
+        .map_or_else(|| s.options.addr.clone(), |a| a.to_string());
     s.event(&format!(
-        "serving {} slots on http://{} (state {})",
+        "serving {} slots on http://{bound} (state {})",
         s.options.slots,
-        s.options.addr,
         s.options.state.display()
     ));
     s.recover();

@@ -9,6 +9,7 @@ use crate::flags::TrainArgs;
 use dualpipe_cluster::serve::{
     serve, JobPaths, JobRecord, Launch, Launcher, PolicyParams, ServeOptions,
 };
+use dualpipe_sim::topology::shown;
 
 use super::check_number;
 use crate::cmd::UsageError;
@@ -215,10 +216,19 @@ impl Launcher for TrainLauncher {
     }
 }
 
+/// The longest interval a flag of `serve` takes, in seconds (about 31 years).
+const MAX_SECONDS: f64 = 1e9;
+
 /// Seconds as a duration, or a usage error naming the flag.
 fn seconds(flag: &str, v: f64) -> Result<Duration, UsageError> {
     check_number(flag, v, true)?;
-    Duration::try_from_secs_f64(v).map_err(|_| UsageError(format!("{flag} {v}: too large")))
+    if v > MAX_SECONDS {
+        return Err(UsageError(format!(
+            "{flag} {}: too long; give at most {MAX_SECONDS:e} seconds",
+            shown(v)
+        )));
+    }
+    Ok(Duration::from_secs_f64(v))
 }
 
 /// Runs `dualpipe cluster serve`.
