@@ -435,6 +435,40 @@ fn serve_refuses_bad_input_in_one_line() {
     let addr = free_addr();
     let out = dir.join("serve.log");
     let _first = Serve::start(&state, &addr, &out);
+    // A rank count the schedule refuses is refused at submission, not by the job's process
+    // once placed: dualpipe folds over an even number of ranks.
+    dualpipe([
+        "cluster", "submit", "--addr", &addr, "--ranks", "1", "--", "--steps", "3",
+    ])
+    .usage_error(&["on 1 ranks", "even number of ranks"]);
+    // An elastic job is never resized to such a count.
+    let even: Vec<String> = [
+        "--model",
+        "mlp",
+        "--hidden",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--micro-batches",
+        "8",
+        "--schedule",
+        "dualpipe",
+        "--quiet",
+        "--steps",
+        "2",
+    ]
+    .map(String::from)
+    .to_vec();
+    let id = submit(
+        &addr,
+        "even",
+        &["--min-ranks", "2", "--max-ranks", "4"],
+        &even,
+    );
+    let j = wait(&addr, "the elastic job listed", |j| {
+        j.iter().any(|x| x["id"] == id.as_str())
+    });
+    assert_eq!(job(&j, &id)["allowed"], serde_json::json!([2, 4]));
     dualpipe([
         "cluster",
         "serve",

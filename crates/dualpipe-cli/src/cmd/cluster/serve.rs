@@ -102,10 +102,14 @@ fn resolve(flags: &[String]) -> Result<dualpipe_train::TrainConfig, String> {
         let line = lines.join(" ");
         line.strip_prefix("error: ").unwrap_or(&line).to_string()
     })?;
-    parsed
-        .config()
-        .map(|(config, _)| config)
-        .map_err(crate::flags::message)
+    let (config, given) = parsed.config().map_err(crate::flags::message)?;
+    // The schedule's own rules (dualpipe folds over an even number of ranks, for example)
+    // are checked when it is built: build it, so that a rank count it refuses is refused
+    // here, not by the job's process once it is placed.
+    if given.is_none() {
+        config.build_schedule().map_err(crate::flags::message)?;
+    }
+    Ok(config)
 }
 
 /// `args` without any `--layers-per-stage` (the scheduler sets it per rank count).
