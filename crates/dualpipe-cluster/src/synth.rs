@@ -5,10 +5,12 @@
 //! The same options and seed give the same trace on every machine (a SplitMix64 generator, no
 //! platform randomness).
 
+use dualpipe_sim::topology::shown;
 use serde::Serialize;
 
+use crate::cluster::MAX_DEVICES;
 use crate::error::ClusterError;
-use crate::trace::Job;
+use crate::trace::{Job, MAX_SECONDS};
 
 /// What the generator draws.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -104,8 +106,11 @@ pub fn synth_trace(options: &SynthOptions) -> Result<Vec<Job>, ClusterError> {
             crate::trace::MAX_JOBS
         ));
     }
-    if options.devices == 0 {
-        return bad("devices = 0: give the cluster's device count".into());
+    if !(1..=MAX_DEVICES).contains(&options.devices) {
+        return bad(format!(
+            "devices = {}: give the cluster's device count, from 1 to {MAX_DEVICES}",
+            options.devices
+        ));
     }
     if !(options.load.is_finite() && options.load > 0.0 && options.load <= 10.0) {
         return bad(format!("load = {}: give a number in (0, 10]", options.load));
@@ -166,6 +171,15 @@ pub fn synth_trace(options: &SynthOptions) -> Result<Vec<Job>, ClusterError> {
         } else {
             (gpus, gpus)
         };
+        if t > MAX_SECONDS {
+            return bad(format!(
+                "load = {}: {} jobs on {} devices would arrive over more than {MAX_SECONDS:e} s \
+                 (317 years); raise the load or the devices, or ask for fewer jobs",
+                shown(options.load),
+                options.jobs,
+                options.devices
+            ));
+        }
         jobs.push(Job {
             name: format!("j{i:04}"),
             arrival_s: (t * 10.0).round() / 10.0,
@@ -182,6 +196,29 @@ pub fn synth_trace(options: &SynthOptions) -> Result<Vec<Job>, ClusterError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refuses_clusters_past_the_limit_and_arrivals_past_317_years() {
+        let o = |devices: usize, load: f64| SynthOptions {
+            jobs: 100,
+            devices,
+            load,
+            ..SynthOptions::default()
+        };
+        let err = synth_trace(&o(65_537, 0.9)).unwrap_err().to_string();
+        assert!(
+            err.contains("devices = 65537") && err.contains("65536"),
+            "{err}"
+        );
+        // It wrote arrivals of 4e300 s, which `simulate` then refused.
+        let err = synth_trace(&o(512, 1e-300)).unwrap_err().to_string();
+        assert!(
+            err.contains("load = 1e-300") && err.contains("1e10 s"),
+            "{err}"
+        );
+        assert!(synth_trace(&o(65_536, 0.9)).is_ok());
+        assert!(synth_trace(&o(1, 0.01)).is_ok());
+    }
 
     #[test]
     fn same_seed_same_trace_and_the_documented_shape() {
