@@ -244,4 +244,22 @@ fn a_simulated_placement_becomes_manifests_and_bad_ones_are_refused() {
         s(&placement),
     ])
     .usage_error(&["--placement-at -1"]);
+    // A time after the run has no placement: refused, nothing written (it wrote an empty one).
+    let late = dir.join("late.json");
+    dualpipe([
+        "cluster",
+        "simulate",
+        "--cluster",
+        &data("small.json"),
+        "--trace",
+        s(&trace),
+        "--policy",
+        "las",
+        "--placement-at",
+        "1e300",
+        "--placement-out",
+        s(&late),
+    ])
+    .usage_error(&["--placement-at 1e300", "no job holds a device then"]);
+    assert!(!late.exists());
 }
