@@ -229,37 +229,31 @@ fn a_simulated_placement_becomes_manifests_and_bad_ones_are_refused() {
         s(&dir.join("missing")),
     ])
     .usage_error(&[]);
-    dualpipe([
-        "cluster",
-        "simulate",
-        "--cluster",
-        &data("small.json"),
-        "--trace",
-        s(&trace),
-        "--policy",
-        "las",
-        "--placement-at",
-        "-1",
-        "--placement-out",
-        s(&placement),
-    ])
-    .usage_error(&["--placement-at -1"]);
-    // A time after the run has no placement: refused, nothing written (it wrote an empty one).
+    // A negative time, and a time after the run (no placement: it wrote an empty one), are
+    // refused and write nothing.
     let late = dir.join("late.json");
-    dualpipe([
-        "cluster",
-        "simulate",
-        "--cluster",
-        &data("small.json"),
-        "--trace",
-        s(&trace),
-        "--policy",
-        "las",
-        "--placement-at",
-        "1e300",
-        "--placement-out",
-        s(&late),
-    ])
-    .usage_error(&["--placement-at 1e300", "no job holds a device then"]);
+    for (at, needles) in [
+        ("-1", &["--placement-at -1"][..]),
+        (
+            "1e300",
+            &["--placement-at 1e300", "no job holds a device then"],
+        ),
+    ] {
+        dualpipe([
+            "cluster",
+            "simulate",
+            "--cluster",
+            &data("small.json"),
+            "--trace",
+            s(&trace),
+            "--policy",
+            "las",
+            "--placement-at",
+            at,
+            "--placement-out",
+            s(&late),
+        ])
+        .usage_error(needles);
+    }
     assert!(!late.exists());
 }

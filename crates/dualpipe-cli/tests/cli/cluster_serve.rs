@@ -124,6 +124,11 @@ fn slots(jobs: &[Value], id: &str) -> Vec<u64> {
 
 /// The tiny f64 MLP job's flags: `steps` steps, a checkpoint every 20.
 fn mlp(steps: usize, extra: &[&str]) -> Vec<String> {
+    mlp_on("1f1b", steps, extra)
+}
+
+/// [`mlp`] under another schedule.
+fn mlp_on(schedule: &str, steps: usize, extra: &[&str]) -> Vec<String> {
     let mut a: Vec<String> = [
         "--model",
         "mlp",
@@ -134,7 +139,7 @@ fn mlp(steps: usize, extra: &[&str]) -> Vec<String> {
         "--micro-batches",
         "4",
         "--schedule",
-        "1f1b",
+        schedule,
         "--dtype",
         "f64",
         "--quiet",
@@ -380,39 +385,22 @@ fn serve_refuses_bad_input_in_one_line() {
     let file = dir.write("a-file", "x");
     dualpipe(["cluster", "serve", "--slots", "2", "--state", s(&file)])
         .usage_error(&["--state", "not a directory"]);
-    dualpipe([
-        "cluster",
-        "serve",
-        "--slots",
-        "2",
-        "--state",
-        s(&state),
-        "--addr",
-        "nowhere",
-    ])
-    .usage_error(&["--addr nowhere", "cannot listen"]);
-    dualpipe([
-        "cluster",
-        "serve",
-        "--slots",
-        "2",
-        "--state",
-        s(&state),
-        "--tick",
-        "0",
-    ])
-    .usage_error(&["--tick 0"]);
-    dualpipe([
-        "cluster",
-        "serve",
-        "--slots",
-        "2",
-        "--state",
-        s(&state),
-        "--overhead-budget",
-        "2",
-    ])
-    .usage_error(&["--overhead-budget 2"]);
+    for (flags, needles) in [
+        (
+            &["--addr", "nowhere"][..],
+            &["--addr nowhere", "cannot listen"][..],
+        ),
+        (&["--tick", "0"], &["--tick 0"]),
+        (
+            &["--tick", "1e300"],
+            &["--tick 1e300", "at most 1e9 seconds"],
+        ),
+        (&["--overhead-budget", "2"], &["--overhead-budget 2"]),
+    ] {
+        let mut cmd = vec!["cluster", "serve", "--slots", "2", "--state", s(&state)];
+        cmd.extend(flags);
+        dualpipe(cmd).usage_error(needles);
+    }
     dualpipe(["cluster", "serve", "--slots", "0", "--state", s(&state)])
         .usage_error(&["--slots 0"]);
     // Too many slots is refused before any of them is set up (it aborted out of memory).
@@ -420,17 +408,6 @@ fn serve_refuses_bad_input_in_one_line() {
         dualpipe(["cluster", "serve", "--slots", slots, "--state", s(&state)])
             .usage_error(&[&format!("--slots {slots}"), "from 1 to 65536"]);
     }
-    dualpipe([
-        "cluster",
-        "serve",
-        "--slots",
-        "2",
-        "--state",
-        s(&state),
-        "--tick",
-        "1e300",
-    ])
-    .usage_error(&["--tick 1e300", "at most 1e9 seconds"]);
     // A second scheduler on the same state directory is refused while the first runs.
     let addr = free_addr();
     let out = dir.join("serve.log");
@@ -442,23 +419,7 @@ fn serve_refuses_bad_input_in_one_line() {
     ])
     .usage_error(&["on 1 ranks", "even number of ranks"]);
     // An elastic job is never resized to such a count.
-    let even: Vec<String> = [
-        "--model",
-        "mlp",
-        "--hidden",
-        "8",
-        "--micro-batch-size",
-        "2",
-        "--micro-batches",
-        "8",
-        "--schedule",
-        "dualpipe",
-        "--quiet",
-        "--steps",
-        "2",
-    ]
-    .map(String::from)
-    .to_vec();
+    let even = mlp_on("dualpipe", 2, &[]);
     let id = submit(
         &addr,
         "even",
