@@ -1,7 +1,7 @@
 //! `dualpipe cluster trace / simulate`: seeded traces, metrics as JSON, the same bytes for the
 //! same trace, one-line errors with exit code 2 on bad input.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::{dualpipe, s, TempDir};
 
@@ -182,22 +182,24 @@ fn the_committed_manifests_are_the_generated_ones() {
 fn a_simulated_placement_becomes_manifests_and_bad_ones_are_refused() {
     let dir = TempDir::new("cluster-placement");
     let trace = dir.write("t.csv", "big,0,8,100\nsmall,0,4,100\n");
+    let placement_at = |policy: &str, at: &str, out: &Path| {
+        dualpipe([
+            "cluster",
+            "simulate",
+            "--cluster",
+            &data("small.json"),
+            "--trace",
+            s(&trace),
+            "--policy",
+            policy,
+            "--placement-at",
+            at,
+            "--placement-out",
+            s(out),
+        ])
+    };
     let placement = dir.join("p.json");
-    dualpipe([
-        "cluster",
-        "simulate",
-        "--cluster",
-        &data("small.json"),
-        "--trace",
-        s(&trace),
-        "--policy",
-        "static",
-        "--placement-at",
-        "20",
-        "--placement-out",
-        s(&placement),
-    ])
-    .ok();
+    placement_at("static", "20", &placement).ok();
     let p: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&placement).unwrap()).unwrap();
     assert_eq!(p["time_s"], 20.0);
@@ -239,21 +241,7 @@ fn a_simulated_placement_becomes_manifests_and_bad_ones_are_refused() {
             &["--placement-at 1e300", "no job holds a device then"],
         ),
     ] {
-        dualpipe([
-            "cluster",
-            "simulate",
-            "--cluster",
-            &data("small.json"),
-            "--trace",
-            s(&trace),
-            "--policy",
-            "las",
-            "--placement-at",
-            at,
-            "--placement-out",
-            s(&late),
-        ])
-        .usage_error(needles);
+        placement_at("las", at, &late).usage_error(needles);
     }
     assert!(!late.exists());
 }
