@@ -46,7 +46,7 @@ pub use elastic::ElasticParams;
 pub use error::ClusterError;
 pub use metrics::Metrics;
 pub use policy::Policy;
-pub use simulate::{simulate, JobOutcome, Outcome};
+pub use simulate::{simulate, simulate_with_progress, JobOutcome, Outcome};
 pub use state::{MoveCost, State};
 pub use synth::{synth_trace, SynthOptions};
 pub use throughput::{Curve, Throughput};
@@ -67,11 +67,24 @@ pub fn run(
     cluster: &Cluster,
     jobs: &[Job],
     profiles: &BTreeMap<String, dualpipe_plan::Profile>,
+    policy: Policy,
+    options: &SimOptions,
+) -> Result<Outcome, ClusterError> {
+    run_with_progress(cluster, jobs, profiles, policy, options, &mut |_| {})
+}
+
+/// [`run()`], telling `progress` how many jobs have finished each time some finish (a
+/// million jobs take tens of seconds).
+pub fn run_with_progress(
+    cluster: &Cluster,
+    jobs: &[Job],
+    profiles: &BTreeMap<String, dualpipe_plan::Profile>,
     mut policy: Policy,
     options: &SimOptions,
+    progress: &mut dyn FnMut(usize),
 ) -> Result<Outcome, ClusterError> {
     check_fits(jobs, cluster)?;
     let throughput = Throughput::new(cluster, options.curve, jobs, profiles)?;
     let state = State::new(cluster, jobs, throughput, options.cost);
-    simulate(state, &mut policy)
+    simulate_with_progress(state, &mut policy, progress)
 }

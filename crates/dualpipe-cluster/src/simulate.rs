@@ -46,7 +46,16 @@ pub struct JobOutcome {
 const DONE_SLACK: f64 = 1e-9;
 
 /// Runs the trace in `state` under `policy` to the last completion.
-pub fn simulate(mut state: State<'_>, policy: &mut Policy) -> Result<Outcome, ClusterError> {
+pub fn simulate(state: State<'_>, policy: &mut Policy) -> Result<Outcome, ClusterError> {
+    simulate_with_progress(state, policy, &mut |_| {})
+}
+
+/// [`simulate()`], telling `progress` how many jobs have finished each time some finish.
+pub fn simulate_with_progress(
+    mut state: State<'_>,
+    policy: &mut Policy,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Outcome, ClusterError> {
     let jobs = state.jobs;
     let mut order: Vec<usize> = (0..jobs.len()).collect();
     order.sort_by(|&a, &b| {
@@ -60,6 +69,7 @@ pub fn simulate(mut state: State<'_>, policy: &mut Policy) -> Result<Outcome, Cl
     let start = now;
     let mut waiting_free = 0.0; // device-seconds free while a job waits
     let mut queue_len_time = 0.0;
+    let mut done = 0;
     loop {
         // Arrivals at `now`, then the policy.
         while next_arrival < order.len() && jobs[order[next_arrival]].arrival_s <= now {
@@ -116,6 +126,10 @@ pub fn simulate(mut state: State<'_>, policy: &mut Policy) -> Result<Outcome, Cl
             }
         }
         now = next;
+        if !finished.is_empty() {
+            done += finished.len();
+            progress(done);
+        }
         for j in finished {
             state.finish(j, now);
         }

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use dualpipe_cluster::{
-    parse_trace, run, synth_trace, Cluster, ElasticParams, Outcome, Policy, SimOptions,
-    SynthOptions,
+    parse_trace, run, run_with_progress, synth_trace, Cluster, ElasticParams, Outcome, Policy,
+    SimOptions, SynthOptions,
 };
 
 fn simulate(cluster: &Cluster, trace: &str, policy: Policy) -> Outcome {
@@ -291,4 +291,34 @@ fn elastic_finishes_near_the_longest_jobs_bound() {
             bound / 3600.0
         );
     }
+}
+
+/// `run_with_progress` tells how many jobs have finished, rising to every job, and gives the
+/// outcome `run` gives.
+#[test]
+fn progress_counts_finished_jobs_up_to_all_of_them() {
+    let cluster = Cluster::uniform(4, 8).unwrap();
+    let jobs = synth_trace(&SynthOptions {
+        jobs: 300,
+        devices: cluster.devices(),
+        seed: 5,
+        ..SynthOptions::default()
+    })
+    .unwrap();
+    let policy = Policy::by_name("elastic").unwrap();
+    let options = SimOptions::default();
+    let mut seen = Vec::new();
+    let with = run_with_progress(
+        &cluster,
+        &jobs,
+        &BTreeMap::new(),
+        policy.clone(),
+        &options,
+        &mut |done| seen.push(done),
+    )
+    .unwrap();
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    assert_eq!(seen.last(), Some(&jobs.len()));
+    let without = run(&cluster, &jobs, &BTreeMap::new(), policy, &options).unwrap();
+    assert_eq!(with.metrics, without.metrics);
 }

@@ -13,7 +13,23 @@ pub mod schedule;
 pub mod simulate;
 pub mod train;
 
+use std::io::IsTerminal;
+
 use dualpipe_schedule::ScheduleKind;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// A progress bar drawn with `template` on standard error when it is a terminal and the run
+/// is not `quiet`; hidden otherwise (the caller sets its length and position either way).
+pub(crate) fn progress_bar(quiet: bool, template: &str) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    bar
+}
 
 /// The flags that name one schedule, shared by `dualpipe schedule` and `dualpipe simulate`.
 #[derive(clap::Args, Debug)]

@@ -1,7 +1,6 @@
 //! `dualpipe plan`: search schedule x micro-batches x layer partition x placement for a
 //! topology and a cost profile; print the best plans.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use dualpipe_plan::{
@@ -10,11 +9,10 @@ use dualpipe_plan::{
 use dualpipe_schedule::ScheduleKind;
 use dualpipe_sim::svg::{self, SvgOptions};
 use dualpipe_sim::Topology;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::output::{check_paths, write_together};
 use super::simulate::Format;
-use super::{parse_kind, UsageError};
+use super::{parse_kind, progress_bar, UsageError};
 
 /// The largest topology, profile or plan file read (bytes).
 const MAX_INPUT: u64 = 64 << 20;
@@ -112,7 +110,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.topology.display(),
         args.profile.display()
     );
-    let bar = progress_bar(args.quiet);
+    let bar = progress_bar(
+        args.quiet,
+        "planning {pos}/{len} candidates [{elapsed_precise}, about {eta} left] {msg}",
+    );
     let searched = plan_with_progress(&topology, &profile, &options, &mut |p| {
         bar.set_length(p.total as u64);
         bar.set_position(p.done as u64);
@@ -162,21 +163,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     files.push((args.output.clone(), text.into_bytes()));
     write_together(files)
-}
-
-/// A bar of the candidates searched, on standard error when it is a terminal and not
-/// `--quiet`.
-fn progress_bar(quiet: bool) -> ProgressBar {
-    if quiet || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template(
-        "planning {pos}/{len} candidates [{elapsed_precise}, about {eta} left] {msg}",
-    ) {
-        bar.set_style(style);
-    }
-    bar
 }
 
 /// The schedule kinds a rejection reason holds for, each with its micro-batch counts.

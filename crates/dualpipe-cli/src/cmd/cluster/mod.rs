@@ -11,15 +11,15 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use dualpipe_cluster::{
-    parse_trace, run, svg, synth_trace, write_trace, Cluster, ClusterError, Curve, ElasticParams,
-    MoveCost, Outcome, Policy, SimOptions, SynthOptions,
+    parse_trace, run_with_progress, svg, synth_trace, write_trace, Cluster, ClusterError, Curve,
+    ElasticParams, MoveCost, Outcome, Policy, SimOptions, SynthOptions,
 };
 use dualpipe_plan::Profile;
 use dualpipe_sim::topology::shown;
 
 use crate::cmd::output::{check_outputs, write_together};
 use crate::cmd::simulate::Format;
-use crate::cmd::UsageError;
+use crate::cmd::{progress_bar, UsageError};
 
 /// The largest cluster, trace or profile file read (bytes).
 const MAX_INPUT: u64 = 256 << 20;
@@ -245,8 +245,21 @@ fn simulate(a: SimulateArgs) -> anyhow::Result<()> {
             checkpoint_bytes_per_device: a.checkpoint_bytes_per_device,
         },
     };
-    let outcome = run(&cluster, &jobs, &profiles, policy.clone(), &options)
-        .map_err(|e| UsageError(format!("--trace {}: {e}", a.trace.display())))?;
+    let bar = progress_bar(
+        false,
+        "simulating: {pos}/{len} jobs finished [{elapsed_precise}, about {eta} left]",
+    );
+    bar.set_length(jobs.len() as u64);
+    let outcome = run_with_progress(
+        &cluster,
+        &jobs,
+        &profiles,
+        policy.clone(),
+        &options,
+        &mut |done| bar.set_position(done as u64),
+    );
+    bar.finish_and_clear();
+    let outcome = outcome.map_err(|e| UsageError(format!("--trace {}: {e}", a.trace.display())))?;
     let mut files = Vec::new();
     if let Some(path) = &a.svg {
         let title = format!(
