@@ -312,10 +312,11 @@ unsafe fn kernel(
     // SAFETY: the reads stay inside the panels (kp pairs), the writes inside the tile.
     unsafe {
         // The tile of c is written (and that of from read) after the loop: fetch them while
-        // computing.
+        // computing (once when from is c itself).
+        let other = from.filter(|&f| f != c.cast_const());
         for i in 0..MR {
             if i < rows {
-                for tile in [Some(c.cast_const()), from].into_iter().flatten() {
+                for tile in [Some(c.cast_const()), other].into_iter().flatten() {
                     let row = tile.add(i * ldc).cast::<i8>();
                     _mm_prefetch::<_MM_HINT_T0>(row);
                     _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(64));
