@@ -38,7 +38,7 @@ enum Start<'t> {
 }
 
 /// The residual `[rows, cols]` as a product's start, read in place (shape checked).
-fn residual_start<'t>(
+fn residual_in_place<'t>(
     residual: Option<&'t Tensor>,
     rows: usize,
     cols: usize,
@@ -97,16 +97,13 @@ pub(crate) fn linear_forward_half(
 ) -> Result<Tensor, NnError> {
     const WHAT: &str = "Linear forward x Wᵀ + b (mixed precision)";
     let (out, w_in) = dims2(w, WHAT)?;
-    let (n, start) = match b {
-        // The bias on every row: values made for the product.
-        Some(_) => {
-            let (n, _, start) = linear_start::<f32>(x, (w_in, out), b, residual, WHAT)?;
-            (n, start.map_or(Start::Zero, Start::Owned))
-        }
-        None => {
-            let (n, _, _) = linear_start::<f32>(x, (w_in, out), None, None, WHAT)?;
-            (n, residual_start(residual, n, out, WHAT)?)
-        }
+    // With a bias the start is made for the product (the bias on every row, plus any
+    // residual); without one a residual is read in place.
+    let (n, _, owned) =
+        linear_start::<f32>(x, (w_in, out), b, residual.filter(|_| b.is_some()), WHAT)?;
+    let start = match owned {
+        Some(values) => Start::Owned(values),
+        None => residual_in_place(residual, n, out, WHAT)?,
     };
     let dst = half_product(half, start, (x, false), (w, true), n * out, WHAT)?;
     tensor(dst, (n, out), WHAT)
@@ -128,7 +125,7 @@ pub(crate) fn linear_backward_input_half(
             "{WHAT}: gradient has {out} features, the weight produces {w_out}"
         )));
     }
-    let start = residual_start(residual, n, input, WHAT)?;
+    let start = residual_in_place(residual, n, input, WHAT)?;
     let dst = half_product(half, start, (dy, false), (w, false), n * input, WHAT)?;
     tensor(dst, (n, input), WHAT)
 }
@@ -169,4 +166,62 @@ pub(crate) fn linear_backward_weight_half(
         }
     };
     Ok((dw, db))
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Device;
+
+    use super::*;
+
+    fn draw(seed: usize, shape: (usize, usize)) -> Tensor {
+        let v: Vec<f32> = (0..shape.0 * shape.1)
+            .map(|i| ((i * 7919 + seed * 104729) % 1999) as f32 / 999.0 - 1.0)
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    /// A residual, read in place as the product's start (no bias) or made into it with the
+    /// bias, is added once: bit for bit `product + residual` when it is the only start.
+    #[test]
+    fn a_residual_is_added_once_with_and_without_a_bias() {
+        let (n, input, out) = (29, 40, 35);
+        let (x, w, b, r) = (
+            draw(1, (n, input)),
+            draw(2, (out, input)),
+            draw(3, (1, out)).flatten_all().unwrap(),
+            draw(4, (n, out)),
+        );
+        let dy = draw(5, (n, out));
+        let r_in = draw(6, (n, input));
+        for half in [Half::Bf16, Half::F16] {
+            let plain = linear_forward_half(half, &x, &w, None, None).unwrap();
+            let with_r = linear_forward_half(half, &x, &w, None, Some(&r)).unwrap();
+            let want = (&plain + &r).unwrap();
+            assert_eq!(values(&with_r), values(&want), "{half:?} residual");
+            let biased = linear_forward_half(half, &x, &w, Some(&b), None).unwrap();
+            let both = linear_forward_half(half, &x, &w, Some(&b), Some(&r)).unwrap();
+            let want = (&biased + &r).unwrap();
+            for (got, want) in values(&both).iter().zip(values(&want)) {
+                assert!(
+                    (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "{got} {want}"
+                );
+            }
+            let dx = linear_backward_input_half(half, &dy, &w, None).unwrap();
+            let dx_r = linear_backward_input_half(half, &dy, &w, Some(&r_in)).unwrap();
+            assert_eq!(
+                values(&dx_r),
+                values(&(&dx + &r_in).unwrap()),
+                "{half:?} dx"
+            );
+            // A residual of another shape is refused, naming both.
+            let err = linear_forward_half(half, &x, &w, None, Some(&r_in)).unwrap_err();
+            assert!(err.to_string().contains("residual is [29, 40]"), "{err}");
+        }
+    }
 }

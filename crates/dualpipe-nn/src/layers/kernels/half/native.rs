@@ -17,8 +17,9 @@
 //! tokens) make one pass over their output and its `k` = 1536-2048 GEMMs two, not two to
 //! four, which matters when an output is several MiB: a `B` panel (at most `KC × NR` bf16,
 //! 64 KiB) sits in L2 while the `A` panels of the block (`MC × KC` bf16, at most 616 KiB)
-//! stream from the 1 MiB L2 of a Zen 4 or Zen 5 core. The microkernel reads under 7 bytes per cycle from them (two zmm of `B` and
-//! `MR` broadcast words per 28 `vdpbf16ps`), so neither needs L1. (On a Zen 5 core this
+//! stream from the 1 MiB L2 of a Zen 4 or Zen 5 core. The microkernel reads under 7 bytes
+//! per cycle from them (two zmm of `B` and `MR` broadcast words per 28 `vdpbf16ps`), so
+//! neither needs L1. (On a Zen 5 core this
 //! blocking's d-512 bf16 GPT step took 1-4% less time than `KC` 512 with 616 rows of `A`,
 //! three rounds alternated; docs/performance.md.)
 //! Operands whose entries (rows of `A`, columns of `B`) are far apart in memory are
