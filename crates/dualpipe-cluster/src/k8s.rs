@@ -79,13 +79,14 @@ const SET_BY_MANIFEST: [&str; 6] = [
 ];
 
 /// The placement of a simulation at `time_s`: each job holding devices then, with its
-/// devices counted per node (node names from the cluster file), in trace order.
+/// devices counted per node (node names from the cluster file), in trace order; refused when
+/// no job holds a device then (before the first start, after the last finish).
 pub fn placement_at(
     outcome: &crate::Outcome,
     cluster: &crate::Cluster,
     jobs: &[crate::trace::Job],
     time_s: f64,
-) -> NodePlacement {
+) -> Result<NodePlacement, ClusterError> {
     let mut held: std::collections::BTreeMap<usize, std::collections::BTreeMap<usize, usize>> =
         Default::default();
     for seg in outcome
@@ -98,7 +99,13 @@ pub fn placement_at(
             *per_node.entry(cluster.node_of[d]).or_default() += 1;
         }
     }
-    NodePlacement {
+    if held.is_empty() {
+        let (first, last) = outcome.held_span();
+        return Err(ClusterError::NodePlacement(format!(
+            "no job holds a device then; give a time in the run, from {first:.1} to {last:.1} s"
+        )));
+    }
+    Ok(NodePlacement {
         time_s: Some(time_s),
         jobs: held
             .into_iter()
@@ -114,7 +121,7 @@ pub fn placement_at(
                 train: Vec::new(),
             })
             .collect(),
-    }
+    })
 }
 
 /// A DNS-1123 name made of `job` (lower case, `-` for anything else, at most 40 bytes).

@@ -23,6 +23,15 @@ pub struct Outcome {
     pub jobs: Vec<JobOutcome>,
 }
 
+impl Outcome {
+    /// The first hold's start and the last hold's end, in seconds ((0, 0) for no holds).
+    pub fn held_span(&self) -> (f64, f64) {
+        let end = self.segments.iter().map(|s| s.end_s).fold(0.0f64, f64::max);
+        let start = self.segments.iter().map(|s| s.start_s).fold(end, f64::min);
+        (start, end)
+    }
+}
+
 /// One job's result.
 #[derive(Clone, Debug, Serialize)]
 pub struct JobOutcome {

@@ -23,16 +23,7 @@ fn colour(j: usize) -> String {
 
 /// Draws `outcome` on `devices` devices, with `title` and a caption of its metrics.
 pub fn render_svg(outcome: &Outcome, devices: usize, title: &str) -> String {
-    let end = outcome
-        .segments
-        .iter()
-        .map(|s| s.end_s)
-        .fold(0.0f64, f64::max);
-    let start = outcome
-        .segments
-        .iter()
-        .map(|s| s.start_s)
-        .fold(end, f64::min);
+    let (start, end) = outcome.held_span();
     let span = (end - start).max(1e-9);
     let row = (HEIGHT / devices as f64).max(1.0);
     let height = row * devices as f64;

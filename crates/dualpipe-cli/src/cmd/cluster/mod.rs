@@ -275,21 +275,8 @@ fn simulate(a: SimulateArgs) -> anyhow::Result<()> {
         ));
     }
     if let (Some(path), Some(t)) = (&a.placement_out, a.placement_at) {
-        let placement = dualpipe_cluster::k8s::placement_at(&outcome, &cluster, &jobs, t);
-        if placement.jobs.is_empty() {
-            let (first, last) = outcome
-                .segments
-                .iter()
-                .fold((f64::MAX, 0.0f64), |(a, b), s| {
-                    (a.min(s.start_s), b.max(s.end_s))
-                });
-            return Err(UsageError(format!(
-                "--placement-at {}: no job holds a device then; give a time in the run, from \
-                 {first:.1} to {last:.1} s",
-                shown(t)
-            ))
-            .into());
-        }
+        let placement = dualpipe_cluster::k8s::placement_at(&outcome, &cluster, &jobs, t)
+            .map_err(|e| UsageError(format!("--placement-at {}: {e}", shown(t))))?;
         let mut text = serde_json::to_string_pretty(&placement)?;
         text.push('\n');
         files.push((Some(path.clone()), text.into_bytes()));

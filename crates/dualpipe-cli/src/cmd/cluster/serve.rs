@@ -237,9 +237,6 @@ fn seconds(flag: &str, v: f64) -> Result<Duration, UsageError> {
 
 /// Runs `dualpipe cluster serve`.
 pub fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
-    if a.slots == 0 {
-        return Err(UsageError("--slots 0: give at least 1 slot".into()).into());
-    }
     if a.node_size == Some(0) {
         return Err(UsageError("--node-size 0: give at least 1 slot per node".into()).into());
     }
