@@ -4,6 +4,7 @@
     python3 scripts/public_trace.py philly cluster_job_log --output trace.csv
     python3 scripts/public_trace.py helios cluster_log.csv --output trace.csv
     python3 scripts/public_trace.py pai pai_job_table.csv pai_task_table.csv --output trace.csv
+    python3 scripts/public_trace.py slice Philly/training_data/philly_data_training.csv --output trace.csv
 
 Formats (none of these traces is committed here; fetch them from their publishers):
 
@@ -19,6 +20,12 @@ Formats (none of these traces is committed here; fetch them from their publisher
   (its submission); devices: the sum over its tasks of `inst_num x plan_gpu / 100`, rounded up
   (a task asking 50% of a GPU counts half a device, so small tasks share one); run time: the
   job's `end_time` minus its earliest task's `start_time`.
+- `slice`: the last 15,000 jobs of Philly and of Helios as DIR-LAB/Gen-Parallel-Workloads
+  publishes them (`Philly/training_data/philly_data_training.csv`,
+  `Helios/training_data/helios_data_training.csv`; JSSPP 2024), one header row
+  `u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status`. Arrival: the sum
+  of the `interval`s so far (each is the seconds since the previous submission); devices:
+  `gpu_num` (0, a CPU job, is dropped); run time: `run_time`; completed: `new_status` Pass.
 
 In every format a job that never ran (no start or end time, no GPUs, a run time of 0) is
 dropped, and with `--devices N` so is a job asking more than N devices (the simulator refuses
@@ -27,7 +34,9 @@ those); jobs that ran and then failed or were killed are kept by default (they h
 arrival. Every job is rigid (`min_gpus`, `max_gpus` empty): these traces say nothing about
 elasticity. On stderr: how many jobs were read, kept and dropped (by reason), and the offered
 load on `--devices` devices (requested device-seconds over devices x the arrival window), the
-figure that decides whether a cluster queues (docs/cluster.md).
+figure that decides whether a cluster queues (docs/cluster.md), and the utilisation bound: the
+most any schedule of these rigid jobs can reach on those devices, since none ends before the
+latest arrival plus run time (a trace cut from a running cluster ends with a drain).
 
 Bad input (a missing file, a malformed row or time) is one line on stderr and exit code 2.
 """
@@ -157,7 +166,33 @@ def pai(paths, completed_only):
             yield name, number(row[4], where, "start_time"), gpus, end - first_start[name], None
 
 
-READERS = {"philly": philly, "helios": helios, "pai": pai}
+def slice_(paths, completed_only):
+    """Jobs of a Gen-Parallel-Workloads slice: arrivals as gaps from the previous submission."""
+    with open(paths[0], newline="") as f:
+        rows = csv.DictReader(f)
+        need = {"u_id", "gpu_num", "interval", "run_time", "new_status"}
+        if rows.fieldnames is None or not need <= set(rows.fieldnames):
+            raise TraceError(f"{paths[0]}: expected a header with {', '.join(sorted(need))}")
+        arrival = 0.0
+        for line, row in enumerate(rows, start=2):
+            where = f"{paths[0]}: line {line}"
+            gap = number(row["interval"], where, "interval")
+            if gap < 0:
+                raise TraceError(f"{where}: interval = {row['interval']}: give the seconds since the "
+                                 "previous submission, 0 or more")
+            arrival += gap
+            name = f"job{row['u_id']}"
+            if completed_only and row["new_status"] != "Pass":
+                yield name, None, 0, 0.0, "not completed"
+                continue
+            gpus = number(row["gpu_num"], where, "gpu_num")
+            if gpus == 0:
+                yield name, None, 0, 0.0, "no GPUs"
+                continue
+            yield name, arrival, int(gpus), number(row["run_time"], where, "run_time"), None
+
+
+READERS = {"philly": philly, "helios": helios, "pai": pai, "slice": slice_}
 
 
 def convert(fmt, paths, devices, completed_only):
@@ -186,6 +221,16 @@ def offered_load(rows, devices):
     if window <= 0:
         return float("nan")
     return sum(g * d for _, _, g, d in rows) / (devices * window)
+
+
+def utilization_bound(rows, devices):
+    """The highest whole-run utilisation (busy device-seconds over devices x makespan) that any
+    schedule running each job rigid, at its run time, can reach, and the earliest end (hours)
+    behind it: the makespan is at least the latest arrival plus run time of any job, and at
+    least the work over the devices."""
+    work = sum(g * d for _, _, g, d in rows)
+    end = max(max(a + d for _, a, _, d in rows), work / devices)
+    return work / (devices * end), end / 3600
 
 
 def write(rows, out):
@@ -230,6 +275,9 @@ def main(argv=None):
         window_h = (rows[-1][1] - rows[0][1]) / 3600
         print(f"offered load on {args.devices} devices: {offered_load(rows, args.devices):.3f} "
               f"(arrival window {window_h:.1f} h)", file=sys.stderr)
+        bound, end_h = utilization_bound(rows, args.devices)
+        print(f"utilisation bound on {args.devices} devices: {100 * bound:.1f}% (every job rigid at "
+              f"its run time: no schedule ends before {end_h:.1f} h)", file=sys.stderr)
     return 0
 
 

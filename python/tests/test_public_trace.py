@@ -1,4 +1,4 @@
-"""scripts/public_trace.py: public cluster traces (Philly, Helios, PAI) into the simulator's CSV.
+"""scripts/public_trace.py: public cluster traces (Philly, Helios, PAI, slices) into the simulator's CSV.
 
 Each format is checked on a small file written here in that format's schema (no public trace is
 committed): which jobs are kept, their arrivals, devices and run times, the report on stderr,
@@ -134,6 +134,32 @@ def test_pai(tmp_path):
         ("j2", "200.000", "1", "50.000"),
     ]
     assert "4 jobs read, 2 kept, dropped: 1 never ran, 1 no GPUs" in p.stderr, p.stderr
+
+
+def test_slice(tmp_path):
+    src = tmp_path / "philly_data_training.csv"
+    src.write_text(
+        "u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\n"
+        "0,1,1,0,1,0,7200,0,Killed\n"
+        "2,2,8,0,1,3600,600,0,Pass\n"   # one hour after the first submission
+        "1,2,0,4,1,0,60,0,Pass\n"       # a CPU job, same second
+        "3,3,16,0,2,1800,1200,0,Failed\n")
+    p = convert("slice", src, "--devices", 8)
+    assert p.returncode == 0, p.stderr
+    assert [(r["job"], r["arrival_s"], r["gpus"], r["duration_s"]) for r in rows(p.stdout)] == [
+        ("job0", "0.000", "1", "7200.000"),
+        ("job2", "3600.000", "8", "600.000"),
+    ]
+    assert "4 jobs read, 2 kept, dropped: 1 more than 8 devices, 1 no GPUs" in p.stderr
+    # Work 1 x 7200 + 8 x 600 = 12000 device-seconds; no schedule ends before 7200 s (job0).
+    assert f"utilisation bound on 8 devices: {100 * 12000 / (8 * 7200):.1f}%" in p.stderr
+    assert "no schedule ends before 2.0 h" in p.stderr
+    p = convert("slice", src, "--completed-only", "--devices", 0)
+    assert [r["job"] for r in rows(p.stdout)] == ["job2"]
+    src.write_text("u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\n"
+                   "0,1,1,0,1,-5,7200,0,Pass\n")
+    p = convert("slice", src)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "interval = -5" in p.stderr
 
 
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path):

@@ -6,6 +6,10 @@
 //!   ([`crate::offered_load`]): what the cluster is asked to carry, whatever the policy.
 //! * `utilization`: device-seconds held by jobs (including pauses for moves) over
 //!   `devices x makespan_s`.
+//! * `window_utilization`: the same, counted only from the first arrival to the last: the
+//!   cluster while the trace still offers it work. A trace cut from a running cluster ends with a
+//!   drain (after the last arrival only the longest jobs run, on a mostly idle cluster) that
+//!   caps `utilization` whatever the policy; this share leaves that drain out.
 //! * `mean_jct_s`, `p95_jct_s`: job completion time, finish minus arrival; the 95th percentile
 //!   by nearest rank.
 //! * `mean_queue_s`: first start minus arrival, averaged over jobs.
@@ -30,6 +34,9 @@ pub struct Metrics {
     pub offered_load: f64,
     /// Busy device-seconds over total, in [0, 1].
     pub utilization: f64,
+    /// Busy device-seconds from the first arrival to the last, over devices x that window, in
+    /// [0, 1] (equal to `utilization` when all jobs arrive at once: then it is the whole run).
+    pub window_utilization: f64,
     /// Mean job completion time, seconds.
     pub mean_jct_s: f64,
     /// 95th percentile of job completion time, seconds.
@@ -65,6 +72,21 @@ pub(crate) fn metrics(
         .segments
         .iter()
         .map(|s| s.devices.len() as f64 * (s.end_s - s.start_s))
+        .sum();
+    let first = state
+        .jobs
+        .iter()
+        .map(|j| j.arrival_s)
+        .fold(f64::INFINITY, f64::min);
+    let last = state
+        .jobs
+        .iter()
+        .map(|j| j.arrival_s)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let window_busy: f64 = state
+        .segments
+        .iter()
+        .map(|s| s.devices.len() as f64 * (s.end_s.min(last) - s.start_s.max(first)).max(0.0))
         .sum();
     let mut jct = Vec::with_capacity(state.jobs.len());
     let mut queue = 0.0;
@@ -102,6 +124,11 @@ pub(crate) fn metrics(
         devices,
         offered_load: crate::offered_load(state.jobs, devices),
         utilization: share(busy, total),
+        window_utilization: if last > first {
+            share(window_busy, devices as f64 * (last - first))
+        } else {
+            share(busy, total)
+        },
         mean_jct_s,
         p95_jct_s: jct[rank - 1],
         mean_queue_s: queue / n,

@@ -52,6 +52,7 @@ fn check_invariants(cluster: &Cluster, outcome: &Outcome, budget: f64) {
     let m = &outcome.metrics;
     for (name, v) in [
         ("utilization", m.utilization),
+        ("window_utilization", m.window_utilization),
         ("fragmentation", m.fragmentation),
         ("migration_overhead", m.migration_overhead),
         ("max_job_overhead", m.max_job_overhead),
@@ -122,6 +123,10 @@ fn static_blocks_the_queue_and_elastic_backfills() {
     assert_eq!(finishes, [100.0, 200.0, 150.0]);
     // 2 devices free from 1 s to 100 s while b waits: 99 x 2 of 8 x 200 device-seconds.
     assert!((s.metrics.fragmentation - 99.0 * 2.0 / 1600.0).abs() < 1e-12);
+    // Busy 6 x 100 + 4 x 100 + 2 x 50 of 1600 device-seconds; from the first arrival to the
+    // last (0 s to 2 s) only a's 6 devices: 12 of 16.
+    assert!((s.metrics.utilization - 1100.0 / 1600.0).abs() < 1e-12);
+    assert!((s.metrics.window_utilization - 12.0 / 16.0).abs() < 1e-12);
     let e = simulate(&cluster, trace, Policy::by_name("elastic").unwrap());
     let starts: Vec<f64> = e.jobs.iter().map(|j| j.start_s).collect();
     assert_eq!(starts, [0.0, 100.0, 2.0]);

@@ -70,6 +70,7 @@ fn a_seeded_trace_simulates_under_both_policies() {
         let m = a.json();
         for key in [
             "utilization",
+            "window_utilization",
             "mean_jct_s",
             "p95_jct_s",
             "mean_queue_s",
@@ -80,8 +81,10 @@ fn a_seeded_trace_simulates_under_both_policies() {
         ] {
             assert!(m.get(key).is_some(), "{key} missing: {m}");
         }
-        let u = m["utilization"].as_f64().unwrap();
-        assert!(u > 0.0 && u <= 1.0, "{u}");
+        for key in ["utilization", "window_utilization"] {
+            let u = m[key].as_f64().unwrap();
+            assert!(u > 0.0 && u <= 1.0, "{key} = {u}");
+        }
         assert_eq!(m["jobs"], 120);
         assert_eq!(
             run().stdout,

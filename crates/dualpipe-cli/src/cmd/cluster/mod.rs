@@ -302,6 +302,10 @@ fn table(policy: &str, outcome: &Outcome) -> String {
         ("jobs", m.jobs.to_string()),
         ("devices", m.devices.to_string()),
         ("utilisation", format!("{:.1}%", 100.0 * m.utilization)),
+        (
+            "  in arrivals",
+            format!("{:.1}%", 100.0 * m.window_utilization),
+        ),
         ("mean JCT", h(m.mean_jct_s)),
         ("p95 JCT", h(m.p95_jct_s)),
         ("mean queueing", h(m.mean_queue_s)),
