@@ -103,28 +103,37 @@ def philly(paths, completed_only):
         yield name, arrival, gpus, duration, None
 
 
+def csv_rows(path, need):
+    """`(where, row)` for each row of a CSV file with a header naming at least `need`."""
+    with open(path, newline="") as f:
+        rows = csv.DictReader(f)
+        if rows.fieldnames is None or not need <= set(rows.fieldnames):
+            raise TraceError(f"{path}: expected a header with {', '.join(sorted(need))}")
+        for line, row in enumerate(rows, start=2):
+            yield f"{path}: line {line}", row
+
+
+def gpu_request(row, where, dropped_as_not_completed):
+    """A CSV job's `gpu_num` and None, or 0 and why the job is dropped."""
+    if dropped_as_not_completed:
+        return 0, "not completed"
+    gpus = number(row["gpu_num"], where, "gpu_num")
+    return (int(gpus), None) if gpus != 0 else (0, "no GPUs")
+
+
 def helios(paths, completed_only):
     """Jobs of a Helios `cluster_log.csv`."""
-    with open(paths[0], newline="") as f:
-        rows = csv.DictReader(f)
-        need = {"job_id", "gpu_num", "state", "submit_time", "duration"}
-        if rows.fieldnames is None or not need <= set(rows.fieldnames):
-            raise TraceError(f"{paths[0]}: expected a header with {', '.join(sorted(need))}")
-        for line, row in enumerate(rows, start=2):
-            where = f"{paths[0]}: line {line}"
-            name = row["job_id"]
-            if completed_only and row["state"] != "COMPLETED":
-                yield name, None, 0, 0.0, "not completed"
-                continue
-            gpus = number(row["gpu_num"], where, "gpu_num")
-            if gpus == 0:
-                yield name, None, 0, 0.0, "no GPUs"
-                continue
-            if not row["duration"] or not row["submit_time"]:
-                yield name, None, 0, 0.0, "never ran"
-                continue
-            yield (name, seconds(row["submit_time"], f"{where} submit_time"), int(gpus),
-                   number(row["duration"], where, "duration"), None)
+    for where, row in csv_rows(paths[0], {"job_id", "gpu_num", "state", "submit_time", "duration"}):
+        name = row["job_id"]
+        gpus, reason = gpu_request(row, where, completed_only and row["state"] != "COMPLETED")
+        if reason is not None:
+            yield name, None, 0, 0.0, reason
+            continue
+        if not row["duration"] or not row["submit_time"]:
+            yield name, None, 0, 0.0, "never ran"
+            continue
+        yield (name, seconds(row["submit_time"], f"{where} submit_time"), gpus,
+               number(row["duration"], where, "duration"), None)
 
 
 def pai(paths, completed_only):
@@ -168,28 +177,19 @@ def pai(paths, completed_only):
 
 def slice_(paths, completed_only):
     """Jobs of a Gen-Parallel-Workloads slice: arrivals as gaps from the previous submission."""
-    with open(paths[0], newline="") as f:
-        rows = csv.DictReader(f)
-        need = {"u_id", "gpu_num", "interval", "run_time", "new_status"}
-        if rows.fieldnames is None or not need <= set(rows.fieldnames):
-            raise TraceError(f"{paths[0]}: expected a header with {', '.join(sorted(need))}")
-        arrival = 0.0
-        for line, row in enumerate(rows, start=2):
-            where = f"{paths[0]}: line {line}"
-            gap = number(row["interval"], where, "interval")
-            if gap < 0:
-                raise TraceError(f"{where}: interval = {row['interval']}: give the seconds since the "
-                                 "previous submission, 0 or more")
-            arrival += gap
-            name = f"job{row['u_id']}"
-            if completed_only and row["new_status"] != "Pass":
-                yield name, None, 0, 0.0, "not completed"
-                continue
-            gpus = number(row["gpu_num"], where, "gpu_num")
-            if gpus == 0:
-                yield name, None, 0, 0.0, "no GPUs"
-                continue
-            yield name, arrival, int(gpus), number(row["run_time"], where, "run_time"), None
+    arrival = 0.0
+    for where, row in csv_rows(paths[0], {"u_id", "gpu_num", "interval", "run_time", "new_status"}):
+        gap = number(row["interval"], where, "interval")
+        if gap < 0:
+            raise TraceError(f"{where}: interval = {row['interval']}: give the seconds since the "
+                             "previous submission, 0 or more")
+        arrival += gap
+        name = f"job{row['u_id']}"
+        gpus, reason = gpu_request(row, where, completed_only and row["new_status"] != "Pass")
+        if reason is not None:
+            yield name, None, 0, 0.0, reason
+            continue
+        yield name, arrival, gpus, number(row["run_time"], where, "run_time"), None
 
 
 READERS = {"philly": philly, "helios": helios, "pai": pai, "slice": slice_}
