@@ -35,8 +35,9 @@ arrival. Every job is rigid (`min_gpus`, `max_gpus` empty): these traces say not
 elasticity. On stderr: how many jobs were read, kept and dropped (by reason), and the offered
 load on `--devices` devices (requested device-seconds over devices x the arrival window), the
 figure that decides whether a cluster queues (docs/cluster.md), and the utilisation bound: the
-most any schedule of these rigid jobs can reach on those devices, since none ends before the
-latest arrival plus run time (a trace cut from a running cluster ends with a drain).
+most any schedule of these rigid jobs can reach on those devices, since none ends before a
+job's arrival plus its run time, nor before an arrival plus the work arriving from then on over
+the devices (a trace cut from a running cluster ends with a drain).
 
 Bad input (a missing file, a malformed row or time) is one line on stderr and exit code 2.
 """
@@ -226,10 +227,15 @@ def offered_load(rows, devices):
 def utilization_bound(rows, devices):
     """The highest whole-run utilisation (busy device-seconds over devices x makespan) that any
     schedule running each job rigid, at its run time, can reach, and the earliest end (hours)
-    behind it: the makespan is at least the latest arrival plus run time of any job, and at
-    least the work over the devices."""
+    behind it. No schedule ends before any job's arrival plus its run time, nor before any
+    arrival time plus the work arriving from then on over the devices (work cannot start before
+    it arrives). `rows` are sorted by arrival."""
     work = sum(g * d for _, _, g, d in rows)
-    end = max(max(a + d for _, a, _, d in rows), work / devices)
+    end = max(a + d for _, a, _, d in rows)
+    later = work
+    for _, arrival, gpus, duration in rows:
+        end = max(end, arrival + later / devices)
+        later -= gpus * duration
     return work / (devices * end), end / 3600
 
 

@@ -154,6 +154,16 @@ def test_slice(tmp_path):
     # Work 1 x 7200 + 8 x 600 = 12000 device-seconds; no schedule ends before 7200 s (job0).
     assert f"utilisation bound on 8 devices: {100 * 12000 / (8 * 7200):.1f}%" in p.stderr
     assert "no schedule ends before 2.0 h" in p.stderr
+    # Work cannot start before it arrives: two 2-device jobs of 1 h arriving at 3600 s on 2
+    # devices end at 3 h at the earliest, though each alone would end at 2 h.
+    late = tmp_path / "late.csv"
+    late.write_text("u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\n"
+                    "0,1,1,0,1,0,100,0,Pass\n"
+                    "1,1,2,0,1,3600,3600,0,Pass\n"
+                    "2,1,2,0,1,0,3600,0,Pass\n")
+    p = convert("slice", late, "--devices", 2)
+    assert "no schedule ends before 3.0 h" in p.stderr, p.stderr
+    assert f"utilisation bound on 2 devices: {100 * 14500 / (2 * 10800):.1f}%" in p.stderr
     p = convert("slice", src, "--completed-only", "--devices", 0)
     assert [r["job"] for r in rows(p.stdout)] == ["job2"]
     src.write_text("u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\n"
