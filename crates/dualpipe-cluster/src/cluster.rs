@@ -14,9 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use dualpipe_sim::topology::{
-    shown, Datacenter, Device, Links, Node as TopoNode, Topology, SPEED_RANGE,
-};
+use dualpipe_sim::topology::{check_speed, Datacenter, Device, Links, Node as TopoNode, Topology};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ClusterError;
@@ -129,15 +127,8 @@ impl Cluster {
                     "a node needs at least 1 device",
                 ));
             }
-            if !(SPEED_RANGE.0..=SPEED_RANGE.1).contains(&group.speed) {
-                return Err(bad(
-                    format!("nodes[{g}].speed = {}", shown(group.speed)),
-                    &format!(
-                        "give a relative speed from {:e} to {:e} (1 for the reference device)",
-                        SPEED_RANGE.0, SPEED_RANGE.1
-                    ),
-                ));
-            }
+            check_speed(&format!("nodes[{g}].speed"), group.speed)
+                .map_err(|e| ClusterError::Cluster(e.to_string()))?;
             if !(group.memory.is_finite() && group.memory > 0.0) {
                 return Err(bad(
                     format!("nodes[{g}].memory = {}", group.memory),

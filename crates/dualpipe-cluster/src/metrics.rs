@@ -73,16 +73,7 @@ pub(crate) fn metrics(
         .iter()
         .map(|s| s.devices.len() as f64 * (s.end_s - s.start_s))
         .sum();
-    let first = state
-        .jobs
-        .iter()
-        .map(|j| j.arrival_s)
-        .fold(f64::INFINITY, f64::min);
-    let last = state
-        .jobs
-        .iter()
-        .map(|j| j.arrival_s)
-        .fold(f64::NEG_INFINITY, f64::max);
+    let (first, last) = crate::trace::arrival_window(state.jobs);
     let window_busy: f64 = state
         .segments
         .iter()

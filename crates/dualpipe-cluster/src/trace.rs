@@ -177,19 +177,20 @@ pub fn check_fits(jobs: &[Job], cluster: &Cluster) -> Result<(), ClusterError> {
 /// whose jobs all arrive at once.
 pub fn offered_load(jobs: &[Job], devices: usize) -> f64 {
     let work: f64 = jobs.iter().map(|j| j.gpus as f64 * j.duration_s).sum();
-    let first = jobs
-        .iter()
-        .map(|j| j.arrival_s)
-        .fold(f64::INFINITY, f64::min);
-    let last = jobs
-        .iter()
-        .map(|j| j.arrival_s)
-        .fold(f64::NEG_INFINITY, f64::max);
+    let (first, last) = arrival_window(jobs);
     let window = last - first;
     if devices == 0 || window.is_nan() || window <= 0.0 {
         return 0.0;
     }
     work / (devices as f64 * window)
+}
+
+/// The first and the last arrival, in seconds ((inf, -inf) for no jobs).
+pub(crate) fn arrival_window(jobs: &[Job]) -> (f64, f64) {
+    jobs.iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), j| {
+            (lo.min(j.arrival_s), hi.max(j.arrival_s))
+        })
 }
 
 /// Writes jobs as trace CSV (with a header); `parse_trace` reads it back unchanged.

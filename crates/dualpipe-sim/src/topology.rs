@@ -190,6 +190,19 @@ pub const MIN_BANDWIDTH: f64 = 1.0;
 /// The relative device speeds accepted, slowest and fastest.
 pub const SPEED_RANGE: (f64, f64) = (1e-6, 1e6);
 
+/// Checks a relative device speed named `field`: within [`SPEED_RANGE`].
+pub fn check_speed(field: &str, speed: f64) -> Result<(), SimError> {
+    if (SPEED_RANGE.0..=SPEED_RANGE.1).contains(&speed) {
+        return Ok(());
+    }
+    Err(SimError::Topology(format!(
+        "{field} = {}: give a relative speed from {:e} to {:e} (1 for the reference device)",
+        shown(speed),
+        SPEED_RANGE.0,
+        SPEED_RANGE.1
+    )))
+}
+
 /// A number as a user would write it: `1e-308` rather than its 308 zeros.
 pub fn shown(x: f64) -> String {
     if x.is_finite() && x != 0.0 && !(1e-4..1e9).contains(&x.abs()) {
@@ -273,16 +286,7 @@ impl Topology {
                             "is used twice in its node; give every device its own name",
                         ));
                     }
-                    if !(SPEED_RANGE.0..=SPEED_RANGE.1).contains(&dev.speed) {
-                        return Err(bad(
-                            format!("{at}.speed = {}", shown(dev.speed)),
-                            &format!(
-                                "give a relative speed from {:e} to {:e} (1 for the reference \
-                                 device)",
-                                SPEED_RANGE.0, SPEED_RANGE.1
-                            ),
-                        ));
-                    }
+                    check_speed(&format!("{at}.speed"), dev.speed)?;
                     if !dev.memory.is_finite() || dev.memory <= 0.0 {
                         return Err(bad(
                             format!("{at}.memory = {}", dev.memory),
