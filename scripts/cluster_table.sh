@@ -27,16 +27,17 @@ for run in $RUNS; do
     if [ -n "${TRACE:-}" ]; then
         # testdata/cluster/64x8.json with `count` nodes.
         sed "s/\"count\": 64/\"count\": $run/" testdata/cluster/64x8.json >"$TMP/cluster.json"
-        cp "$TRACE" "$TMP/t.csv"
+        trace=$TRACE
         label=$((run * 8))
     else
         cp testdata/cluster/64x8.json "$TMP/cluster.json"
-        "$BIN" cluster trace --jobs "${JOBS:-1000}" --seed "$run" --load "$LOAD" --output "$TMP/t.csv" 2>/dev/null
+        trace=$TMP/t.csv
+        "$BIN" cluster trace --jobs "${JOBS:-1000}" --seed "$run" --load "$LOAD" --output "$trace" 2>/dev/null
         label=$run
     fi
     for policy in ${POLICIES:-static elastic}; do
         start=$(date +%s.%N)
-        "$BIN" cluster simulate --cluster "$TMP/cluster.json" --trace "$TMP/t.csv" --policy "$policy" \
+        "$BIN" cluster simulate --cluster "$TMP/cluster.json" --trace "$trace" --policy "$policy" \
             --format json --output "$TMP/$policy.json"
         end=$(date +%s.%N)
         python3 - "$TMP/$policy.json" "$label" "$policy" "$start" "$end" <<'PY'
