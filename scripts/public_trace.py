@@ -5,6 +5,7 @@
     python3 scripts/public_trace.py helios cluster_log.csv --output trace.csv
     python3 scripts/public_trace.py pai pai_job_table.csv pai_task_table.csv --output trace.csv
     python3 scripts/public_trace.py slice Philly/training_data/philly_data_training.csv --output trace.csv
+    python3 scripts/public_trace.py slice philly_data_training.csv --elastic 2 --output elastic.csv
 
 Formats (none of these traces is committed here; fetch them from their publishers):
 
@@ -32,7 +33,9 @@ dropped, and with `--devices N` so is a job asking more than N devices (the simu
 those); jobs that ran and then failed or were killed are kept by default (they held devices),
 `--completed-only` drops them. Arrivals start at 0 (the first kept job) and rows are sorted by
 arrival. Every job is rigid (`min_gpus`, `max_gpus` empty): these traces say nothing about
-elasticity. On stderr: how many jobs were read, kept and dropped (by reason), and the offered
+elasticity. `--elastic F` asks what if they were (Pollux's evaluation makes every job of its
+trace adaptive): every job may run on `ceil(gpus / F)` to `F x gpus` devices (at most
+`--devices`), the range `dualpipe cluster trace` gives its elastic jobs at F = 2. On stderr: how many jobs were read, kept and dropped (by reason), and the offered
 load on `--devices` devices (requested device-seconds over devices x the arrival window), the
 figure that decides whether a cluster queues (docs/cluster.md), and the utilisation bound: the
 most any schedule of these rigid jobs can reach on those devices, since none ends before a
@@ -239,11 +242,21 @@ def utilization_bound(rows, devices):
     return work / (devices * end), end / 3600
 
 
-def write(rows, out):
+def elastic_range(gpus, factor, devices):
+    """`(min_gpus, max_gpus)` of a job asking `gpus` when every job may shrink to a `factor`-th
+    of its request and grow to `factor` times it (at most `devices`, when not 0)."""
+    most = factor * gpus
+    if devices:
+        most = min(most, devices)
+    return -(-gpus // factor), most
+
+
+def write(rows, out, factor=None, devices=0):
     out.write("job,arrival_s,gpus,duration_s,min_gpus,max_gpus,profile\n")
     for name, arrival, gpus, duration in rows:
+        span = ",".join(map(str, elastic_range(gpus, factor, devices))) if factor else ","
         # The simulator's CSV has no quoting: a comma inside a name becomes "_".
-        out.write(f"{name.replace(',', '_')},{arrival:.3f},{gpus},{duration:.3f},,,\n")
+        out.write(f"{name.replace(',', '_')},{arrival:.3f},{gpus},{duration:.3f},{span},\n")
 
 
 def main(argv=None):
@@ -256,9 +269,15 @@ def main(argv=None):
                          "jobs asking more are dropped (default 512, testdata/cluster/64x8.json); 0 keeps all")
     ap.add_argument("--completed-only", action="store_true",
                     help="drop jobs that failed or were killed (kept by default: they held devices)")
+    ap.add_argument("--elastic", type=int, metavar="F",
+                    help="make every job elastic: from ceil(gpus / F) to F x gpus devices (F at least 2; "
+                         "default: every job rigid, as the trace says)")
     args = ap.parse_args(argv)
     if args.devices < 0:
         print(f"error: --devices {args.devices}: give 0 or more", file=sys.stderr)
+        return 2
+    if args.elastic is not None and args.elastic < 2:
+        print(f"error: --elastic {args.elastic}: give 2 or more (leave it out for rigid jobs)", file=sys.stderr)
         return 2
     try:
         rows, read, dropped = convert(args.format, args.files, args.devices, args.completed_only)
@@ -271,10 +290,10 @@ def main(argv=None):
     if args.output:
         tmp = args.output + ".part"
         with open(tmp, "w") as f:
-            write(rows, f)
+            write(rows, f, args.elastic, args.devices)
         os.replace(tmp, args.output)
     else:
-        write(rows, sys.stdout)
+        write(rows, sys.stdout, args.elastic, args.devices)
     why = ", ".join(f"{n} {reason}" for reason, n in sorted(dropped.items())) or "none"
     print(f"{args.format}: {read} jobs read, {len(rows)} kept, dropped: {why}", file=sys.stderr)
     if args.devices:
@@ -282,8 +301,13 @@ def main(argv=None):
         print(f"offered load on {args.devices} devices: {offered_load(rows, args.devices):.3f} "
               f"(arrival window {window_h:.1f} h)", file=sys.stderr)
         bound, end_h = utilization_bound(rows, args.devices)
-        print(f"utilisation bound on {args.devices} devices: {100 * bound:.1f}% (every job rigid at "
-              f"its run time: no schedule ends before {end_h:.1f} h)", file=sys.stderr)
+        if args.elastic:
+            print(f"every job elastic from ceil(gpus / {args.elastic}) to {args.elastic} x gpus devices: "
+                  f"no utilisation bound (the rigid jobs' {100 * bound:.1f}% does not hold when jobs grow)",
+                  file=sys.stderr)
+        else:
+            print(f"utilisation bound on {args.devices} devices: {100 * bound:.1f}% (every job rigid at "
+                  f"its run time: no schedule ends before {end_h:.1f} h)", file=sys.stderr)
     return 0
 
 

@@ -172,6 +172,27 @@ def test_slice(tmp_path):
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "interval = -5" in p.stderr
 
 
+def test_slice_elastic(tmp_path):
+    src = tmp_path / "helios_data_training.csv"
+    src.write_text("u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\n"
+                   "0,1,1,0,1,0,7200,0,Pass\n"
+                   "1,1,3,0,1,10,600,0,Pass\n"
+                   "2,1,8,0,1,10,600,0,Pass\n")
+    span = lambda p: [(r["gpus"], r["min_gpus"], r["max_gpus"]) for r in rows(p.stdout)]
+    # From ceil(gpus / F) to F x gpus, at most --devices.
+    p = convert("slice", src, "--elastic", 2, "--devices", 12)
+    assert p.returncode == 0, p.stderr
+    assert span(p) == [("1", "1", "2"), ("3", "2", "6"), ("8", "4", "12")]
+    assert "no utilisation bound" in p.stderr and "utilisation bound on" not in p.stderr
+    p = convert("slice", src, "--elastic", 4, "--devices", 0)
+    assert span(p) == [("1", "1", "4"), ("3", "1", "12"), ("8", "2", "32")]
+    assert span(convert("slice", src)) == [("1", "", ""), ("3", "", ""), ("8", "", "")]
+    out = tmp_path / "out.csv"
+    p = convert("slice", src, "--elastic", 1, "--output", out)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--elastic 1" in p.stderr
+    assert not out.exists()
+
+
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
     src = tmp_path / "bad.json"
     src.write_text(json.dumps([{"jobid": "a", "status": "Pass", "submitted_time": "yesterday",
