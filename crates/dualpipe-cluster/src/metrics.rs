@@ -10,6 +10,13 @@
 //!   cluster while the trace still offers it work. A trace cut from a running cluster ends with a
 //!   drain (after the last arrival only the longest jobs run, on a mostly idle cluster) that
 //!   caps `utilization` whatever the policy; this share leaves that drain out.
+//! * `useful_utilization`: the trace's requested device-seconds (each job's `gpus x
+//!   duration_s`, its work at the count it asked for) over `devices x makespan_s`. It does not
+//!   count what a job holds beyond its work's worth (grown past its request, spread over more
+//!   nodes than it needs, paused by a move), so set beside `utilization` it shows what those
+//!   cost; it is the same work for every policy, so between
+//!   policies it differs only by the makespan. Not capped at `utilization`: a job shrunk below
+//!   its request does more work per device, and devices faster than speed 1 do more too.
 //! * `mean_jct_s`, `p95_jct_s`: job completion time, finish minus arrival; the 95th percentile
 //!   by nearest rank.
 //! * `mean_queue_s`: first start minus arrival, averaged over jobs.
@@ -37,6 +44,8 @@ pub struct Metrics {
     /// Busy device-seconds from the first arrival to the last, over devices x that window, in
     /// [0, 1] (equal to `utilization` when all jobs arrive at once: then it is the whole run).
     pub window_utilization: f64,
+    /// The trace's requested device-seconds over devices x the makespan (0 for an empty run).
+    pub useful_utilization: f64,
     /// Mean job completion time, seconds.
     pub mean_jct_s: f64,
     /// 95th percentile of job completion time, seconds.
@@ -119,6 +128,16 @@ pub(crate) fn metrics(
             share(window_busy, devices as f64 * (last - first))
         } else {
             share(busy, total)
+        },
+        useful_utilization: if total > 0.0 {
+            state
+                .jobs
+                .iter()
+                .map(|j| j.gpus as f64 * j.duration_s)
+                .sum::<f64>()
+                / total
+        } else {
+            0.0
         },
         mean_jct_s,
         p95_jct_s: jct[rank - 1],

@@ -180,6 +180,7 @@ mod tests {
                 offered_load: 0.5,
                 utilization: 0.5,
                 window_utilization: 0.5,
+                useful_utilization: 0.5,
                 mean_jct_s: 1.0,
                 p95_jct_s: 1.0,
                 mean_queue_s: 0.0,

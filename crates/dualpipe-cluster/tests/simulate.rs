@@ -61,6 +61,10 @@ fn check_invariants(cluster: &Cluster, outcome: &Outcome, budget: f64) {
     }
     assert!(m.p95_jct_s >= 0.0 && m.mean_jct_s > 0.0 && m.mean_queue_s >= 0.0);
     assert!(m.utilization + m.fragmentation <= 1.0 + 1e-9, "{m:?}");
+    assert!(
+        m.useful_utilization > 0.0 && m.useful_utilization.is_finite(),
+        "{m:?}"
+    );
 }
 
 #[test]
@@ -127,10 +131,32 @@ fn static_blocks_the_queue_and_elastic_backfills() {
     // last (0 s to 2 s) only a's 6 devices: 12 of 16.
     assert!((s.metrics.utilization - 1100.0 / 1600.0).abs() < 1e-12);
     assert!((s.metrics.window_utilization - 12.0 / 16.0).abs() < 1e-12);
+    // Rigid jobs on devices of speed 1 in one node: the work is what they held.
+    assert!((s.metrics.useful_utilization - 1100.0 / 1600.0).abs() < 1e-12);
     let e = simulate(&cluster, trace, Policy::by_name("elastic").unwrap());
     let starts: Vec<f64> = e.jobs.iter().map(|j| j.start_s).collect();
     assert_eq!(starts, [0.0, 100.0, 2.0]);
     assert!(e.metrics.mean_jct_s < s.metrics.mean_jct_s);
+}
+
+#[test]
+fn a_grown_job_holds_more_than_its_work() {
+    // 1 device asked, up to 2: on a 2-device node it runs on both at S(2) / S(1) = 2 / 1.02,
+    // so its 100 s of work takes 51 s; both devices are busy throughout, and the work (100
+    // device-seconds) is 100 / 102 of what they held.
+    let cluster = Cluster::uniform(1, 2).unwrap();
+    let e = simulate(
+        &cluster,
+        "a,0,1,100,1,2\n",
+        Policy::by_name("elastic").unwrap(),
+    );
+    assert!(
+        (e.metrics.makespan_s - 51.0).abs() < 1e-9,
+        "{:?}",
+        e.metrics
+    );
+    assert!((e.metrics.utilization - 1.0).abs() < 1e-12);
+    assert!((e.metrics.useful_utilization - 100.0 / 102.0).abs() < 1e-12);
 }
 
 #[test]

@@ -71,6 +71,7 @@ fn a_seeded_trace_simulates_under_both_policies() {
         for key in [
             "utilization",
             "window_utilization",
+            "useful_utilization",
             "mean_jct_s",
             "p95_jct_s",
             "mean_queue_s",
@@ -81,7 +82,7 @@ fn a_seeded_trace_simulates_under_both_policies() {
         ] {
             assert!(m.get(key).is_some(), "{key} missing: {m}");
         }
-        for key in ["utilization", "window_utilization"] {
+        for key in ["utilization", "window_utilization", "useful_utilization"] {
             let u = m[key].as_f64().unwrap();
             assert!(u > 0.0 && u <= 1.0, "{key} = {u}");
         }

@@ -306,6 +306,7 @@ fn table(policy: &str, outcome: &Outcome) -> String {
             "  in arrivals",
             format!("{:.1}%", 100.0 * m.window_utilization),
         ),
+        ("  useful", format!("{:.1}%", 100.0 * m.useful_utilization)),
         ("mean JCT", h(m.mean_jct_s)),
         ("p95 JCT", h(m.p95_jct_s)),
         ("mean queueing", h(m.mean_queue_s)),
