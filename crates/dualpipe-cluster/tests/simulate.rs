@@ -144,19 +144,11 @@ fn a_grown_job_holds_more_than_its_work() {
     // 1 device asked, up to 2: on a 2-device node it runs on both at S(2) / S(1) = 2 / 1.02,
     // so its 100 s of work takes 51 s; both devices are busy throughout, and the work (100
     // device-seconds) is 100 / 102 of what they held.
-    let cluster = Cluster::uniform(1, 2).unwrap();
-    let e = simulate(
-        &cluster,
-        "a,0,1,100,1,2\n",
-        Policy::by_name("elastic").unwrap(),
-    );
-    assert!(
-        (e.metrics.makespan_s - 51.0).abs() < 1e-9,
-        "{:?}",
-        e.metrics
-    );
-    assert!((e.metrics.utilization - 1.0).abs() < 1e-12);
-    assert!((e.metrics.useful_utilization - 100.0 / 102.0).abs() < 1e-12);
+    let elastic = Policy::by_name("elastic").unwrap();
+    let m = simulate(&Cluster::uniform(1, 2).unwrap(), "a,0,1,100,1,2\n", elastic).metrics;
+    assert!((m.makespan_s - 51.0).abs() < 1e-9, "{m:?}");
+    assert!((m.utilization - 1.0).abs() < 1e-12);
+    assert!((m.useful_utilization - 100.0 / 102.0).abs() < 1e-12);
 }
 
 #[test]
