@@ -35,10 +35,12 @@ those); jobs that ran and then failed or were killed are kept by default (they h
 arrival. Every job is rigid (`min_gpus`, `max_gpus` empty): these traces say nothing about
 elasticity. `--elastic F` asks what if they were (Pollux's evaluation makes every job of its
 trace adaptive): every job may run on `ceil(gpus / F)` to `F x gpus` devices (at most
-`--devices`), the range `dualpipe cluster trace` gives its elastic jobs at F = 2. On stderr: how many jobs were read, kept and dropped (by reason), and the offered
-load on `--devices` devices (requested device-seconds over devices x the arrival window), the
-figure that decides whether a cluster queues (docs/cluster.md), and the utilisation bound: the
-most any schedule of these rigid jobs can reach on those devices, since none ends before a
+`--devices`), the range `dualpipe cluster trace` gives its elastic jobs at F = 2.
+
+On stderr: how many jobs were read, kept and dropped (by reason), and the offered load on
+`--devices` devices (requested device-seconds over devices x the arrival window), the figure
+that decides whether a cluster queues (docs/cluster.md), and, for rigid jobs, the utilisation
+bound: the most any schedule of these jobs can reach on those devices, since none ends before a
 job's arrival plus its run time, nor before an arrival plus the work arriving from then on over
 the devices (a trace cut from a running cluster ends with a drain).
 
@@ -220,11 +222,16 @@ def convert(fmt, paths, devices, completed_only):
     return rows, read, dropped
 
 
+def requested_work(rows):
+    """The rows' requested device-seconds: each job's devices x run time."""
+    return sum(g * d for _, _, g, d in rows)
+
+
 def offered_load(rows, devices):
     window = rows[-1][1] - rows[0][1]
     if window <= 0:
         return float("nan")
-    return sum(g * d for _, _, g, d in rows) / (devices * window)
+    return requested_work(rows) / (devices * window)
 
 
 def utilization_bound(rows, devices):
@@ -233,7 +240,7 @@ def utilization_bound(rows, devices):
     behind it. No schedule ends before any job's arrival plus its run time, nor before any
     arrival time plus the work arriving from then on over the devices (work cannot start before
     it arrives). `rows` are sorted by arrival."""
-    work = sum(g * d for _, _, g, d in rows)
+    work = requested_work(rows)
     end = max(a + d for _, a, _, d in rows)
     later = work
     for _, arrival, gpus, duration in rows:

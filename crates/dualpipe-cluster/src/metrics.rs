@@ -14,9 +14,9 @@
 //!   duration_s`, its work at the count it asked for) over `devices x makespan_s`. It does not
 //!   count what a job holds beyond its work's worth (grown past its request, spread over more
 //!   nodes than it needs, paused by a move), so set beside `utilization` it shows what those
-//!   cost; it is the same work for every policy, so between
-//!   policies it differs only by the makespan. Not capped at `utilization`: a job shrunk below
-//!   its request does more work per device, and devices faster than speed 1 do more too.
+//!   cost; it is the same work for every policy, so between policies it differs only by the
+//!   makespan. Not capped at `utilization`: a job shrunk below its request does more work per
+//!   device, and devices faster than speed 1 do more too.
 //! * `mean_jct_s`, `p95_jct_s`: job completion time, finish minus arrival; the 95th percentile
 //!   by nearest rank.
 //! * `mean_queue_s`: first start minus arrival, averaged over jobs.
@@ -130,12 +130,7 @@ pub(crate) fn metrics(
             share(busy, total)
         },
         useful_utilization: if total > 0.0 {
-            state
-                .jobs
-                .iter()
-                .map(|j| j.gpus as f64 * j.duration_s)
-                .sum::<f64>()
-                / total
+            crate::trace::requested_work(state.jobs) / total
         } else {
             0.0
         },

@@ -176,13 +176,19 @@ pub fn check_fits(jobs: &[Job], cluster: &Cluster) -> Result<(), ClusterError> {
 /// duration_s`) over `devices` x the arrival window (first to last arrival); 0 for a trace
 /// whose jobs all arrive at once.
 pub fn offered_load(jobs: &[Job], devices: usize) -> f64 {
-    let work: f64 = jobs.iter().map(|j| j.gpus as f64 * j.duration_s).sum();
+    let work = requested_work(jobs);
     let (first, last) = arrival_window(jobs);
     let window = last - first;
     if devices == 0 || window.is_nan() || window <= 0.0 {
         return 0.0;
     }
     work / (devices as f64 * window)
+}
+
+/// The jobs' requested device-seconds: each job's `gpus x duration_s`, its work at the count
+/// it asked for.
+pub(crate) fn requested_work(jobs: &[Job]) -> f64 {
+    jobs.iter().map(|j| j.gpus as f64 * j.duration_s).sum()
 }
 
 /// The first and the last arrival, in seconds ((inf, -inf) for no jobs).
