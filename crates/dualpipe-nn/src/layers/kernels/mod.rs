@@ -225,8 +225,10 @@ pub(crate) unsafe fn assume_init_mut<T>(slots: &mut [MaybeUninit<T>]) -> &mut [T
 }
 
 /// The largest element of a non-empty slice, as the sequential scan `if x > max { max = x }`
-/// from the first element finds it, taken over 16 lanes (the maximum does not depend on the
-/// order of the comparisons).
+/// from the first element finds it (a NaN first gives NaN, later NaNs are passed over), taken
+/// over 16 lanes that are then halved pairwise (the maximum does not depend on the order of
+/// the comparisons; a scan over the lanes would be a chain of dependent compares, the most
+/// of a short row's time).
 #[inline(always)]
 pub(crate) fn max_of<T: Elem>(xs: &[T]) -> T {
     const LANES: usize = 16;
@@ -240,13 +242,22 @@ pub(crate) fn max_of<T: Elem>(xs: &[T]) -> T {
             }
         }
     }
-    let mut max = xs[0];
-    for &x in lanes.iter().chain(rest) {
-        if x > max {
-            max = x;
+    for (m, &x) in lanes.iter_mut().zip(rest) {
+        if x > *m {
+            *m = x;
         }
     }
-    max
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            let x = lanes[i + width];
+            if x > lanes[i] {
+                lanes[i] = x;
+            }
+        }
+    }
+    lanes[0]
 }
 
 /// Lets glibc's allocator keep freed memory for reuse instead of returning it to the kernel.
@@ -278,5 +289,47 @@ pub(crate) fn keep_freed_memory() {
                 libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::max_of;
+
+    /// The scan `max_of` stands for: the first element, then every later one that is larger.
+    fn scan(xs: &[f32]) -> f32 {
+        let mut max = xs[0];
+        for &x in &xs[1..] {
+            if x > max {
+                max = x;
+            }
+        }
+        max
+    }
+
+    /// The lanes and their pairwise halving find the scan's maximum at every length around
+    /// the lane count, with the largest element anywhere; a NaN first gives NaN and a NaN
+    /// later is passed over, as in the scan.
+    #[test]
+    fn max_of_is_the_scans_maximum() {
+        for len in 1..=70 {
+            for at in 0..len {
+                let mut xs: Vec<f32> = (0..len)
+                    .map(|i| ((i * 7919 + len * 31) % 211) as f32 - 300.0)
+                    .collect();
+                xs[at] = 1.5;
+                assert_eq!(max_of(&xs), scan(&xs), "len {len}, largest at {at}");
+                let mut later_nan = xs.clone();
+                later_nan[len - 1] = f32::NAN;
+                if len > 1 && at != len - 1 {
+                    assert_eq!(max_of(&later_nan), 1.5, "len {len}, NaN last");
+                }
+                xs[0] = f32::NAN;
+                assert!(
+                    max_of(&xs).is_nan() && scan(&xs).is_nan(),
+                    "len {len}, NaN first"
+                );
+            }
+        }
     }
 }
