@@ -12,7 +12,8 @@ Formats (none of these traces is committed here; fetch them from their publisher
 - `philly`: Microsoft's Philly trace (msr-fiddle/philly-traces), `cluster_job_log`, a JSON list
   of jobs. Arrival: `submitted_time`. Devices: the GPUs of the job's last scheduling attempt
   (summed over its machines). Run time: the sum of its attempts' `end_time - start_time` (the
-  time it actually held GPUs).
+  time it actually held GPUs); an attempt whose start or end the log does not have (null,
+  `"None"` or `""`: one still running when the log was collected) is left out.
 - `helios`: SenseTime's Helios traces (S-Lab-System-Group/HeliosData), a cluster's
   `cluster_log.csv`. Arrival: `submit_time`; devices: `gpu_num`; run time: `duration` (end
   minus start, in seconds). Jobs with `gpu_num` 0 (CPU jobs) are dropped.
@@ -80,6 +81,11 @@ def number(text, where, field):
     return value
 
 
+# How Philly's log writes a time it does not have (an attempt still running when the log was
+# collected has no end time): null, "None" or "".
+MISSING = (None, "None", "")
+
+
 def philly(paths, completed_only):
     """Jobs `(name, arrival, gpus, duration, dropped_reason)` of Philly's `cluster_job_log`."""
     try:
@@ -98,8 +104,8 @@ def philly(paths, completed_only):
             yield name, None, 0, 0.0, "not completed"
             continue
         attempts = [a for a in job.get("attempts") or []
-                    if a.get("start_time") not in (None, "None") and a.get("end_time") not in (None, "None")]
-        if not attempts or job.get("submitted_time") in (None, "None"):
+                    if a.get("start_time") not in MISSING and a.get("end_time") not in MISSING]
+        if not attempts or job.get("submitted_time") in MISSING:
             yield name, None, 0, 0.0, "never ran"
             continue
         arrival = seconds(job["submitted_time"], f"{where} ({name}) submitted_time")

@@ -52,6 +52,15 @@ PHILLY = [
     {"status": "Pass", "vc": "v2", "jobid": "app_4", "user": "u",
      "submitted_time": "2017-10-07 01:40:00",
      "attempts": [attempt("2017-10-07 01:40:00", "2017-10-07 01:50:00", [8, 8, 8, 8])]},
+    # Still running when the log was collected: its attempt has an empty end time.
+    {"status": "Running", "vc": "v2", "jobid": "app_5", "user": "u",
+     "submitted_time": "2017-10-07 01:45:00",
+     "attempts": [attempt("2017-10-07 01:45:00", "", [1])]},
+    # Its first attempt ended; the second has no start or end ("None"): the first counts.
+    {"status": "Failed", "vc": "v2", "jobid": "app_6", "user": "u",
+     "submitted_time": "2017-10-07 01:50:00",
+     "attempts": [attempt("2017-10-07 01:50:00", "2017-10-07 01:51:40", [2]),
+                  attempt("None", "None", [4])]},
 ]
 
 
@@ -66,15 +75,16 @@ def test_philly(tmp_path):
     assert [(r["job"], r["arrival_s"], r["gpus"], r["duration_s"]) for r in got] == [
         ("app_1", "0.000", "1", "600.000"),
         ("app_2", "99.000", "16", "3674.000"),
+        ("app_6", "2400.000", "2", "100.000"),
     ]
     assert all(r["min_gpus"] == "" and r["max_gpus"] == "" for r in got)
-    assert "4 jobs read, 2 kept, dropped: 1 more than 16 devices, 1 never ran" in p.stderr
-    # (1 x 600 + 16 x 3674) device-seconds over 16 devices x 99 s.
-    assert f"offered load on 16 devices: {(600 + 16 * 3674) / (16 * 99):.3f}" in p.stderr
+    assert "6 jobs read, 3 kept, dropped: 1 more than 16 devices, 2 never ran" in p.stderr
+    # (1 x 600 + 16 x 3674 + 2 x 100) device-seconds over 16 devices x 2400 s.
+    assert f"offered load on 16 devices: {(600 + 16 * 3674 + 200) / (16 * 2400):.3f}" in p.stderr
     p = convert("philly", src, "--completed-only", "--devices", 0)
     assert p.returncode == 0, p.stderr
     assert [r["job"] for r in rows(p.stdout)] == ["app_2", "app_4"]
-    assert "2 not completed" in p.stderr
+    assert "4 not completed" in p.stderr
 
 
 def test_times_do_not_depend_on_the_machines_time_zone(tmp_path):
