@@ -21,7 +21,9 @@ Formats (none of these traces is committed here; fetch them from their publisher
   header-less `pai_job_table.csv` and `pai_task_table.csv`. Arrival: the job's `start_time`
   (its submission); devices: the sum over its tasks of `inst_num x plan_gpu / 100`, rounded up
   (a task asking 50% of a GPU counts half a device, so small tasks share one); run time: the
-  job's `end_time` minus its earliest task's `start_time`.
+  job's `end_time` minus its earliest task's `start_time`. A time of 0, or none, is no time
+  (Alibaba's analysis of the trace reads 0 so): such a task does not start its job, and a job
+  without a start or end never ran.
 - `slice`: the last 15,000 jobs of Philly and of Helios as DIR-LAB/Gen-Parallel-Workloads
   publishes them (`Philly/training_data/philly_data_training.csv`,
   `Helios/training_data/helios_data_training.csv`; JSSPP 2024), one header row
@@ -148,6 +150,15 @@ def helios(paths, completed_only):
                number(row["duration"], where, "duration"), None)
 
 
+def pai_time(text, where, field):
+    """A PAI time in seconds, or None where the trace has none: empty, or 0 (as Alibaba's own
+    analysis of the trace reads it)."""
+    if not text:
+        return None
+    value = number(text, where, field)
+    return value if value != 0 else None
+
+
 def pai(paths, completed_only):
     """Jobs of PAI's `pai_job_table.csv` and `pai_task_table.csv` (no header rows)."""
     if len(paths) != 2:
@@ -163,8 +174,8 @@ def pai(paths, completed_only):
             inst = number(row[2] or "0", where, "inst_num")
             plan_gpu = number(row[8] or "0", where, "plan_gpu")
             devices[job] = devices.get(job, 0.0) + inst * plan_gpu / 100.0
-            if row[4]:
-                start = number(row[4], where, "start_time")
+            start = pai_time(row[4], where, "start_time")
+            if start is not None:
                 first_start[job] = min(first_start.get(job, start), start)
     with open(paths[0], newline="") as f:
         for line, row in enumerate(csv.reader(f), start=1):
@@ -180,11 +191,12 @@ def pai(paths, completed_only):
             if gpus <= 0:
                 yield name, None, 0, 0.0, "no GPUs"
                 continue
-            if not row[4] or not row[5] or name not in first_start:
+            submitted = pai_time(row[4], where, "start_time")
+            end = pai_time(row[5], where, "end_time")
+            if submitted is None or end is None or name not in first_start:
                 yield name, None, 0, 0.0, "never ran"
                 continue
-            end = number(row[5], where, "end_time")
-            yield name, number(row[4], where, "start_time"), gpus, end - first_start[name], None
+            yield name, submitted, gpus, end - first_start[name], None
 
 
 def slice_(paths, completed_only):

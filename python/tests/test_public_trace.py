@@ -127,7 +127,9 @@ def test_pai(tmp_path):
     jobs.write_text("j1,i1,u,Terminated,1000.0,4600.0\n"
                     "j2,i2,u,Failed,1200.0,1300.0\n"
                     "j3,i3,u,Terminated,1500.0,1600.0\n"
-                    "j4,i4,u,Waiting,1700.0,\n")
+                    "j4,i4,u,Waiting,1700.0,\n"
+                    "j5,i5,u,Terminated,1800.0,2000.0\n"
+                    "j6,i6,u,Running,1900.0,0.0\n")
     tasks.write_text(
         # j1: 2 x 50% + 1 x 100% = 2 devices, first task at 1010.
         "j1,worker,2.0,Terminated,1010.0,4600.0,600.0,29.0,50.0,T4\n"
@@ -136,14 +138,20 @@ def test_pai(tmp_path):
         "j2,worker,3.0,Failed,1250.0,1300.0,600.0,29.0,25.0,V100\n"
         # j3: CPU only.
         "j3,tensorflow,1.0,Terminated,1500.0,1600.0,600.0,29.0,,\n"
-        "j4,worker,1.0,Waiting,,,600.0,29.0,100.0,\n")
+        "j4,worker,1.0,Waiting,,,600.0,29.0,100.0,\n"
+        # j5: a task whose start is 0 (none recorded) does not make the job start at 0.
+        "j5,worker,1.0,Terminated,0.0,0.0,600.0,29.0,100.0,\n"
+        "j5,ps,1.0,Terminated,1850.0,2000.0,600.0,29.0,100.0,\n"
+        # j6: an end time of 0, none recorded: never ran to an end.
+        "j6,worker,1.0,Running,1900.0,0.0,600.0,29.0,100.0,\n")
     p = convert("pai", jobs, tasks)
     assert p.returncode == 0, p.stderr
     assert [(r["job"], r["arrival_s"], r["gpus"], r["duration_s"]) for r in rows(p.stdout)] == [
         ("j1", "0.000", "2", "3590.000"),
         ("j2", "200.000", "1", "50.000"),
+        ("j5", "800.000", "2", "150.000"),
     ]
-    assert "4 jobs read, 2 kept, dropped: 1 never ran, 1 no GPUs" in p.stderr, p.stderr
+    assert "6 jobs read, 3 kept, dropped: 2 never ran, 1 no GPUs" in p.stderr, p.stderr
 
 
 def test_slice(tmp_path):
