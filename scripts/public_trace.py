@@ -85,7 +85,7 @@ def number(text, where, field):
 
 # How Philly's log writes a time it does not have (an attempt still running when the log was
 # collected has no end time): null, "None" or "".
-MISSING = (None, "None", "")
+PHILLY_NO_TIME = (None, "None", "")
 
 
 def philly(paths, completed_only):
@@ -106,8 +106,9 @@ def philly(paths, completed_only):
             yield name, None, 0, 0.0, "not completed"
             continue
         attempts = [a for a in job.get("attempts") or []
-                    if a.get("start_time") not in MISSING and a.get("end_time") not in MISSING]
-        if not attempts or job.get("submitted_time") in MISSING:
+                    if a.get("start_time") not in PHILLY_NO_TIME
+                    and a.get("end_time") not in PHILLY_NO_TIME]
+        if not attempts or job.get("submitted_time") in PHILLY_NO_TIME:
             yield name, None, 0, 0.0, "never ran"
             continue
         arrival = seconds(job["submitted_time"], f"{where} ({name}) submitted_time")
