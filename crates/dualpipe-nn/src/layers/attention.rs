@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use candle_core::Tensor;
 use dualpipe_schedule::Chunk;
 
-use super::{kernels, restore, store, tensor_bytes, Linear, Param};
+use super::{kernels, store, tensor_bytes, Linear, Param};
 use crate::error::NnError;
 use crate::precision::Half;
 
@@ -129,12 +129,11 @@ impl CausalSelfAttention {
         seq: usize,
         residual: Option<&Tensor>,
     ) -> Result<Tensor, NnError> {
-        let qkv = self.qkv.forward(key, x)?;
+        // Under mixed precision q, k and v are rounded once, kept, and read by the kernel as
+        // they are; the probabilities come back in the half format.
+        let qkv = store(&self.qkv.forward(key, x)?, self.half)?;
         let (o, probs) = kernels::attention_forward(&qkv, seq, self.heads, self.half)?;
-        self.saved.insert(
-            key,
-            (store(&qkv, self.half)?, store(&probs, self.half)?, seq),
-        );
+        self.saved.insert(key, (qkv, probs, seq));
         self.proj.forward_plus(key, &o, residual)
     }
 
@@ -146,7 +145,6 @@ impl CausalSelfAttention {
             ))
         })?;
         let d_out = self.proj.backward_input(key, dy)?;
-        let (qkv, probs) = (restore(&qkv)?, restore(&probs)?);
         let d_qkv = kernels::attention_backward(&d_out, &qkv, &probs, seq, self.heads, self.half)?;
         self.qkv.backward_input(key, &d_qkv)
     }

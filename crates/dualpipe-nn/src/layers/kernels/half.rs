@@ -226,6 +226,85 @@ impl HalfPath {
     }
 }
 
+/// A half-precision element type: its slices rounded from f32, widened to f32, and read as a
+/// GEMM operand.
+pub(crate) trait HalfElem: candle_core::WithDType {
+    /// The format.
+    const HALF: Half;
+    /// The matrix as a GEMM operand.
+    fn operand(m: Mat<'_, Self>) -> HalfOperand<'_>;
+    /// `dst[i] = src[i]` rounded to nearest even.
+    fn round(src: &[f32], dst: &mut [MaybeUninit<Self>]);
+    /// `dst[i] = src[i]` as f32 (exact).
+    fn widen(src: &[Self], dst: &mut [MaybeUninit<f32>]);
+}
+
+impl HalfElem for bf16 {
+    const HALF: Half = Half::Bf16;
+    fn operand(m: Mat<'_, bf16>) -> HalfOperand<'_> {
+        HalfOperand::Bf16(m)
+    }
+    fn round(src: &[f32], dst: &mut [MaybeUninit<bf16>]) {
+        f32_to_bf16(src, dst)
+    }
+    fn widen(src: &[bf16], dst: &mut [MaybeUninit<f32>]) {
+        bf16_to_f32(src, dst)
+    }
+}
+
+impl HalfElem for f16 {
+    const HALF: Half = Half::F16;
+    fn operand(m: Mat<'_, f16>) -> HalfOperand<'_> {
+        HalfOperand::F16(m)
+    }
+    fn round(src: &[f32], dst: &mut [MaybeUninit<f16>]) {
+        f32_to_f16(src, dst)
+    }
+    fn widen(src: &[f16], dst: &mut [MaybeUninit<f32>]) {
+        f16_to_f32(src, dst)
+    }
+}
+
+/// Work a product may leave out because it cannot change what is wanted: causal attention's
+/// triangular operands and outputs. Only the native `vdpbf16ps` kernel uses it (its tiles
+/// and pairs of `k` steps); the other paths compute every product, which gives the same
+/// values (the steps left out add exact zeros).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Skip {
+    /// Nothing left out.
+    None,
+    /// The output's entries above the diagonal (`j > i`) are not wanted: they are written,
+    /// with unspecified values (a tile wholly above the diagonal gets the start alone).
+    AboveDiagonal,
+    /// `a[i, l] = 0` for every `l > i` (lower triangular): a tile stops after its last row.
+    ALower,
+    /// `a[i, l] = 0` for every `l < i` (upper triangular): a tile starts at its first row.
+    AUpper,
+}
+
+impl Skip {
+    /// The pairs `lo..hi` of a block's `kp` pairs of `k` steps that the tile of `rows` rows
+    /// from row `r0`, first column `c0`, needs, the block's first step being `pc`.
+    pub(crate) fn pairs(
+        self,
+        r0: usize,
+        rows: usize,
+        c0: usize,
+        pc: usize,
+        kp: usize,
+    ) -> (usize, usize) {
+        let last = r0 + rows - 1;
+        match self {
+            Skip::None => (0, kp),
+            Skip::AboveDiagonal if c0 > last => (0, 0),
+            Skip::AboveDiagonal => (0, kp),
+            Skip::ALower if last < pc => (0, 0),
+            Skip::ALower => (0, kp.min((last - pc) / 2 + 1)),
+            Skip::AUpper => (kp.min(r0.saturating_sub(pc) / 2), kp),
+        }
+    }
+}
+
 /// `dst = a·b` (or `dst += a·b` when `accumulate`), `dst` row-major `[a.rows, b.cols]` f32,
 /// the operands' values rounded to `half`, the products accumulated in f32, on the fastest
 /// path of this processor ([`HalfPath::best`]).
@@ -260,7 +339,7 @@ pub(crate) fn gemm_half_with(
             ldc: n,
         };
         let start = if accumulate { Start::Dst } else { Start::Zero };
-        gemm_half_raw(path, half, out, a, b, start, what)
+        gemm_half_raw(path, half, out, a, b, start, Skip::None, what)
     }
 }
 
@@ -274,6 +353,7 @@ pub(crate) fn gemm_half_to(
     ldc: usize,
     a: HalfOperand<'_>,
     b: HalfOperand<'_>,
+    skip: Skip,
     what: &str,
 ) -> Result<(), NnError> {
     // SAFETY: dst is a live slice borrowed mutably; without accumulation the GEMM only
@@ -284,7 +364,16 @@ pub(crate) fn gemm_half_to(
             len: dst.len(),
             ldc,
         };
-        gemm_half_raw(HalfPath::best(half), half, out, a, b, Start::Zero, what)
+        gemm_half_raw(
+            HalfPath::best(half),
+            half,
+            out,
+            a,
+            b,
+            Start::Zero,
+            skip,
+            what,
+        )
     }
 }
 
@@ -322,6 +411,7 @@ pub(crate) fn gemm_half_from(
             a,
             b,
             Start::Other(start),
+            Skip::None,
             what,
         )
     }
@@ -353,6 +443,7 @@ struct Dst {
 ///
 /// `dst`'s `len` elements may be written (and, for [`Start::Dst`], are initialized and read)
 /// and alias neither operand; a [`Start::Other`] is `len` elements long.
+#[allow(clippy::too_many_arguments)]
 unsafe fn gemm_half_raw(
     path: HalfPath,
     half: Half,
@@ -360,6 +451,7 @@ unsafe fn gemm_half_raw(
     a: HalfOperand<'_>,
     b: HalfOperand<'_>,
     start: Start<'_>,
+    skip: Skip,
     what: &str,
 ) -> Result<(), NnError> {
     let Dst { ptr, len, ldc } = dst;
@@ -409,7 +501,7 @@ unsafe fn gemm_half_raw(
             Start::Other(s) => Some(s.as_ptr()),
         };
         match path {
-            HalfPath::Amx | HalfPath::Native => native_gemm(path, ptr, ldc, a, b, from, what),
+            HalfPath::Amx | HalfPath::Native => native_gemm(path, ptr, ldc, a, b, from, skip, what),
             HalfPath::Converting => converting_gemm(half, dst, a, b, from.is_some(), what),
         }
     }
@@ -437,6 +529,7 @@ unsafe fn copy_rows(src: *const f32, dst: *mut f32, ldc: usize, m: usize, n: usi
 /// The `a.rows` rows of `b.cols` elements of `dst`, `ldc` apart, may be written, those of
 /// `from` read, and neither aliases an operand; on AMX `from` is `c` or none.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn native_gemm(
     path: HalfPath,
     c: *mut f32,
@@ -444,6 +537,7 @@ unsafe fn native_gemm(
     a: HalfOperand<'_>,
     b: HalfOperand<'_>,
     from: Option<*const f32>,
+    skip: Skip,
     what: &str,
 ) -> Result<(), NnError> {
     /// One GEMM on `path`'s kernel.
@@ -458,13 +552,14 @@ unsafe fn native_gemm(
         a: Mat<'_, A>,
         b: Mat<'_, B>,
         from: Option<*const f32>,
+        skip: Skip,
     ) {
         // SAFETY: as the caller vouches.
         unsafe {
             match path {
                 #[cfg(target_os = "linux")]
                 HalfPath::Amx => amx::gemm(c, ldc, a, b, from.is_some()),
-                _ => native::gemm(c, ldc, a, b, from),
+                _ => native::gemm(c, ldc, a, b, from, skip),
             }
         }
     }
@@ -472,10 +567,10 @@ unsafe fn native_gemm(
     // its slice) and that the processor has the path, and vouches for dst.
     unsafe {
         match (a, b) {
-            (HalfOperand::F32(a), HalfOperand::F32(b)) => run(path, c, ldc, a, b, from),
-            (HalfOperand::F32(a), HalfOperand::Bf16(b)) => run(path, c, ldc, a, b, from),
-            (HalfOperand::Bf16(a), HalfOperand::F32(b)) => run(path, c, ldc, a, b, from),
-            (HalfOperand::Bf16(a), HalfOperand::Bf16(b)) => run(path, c, ldc, a, b, from),
+            (HalfOperand::F32(a), HalfOperand::F32(b)) => run(path, c, ldc, a, b, from, skip),
+            (HalfOperand::F32(a), HalfOperand::Bf16(b)) => run(path, c, ldc, a, b, from, skip),
+            (HalfOperand::Bf16(a), HalfOperand::F32(b)) => run(path, c, ldc, a, b, from, skip),
+            (HalfOperand::Bf16(a), HalfOperand::Bf16(b)) => run(path, c, ldc, a, b, from, skip),
             _ => {
                 return Err(NnError::Stage(format!(
                     "{what}: no native path for f16 operands"
@@ -488,6 +583,7 @@ unsafe fn native_gemm(
 
 /// The native bf16 GEMM: none off x86-64 ([`HalfPath::available`] is false there).
 #[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
 unsafe fn native_gemm(
     _path: HalfPath,
     _c: *mut f32,
@@ -495,6 +591,7 @@ unsafe fn native_gemm(
     _a: HalfOperand<'_>,
     _b: HalfOperand<'_>,
     _from: Option<*const f32>,
+    _skip: Skip,
     what: &str,
 ) -> Result<(), NnError> {
     Err(NnError::Stage(format!("{what}: no native bf16 GEMM")))
@@ -1362,7 +1459,8 @@ mod tests {
                             ldc: n,
                         };
                         let (a, b) = (a.operand(), b.operand());
-                        gemm_half_raw(path, half, out, a, b, Start::Other(&start), "t").unwrap();
+                        gemm_half_raw(path, half, out, a, b, Start::Other(&start), Skip::None, "t")
+                            .unwrap();
                     }
                     // SAFETY: initialized to NaN, then (all of it, checked here) by the GEMM.
                     let got: Vec<u32> = got
@@ -1390,6 +1488,80 @@ mod tests {
             err.contains("a start of 5 elements for a product of 6"),
             "{err}"
         );
+    }
+
+    /// The bits of `a·b` on `path` in bf16 leaving out what `skip` says (NaN where nothing
+    /// was written).
+    fn skipping(path: HalfPath, a: &Operand, b: &Operand, skip: Skip) -> Vec<u32> {
+        let (m, n) = (a.rows, b.cols);
+        let mut got = vec![MaybeUninit::new(f32::NAN); m * n];
+        // SAFETY: got is a live slice of m · n elements.
+        unsafe {
+            let out = Dst {
+                ptr: got.as_mut_ptr().cast(),
+                len: m * n,
+                ldc: n,
+            };
+            let (a, b) = (a.operand(), b.operand());
+            gemm_half_raw(path, Half::Bf16, out, a, b, Start::Zero, skip, "t").unwrap();
+        }
+        // SAFETY: initialized to NaN, then by the GEMM.
+        got.iter()
+            .map(|v| unsafe { v.assume_init() }.to_bits())
+            .collect()
+    }
+
+    #[test]
+    fn leaving_out_the_causal_zeros_changes_no_wanted_value() {
+        // Triangular A, and a causal output, against the full product on every path, bit for
+        // bit: tiles cut at the diagonal, rows across the native kernel's blocks (308 rows)
+        // and steps of k across them (1024 steps), odd sizes.
+        type Zero = fn(usize, usize) -> bool;
+        let triangles: [(Skip, Zero); 2] =
+            [(Skip::ALower, |i, l| l > i), (Skip::AUpper, |i, l| l < i)];
+        for path in paths(Half::Bf16) {
+            for (s, &(m, n)) in [(33, 17), (45, 37), (128, 64), (330, 33), (1100, 20)]
+                .iter()
+                .enumerate()
+            {
+                let mut rng = ChaCha8Rng::seed_from_u64(s as u64);
+                let (rm, bf) = (Layout::RowMajor, Kind::Bf16);
+                let mut a = Operand::new(&mut rng, m, m, rm, Kind::F32, Half::Bf16);
+                let b = Operand::new(&mut rng, m, n, rm, bf, Half::Bf16);
+                let full = a.f32s.clone();
+                for (skip, zero) in triangles {
+                    for i in 0..m {
+                        for l in 0..m {
+                            a.f32s[i * m + l] = if zero(i, l) { 0.0 } else { full[i * m + l] };
+                        }
+                    }
+                    let want = skipping(path, &a, &b, Skip::None);
+                    let got = skipping(path, &a, &b, skip);
+                    assert_eq!(got, want, "{path:?} {skip:?} [{m}, {m}, {n}]");
+                }
+                if m > 400 {
+                    continue;
+                }
+                // q kᵀ: the output's entries on and below the diagonal, and every one written.
+                a.f32s = full;
+                let kt = Operand::new(&mut rng, 40, m, Layout::Transposed, bf, Half::Bf16);
+                let q = Operand::new(&mut rng, m, 40, rm, bf, Half::Bf16);
+                let want = skipping(path, &q, &kt, Skip::None);
+                let got = skipping(path, &q, &kt, Skip::AboveDiagonal);
+                for i in 0..m {
+                    let row = i * m..i * m + m;
+                    assert_eq!(
+                        got[row.start..=row.start + i],
+                        want[row.start..=row.start + i],
+                        "{path:?} row {i} of {m}"
+                    );
+                    assert!(
+                        got[row].iter().all(|&x| !f32::from_bits(x).is_nan()),
+                        "{path:?} row {i} of {m}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

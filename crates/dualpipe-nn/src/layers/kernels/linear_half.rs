@@ -5,7 +5,7 @@ use candle_core::{DType, Tensor};
 use half::{bf16, f16};
 
 use super::gemm::{linear_start, residual_checked, weight_gradient_dims, Mat};
-use super::half::{gemm_half, gemm_half_from, gemm_half_to, HalfOperand};
+use super::half::{gemm_half, gemm_half_from, gemm_half_to, HalfOperand, Skip};
 use super::{dims2, read, tensor, Uninit};
 use crate::error::NnError;
 use crate::precision::Half;
@@ -77,7 +77,7 @@ fn half_product(
                 Start::Of(t) => read::<f32, _>(t, what, |s| {
                     gemm_half_from(half, dst.slots(), s, a, b, what)
                 })??,
-                _ => gemm_half_to(half, dst.slots(), n, a, b, what)?,
+                _ => gemm_half_to(half, dst.slots(), n, a, b, Skip::None, what)?,
             }
             // SAFETY: the product wrote all len = m · n elements.
             Ok(unsafe { dst.assume_init() })

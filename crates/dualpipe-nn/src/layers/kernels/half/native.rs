@@ -36,6 +36,7 @@ use std::cell::RefCell;
 use half::bf16;
 
 use super::super::gemm::Mat;
+use super::Skip;
 
 /// Rows of the microkernel's tile.
 pub(super) const MR: usize = 14;
@@ -388,7 +389,8 @@ unsafe fn pack_panels<T: Src>(
 }
 
 /// `c[i·ldc + j] = from[i·ldc + j] + (a·b)[i, j]` for `i < a.rows`, `j < b.cols` (`from`
-/// may be `c` itself: accumulation), or `(a·b)[i, j]` when there is no `from`.
+/// may be `c` itself: accumulation), or `(a·b)[i, j]` when there is no `from`; each tile
+/// runs over the pairs of `k` steps that `skip` says it needs (no pairs: the start alone).
 ///
 /// # Safety
 ///
@@ -402,6 +404,7 @@ pub(super) unsafe fn gemm<A: Src, B: Src>(
     a: Mat<'_, A>,
     b: Mat<'_, B>,
     from: Option<*const f32>,
+    skip: Skip,
 ) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     BUFS.with(|bufs| {
@@ -448,10 +451,12 @@ pub(super) unsafe fn gemm<A: Src, B: Src>(
                             let bp = bpack.add(jq * kp * NR);
                             for (iq, ir) in (0..mc).step_by(MR).enumerate() {
                                 let tile = (ic + ir) * ldc + jc + jr;
+                                let rows = (mc - ir).min(MR);
+                                let (lo, hi) = skip.pairs(ic + ir, rows, jc + jr, pc, kp);
                                 kernel(
-                                    kp,
-                                    apack.add(iq * kp * MR),
-                                    bp,
+                                    hi - lo,
+                                    apack.add((iq * kp + lo) * MR),
+                                    bp.add(lo * NR),
                                     c.add(tile),
                                     ldc,
                                     mc - ir,
