@@ -16,7 +16,9 @@ use crate::precision::Half;
 /// Its derivative is `Φ(x) + x φ(x)` with `φ(x) = exp(-x²/2) / √(2π)`. No parameters, so
 /// `backward_weight` does nothing.
 ///
-/// Under mixed precision ([`Gelu::set_half`]) the saved derivative is held in the half format.
+/// Under mixed precision ([`Gelu::set_half`]) the saved derivative is held in the half format,
+/// and the values and the input gradient come out in it: what follows a GELU is a `Linear`
+/// that reads its input (and its output gradient) in that format anyway.
 #[derive(Debug, Default)]
 pub struct Gelu {
     saved_derivative: HashMap<Chunk, Tensor>,
@@ -65,7 +67,7 @@ impl Gelu {
             NnError::Stage(format!("GELU: backward_input of {key} before its forward"))
         })?;
         match (dy.dtype(), d.dtype()) {
-            (DType::F32, DType::BF16 | DType::F16) => kernels::mul_widened(dy, &d, "GELU backward"),
+            (DType::F32, DType::BF16 | DType::F16) => kernels::mul_rounded(dy, &d, "GELU backward"),
             _ => kernels::mul(dy, &restore(&d)?, "GELU backward"),
         }
     }
@@ -96,6 +98,7 @@ mod tests {
         let v: Vec<f32> = (0..3000).map(|i| -6.0 + i as f32 * 4e-3).collect();
         let x = Tensor::from_vec(v, (30, 100), &Device::Cpu).unwrap();
         let bits = |t: &Tensor| -> Vec<u32> {
+            let t = t.to_dtype(DType::F32).unwrap();
             let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             v.iter().map(|x| x.to_bits()).collect()
         };

@@ -672,31 +672,38 @@ pub(crate) fn to_half(x: &Tensor, half: Half) -> Result<Tensor, NnError> {
 /// in L1 between the two passes over it.
 const PIECE: usize = 4096;
 
-/// `(gelu(x), gelu'(x))` for f32 `x`, the derivative rounded to `half` as it is made: the
-/// f32 GELU with fused multiply-adds (the values go to 16 bits: the next `Linear` rounds
-/// `gelu(x)`), then [`to_half`], without the f32 derivative tensor between them.
+/// `(gelu(x), gelu'(x))` for f32 `x`, both rounded to `half` as they are made (the next
+/// `Linear` reads `gelu(x)` in `half`, the backward the derivative): the f32 GELU with fused
+/// multiply-adds piece by piece, then [`to_half`]'s rounding, without f32 tensors between.
 pub(crate) fn gelu_forward_half(x: &Tensor, half: Half) -> Result<(Tensor, Tensor), NnError> {
     const WHAT: &str = "GELU forward (mixed precision)";
-    /// Each piece's derivative through `scratch`, then rounded into `d` by `round`.
-    fn pieces<H: candle_core::WithDType>(
+    /// Each piece's values and derivatives through f32 scratch, then rounded.
+    fn pieces<H: HalfElem>(
         x: &[f32],
-        round: fn(&[f32], &mut [MaybeUninit<H>]),
-    ) -> (Vec<f32>, Vec<H>) {
-        let mut y = Uninit::<f32>::new(x.len());
+        shape: &candle_core::Shape,
+    ) -> Result<(Tensor, Tensor), NnError> {
+        let mut y = Uninit::<H>::new(x.len());
         let mut d = Uninit::<H>::new(x.len());
-        let mut scratch = Uninit::<f32>::new(PIECE.min(x.len()));
-        for ((xs, ys), ds) in x
+        let mut ys = Uninit::<f32>::new(PIECE.min(x.len()));
+        let mut ds = Uninit::<f32>::new(PIECE.min(x.len()));
+        for ((xs, yh), dh) in x
             .chunks(PIECE)
             .zip(y.slots().chunks_mut(PIECE))
             .zip(d.slots().chunks_mut(PIECE))
         {
-            let tmp = &mut scratch.slots()[..xs.len()];
-            super::math::gelu_forward_fused_wide(xs, ys, tmp);
-            // SAFETY: gelu_forward wrote every slot of tmp.
-            round(unsafe { super::assume_init_mut(tmp) }, ds);
+            let (yt, dt) = (&mut ys.slots()[..xs.len()], &mut ds.slots()[..xs.len()]);
+            super::math::gelu_forward_fused_wide(xs, yt, dt);
+            // SAFETY: gelu_forward_fused_wide wrote every slot of yt and dt.
+            let (yt, dt) = unsafe { (super::assume_init_mut(yt), super::assume_init_mut(dt)) };
+            H::round(yt, yh);
+            H::round(dt, dh);
         }
         // SAFETY: every piece wrote its slots of y and d.
-        unsafe { (y.assume_init(), d.assume_init()) }
+        let (y, d) = unsafe { (y.assume_init(), d.assume_init()) };
+        Ok((
+            Tensor::from_vec(y, shape.clone(), &Device::Cpu).ctx(WHAT)?,
+            Tensor::from_vec(d, shape.clone(), &Device::Cpu).ctx(WHAT)?,
+        ))
     }
     if x.dtype() != DType::F32 {
         return Err(NnError::Stage(format!(
@@ -706,43 +713,34 @@ pub(crate) fn gelu_forward_half(x: &Tensor, half: Half) -> Result<(Tensor, Tenso
     }
     keep_freed_memory();
     let shape = x.shape().clone();
-    let (y, d) = match half {
-        Half::Bf16 => read::<f32, _>(x, WHAT, |x| {
-            let (y, d) = pieces(x, f32_to_bf16);
-            (y, Tensor::from_vec(d, shape.clone(), &Device::Cpu))
-        })?,
-        Half::F16 => read::<f32, _>(x, WHAT, |x| {
-            let (y, d) = pieces(x, f32_to_f16);
-            (y, Tensor::from_vec(d, shape.clone(), &Device::Cpu))
-        })?,
-    };
-    Ok((
-        Tensor::from_vec(y, shape, &Device::Cpu).ctx(WHAT)?,
-        d.ctx(WHAT)?,
-    ))
+    read::<f32, _>(x, WHAT, |x| match half {
+        Half::Bf16 => pieces::<bf16>(x, &shape),
+        Half::F16 => pieces::<f16>(x, &shape),
+    })?
 }
 
-/// `a ⊙ b` for f32 `a` and a half-precision `b` of the same shape, `b` widened exactly piece
-/// by piece: the values of `mul(a, to_f32(b))` without the widened tensor.
-pub(crate) fn mul_widened(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor, NnError> {
-    /// `a ⊙ widen(b)` through an f32 scratch piece.
-    fn pieces<H: candle_core::WithDType>(
-        a: &[f32],
-        b: &[H],
-        widen: fn(&[H], &mut [MaybeUninit<f32>]),
-    ) -> Vec<f32> {
-        let mut out = Uninit::<f32>::new(a.len());
-        let mut scratch = Uninit::<f32>::new(PIECE.min(a.len()));
+/// `a ⊙ b` for f32 `a` and a half-precision `b` of the same shape, rounded to `b`'s format:
+/// the values of `to_half(mul(a, to_f32(b)))`, piece by piece without the f32 tensors.
+pub(crate) fn mul_rounded(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor, NnError> {
+    /// `round(a ⊙ widen(b))` through f32 scratch pieces.
+    fn pieces<H: HalfElem>(a: &[f32], b: &[H]) -> Vec<H> {
+        let mut out = Uninit::<H>::new(a.len());
+        let mut wide = Uninit::<f32>::new(PIECE.min(a.len()));
+        let mut product = Uninit::<f32>::new(PIECE.min(a.len()));
         for ((av, bv), ov) in a
             .chunks(PIECE)
             .zip(b.chunks(PIECE))
             .zip(out.slots().chunks_mut(PIECE))
         {
-            let tmp = &mut scratch.slots()[..bv.len()];
-            widen(bv, tmp);
-            // SAFETY: widen wrote every slot of tmp.
-            let wide = unsafe { super::assume_init_mut(tmp) };
-            product_into(av, wide, ov);
+            let (w, p) = (
+                &mut wide.slots()[..bv.len()],
+                &mut product.slots()[..bv.len()],
+            );
+            H::widen(bv, w);
+            // SAFETY: widen wrote every slot of w.
+            product_into(av, unsafe { super::assume_init_mut(w) }, p);
+            // SAFETY: product_into wrote every slot of p.
+            H::round(unsafe { super::assume_init_mut(p) }, ov);
         }
         // SAFETY: every piece wrote its slots.
         unsafe { out.assume_init() }
@@ -756,15 +754,20 @@ pub(crate) fn mul_widened(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor, 
             b.dims()
         )));
     }
-    let out = read::<f32, _>(a, what, |a| match b.dtype() {
-        DType::BF16 => read::<bf16, _>(b, what, |b| pieces(a, b, bf16_to_f32)),
-        DType::F16 => read::<f16, _>(b, what, |b| pieces(a, b, f16_to_f32)),
-        other => Err(NnError::Stage(format!(
-            "{what}: {other:?} is not a half-precision type"
-        ))),
-    })??;
     keep_freed_memory();
-    Tensor::from_vec(out, a.shape().clone(), &Device::Cpu).ctx(what)
+    let shape = a.shape().clone();
+    if !matches!(b.dtype(), DType::BF16 | DType::F16) {
+        return Err(NnError::Stage(format!(
+            "{what}: {:?} is not a half-precision type",
+            b.dtype()
+        )));
+    }
+    let dev = &Device::Cpu;
+    read::<f32, _>(a, what, |a| match b.dtype() {
+        DType::BF16 => read::<bf16, _>(b, what, |b| Tensor::from_vec(pieces(a, b), &shape, dev)),
+        _ => read::<f16, _>(b, what, |b| Tensor::from_vec(pieces(a, b), &shape, dev)),
+    })??
+    .ctx(what)
 }
 
 wide_kernel! {
@@ -1903,15 +1906,20 @@ mod tests {
         let d0 = Tensor::from_vec(d0, v.len(), &Device::Cpu).unwrap();
         for half in [Half::Bf16, Half::F16] {
             let (y, d) = gelu_forward_half(&x, half).unwrap();
-            let d0 = to_half(&d0, half).unwrap();
-            assert_eq!(d.dtype(), half.dtype());
+            let (y0, d0) = (to_half(&y0, half).unwrap(), to_half(&d0, half).unwrap());
+            assert_eq!((y.dtype(), d.dtype()), (half.dtype(), half.dtype()));
             assert_eq!(bits(&y), bits(&y0), "{half:?} values");
             assert_eq!(bits(&d), bits(&d0), "{half:?} derivatives");
-            let p = mul_widened(&x, &d, "t").unwrap();
+            let p = mul_rounded(&x, &d, "t").unwrap();
             let p0 = super::super::mul(&x, &to_f32(&d).unwrap(), "t").unwrap();
-            assert_eq!(bits(&p), bits(&p0), "{half:?} product");
+            assert_eq!(p.dtype(), half.dtype());
+            assert_eq!(
+                bits(&p),
+                bits(&to_half(&p0, half).unwrap()),
+                "{half:?} product"
+            );
         }
-        let err = mul_widened(&x, &x, "t").unwrap_err().to_string();
+        let err = mul_rounded(&x, &x, "t").unwrap_err().to_string();
         assert!(err.contains("not a half-precision type"), "{err}");
         let err = gelu_forward_half(&x.to_dtype(DType::F64).unwrap(), Half::Bf16)
             .unwrap_err()

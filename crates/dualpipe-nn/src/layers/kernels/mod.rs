@@ -118,7 +118,7 @@ pub(crate) use gemm::{
 };
 #[doc(hidden)]
 pub use half::{bench_amx_peak, bench_gemm};
-pub(crate) use half::{gelu_forward_half, mul_widened, to_f32, to_half};
+pub(crate) use half::{gelu_forward_half, mul_rounded, to_f32, to_half};
 pub(crate) use linear_half::{
     linear_backward_input_half, linear_backward_weight_half, linear_forward_half,
 };
