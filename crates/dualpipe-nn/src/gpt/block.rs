@@ -168,19 +168,34 @@ impl Block {
     }
 
     /// Computes in mixed precision with `half` (the attention's and feed-forward's GEMMs and
-    /// saved tensors; the norms stay f32), or in the weights' dtype with `None`.
+    /// saved tensors; the norms compute in f32 and round their outputs for the GEMMs that read
+    /// them), or in the weights' dtype with `None`.
     pub fn set_half(&mut self, half: Option<Half>) -> Result<(), NnError> {
         self.attn.set_half(half)?;
         match &mut self.mlp {
-            FeedForward::Dense(m) => m.set_half(half),
-            FeedForward::Moe(m) => m.set_half(half),
+            FeedForward::Dense(m) => m.set_half(half)?,
+            FeedForward::Moe(m) => m.set_half(half)?,
         }
+        self.set_norm_outputs();
+        Ok(())
+    }
+
+    /// Each norm gives its output in the format its reader reads it in: the qkv projection's
+    /// and (dense) fc1's; an MoE layer's router reads f32.
+    fn set_norm_outputs(&mut self) {
+        self.norm1.set_output_half(self.attn.input_half());
+        self.norm2.set_output_half(match &self.mlp {
+            FeedForward::Dense(m) => m.input_half(),
+            FeedForward::Moe(_) => None,
+        });
     }
 
     /// Whether the attention projections' GEMMs follow the mixed-precision format too (see
     /// [`CausalSelfAttention::set_half_projections`](crate::layers::CausalSelfAttention::set_half_projections)).
     pub fn set_half_projections(&mut self, on: bool) -> Result<(), NnError> {
-        self.attn.set_half_projections(on)
+        self.attn.set_half_projections(on)?;
+        self.set_norm_outputs();
+        Ok(())
     }
 
     /// What the block's forwards keep from now on (set it between steps: chunks already

@@ -95,6 +95,11 @@ impl CausalSelfAttention {
         self.proj.set_half(half)
     }
 
+    /// The format the qkv projection reads its input in (`None`: the weights' dtype).
+    pub fn input_half(&self) -> Option<Half> {
+        self.qkv.half()
+    }
+
     /// The qkv weight, then the output projection's.
     pub fn params(&self) -> Vec<&Param> {
         let mut p = self.qkv.params();

@@ -42,6 +42,11 @@ impl Mlp {
         self.fc2.set_half(half)
     }
 
+    /// The format `fc1` reads its input in (`None`: the weights' dtype).
+    pub fn input_half(&self) -> Option<Half> {
+        self.fc1.half()
+    }
+
     /// fc1's weight, then fc2's.
     pub fn params(&self) -> Vec<&Param> {
         let mut p = self.fc1.params();

@@ -2,11 +2,12 @@
 
 use std::collections::HashMap;
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use dualpipe_schedule::Chunk;
 
 use super::{kernels, tensor_bytes, Param};
 use crate::error::NnError;
+use crate::precision::Half;
 
 /// The `eps` added to the mean square (PyTorch's `nn.RMSNorm(d, eps=1e-5)`).
 pub const RMS_NORM_EPS: f64 = 1e-5;
@@ -18,6 +19,9 @@ pub const RMS_NORM_EPS: f64 = 1e-5;
 #[derive(Debug)]
 pub struct RmsNorm {
     weight: Param,
+    /// The format the output is rounded to (what reads it reads it so), or `None`: the
+    /// input's dtype.
+    output: Option<Half>,
     saved_input: HashMap<Chunk, (Tensor, Tensor)>,
     saved_grad: HashMap<Chunk, (Tensor, Tensor, Tensor)>,
 }
@@ -33,6 +37,7 @@ impl RmsNorm {
         }
         Ok(RmsNorm {
             weight: Param::new(weight)?,
+            output: None,
             saved_input: HashMap::new(),
             saved_grad: HashMap::new(),
         })
@@ -48,14 +53,32 @@ impl RmsNorm {
         vec![&mut self.weight]
     }
 
+    /// Rounds the output to `half` as it is made (mixed precision, when what reads it reads
+    /// it in that format: the same values, without an f32 tensor between), or gives it in the
+    /// input's dtype (`None`, the default). The norm itself, its saved input and its
+    /// gradients stay in the input's dtype.
+    pub fn set_output_half(&mut self, half: Option<Half>) {
+        self.output = half;
+    }
+
     /// The normalized rows without saving anything.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor, NnError> {
-        Ok(kernels::rms_norm_forward(x, &self.weight.value, RMS_NORM_EPS)?.0)
+        Ok(self.normalize(x)?.0)
+    }
+
+    /// `(y, 1/rms)`, `y` in the output format.
+    fn normalize(&self, x: &Tensor) -> Result<(Tensor, Tensor), NnError> {
+        match self.output {
+            Some(h) if x.dtype() == DType::F32 => {
+                kernels::rms_norm_forward_half(x, &self.weight.value, RMS_NORM_EPS, h)
+            }
+            _ => kernels::rms_norm_forward(x, &self.weight.value, RMS_NORM_EPS),
+        }
     }
 
     /// The normalized rows; keeps `x` and `1/rms` for the chunk's backward.
     pub fn forward(&mut self, key: Chunk, x: &Tensor) -> Result<Tensor, NnError> {
-        let (y, inv) = kernels::rms_norm_forward(x, &self.weight.value, RMS_NORM_EPS)?;
+        let (y, inv) = self.normalize(x)?;
         self.saved_input.insert(key, (x.clone(), inv));
         Ok(y)
     }

@@ -122,7 +122,9 @@ pub(crate) use half::{gelu_forward_half, mul_rounded, to_f32, to_half};
 pub(crate) use linear_half::{
     linear_backward_input_half, linear_backward_weight_half, linear_forward_half,
 };
-pub(crate) use norm::{rms_norm_backward_input, rms_norm_backward_weight, rms_norm_forward};
+pub(crate) use norm::{
+    rms_norm_backward_input, rms_norm_backward_weight, rms_norm_forward, rms_norm_forward_half,
+};
 pub(crate) use optim::{adamw, sgd, AdamWStep};
 pub(crate) use token::{cross_entropy, embedding_backward_weight, embedding_forward};
 

@@ -1,11 +1,14 @@
 //! RMSNorm with a weight: `y = x / rms(x) ⊙ w`, `rms(x) = √(mean(x²) + eps)` per row.
 
-use candle_core::Tensor;
+use candle_core::{DType, Device, Tensor};
+use half::{bf16, f16};
 
 use std::mem::MaybeUninit;
 
-use super::{dims2, read, tensor, unsupported, Elem, Uninit};
-use crate::error::NnError;
+use super::half::HalfElem;
+use super::{assume_init_mut, dims2, read, tensor, unsupported, Elem, Uninit};
+use crate::error::{NnError, TensorContext};
+use crate::precision::Half;
 
 fn check_weight(x: &Tensor, w: &Tensor, what: &str) -> Result<(usize, usize), NnError> {
     let (n, d) = dims2(x, what)?;
@@ -44,6 +47,56 @@ fn rms_norm_forward_t<T: Elem>(
         })
     })??;
     Ok((tensor(y, (n, d), WHAT)?, tensor(inv, n, WHAT)?))
+}
+
+/// `(y, inv_rms)` as [`rms_norm_forward`] for f32 `x` and `w`, `y` rounded to `half` row
+/// block by row block as it is made (for a GEMM that reads it in that format): the values of
+/// `to_half(y)` without the f32 `y`.
+pub(crate) fn rms_norm_forward_half(
+    x: &Tensor,
+    w: &Tensor,
+    eps: f64,
+    half: Half,
+) -> Result<(Tensor, Tensor), NnError> {
+    match half {
+        Half::Bf16 => forward_half::<bf16>(x, w, eps),
+        Half::F16 => forward_half::<f16>(x, w, eps),
+    }
+}
+
+/// Rows per block of [`rms_norm_forward_half`]'s f32 scratch.
+const ROWS: usize = 8;
+
+fn forward_half<H: HalfElem>(
+    x: &Tensor,
+    w: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor), NnError> {
+    const WHAT: &str = "RMSNorm forward (mixed precision)";
+    if x.dtype() != DType::F32 {
+        return Err(unsupported(x.dtype(), WHAT));
+    }
+    let (n, d) = check_weight(x, w, WHAT)?;
+    let (eps, inv_d) = (eps as f32, 1.0 / d as f32);
+    let (y, inv) = read::<f32, _>(x, WHAT, |x| {
+        read::<f32, _>(w, WHAT, |w| {
+            let mut y = Uninit::<H>::new(n * d);
+            let mut scratch = Uninit::<f32>::new(ROWS.min(n) * d);
+            let mut inv = Vec::with_capacity(n);
+            for (xs, ys) in x.chunks(ROWS * d).zip(y.slots().chunks_mut(ROWS * d)) {
+                let tmp = &mut scratch.slots()[..xs.len()];
+                inv.extend(forward_rows(xs, w, tmp, inv_d, eps));
+                // SAFETY: forward_rows wrote every row of tmp.
+                H::round(unsafe { assume_init_mut(tmp) }, ys);
+            }
+            // SAFETY: every block of rows was rounded into y.
+            (unsafe { y.assume_init() }, inv)
+        })
+    })??;
+    Ok((
+        Tensor::from_vec(y, (n, d), &Device::Cpu).ctx(WHAT)?,
+        tensor(inv, n, WHAT)?,
+    ))
 }
 
 /// `dx (+ residual)` for the output gradient `g`: with `x̂ = x / rms` and `u = g ⊙ w`,
@@ -200,5 +253,47 @@ fn weight_rows_inline<T: Elem>(g: &[T], x: &[T], inv: &[T], dw: &mut [T]) {
         for ((o, &gv), &xv) in dw.iter_mut().zip(gr).zip(xr) {
             *o += gv * xv * iv;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device, Tensor};
+
+    use super::*;
+
+    /// The rounded output is bit for bit the f32 output rounded, over several blocks of rows
+    /// and a partial one, and `1/rms` is the f32 one.
+    #[test]
+    fn the_half_output_is_the_f32_output_rounded() {
+        let (n, d) = (2 * ROWS + 3, 40);
+        let x: Vec<f32> = (0..n * d)
+            .map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0)
+            .collect();
+        let w: Vec<f32> = (0..d).map(|i| 0.5 + i as f32 / 31.0).collect();
+        let x = Tensor::from_vec(x, (n, d), &Device::Cpu).unwrap();
+        let w = Tensor::from_vec(w, d, &Device::Cpu).unwrap();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            let t = t.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
+            t.to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        let (y, inv) = rms_norm_forward(&x, &w, 1e-5).unwrap();
+        for half in [Half::Bf16, Half::F16] {
+            let (yh, invh) = rms_norm_forward_half(&x, &w, 1e-5, half).unwrap();
+            assert_eq!(yh.dtype(), half.dtype());
+            assert_eq!(
+                bits(&yh),
+                bits(&y.to_dtype(half.dtype()).unwrap()),
+                "{half:?}"
+            );
+            assert_eq!(bits(&invh), bits(&inv), "{half:?}");
+        }
+        let x64 = x.to_dtype(DType::F64).unwrap();
+        let err = rms_norm_forward_half(&x64, &w, 1e-5, Half::Bf16).unwrap_err();
+        assert!(err.to_string().contains("F64"), "{err}");
     }
 }
