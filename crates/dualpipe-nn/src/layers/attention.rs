@@ -95,6 +95,12 @@ impl CausalSelfAttention {
         self.proj.set_half(half)
     }
 
+    /// Whether the kernel gives its output in the half format: the output projection reads it
+    /// so.
+    fn out_half(&self) -> bool {
+        self.proj.half().is_some()
+    }
+
     /// The format the qkv projection reads its input in (`None`: the weights' dtype).
     pub fn input_half(&self) -> Option<Half> {
         self.qkv.half()
@@ -122,7 +128,7 @@ impl CausalSelfAttention {
         residual: Option<&Tensor>,
     ) -> Result<Tensor, NnError> {
         let qkv = self.qkv.apply(x)?;
-        let (o, _) = kernels::attention_forward(&qkv, seq, self.heads, self.half)?;
+        let (o, _) = kernels::attention_forward(&qkv, seq, self.heads, self.half, self.out_half())?;
         self.proj.apply_plus(&o, residual)
     }
 
@@ -137,7 +143,8 @@ impl CausalSelfAttention {
         // Under mixed precision q, k and v are rounded once, kept, and read by the kernel as
         // they are; the probabilities come back in the half format.
         let qkv = store(&self.qkv.forward(key, x)?, self.half)?;
-        let (o, probs) = kernels::attention_forward(&qkv, seq, self.heads, self.half)?;
+        let (o, probs) =
+            kernels::attention_forward(&qkv, seq, self.heads, self.half, self.out_half())?;
         self.saved.insert(key, (qkv, probs, seq));
         self.proj.forward_plus(key, &o, residual)
     }
@@ -150,7 +157,10 @@ impl CausalSelfAttention {
             ))
         })?;
         let d_out = self.proj.backward_input(key, dy)?;
-        let d_qkv = kernels::attention_backward(&d_out, &qkv, &probs, seq, self.heads, self.half)?;
+        // The qkv projection reads its output gradient in its own format.
+        let round = self.qkv.half().is_some();
+        let d_qkv =
+            kernels::attention_backward(&d_out, &qkv, &probs, seq, self.heads, self.half, round)?;
         self.qkv.backward_input(key, &d_qkv)
     }
 

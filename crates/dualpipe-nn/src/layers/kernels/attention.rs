@@ -11,6 +11,8 @@
 
 use candle_core::Tensor;
 
+use std::mem::MaybeUninit;
+
 use candle_core::{DType, Device};
 use half::{bf16, f16};
 
@@ -64,13 +66,15 @@ impl Geometry {
 /// `(out, probs)`: `out [rows·seq, d]` holds every head's `softmax(q kᵀ / √hd + causal) v`,
 /// `probs [seqs·heads·seq·seq]` the attention probabilities (zero above the diagonal). With
 /// `half` set (mixed precision) `qkv` is f32 or already in the half format, the two products
-/// read it (and the probabilities) rounded to that format, `out` is f32 and `probs` are in
-/// the half format.
+/// read it (and the probabilities) rounded to that format, `probs` are in the half format and
+/// `out` is f32, or in the half format too with `round_out` (for a projection that reads it
+/// so); `round_out` means nothing without `half`.
 pub(crate) fn attention_forward(
     qkv: &Tensor,
     seq: usize,
     heads: usize,
     half: Option<Half>,
+    round_out: bool,
 ) -> Result<(Tensor, Tensor), NnError> {
     const WHAT: &str = "attention";
     match half {
@@ -78,8 +82,8 @@ pub(crate) fn attention_forward(
         Some(h) => {
             let qkv = in_half(qkv, h, WHAT)?;
             match h {
-                Half::Bf16 => forward_half::<bf16>(&qkv, seq, heads),
-                Half::F16 => forward_half::<f16>(&qkv, seq, heads),
+                Half::Bf16 => forward_half::<bf16>(&qkv, seq, heads, round_out),
+                Half::F16 => forward_half::<f16>(&qkv, seq, heads, round_out),
             }
         }
     }
@@ -149,18 +153,20 @@ fn forward_half<H: HalfElem>(
     qkv: &Tensor,
     seq: usize,
     heads: usize,
+    round_out: bool,
 ) -> Result<(Tensor, Tensor), NnError> {
     const WHAT: &str = "attention forward (mixed precision)";
     let g = Geometry::new(qkv, seq, heads, WHAT)?;
     let (t, d, hd) = (g.seq, g.d, g.head_dim());
     let scale = g.scale() as f32;
-    let mut out = Uninit::<f32>::new(g.seqs * t * d);
+    let mut out = Output::<H>::new(round_out, g.seqs, t * d);
     let mut probs = Uninit::<H>::new(g.seqs * heads * t * t);
     let mut scores = Uninit::<f32>::new(t * t);
     read::<H, _>(qkv, WHAT, |qkv| {
-        let (out, probs) = (out.slots(), probs.slots());
+        let probs = probs.slots();
         for s in 0..g.seqs {
             let base = s * t * 3 * d;
+            let out_s = out.sequence(s);
             for h in 0..heads {
                 let q = Mat::strided(&qkv[base + h * hd..], t, hd, 3 * d, 1);
                 let k = Mat::strided(&qkv[base + d + h * hd..], t, hd, 3 * d, 1);
@@ -178,19 +184,81 @@ fn forward_half<H: HalfElem>(
                 let p = unsafe { assume_init_mut(p) };
                 // This head's columns of the output rows, written in place.
                 let (pm, v) = (H::operand(Mat::new(p, t, t)), H::operand(v));
-                let o = &mut out[s * t * d + h * hd..];
-                gemm_half_to(H::HALF, o, d, pm, v, Skip::ALower, WHAT)?;
+                gemm_half_to(H::HALF, &mut out_s[h * hd..], d, pm, v, Skip::ALower, WHAT)?;
             }
+            // SAFETY: the heads wrote their hd columns of the sequence's t rows, all of them.
+            unsafe { out.written(s) };
         }
         Ok::<_, NnError>(())
     })??;
-    // SAFETY: every (sequence, head) wrote its t x t probabilities and its hd columns of the
-    // sequence's t output rows, which together cover both buffers.
-    let (out, probs) = unsafe { (out.assume_init(), probs.assume_init()) };
+    // SAFETY: every (sequence, head) wrote its t x t probabilities and every sequence its
+    // output rows.
+    let (out, probs) = unsafe { (out.tensor((g.seqs * t, d), WHAT)?, probs.assume_init()) };
     Ok((
-        tensor(out, (g.seqs * t, d), WHAT)?,
+        out,
         Tensor::from_vec(probs, g.seqs * heads * t * t, &Device::Cpu).ctx(WHAT)?,
     ))
+}
+
+/// Where a mixed-precision attention writes its output (`out` or `dqkv`), sequence by
+/// sequence: straight into an f32 tensor, or into one sequence's f32 scratch that is then
+/// rounded into a half-precision tensor (for a GEMM that reads it in that format: the
+/// values of rounding the f32 tensor, without it).
+enum Output<H> {
+    /// The f32 output, `len` elements per sequence.
+    F32(Uninit<f32>, usize),
+    /// One sequence's f32 scratch, and the rounded output.
+    Rounded(Uninit<f32>, Uninit<H>),
+}
+
+impl<H: HalfElem> Output<H> {
+    /// Room for `seqs` sequences of `len` elements, rounded to `H` when `round`.
+    fn new(round: bool, seqs: usize, len: usize) -> Self {
+        if round {
+            Output::Rounded(Uninit::new(len), Uninit::new(seqs * len))
+        } else {
+            Output::F32(Uninit::new(seqs * len), len)
+        }
+    }
+
+    /// The f32 slots of sequence `s`.
+    fn sequence(&mut self, s: usize) -> &mut [MaybeUninit<f32>] {
+        match self {
+            Output::F32(out, len) => &mut out.slots()[s * *len..][..*len],
+            Output::Rounded(scratch, _) => scratch.slots(),
+        }
+    }
+
+    /// Sequence `s` is written: rounds it into place.
+    ///
+    /// # Safety
+    ///
+    /// Every slot of [`Output::sequence`]`(s)` was written.
+    unsafe fn written(&mut self, s: usize) {
+        if let Output::Rounded(scratch, out) = self {
+            let len = scratch.slots().len();
+            // SAFETY: the caller vouches for the scratch.
+            let wide = unsafe { assume_init_mut(scratch.slots()) };
+            H::round(wide, &mut out.slots()[s * len..][..len]);
+        }
+    }
+
+    /// The output tensor of `shape`.
+    ///
+    /// # Safety
+    ///
+    /// Every sequence was [`Output::written`].
+    unsafe fn tensor(self, shape: (usize, usize), what: &str) -> Result<Tensor, NnError> {
+        // SAFETY: as the caller vouches.
+        unsafe {
+            match self {
+                Output::F32(out, _) => tensor(out.assume_init(), shape, what),
+                Output::Rounded(_, out) => {
+                    Tensor::from_vec(out.assume_init(), shape, &Device::Cpu).ctx(what)
+                }
+            }
+        }
+    }
 }
 
 wide_kernel! {
@@ -234,7 +302,8 @@ fn softmax_causal<T: Elem>(row: &mut [T], i: usize, scale: T) {
 /// and `probs`: `dv = Pᵀ do`, `dS = P ⊙ (dP − rowsum(dP ⊙ P))` with `dP = do vᵀ`,
 /// `dq = dS k / √hd`, `dk = dSᵀ q / √hd`. With `half` set (mixed precision) `dout` is f32,
 /// `qkv` and `probs` f32 or already in the half format, and the four products read their
-/// operands rounded to that format; `dqkv` is f32.
+/// operands rounded to that format; `dqkv` is f32, or in the half format with `round_out` (for
+/// a projection that reads it so); `round_out` means nothing without `half`.
 pub(crate) fn attention_backward(
     dout: &Tensor,
     qkv: &Tensor,
@@ -242,6 +311,7 @@ pub(crate) fn attention_backward(
     seq: usize,
     heads: usize,
     half: Option<Half>,
+    round_out: bool,
 ) -> Result<Tensor, NnError> {
     const WHAT: &str = "attention backward";
     match half {
@@ -253,8 +323,8 @@ pub(crate) fn attention_backward(
         Some(h) => {
             let (qkv, probs) = (in_half(qkv, h, WHAT)?, in_half(probs, h, WHAT)?);
             match h {
-                Half::Bf16 => backward_half::<bf16>(dout, &qkv, &probs, seq, heads),
-                Half::F16 => backward_half::<f16>(dout, &qkv, &probs, seq, heads),
+                Half::Bf16 => backward_half::<bf16>(dout, &qkv, &probs, seq, heads, round_out),
+                Half::F16 => backward_half::<f16>(dout, &qkv, &probs, seq, heads, round_out),
             }
         }
     }
@@ -321,20 +391,21 @@ fn backward_half<H: HalfElem>(
     probs: &Tensor,
     seq: usize,
     heads: usize,
+    round_out: bool,
 ) -> Result<Tensor, NnError> {
     const WHAT: &str = "attention backward (mixed precision)";
     let g = Geometry::new(qkv, seq, heads, WHAT)?;
     let (t, d, hd) = (g.seq, g.d, g.head_dim());
     check_backward(&g, dout, probs, qkv, WHAT)?;
     let scale = g.scale() as f32;
-    let mut dqkv = Uninit::<f32>::new(g.seqs * t * 3 * d);
+    let mut dqkv = Output::<H>::new(round_out, g.seqs, t * 3 * d);
     let (mut ds, mut pw) = (Uninit::<f32>::new(t * t), Uninit::<f32>::new(t * t));
     read::<f32, _>(dout, WHAT, |dout| {
         read::<H, _>(qkv, WHAT, |qkv| {
             read::<H, _>(probs, WHAT, |probs| {
-                let dqkv = dqkv.slots();
                 for s in 0..g.seqs {
                     let base = s * t * 3 * d;
+                    let dqkv_s = dqkv.sequence(s);
                     for h in 0..heads {
                         let q = H::operand(Mat::strided(&qkv[base + h * hd..], t, hd, 3 * d, 1));
                         let k = Mat::strided(&qkv[base + d + h * hd..], t, hd, 3 * d, 1);
@@ -344,9 +415,9 @@ fn backward_half<H: HalfElem>(
                         let p = &probs[(s * heads + h) * t * t..][..t * t];
                         let pt = H::operand(Mat::new(p, t, t).t());
                         // This head's columns of q's, k's or v's third, written in place.
-                        let third = |third: usize| base + third * d + h * hd;
+                        let third = |third: usize| third * d + h * hd;
                         // dv = Pᵀ do
-                        let dv = &mut dqkv[third(2)..];
+                        let dv = &mut dqkv_s[third(2)..];
                         gemm_half_to(H::HALF, dv, 3 * d, pt, dout_h, Skip::AUpper, WHAT)?;
                         // dP = do vᵀ, then dS in place.
                         let (ds, pw) = (ds.slots(), pw.slots());
@@ -360,20 +431,21 @@ fn backward_half<H: HalfElem>(
                         softmax_backward(ds, pw, t, scale);
                         let dsm = Mat::new(ds, t, t);
                         let (dsm, dsmt) = (HalfOperand::F32(dsm), HalfOperand::F32(dsm.t()));
-                        let dq = &mut dqkv[third(0)..];
+                        let dq = &mut dqkv_s[third(0)..];
                         gemm_half_to(H::HALF, dq, 3 * d, dsm, H::operand(k), Skip::ALower, WHAT)?;
-                        let dk = &mut dqkv[third(1)..];
+                        let dk = &mut dqkv_s[third(1)..];
                         gemm_half_to(H::HALF, dk, 3 * d, dsmt, q, Skip::AUpper, WHAT)?;
                     }
+                    // SAFETY: the heads wrote their hd columns of each third of the
+                    // sequence's t rows, all of them.
+                    unsafe { dqkv.written(s) };
                 }
                 Ok::<_, NnError>(())
             })
         })
     })????;
-    // SAFETY: every (sequence, head) wrote its hd columns of each third of the sequence's t
-    // rows, which together cover the buffer.
-    let dqkv = unsafe { dqkv.assume_init() };
-    tensor(dqkv, (g.seqs * t, 3 * d), WHAT)
+    // SAFETY: every sequence was written.
+    unsafe { dqkv.tensor((g.seqs * t, 3 * d), WHAT) }
 }
 
 /// An error unless the output gradient and the probabilities fit `qkv`'s geometry.
@@ -450,12 +522,12 @@ mod tests {
         let qkv = Tensor::from_vec(vals, (n, 3 * d), &Device::Cpu).unwrap();
         let qkv_r = Tensor::from_vec(rounded, (n, 3 * d), &Device::Cpu).unwrap();
         let qkv_h = qkv.to_dtype(candle_core::DType::BF16).unwrap();
-        let (out_m, p_m) = attention_forward(&qkv, seq, heads, Some(Half::Bf16)).unwrap();
-        let (out_r, p_r) = attention_forward(&qkv_r, seq, heads, None).unwrap();
-        let (out_x, p_x) = attention_forward(&qkv, seq, heads, None).unwrap();
+        let (out_m, p_m) = attention_forward(&qkv, seq, heads, Some(Half::Bf16), false).unwrap();
+        let (out_r, p_r) = attention_forward(&qkv_r, seq, heads, None, false).unwrap();
+        let (out_x, p_x) = attention_forward(&qkv, seq, heads, None, false).unwrap();
         // The probabilities come back in bf16; qkv given already rounded gives the same bits.
         assert_eq!(p_m.dtype(), candle_core::DType::BF16);
-        let (out_h, p_h) = attention_forward(&qkv_h, seq, heads, Some(Half::Bf16)).unwrap();
+        let (out_h, p_h) = attention_forward(&qkv_h, seq, heads, Some(Half::Bf16), false).unwrap();
         assert_eq!(max_diff(&out_h, &out_m), 0.0);
         assert_eq!(max_diff(&wide(&p_h), &wide(&p_m)), 0.0);
         // The scores are products of the rounded q and k (exact in f32): the probabilities
@@ -489,15 +561,26 @@ mod tests {
             &Device::Cpu,
         )
         .unwrap();
-        let g_m = attention_backward(&dout, &qkv, &p_m, seq, heads, Some(Half::Bf16)).unwrap();
-        let g_h = attention_backward(&dout, &qkv_h, &p_h, seq, heads, Some(Half::Bf16)).unwrap();
-        let g_r = attention_backward(&dout, &qkv_r, &p_r, seq, heads, None).unwrap();
+        let g_m =
+            attention_backward(&dout, &qkv, &p_m, seq, heads, Some(Half::Bf16), false).unwrap();
+        let g_h =
+            attention_backward(&dout, &qkv_h, &p_h, seq, heads, Some(Half::Bf16), false).unwrap();
+        let g_r = attention_backward(&dout, &qkv_r, &p_r, seq, heads, None, false).unwrap();
         assert_eq!(g_m.dtype(), candle_core::DType::F32);
         assert_eq!(max_diff(&g_m, &g_h), 0.0);
         assert!(max_diff(&g_m, &g_r) < 5e-2, "{}", max_diff(&g_m, &g_r));
+        // Rounded outputs: the f32 outputs rounded, bit for bit.
+        let (out_o, _) = attention_forward(&qkv, seq, heads, Some(Half::Bf16), true).unwrap();
+        let g_o = attention_backward(&dout, &qkv, &p_m, seq, heads, Some(Half::Bf16), true);
+        let g_o = g_o.unwrap();
+        assert_eq!(out_o.dtype(), candle_core::DType::BF16);
+        assert_eq!(g_o.dtype(), candle_core::DType::BF16);
+        let bf = |t: &Tensor| wide(&t.to_dtype(candle_core::DType::BF16).unwrap());
+        assert_eq!(max_diff(&wide(&out_o), &bf(&out_m)), 0.0);
+        assert_eq!(max_diff(&wide(&g_o), &bf(&g_m)), 0.0);
         // f64 tensors have no mixed-precision products.
         let q64 = qkv.to_dtype(candle_core::DType::F64).unwrap();
-        let err = attention_forward(&q64, seq, heads, Some(Half::Bf16)).unwrap_err();
+        let err = attention_forward(&q64, seq, heads, Some(Half::Bf16), false).unwrap_err();
         assert!(err.to_string().contains("F64"), "{err}");
     }
 }
