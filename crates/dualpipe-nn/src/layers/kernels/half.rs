@@ -239,31 +239,26 @@ pub(crate) trait HalfElem: candle_core::WithDType {
     fn widen(src: &[Self], dst: &mut [MaybeUninit<f32>]);
 }
 
-impl HalfElem for bf16 {
-    const HALF: Half = Half::Bf16;
-    fn operand(m: Mat<'_, bf16>) -> HalfOperand<'_> {
-        HalfOperand::Bf16(m)
-    }
-    fn round(src: &[f32], dst: &mut [MaybeUninit<bf16>]) {
-        f32_to_bf16(src, dst)
-    }
-    fn widen(src: &[bf16], dst: &mut [MaybeUninit<f32>]) {
-        bf16_to_f32(src, dst)
-    }
+/// `impl HalfElem for $t` with its format and slice conversions.
+macro_rules! half_elem {
+    ($t:ty, $variant:ident, $round:ident, $widen:ident) => {
+        impl HalfElem for $t {
+            const HALF: Half = Half::$variant;
+            fn operand(m: Mat<'_, $t>) -> HalfOperand<'_> {
+                HalfOperand::$variant(m)
+            }
+            fn round(src: &[f32], dst: &mut [MaybeUninit<$t>]) {
+                $round(src, dst)
+            }
+            fn widen(src: &[$t], dst: &mut [MaybeUninit<f32>]) {
+                $widen(src, dst)
+            }
+        }
+    };
 }
 
-impl HalfElem for f16 {
-    const HALF: Half = Half::F16;
-    fn operand(m: Mat<'_, f16>) -> HalfOperand<'_> {
-        HalfOperand::F16(m)
-    }
-    fn round(src: &[f32], dst: &mut [MaybeUninit<f16>]) {
-        f32_to_f16(src, dst)
-    }
-    fn widen(src: &[f16], dst: &mut [MaybeUninit<f32>]) {
-        f16_to_f32(src, dst)
-    }
-}
+half_elem!(bf16, Bf16, f32_to_bf16, bf16_to_f32);
+half_elem!(f16, F16, f32_to_f16, f16_to_f32);
 
 /// Work a product may leave out because it cannot change what is wanted: causal attention's
 /// triangular operands and outputs. Only the native `vdpbf16ps` kernel uses it (its tiles
@@ -1453,23 +1448,8 @@ mod tests {
                     let mut want = start.clone();
                     gemm_half_with(path, half, &mut want, a.operand(), b.operand(), true, "t")
                         .unwrap();
-                    let mut got = vec![MaybeUninit::new(f32::NAN); m * n];
-                    // SAFETY: got is a live slice of m · n elements, start as long.
-                    unsafe {
-                        let out = Dst {
-                            ptr: got.as_mut_ptr().cast(),
-                            len: m * n,
-                            ldc: n,
-                        };
-                        let (a, b) = (a.operand(), b.operand());
-                        gemm_half_raw(path, half, out, a, b, Start::Other(&start), Skip::None, "t")
-                            .unwrap();
-                    }
-                    // SAFETY: initialized to NaN, then (all of it, checked here) by the GEMM.
-                    let got: Vec<u32> = got
-                        .iter()
-                        .map(|v| unsafe { v.assume_init() }.to_bits())
-                        .collect();
+                    let (a, b) = (a.operand(), b.operand());
+                    let got = raw_bits(path, half, a, b, Start::Other(&start), Skip::None);
                     let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
                     assert_eq!(got, want, "{path:?} {half:?} [{m}, {k}, {n}]");
                 }
@@ -1493,25 +1473,43 @@ mod tests {
         );
     }
 
-    /// The bits of `a·b` on `path` in bf16 leaving out what `skip` says (NaN where nothing
-    /// was written).
-    fn skipping(path: HalfPath, a: &Operand, b: &Operand, skip: Skip) -> Vec<u32> {
-        let (m, n) = (a.rows, b.cols);
+    /// The bits of `start + a·b` that `gemm_half_raw` writes on `path` leaving out what `skip`
+    /// says, into an output of NaN (which stays where nothing was written).
+    fn raw_bits(
+        path: HalfPath,
+        half: Half,
+        a: HalfOperand<'_>,
+        b: HalfOperand<'_>,
+        start: Start<'_>,
+        skip: Skip,
+    ) -> Vec<u32> {
+        let (m, n) = (a.dims().0, b.dims().1);
         let mut got = vec![MaybeUninit::new(f32::NAN); m * n];
-        // SAFETY: got is a live slice of m · n elements.
+        // SAFETY: got is a live slice of m · n elements (a start is as long).
         unsafe {
             let out = Dst {
                 ptr: got.as_mut_ptr().cast(),
                 len: m * n,
                 ldc: n,
             };
-            let (a, b) = (a.operand(), b.operand());
-            gemm_half_raw(path, Half::Bf16, out, a, b, Start::Zero, skip, "t").unwrap();
+            gemm_half_raw(path, half, out, a, b, start, skip, "t").unwrap();
         }
         // SAFETY: initialized to NaN, then by the GEMM.
         got.iter()
             .map(|v| unsafe { v.assume_init() }.to_bits())
             .collect()
+    }
+
+    /// [`raw_bits`] of `a·b` in bf16.
+    fn skipping(path: HalfPath, a: &Operand, b: &Operand, skip: Skip) -> Vec<u32> {
+        raw_bits(
+            path,
+            Half::Bf16,
+            a.operand(),
+            b.operand(),
+            Start::Zero,
+            skip,
+        )
     }
 
     #[test]
