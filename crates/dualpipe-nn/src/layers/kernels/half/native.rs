@@ -91,6 +91,13 @@ pub(super) trait Src: Copy {
     ///
     /// AVX-512 is available and the first `count` elements are readable.
     unsafe fn load16(p: *const Self, count: usize) -> __m512i;
+    /// Up to 32 contiguous elements at `p` as bf16 bits in 16-bit lanes, in order; lanes from
+    /// `count` on are zero.
+    ///
+    /// # Safety
+    ///
+    /// AVX-512 F and BW are available and the first `count` elements are readable.
+    unsafe fn load32(p: *const Self, count: usize) -> __m512i;
     /// The element's bf16 bits.
     fn bits(self) -> u16;
 }
@@ -112,6 +119,23 @@ impl Src for f32 {
         unsafe { round_upper(_mm512_castps_si512(_mm512_maskz_loadu_ps(mask16(count), p))) }
     }
 
+    #[inline(always)]
+    unsafe fn load32(p: *const f32, count: usize) -> __m512i {
+        // SAFETY: as load16's, on the two halves.
+        unsafe {
+            let lo = Self::load16(p, count.min(16));
+            let hi = if count > 16 {
+                Self::load16(p.add(16), count - 16)
+            } else {
+                _mm512_setzero_si512()
+            };
+            // Each 32-bit lane's upper half is a bf16: narrowed to 16 bits.
+            let a = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(lo));
+            let b = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(hi));
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+        }
+    }
+
     fn bits(self) -> u16 {
         bf16::from_f32(self).to_bits()
     }
@@ -125,6 +149,13 @@ impl Src for bf16 {
             let h = _mm256_maskz_loadu_epi16(mask16(count), p.cast());
             _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h))
         }
+    }
+
+    #[inline(always)]
+    unsafe fn load32(p: *const bf16, count: usize) -> __m512i {
+        let mask = if count >= 32 { u32::MAX } else { (1u32 << count) - 1 };
+        // SAFETY: masked-off lanes are not read; the caller vouches for the others.
+        unsafe { _mm512_maskz_loadu_epi16(mask, p.cast()) }
     }
 
     fn bits(self) -> u16 {
@@ -249,17 +280,8 @@ pub(super) unsafe fn pack<T: Src>(
                         let ahead = row.wrapping_add(64).cast::<i8>();
                         _mm_prefetch::<_MM_HINT_T0>(ahead);
                         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
-                        let lo = T::load16(row, (kc - l0).min(16));
-                        let hi = if kc - l0 > 16 {
-                            T::load16(row.add(16), kc - l0 - 16)
-                        } else {
-                            _mm512_setzero_si512()
-                        };
-                        // Each 32-bit lane's upper half is a bf16: narrow to 16 bits, two
-                        // lanes (k even, k odd) per word.
-                        let a = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(lo));
-                        let b = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(hi));
-                        *r = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
+                        // 32 steps of k as bf16, two (k even, k odd) per 32-bit word.
+                        *r = T::load32(row, (kc - l0).min(32));
                     }
                     transpose16(&mut rows);
                     let p0 = l0 / 2;
