@@ -153,7 +153,11 @@ impl Src for bf16 {
 
     #[inline(always)]
     unsafe fn load32(p: *const bf16, count: usize) -> __m512i {
-        let mask = if count >= 32 { u32::MAX } else { (1u32 << count) - 1 };
+        let mask = if count >= 32 {
+            u32::MAX
+        } else {
+            (1u32 << count) - 1
+        };
         // SAFETY: masked-off lanes are not read; the caller vouches for the others.
         unsafe { _mm512_maskz_loadu_epi16(mask, p.cast()) }
     }
