@@ -158,7 +158,7 @@ impl CausalSelfAttention {
         })?;
         let d_out = self.proj.backward_input(key, dy)?;
         // The qkv projection reads its output gradient in its own format.
-        let round = self.qkv.half().is_some();
+        let round = self.input_half().is_some();
         let d_qkv =
             kernels::attention_backward(&d_out, &qkv, &probs, seq, self.heads, self.half, round)?;
         self.qkv.backward_input(key, &d_qkv)

@@ -9,11 +9,9 @@
 //! GEMM's fastest path: AMX tiles where there are some), with f32 outputs, leaving out what
 //! the causal mask makes zero; the softmax and its gradient stay f32.
 
-use candle_core::Tensor;
-
 use std::mem::MaybeUninit;
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
 
 use super::half::{gemm_half_to, to_half, HalfElem, HalfOperand, Skip};

@@ -280,14 +280,7 @@ pub(crate) enum Skip {
 impl Skip {
     /// The pairs `lo..hi` of a block's `kp` pairs of `k` steps that the tile of `rows` rows
     /// from row `r0`, first column `c0`, needs, the block's first step being `pc`.
-    pub(crate) fn pairs(
-        self,
-        r0: usize,
-        rows: usize,
-        c0: usize,
-        pc: usize,
-        kp: usize,
-    ) -> (usize, usize) {
+    fn pairs(self, r0: usize, rows: usize, c0: usize, pc: usize, kp: usize) -> (usize, usize) {
         let last = r0 + rows - 1;
         match self {
             Skip::None => (0, kp),
@@ -663,8 +656,8 @@ pub(crate) fn to_half(x: &Tensor, half: Half) -> Result<Tensor, NnError> {
     }
 }
 
-/// Elements per piece of the fused conversions below: a piece's f32 scratch (16 KiB) stays
-/// in L1 between the two passes over it.
+/// Elements per piece of the fused conversions below: a piece's f32 scratch (16 KiB each, two
+/// at most) stays in L1 between the passes over it.
 const PIECE: usize = 4096;
 
 /// `(gelu(x), gelu'(x))` for f32 `x`, both rounded to `half` as they are made (the next

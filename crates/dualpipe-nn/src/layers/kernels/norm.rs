@@ -74,10 +74,14 @@ fn forward_half<H: HalfElem>(
 ) -> Result<(Tensor, Tensor), NnError> {
     const WHAT: &str = "RMSNorm forward (mixed precision)";
     if x.dtype() != DType::F32 {
-        return Err(unsupported(x.dtype(), WHAT));
+        return Err(NnError::Stage(format!(
+            "{WHAT}: mixed precision runs on f32 activations, not {:?}",
+            x.dtype()
+        )));
     }
     let (n, d) = check_weight(x, w, WHAT)?;
-    let (eps, inv_d) = (eps as f32, 1.0 / d as f32);
+    // As the f32 path makes them (rounded from f64), so that the rows are its rows.
+    let (eps, inv_d) = (eps as f32, (1.0 / d as f64) as f32);
     let (y, inv) = read::<f32, _>(x, WHAT, |x| {
         read::<f32, _>(w, WHAT, |w| {
             let mut y = Uninit::<H>::new(n * d);
