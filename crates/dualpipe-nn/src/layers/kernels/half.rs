@@ -261,9 +261,9 @@ half_elem!(bf16, Bf16, f32_to_bf16, bf16_to_f32);
 half_elem!(f16, F16, f32_to_f16, f16_to_f32);
 
 /// Work a product may leave out because it cannot change what is wanted: causal attention's
-/// triangular operands and outputs. Only the native `vdpbf16ps` kernel uses it (its tiles
-/// and pairs of `k` steps); the other paths compute every product, which gives the same
-/// values (the steps left out add exact zeros).
+/// triangular operands and outputs. The native kernels use it (`vdpbf16ps` per tile and pair
+/// of `k` steps, AMX per 32 × 32 block and tile of 32 steps); the converting path computes
+/// every product, which gives the same values (the steps left out add exact zeros).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Skip {
     /// Nothing left out.
@@ -466,10 +466,10 @@ unsafe fn gemm_half_raw(
     // SAFETY: the m rows of n elements, ldc apart, lie inside dst's len elements (checked
     // above), which the caller lets us write (and read when accumulating).
     unsafe {
-        // Only the vdpbf16ps kernel reads a start other than its output: elsewhere (and
-        // when there is no product) the start is copied into the output first.
+        // The converting path (and a product with no steps of k) takes the start copied
+        // into the output first; the native kernels read it where it is.
         let start = match start {
-            Start::Other(s) if k == 0 || path != HalfPath::Native => {
+            Start::Other(s) if k == 0 || path == HalfPath::Converting => {
                 copy_rows(s.as_ptr(), ptr, ldc, m, n);
                 Start::Dst
             }
@@ -509,13 +509,12 @@ unsafe fn copy_rows(src: *const f32, dst: *mut f32, ldc: usize, m: usize, n: usi
 
 /// The bf16 GEMM on the processor's own instructions, `path` AMX or `vdpbf16ps` (shapes and
 /// formats checked, `m, n, k` not zero, the path available), adding the product to `from`
-/// (rows `ldc` apart) where there is one: `c` itself, or on `vdpbf16ps` another matrix not
-/// overlapping it.
+/// (rows `ldc` apart) where there is one: `c` itself, or another matrix not overlapping it.
 ///
 /// # Safety
 ///
 /// The `a.rows` rows of `b.cols` elements of `dst`, `ldc` apart, may be written, those of
-/// `from` read, and neither aliases an operand; on AMX `from` is `c` or none.
+/// `from` read, and neither aliases an operand.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn native_gemm(
@@ -546,7 +545,7 @@ unsafe fn native_gemm(
         unsafe {
             match path {
                 #[cfg(target_os = "linux")]
-                HalfPath::Amx => amx::gemm(c, ldc, a, b, from.is_some()),
+                HalfPath::Amx => amx::gemm(c, ldc, a, b, from, skip),
                 _ => native::gemm(c, ldc, a, b, from, skip),
             }
         }
@@ -1053,7 +1052,7 @@ fn bench_amx_blocked(
         }
         // SAFETY: AMX is available, the shapes fit and are not empty, the operands' elements
         // lie in their slices (Mat::new and its transpose), dst is borrowed mutably.
-        unsafe { amx::gemm_blocked(dst.as_mut_ptr(), n, a, b, false, blocking) };
+        unsafe { amx::gemm_blocked(dst.as_mut_ptr(), n, a, b, None, Skip::None, blocking) };
         Ok(())
     }
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
@@ -1326,6 +1325,8 @@ mod tests {
             return;
         }
         every_shape_and_layout(HalfPath::Amx, Half::Bf16);
+        start_read_in_place(HalfPath::Amx, Half::Bf16);
+        causal_zeros_left_out(HalfPath::Amx);
         // More rows, columns and steps of k than one packed block holds, in every packing
         // branch (k contiguous, entries contiguous, neither), partial tiles at every edge.
         let (rm, tr, sc) = (Layout::RowMajor, Layout::Transposed, Layout::Scattered);
@@ -1419,11 +1420,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_start_read_in_place_equals_accumulating_into_its_copy() {
-        // Every path, partial tiles, k in one block, in two (the second block adds to what
-        // the first wrote) and empty: bit for bit what accumulating into a copy gives, and
-        // every element written.
+    /// A start read in place on `path`: partial tiles, k in one block, in two (the second
+    /// block adds to what the first wrote) and empty, bit for bit what accumulating into a
+    /// copy gives, and every element written.
+    fn start_read_in_place(path: HalfPath, half: Half) {
         let shapes = [
             [13, 7, 33],
             [29, 65, 70],
@@ -1431,21 +1431,25 @@ mod tests {
             [20, 2100, 40],
             [3, 0, 5],
         ];
+        for (s, &[m, k, n]) in shapes.iter().enumerate() {
+            let mut rng = ChaCha8Rng::seed_from_u64(s as u64);
+            let a = Operand::new(&mut rng, m, k, Layout::Transposed, Kind::F32, half);
+            let b = Operand::new(&mut rng, k, n, Layout::RowMajor, Kind::F32, half);
+            let start: Vec<f32> = (0..m * n).map(|_| rng.random_range(-4.0..4.0)).collect();
+            let mut want = start.clone();
+            gemm_half_with(path, half, &mut want, a.operand(), b.operand(), true, "t").unwrap();
+            let (a, b) = (a.operand(), b.operand());
+            let got = raw_bits(path, half, a, b, Start::Other(&start), Skip::None);
+            let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "{path:?} {half:?} [{m}, {k}, {n}]");
+        }
+    }
+
+    #[test]
+    fn a_start_read_in_place_equals_accumulating_into_its_copy() {
         for half in [Half::Bf16, Half::F16] {
             for path in paths(half) {
-                for (s, &[m, k, n]) in shapes.iter().enumerate() {
-                    let mut rng = ChaCha8Rng::seed_from_u64(s as u64);
-                    let a = Operand::new(&mut rng, m, k, Layout::Transposed, Kind::F32, half);
-                    let b = Operand::new(&mut rng, k, n, Layout::RowMajor, Kind::F32, half);
-                    let start: Vec<f32> = (0..m * n).map(|_| rng.random_range(-4.0..4.0)).collect();
-                    let mut want = start.clone();
-                    gemm_half_with(path, half, &mut want, a.operand(), b.operand(), true, "t")
-                        .unwrap();
-                    let (a, b) = (a.operand(), b.operand());
-                    let got = raw_bits(path, half, a, b, Start::Other(&start), Skip::None);
-                    let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
-                    assert_eq!(got, want, "{path:?} {half:?} [{m}, {k}, {n}]");
-                }
+                start_read_in_place(path, half);
             }
         }
         let mut dst = vec![MaybeUninit::new(0.0); 6];
@@ -1507,53 +1511,57 @@ mod tests {
 
     #[test]
     fn leaving_out_the_causal_zeros_changes_no_wanted_value() {
-        // Triangular A, and a causal output, against the full product on every path, bit for
-        // bit: tiles cut at the diagonal, rows across the native kernel's blocks (308 rows)
-        // and steps of k across them (1024 steps), odd sizes.
+        for path in paths(Half::Bf16) {
+            causal_zeros_left_out(path);
+        }
+    }
+
+    /// Triangular A, and a causal output, against the full product on `path`, bit for bit:
+    /// tiles cut at the diagonal, rows across the `vdpbf16ps` kernel's blocks (308 rows)
+    /// and steps of k across them (1024 steps), odd sizes.
+    fn causal_zeros_left_out(path: HalfPath) {
         type Zero = fn(usize, usize) -> bool;
         let triangles: [(Skip, Zero); 2] =
             [(Skip::ALower, |i, l| l > i), (Skip::AUpper, |i, l| l < i)];
-        for path in paths(Half::Bf16) {
-            for (s, &(m, n)) in [(33, 17), (45, 37), (128, 64), (330, 33), (1100, 20)]
-                .iter()
-                .enumerate()
-            {
-                let mut rng = ChaCha8Rng::seed_from_u64(s as u64);
-                let (rm, bf) = (Layout::RowMajor, Kind::Bf16);
-                let mut a = Operand::new(&mut rng, m, m, rm, Kind::F32, Half::Bf16);
-                let b = Operand::new(&mut rng, m, n, rm, bf, Half::Bf16);
-                let full = a.f32s.clone();
-                for (skip, zero) in triangles {
-                    for i in 0..m {
-                        for l in 0..m {
-                            a.f32s[i * m + l] = if zero(i, l) { 0.0 } else { full[i * m + l] };
-                        }
-                    }
-                    let want = skipping(path, &a, &b, Skip::None);
-                    let got = skipping(path, &a, &b, skip);
-                    assert_eq!(got, want, "{path:?} {skip:?} [{m}, {m}, {n}]");
-                }
-                if m > 400 {
-                    continue;
-                }
-                // q kᵀ: the output's entries on and below the diagonal, and every one written.
-                a.f32s = full;
-                let kt = Operand::new(&mut rng, 40, m, Layout::Transposed, bf, Half::Bf16);
-                let q = Operand::new(&mut rng, m, 40, rm, bf, Half::Bf16);
-                let want = skipping(path, &q, &kt, Skip::None);
-                let got = skipping(path, &q, &kt, Skip::AboveDiagonal);
+        for (s, &(m, n)) in [(33, 17), (45, 37), (128, 64), (330, 33), (1100, 20)]
+            .iter()
+            .enumerate()
+        {
+            let mut rng = ChaCha8Rng::seed_from_u64(s as u64);
+            let (rm, bf) = (Layout::RowMajor, Kind::Bf16);
+            let mut a = Operand::new(&mut rng, m, m, rm, Kind::F32, Half::Bf16);
+            let b = Operand::new(&mut rng, m, n, rm, bf, Half::Bf16);
+            let full = a.f32s.clone();
+            for (skip, zero) in triangles {
                 for i in 0..m {
-                    let row = i * m..i * m + m;
-                    assert_eq!(
-                        got[row.start..=row.start + i],
-                        want[row.start..=row.start + i],
-                        "{path:?} row {i} of {m}"
-                    );
-                    assert!(
-                        got[row].iter().all(|&x| !f32::from_bits(x).is_nan()),
-                        "{path:?} row {i} of {m}"
-                    );
+                    for l in 0..m {
+                        a.f32s[i * m + l] = if zero(i, l) { 0.0 } else { full[i * m + l] };
+                    }
                 }
+                let want = skipping(path, &a, &b, Skip::None);
+                let got = skipping(path, &a, &b, skip);
+                assert_eq!(got, want, "{path:?} {skip:?} [{m}, {m}, {n}]");
+            }
+            if m > 400 {
+                continue;
+            }
+            // q kᵀ: the output's entries on and below the diagonal, and every one written.
+            a.f32s = full;
+            let kt = Operand::new(&mut rng, 40, m, Layout::Transposed, bf, Half::Bf16);
+            let q = Operand::new(&mut rng, m, 40, rm, bf, Half::Bf16);
+            let want = skipping(path, &q, &kt, Skip::None);
+            let got = skipping(path, &q, &kt, Skip::AboveDiagonal);
+            for i in 0..m {
+                let row = i * m..i * m + m;
+                assert_eq!(
+                    got[row.start..=row.start + i],
+                    want[row.start..=row.start + i],
+                    "{path:?} row {i} of {m}"
+                );
+                assert!(
+                    got[row].iter().all(|&x| !f32::from_bits(x).is_nan()),
+                    "{path:?} row {i} of {m}"
+                );
             }
         }
     }

@@ -14,8 +14,9 @@
 //! whole tiles of 32 steps of `k`.
 //! The microkernel keeps a 32 × 32 output block in four accumulator tiles over the whole
 //! block of `k` (two `A` and two `B` tile loads per four `tdpbf16ps`); the accumulators start
-//! as `C`'s values (or zeros) and are stored back into `C` in place, through a scratch block
-//! with masked vector loads and stores at the edges.
+//! as zeros and are stored into `C` in place, or, where a start is added or the block is cut
+//! by `C`'s edge, into a scratch block that masked vector loads and stores add to the start
+//! and write into `C`.
 //!
 //! The tile instructions are written as inline assembly: Rust's AMX intrinsics and its
 //! detection of the AMX features are not stable yet. The processor reports AMX through
@@ -33,6 +34,7 @@ use std::sync::OnceLock;
 
 use super::super::gemm::Mat;
 use super::native::{mask16, pack, transpose16, Buf, Src};
+use super::Skip;
 
 /// Rows of the microkernel's output block (two `A` tiles of 16 rows).
 const TM: usize = 32;
@@ -65,15 +67,19 @@ impl Blocking {
     }
 }
 
-/// The blocking [`gemm`] uses, the best mean rate of `gemm_peak --amx-blocking` over the
-/// GPT's d-512 GEMMs in two rounds on an Intel Xeon with AMX (23.6% and 23.9% of the tiles'
-/// peak, against 21.2% and 21.8% for `kc` 512, `mc` 256): `k` up to 1024 in one block, so
-/// that the output is read and written once, and 128 rows of `A` (256 KiB of bf16) per
-/// block; `nc` is wide, so that `A` is packed once for every GEMM of the GPT.
+/// The blocking [`gemm`] uses, chosen with `gemm_peak --amx-blocking` on a 2-core Intel Xeon
+/// with AMX (the tiles' rates interleaved in rounds, best of each): `k` up to 1024 in one
+/// block, so that the output is read and written once; up to 2048 rows of `A` per block, so
+/// that `A` and `B` are each packed once in every GEMM of the GPT; and 512 columns of `B`
+/// (1 MiB of bf16 at `kc` 1024) per block, so that the packed `B` stays in the core's 2 MiB
+/// L2 while every 32-row panel of `A` runs across it. On the d-512 GEMMs (operands rounded
+/// from f32 as they are packed; `gemm_peak`, best of three runs of each build, alternated)
+/// 595-870 GFLOP/s against 544-779 for the blocking before it (`kc` 1024, `mc` 128, `nc`
+/// 4096, which packed `B` in blocks of up to 4 MiB), +31% on the widest (`n` 1536 and 2048).
 pub(super) const BLOCKING: Blocking = Blocking {
     kc: 1024,
-    mc: 4 * TM,
-    nc: 128 * TN,
+    mc: 64 * TM,
+    nc: 16 * TN,
 };
 
 /// `arch_prctl` request for permission to use an extended state component.
@@ -276,37 +282,23 @@ unsafe fn pack_rows<T: Src>(
     }
 }
 
-/// `c (+)= A·B` for one 32 × 32 block over `tiles` tiles of `k`: `a` is a packed `A` panel
-/// ([`a_word`]), `b` a packed `B` panel (pair rows of 32 words), `c` the block's first
-/// element with `c_bytes` bytes between its rows. The accumulator tiles start as `c`'s
-/// values when `load`, else as zeros, and are stored back into `c`.
+/// `c = A·B` for one 32 × 32 block over `tiles` (at least one) tiles of `k`: `a` is a packed
+/// `A` panel ([`a_word`]), `b` a packed `B` panel (pair rows of 32 words), `c` the block's
+/// first element with `c_bytes` bytes between its rows. The accumulator tiles start as zeros:
+/// a start is added afterwards ([`store_block`]), as on the `vdpbf16ps` path, so that
+/// `start + A·B` rounds the same whether the start is read in place or added later.
 ///
 /// # Safety
 ///
 /// The tiles are configured as [`TileConfig::new`]; the panels hold `tiles` tiles of `k`;
-/// the 32 × 32 block at `c` may be written (and read when `load`).
+/// the 32 × 32 block at `c` may be written.
 #[inline(always)]
-unsafe fn tile_block(
-    tiles: usize,
-    a: *const u32,
-    b: *const u32,
-    c: *mut f32,
-    c_bytes: usize,
-    load: bool,
-) {
+unsafe fn tile_block(tiles: usize, a: *const u32, b: *const u32, c: *mut f32, c_bytes: usize) {
     let c = c.cast::<u8>();
     // SAFETY: the loads read tiles · (2 × 1 KiB) of a and tiles · (16 pair rows × 128
-    // bytes) of b, inside the panels; the accumulators read and write the 32 × 32 block.
+    // bytes) of b, inside the panels; the stores write the 32 × 32 block.
     unsafe {
         asm!(
-            "test {load}, {load}",
-            "jz 3f",
-            "tileloadd tmm0, [{c0} + {sc}*1]",
-            "tileloadd tmm1, [{c1} + {sc}*1]",
-            "tileloadd tmm2, [{c2} + {sc}*1]",
-            "tileloadd tmm3, [{c3} + {sc}*1]",
-            "jmp 2f",
-            "3:",
             "tilezero tmm0",
             "tilezero tmm1",
             "tilezero tmm2",
@@ -314,122 +306,110 @@ unsafe fn tile_block(
             "2:",
             "tileloadd tmm4, [{a} + {sa}*1]",
             "tileloadd tmm5, [{a} + {sa}*1 + 1024]",
-            "tileloadd tmm6, [{b0} + {sb}*1]",
-            "tileloadd tmm7, [{b1} + {sb}*1]",
+            "tileloadd tmm6, [{b} + {sb}*1]",
+            "tileloadd tmm7, [{b} + {sb}*1 + 64]",
             "tdpbf16ps tmm0, tmm4, tmm6",
             "tdpbf16ps tmm1, tmm4, tmm7",
             "tdpbf16ps tmm2, tmm5, tmm6",
             "tdpbf16ps tmm3, tmm5, tmm7",
             "add {a}, 2048",
-            "add {b0}, 2048",
-            "add {b1}, 2048",
+            "add {b}, 2048",
             "dec {n}",
             "jnz 2b",
-            "tilestored [{c0} + {sc}*1], tmm0",
-            "tilestored [{c1} + {sc}*1], tmm1",
+            "tilestored [{c} + {sc}*1], tmm0",
+            "tilestored [{c} + {sc}*1 + 64], tmm1",
             "tilestored [{c2} + {sc}*1], tmm2",
-            "tilestored [{c3} + {sc}*1], tmm3",
-            load = in(reg) load as usize,
+            "tilestored [{c2} + {sc}*1 + 64], tmm3",
             a = inout(reg) a => _,
-            b0 = inout(reg) b => _,
-            b1 = inout(reg) b.byte_add(64) => _,
+            b = inout(reg) b => _,
             n = inout(reg) tiles => _,
             sa = in(reg) 4 * TILE_PAIRS,
             sb = in(reg) 4 * TN,
             sc = in(reg) c_bytes,
-            c0 = in(reg) c,
-            c1 = in(reg) c.add(64),
+            c = in(reg) c,
             c2 = in(reg) c.add(16 * c_bytes),
-            c3 = in(reg) c.add(16 * c_bytes + 64),
             options(nostack),
         );
     }
 }
 
-/// One 32 × 32 block on the tiles, or on the tests' [`model`] of them.
+/// One 32 × 32 block on the tiles, or on the tests' [`model`] of them; zeros with no tiles
+/// of `k`.
 ///
 /// # Safety
 ///
-/// As [`tile_block`].
+/// As [`tile_block`], `tiles` may be zero.
 #[inline(always)]
-unsafe fn block(
-    tiles: usize,
-    a: *const u32,
-    b: *const u32,
-    c: *mut f32,
-    c_bytes: usize,
-    load: bool,
-) {
-    // SAFETY: as the caller vouches.
+unsafe fn block(tiles: usize, a: *const u32, b: *const u32, c: *mut f32, c_bytes: usize) {
+    // SAFETY: as the caller vouches; without tiles only the block's rows are written.
     unsafe {
-        if modelled() {
-            model::block(tiles, a, b, c, c_bytes / 4, load);
+        if tiles == 0 {
+            for i in 0..TM {
+                std::ptr::write_bytes(c.byte_add(i * c_bytes), 0, TN);
+            }
+        } else if modelled() {
+            model::block(tiles, a, b, c, c_bytes / 4);
         } else {
-            tile_block(tiles, a, b, c, c_bytes, load);
+            tile_block(tiles, a, b, c, c_bytes);
         }
     }
 }
 
-/// `block[i][j] = c[i·ldc + j]` for `i < rows`, `j < cols` (at most 32 each), zero elsewhere.
+/// `c[i·ldc + j] = from[i·ldc + j] + block[i][j]` (or `block[i][j]` where there is no
+/// `from`) for `i < rows`, `j < cols` (at most 32 each).
 ///
 /// # Safety
 ///
-/// AVX-512 F is available; the `rows × cols` tile of `c` may be read.
+/// AVX-512 F is available; the `rows × cols` tile of `c` may be written, that of `from`
+/// read (it may be `c` itself).
 #[inline(always)]
-unsafe fn load_block(block: &mut Block, c: *const f32, ldc: usize, rows: usize, cols: usize) {
+unsafe fn store_block(
+    block: &Block,
+    c: *mut f32,
+    from: Option<*const f32>,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+) {
     let (m0, m1) = (mask16(cols), mask16(cols.saturating_sub(16)));
-    // SAFETY: the masked loads touch the tile's elements only.
-    unsafe {
-        for (i, r) in block.0.iter_mut().enumerate() {
-            let (v0, v1) = if i < rows {
-                let row = c.add(i * ldc);
-                (
-                    _mm512_maskz_loadu_ps(m0, row),
-                    _mm512_maskz_loadu_ps(m1, row.add(16)),
-                )
-            } else {
-                (_mm512_setzero_ps(), _mm512_setzero_ps())
-            };
-            _mm512_storeu_ps(r.as_mut_ptr(), v0);
-            _mm512_storeu_ps(r.as_mut_ptr().add(16), v1);
-        }
-    }
-}
-
-/// `c[i·ldc + j] = block[i][j]` for `i < rows`, `j < cols` (at most 32 each).
-///
-/// # Safety
-///
-/// AVX-512 F is available; the `rows × cols` tile of `c` may be written.
-#[inline(always)]
-unsafe fn store_block(block: &Block, c: *mut f32, ldc: usize, rows: usize, cols: usize) {
-    let (m0, m1) = (mask16(cols), mask16(cols.saturating_sub(16)));
-    // SAFETY: the masked stores touch the tile's elements only.
+    // SAFETY: the masked loads and stores touch the tile's elements only.
     unsafe {
         for (i, r) in block.0.iter().enumerate().take(rows) {
+            let mut v0 = _mm512_loadu_ps(r.as_ptr());
+            let mut v1 = _mm512_loadu_ps(r.as_ptr().add(16));
+            if let Some(f) = from {
+                let f = f.add(i * ldc);
+                v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, f), v0);
+                v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, f.add(16)), v1);
+            }
             let row = c.add(i * ldc);
-            _mm512_mask_storeu_ps(row, m0, _mm512_loadu_ps(r.as_ptr()));
-            _mm512_mask_storeu_ps(row.add(16), m1, _mm512_loadu_ps(r.as_ptr().add(16)));
+            _mm512_mask_storeu_ps(row, m0, v0);
+            _mm512_mask_storeu_ps(row.add(16), m1, v1);
         }
     }
 }
 
-/// `c[i·ldc + j] (+)= (a·b)[i, j]` for `i < a.rows`, `j < b.cols`.
+/// `c[i·ldc + j] = from[i·ldc + j] + (a·b)[i, j]` for `i < a.rows`, `j < b.cols` (`from`
+/// may be `c` itself: accumulation), or `(a·b)[i, j]` when there is no `from`; each block
+/// runs over the tiles of `k` that hold the pairs `skip` says it needs (none: the start
+/// alone).
 ///
 /// # Safety
 ///
 /// [`available`] is true; `a` and `b` have fitting shapes (`a.cols == b.rows`, none zero)
 /// and every element of them lies inside its slice; the `a.rows × b.cols` rows of `c` may be
-/// written (and read when `accumulate`) and alias neither operand.
+/// written, those of `from` (rows `ldc` apart too) read, and neither aliases an operand;
+/// `from` is `c` or does not overlap it.
 pub(super) unsafe fn gemm<A: Src, B: Src>(
     c: *mut f32,
     ldc: usize,
     a: Mat<'_, A>,
     b: Mat<'_, B>,
-    accumulate: bool,
+    from: Option<*const f32>,
+    skip: Skip,
 ) {
     // SAFETY: as the caller vouches.
-    unsafe { gemm_blocked(c, ldc, a, b, accumulate, BLOCKING) }
+    unsafe { gemm_blocked(c, ldc, a, b, from, skip, BLOCKING) }
 }
 
 /// [`gemm`] with the blocking `blocking` (the benchmark compares blockings with it).
@@ -442,11 +422,12 @@ pub(super) unsafe fn gemm_blocked<A: Src, B: Src>(
     ldc: usize,
     a: Mat<'_, A>,
     b: Mat<'_, B>,
-    accumulate: bool,
+    from: Option<*const f32>,
+    skip: Skip,
     blocking: Blocking,
 ) {
     // SAFETY: as the caller vouches; the function only adds AVX-512 to what it may use.
-    unsafe { gemm_avx512(c, ldc, a, b, accumulate, blocking) }
+    unsafe { gemm_avx512(c, ldc, a, b, from, skip, blocking) }
 }
 
 /// [`gemm_blocked`] with the AVX-512 features enabled for the packing and the edges.
@@ -460,7 +441,8 @@ unsafe fn gemm_avx512<A: Src, B: Src>(
     ldc: usize,
     a: Mat<'_, A>,
     b: Mat<'_, B>,
-    accumulate: bool,
+    from: Option<*const f32>,
+    skip: Skip,
     Blocking {
         kc: kc_max,
         mc: mc_max,
@@ -491,50 +473,58 @@ unsafe fn gemm_avx512<A: Src, B: Src>(
             if !modelled() {
                 asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
             }
-            for jc in (0..n).step_by(nc_max) {
-                let nc = nc_max.min(n - jc);
-                for pc in (0..k).step_by(kc_step) {
-                    let kc = kc_step.min(k - pc);
-                    let kp_pad = kc.next_multiple_of(2 * TILE_PAIRS) / 2;
-                    let tiles = kp_pad / TILE_PAIRS;
-                    pack_b(
-                        b.data.as_ptr().add(pc * b.rs + jc * b.cs),
-                        b.cs,
-                        b.rs,
-                        nc,
+            for pc in (0..k).step_by(kc_step) {
+                let kc = kc_step.min(k - pc);
+                let kp = kc.div_ceil(2);
+                let kp_pad = kc.next_multiple_of(2 * TILE_PAIRS) / 2;
+                // Later blocks of k add to what the first ones wrote.
+                let from = if pc == 0 { from } else { Some(c.cast_const()) };
+                for ic in (0..m).step_by(mc_max) {
+                    let mc = mc_max.min(m - ic);
+                    pack_a(
+                        a.data.as_ptr().add(ic * a.rs + pc * a.cs),
+                        a.rs,
+                        a.cs,
+                        mc,
                         kc,
                         kp_pad,
-                        bpack,
+                        tmp,
+                        apack,
                     );
-                    let load = accumulate || pc > 0;
-                    for ic in (0..m).step_by(mc_max) {
-                        let mc = mc_max.min(m - ic);
-                        pack_a(
-                            a.data.as_ptr().add(ic * a.rs + pc * a.cs),
-                            a.rs,
-                            a.cs,
-                            mc,
+                    for jc in (0..n).step_by(nc_max) {
+                        let nc = nc_max.min(n - jc);
+                        pack_b(
+                            b.data.as_ptr().add(pc * b.rs + jc * b.cs),
+                            b.cs,
+                            b.rs,
+                            nc,
                             kc,
                             kp_pad,
-                            tmp,
-                            apack,
+                            bpack,
                         );
-                        for (jq, jr) in (0..nc).step_by(TN).enumerate() {
-                            let bp = bpack.add(jq * kp_pad * TN);
-                            for (iq, ir) in (0..mc).step_by(TM).enumerate() {
-                                let ap = apack.add(iq * TM * kp_pad);
-                                let cp = c.add((ic + ir) * ldc + jc + jr);
+                        for (iq, ir) in (0..mc).step_by(TM).enumerate() {
+                            let ap = apack.add(iq * TM * kp_pad);
+                            for (jq, jr) in (0..nc).step_by(TN).enumerate() {
+                                let bp = bpack.add(jq * kp_pad * TN);
+                                let at = (ic + ir) * ldc + jc + jr;
+                                let cp = c.add(at);
+                                let fp = from.map(|f| f.add(at));
                                 let rows = (mc - ir).min(TM);
                                 let cols = (nc - jr).min(TN);
-                                if rows == TM && cols == TN {
-                                    block(tiles, ap, bp, cp, 4 * ldc, load);
+                                // The tiles of k holding the pairs the block needs.
+                                let (lo, hi) = skip.pairs(ic + ir, rows, jc + jr, pc, kp);
+                                let (t0, t1) = (lo / TILE_PAIRS, hi.div_ceil(TILE_PAIRS));
+                                let n_tiles = t1.saturating_sub(t0);
+                                let (ap, bp) = (
+                                    ap.add(a_word(0, t0 * TILE_PAIRS)),
+                                    bp.add(t0 * TILE_PAIRS * TN),
+                                );
+                                if rows == TM && cols == TN && fp.is_none() {
+                                    block(n_tiles, ap, bp, cp, 4 * ldc);
                                 } else {
-                                    if load {
-                                        load_block(&mut edge, cp, ldc, rows, cols);
-                                    }
                                     let e = edge.0.as_mut_ptr().cast::<f32>();
-                                    block(tiles, ap, bp, e, 4 * TN, load);
-                                    store_block(&edge, cp, ldc, rows, cols);
+                                    block(n_tiles, ap, bp, e, 4 * TN);
+                                    store_block(&edge, cp, fp, ldc, rows, cols);
                                 }
                             }
                         }
@@ -614,30 +604,27 @@ pub(super) mod model {
     ///
     /// # Safety
     ///
-    /// The panels hold `tiles` tiles of `k`; the 32 × 32 block at `c` may be read and
-    /// written.
+    /// The panels hold `tiles` tiles of `k`; the 32 × 32 block at `c` may be written.
     pub(super) unsafe fn block(
         tiles: usize,
         a: *const u32,
         b: *const u32,
         c: *mut f32,
         ldc: usize,
-        load: bool,
     ) {
         for i in 0..TM {
             for j in 0..TN {
                 // SAFETY: element (i, j) of the block, pair p of row i and pair row p's
                 // column j are inside the block and the panels.
                 unsafe {
-                    let out = c.add(i * ldc + j);
-                    let mut acc = if load { *out } else { 0.0 };
+                    let mut acc = 0.0;
                     for p in 0..tiles * TILE_PAIRS {
                         let (aw, bw) = (*a.add(a_word(i, p)), *b.add(p * TN + j));
                         let ((a0, a1), (b0, b1)) = (halves(aw), halves(bw));
                         acc += a1 * b1;
                         acc += a0 * b0;
                     }
-                    *out = acc;
+                    *c.add(i * ldc + j) = acc;
                 }
             }
         }
