@@ -2,11 +2,13 @@
 //! multiplies a 16 × 32 tile of bf16 by a 32 × 16 one and adds the 16 × 16 products into an
 //! f32 tile, 16 384 FLOPs in one instruction.
 //!
-//! The blocking is the native kernel's (`native.rs`), its sizes in [`BLOCKING`]: for each
-//! block of at most `kc` steps of `k` and `nc` columns, `B` is packed into panels of [`TN`] =
-//! 32 columns in the pair layout that `vdpbf16ps` reads, which is also AMX's "VNNI" layout of
-//! a `B` tile (row `p` of a tile: the words `(B[2p, j], B[2p+1, j])` of its 16 columns), so a
-//! panel is two column tiles read with a 128-byte row stride. `A` is packed into panels of
+//! The blocking, its sizes in [`BLOCKING`]: for each block of at most `kc` steps of `k`, a
+//! block of at most `mc` rows of `A` is packed, then for each block of at most `nc` columns
+//! `B` is packed, and each 32-row panel of `A` runs across the whole `B` block (which stays
+//! in L2). `B` is packed into panels of [`TN`] = 32 columns in the pair layout that
+//! `vdpbf16ps` reads, which is also AMX's "VNNI" layout of a `B` tile (row `p` of a tile: the
+//! words `(B[2p, j], B[2p+1, j])` of its 16 columns), so a panel is two column tiles read
+//! with a 128-byte row stride. `A` is packed into panels of
 //! [`TM`] = 32 rows stored tile by tile in the order the microkernel reads them (for each 32
 //! steps of `k`, the 1 KiB tile of rows 0-15, then that of rows 16-31): rounded row by row
 //! where `A`'s rows run along `k` in memory (the forward's and the input gradient's), else the
@@ -481,27 +483,12 @@ unsafe fn gemm_avx512<A: Src, B: Src>(
                 let from = if pc == 0 { from } else { Some(c.cast_const()) };
                 for ic in (0..m).step_by(mc_max) {
                     let mc = mc_max.min(m - ic);
-                    pack_a(
-                        a.data.as_ptr().add(ic * a.rs + pc * a.cs),
-                        a.rs,
-                        a.cs,
-                        mc,
-                        kc,
-                        kp_pad,
-                        tmp,
-                        apack,
-                    );
+                    let a_src = a.data.as_ptr().add(ic * a.rs + pc * a.cs);
+                    pack_a(a_src, a.rs, a.cs, mc, kc, kp_pad, tmp, apack);
                     for jc in (0..n).step_by(nc_max) {
                         let nc = nc_max.min(n - jc);
-                        pack_b(
-                            b.data.as_ptr().add(pc * b.rs + jc * b.cs),
-                            b.cs,
-                            b.rs,
-                            nc,
-                            kc,
-                            kp_pad,
-                            bpack,
-                        );
+                        let b_src = b.data.as_ptr().add(pc * b.rs + jc * b.cs);
+                        pack_b(b_src, b.cs, b.rs, nc, kc, kp_pad, bpack);
                         for (iq, ir) in (0..mc).step_by(TM).enumerate() {
                             let ap = apack.add(iq * TM * kp_pad);
                             for (jq, jr) in (0..nc).step_by(TN).enumerate() {
