@@ -77,7 +77,8 @@ impl Blocking {
 /// L2 while every 32-row panel of `A` runs across it. On the d-512 GEMMs (operands rounded
 /// from f32 as they are packed; `gemm_peak`, best of three runs of each build, alternated)
 /// 595-870 GFLOP/s against 544-779 for the blocking before it (`kc` 1024, `mc` 128, `nc`
-/// 4096, which packed `B` in blocks of up to 4 MiB), +31% on the widest (`n` 1536 and 2048).
+/// 4096, which packed `B` in blocks of up to 4 MiB), +18-31% on the four with `n` 1536 and
+/// 2048.
 pub(super) const BLOCKING: Blocking = Blocking {
     kc: 1024,
     mc: 64 * TM,
