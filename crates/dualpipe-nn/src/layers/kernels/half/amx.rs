@@ -239,7 +239,7 @@ unsafe fn pack_a<T: Src>(
 }
 
 /// [`pack_a`] for rows whose `k` steps are contiguous (`ks` 1): each row is its values rounded
-/// to bf16, 32 at a time, with no transposition.
+/// to bf16, 32 at a time (a bf16 row copied), with no transposition.
 ///
 /// # Safety
 ///
@@ -268,18 +268,9 @@ unsafe fn pack_rows<T: Src>(
             }
             let from = src.add(r * es);
             for l0 in (0..kc).step_by(32) {
-                let lo = T::load16(from.add(l0), (kc - l0).min(16));
-                let hi = if kc - l0 > 16 {
-                    T::load16(from.add(l0 + 16), kc - l0 - 16)
-                } else {
-                    _mm512_setzero_si512()
-                };
-                // Each lane's upper half is the bf16: narrow to 16 bits, in order along k.
-                let lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(lo));
-                let hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(hi));
-                let out = panel.add(a_word(row, l0 / 2));
-                _mm256_storeu_si256(out.cast(), lo);
-                _mm256_storeu_si256(out.add(8).cast(), hi);
+                // One tile row: 32 steps of k as bf16, in order (one load from a bf16 row).
+                let v = T::load32(from.add(l0), (kc - l0).min(32));
+                _mm512_storeu_si512(panel.add(a_word(row, l0 / 2)).cast(), v);
             }
         }
     }
