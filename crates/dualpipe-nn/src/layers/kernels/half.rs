@@ -1334,6 +1334,15 @@ mod tests {
         check(
             HalfPath::Amx,
             Half::Bf16,
+            [2100, 70, 40],
+            [tr, rm],
+            [f, Kind::Bf16],
+            true,
+            10,
+        );
+        check(
+            HalfPath::Amx,
+            Half::Bf16,
             [300, 1100, 40],
             [rm, tr],
             [f, f],
@@ -1569,12 +1578,22 @@ mod tests {
     #[test]
     fn native_paths_cross_every_block_edge() {
         // More rows, columns and steps of k than one packed block of either native path holds
-        // (k in two blocks, none a whole number of tiles), with partial tiles at every edge.
+        // (rows: 308 on vdpbf16ps, 2048 on AMX; k in two blocks, none a whole number of
+        // tiles), with partial tiles at every edge.
         let (rm, tr) = (Layout::RowMajor, Layout::Transposed);
         for path in paths(Half::Bf16) {
             if path == HalfPath::Converting {
                 continue;
             }
+            check(
+                path,
+                Half::Bf16,
+                [2100, 70, 40],
+                [tr, rm],
+                [Kind::F32, Kind::Bf16],
+                true,
+                10,
+            );
             check(
                 path,
                 Half::Bf16,
