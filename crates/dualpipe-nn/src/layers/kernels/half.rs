@@ -1330,43 +1330,24 @@ mod tests {
         // More rows, columns and steps of k than one packed block holds, in every packing
         // branch (k contiguous, entries contiguous, neither), partial tiles at every edge.
         let (rm, tr, sc) = (Layout::RowMajor, Layout::Transposed, Layout::Scattered);
-        let f = Kind::F32;
-        check(
-            HalfPath::Amx,
-            Half::Bf16,
-            [2100, 70, 40],
-            [tr, rm],
-            [f, Kind::Bf16],
-            true,
-            10,
-        );
-        check(
-            HalfPath::Amx,
-            Half::Bf16,
-            [300, 1100, 40],
-            [rm, tr],
-            [f, f],
-            true,
-            11,
-        );
-        check(
-            HalfPath::Amx,
-            Half::Bf16,
-            [33, 600, 1090],
-            [tr, rm],
-            [Kind::Bf16, f],
-            false,
-            12,
-        );
-        check(
-            HalfPath::Amx,
-            Half::Bf16,
-            [20, 40, 4200],
-            [sc, sc],
-            [f, Kind::Bf16],
-            true,
-            13,
-        );
+        let (f, bf) = (Kind::F32, Kind::Bf16);
+        let cases = [
+            ([2100, 70, 40], [tr, rm], [f, bf], true, 10),
+            ([300, 1100, 40], [rm, tr], [f, f], true, 11),
+            ([33, 600, 1090], [tr, rm], [bf, f], false, 12),
+            ([20, 40, 4200], [sc, sc], [f, bf], true, 13),
+        ];
+        for (shape, layouts, kinds, accumulate, seed) in cases {
+            check(
+                HalfPath::Amx,
+                Half::Bf16,
+                shape,
+                layouts,
+                kinds,
+                accumulate,
+                seed,
+            );
+        }
         amx::model::ON.set(false);
     }
 
@@ -1581,46 +1562,20 @@ mod tests {
         // (rows: 308 on vdpbf16ps, 2048 on AMX; k in two blocks, none a whole number of
         // tiles), with partial tiles at every edge.
         let (rm, tr) = (Layout::RowMajor, Layout::Transposed);
+        let (f, bf) = (Kind::F32, Kind::Bf16);
+        let cases = [
+            ([2100, 70, 40], [tr, rm], [f, bf], true, 10),
+            ([650, 1100, 2100], [rm, tr], [f, f], true, 7),
+            ([270, 1030, 70], [tr, rm], [bf, f], false, 8),
+            ([20, 600, 4200], [rm, rm], [f, bf], true, 9),
+        ];
         for path in paths(Half::Bf16) {
             if path == HalfPath::Converting {
                 continue;
             }
-            check(
-                path,
-                Half::Bf16,
-                [2100, 70, 40],
-                [tr, rm],
-                [Kind::F32, Kind::Bf16],
-                true,
-                10,
-            );
-            check(
-                path,
-                Half::Bf16,
-                [650, 1100, 2100],
-                [rm, tr],
-                [Kind::F32, Kind::F32],
-                true,
-                7,
-            );
-            check(
-                path,
-                Half::Bf16,
-                [270, 1030, 70],
-                [tr, rm],
-                [Kind::Bf16, Kind::F32],
-                false,
-                8,
-            );
-            check(
-                path,
-                Half::Bf16,
-                [20, 600, 4200],
-                [rm, rm],
-                [Kind::F32, Kind::Bf16],
-                true,
-                9,
-            );
+            for (shape, layouts, kinds, accumulate, seed) in cases {
+                check(path, Half::Bf16, shape, layouts, kinds, accumulate, seed);
+            }
         }
     }
 
