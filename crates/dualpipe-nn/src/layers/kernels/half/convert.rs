@@ -301,13 +301,13 @@ mod f16_avx512 {
 
     use half::f16;
 
-    /// The mask of the first `count` (at most 16) lanes.
-    fn mask16(count: usize) -> u16 {
-        if count >= 16 {
-            u16::MAX
-        } else {
-            (1u16 << count) - 1
-        }
+    use super::super::native::mask16;
+
+    /// `f16(v)` of 16 lanes, rounded to nearest even.
+    #[inline(always)]
+    unsafe fn narrow(v: __m512) -> __m256i {
+        // SAFETY: the caller's function enables AVX-512 F.
+        unsafe { _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v) }
     }
 
     /// `dst[i] = f16(src[i])`.
@@ -322,8 +322,7 @@ mod f16_avx512 {
         unsafe {
             for i in (0..n).step_by(16) {
                 let m = mask16(n - i);
-                let v = _mm512_maskz_loadu_ps(m, src.as_ptr().add(i));
-                let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                let h = narrow(_mm512_maskz_loadu_ps(m, src.as_ptr().add(i)));
                 _mm256_mask_storeu_epi16(dst.as_mut_ptr().add(i).cast(), m, h);
             }
         }
@@ -341,9 +340,8 @@ mod f16_avx512 {
         unsafe {
             for i in (0..n).step_by(16) {
                 let m = mask16(n - i);
-                let v = _mm512_maskz_loadu_ps(m, src.as_ptr().add(i));
-                let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
-                _mm512_mask_storeu_ps(dst.as_mut_ptr().add(i).cast(), m, _mm512_cvtph_ps(h));
+                let v = _mm512_cvtph_ps(narrow(_mm512_maskz_loadu_ps(m, src.as_ptr().add(i))));
+                _mm512_mask_storeu_ps(dst.as_mut_ptr().add(i).cast(), m, v);
             }
         }
     }
@@ -360,8 +358,8 @@ mod f16_avx512 {
         unsafe {
             for i in (0..n).step_by(16) {
                 let m = mask16(n - i);
-                let h = _mm256_maskz_loadu_epi16(m, src.as_ptr().add(i).cast());
-                _mm512_mask_storeu_ps(dst.as_mut_ptr().add(i).cast(), m, _mm512_cvtph_ps(h));
+                let v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src.as_ptr().add(i).cast()));
+                _mm512_mask_storeu_ps(dst.as_mut_ptr().add(i).cast(), m, v);
             }
         }
     }
