@@ -8,11 +8,11 @@
 //!   Xeons; `amx`): a blocked GEMM around `tdpbf16ps` tiles, 16 384 FLOPs per instruction,
 //!   with `A` packed once per GEMM and `B` in blocks that stay in L2. On a 2-core Intel Xeon
 //!   with AMX (model 207) it runs the GPT's d-512 GEMMs at 595-1,128 GFLOP/s from run to run,
-//!   4.3-5.5x the f32 GEMM in one run and 20-33% of the tiles' peak measured in the same run
-//!   (packing from f32 included); the tile loop alone,
-//!   on prepacked operands, reached 41-49% there, and that machine's tile rate is not steady
-//!   (docs/performance.md). Preferred over the next path where both exist (`vdpbf16ps` ran at
-//!   half the f32 FMA rate on those cores).
+//!   4.3-5.5x the f32 GEMM in one run and 19-35% of the tiles' peak measured in the same run
+//!   (packing from f32 included); the tile loop alone, on prepacked operands, reached 41-49%
+//!   there, and that machine's tile rate is not steady (docs/performance.md). Preferred over
+//!   the next path where both exist (`vdpbf16ps` ran at half the f32 FMA rate on those
+//!   cores).
 //! - **Native** (bf16 on x86-64 processors with AVX512_BF16, such as Zen 4, Zen 5 or Sapphire
 //!   Rapids; `native`): a blocked GEMM around `vdpbf16ps`, which multiplies pairs of bf16
 //!   values and accumulates in f32 at twice the rate of f32 FMAs on AMD's cores. Packing the
