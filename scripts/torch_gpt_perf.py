@@ -28,8 +28,9 @@ For every size and dtype, four contenders:
 - PyTorch eager: the whole model in one process, torch.set_num_threads(1).
 
 Every round runs the contenders one after the other, so all see the same machine load; the table
-shows medians over every measured step of every round, and the CPU seconds per step (all threads
-of all the side's processes), which the load moves much less than the wall clock. The header
+shows medians over every measured step of every round, the ratio of each round on its own (each
+side's median step of the round: the spread the medians hide), and the CPU seconds per step (all
+threads of all the side's processes), which the load moves much less than the wall clock. The header
 names the machine (CPU model, its AVX-512 / bf16 / AMX flags), torch's version and the load
 average at the start and the end. With --memory, the activation memory per rank too: ours is
 the most bytes of saved tensors a rank's stages held at once (measured after every op), set
@@ -332,6 +333,7 @@ def measure(args, label):
     """Every round of one size and dtype (the shapes set by configure())."""
     keys = ["ours_pipe", "torch_pipe", "ours_seq", "torch_eager"]
     rec = {k: [] for k in keys}
+    by_round = {k: [] for k in keys}
     cpu = {k: [] for k in keys}
     load, last, unavailable = [], {}, None
     for r in range(args.rounds):
@@ -347,32 +349,47 @@ def measure(args, label):
                                 f"not {args.half_projections} as asked (a build from before it read them)"}
         if "unavailable" in o:
             unavailable = o["unavailable"]
+            by_round["ours_pipe"].append([])
+            by_round["ours_seq"].append([])
         else:
             rec["ours_pipe"] += o["dualpipev"]["step_seconds"]
             rec["ours_seq"] += o["sequential"]["step_seconds"]
+            by_round["ours_pipe"].append(o["dualpipev"]["step_seconds"])
+            by_round["ours_seq"].append(o["sequential"]["step_seconds"])
             # A build from before the bench measured CPU time has no such member.
             cpu["ours_pipe"] += o["dualpipev"].get("cpu_seconds", [None])
             cpu["ours_seq"] += o["sequential"].get("cpu_seconds", [None])
         try:
             tp = torch_pipe(args)
             rec["torch_pipe"] += tp["step_seconds"]
+            by_round["torch_pipe"].append(tp["step_seconds"])
             cpu["torch_pipe"] += tp["cpu_seconds"]
         except RuntimeError as e:  # the other contenders are still measured
             tp = None
+            by_round["torch_pipe"].append([])
             print(f"PyTorch's pipeline did not run, so its column is empty: {e}", file=sys.stderr)
         te = torch_eager(args)
         rec["torch_eager"] += te["step_seconds"]
+        by_round["torch_eager"].append(te["step_seconds"])
         cpu["torch_eager"] += te["cpu_seconds"]
         load.append(os.getloadavg())
         last = {"ours": o, "torch_pipe": tp, "torch_eager": te}
     return {"d_model": D, "heads": HEADS, "seq": SEQ, "rows": ROWS, "dtype": DTYPE, "layers": LAYERS,
             "half_projections": args.half_projections and DTYPE != "f32",
-            "micro_batches": MBS, "tokens_per_step": tokens_per_step(), "steps": rec, "cpu_seconds": cpu,
+            "micro_batches": MBS, "tokens_per_step": tokens_per_step(), "steps": rec, "steps_by_round": by_round, "cpu_seconds": cpu,
             "load": load, "ours_unavailable": unavailable, "last": last}
 
 
+def round_ratios(ours_rounds, torch_rounds):
+    """Ours / PyTorch in tokens per second, round by round (each side's median step of the round):
+    the spread that the medians over every round hide. Rounds where a side did not run are left out."""
+    return [statistics.median(t) / statistics.median(o)
+            for o, t in zip(ours_rounds, torch_rounds) if o and t]
+
+
 def summary(m):
-    """Per setup: medians of tokens/s, step seconds and CPU seconds of both sides (None when not measured)."""
+    """Per setup: medians of tokens/s, step seconds and CPU seconds of both sides (None when not
+    measured), their ratio, and the ratio of each round."""
     out = []
     for name, a, b in SETUPS:
         row = {"setup": name}
@@ -383,6 +400,8 @@ def summary(m):
             row[f"{side}_cpu_s"] = statistics.median(c) if c and None not in c else None
         ot, tt = row["ours_tokens_per_s"], row["torch_tokens_per_s"]
         row["ratio"] = ot / tt if ot and tt else None
+        rounds = m.get("steps_by_round", {})
+        row["round_ratios"] = round_ratios(rounds.get(a, []), rounds.get(b, []))
         oc, tc = row["ours_cpu_s"], row["torch_cpu_s"]
         row["cpu_ratio"] = tc / oc if oc and tc else None
         out.append(row)
@@ -486,8 +505,8 @@ def main():
               f"micro-batch ({m['tokens_per_step']} tokens per step); {m['dtype']}: 1-minute load average "
               f"{min(l[0] for l in m['load']):.2f} to {max(l[0] for l in m['load']):.2f}")
     print()
-    print("| size | dtype | setup | ours tokens/s | PyTorch tokens/s | ours / PyTorch | ours CPU s/step | PyTorch CPU s/step | PyTorch / ours CPU |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| size | dtype | setup | ours tokens/s | PyTorch tokens/s | ours / PyTorch | per round | ours CPU s/step | PyTorch CPU s/step | PyTorch / ours CPU |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
 
     def f(v, fmt):
         return "not available" if v is None else format(v, fmt)
@@ -496,8 +515,10 @@ def main():
         for row in m["summary"]:
             ratio = "not available" if row["ratio"] is None else f"{row['ratio']:.2f}x"
             cratio = "not available" if row["cpu_ratio"] is None else f"{row['cpu_ratio']:.2f}x"
+            rr = row["round_ratios"]
+            spread = "not available" if not rr else ", ".join(f"{r:.2f}x" for r in rr)
             print(f"| {m['size']} | {m['dtype']} | {row['setup']} | {f(row['ours_tokens_per_s'], '.0f')} | "
-                  f"{f(row['torch_tokens_per_s'], '.0f')} | {ratio} | {f(row['ours_cpu_s'], '.3f')} | "
+                  f"{f(row['torch_tokens_per_s'], '.0f')} | {ratio} | {spread} | {f(row['ours_cpu_s'], '.3f')} | "
                   f"{f(row['torch_cpu_s'], '.3f')} | {cratio} |")
     print()
     print("(DualPipeV: ours 4 rank threads, PyTorch ScheduleDualPipeV over gloo, 4 processes x 1 thread. "

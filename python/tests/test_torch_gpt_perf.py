@@ -37,3 +37,22 @@ def test_stages_without_the_warmup_are_left_alone():
     stage = SimpleNamespace(submod=None)
     perf.skip_self_warmup(stage, 0)
     assert vars(stage) == {"submod": None}
+
+
+def test_the_table_gives_each_rounds_ratio_beside_the_medians():
+    # Two rounds: ours 1 s then 2 s per step, PyTorch 3 s then 3 s; its pipeline missed round 2.
+    m = {
+        "tokens_per_step": 1000,
+        "steps": {"ours_pipe": [1.0, 1.0, 2.0, 2.0], "torch_pipe": [3.0, 3.0],
+                  "ours_seq": [1.0, 1.0, 2.0, 2.0], "torch_eager": [3.0, 3.0, 3.0, 3.0]},
+        "steps_by_round": {"ours_pipe": [[1.0, 1.0], [2.0, 2.0]], "torch_pipe": [[3.0, 3.0], []],
+                           "ours_seq": [[1.0, 1.0], [2.0, 2.0]], "torch_eager": [[3.0, 3.0], [3.0, 3.0]]},
+        "cpu_seconds": {k: [None] for k in ("ours_pipe", "torch_pipe", "ours_seq", "torch_eager")},
+    }
+    pipe, seq = perf.summary(m)
+    assert seq["round_ratios"] == [3.0, 1.5]
+    assert seq["ratio"] == 3.0 / 1.5  # the medians over every step: 1.5 s against 3 s
+    assert pipe["round_ratios"] == [3.0]
+    # A record from before the rounds were kept gives no per-round ratios, not an error.
+    del m["steps_by_round"]
+    assert [r["round_ratios"] for r in perf.summary(m)] == [[], []]
