@@ -332,8 +332,7 @@ SETUPS = [("DualPipeV, 4 ranks", "ours_pipe", "torch_pipe"), ("one rank, whole m
 def measure(args, label):
     """Every round of one size and dtype (the shapes set by configure())."""
     keys = ["ours_pipe", "torch_pipe", "ours_seq", "torch_eager"]
-    rec = {k: [] for k in keys}
-    by_round = {k: [] for k in keys}
+    by_round = {k: [] for k in keys}  # each round's step seconds, [] where a side did not run
     cpu = {k: [] for k in keys}
     load, last, unavailable = [], {}, None
     for r in range(args.rounds):
@@ -352,8 +351,6 @@ def measure(args, label):
             by_round["ours_pipe"].append([])
             by_round["ours_seq"].append([])
         else:
-            rec["ours_pipe"] += o["dualpipev"]["step_seconds"]
-            rec["ours_seq"] += o["sequential"]["step_seconds"]
             by_round["ours_pipe"].append(o["dualpipev"]["step_seconds"])
             by_round["ours_seq"].append(o["sequential"]["step_seconds"])
             # A build from before the bench measured CPU time has no such member.
@@ -361,7 +358,6 @@ def measure(args, label):
             cpu["ours_seq"] += o["sequential"].get("cpu_seconds", [None])
         try:
             tp = torch_pipe(args)
-            rec["torch_pipe"] += tp["step_seconds"]
             by_round["torch_pipe"].append(tp["step_seconds"])
             cpu["torch_pipe"] += tp["cpu_seconds"]
         except RuntimeError as e:  # the other contenders are still measured
@@ -369,14 +365,15 @@ def measure(args, label):
             by_round["torch_pipe"].append([])
             print(f"PyTorch's pipeline did not run, so its column is empty: {e}", file=sys.stderr)
         te = torch_eager(args)
-        rec["torch_eager"] += te["step_seconds"]
         by_round["torch_eager"].append(te["step_seconds"])
         cpu["torch_eager"] += te["cpu_seconds"]
         load.append(os.getloadavg())
         last = {"ours": o, "torch_pipe": tp, "torch_eager": te}
     return {"d_model": D, "heads": HEADS, "seq": SEQ, "rows": ROWS, "dtype": DTYPE, "layers": LAYERS,
             "half_projections": args.half_projections and DTYPE != "f32",
-            "micro_batches": MBS, "tokens_per_step": tokens_per_step(), "steps": rec, "steps_by_round": by_round, "cpu_seconds": cpu,
+            "micro_batches": MBS, "tokens_per_step": tokens_per_step(),
+            "steps": {k: [t for r in rounds for t in r] for k, rounds in by_round.items()},
+            "steps_by_round": by_round, "cpu_seconds": cpu,
             "load": load, "ours_unavailable": unavailable, "last": last}
 
 
