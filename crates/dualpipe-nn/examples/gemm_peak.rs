@@ -19,7 +19,9 @@
 //! of independent `vfmadd231ps` (16 lanes × 2 FLOPs) or `vdpbf16ps` (16 lanes × 2 products ×
 //! 2 FLOPs) on 16 accumulator registers, AVX2 (8 lanes) where there is no AVX-512. The GEMMs'
 //! operands are f32 (the bf16 GEMM rounds them as it packs them), timed as the best of several
-//! repetitions after a warm-up. The last column is the f16 GEMM, on the converting path
+//! repetitions after a warm-up; the column "bf16 in" is the same bf16 GEMM on operands that
+//! are bf16 already (its packing copies them), the rate to set beside a library's GEMM on
+//! bf16 tensors (`scripts/gemm_onednn.py` puts PyTorch's oneDNN beside it). The last column is the f16 GEMM, on the converting path
 //! (operands rounded to f16 and widened, then the f32 GEMM), for comparison. Where the
 //! processor has AMX, the bf16 GEMM runs on its tiles: the bf16 peak is then four
 //! independent `tdpbf16ps` on zero tiles (16 × 16 × 32 × 2 FLOPs each), and a last column
@@ -28,8 +30,9 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use dualpipe_nn::layers::{bench_amx_peak, bench_gemm};
+use dualpipe_nn::layers::{bench_amx_peak, bench_gemm, bench_gemm_bf16};
 use dualpipe_nn::NnError;
+use half::bf16;
 
 /// Seconds of CPU time this thread has run (wall time where that clock is not available), so
 /// that other processes' time slices on a shared machine do not count.
@@ -224,6 +227,9 @@ fn shapes(d: usize, rows: usize) -> Vec<Shape> {
 struct Operands {
     a: Vec<f32>,
     b: Vec<f32>,
+    /// `a` and `b` rounded to bf16, for the GEMM on bf16 operands.
+    a16: Vec<bf16>,
+    b16: Vec<bf16>,
     dst: Vec<f32>,
     flops: f64,
 }
@@ -231,9 +237,13 @@ struct Operands {
 impl Operands {
     fn new(shape: &Shape) -> Operands {
         let [m, k, n] = shape.dims;
+        let (a, b) = (values(m * k, 1), values(k * n, 2));
+        let round = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect();
         Operands {
-            a: values(m * k, 1),
-            b: values(k * n, 2),
+            a16: round(&a),
+            b16: round(&b),
+            a,
+            b,
             dst: vec![0f32; m * n],
             flops: 2.0 * (m * k * n) as f64,
         }
@@ -248,9 +258,21 @@ impl Operands {
             shape.half_transposed
         };
         let mut err = None;
-        let Operands { a, b, dst, flops } = self;
+        let Operands {
+            a,
+            b,
+            a16,
+            b16,
+            dst,
+            flops,
+        } = self;
         let r = best_rate(*flops, budget, || {
-            if let Err(e) = bench_gemm(kind, shape.dims, transposed, a, b, dst) {
+            let done = if kind == "bf16-operands" {
+                bench_gemm_bf16(shape.dims, transposed, a16, b16, dst)
+            } else {
+                bench_gemm(kind, shape.dims, transposed, a, b, dst)
+            };
+            if let Err(e) = done {
                 err = Some(e);
             }
             black_box(&dst);
@@ -328,12 +350,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         println!();
         println!(
-            "{:<26} {:>16} {:>9} {:>7} {:>9} {:>7} {:>8} {:>9} {:>9}",
+            "{:<26} {:>16} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7} {:>8} {:>9} {:>9}",
             "GEMM (GFLOP/s)",
             "m x k x n",
             "f32",
             "%peak",
             "bf16",
+            "%peak",
+            "bf16 in",
             "%peak",
             "bf16/f32",
             "f16 conv",
@@ -367,6 +391,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut rate = |kind: &str| ops.rate(&shape, kind, budget);
         let f32_rate = rate("f32")?;
         let bf16_rate = rate("bf16")?;
+        let bf16_in_rate = rate("bf16-operands")?;
         let f16_rate = rate("f16")?;
         let dp_rate = if dp_too {
             Some(rate("bf16-avx512")?)
@@ -375,24 +400,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         if json {
             println!(
-                "{{\"gemm\":\"{}\",\"m\":{m},\"k\":{k},\"n\":{n},\"f32_gflops\":{:.1},\"f32_share\":{:.3},\"bf16_gflops\":{:.1},\"bf16_share\":{:.3},\"f16_converting_gflops\":{:.1},\"bf16_avx512_gflops\":{}}}",
+                "{{\"gemm\":\"{}\",\"m\":{m},\"k\":{k},\"n\":{n},\"f32_gflops\":{:.1},\"f32_share\":{:.3},\"bf16_gflops\":{:.1},\"bf16_share\":{:.3},\"bf16_operands_gflops\":{:.1},\"bf16_operands_share\":{:.3},\"f16_converting_gflops\":{:.1},\"bf16_avx512_gflops\":{}}}",
                 shape.name,
                 f32_rate / 1e9,
                 f32_rate / f32_peak,
                 bf16_rate / 1e9,
                 bf16_rate / bf16_ref,
+                bf16_in_rate / 1e9,
+                bf16_in_rate / bf16_ref,
                 f16_rate / 1e9,
                 gflops(dp_rate),
             );
         } else {
             println!(
-                "{:<26} {:>16} {:>9.1} {:>6.1}% {:>9.1} {:>6.1}% {:>7.2}x {:>9.1} {:>9}",
+                "{:<26} {:>16} {:>9.1} {:>6.1}% {:>9.1} {:>6.1}% {:>9.1} {:>6.1}% {:>7.2}x {:>9.1} {:>9}",
                 shape.name,
                 format!("{m}x{k}x{n}"),
                 f32_rate / 1e9,
                 100.0 * f32_rate / f32_peak,
                 bf16_rate / 1e9,
                 100.0 * bf16_rate / bf16_ref,
+                bf16_in_rate / 1e9,
+                100.0 * bf16_in_rate / bf16_ref,
                 bf16_rate / f32_rate,
                 f16_rate / 1e9,
                 dp_rate.map_or("-".to_string(), |r| format!("{:.1}", r / 1e9)),

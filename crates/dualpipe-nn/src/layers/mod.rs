@@ -20,7 +20,7 @@ pub use block::MlpBlock;
 pub use embedding::Embedding;
 pub use gelu::Gelu;
 #[doc(hidden)]
-pub use kernels::{bench_amx_peak, bench_gemm};
+pub use kernels::{bench_amx_peak, bench_gemm, bench_gemm_bf16};
 pub use linear::Linear;
 pub use loss::{cross_entropy, mse_grad, mse_loss};
 pub use mlp::Mlp;

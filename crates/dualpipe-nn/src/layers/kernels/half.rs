@@ -51,7 +51,7 @@ mod native;
 #[cfg(test)]
 mod tests;
 
-pub use bench::{bench_amx_peak, bench_gemm};
+pub use bench::{bench_amx_peak, bench_gemm, bench_gemm_bf16};
 use convert::{bf16_bits, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, round_bf16, round_f16};
 pub(crate) use convert::{gelu_forward_half, mul_rounded, to_f32, to_half};
 

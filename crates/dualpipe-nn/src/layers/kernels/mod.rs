@@ -117,7 +117,7 @@ pub(crate) use gemm::{
     gemm_to, linear_backward_input, linear_backward_weight, linear_forward, transpose, Mat,
 };
 #[doc(hidden)]
-pub use half::{bench_amx_peak, bench_gemm};
+pub use half::{bench_amx_peak, bench_gemm, bench_gemm_bf16};
 pub(crate) use half::{gelu_forward_half, mul_rounded, to_f32, to_half};
 pub(crate) use linear_half::{
     linear_backward_input_half, linear_backward_weight_half, linear_forward_half,

@@ -5,6 +5,7 @@ use super::super::gemm::{gemm, Mat};
 use super::{gemm_half, gemm_half_with, HalfOperand, HalfPath, Skip};
 use crate::error::NnError;
 use crate::precision::Half;
+use half::bf16;
 
 /// Benchmark hook for `examples/gemm_peak.rs`, not an API: `dst = a·b` for the f32 operands
 /// `a` (`[m, k]`, or stored `[k, m]` and read transposed when `transposed[0]`) and `b`
@@ -46,6 +47,38 @@ pub fn bench_gemm(
             None => Err(NnError::Stage(format!("{WHAT}: unknown kind {other}"))),
         },
     }
+}
+
+/// Benchmark hook for `examples/gemm_peak.rs`, not an API: [`bench_gemm`]'s `"bf16"` with
+/// operands that are bf16 already (as the training code's saved activations are under mixed
+/// precision), so that packing copies them instead of rounding f32: the rate to set beside a
+/// kernel library's GEMM on bf16 tensors.
+#[doc(hidden)]
+pub fn bench_gemm_bf16(
+    [m, k, n]: [usize; 3],
+    transposed: [bool; 2],
+    a: &[bf16],
+    b: &[bf16],
+    dst: &mut [f32],
+) -> Result<(), NnError> {
+    let a = if transposed[0] {
+        Mat::new(a, k, m).t()
+    } else {
+        Mat::new(a, m, k)
+    };
+    let b = if transposed[1] {
+        Mat::new(b, n, k).t()
+    } else {
+        Mat::new(b, k, n)
+    };
+    gemm_half(
+        Half::Bf16,
+        dst,
+        HalfOperand::Bf16(a),
+        HalfOperand::Bf16(b),
+        false,
+        "benchmark GEMM",
+    )
 }
 
 /// The bf16 GEMM on AMX with the blocking `sizes` (`"KC,MC,NC"`) instead of the kernel's

@@ -319,6 +319,37 @@ fn amx_benchmark_blockings_agree_with_the_converting_path() {
     amx::model::ON.set(false);
 }
 
+/// `gemm_peak`'s "bf16 in" column runs the bf16 GEMM on operands that are bf16 already: on
+/// values that bf16 holds exactly it must give what the f32-operand GEMM gives, bit for bit
+/// (the same path; rounding such values changes nothing), in every layout it reads.
+#[test]
+fn the_bf16_operand_benchmark_is_the_same_gemm() {
+    let [m, k, n] = [70, 300, 90];
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut exact = |len: usize| -> Vec<f32> {
+        (0..len)
+            .map(|_| bf16::from_f32(rng.random_range(-2.0f32..2.0)).to_f32())
+            .collect()
+    };
+    let (a, b) = (exact(m * k), exact(k * n));
+    let (a16, b16): (Vec<bf16>, Vec<bf16>) = (
+        a.iter().map(|&x| bf16::from_f32(x)).collect(),
+        b.iter().map(|&x| bf16::from_f32(x)).collect(),
+    );
+    for transposed in [[false, false], [false, true], [true, false]] {
+        let mut want = vec![0f32; m * n];
+        bench_gemm("bf16", [m, k, n], transposed, &a, &b, &mut want).unwrap();
+        let mut got = vec![1f32; m * n];
+        bench_gemm_bf16([m, k, n], transposed, &a16, &b16, &mut got).unwrap();
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{transposed:?}: the bf16-operand GEMM differs"
+        );
+    }
+}
+
 #[test]
 fn gemm_on_the_gpt_shapes() {
     // A d-128 forward, backward-input and weight-gradient GEMM (more than one block of k
