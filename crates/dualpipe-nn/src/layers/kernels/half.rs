@@ -10,7 +10,10 @@
 //!   with AMX (model 207) it runs the GPT's d-512 GEMMs at 595-1,128 GFLOP/s from run to run,
 //!   4.3-5.5x the f32 GEMM in one run and 19-35% of the tiles' peak measured in the same run
 //!   (packing from f32 included); the tile loop alone, on prepacked operands, reached 41-49%
-//!   there, and that machine's tile rate is not steady (docs/performance.md). Preferred over
+//!   there, and that machine's tile rate is not steady (docs/performance.md). PyTorch's
+//!   oneDNN on the same shapes there, in interleaved rounds (`scripts/gemm_onednn.py`):
+//!   25.5% of the peak on f32 operands under autocast against our 27.2%, 35.5% on bf16
+//!   operands against our 30.5%. Preferred over
 //!   the next path where both exist (`vdpbf16ps` ran at half the f32 FMA rate on those
 //!   cores).
 //! - **Native** (bf16 on x86-64 processors with AVX512_BF16, such as Zen 4, Zen 5 or Sapphire
