@@ -175,25 +175,28 @@ def main() -> int:
     if args.rounds < 1:
         print("gemm_onednn.py: --rounds must be at least 1", file=sys.stderr)
         return 2
+    exe = args.gemm_peak
+    if exe is not None and not exe.is_file():
+        print(f"gemm_onednn.py: --gemm-peak {exe}: no such file; build it with "
+              "`cargo build --release -p dualpipe-nn --example gemm_peak`", file=sys.stderr)
+        return 2
     try:
         import torch
     except ImportError:
         print("gemm_onednn.py: needs torch (pip install torch)", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    exe = args.gemm_peak
     if exe is None:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "dualpipe-nn", "--example", "gemm_peak"],
                        cwd=REPO, check=True)
         exe = REPO / "target" / "release" / "examples" / "gemm_peak"
-    if not exe.is_file():
-        print(f"gemm_onednn.py: --gemm-peak {exe}: no such file; build it with "
-              "`cargo build --release -p dualpipe-nn --example gemm_peak`", file=sys.stderr)
-        return 2
     print(f"# machine: {machine(torch)}", flush=True)
     rounds = []
     for i in range(args.rounds):
-        out = subprocess.run([str(exe), "--json", "--only", args.only], capture_output=True, text=True, check=True)
+        out = subprocess.run([str(exe), "--json", "--only", args.only], capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"gemm_onednn.py: {exe} failed (exit {out.returncode}): {out.stderr.strip()}", file=sys.stderr)
+            return 1
         peak, gemms = parse_gemm_peak(out.stdout)
         if not gemms:
             print(f"gemm_onednn.py: --only {args.only!r} matches none of gemm_peak's GEMMs", file=sys.stderr)
