@@ -7,6 +7,27 @@ use crate::error::NnError;
 use crate::precision::Half;
 use half::bf16;
 
+/// `a` (`[m, k]`, or stored `[k, m]` and read transposed when `transposed[0]`) and `b`
+/// (`[k, n]`, or stored `[n, k]` when `transposed[1]`) as the GEMM's operands.
+fn operands<'a, T>(
+    [m, k, n]: [usize; 3],
+    transposed: [bool; 2],
+    a: &'a [T],
+    b: &'a [T],
+) -> (Mat<'a, T>, Mat<'a, T>) {
+    let a = if transposed[0] {
+        Mat::new(a, k, m).t()
+    } else {
+        Mat::new(a, m, k)
+    };
+    let b = if transposed[1] {
+        Mat::new(b, n, k).t()
+    } else {
+        Mat::new(b, k, n)
+    };
+    (a, b)
+}
+
 /// Benchmark hook for `examples/gemm_peak.rs`, not an API: `dst = a·b` for the f32 operands
 /// `a` (`[m, k]`, or stored `[k, m]` and read transposed when `transposed[0]`) and `b`
 /// (`[k, n]`, or `[n, k]` transposed), by `kind`: `"f32"` (the f32 GEMM), `"bf16"` or `"f16"`
@@ -23,16 +44,7 @@ pub fn bench_gemm(
     dst: &mut [f32],
 ) -> Result<(), NnError> {
     const WHAT: &str = "benchmark GEMM";
-    let a = if transposed[0] {
-        Mat::new(a, k, m).t()
-    } else {
-        Mat::new(a, m, k)
-    };
-    let b = if transposed[1] {
-        Mat::new(b, n, k).t()
-    } else {
-        Mat::new(b, k, n)
-    };
+    let (a, b) = operands([m, k, n], transposed, a, b);
     let (a16, b16) = (HalfOperand::F32(a), HalfOperand::F32(b));
     match kind {
         "f32" => gemm(dst, a, b, false, WHAT),
@@ -61,16 +73,7 @@ pub fn bench_gemm_bf16(
     b: &[bf16],
     dst: &mut [f32],
 ) -> Result<(), NnError> {
-    let a = if transposed[0] {
-        Mat::new(a, k, m).t()
-    } else {
-        Mat::new(a, m, k)
-    };
-    let b = if transposed[1] {
-        Mat::new(b, n, k).t()
-    } else {
-        Mat::new(b, k, n)
-    };
+    let (a, b) = operands([m, k, n], transposed, a, b);
     gemm_half(
         Half::Bf16,
         dst,
