@@ -18,7 +18,8 @@
 //! block of `k` (two `A` and two `B` tile loads per four `tdpbf16ps`); the accumulators start
 //! as zeros and are stored into `C` in place, or, where a start is added or the block is cut
 //! by `C`'s edge, into a scratch block that masked vector loads and stores add to the start
-//! and write into `C`.
+//! and write into `C`. Where a block of `k` is short and the output wide, a block's lines of
+//! `C` are asked for before its products ([`prefetch_block`]).
 //!
 //! The tile instructions are written as inline assembly: Rust's AMX intrinsics and its
 //! detection of the AMX features are not stable yet. The processor reports AMX through
