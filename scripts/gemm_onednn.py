@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch_gpt_perf  # noqa: E402  (the machine's description, shared with the GPT pairs)
 
 
 def layout(name: str) -> tuple[bool, bool]:
@@ -149,20 +149,12 @@ def table(peak: float, rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def machine(torch) -> str:
-    """The processor's model and its AVX-512 / bf16 / AMX flags, and torch's version."""
-    model, flags = platform.processor(), set()
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    has = [f for f in ("avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16") if f in flags]
-    return f"{model}, {os.cpu_count()} CPUs ({' '.join(has) or 'no AVX-512'}); torch {torch.__version__}"
+def describe_machine(torch) -> str:
+    """The processor's model, its CPUs and the AVX-512 / bf16 / AMX flags it has (torch_gpt_perf.py's
+    reading of /proc/cpuinfo), and torch's version."""
+    m = torch_gpt_perf.machine()
+    has = " ".join(f for f, on in m["flags"].items() if on) or "none of the flags looked for"
+    return f"{m['model_name']}, {m['cpus']} CPUs ({has}); torch {torch.__version__}"
 
 
 def main() -> int:
@@ -190,7 +182,7 @@ def main() -> int:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "dualpipe-nn", "--example", "gemm_peak"],
                        cwd=REPO, check=True)
         exe = REPO / "target" / "release" / "examples" / "gemm_peak"
-    print(f"# machine: {machine(torch)}", flush=True)
+    print(f"# machine: {describe_machine(torch)}", flush=True)
     rounds = []
     for i in range(args.rounds):
         out = subprocess.run([str(exe), "--json", "--only", args.only], capture_output=True, text=True)
@@ -207,7 +199,7 @@ def main() -> int:
     peak, rows = merge(rounds)
     print(table(peak, rows))
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine(torch), "peak_gflops": peak, "gemms": rows}, indent=1))
+        args.json.write_text(json.dumps({"machine": describe_machine(torch), "peak_gflops": peak, "gemms": rows}, indent=1))
     return 0
 
 

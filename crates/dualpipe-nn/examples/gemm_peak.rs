@@ -21,11 +21,11 @@
 //! operands are f32 (the bf16 GEMM rounds them as it packs them), timed as the best of several
 //! repetitions after a warm-up; the column "bf16 in" is the same bf16 GEMM on operands that
 //! are bf16 already (its packing copies them), the rate to set beside a library's GEMM on
-//! bf16 tensors (`scripts/gemm_onednn.py` puts PyTorch's oneDNN beside it). The last column is the f16 GEMM, on the converting path
-//! (operands rounded to f16 and widened, then the f32 GEMM), for comparison. Where the
-//! processor has AMX, the bf16 GEMM runs on its tiles: the bf16 peak is then four
-//! independent `tdpbf16ps` on zero tiles (16 × 16 × 32 × 2 FLOPs each), and a last column
-//! gives the `vdpbf16ps` kernel's rate for comparison.
+//! bf16 tensors (`scripts/gemm_onednn.py` puts PyTorch's oneDNN beside it). The last column
+//! is the f16 GEMM, on the converting path (operands rounded to f16 and widened, then the f32
+//! GEMM), for comparison. Where the processor has AMX, the bf16 GEMM runs on its tiles: the
+//! bf16 peak is then four independent `tdpbf16ps` on zero tiles (16 × 16 × 32 × 2 FLOPs
+//! each), and a last column gives the `vdpbf16ps` kernel's rate for comparison.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -363,7 +363,7 @@ const PREFETCH_C_MIN_N: usize = 256;
 /// (`gemm_peak`, bf16 operands, with and without alternated in one process, best of eight
 /// turns): d 128's GEMMs with `k` 128 and 384-512 output columns 1.18-1.53x (`C` 1.5-2 MiB
 /// per GEMM, written once), but 0.91-0.94x where the output is 128 columns wide (`C` of 512
-/// KiB stays in L2 from one GEMM to the next) and 0.96-1.07x on d 512's, whose blocks run 16
+/// KiB stays in L2 from one GEMM to the next) and 0.91-1.07x on d 512's, whose blocks run 16
 /// tiles of `k` or more; hence the two bounds above.
 ///
 /// # Safety
