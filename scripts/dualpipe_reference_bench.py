@@ -11,9 +11,12 @@ Usage:
     python3 scripts/dualpipe_reference_bench.py --dualpipe /path/to/DualPipe \
         --ranks 4 --micro-batches 8 --micro-batch-size 128 --hidden 128 512
 
-Prints one line per hidden size with the median milliseconds per step (forward, backward and
-communication of one DualPipe step; no optimizer), or JSON with --json. The same shapes with
-our runtime:
+Prints one line per hidden size with the median milliseconds per step, or JSON with --json,
+two ways: the pipeline (`DualPipe.step()`: forward, backward and communication) and the whole
+training step, which adds what training needs after it and the reference leaves to its user:
+each stage's gradient summed with its copy's (a rank holds stages r and ranks-1-r, so every
+stage lives on two ranks; one all-reduce per pair of ranks) and PyTorch's AdamW (fused where
+this PyTorch has it). The same shapes with our runtime:
 
     dualpipe train --model mlp --ranks 4 --micro-batches 8 --micro-batch-size 128 --hidden 128 \
         --layers-per-stage 1 --steps 20 --format json
@@ -35,6 +38,39 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stage_ids(rank, ranks):
+    """The stages rank `rank` holds, in the order of its two local modules: stage `rank` of
+    direction 0, then stage `ranks - 1 - rank` of direction 1."""
+    return (rank, ranks - 1 - rank)
+
+
+def pair_groups(dist, ranks):
+    """One process group per pair of ranks (r, ranks - 1 - r), the two that hold the same two
+    stages; every rank creates all of them, in the same order."""
+    return [dist.new_group([r, ranks - 1 - r]) for r in range(ranks // 2)]
+
+
+def sum_copies(torch, dist, local, rank, ranks, groups):
+    """Adds each stage's gradients to those of its copy on the paired rank, so that both
+    copies take the same update: one all-reduce of the rank's gradients, ordered by stage."""
+    ids = stage_ids(rank, ranks)
+    grads = [p.grad for i in sorted(range(2), key=lambda i: ids[i]) for p in local[i].parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=groups[min(ids)])
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def adamw(torch, params):
+    """PyTorch's AdamW, its fused CPU kernel where this version has one."""
+    try:
+        return torch.optim.AdamW(params, lr=1e-3, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.AdamW(params, lr=1e-3)
 
 
 def make_stage_class(torch, weight_grad_store):
@@ -141,7 +177,9 @@ def worker(rank, args, port, hidden, queue):
     def criterion(out, label):
         return torch.nn.functional.mse_loss(out, label)
 
-    times = []
+    groups = pair_groups(dist, ranks)
+    optimizer = adamw(torch, local.parameters())
+    times, whole = [], []
     for step in range(args.warmup + args.steps):
         for p in pipe.parameters():
             p.grad = None
@@ -149,10 +187,15 @@ def worker(rank, args, port, hidden, queue):
         t0 = time.perf_counter()
         pipe.step(inputs, num_chunks=mbs, criterion=criterion, labels=(labels,))
         dist.barrier()
+        t1 = time.perf_counter()
+        sum_copies(torch, dist, local, rank, ranks, groups)
+        optimizer.step()
+        dist.barrier()
         if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
+            times.append(t1 - t0)
+            whole.append(time.perf_counter() - t0)
     if rank == 0:
-        queue.put(times)
+        queue.put((times, whole))
     dist.destroy_process_group()
 
 
@@ -182,11 +225,13 @@ def main():
         ctx = mp.get_context("spawn")
         queue = ctx.SimpleQueue()
         mp.start_processes(worker, args=(args, free_port(), hidden, queue), nprocs=args.ranks, start_method="spawn")
-        times = queue.get()
+        times, whole = queue.get()
         results.append({
             "hidden": hidden,
             "ms_per_step_median": 1e3 * statistics.median(times),
             "ms_per_step_min": 1e3 * min(times),
+            "whole_ms_per_step_median": 1e3 * statistics.median(whole),
+            "whole_ms_per_step_min": 1e3 * min(whole),
             "steps": len(times),
         })
     config = {"ranks": args.ranks, "micro_batches": args.micro_batches, "micro_batch_size": args.micro_batch_size}
@@ -196,7 +241,9 @@ def main():
         print(f"reference DualPipe on CPU (gloo, {args.ranks} processes x 1 thread), "
               f"{args.micro_batches} micro-batches x {args.micro_batch_size} rows")
         for r in results:
-            print(f"  hidden {r['hidden']:>5}: {r['ms_per_step_median']:8.1f} ms/step (median of {r['steps']}, min {r['ms_per_step_min']:.1f})")
+            print(f"  hidden {r['hidden']:>5}: pipeline {r['ms_per_step_median']:8.1f} ms/step (median of {r['steps']}, "
+                  f"min {r['ms_per_step_min']:.1f}); whole step {r['whole_ms_per_step_median']:8.1f} ms "
+                  f"(min {r['whole_ms_per_step_min']:.1f})")
 
 
 if __name__ == "__main__":
