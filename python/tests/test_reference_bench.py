@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import os
-import socket
 
 import pytest
 
@@ -26,12 +25,6 @@ bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
 RANKS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stage_module(torch, stage):
@@ -61,7 +54,7 @@ def worker(rank, port, queue):
 def test_each_stage_holds_the_sum_of_its_two_copies():
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    port = free_port()
+    port = bench.free_port()
     procs = [ctx.Process(target=worker, args=(r, port, queue)) for r in range(RANKS)]
     for p in procs:
         p.start()
