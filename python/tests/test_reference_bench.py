@@ -55,7 +55,8 @@ def test_each_stage_holds_the_sum_of_its_two_copies():
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     port = bench.free_port()
-    procs = [ctx.Process(target=worker, args=(r, port, queue)) for r in range(RANKS)]
+    # Daemons: a worker stuck in gloo fails the test at the queue timeout instead of holding pytest open.
+    procs = [ctx.Process(target=worker, args=(r, port, queue), daemon=True) for r in range(RANKS)]
     for p in procs:
         p.start()
     results = dict(queue.get(timeout=120) for _ in range(RANKS))
