@@ -54,7 +54,7 @@ impl Serve {
             .spawn()
             .unwrap();
         let serve = Serve { child: Some(child) };
-        wait(addr, "the scheduler answers", |_| true);
+        wait(addr, state, "the scheduler answers", |_| true);
         serve
     }
 
@@ -81,17 +81,26 @@ fn free_addr() -> String {
 }
 
 /// The scheduler's jobs (`list --format json`), or `None` while it does not answer.
-fn jobs(addr: &str) -> Option<Vec<Value>> {
-    let r = dualpipe(["cluster", "list", "--addr", addr, "--format", "json"]);
+fn jobs(addr: &str, state: &Path) -> Option<Vec<Value>> {
+    let r = dualpipe([
+        "cluster",
+        "list",
+        "--addr",
+        addr,
+        "--state",
+        s(state),
+        "--format",
+        "json",
+    ]);
     (r.code == Some(0)).then(|| r.json()["jobs"].as_array().unwrap().clone())
 }
 
 /// Polls until `ready` holds of the jobs (60 s at most).
 #[track_caller]
-fn wait(addr: &str, what: &str, ready: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+fn wait(addr: &str, state: &Path, what: &str, ready: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if let Some(j) = jobs(addr) {
+        if let Some(j) = jobs(addr, state) {
             if ready(&j) {
                 return j;
             }
@@ -99,7 +108,7 @@ fn wait(addr: &str, what: &str, ready: impl Fn(&[Value]) -> bool) -> Vec<Value> 
         assert!(
             Instant::now() < deadline,
             "waited 60 s for {what}: {:#?}",
-            jobs(addr)
+            jobs(addr, state)
         );
         std::thread::sleep(Duration::from_millis(30));
     }
@@ -154,10 +163,19 @@ fn mlp_on(schedule: &str, steps: usize, extra: &[&str]) -> Vec<String> {
     a
 }
 
-fn submit(addr: &str, name: &str, ranks: &[&str], args: &[String]) -> String {
-    let mut cmd: Vec<String> = ["cluster", "submit", "--addr", addr, "--name", name]
-        .map(String::from)
-        .to_vec();
+fn submit(addr: &str, state: &Path, name: &str, ranks: &[&str], args: &[String]) -> String {
+    let mut cmd: Vec<String> = [
+        "cluster",
+        "submit",
+        "--addr",
+        addr,
+        "--state",
+        s(state),
+        "--name",
+        name,
+    ]
+    .map(String::from)
+    .to_vec();
     cmd.extend(ranks.iter().map(|s| s.to_string()));
     cmd.push("--".into());
     cmd.extend(args.iter().cloned());
@@ -187,6 +205,20 @@ fn unmoved(args: Vec<String>, ranks: usize, dir: PathBuf) -> Vec<f64> {
     floats(&dualpipe(&a).ok().json()["losses"])
 }
 
+/// The processes whose command line names `dir` (this test's own check that nothing is
+/// left; the scheduler itself never looks for processes this way).
+fn naming(dir: &Path) -> Vec<u32> {
+    let needle = dir.as_os_str().as_encoded_bytes();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle))
+        })
+        .collect()
+}
+
 fn events(out: &PathBuf) -> String {
     std::fs::read_to_string(out).unwrap()
 }
@@ -202,11 +234,31 @@ fn serve_migrates_resizes_restarts_and_recovers_without_losing_a_step() {
 
     // Bad input: one line, exit code 2, nothing queued.
     dualpipe([
-        "cluster", "submit", "--addr", &addr, "--ranks", "5", "--", "--steps", "3",
+        "cluster",
+        "submit",
+        "--addr",
+        &addr,
+        "--state",
+        s(&state),
+        "--ranks",
+        "5",
+        "--",
+        "--steps",
+        "3",
     ])
     .usage_error(&["max_ranks 5", "4 slots"]);
     dualpipe([
-        "cluster", "submit", "--addr", &addr, "--ranks", "1", "--", "--ranks", "2",
+        "cluster",
+        "submit",
+        "--addr",
+        &addr,
+        "--state",
+        s(&state),
+        "--ranks",
+        "1",
+        "--",
+        "--ranks",
+        "2",
     ])
     .usage_error(&["--ranks", "the scheduler sets it"]);
     dualpipe([
@@ -214,6 +266,8 @@ fn serve_migrates_resizes_restarts_and_recovers_without_losing_a_step() {
         "submit",
         "--addr",
         &addr,
+        "--state",
+        s(&state),
         "--ranks",
         "1",
         "--",
@@ -221,7 +275,16 @@ fn serve_migrates_resizes_restarts_and_recovers_without_losing_a_step() {
         "nope",
     ])
     .usage_error(&["nope"]);
-    dualpipe(["cluster", "cancel", "--addr", &addr, "job-9999"]).usage_error(&["no job job-9999"]);
+    dualpipe([
+        "cluster",
+        "cancel",
+        "--addr",
+        &addr,
+        "--state",
+        s(&state),
+        "job-9999",
+    ])
+    .usage_error(&["no job job-9999"]);
 
     // The MLP has 2 blocks: E's first process runs them on 2 ranks (1 block each), and an
     // elastic job's model is that of its first shape; its unmoved run is on 2 ranks. The
@@ -242,21 +305,22 @@ fn serve_migrates_resizes_restarts_and_recovers_without_losing_a_step() {
     // E, elastic on 1-2 ranks and alone, starts on 2 slots of node 0; B and C fill node 1.
     let e = submit(
         &addr,
+        &state,
         "elastic",
         &["--min-ranks", "1", "--max-ranks", "2"],
         &e_args,
     );
-    let j = wait(&addr, "E running", |j| phase(j, &e) == "running");
+    let j = wait(&addr, &state, "E running", |j| phase(j, &e) == "running");
     assert_eq!(slots(&j, &e), [0, 1]);
-    let b = submit(&addr, "rigid", &["--ranks", "1"], &b_args);
-    wait(&addr, "B running", |j| phase(j, &b) == "running");
-    let c = submit(&addr, "short", &["--ranks", "1"], &mlp(30, &[]));
-    let j = wait(&addr, "C running", |j| phase(j, &c) == "running");
+    let b = submit(&addr, &state, "rigid", &["--ranks", "1"], &b_args);
+    wait(&addr, &state, "B running", |j| phase(j, &b) == "running");
+    let c = submit(&addr, &state, "short", &["--ranks", "1"], &mlp(30, &[]));
+    let j = wait(&addr, &state, "C running", |j| phase(j, &c) == "running");
     assert_eq!((slots(&j, &b), slots(&j, &c)), (vec![2], vec![3]));
     // D needs 2 ranks: E shrinks to 1 (a resize); once C is done, E migrates to C's slot
     // in node 1 so that D gets node 0 whole (a migration).
-    let d = submit(&addr, "pair", &["--ranks", "2"], &mlp(20, &[]));
-    let j = wait(&addr, "D done", |j| phase(j, &d) == "done");
+    let d = submit(&addr, &state, "pair", &["--ranks", "2"], &mlp(20, &[]));
+    let j = wait(&addr, &state, "D done", |j| phase(j, &d) == "done");
     assert_eq!(job(&j, &e)["resizes"], 1, "{}", events(&out));
     assert_eq!(job(&j, &e)["migrations"], 1, "{}", events(&out));
     assert!(
@@ -265,7 +329,7 @@ fn serve_migrates_resizes_restarts_and_recovers_without_losing_a_step() {
         events(&out)
     );
     // With nobody queued, E grows back to 2 ranks in node 0 (a second resize).
-    let j = wait(&addr, "E grown", |j| {
+    let j = wait(&addr, &state, "E grown", |j| {
         job(j, &e)["resizes"] == 2 && phase(j, &e) == "running" && job(j, &e)["pause"].is_null()
     });
     assert_eq!(slots(&j, &e), [0, 1]);
@@ -278,7 +342,7 @@ fn serve_migrates_resizes_restarts_and_recovers_without_losing_a_step() {
         Some(libc::SIGKILL)
     );
     let mut serve = Serve::start(&state, &addr, &out);
-    let j = wait(&addr, "E and B resumed", |j| {
+    let j = wait(&addr, &state, "E and B resumed", |j| {
         [&e, &b].iter().all(|id| {
             let now = job(j, id);
             now["phase"] == "done"
@@ -295,10 +359,10 @@ fn serve_migrates_resizes_restarts_and_recovers_without_losing_a_step() {
     );
     let pid = job(&j, &b)["pid"].as_u64().unwrap() as i32;
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    wait(&addr, "B recovered", |j| {
+    wait(&addr, &state, "B recovered", |j| {
         job(j, &b)["recoveries"].as_array().unwrap().len() == 1
     });
-    let j = wait(&addr, "every job done", |j| {
+    let j = wait(&addr, &state, "every job done", |j| {
         j.iter().all(|x| x["phase"] == "done")
     });
     assert_eq!(j.len(), 4);
@@ -309,14 +373,9 @@ fn serve_migrates_resizes_restarts_and_recovers_without_losing_a_step() {
         ),
         (Some(1), Some(0))
     );
-    let metrics = dualpipe_cluster::serve::http::request(
-        &addr,
-        "GET",
-        "/metrics",
-        None,
-        Duration::from_secs(5),
-    )
-    .unwrap();
+    let metrics =
+        dualpipe_http::client::request(&addr, "GET", "/metrics", &[], None, Duration::from_secs(5))
+            .unwrap();
     for needle in [
         "dualpipe_cluster_recoveries_total 1\n",
         "dualpipe_cluster_queue_length 0\n",
@@ -338,10 +397,7 @@ fn serve_migrates_resizes_restarts_and_recovers_without_losing_a_step() {
     );
     assert_eq!(serve.end(libc::SIGTERM).code(), Some(0));
     // No process is left holding the state directory.
-    assert_eq!(
-        dualpipe_cluster::serve::process::holders(&state),
-        Vec::<u32>::new()
-    );
+    assert_eq!(naming(&state), Vec::<u32>::new());
 
     // Nothing lost: every step logged once, in order; the losses are the unmoved runs'.
     for (id, steps) in [(&e, LONG), (&b, LONG), (&c, 30), (&d, 20)] {
@@ -415,7 +471,17 @@ fn serve_refuses_bad_input_in_one_line() {
     // A rank count the schedule refuses is refused at submission, not by the job's process
     // once placed: dualpipe folds over an even number of ranks.
     dualpipe([
-        "cluster", "submit", "--addr", &addr, "--ranks", "1", "--", "--steps", "3",
+        "cluster",
+        "submit",
+        "--addr",
+        &addr,
+        "--state",
+        s(&state),
+        "--ranks",
+        "1",
+        "--",
+        "--steps",
+        "3",
     ])
     .usage_error(&["on 1 ranks", "even number of ranks"]);
     // An elastic job is never resized to such a count: 12 blocks split over 2, 3 and 4 model
@@ -423,11 +489,12 @@ fn serve_refuses_bad_input_in_one_line() {
     let even = mlp_on("dualpipe", 2, &["--layers-per-stage", "6"]);
     let id = submit(
         &addr,
+        &state,
         "even",
         &["--min-ranks", "2", "--max-ranks", "4"],
         &even,
     );
-    let j = wait(&addr, "the elastic job listed", |j| {
+    let j = wait(&addr, &state, "the elastic job listed", |j| {
         j.iter().any(|x| x["id"] == id.as_str())
     });
     assert_eq!(job(&j, &id)["allowed"], serde_json::json!([2, 4]));
@@ -481,7 +548,17 @@ fn serve_on_port_0_says_the_port_it_took() {
         .to_string();
     assert!(!addr.ends_with(":0"), "{first}");
     // The clients reach it there.
-    let r = dualpipe(["cluster", "list", "--addr", &addr, "--format", "json"]);
+    let state = dir.join("state");
+    let r = dualpipe([
+        "cluster",
+        "list",
+        "--addr",
+        &addr,
+        "--state",
+        s(&state),
+        "--format",
+        "json",
+    ]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     drop(serve);
 }

@@ -6,6 +6,7 @@
 mod checkpoint;
 mod checkpoint_owner;
 mod cluster;
+mod cluster_access;
 mod cluster_serve;
 mod compare;
 mod eplb;

@@ -6,8 +6,9 @@ use super::journal::Journal;
 use super::spec::Phase;
 
 /// The Prometheus text page of the scheduler's state: slots, queue, utilisation,
-/// fragmentation, moves, recoveries and jobs by phase.
-pub fn render(journal: &Journal, busy_slots: usize) -> String {
+/// fragmentation, moves, recoveries, jobs by phase, and whether the journal is written
+/// (`journal_ok`).
+pub fn render(journal: &Journal, busy_slots: usize, journal_ok: bool) -> String {
     let t = &journal.totals;
     let queued = journal
         .jobs
@@ -25,6 +26,12 @@ pub fn render(journal: &Journal, busy_slots: usize) -> String {
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
         );
     };
+    metric(
+        "dualpipe_cluster_journal_ok",
+        "gauge",
+        "1 while the scheduler's last journal write succeeded, 0 while it cannot journal (it then refuses submissions and cancels).",
+        if journal_ok { 1.0 } else { 0.0 },
+    );
     metric(
         "dualpipe_cluster_slots",
         "gauge",
@@ -123,9 +130,11 @@ mod tests {
         j.totals.slot_s = 100.0;
         j.totals.busy_slot_s = 75.0;
         j.totals.migrations = 2;
-        let page = render(&j, 3);
+        let page = render(&j, 3, true);
+        assert!(render(&j, 3, false).contains("dualpipe_cluster_journal_ok 0\n"));
         for needle in [
             "dualpipe_cluster_slots 4\n",
+            "dualpipe_cluster_journal_ok 1\n",
             "dualpipe_cluster_slots_busy 3\n",
             "dualpipe_cluster_utilization 0.75\n",
             "# TYPE dualpipe_cluster_migrations_total counter\n",

@@ -13,6 +13,9 @@ use super::spec::JobRecord;
 /// The journal's format version.
 pub const VERSION: u32 = 1;
 
+/// The largest journal read (bytes).
+pub const MAX_JOURNAL_BYTES: u64 = 64 << 20;
+
 /// The counters of the whole cluster since the state directory was created.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Totals {
@@ -63,13 +66,22 @@ impl Journal {
     }
 
     /// Reads the journal of `dir`, or `None` when there is none yet; the error is one line.
+    /// A file that is not a regular one, or larger than [`MAX_JOURNAL_BYTES`], is refused
+    /// before it is read.
     pub fn load(dir: &Path) -> Result<Option<Journal>, String> {
         let path = Self::path(dir);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
+        match std::fs::symlink_metadata(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("{}: cannot read: {e}", path.display())),
-        };
+            _ => {}
+        }
+        let bytes = dualpipe_io::read_regular(
+            &path,
+            MAX_JOURNAL_BYTES,
+            "a journal of 65,536 slots and thousands of jobs is a few MiB",
+            "the scheduler's state",
+        )
+        .map_err(|e| format!("{e}; give another `state` directory"))?;
+        let text = String::from_utf8_lossy(&bytes);
         let journal: Journal = serde_json::from_str(&text).map_err(|e| {
             format!(
                 "{}: not a scheduler state file ({e}); give another `state` directory",
@@ -101,10 +113,14 @@ pub struct DirLock {
 }
 
 impl DirLock {
-    /// Locks `dir` (creating it and its lock file when missing); refused while another
-    /// scheduler holds it.
+    /// Locks `dir` (creating it, readable by its owner only, and its lock file when
+    /// missing); refused while another scheduler holds it.
     pub fn take(dir: &Path) -> Result<DirLock, String> {
-        std::fs::create_dir_all(dir)
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
             .map_err(|e| format!("`state` {}: cannot create: {e}", dir.display()))?;
         let path = dir.join(".lock");
         let file = std::fs::OpenOptions::new()
@@ -150,5 +166,15 @@ mod tests {
         assert!(Journal::load(dir.path())
             .unwrap_err()
             .contains("not a scheduler state file"));
+    }
+
+    #[test]
+    fn a_huge_journal_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::File::create(Journal::path(dir.path())).unwrap();
+        // Sparse: 3 GB on the file system's books, no blocks written.
+        f.set_len(3 << 30).unwrap();
+        let e = Journal::load(dir.path()).unwrap_err();
+        assert!(e.contains("state.json") && e.contains("more than"), "{e}");
     }
 }

@@ -4,22 +4,28 @@
 //!
 //! * [`spec`]: what is submitted and what is recorded of each job.
 //! * [`policy`]: the decisions of one tick (admission, migration, shrink, grow), pure.
-//! * [`process`]: the [`Launcher`] that knows the training command; spawning and signals.
+//! * [`process`]: the [`Launcher`] that knows the training command; spawning, signals and
+//!   process identities.
 //! * [`journal`]: the state file and the directory lock.
-//! * [`api`]: the HTTP/JSON API; [`http`]: its client side and the scrapes.
-//! * [`export`]: the scheduler's Prometheus metrics.
-//! * [`scheduler`]: the loop, [`serve`].
+//! * [`access`]: the API's token and the loopback rule.
+//! * [`api`]: the HTTP/JSON API's handler (on `dualpipe_http`'s bounded server).
+//! * [`export`]: the scheduler's Prometheus metrics; [`scrape`]: reading a job's.
+//! * [`scheduler`]: the loop, [`serve`]; its answers to calls and its recovery after a
+//!   restart are in `calls` and [`recover`].
 
+pub mod access;
 pub mod api;
+mod calls;
 pub mod export;
-pub mod http;
 pub mod journal;
 pub mod policy;
 pub mod process;
+pub mod recover;
 pub mod scheduler;
+pub mod scrape;
 pub mod spec;
 
 pub use policy::{Action, PolicyParams};
-pub use process::{JobPaths, Launch, Launcher};
+pub use process::{Identity, JobPaths, Launch, Launcher};
 pub use scheduler::{last_step, serve, ServeOptions};
 pub use spec::{JobRecord, JobRequest, Phase};

@@ -356,6 +356,7 @@ mod tests {
                 args: vec![],
                 min_ranks: min,
                 max_ranks: max,
+                request_id: None,
             },
             allowed.to_vec(),
             1000,

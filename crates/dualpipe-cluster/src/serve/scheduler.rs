@@ -6,16 +6,18 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::api::{Call, Envelope, Reply};
-use super::http;
+use super::access;
+use super::api::{Api, Envelope};
 use super::journal::{DirLock, Journal};
 use super::policy::{plan, Action, PolicyParams};
-use super::process::{holders, signal, spawn, JobPaths, Launcher};
-use super::spec::{JobRecord, JobRequest, Pause, PauseKind, Phase, StopReason};
+use super::process::{signal, spawn, Identity, JobPaths, Launcher};
+use super::scrape::sample;
+use super::spec::{JobRecord, Pause, PauseKind, Phase, StopReason};
 use crate::cluster::MAX_DEVICES;
 use crate::ClusterError;
 
@@ -38,10 +40,16 @@ pub struct ServeOptions {
     pub max_restarts: u32,
     /// How long the jobs get to write their final checkpoints when the scheduler ends.
     pub stop_grace: Duration,
+    /// Listen on an address beyond loopback (the operator's explicit choice: anyone who can
+    /// reach it and holds the token may run jobs as the scheduler's user).
+    pub allow_remote: bool,
 }
 
+/// How long an API thread waits for the loop to take a call.
+const API_WAIT: Duration = Duration::from_secs(30);
+
 /// Unix seconds now.
-fn unix_now() -> f64 {
+pub(super) fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
@@ -54,15 +62,17 @@ struct Proc {
 }
 
 /// The running scheduler.
-struct Scheduler<'a> {
-    options: ServeOptions,
-    launcher: Box<dyn Launcher>,
-    journal: Journal,
+pub(super) struct Scheduler<'a> {
+    pub(super) options: ServeOptions,
+    launcher: Arc<dyn Launcher>,
+    pub(super) journal: Journal,
     procs: BTreeMap<String, Proc>,
     say: &'a mut dyn FnMut(&str),
     events: Option<std::fs::File>,
     started: Instant,
     dirty: bool,
+    /// Why the journal could not be written last time, while it cannot.
+    pub(super) journal_error: Option<String>,
 }
 
 /// Runs the scheduler until `stop` reports a signal: loads (or creates) the journal in
@@ -73,8 +83,8 @@ struct Scheduler<'a> {
 ///
 /// Call it from the thread that lives as long as the scheduler (see [`spawn`]).
 pub fn serve(
-    options: ServeOptions,
-    launcher: Box<dyn Launcher>,
+    mut options: ServeOptions,
+    launcher: Arc<dyn Launcher>,
     stop: fn() -> Option<i32>,
     say: &mut dyn FnMut(&str),
 ) -> Result<(), ClusterError> {
@@ -85,7 +95,18 @@ pub fn serve(
             options.slots
         )));
     }
+    let remote = !access::loopback_only(&options.addr).map_err(usage)?;
+    if remote && !options.allow_remote {
+        return Err(ClusterError::Serve(format!(
+            "`addr` {}: beyond loopback, anyone who reaches it and holds the token runs jobs as \
+             this user; give a 127.0.0.1 address, or opt in with `allow_remote`",
+            options.addr
+        )));
+    }
     let _lock = DirLock::take(&options.state).map_err(usage)?;
+    // Absolute from here on: the jobs run in folders of their own.
+    options.state = std::fs::canonicalize(&options.state)
+        .map_err(|e| ClusterError::Serve(format!("`state` {}: {e}", options.state.display())))?;
     let mut journal = Journal::load(&options.state)
         .map_err(usage)?
         .unwrap_or_else(|| Journal::new(options.slots));
@@ -104,13 +125,36 @@ pub fn serve(
         )));
     }
     journal.slots = options.slots;
-    let server = tiny_http::Server::http(options.addr.as_str()).map_err(|e| {
+    let token = access::ensure_token(&options.state).map_err(usage)?;
+    let (tx, rx) = channel::<Envelope>();
+    let ready = Arc::new(AtomicBool::new(false));
+    let api = Arc::new(Api {
+        token,
+        ready: Arc::clone(&ready),
+        calls: tx,
+        launcher: Arc::clone(&launcher),
+        slots: options.slots,
+        wait: API_WAIT,
+        checking: AtomicUsize::new(0),
+    });
+    let limits = dualpipe_http::Limits {
+        workers: 4,
+        max_body: super::api::MAX_BODY,
+        ..dualpipe_http::Limits::default()
+    };
+    let server = dualpipe_http::Server::start(
+        &options.addr,
+        "cluster-api",
+        limits,
+        Arc::new(move |rq: &dualpipe_http::Request| api.handle(rq)),
+        Box::new(|line: &str| eprintln!("{line}")),
+    )
+    .map_err(|e| {
         ClusterError::Serve(format!(
-            "`addr` {}: cannot listen: {e}; give a free HOST:PORT",
-            options.addr
+            "`addr` {}: cannot listen: {}; give a free HOST:PORT",
+            options.addr, e.reason
         ))
     })?;
-    let server = Arc::new(server);
     let events = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -125,36 +169,37 @@ pub fn serve(
         events,
         started: Instant::now(),
         dirty: true,
+        journal_error: None,
     };
     // The address bound (port 0 asks for a free port: say which).
-    let bound = server
-        .server_addr()
-        .to_ip()
-        .map_or_else(|| s.options.addr.clone(), |a| a.to_string());
+    let bound = server.addr();
     s.event(&format!(
         "serving {} slots on http://{bound} (state {})",
         s.options.slots,
         s.options.state.display()
     ));
+    if remote {
+        s.event(&format!(
+            "warning: the API listens beyond loopback ({bound}): anyone who reaches it with \
+             the token in {} runs jobs as this user, and the token and jobs travel \
+             unencrypted",
+            access::token_path(&s.options.state).display()
+        ));
+    }
     s.recover();
     s.save();
-    let (tx, rx) = channel::<Envelope>();
-    let api_server = Arc::clone(&server);
-    let api = std::thread::Builder::new()
-        .name("cluster-api".into())
-        .spawn(move || super::api::run(api_server, tx))
-        .map_err(|e| ClusterError::Serve(format!("cannot start the API thread: {e}")))?;
+    ready.store(true, Ordering::Release);
     let result = s.run(&rx, stop);
+    ready.store(false, Ordering::Release);
     s.shutdown();
-    server.unblock();
-    drop(rx);
-    let _ = api.join();
+    // Ends the API at once: no client, and no request still being checked, is waited for.
+    drop(server);
     result
 }
 
 impl Scheduler<'_> {
     /// Tells of an event (the session log) and appends it to `events.log`.
-    fn event(&mut self, text: &str) {
+    pub(super) fn event(&mut self, text: &str) {
         let line = format!("[{:8.3} s] {text}", self.started.elapsed().as_secs_f64());
         (self.say)(&line);
         if let Some(f) = &mut self.events {
@@ -162,67 +207,36 @@ impl Scheduler<'_> {
         }
     }
 
-    fn save(&mut self) {
-        if let Err(e) = self.journal.save(&self.options.state) {
-            let text = format!("warning: cannot journal the state: {e}");
-            self.event(&text);
-        }
+    /// Writes the journal; tells once when it cannot, and once when it can again.
+    pub(super) fn save(&mut self) -> bool {
         self.dirty = false;
+        match self.journal.save(&self.options.state) {
+            Ok(()) => {
+                if self.journal_error.take().is_some() {
+                    self.event("the journal is written again");
+                }
+                true
+            }
+            Err(e) => {
+                if self.journal_error.is_none() {
+                    let text = format!(
+                        "warning: cannot journal the state: {e}; submissions and cancels are \
+                         refused until it can"
+                    );
+                    self.event(&text);
+                }
+                self.journal_error = Some(e);
+                false
+            }
+        }
     }
 
-    fn job_mut(&mut self, id: &str) -> Option<&mut JobRecord> {
+    pub(super) fn job_mut(&mut self, id: &str) -> Option<&mut JobRecord> {
         self.journal.jobs.iter_mut().find(|j| j.id == id)
     }
 
-    fn paths(&self, id: &str) -> JobPaths {
+    pub(super) fn paths(&self, id: &str) -> JobPaths {
         JobPaths::new(&self.options.state, id)
-    }
-
-    /// Jobs a killed scheduler left running: waits for their processes (asked to stop when
-    /// it died) to end, then queues them to resume.
-    fn recover(&mut self) {
-        let deadline = Instant::now() + self.options.stop_grace;
-        let ids: Vec<String> = self
-            .journal
-            .jobs
-            .iter()
-            .filter(|j| matches!(j.phase, Phase::Running | Phase::Stopping))
-            .map(|j| j.id.clone())
-            .collect();
-        for id in ids {
-            let marker = self.paths(&id).checkpoints;
-            while !holders(&marker).is_empty() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            for pid in holders(&marker) {
-                signal(pid, libc::SIGKILL);
-            }
-            while !holders(&marker).is_empty() {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let job = self.job_mut(&id).expect("listed");
-            let cancelled = job.stop_reason == Some(StopReason::Cancel);
-            job.phase = if cancelled {
-                Phase::Cancelled
-            } else {
-                Phase::Queued
-            };
-            if cancelled {
-                job.finished_at = Some(unix_now());
-            }
-            job.slots.clear();
-            job.target.clear();
-            job.stop_reason = None;
-            job.pid = None;
-            job.metrics_addr = None;
-            job.pause = None;
-            let text = if cancelled {
-                format!("{id}: cancelled (its process ended while the scheduler was down)")
-            } else {
-                format!("{id}: found running from before a restart; queued to resume from its last checkpoint")
-            };
-            self.event(&text);
-        }
     }
 
     fn run(
@@ -238,9 +252,11 @@ impl Scheduler<'_> {
             loop {
                 let left = tick_end.saturating_duration_since(Instant::now());
                 match rx.recv_timeout(left.max(Duration::from_millis(1))) {
-                    Ok((call, reply)) => {
-                        let answer = self.call(call);
-                        let _ = reply.send(answer);
+                    Ok(envelope) => {
+                        if envelope.take() {
+                            let answer = self.call(envelope.call);
+                            let _ = envelope.reply.send(answer);
+                        }
                     }
                     Err(RecvTimeoutError::Timeout) => break,
                     Err(RecvTimeoutError::Disconnected) => {
@@ -282,110 +298,6 @@ impl Scheduler<'_> {
         }
     }
 
-    /// Answers one API call.
-    fn call(&mut self, call: Call) -> Reply {
-        match call {
-            Call::Submit(request) => match self.submit(request) {
-                Ok(id) => Reply::json(201, &serde_json::json!({ "id": id })),
-                Err(e) => Reply::error(400, &e),
-            },
-            Call::List => {
-                let busy = self.busy();
-                Reply::json(
-                    200,
-                    &serde_json::json!({
-                        "slots": self.options.slots,
-                        "busy": busy,
-                        "totals": self.journal.totals,
-                        "jobs": self.journal.jobs,
-                    }),
-                )
-            }
-            Call::Cancel(id) => self.cancel(&id),
-            Call::Metrics => Reply {
-                status: 200,
-                body: super::export::render(&self.journal, self.busy()),
-                content_type: "text/plain; version=0.0.4; charset=utf-8",
-            },
-        }
-    }
-
-    fn busy(&self) -> usize {
-        self.journal
-            .jobs
-            .iter()
-            .filter(|j| matches!(j.phase, Phase::Running | Phase::Stopping))
-            .map(|j| j.slots.len())
-            .sum()
-    }
-
-    fn submit(&mut self, request: JobRequest) -> Result<String, String> {
-        let slots = self.options.slots;
-        if request.min_ranks == 0 || request.max_ranks < request.min_ranks {
-            return Err(format!(
-                "min_ranks {} and max_ranks {}: give 1 <= min_ranks <= max_ranks",
-                request.min_ranks, request.max_ranks
-            ));
-        }
-        if request.max_ranks > slots {
-            return Err(format!(
-                "max_ranks {}: the scheduler has {slots} slots; give at most {slots}",
-                request.max_ranks
-            ));
-        }
-        if let Some(name) = &request.name {
-            if name.len() > 100 || name.chars().any(char::is_control) {
-                return Err("name: give at most 100 printable characters".into());
-            }
-        }
-        let (allowed, steps) =
-            self.launcher
-                .check(&request.args, request.min_ranks, request.max_ranks)?;
-        if allowed.is_empty() {
-            return Err("no rank count in min_ranks..=max_ranks fits the job".into());
-        }
-        let seq = self.journal.next_seq;
-        self.journal.next_seq += 1;
-        let id = format!("job-{seq:04}");
-        let job = JobRecord::new(id.clone(), seq, request, allowed.clone(), steps, unix_now());
-        let name = job
-            .name
-            .clone()
-            .map(|n| format!(" ({n})"))
-            .unwrap_or_default();
-        self.journal.jobs.push(job);
-        self.event(&format!(
-            "{id}{name}: submitted, {steps} steps on {allowed:?} ranks"
-        ));
-        self.save();
-        Ok(id)
-    }
-
-    fn cancel(&mut self, id: &str) -> Reply {
-        let Some(job) = self.job_mut(id) else {
-            return Reply::error(404, &format!("no job {id}"));
-        };
-        match job.phase {
-            Phase::Queued => {
-                job.phase = Phase::Cancelled;
-                job.finished_at = Some(unix_now());
-            }
-            Phase::Running | Phase::Stopping => {
-                if let Some(pid) = job.pid {
-                    signal(pid, libc::SIGTERM);
-                }
-                job.phase = Phase::Stopping;
-                job.stop_reason = Some(StopReason::Cancel);
-                job.target.clear();
-                job.pause = None;
-            }
-            phase => return Reply::error(409, &format!("{id} is already {}", phase.name())),
-        }
-        self.event(&format!("{id}: cancel requested"));
-        self.save();
-        Reply::json(200, &serde_json::json!({ "id": id, "cancelled": true }))
-    }
-
     /// Busy, capacity and stranded slot-seconds, and each running job's run time.
     fn account(&mut self, dt: f64) {
         let busy = self.busy();
@@ -406,32 +318,26 @@ impl Scheduler<'_> {
     /// Starts job `id`'s process on `slots`; a failure to start fails the job.
     fn start(&mut self, id: &str, slots: Vec<usize>) {
         let paths = self.paths(id);
-        if !holders(&paths.checkpoints).is_empty() {
-            // A process of a scheduler that died still holds the checkpoints: wait for it
-            // (it was asked to stop and writes its final checkpoint).
-            if let Some(job) = self.job_mut(id) {
-                job.phase = Phase::Queued;
-                job.slots.clear();
-                job.target.clear();
-            }
-            return;
-        }
         let port = match free_port() {
             Ok(p) => p,
             Err(e) => return self.fail(id, &format!("no free port for its metrics: {e}")),
         };
         let metrics_addr = format!("127.0.0.1:{port}");
-        // An empty checkpoint directory: `--resume` then starts at step 1.
-        if let Err(e) = std::fs::create_dir_all(&paths.checkpoints) {
-            return self.fail(
-                id,
-                &format!("cannot create {}: {e}", paths.checkpoints.display()),
-            );
+        // An empty checkpoint directory: `--resume` then starts at step 1; and the folder of
+        // the job's own files, its working directory.
+        for dir in [&paths.checkpoints, &paths.files] {
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                return self.fail(id, &format!("cannot create {}: {e}", dir.display()));
+            }
         }
         let job = self.job_mut(id).expect("a known job").clone();
-        let launch = self
+        let launch = match self
             .launcher
-            .command(&job, slots.len(), &paths, &metrics_addr);
+            .command(&job, slots.len(), &paths, &metrics_addr)
+        {
+            Ok(l) => l,
+            Err(e) => return self.fail(id, &e),
+        };
         let header = format!(
             "--- attempt {} on slots {:?} ({} ranks): {} {}\n",
             job.attempts + 1,
@@ -448,6 +354,7 @@ impl Scheduler<'_> {
         match spawn(&launch, &paths.output) {
             Ok(child) => {
                 let pid = child.id();
+                let pid_start = Identity::of(pid).map(|i| i.start);
                 self.procs.insert(
                     id.to_string(),
                     Proc {
@@ -462,6 +369,7 @@ impl Scheduler<'_> {
                 job.target.clear();
                 job.stop_reason = None;
                 job.pid = Some(pid);
+                job.pid_start = pid_start;
                 job.metrics_addr = Some(metrics_addr);
                 job.attempts += 1;
                 job.started_at.get_or_insert(unix_now());
@@ -485,6 +393,7 @@ impl Scheduler<'_> {
             job.slots.clear();
             job.target.clear();
             job.pid = None;
+            job.pid_start = None;
             job.pause = None;
             job.finished_at = Some(unix_now());
             job.message = Some(why.to_string());
@@ -549,6 +458,7 @@ impl Scheduler<'_> {
         let how = describe(status);
         let job = &mut self.journal.jobs[i];
         job.pid = None;
+        job.pid_start = None;
         job.metrics_addr = None;
         let step = job.step;
         let reason = job.stop_reason;
@@ -596,10 +506,13 @@ impl Scheduler<'_> {
             None => {
                 job.crashes += 1;
                 if job.crashes > max_restarts {
-                    let why = format!(
+                    let mut why = format!(
                         "{how} after step {step}; crashed {} times (`max_restarts` {max_restarts})",
                         job.crashes
                     );
+                    if let Some(last) = last_line(&paths.output) {
+                        why.push_str(&format!("; its last line: {last}"));
+                    }
                     return self.fail(id, &why);
                 }
                 job.pause = Some(Pause {
@@ -673,20 +586,22 @@ impl Scheduler<'_> {
             let Some(addr) = &job.metrics_addr else {
                 continue;
             };
-            let Ok(r) = http::request(addr, "GET", "/metrics", None, Duration::from_secs(2)) else {
+            let timeout = Duration::from_secs(2);
+            let Ok(r) = dualpipe_http::client::request(addr, "GET", "/metrics", &[], None, timeout)
+            else {
                 continue;
             };
             if r.status != 200 {
                 continue;
             }
-            let sum = http::sample(&r.body, "dualpipe_step_duration_seconds_sum");
-            let count = http::sample(&r.body, "dualpipe_step_duration_seconds_count");
+            let sum = sample(&r.body, "dualpipe_step_duration_seconds_sum");
+            let count = sample(&r.body, "dualpipe_step_duration_seconds_count");
             if let (Some(sum), Some(count)) = (sum, count) {
                 if count > 0.0 {
                     job.step_seconds = Some(sum / count);
                 }
             }
-            if let Some(loss) = http::sample(&r.body, "dualpipe_loss").filter(|l| l.is_finite()) {
+            if let Some(loss) = sample(&r.body, "dualpipe_loss").filter(|l| l.is_finite()) {
                 job.loss = Some(loss);
             }
         }
@@ -750,13 +665,18 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-/// The last non-empty line of a text file.
-fn last_line(path: &Path) -> Option<String> {
+/// The last non-empty line of a text file, without control or format characters and cut to
+/// 300 characters (it goes into a job's message).
+pub(super) fn last_line(path: &Path) -> Option<String> {
     let text = tail(path, 8192)?;
-    text.lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .map(|l| l.trim().to_string())
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    Some(
+        line.trim()
+            .chars()
+            .filter(|&c| !c.is_control() && !super::spec::is_format(c))
+            .take(300)
+            .collect(),
+    )
 }
 
 /// The last `n` bytes of a file, as text.

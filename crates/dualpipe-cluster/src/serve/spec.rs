@@ -17,6 +17,81 @@ pub struct JobRequest {
     pub min_ranks: usize,
     /// The most ranks (slots) the job runs on; equal to `min_ranks` for a rigid job.
     pub max_ranks: usize,
+    /// The client's id for this submission (1 to 64 of `A-Za-z0-9._-`): a request sent again
+    /// with the same id is answered with the job it queued, never queues a second one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+/// The longest job name, in characters.
+pub const MAX_NAME_CHARS: usize = 100;
+
+impl JobRequest {
+    /// Checks what needs no knowledge of the training command or of the scheduler: the
+    /// rank counts' order, the name (at most [`MAX_NAME_CHARS`] characters, none a control or
+    /// format character such as a right-to-left override), the request id, and arguments
+    /// without a NUL byte. The error is one line.
+    pub fn check(&self) -> Result<(), String> {
+        if self.min_ranks == 0 || self.max_ranks < self.min_ranks {
+            return Err(format!(
+                "min_ranks {} and max_ranks {}: give 1 <= min_ranks <= max_ranks",
+                self.min_ranks, self.max_ranks
+            ));
+        }
+        if let Some(name) = &self.name {
+            if name.chars().count() > MAX_NAME_CHARS
+                || name.chars().any(|c| c.is_control() || is_format(c))
+            {
+                return Err(format!(
+                    "name: give at most {MAX_NAME_CHARS} printable characters (no control or \
+                     format characters such as U+202E)"
+                ));
+            }
+        }
+        if let Some(id) = &self.request_id {
+            let ok = (1..=64).contains(&id.len())
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if !ok {
+                return Err("request_id: give 1 to 64 of A-Z, a-z, 0-9, '.', '_', '-'".into());
+            }
+        }
+        if let Some(i) = self.args.iter().position(|a| a.contains('\0')) {
+            return Err(format!(
+                "args[{i}] holds a NUL byte, which no command line can carry; remove it"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `c` is a Unicode format character (general category Cf): invisible characters
+/// that change how text around them is shown (bidirectional overrides, joiners, tags).
+pub fn is_format(c: char) -> bool {
+    matches!(
+        c as u32,
+        0xAD | 0x600..=0x605
+            | 0x61C
+            | 0x6DD
+            | 0x70F
+            | 0x890..=0x891
+            | 0x8E2
+            | 0x180E
+            | 0x200B..=0x200F
+            | 0x202A..=0x202E
+            | 0x2060..=0x2064
+            | 0x2066..=0x206F
+            | 0xFEFF
+            | 0xFFF9..=0xFFFB
+            | 0x110BD
+            | 0x110CD
+            | 0x13430..=0x1343F
+            | 0x1BCA0..=0x1BCA3
+            | 0x1D173..=0x1D17A
+            | 0xE0001
+            | 0xE0020..=0xE007F
+    )
 }
 
 /// Where a job is in its life.
@@ -114,8 +189,15 @@ pub struct JobRecord {
     pub target: Vec<usize>,
     /// Why its process is stopping.
     pub stop_reason: Option<StopReason>,
-    /// The process id of its current process.
+    /// The process id of its current process (also its process group's id).
     pub pid: Option<u32>,
+    /// That process's start time (`/proc/PID/stat` field 22, clock ticks after boot): with
+    /// the pid, what proves a process is this job's after a restart.
+    #[serde(default)]
+    pub pid_start: Option<u64>,
+    /// The client's id of the submission that queued it.
+    #[serde(default)]
+    pub request_id: Option<String>,
     /// Where its current process serves its metrics.
     pub metrics_addr: Option<String>,
     /// Processes started for it.
@@ -176,6 +258,8 @@ impl JobRecord {
             target: Vec::new(),
             stop_reason: None,
             pid: None,
+            pid_start: None,
+            request_id: request.request_id,
             metrics_addr: None,
             attempts: 0,
             crashes: 0,
@@ -215,5 +299,43 @@ impl JobRecord {
         } else {
             self.move_pauses.iter().sum::<f64>() / self.move_pauses.len() as f64
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(name: &str, args: &[&str]) -> JobRequest {
+        JobRequest {
+            name: Some(name.into()),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            min_ranks: 1,
+            max_ranks: 1,
+            request_id: None,
+        }
+    }
+
+    #[test]
+    fn names_count_characters_and_refuse_format_characters() {
+        assert_eq!(request(&"\u{e9}".repeat(100), &[]).check(), Ok(()));
+        assert!(request(&"\u{e9}".repeat(101), &[]).check().is_err());
+        for bad in ["evil\u{202e}gnp.exe", "a\u{200b}b", "x\u{1b}[31m", "a\nb"] {
+            let e = request(bad, &[]).check().unwrap_err();
+            assert!(e.contains("format characters"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_nul_in_an_argument_and_a_bad_request_id_are_refused() {
+        let e = request("a", &["--steps", "3", "a\0b"]).check().unwrap_err();
+        assert!(e.contains("args[2]") && e.contains("NUL"), "{e}");
+        let mut r = request("a", &[]);
+        r.request_id = Some("id with spaces".into());
+        assert!(r.check().unwrap_err().contains("request_id"));
+        r.request_id = Some("a".repeat(65));
+        assert!(r.check().is_err());
+        r.request_id = Some("cli-1234.5_x".into());
+        assert_eq!(r.check(), Ok(()));
     }
 }

@@ -1,13 +1,49 @@
 //! `dualpipe cluster submit / list / cancel`: clients of `serve`'s HTTP/JSON API.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use dualpipe_cluster::serve::http::{request, Response};
+use dualpipe_cluster::serve::access::{read_token, token_path};
 use dualpipe_cluster::serve::{JobRecord, JobRequest};
+use dualpipe_http::client::{request, Response};
 
 use super::serve::DEFAULT_ADDR;
 use crate::cmd::simulate::Format;
 use crate::cmd::UsageError;
+
+/// The environment variable naming a token file when neither --state nor --token-file is
+/// given.
+pub const TOKEN_ENV: &str = "DUALPIPE_CLUSTER_TOKEN_FILE";
+
+/// How a client proves it may use the scheduler: the token in its state directory.
+#[derive(clap::Args, Debug)]
+pub struct AccessArgs {
+    /// The scheduler's state directory: its token (DIR/token) is sent with each request.
+    #[arg(long, value_name = "DIR", conflicts_with = "token_file")]
+    pub state: Option<PathBuf>,
+    /// A file holding the scheduler's token (a copy of DIR/token) [default: the file named
+    /// by $DUALPIPE_CLUSTER_TOKEN_FILE].
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+impl AccessArgs {
+    /// The token to send, if a source was given; a source that cannot be read is a usage
+    /// error naming it.
+    fn token(&self) -> anyhow::Result<Option<String>> {
+        let (flag, path) = match (&self.state, &self.token_file) {
+            (Some(dir), _) => ("--state", token_path(dir)),
+            (None, Some(file)) => ("--token-file", file.clone()),
+            (None, None) => match std::env::var_os(TOKEN_ENV) {
+                Some(file) => (TOKEN_ENV, PathBuf::from(file)),
+                None => return Ok(None),
+            },
+        };
+        read_token(&path)
+            .map(Some)
+            .map_err(|e| UsageError(format!("{flag}: {e}")).into())
+    }
+}
 
 /// Flags of `dualpipe cluster submit`.
 #[derive(clap::Args, Debug)]
@@ -15,6 +51,13 @@ pub struct SubmitArgs {
     /// The scheduler's address.
     #[arg(long, default_value = DEFAULT_ADDR)]
     pub addr: String,
+    /// The scheduler's token.
+    #[command(flatten)]
+    pub access: AccessArgs,
+    /// This submission's id (1 to 64 of A-Za-z0-9._-) [default: a new random one]: sent
+    /// again, it gives the job it queued, never a second one.
+    #[arg(long)]
+    pub request_id: Option<String>,
     /// A name for the job.
     #[arg(long)]
     pub name: Option<String>,
@@ -28,8 +71,9 @@ pub struct SubmitArgs {
     #[arg(long, value_parser = crate::cmd::count, requires = "min_ranks")]
     pub max_ranks: Option<usize>,
     /// `dualpipe train`'s flags, after `--` (without --ranks, --checkpoint-dir, --resume,
-    /// --metrics-addr, --log: the scheduler sets them). Paths are relative to the
-    /// scheduler's working directory.
+    /// --metrics-addr, --log: the scheduler sets them). Outputs are relative paths, written
+    /// in the job's own folder; inputs are absolute paths under the scheduler's
+    /// --data-root folders.
     #[arg(last = true, required = true)]
     pub train: Vec<String>,
 }
@@ -40,6 +84,9 @@ pub struct ListArgs {
     /// The scheduler's address.
     #[arg(long, default_value = DEFAULT_ADDR)]
     pub addr: String,
+    /// The scheduler's token.
+    #[command(flatten)]
+    pub access: AccessArgs,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -53,13 +100,36 @@ pub struct CancelArgs {
     /// The scheduler's address.
     #[arg(long, default_value = DEFAULT_ADDR)]
     pub addr: String,
+    /// The scheduler's token.
+    #[command(flatten)]
+    pub access: AccessArgs,
 }
 
-/// One request to the scheduler at `addr`; its 4xx answers are usage errors (their
-/// `error` line), other failures errors.
-fn call(addr: &str, method: &str, path: &str, body: Option<&str>) -> anyhow::Result<Response> {
-    let r = request(addr, method, path, body, Duration::from_secs(30))
+/// One request to the scheduler at `addr` with the token of `access`; its 4xx answers are
+/// usage errors (their `error` line), other failures errors.
+fn call(
+    addr: &str,
+    access: &AccessArgs,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> anyhow::Result<Response> {
+    let token = access.token()?;
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer
+        .as_deref()
+        .map(|b| ("Authorization", b))
+        .into_iter()
+        .collect();
+    let r = request(addr, method, path, &headers, body, Duration::from_secs(30))
         .map_err(|e| anyhow::anyhow!("--addr {e} (is `dualpipe cluster serve` running there?)"))?;
+    if r.status == 401 && bearer.is_none() {
+        return Err(UsageError(format!(
+            "the scheduler at {addr} wants its token: give --state DIR (its state directory), \
+             --token-file FILE or ${TOKEN_ENV}"
+        ))
+        .into());
+    }
     if r.status >= 400 {
         let message = serde_json::from_str::<serde_json::Value>(&r.body)
             .ok()
@@ -92,14 +162,28 @@ pub fn run_submit(a: SubmitArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
+    let request_id = match a.request_id {
+        Some(id) => id,
+        None => new_request_id()?,
+    };
     let job = JobRequest {
         name: a.name,
         args: a.train,
         min_ranks,
         max_ranks,
+        request_id: Some(request_id.clone()),
     };
     let body = serde_json::to_string(&job)?;
-    let r = call(&a.addr, "POST", "/jobs", Some(&body))?;
+    let r = call(&a.addr, &a.access, "POST", "/jobs", Some(&body)).map_err(|e| {
+        if e.downcast_ref::<UsageError>().is_some() {
+            e
+        } else {
+            e.context(format!(
+                "the job may or may not be queued: run the same command with --request-id \
+                 {request_id} to find out without queuing it twice"
+            ))
+        }
+    })?;
     let v: serde_json::Value = serde_json::from_str(&r.body)?;
     println!("{}", v.get("id").and_then(|i| i.as_str()).unwrap_or(""));
     Ok(())
@@ -107,7 +191,7 @@ pub fn run_submit(a: SubmitArgs) -> anyhow::Result<()> {
 
 /// Runs `dualpipe cluster list`.
 pub fn run_list(a: ListArgs) -> anyhow::Result<()> {
-    let r = call(&a.addr, "GET", "/jobs", None)?;
+    let r = call(&a.addr, &a.access, "GET", "/jobs", None)?;
     match a.format {
         Format::Json => print!("{}", r.body),
         Format::Table => {
@@ -127,7 +211,7 @@ pub fn run_list(a: ListArgs) -> anyhow::Result<()> {
                 "paused s"
             );
             for j in jobs {
-                let loss = j.loss.map_or("-".into(), |l| format!("{l:.5}"));
+                let loss = j.loss.map_or("-".into(), short);
                 println!(
                     "{:<10} {:<12} {:<9} {:<12} {:>11} {:>10} {:>5} {:>5} {:>7} {:>9.2}",
                     j.id,
@@ -149,7 +233,52 @@ pub fn run_list(a: ListArgs) -> anyhow::Result<()> {
 
 /// Runs `dualpipe cluster cancel`.
 pub fn run_cancel(a: CancelArgs) -> anyhow::Result<()> {
-    call(&a.addr, "DELETE", &format!("/jobs/{}", a.id), None)?;
+    call(
+        &a.addr,
+        &a.access,
+        "DELETE",
+        &format!("/jobs/{}", a.id),
+        None,
+    )?;
     println!("{}: cancel requested", a.id);
     Ok(())
+}
+
+/// A new random request id (`cli-` and 16 hex digits from /dev/urandom).
+fn new_request_id() -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| anyhow::anyhow!("cannot draw a request id from /dev/urandom: {e}"))?;
+    Ok(format!("cli-{:016x}", u64::from_be_bytes(bytes)))
+}
+
+/// A number in at most 10 characters, as C's `%.4g` writes it: 4 significant digits,
+/// scientific beyond 1e5 or under 1e-4.
+fn short(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let e = x.abs().log10().floor() as i32;
+    if !(-4..5).contains(&e) {
+        format!("{x:.3e}")
+    } else {
+        format!("{x:.*}", (3 - e).max(0) as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short;
+
+    #[test]
+    fn losses_are_short_whatever_their_size() {
+        assert_eq!(short(1.2807848754478711e82), "1.281e82");
+        assert_eq!(short(0.25), "0.2500");
+        assert_eq!(short(12.3456), "12.35");
+        assert_eq!(short(12345.6), "12346");
+        assert_eq!(short(3.0e-7), "3.000e-7");
+        assert_eq!(short(0.0), "0");
+    }
 }

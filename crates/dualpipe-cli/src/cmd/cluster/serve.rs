@@ -2,7 +2,8 @@
 //! on local slots ([`TrainLauncher`] knows `train`'s flags; `dualpipe_cluster::serve` does
 //! the rest).
 
-use std::path::PathBuf;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::flags::TrainArgs;
@@ -26,9 +27,19 @@ pub struct ServeArgs {
     /// State directory: the journal, and each job's checkpoints, run log and output.
     #[arg(long)]
     pub state: PathBuf,
-    /// Address of the HTTP/JSON API and of the scheduler's metrics (`/metrics`).
+    /// Address of the HTTP/JSON API and of the scheduler's metrics (`/metrics`); loopback
+    /// only unless --allow-remote.
     #[arg(long, default_value = DEFAULT_ADDR)]
     pub addr: String,
+    /// Let --addr be an address beyond loopback: anyone who reaches it and holds the token
+    /// (DIR/token) runs jobs as this user, over unencrypted HTTP (docs/cluster.md, "Trust
+    /// model").
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// A folder jobs may read from (--data, --plan); repeatable. Without one, a job reads
+    /// nothing but what it writes in its own folder.
+    #[arg(long, value_name = "DIR")]
+    pub data_root: Vec<PathBuf>,
     /// Seconds between two scrapes of each job's metrics.
     #[arg(long, default_value_t = 10.0, allow_negative_numbers = true)]
     pub scrape_interval: f64,
@@ -83,15 +94,23 @@ const SET_BY_SCHEDULER: [&str; 11] = [
 /// that count's model stages, so a resize resumes the same model from the same checkpoint.
 pub struct TrainLauncher {
     program: PathBuf,
+    /// The folders a job may read from (canonical).
+    data_roots: Vec<PathBuf>,
 }
 
-/// `train`'s flags parsed and resolved, or the one-line reason.
-fn resolve(flags: &[String]) -> Result<dualpipe_train::TrainConfig, String> {
+/// The most chunks (ranks x micro-batches) of one rank count's schedule built to check a
+/// submission; a larger shape is refused there.
+const MAX_CHECK_CHUNKS: usize = 1 << 18;
+/// The most chunks built in all to check one submission; rank counts beyond are not allowed.
+const MAX_CHECK_TOTAL: usize = 1 << 21;
+
+/// `train`'s flags parsed, or the one-line reason.
+fn parse(flags: &[String]) -> Result<TrainArgs, String> {
     // The scheduler gives every job a checkpoint directory (flags such as
     // --checkpoint-every require one); resolving the flags does not touch it.
     let mut flags = flags.to_vec();
     flags.extend(["--checkpoint-dir".to_string(), "checkpoints".to_string()]);
-    let parsed = TrainArgs::try_parse_flags(&flags).map_err(|e| {
+    TrainArgs::try_parse_flags(&flags).map_err(|e| {
         let text = e.render().to_string();
         let lines: Vec<&str> = text
             .lines()
@@ -101,15 +120,103 @@ fn resolve(flags: &[String]) -> Result<dualpipe_train::TrainConfig, String> {
             .collect();
         let line = lines.join(" ");
         line.strip_prefix("error: ").unwrap_or(&line).to_string()
-    })?;
+    })
+}
+
+/// `train`'s flags parsed and resolved, or the one-line reason; the schedule built (its
+/// chunks taken from `budget`) when it is within the check's bounds.
+fn resolve(flags: &[String], budget: &mut usize) -> Result<dualpipe_train::TrainConfig, String> {
+    let parsed = parse(flags)?;
     let (config, given) = parsed.config().map_err(crate::flags::message)?;
     // The schedule's own rules (dualpipe folds over an even number of ranks, for example)
     // are checked when it is built: build it, so that a rank count it refuses is refused
     // here, not by the job's process once it is placed.
     if given.is_none() {
+        let s = &config.schedule;
+        let chunks = s.ranks.saturating_mul(s.micro_batches);
+        if chunks > MAX_CHECK_CHUNKS.min(*budget) {
+            return Err(format!(
+                "{} ranks x {} micro-batches: more than the scheduler checks at submission \
+                 ({MAX_CHECK_CHUNKS} chunks per rank count, {MAX_CHECK_TOTAL} in all); give \
+                 fewer micro-batches or a narrower rank range",
+                s.ranks, s.micro_batches
+            ));
+        }
+        *budget -= chunks;
         config.build_schedule().map_err(crate::flags::message)?;
     }
     Ok(config)
+}
+
+/// Where a job's paths may point: `train`'s file flags, checked before anything is read.
+/// Outputs (`-o`, `--trace`, `--svg`, `--save`, `--profile`) are relative paths without
+/// `..`, so they land in the job's own folder (its processes' working directory); inputs
+/// (`--data`, `--plan`) are absolute paths that resolve, symbolic links followed, inside one
+/// of `roots`.
+fn confine(args: &TrainArgs, roots: &[PathBuf]) -> Result<(), String> {
+    let outputs = [
+        ("--output", &args.output),
+        ("--trace", &args.trace),
+        ("--svg", &args.svg),
+        ("--save", &args.save),
+        ("--profile", &args.layout.profile),
+    ];
+    for (flag, path) in outputs {
+        let Some(path) = path else { continue };
+        let inside = path
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+            && path.file_name().is_some();
+        if !inside {
+            return Err(format!(
+                "{flag} {}: a job writes only in its own folder; give a relative path without \
+                 `..` (it lands in DIR/jobs/ID/files)",
+                path.display()
+            ));
+        }
+    }
+    let inputs = [
+        ("--data", &args.data),
+        ("--plan", &args.layout.plan),
+        ("--schedule-file", &args.schedule_file),
+        ("--init-from", &args.init_from),
+        ("--resume-from", &args.resume_from),
+    ];
+    for (flag, path) in inputs {
+        let Some(path) = path else { continue };
+        readable(flag, path, roots)?;
+    }
+    Ok(())
+}
+
+/// Whether a job may read `path`: absolute, and inside a data root once resolved.
+fn readable(flag: &str, path: &Path, roots: &[PathBuf]) -> Result<(), String> {
+    let outside = || {
+        let allowed = if roots.is_empty() {
+            "the scheduler allows no data root (serve --data-root DIR)".to_string()
+        } else {
+            let list: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+            format!("the data roots are {}", list.join(", "))
+        };
+        format!(
+            "{flag} {}: a job reads only under the scheduler's data roots; {allowed}",
+            path.display()
+        )
+    };
+    if !path.is_absolute() {
+        return Err(format!(
+            "{flag} {}: give an absolute path under a data root (a job's own folder starts \
+             empty)",
+            path.display()
+        ));
+    }
+    let real =
+        std::fs::canonicalize(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+    if roots.iter().any(|r| real.starts_with(r)) {
+        Ok(())
+    } else {
+        Err(outside())
+    }
 }
 
 /// `args` without any `--layers-per-stage` (the scheduler sets it per rank count).
@@ -135,6 +242,7 @@ impl TrainLauncher {
         args: &[String],
         min_ranks: usize,
         ranks: usize,
+        budget: &mut usize,
     ) -> Result<(Vec<String>, usize), String> {
         for a in args {
             let flag = a.split('=').next().unwrap_or(a);
@@ -152,7 +260,8 @@ impl TrainLauncher {
             }
             f
         };
-        let base = resolve(&with(args, min_ranks, None))?;
+        confine(&parse(args)?, &self.data_roots)?;
+        let base = resolve(&with(args, min_ranks, None), budget)?;
         if ranks == min_ranks {
             return Ok((with(args, ranks, None), base.steps));
         }
@@ -164,14 +273,18 @@ impl TrainLauncher {
         }
         let blocks = base.model_stages() * base.model.layers_per_stage;
         let rest = without_layers(args);
-        let stages = resolve(&with(&rest, ranks, Some(1)))?.model_stages();
+        let stages = parse(&with(&rest, ranks, Some(1)))?
+            .config()
+            .map_err(crate::flags::message)?
+            .0
+            .model_stages();
         if stages == 0 || blocks % stages != 0 {
             return Err(format!(
                 "the model's {blocks} blocks do not split evenly over {stages} model stages"
             ));
         }
         let flags = with(&rest, ranks, Some(blocks / stages));
-        let config = resolve(&flags)?;
+        let config = resolve(&flags, budget)?;
         Ok((flags, config.steps))
     }
 }
@@ -183,12 +296,19 @@ impl Launcher for TrainLauncher {
         min_ranks: usize,
         max_ranks: usize,
     ) -> Result<(Vec<usize>, usize), String> {
+        let mut budget = MAX_CHECK_TOTAL;
         let (_, steps) = self
-            .flags(args, min_ranks, min_ranks)
+            .flags(args, min_ranks, min_ranks, &mut budget)
             .map_err(|e| format!("on {min_ranks} ranks: {e}"))?;
-        let allowed = (min_ranks..=max_ranks)
-            .filter(|&k| self.flags(args, min_ranks, k).is_ok())
-            .collect();
+        let mut allowed = vec![min_ranks];
+        for k in min_ranks + 1..=max_ranks {
+            if budget == 0 {
+                break;
+            }
+            if self.flags(args, min_ranks, k, &mut budget).is_ok() {
+                allowed.push(k);
+            }
+        }
         Ok((allowed, steps))
     }
 
@@ -198,10 +318,10 @@ impl Launcher for TrainLauncher {
         ranks: usize,
         paths: &JobPaths,
         metrics_addr: &str,
-    ) -> Launch {
-        let (flags, _) = self
-            .flags(&job.args, job.min_ranks, ranks)
-            .unwrap_or_else(|_| (job.args.clone(), 0));
+    ) -> Result<Launch, String> {
+        // Checked at submission within the bounds: no budget here.
+        let mut unbounded = usize::MAX;
+        let (flags, _) = self.flags(&job.args, job.min_ranks, ranks, &mut unbounded)?;
         let mut args = vec!["train".to_string()];
         args.extend(flags);
         for (flag, value) in [
@@ -213,10 +333,11 @@ impl Launcher for TrainLauncher {
             args.push(value);
         }
         args.push("--resume".to_string());
-        Launch {
+        Ok(Launch {
             program: self.program.clone(),
             args,
-        }
+            cwd: paths.files.clone(),
+        })
     }
 }
 
@@ -260,6 +381,19 @@ pub fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     let program = std::env::current_exe()
         .map_err(|e| anyhow::anyhow!("cannot find this program to run `train` with: {e}"))?;
+    let mut data_roots = Vec::new();
+    for root in &a.data_root {
+        let real = std::fs::canonicalize(root)
+            .ok()
+            .filter(|r| r.is_dir())
+            .ok_or_else(|| {
+                UsageError(format!(
+                    "--data-root {}: not a folder; give an existing folder jobs may read from",
+                    root.display()
+                ))
+            })?;
+        data_roots.push(real);
+    }
     let options = ServeOptions {
         slots: a.slots,
         state: a.state,
@@ -277,6 +411,7 @@ pub fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
         },
         max_restarts: a.max_restarts,
         stop_grace,
+        allow_remote: a.allow_remote,
     };
     dualpipe_io::defer_signals();
     // The session log goes to stdout; a closed stdout must not end (or panic) the scheduler.
@@ -286,7 +421,10 @@ pub fn run_serve(a: ServeArgs) -> anyhow::Result<()> {
     };
     serve(
         options,
-        Box::new(TrainLauncher { program }),
+        Arc::new(TrainLauncher {
+            program,
+            data_roots,
+        }),
         dualpipe_io::interrupted,
         &mut say,
     )

@@ -1,7 +1,8 @@
-//! A minimal HTTP/1.1 client on `std::net` (the `submit`, `list` and `cancel` commands, and
-//! the scrapes of each job's metrics endpoint), and the reading of a Prometheus text page.
+//! A minimal HTTP/1.1 client on `std::net`: one request, one whole response, every step
+//! bounded in time and the response in size (the cluster's `submit`, `list` and `cancel`, and
+//! the scheduler's scrapes of each job's metrics).
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
@@ -17,16 +18,27 @@ pub struct Response {
     pub body: String,
 }
 
-/// Sends one request to `addr` (`host:port`) and reads the whole response; `timeout`
-/// bounds connecting, and each read and write. The error is one line naming the address.
+/// Sends one request to `addr` (`host:port`) with `headers` (name, value) and reads the whole
+/// response; `timeout` bounds connecting, and each read and write. The error is one line
+/// naming the address ("timed out after N s" when the server did not answer in time).
 pub fn request(
     addr: &str,
     method: &str,
     path: &str,
+    headers: &[(&str, &str)],
     body: Option<&str>,
     timeout: Duration,
 ) -> Result<Response, String> {
-    let fail = |what: &str, e: std::io::Error| format!("{addr}: {what}: {e}");
+    let fail = |what: &str, e: std::io::Error| {
+        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
+            format!(
+                "{addr}: {what}: timed out after {} s",
+                timeout.as_secs_f64()
+            )
+        } else {
+            format!("{addr}: {what}: {e}")
+        }
+    };
     let target = addr
         .to_socket_addrs()
         .map_err(|e| fail("not an address (give HOST:PORT)", e))?
@@ -41,10 +53,14 @@ pub fn request(
         .set_write_timeout(Some(timeout))
         .map_err(|e| fail("socket", e))?;
     let body = body.unwrap_or("");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
         body.len()
     );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
     stream
         .write_all(head.as_bytes())
         .and_then(|()| stream.write_all(body.as_bytes()))
@@ -98,16 +114,6 @@ fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
-/// The value of the sample `name` (without labels) in a Prometheus text page, if present
-/// and a number.
-pub fn sample(page: &str, name: &str) -> Option<f64> {
-    page.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let rest = l.strip_prefix(name)?;
-        let value = rest.strip_prefix(' ')?;
-        value.split_whitespace().next()?.parse().ok()
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,13 +128,5 @@ mod tests {
         .unwrap();
         assert_eq!(r.body, "abcde");
         assert_eq!(parse_response(b"SSH-2.0\r\n\r\n"), None);
-    }
-
-    #[test]
-    fn samples_are_found_by_exact_name() {
-        let page = "# HELP dualpipe_loss x\ndualpipe_loss_scale 3\ndualpipe_loss 0.25\ndualpipe_steps_total 7\n";
-        assert_eq!(sample(page, "dualpipe_loss"), Some(0.25));
-        assert_eq!(sample(page, "dualpipe_steps_total"), Some(7.0));
-        assert_eq!(sample(page, "dualpipe_tokens_total"), None);
     }
 }
