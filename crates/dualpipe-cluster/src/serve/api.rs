@@ -170,12 +170,14 @@ impl Api {
         };
         let request: JobRequest = match serde_json::from_str(text) {
             Ok(r) => r,
-            Err(e) => return Reply::error(
-                400,
-                &format!(
+            Err(e) => {
+                return Reply::error(
+                    400,
+                    &format!(
                     "not a job ({e}): send {{\"args\": [...], \"min_ranks\": N, \"max_ranks\": M}}"
                 ),
-            ),
+                )
+            }
         };
         if let Err(e) = request.check() {
             return Reply::error(400, &e);

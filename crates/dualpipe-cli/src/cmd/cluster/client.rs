@@ -121,8 +121,20 @@ fn call(
         .map(|b| ("Authorization", b))
         .into_iter()
         .collect();
-    let r = request(addr, method, path, &headers, body, Duration::from_secs(30))
-        .map_err(|e| anyhow::anyhow!("--addr {e} (is `dualpipe cluster serve` running there?)"))?;
+    // A scheduler recovering the jobs of its previous run answers 503 "recovering" (and
+    // changes nothing) for at most its --stop-grace: wait for it, up to a minute.
+    let patience = std::time::Instant::now() + Duration::from_secs(60);
+    let r = loop {
+        let r =
+            request(addr, method, path, &headers, body, Duration::from_secs(30)).map_err(|e| {
+                anyhow::anyhow!("--addr {e} (is `dualpipe cluster serve` running there?)")
+            })?;
+        if r.status != 503 || !r.body.contains("recovering") || std::time::Instant::now() > patience
+        {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     if r.status == 401 && bearer.is_none() {
         return Err(UsageError(format!(
             "the scheduler at {addr} wants its token: give --state DIR (its state directory), \
