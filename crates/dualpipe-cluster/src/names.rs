@@ -67,7 +67,15 @@ mod tests {
 
     #[test]
     fn the_probe_names_are_refused_and_plain_ones_kept() {
-        for bad in ["a\u{1b}[31m\nb", "../../x", "n\"]}\n  evil: true #", "j\u{0}0", "a\u{200b}b", "x/y", ""] {
+        for bad in [
+            "a\u{1b}[31m\nb",
+            "../../x",
+            "n\"]}\n  evil: true #",
+            "j\u{0}0",
+            "a\u{200b}b",
+            "x/y",
+            "",
+        ] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
         for good in ["node", "gpu-a.b_c", "é-node", "j0", "a b"] {

@@ -180,7 +180,11 @@ pub fn read_loads(path: &Path) -> Result<LoadData, EplbError> {
 /// Reads a load file through the one input path ([`dualpipe_io::read_text`]): a regular file
 /// only (a FIFO never blocks), at most [`dualpipe_io::limits::TABLE`].
 fn read_text(path: &Path) -> Result<String, EplbError> {
-    Ok(dualpipe_io::read_text(path, dualpipe_io::limits::TABLE, "load file")?)
+    Ok(dualpipe_io::read_text(
+        path,
+        dualpipe_io::limits::TABLE,
+        "load file",
+    )?)
 }
 
 fn format_err(path: &Path, message: String) -> EplbError {

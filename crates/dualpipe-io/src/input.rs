@@ -122,9 +122,7 @@ impl Regular {
             path: self.path.clone(),
             reason: format!("not enough memory for its {} bytes", self.size),
         })?;
-        self.file
-            .read_to_end(&mut bytes)
-            .map_err(|e| self.io(&e))?;
+        self.file.read_to_end(&mut bytes).map_err(|e| self.io(&e))?;
         if bytes.len() as u64 > self.limit.bytes {
             return Err(self.too_large(bytes.len() as u64));
         }
@@ -291,7 +289,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t");
         std::fs::write(&path, [7u8; 100]).unwrap();
-        assert_eq!(read_regular(&path, Limit::new(100, "x"), "t").unwrap().len(), 100);
+        assert_eq!(
+            read_regular(&path, Limit::new(100, "x"), "t")
+                .unwrap()
+                .len(),
+            100
+        );
         let err = read_regular(&path, Limit::new(99, "the cap of tests"), "t").unwrap_err();
         assert!(err.to_string().contains("the cap of tests"), "{err}");
     }

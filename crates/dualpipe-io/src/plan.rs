@@ -75,16 +75,8 @@ impl OutputPlan {
     /// Checks the plan: no output on an input or on another output, every output writable.
     /// Nothing is read or written.
     pub fn check(&self) -> Result<(), PlanError> {
-        let ins: Vec<Named> = self
-            .inputs
-            .iter()
-            .map(|(n, p)| Named::new(n, p))
-            .collect();
-        let outs: Vec<Named> = self
-            .outputs
-            .iter()
-            .map(|(n, p)| Named::new(n, p))
-            .collect();
+        let ins: Vec<Named> = self.inputs.iter().map(|(n, p)| Named::new(n, p)).collect();
+        let outs: Vec<Named> = self.outputs.iter().map(|(n, p)| Named::new(n, p)).collect();
         check_clashes(&ins, &outs)?;
         for (_, path) in &self.outputs {
             check(path)?;
@@ -106,7 +98,10 @@ mod tests {
         plan.input("--placement", Some(&placement))
             .output("--output-dir", Some(&dir.path().join("mpijob-a.yaml")));
         let err = plan.check().unwrap_err();
-        assert!(err.is_usage() && err.to_string().contains("--placement"), "{err}");
+        assert!(
+            err.is_usage() && err.to_string().contains("--placement"),
+            "{err}"
+        );
         assert_eq!(std::fs::read_to_string(&placement).unwrap(), "{}");
     }
 
@@ -115,7 +110,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut plan = OutputPlan::new();
         plan.output("--svg", Some(&dir.path().join("no/x.svg")));
-        assert!(plan.check().unwrap_err().to_string().contains("does not exist"));
+        assert!(plan
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("does not exist"));
         let mut plan = OutputPlan::new();
         plan.input("--trace", None)
             .output("--svg", Some(&dir.path().join("x.svg")));

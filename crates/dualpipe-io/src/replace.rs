@@ -117,7 +117,10 @@ mod tests {
             })
             .collect();
         // Other tests' threads may open a few files meanwhile, never 64.
-        assert!(open_descriptors() < before + 32, "a descriptor per staged file");
+        assert!(
+            open_descriptors() < before + 32,
+            "a descriptor per staged file"
+        );
         for stage in staged {
             stage.commit().unwrap();
         }

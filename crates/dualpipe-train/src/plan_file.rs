@@ -291,10 +291,17 @@ mod tests {
                 .apply(&mut c, &TrainConfig::DEFAULT, Naming::Flags)
                 .unwrap_err()
                 .to_string();
-            assert!(err.contains("disagrees with the plan's full,full,full,full"), "{err}");
+            assert!(
+                err.contains("disagrees with the plan's full,full,full,full"),
+                "{err}"
+            );
         }
         // The same recomputation, once or per stage, and none given: the plan's.
-        for given in [Some(vec![Recompute::Full]), Some(vec![Recompute::Full; 4]), None] {
+        for given in [
+            Some(vec![Recompute::Full]),
+            Some(vec![Recompute::Full; 4]),
+            None,
+        ] {
             let mut c = TrainConfig::DEFAULT;
             c.model.recompute = given;
             choice

@@ -445,7 +445,7 @@ pub fn read_data(path: &Path) -> Result<Vec<u8>, TrainError> {
         within_memory(dualpipe_io::limits::DATA),
         "the training text",
     )
-        .map_err(|e| TrainError::Config(format!("{e} (`data`)")))
+    .map_err(|e| TrainError::Config(format!("{e} (`data`)")))
 }
 
 /// Reads a weights file (safetensors) through the one input path: a regular file only, at

@@ -81,12 +81,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &[],
     )?;
     let prompt = match (&args.prompt, &args.prompt_file) {
-        (_, Some(path)) => dualpipe_io::read_regular(
-            path,
-            dualpipe_io::limits::PROMPT,
-            "the prompt file",
-        )
-        .map_err(|e| UsageError(format!("{e} (--prompt-file)")))?,
+        (_, Some(path)) => {
+            dualpipe_io::read_regular(path, dualpipe_io::limits::PROMPT, "the prompt file")
+                .map_err(|e| UsageError(format!("{e} (--prompt-file)")))?
+        }
         (Some(text), None) => text.as_bytes().to_vec(),
         (None, None) => Vec::new(),
     };

@@ -21,9 +21,26 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 /// A tiny GPT's flags for `train` (two steps, no validation).
 const TINY: [&str; 20] = [
-    "--d-model", "16", "--heads", "2", "--seq-len", "8", "--ranks", "2", "--micro-batches",
-    "4", "--micro-batch-size", "2", "--layers-per-stage", "1", "--eval-every", "0", "--quiet",
-    "--steps", "2", "--dtype",
+    "--d-model",
+    "16",
+    "--heads",
+    "2",
+    "--seq-len",
+    "8",
+    "--ranks",
+    "2",
+    "--micro-batches",
+    "4",
+    "--micro-batch-size",
+    "2",
+    "--layers-per-stage",
+    "1",
+    "--eval-every",
+    "0",
+    "--quiet",
+    "--steps",
+    "2",
+    "--dtype",
 ];
 
 /// Runs `dualpipe ARGS` with a deadline; returns the exit code (`None`: killed at the
@@ -69,32 +86,58 @@ struct Inputs {
     loads: PathBuf,
     placement: PathBuf,
     trace: PathBuf,
-    prompt: PathBuf,
+    topology: PathBuf,
+    profile: PathBuf,
+    cluster: PathBuf,
 }
 
 impl Inputs {
     fn new() -> Inputs {
         let dir = TempDir::new("file-flags");
-        let text: Vec<u8> = (0..4000u32).map(|i| b"abcdefgh "[(i % 9) as usize]).collect();
+        let text: Vec<u8> = (0..4000u32)
+            .map(|i| b"abcdefgh "[(i % 9) as usize])
+            .collect();
         let data = dir.write("data.txt", text);
         let (weights, log, checkpoints) = (
             dir.join("w.safetensors"),
             dir.join("run.jsonl"),
             dir.join("ckpt"),
         );
-        let mut train: Vec<String> = ["train"].iter().chain(&TINY).map(|a| a.to_string()).collect();
+        let mut train: Vec<String> = ["train"]
+            .iter()
+            .chain(&TINY)
+            .map(|a| a.to_string())
+            .collect();
         train.extend(
             [
-                "f64", "--data", s(&data), "--save", s(&weights), "--log", s(&log),
-                "--checkpoint-dir", s(&checkpoints), "--checkpoint-every", "1",
+                "f64",
+                "--data",
+                s(&data),
+                "--save",
+                s(&weights),
+                "--log",
+                s(&log),
+                "--checkpoint-dir",
+                s(&checkpoints),
+                "--checkpoint-every",
+                "1",
             ]
             .map(String::from),
         );
         dualpipe(&train).ok();
         let schedule = dir.join("schedule.json");
         dualpipe([
-            "schedule", "--schedule", "1f1b", "--ranks", "2", "--micro-batches", "4", "--format",
-            "json", "--output", s(&schedule),
+            "schedule",
+            "--schedule",
+            "1f1b",
+            "--ranks",
+            "2",
+            "--micro-batches",
+            "4",
+            "--format",
+            "json",
+            "--output",
+            s(&schedule),
         ])
         .ok();
         let loads = dir.write("loads.csv", "1,2,3,4,5,6,7,8,9,10,11,12\n");
@@ -106,12 +149,35 @@ impl Inputs {
             "trace.csv",
             "job,arrival_s,gpus,duration_s,min_gpus,max_gpus,profile\nj0,0,2,100,,,\n",
         );
-        let prompt = dir.write("prompt.txt", "abc");
-        Inputs { dir, data, weights, log, checkpoints, schedule, loads, placement, trace, prompt }
-    }
-
-    fn repo(name: &str) -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(name)
+        // The repository's files are copied: a failing check must not write over them.
+        let repo = |name: &str| {
+            let from = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../testdata")
+                .join(name);
+            dir.write(
+                name.replace('/', "-").as_str(),
+                std::fs::read(from).unwrap(),
+            )
+        };
+        let (topology, profile, cluster) = (
+            repo("plan/hetero.json"),
+            repo("plan/gpt32.json"),
+            repo("cluster/small.json"),
+        );
+        Inputs {
+            dir,
+            data,
+            weights,
+            log,
+            checkpoints,
+            schedule,
+            loads,
+            placement,
+            trace,
+            topology,
+            profile,
+            cluster,
+        }
     }
 
     /// The command line of `command` with every input it needs, each flag of `inputs` valid;
@@ -120,22 +186,53 @@ impl Inputs {
         let mut args: Vec<String> = command.split(' ').map(String::from).collect();
         let mut inputs: Vec<(&str, PathBuf)> = Vec::new();
         match command {
-            "schedule" => args.extend(["--schedule", "1f1b", "--ranks", "2", "--micro-batches", "4"].map(String::from)),
+            "schedule" => args.extend(
+                ["--schedule", "1f1b", "--ranks", "2", "--micro-batches", "4"].map(String::from),
+            ),
             "compare" => args.extend(["--ranks", "2", "--micro-batches", "4"].map(String::from)),
             "simulate" => inputs.push(("--schedule-file", self.schedule.clone())),
             "eplb" => {
-                args.extend(["--replicas", "16", "--groups", "4", "--nodes", "2", "--gpus", "8"].map(String::from));
+                args.extend(
+                    [
+                        "--replicas",
+                        "16",
+                        "--groups",
+                        "4",
+                        "--nodes",
+                        "2",
+                        "--gpus",
+                        "8",
+                    ]
+                    .map(String::from),
+                );
                 inputs.push(("--loads", self.loads.clone()));
             }
             "train" => {
-                args.extend(TINY.iter().map(|a| a.to_string()));
+                // A schedule file gives the ranks and micro-batches itself.
+                let skip = if under_test == "--schedule-file" {
+                    4
+                } else {
+                    0
+                };
+                args.extend(
+                    TINY[..6]
+                        .iter()
+                        .chain(&TINY[6 + skip..])
+                        .map(|a| a.to_string()),
+                );
                 args.push("f64".into());
                 inputs.push(("--data", self.data.clone()));
-                if under_test != "--schedule-file" && under_test != "--plan" && under_test != "--resume-from" {
+                if under_test != "--schedule-file"
+                    && under_test != "--plan"
+                    && under_test != "--resume-from"
+                {
                     inputs.push(("--init-from", self.weights.clone()));
                 }
             }
-            "eval" => inputs.extend([("--weights", self.weights.clone()), ("--data", self.data.clone())]),
+            "eval" => inputs.extend([
+                ("--weights", self.weights.clone()),
+                ("--data", self.data.clone()),
+            ]),
             "generate" => {
                 inputs.push(("--weights", self.weights.clone()));
                 if under_test != "--prompt-file" {
@@ -145,13 +242,19 @@ impl Inputs {
             "report" => inputs.push(("<log>", self.log.clone())),
             "checkpoint inspect" => inputs.push(("<dir>", self.checkpoints.clone())),
             "plan" => inputs.extend([
-                ("--topology", Self::repo("plan/hetero.json")),
-                ("--profile", Self::repo("plan/gpt32.json")),
+                ("--topology", self.topology.clone()),
+                ("--profile", self.profile.clone()),
             ]),
             "cluster trace" => args.extend(["--jobs", "3"].map(String::from)),
             "cluster simulate" => {
                 args.extend(["--policy", "static"].map(String::from));
-                inputs.extend([("--cluster", Self::repo("cluster/small.json")), ("--trace", self.trace.clone())]);
+                if under_test == "--placement-out" {
+                    args.extend(["--placement-at", "0"].map(String::from));
+                }
+                inputs.extend([
+                    ("--cluster", self.cluster.clone()),
+                    ("--trace", self.trace.clone()),
+                ]);
             }
             "cluster manifests" => inputs.push(("--placement", self.placement.clone())),
             other => panic!("no command line for {other}: add one here"),
@@ -199,11 +302,16 @@ fn every_input_flag_refuses_a_fifo_without_blocking() {
                     let named = err.contains("FIFO") || err.contains("fifo");
                     (code == Some(2) && named && err.lines().count() == 1)
                         .then_some(())
-                        .ok_or(format!("{command} {flag} FIFO: exit {code:?}, stderr {err:?}"))
+                        .ok_or(format!(
+                            "{command} {flag} FIFO: exit {code:?}, stderr {err:?}"
+                        ))
                 })
             })
             .collect();
-        handles.into_iter().filter_map(|h| h.join().unwrap().err()).collect()
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().unwrap().err())
+            .collect()
     });
     assert!(failures.is_empty(), "{failures:#?}");
 }
@@ -216,7 +324,6 @@ fn every_output_flag_refuses_an_input_by_any_name_and_keeps_it() {
         .filter(|(_, _, role)| matches!(role, Role::Output | Role::OutputDir))
         .enumerate()
         .collect();
-    std::fs::create_dir(inputs.dir.join("sub")).unwrap();
     let failures: Vec<String> = std::thread::scope(|scope| {
         let handles: Vec<_> = cases
             .iter()
@@ -261,23 +368,32 @@ fn every_output_flag_refuses_an_input_by_any_name_and_keeps_it() {
                             std::fs::hard_link(&input, &link).unwrap();
                             link
                         }
-                        _ => inputs.dir.join("sub/..").join(input.file_name().unwrap()),
+                        _ => {
+                            let parent = input.parent().unwrap();
+                            parent
+                                .join("..")
+                                .join(parent.file_name().unwrap())
+                                .join(input.file_name().unwrap())
+                        }
                     };
                     let before = std::fs::read(&input).unwrap();
                     push_flag(&mut args, flag, &target);
                     let (code, err) = bounded(&args);
                     let kept = std::fs::read(&input).unwrap() == before;
-                    (code == Some(2) && kept && err.lines().count() == 1).then_some(()).ok_or(
-                        format!(
+                    (code == Some(2) && kept && err.lines().count() == 1)
+                        .then_some(())
+                        .ok_or(format!(
                             "{command} {flag} onto {input_flag} ({}): exit {code:?}, input kept \
                              {kept}, stderr {err:?}",
                             target.display()
-                        ),
-                    )
+                        ))
                 })
             })
             .collect();
-        handles.into_iter().filter_map(|h| h.join().unwrap().err()).collect()
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().unwrap().err())
+            .collect()
     });
     assert!(failures.is_empty(), "{failures:#?}");
 }

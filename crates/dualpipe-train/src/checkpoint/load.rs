@@ -36,8 +36,8 @@ fn damaged(path: &Path, problem: String) -> CheckpointError {
 /// Reads and checks a manifest (its format and version).
 fn read_manifest(dir: &Path) -> Result<Manifest, CheckpointError> {
     let path = dir.join(MANIFEST);
-    let text = dualpipe_io::read_regular(&path, dualpipe_io::limits::MANIFEST, MANIFEST)
-        .map_err(|e| {
+    let text =
+        dualpipe_io::read_regular(&path, dualpipe_io::limits::MANIFEST, MANIFEST).map_err(|e| {
             damaged(
                 dir,
                 format!("{e}: the write was interrupted, or it is not a checkpoint"),

@@ -233,7 +233,7 @@ fn simulate(a: SimulateArgs) -> anyhow::Result<()> {
         "--trace",
         dualpipe_io::limits::TABLE,
     )?)
-        .map_err(|e| UsageError(format!("--trace {}: {e}", a.trace.display())))?;
+    .map_err(|e| UsageError(format!("--trace {}: {e}", a.trace.display())))?;
     let folder = a.trace.parent().unwrap_or(Path::new("."));
     let mut profiles = BTreeMap::new();
     for name in jobs.iter().filter_map(|j| j.profile.as_ref()) {
@@ -250,7 +250,11 @@ fn simulate(a: SimulateArgs) -> anyhow::Result<()> {
         .map(|name| (format!("profile {name}"), folder.join(name)))
         .collect();
     let mut inputs = given.to_vec();
-    inputs.extend(profile_paths.iter().map(|(n, p)| (n.as_str(), Some(p.as_path()))));
+    inputs.extend(
+        profile_paths
+            .iter()
+            .map(|(n, p)| (n.as_str(), Some(p.as_path()))),
+    );
     check_paths(&inputs, main_output, &outputs)?;
     let options = SimOptions {
         curve: Curve {
