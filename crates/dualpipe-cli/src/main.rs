@@ -1,6 +1,8 @@
 //! `dualpipe`: plan, simulate and run pipeline schedules; balance MoE experts.
 
 mod cmd;
+#[cfg(test)]
+mod file_flag_table;
 mod flags;
 mod wording;
 

@@ -112,8 +112,8 @@ impl Cluster {
         let mut total = 0usize;
         let mut names = std::collections::BTreeSet::new();
         for (g, group) in file.nodes.iter().enumerate() {
-            if group.name.is_empty() {
-                return Err(bad(format!("nodes[{g}].name"), "give a non-empty name"));
+            if let Err(why) = crate::names::check_name(&group.name) {
+                return Err(bad(format!("nodes[{g}].name"), &why));
             }
             if group.count == 0 {
                 return Err(bad(

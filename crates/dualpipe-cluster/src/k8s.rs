@@ -13,6 +13,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::cluster::MAX_DEVICES;
 use crate::ClusterError;
 
 /// A placement: which nodes (by Kubernetes node name) hold how many devices of each job.
@@ -183,6 +184,13 @@ impl NodePlacement {
                         j.job, n.node
                     )));
                 }
+                if n.devices > MAX_DEVICES {
+                    return Err(bad(format!(
+                        "job {:?}: node {}: devices = {}; a cluster holds at most {MAX_DEVICES} \
+                         devices",
+                        j.job, n.node, n.devices
+                    )));
+                }
                 if !seen.insert(&n.node) {
                     return Err(bad(format!(
                         "job {:?}: node {} is listed twice",
@@ -191,6 +199,14 @@ impl NodePlacement {
                 }
             }
             let first = j.nodes[0].devices;
+            if first.saturating_mul(j.nodes.len()) > MAX_DEVICES {
+                return Err(bad(format!(
+                    "job {:?}: {} nodes x {first} devices; a cluster holds at most \
+                     {MAX_DEVICES} devices",
+                    j.job,
+                    j.nodes.len()
+                )));
+            }
             if let Some(n) = j.nodes.iter().find(|n| n.devices != first) {
                 return Err(bad(format!(
                     "job {:?}: uneven placement ({} devices on {}, {} on {}); an MPIJob has one worker template, so give the same devices on each node",
@@ -473,6 +489,14 @@ mod tests {
             (
                 r#"{"jobs": [{"job": "a", "nodes": [{"node": "n", "devices": 1, "gpus": 1}]}]}"#,
                 "unknown field",
+            ),
+            (
+                r#"{"jobs": [{"job": "a", "nodes": [{"node": "n", "devices": 1000000000000000}]}]}"#,
+                "at most 65536 devices",
+            ),
+            (
+                r#"{"jobs": [{"job": "a", "nodes": [{"node": "n", "devices": 40000}, {"node": "m", "devices": 40000}]}]}"#,
+                "at most 65536 devices",
             ),
         ] {
             let e = NodePlacement::from_json(text).unwrap_err().to_string();

@@ -30,6 +30,7 @@ pub mod error;
 pub mod k8s;
 pub mod las;
 pub mod metrics;
+pub mod names;
 pub mod policy;
 pub mod serve;
 pub mod simulate;

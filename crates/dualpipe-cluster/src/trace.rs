@@ -93,6 +93,9 @@ fn parse_row(line: &str, line_no: usize) -> Result<Job, ClusterError> {
     if name.is_empty() {
         return Err(bad("job: empty name; give each job a name".into()));
     }
+    if let Err(why) = crate::names::check_name(name) {
+        return Err(bad(format!("job: {why}")));
+    }
     let number = |col: usize, field: &str| -> Result<f64, ClusterError> {
         cols[col]
             .parse::<f64>()

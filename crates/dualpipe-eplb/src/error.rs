@@ -160,15 +160,9 @@ pub enum EplbError {
         /// Logical experts per layer.
         experts: usize,
     },
-    /// A file could not be read.
-    #[error("cannot read {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    /// A file could not be read (or is not a regular file, or is over its cap).
+    #[error(transparent)]
+    Read(#[from] dualpipe_io::ReadError),
     /// A load file could be read but not understood.
     #[error("{path}: {message}")]
     Format {

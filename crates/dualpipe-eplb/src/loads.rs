@@ -164,10 +164,7 @@ pub fn read_loads(path: &Path) -> Result<LoadData, EplbError> {
                 .map_err(|m| format_err(path, m))
         }
         "npy" => {
-            let bytes = std::fs::read(path).map_err(|source| EplbError::Io {
-                path: path.to_path_buf(),
-                source,
-            })?;
+            let bytes = dualpipe_io::read_regular(path, dualpipe_io::limits::TABLE, "load file")?;
             parse_npy(&bytes).map_err(|m| format_err(path, m))
         }
         _ => Err(format_err(
@@ -180,11 +177,14 @@ pub fn read_loads(path: &Path) -> Result<LoadData, EplbError> {
     }
 }
 
+/// Reads a load file through the one input path ([`dualpipe_io::read_text`]): a regular file
+/// only (a FIFO never blocks), at most [`dualpipe_io::limits::TABLE`].
 fn read_text(path: &Path) -> Result<String, EplbError> {
-    std::fs::read_to_string(path).map_err(|source| EplbError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    Ok(dualpipe_io::read_text(
+        path,
+        dualpipe_io::limits::TABLE,
+        "load file",
+    )?)
 }
 
 fn format_err(path: &Path, message: String) -> EplbError {

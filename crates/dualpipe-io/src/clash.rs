@@ -10,6 +10,7 @@
 //! Only regular files (and outputs that do not exist yet) clash: two outputs on `/dev/null`, a
 //! terminal or a pipe are streams, not files one of them would replace.
 
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -83,7 +84,7 @@ fn show(name: &str, path: &Path) -> String {
 }
 
 /// What identifies a file: its device and inode when it exists, its resolved path when not.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Identity {
     /// An existing regular file.
     Inode(u64, u64),
@@ -105,16 +106,20 @@ enum Identity {
 /// assert!(err.unwrap_err().to_string().contains("--log"));
 /// ```
 pub fn check_clashes(inputs: &[Named<'_>], outputs: &[Named<'_>]) -> Result<(), PathClash> {
-    let ins: Vec<(Named, Identity)> = inputs
-        .iter()
-        .filter_map(|n| identity(n.path, Side::Input).map(|id| (*n, id)))
-        .collect();
-    let mut seen: Vec<(Named, Identity)> = Vec::new();
+    // By identity, so a command with many outputs (a manifest per job) is checked in linear
+    // time.
+    let mut ins: HashMap<Identity, Named> = HashMap::new();
+    for n in inputs {
+        if let Some(id) = identity(n.path, Side::Input) {
+            ins.entry(id).or_insert(*n);
+        }
+    }
+    let mut seen: HashMap<Identity, Named> = HashMap::new();
     for out in outputs {
         let Some(id) = identity(out.path, Side::Output) else {
             continue;
         };
-        if let Some((input, _)) = ins.iter().find(|(_, i)| *i == id) {
+        if let Some(input) = ins.get(&id) {
             return Err(PathClash::OutputIsInput {
                 output_name: out.name.to_string(),
                 output: out.path.to_path_buf(),
@@ -122,7 +127,7 @@ pub fn check_clashes(inputs: &[Named<'_>], outputs: &[Named<'_>]) -> Result<(), 
                 input: input.path.to_path_buf(),
             });
         }
-        if let Some((first, _)) = seen.iter().find(|(_, i)| *i == id) {
+        if let Some(first) = seen.get(&id) {
             return Err(PathClash::SameOutput {
                 first_name: first.name.to_string(),
                 first: first.path.to_path_buf(),
@@ -130,7 +135,7 @@ pub fn check_clashes(inputs: &[Named<'_>], outputs: &[Named<'_>]) -> Result<(), 
                 second: out.path.to_path_buf(),
             });
         }
-        seen.push((*out, id));
+        seen.insert(id, *out);
     }
     Ok(())
 }

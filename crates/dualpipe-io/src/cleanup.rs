@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard, Once};
 
-use tempfile::NamedTempFile;
+use tempfile::{NamedTempFile, TempPath};
 
 static TEMPS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 static INSTALL: Once = Once::new();
@@ -91,18 +91,20 @@ pub(crate) fn create(
     Ok(tmp)
 }
 
-/// Renames `tmp` over `file` and unregisters it; on failure the temp file is removed.
-pub(crate) fn persist(tmp: NamedTempFile, file: &Path) -> std::io::Result<()> {
+/// Renames the closed temp file `tmp` over `file` and unregisters it; on failure the temp
+/// file is removed.
+pub(crate) fn persist(tmp: TempPath, file: &Path) -> std::io::Result<()> {
     let mut list = temps();
-    let path = tmp.path().to_path_buf();
+    let path = tmp.to_path_buf();
     list.retain(|p| p != &path);
-    tmp.persist(file).map(drop).map_err(|e| e.error)
+    tmp.persist(file).map_err(|e| e.error)
 }
 
-/// Removes `tmp` (a staged write that will not be committed) and unregisters it.
-pub(crate) fn discard(tmp: NamedTempFile) {
+/// Removes the closed temp file `tmp` (a staged write that will not be committed) and
+/// unregisters it.
+pub(crate) fn discard(tmp: TempPath) {
     let mut list = temps();
-    let path = tmp.path().to_path_buf();
+    let path = tmp.to_path_buf();
     list.retain(|p| p != &path);
     drop(tmp);
 }

@@ -50,6 +50,8 @@ mod clash;
 mod cleanup;
 mod error;
 mod input;
+pub mod limits;
+mod plan;
 mod replace;
 mod startup;
 mod stdout;
@@ -59,7 +61,10 @@ pub use batch::Batch;
 pub use clash::{check_clashes, Named, PathClash};
 pub use cleanup::{defer_signals, interrupted};
 pub use error::WriteError;
-pub use input::{os_reason, read_regular, ReadError};
+pub use input::{
+    open_regular, os_reason, read_regular, read_stdin_text, read_text, ReadError, Regular,
+};
+pub use plan::{OutputPlan, PlanError};
 pub use stdout::{check_stdout, write_stdout};
 pub use target::{check, Target};
 

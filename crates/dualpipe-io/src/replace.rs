@@ -4,7 +4,7 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use tempfile::NamedTempFile;
+use tempfile::TempPath;
 
 use crate::cleanup;
 use crate::error::WriteError;
@@ -15,10 +15,12 @@ const NEW_FILE_MODE: u32 = 0o666;
 
 /// A file written completely into its temp file beside the target, not yet renamed into place.
 /// Dropped without [`Staged::commit`], the temp file is removed and the target is untouched.
+/// The temp file is closed once written: a stage keeps its name only, so a batch of any
+/// number of files holds no descriptor per file.
 pub(crate) struct Staged {
     path: PathBuf,
     file: PathBuf,
-    tmp: Option<NamedTempFile>,
+    tmp: Option<TempPath>,
 }
 
 impl Staged {
@@ -32,27 +34,20 @@ impl Staged {
             .to_string_lossy()
             .into_owned();
         let old = std::fs::metadata(file).ok().filter(|m| m.is_file());
-        let tmp = cleanup::create(
+        let mut tmp = cleanup::create(
             &parent_of(file),
             &name,
             std::fs::Permissions::from_mode(NEW_FILE_MODE),
         )
         .map_err(io)?;
-        let mut staged = Staged {
+        let written = write_synced(tmp.as_file_mut(), old.as_ref(), bytes);
+        // Closed here, kept by name (removed on drop, and by the signal handler meanwhile).
+        let staged = Staged {
             path: path.into(),
             file: file.into(),
-            tmp: Some(tmp),
+            tmp: Some(tmp.into_temp_path()),
         };
-        let handle = staged.tmp.as_mut().expect("just created").as_file_mut();
-        if let Some(old) = &old {
-            // The owner first: chown clears set-id bits, which set_permissions then restores.
-            let _ = std::os::unix::fs::fchown(&*handle, Some(old.uid()), Some(old.gid()));
-            handle
-                .set_permissions(std::fs::Permissions::from_mode(old.mode() & 0o7777))
-                .map_err(io)?;
-        }
-        handle.write_all(bytes).map_err(io)?;
-        handle.sync_all().map_err(io)?;
+        written.map_err(io)?;
         Ok(staged)
     }
 
@@ -61,6 +56,22 @@ impl Staged {
         let tmp = self.tmp.take().expect("a staged file is committed once");
         cleanup::persist(tmp, &self.file).map_err(|e| WriteError::io(&self.path, e))
     }
+}
+
+/// Writes `bytes` into `handle` and syncs it, with the permission bits (and, where allowed,
+/// the owner) of `old`, the file it will replace.
+fn write_synced(
+    handle: &mut std::fs::File,
+    old: Option<&std::fs::Metadata>,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    if let Some(old) = old {
+        // The owner first: chown clears set-id bits, which set_permissions then restores.
+        let _ = std::os::unix::fs::fchown(&*handle, Some(old.uid()), Some(old.gid()));
+        handle.set_permissions(std::fs::Permissions::from_mode(old.mode() & 0o7777))?;
+    }
+    handle.write_all(bytes)?;
+    handle.sync_all()
 }
 
 impl Drop for Staged {
@@ -88,5 +99,31 @@ mod tests {
         Staged::new(&file, &file, b"new").unwrap().commit().unwrap();
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "new");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// Open descriptors of this process.
+    fn open_descriptors() -> usize {
+        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    }
+
+    #[test]
+    fn a_stage_holds_no_descriptor() {
+        let dir = tempfile::tempdir().unwrap();
+        let before = open_descriptors();
+        let staged: Vec<Staged> = (0..64)
+            .map(|i| {
+                let file = dir.path().join(format!("f{i}"));
+                Staged::new(&file, &file, b"x").unwrap()
+            })
+            .collect();
+        // Other tests' threads may open a few files meanwhile, never 64.
+        assert!(
+            open_descriptors() < before + 32,
+            "a descriptor per staged file"
+        );
+        for stage in staged {
+            stage.commit().unwrap();
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 64);
     }
 }

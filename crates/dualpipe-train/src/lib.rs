@@ -124,5 +124,5 @@ pub use stop::StopRequest;
 pub use strategy::{DualPipeStrategy, Partition, StrategyBuilder};
 pub use summary::{RunSummary, SummaryBuilder};
 pub use trainer::{Restored, StepEvent, StepReport, Trainer};
-pub use workload::{read_data, MAX_DATA_BYTES};
+pub use workload::{read_data, read_weights_file, MAX_DATA_BYTES};
 pub use workload::{Evaluation, Sample, Workload};

@@ -77,9 +77,10 @@ impl PlanChoice {
         })
     }
 
-    /// Sets `config`'s schedule, ranks, micro-batches, stages per rank and partition from
-    /// the plan. A value of `config` that differs from `defaults` (so the user set it) and from
-    /// the plan is an error naming both.
+    /// Sets `config`'s schedule, ranks, micro-batches, stages per rank, partition and (when
+    /// the plan needs one) recomputation from the plan. A value of `config` that differs from
+    /// `defaults` (so the user set it) and from the plan is an error naming both; so is a
+    /// recomputation that differs from one the plan needs.
     pub fn apply(
         &self,
         config: &mut TrainConfig,
@@ -175,14 +176,30 @@ impl PlanChoice {
             )));
         }
         config.model.partition = Some(self.partition.clone());
-        // A recomputation given beside the plan wins; else the plan's, when it needs one.
-        if config.model.recompute.is_none()
-            && self
-                .recompute
-                .iter()
-                .any(|&r| r != dualpipe_nn::Recompute::None)
-        {
-            config.model.recompute = Some(self.recompute.clone());
+        // The plan's recomputation, when it needs one, is part of its memory fit: a given one
+        // that differs stage by stage is refused like any other flag that disagrees (one that
+        // recomputes where the plan needs none only spends time, and is kept).
+        let needed = self
+            .recompute
+            .iter()
+            .any(|&r| r != dualpipe_nn::Recompute::None);
+        match &config.model.recompute {
+            Some(given) if needed => {
+                let stage = |s: usize| match given.as_slice() {
+                    [] => dualpipe_nn::Recompute::None,
+                    [one] => *one,
+                    many => many.get(s).copied().unwrap_or_default(),
+                };
+                if (0..self.recompute.len()).any(|s| stage(s) != self.recompute[s]) {
+                    return Err(clash(
+                        Field::Recompute.name(naming),
+                        crate::recompute::format_recompute(given),
+                        crate::recompute::format_recompute(&self.recompute),
+                    ));
+                }
+            }
+            None if needed => config.model.recompute = Some(self.recompute.clone()),
+            _ => {}
         }
         Ok(())
     }
@@ -259,6 +276,47 @@ mod tests {
             err.contains("--schedule gpipe disagrees with the plan's 1f1b"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_recomputation_that_disagrees_with_the_plans_is_refused() {
+        use dualpipe_nn::Recompute;
+        let text = plan_json("1f1b", &[(0, 3), (3, 5), (5, 7), (7, 8)]);
+        let mut choice = PlanChoice::from_json(&text, "p.json").unwrap();
+        choice.recompute = vec![Recompute::Full; 4];
+        for given in [vec![Recompute::None], vec![Recompute::Selective; 4]] {
+            let mut c = TrainConfig::DEFAULT;
+            c.model.recompute = Some(given);
+            let err = choice
+                .apply(&mut c, &TrainConfig::DEFAULT, Naming::Flags)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("disagrees with the plan's full,full,full,full"),
+                "{err}"
+            );
+        }
+        // The same recomputation, once or per stage, and none given: the plan's.
+        for given in [
+            Some(vec![Recompute::Full]),
+            Some(vec![Recompute::Full; 4]),
+            None,
+        ] {
+            let mut c = TrainConfig::DEFAULT;
+            c.model.recompute = given;
+            choice
+                .apply(&mut c, &TrainConfig::DEFAULT, Naming::Flags)
+                .unwrap();
+            assert!(c.recomputes());
+        }
+        // Recomputing where the plan needs none only spends time: kept.
+        choice.recompute = vec![Recompute::None; 4];
+        let mut c = TrainConfig::DEFAULT;
+        c.model.recompute = Some(vec![Recompute::Full]);
+        choice
+            .apply(&mut c, &TrainConfig::DEFAULT, Naming::Flags)
+            .unwrap();
+        assert_eq!(c.model.recompute, Some(vec![Recompute::Full]));
     }
 
     #[test]

@@ -206,12 +206,8 @@ impl StrategyBuilder {
         })?;
         let mut partition = self.partition;
         if let Partition::PlanFile(path) = &partition {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                TrainError::Config(format!(
-                    "{}: cannot read the plan file ({e})",
-                    path.display()
-                ))
-            })?;
+            let text = dualpipe_io::read_text(path, dualpipe_io::limits::DOCUMENT, "the plan file")
+                .map_err(|e| TrainError::Config(e.to_string()))?;
             let plan = PlanChoice::from_json(&text, &path.display().to_string())?;
             config.schedule.kind = plan.schedule;
             config.schedule.ranks = plan.ranks;

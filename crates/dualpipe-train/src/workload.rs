@@ -402,16 +402,7 @@ pub fn read_weights(path: &Path, config: &TrainConfig) -> Result<GptWeights, Tra
             config.model.dtype.candle(),
         )?);
     }
-    if let Ok(meta) = std::fs::metadata(path) {
-        if !meta.is_file() {
-            return Err(TrainError::Config(format!(
-                "{} is not a regular file (a FIFO, socket or device); give a safetensors file \
-                 or a checkpoint directory",
-                path.display()
-            )));
-        }
-    }
-    let bytes = read_file(path, "the weights")?;
+    let bytes = read_weights_file(path)?;
     GptWeights::from_safetensors(&bytes, config.model.dtype.candle())
         .map_err(|e| TrainError::Config(format!("{}: {e}", path.display())))
 }
@@ -429,46 +420,41 @@ pub const MAX_VALIDATION_WINDOWS: usize = 8192;
 
 /// The largest text `--data` reads (4 GiB), and never more than half the memory available
 /// when the run starts. The text is read once into the buffer the windows use.
-pub const MAX_DATA_BYTES: u64 = 4 << 30;
+pub const MAX_DATA_BYTES: u64 = dualpipe_io::limits::DATA_BYTES;
 
-/// Reads a text to train or evaluate on (`--data`): a regular file only (a FIFO, `/dev/zero`
-/// or another device is refused before a byte is read, and a FIFO never blocks the open), at
-/// most [`MAX_DATA_BYTES`] and at most half the memory available; a buffer the memory cannot
-/// hold is an error, not an abort. Every refusal is a [`TrainError::Config`] naming the file.
-pub fn read_data(path: &Path) -> Result<Vec<u8>, TrainError> {
-    let (cap, why) = match memory::available_bytes() {
-        Some(available) if available / 2 < u128::from(MAX_DATA_BYTES) => (
-            available as u64 / 2,
+/// A cap lowered to half the memory available when the run starts (a file read whole must
+/// leave room for the rest of the run).
+fn within_memory(limit: dualpipe_io::limits::Limit) -> dualpipe_io::limits::Limit {
+    match memory::available_bytes() {
+        Some(available) => limit.at_most(
+            u64::try_from(available / 2).unwrap_or(u64::MAX),
             format!("half the {available} bytes of memory available"),
         ),
-        _ => (MAX_DATA_BYTES, "the cap of `data`".to_string()),
-    };
-    dualpipe_io::read_regular(path, cap, &why, "the training text")
-        .map_err(|e| TrainError::Config(format!("{e} (`data`)")))
+        None => limit,
+    }
 }
 
-/// Reads a whole file, refusing one larger than half this machine's available memory.
-fn read_file(path: &Path, what: &str) -> Result<Vec<u8>, TrainError> {
-    let cannot = |e: std::io::Error| {
-        TrainError::Config(format!("cannot read {what} {}: {e}", path.display()))
-    };
-    let meta = std::fs::metadata(path).map_err(cannot)?;
-    if meta.is_dir() {
-        return Err(TrainError::Config(format!(
-            "{what} {} is a directory; give a file",
-            path.display()
-        )));
-    }
-    if let Some(available) = memory::available_bytes() {
-        if u128::from(meta.len()) > available / 2 {
-            return Err(TrainError::Config(format!(
-                "{what} {} has {} bytes, more than half the memory available ({} bytes); \
-                 use a smaller file",
-                path.display(),
-                meta.len(),
-                available
-            )));
-        }
-    }
-    std::fs::read(path).map_err(cannot)
+/// Reads a text to train or evaluate on (`--data`) through the one input path
+/// ([`dualpipe_io::read_regular`]): a regular file only (a FIFO, `/dev/zero` or another device
+/// is refused before a byte is read, and a FIFO never blocks the open), at most
+/// [`MAX_DATA_BYTES`] and at most half the memory available; a buffer the memory cannot hold
+/// is an error, not an abort. Every refusal is a [`TrainError::Config`] naming the file.
+pub fn read_data(path: &Path) -> Result<Vec<u8>, TrainError> {
+    dualpipe_io::read_regular(
+        path,
+        within_memory(dualpipe_io::limits::DATA),
+        "the training text",
+    )
+    .map_err(|e| TrainError::Config(format!("{e} (`data`)")))
+}
+
+/// Reads a weights file (safetensors) through the one input path: a regular file only, at
+/// most [`dualpipe_io::limits::TENSORS`] and half the memory available.
+pub fn read_weights_file(path: &Path) -> Result<Vec<u8>, TrainError> {
+    dualpipe_io::read_regular(
+        path,
+        within_memory(dualpipe_io::limits::TENSORS),
+        "the weights",
+    )
+    .map_err(|e| TrainError::Config(e.to_string()))
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use dualpipe_train::checkpoint::{self, Listed};
 use serde_json::json;
 
-use super::output::write_output;
+use super::output::{check_paths, write_output};
 use super::UsageError;
 
 /// Output format.
@@ -83,6 +83,14 @@ fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
         checkpoint::pointer::Pointer::Foreign(what) => Some(format!("not a pointer: {what}")),
         checkpoint::pointer::Pointer::Absent => None,
     };
+    check_paths(
+        &inspected_files(&args.dir, &listed)
+            .iter()
+            .map(|p| ("the checkpoint folder", Some(p.as_path())))
+            .collect::<Vec<_>>(),
+        ("--output", args.output.as_deref()),
+        &[],
+    )?;
     let text = match args.format {
         Format::Json => {
             let items: Vec<_> = listed
@@ -117,6 +125,18 @@ fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
         Format::Table => table(&args.dir, &listed, latest.as_deref()),
     };
     write_output(args.output.as_deref(), &text)
+}
+
+/// The files `inspect` reads: the folder's `latest` and every file of each checkpoint listed
+/// (an output on one of them would destroy the checkpoint).
+fn inspected_files(dir: &std::path::Path, listed: &[Listed]) -> Vec<std::path::PathBuf> {
+    let mut files = vec![dir.join("latest")];
+    for l in listed {
+        if let Ok(entries) = std::fs::read_dir(&l.path) {
+            files.extend(entries.filter_map(|e| e.ok()).map(|e| e.path()));
+        }
+    }
+    files
 }
 
 fn table(dir: &std::path::Path, listed: &[Listed], latest: Option<&str>) -> String {

@@ -6,7 +6,7 @@ use dualpipe_sim::report;
 
 use dualpipe_schedule::{ScheduleError, ScheduleKind};
 
-use super::output::{check_outputs, write_output};
+use super::output::{check_paths, write_output};
 use super::simulate::{CostArgs, Format};
 use super::{count, UsageError};
 
@@ -41,7 +41,7 @@ pub struct Args {
 /// Runs `dualpipe compare`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let cost = args.cost.cost_model()?;
-    check_outputs(args.output.as_deref(), &[])?;
+    check_paths(&[], ("--output", args.output.as_deref()), &[])?;
     // Sizes no kind can hold (even 1F1B, with one stage per rank) are refused once, naming the
     // flag, rather than once per kind.
     dualpipe_schedule::check_size(ScheduleKind::OneFOneB, args.ranks, args.micro_batches, 1)

@@ -206,12 +206,7 @@ pub fn parse(args: Args) -> anyhow::Result<Request> {
     let previous = match args.previous {
         None => None,
         Some(path) => {
-            let text = std::fs::read_to_string(&path).map_err(|e| {
-                UsageError(format!(
-                    "--previous {}: cannot read it: {e}",
-                    path.display()
-                ))
-            })?;
+            let text = crate::cmd::read_input(&path, "--previous", dualpipe_io::limits::DOCUMENT)?;
             let placement = PreviousPlacement::parse_json(&text)
                 .map_err(|e| UsageError(format!("--previous {}: {e}", path.display())))?;
             Some((path, placement))

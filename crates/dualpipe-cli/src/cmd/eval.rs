@@ -42,16 +42,6 @@ pub fn parse_dtype(name: &str) -> Result<DType, UsageError> {
     })
 }
 
-/// Reads a file the user named, as a usage error naming the flag when it cannot be read.
-pub fn read_input(path: &Path, flag: &str) -> Result<Vec<u8>, UsageError> {
-    std::fs::read(path).map_err(|e| {
-        UsageError(format!(
-            "cannot read {} ({flag}): {e}; check the path",
-            path.display()
-        ))
-    })
-}
-
 /// Reads `--data`: a regular file only (a FIFO or `/dev/zero` is refused before any read),
 /// at most [`dualpipe_train::MAX_DATA_BYTES`].
 fn read_data(path: &Path) -> Result<Vec<u8>, UsageError> {
@@ -68,16 +58,8 @@ pub fn plain(e: NnError) -> String {
 
 /// Loads a whole model from a weights file.
 pub fn load_model(path: &Path, dtype: DType) -> Result<GptStage, UsageError> {
-    if let Ok(meta) = std::fs::metadata(path) {
-        if !meta.is_file() {
-            return Err(UsageError(format!(
-                "{} (--weights) is not a regular file (a directory, FIFO, socket or device); \
-                 give a safetensors file",
-                path.display()
-            )));
-        }
-    }
-    let bytes = read_input(path, "--weights")?;
+    let bytes = dualpipe_train::read_weights_file(path)
+        .map_err(|e| UsageError(format!("{} (--weights)", crate::flags::message(e))))?;
     let weights = GptWeights::from_safetensors(&bytes, dtype.candle())
         .map_err(|e| UsageError(format!("{} (--weights): {e}", path.display())))?;
     let mut model = GptStage::whole(&weights)

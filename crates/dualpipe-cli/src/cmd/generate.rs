@@ -19,9 +19,6 @@ use super::UsageError;
 /// small models of docs/models.md on one core.
 pub const MAX_TOKENS: usize = 1_000_000;
 
-/// The largest `--prompt-file` read (1 MiB; the model sees its last seq_len bytes).
-const MAX_PROMPT_BYTES: u64 = 1 << 20;
-
 /// Flags of `dualpipe generate`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -84,13 +81,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &[],
     )?;
     let prompt = match (&args.prompt, &args.prompt_file) {
-        (_, Some(path)) => dualpipe_io::read_regular(
-            path,
-            MAX_PROMPT_BYTES,
-            "the cap of --prompt-file",
-            "the prompt file",
-        )
-        .map_err(|e| UsageError(format!("{e} (--prompt-file)")))?,
+        (_, Some(path)) => {
+            dualpipe_io::read_regular(path, dualpipe_io::limits::PROMPT, "the prompt file")
+                .map_err(|e| UsageError(format!("{e} (--prompt-file)")))?
+        }
         (Some(text), None) => text.as_bytes().to_vec(),
         (None, None) => Vec::new(),
     };

@@ -100,36 +100,15 @@ pub fn parse_kind(name: &str) -> Result<ScheduleKind, UsageError> {
 #[derive(Debug)]
 pub struct UsageError(pub String);
 
-/// Reads a JSON or CSV input the user named (`flag` names it in messages): regular files only,
-/// so a FIFO or a device never blocks the command, and at most `cap` bytes (`what` says whose
-/// cap, e.g. "a plan input").
-pub fn read_input_text(
+/// Reads a text input the user named through the one input path ([`dualpipe_io::read_text`]):
+/// a regular file only, so a FIFO or a device never blocks the command, at most `limit` (one
+/// of [`dualpipe_io::limits`]). `flag` names it in messages; every refusal is a usage error.
+pub fn read_input(
     path: &std::path::Path,
     flag: &str,
-    cap: u64,
-    what: &str,
+    limit: dualpipe_io::limits::Limit,
 ) -> Result<String, UsageError> {
-    let cannot = |e: std::io::Error| {
-        UsageError(format!(
-            "{flag} {}: cannot read it: {e}; check the path",
-            path.display()
-        ))
-    };
-    let meta = std::fs::metadata(path).map_err(cannot)?;
-    if !meta.is_file() {
-        return Err(UsageError(format!(
-            "{flag} {}: not a regular file (a folder, FIFO, socket or device); give a file",
-            path.display()
-        )));
-    }
-    if meta.len() > cap {
-        return Err(UsageError(format!(
-            "{flag} {}: {} bytes is more than the {cap} {what} may have",
-            path.display(),
-            meta.len()
-        )));
-    }
-    std::fs::read_to_string(path).map_err(cannot)
+    dualpipe_io::read_text(path, limit, flag).map_err(|e| UsageError(e.to_string()))
 }
 
 impl std::fmt::Display for UsageError {

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use dualpipe_io::{Batch, Named, WriteError};
+use dualpipe_io::{Batch, OutputPlan, WriteError};
 
 use super::UsageError;
 
@@ -38,55 +38,51 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     dualpipe_io::write(path, bytes).map_err(cli_error)
 }
 
-/// Checks, before any long work starts, that `path` can be written later: its folder exists
-/// and is writable, it is not a folder, an existing file is writable, a device or FIFO is
-/// writable, a `/dev/fd/N` is open. Refusals are usage errors naming the path.
-pub fn check_output(path: &Path) -> anyhow::Result<()> {
-    dualpipe_io::check(path).map(drop).map_err(cli_error)
-}
-
-/// Checks every output of a command before its work: each given path, and standard output when
-/// the main result goes there (`main` is `None`), so `>&-` fails before the work.
-pub fn check_outputs(main: Option<&Path>, side: &[Option<&Path>]) -> anyhow::Result<()> {
-    match main {
-        Some(path) => check_output(path)?,
-        None => dualpipe_io::check_stdout().map_err(cli_error)?,
-    }
-    for path in side.iter().flatten() {
-        check_output(path)?;
-    }
-    Ok(())
-}
-
-/// Standard output's name in a clash (`--log /dev/stdout` while the summary goes there too).
+/// Standard output's name in a plan (`--log /dev/stdout` while the summary goes there too).
 const STDOUT: &str = "standard output";
 
-/// The one check of a command's paths, before any work: every output can be written
-/// ([`check_outputs`]), and no output is the same file as an input or as another output
-/// ([`dualpipe_io::check_clashes`]; a clash is a usage error naming both flags). `main` is the
-/// main result's flag and path (`None`: standard output, which then takes part in the clash
-/// check too); `side` the other outputs; `inputs` every file the command reads.
+/// Checks a command's plan of paths ([`dualpipe_io::OutputPlan`]) before any work: a clash or
+/// an output that cannot be written is a usage error naming the flags.
+pub fn check_plan(plan: &OutputPlan) -> anyhow::Result<()> {
+    plan.check().map_err(|e| {
+        if e.is_usage() {
+            UsageError(e.to_string()).into()
+        } else {
+            anyhow::Error::new(e)
+        }
+    })
+}
+
+/// The one check of a command's paths, before any work, through [`check_plan`]: every output
+/// can be written, and no output is the same file as an input or as another output. `main` is
+/// the main result's flag and path (`None`: standard output, which then takes part in the
+/// clash check too); `side` the other outputs; `inputs` every file the command reads.
 pub fn check_paths(
     inputs: &[(&str, Option<&Path>)],
     main: (&str, Option<&Path>),
     side: &[(&str, Option<&Path>)],
 ) -> anyhow::Result<()> {
-    let present = |list: &[(&str, Option<&Path>)]| -> Vec<(String, PathBuf)> {
-        list.iter()
-            .filter_map(|(f, p)| p.map(|p| (f.to_string(), p.to_path_buf())))
-            .collect()
+    check_plan(&plan(inputs, main, side))
+}
+
+/// The plan of [`check_paths`], for a command that declares more (files in a folder).
+pub fn plan(
+    inputs: &[(&str, Option<&Path>)],
+    main: (&str, Option<&Path>),
+    side: &[(&str, Option<&Path>)],
+) -> OutputPlan {
+    let mut plan = OutputPlan::new();
+    for (flag, path) in inputs {
+        plan.input(flag, *path);
+    }
+    match main.1 {
+        Some(path) => plan.output(main.0, Some(path)),
+        None => plan.output(STDOUT, Some(Path::new("-"))),
     };
-    let ins = present(inputs);
-    let mut outs = vec![match main.1 {
-        Some(path) => (main.0.to_string(), path.to_path_buf()),
-        None => (STDOUT.to_string(), PathBuf::from("-")),
-    }];
-    outs.extend(present(side));
-    let ins: Vec<Named> = ins.iter().map(|(f, p)| Named::new(f, p)).collect();
-    let outs: Vec<Named> = outs.iter().map(|(f, p)| Named::new(f, p)).collect();
-    dualpipe_io::check_clashes(&ins, &outs).map_err(|e| UsageError(e.to_string()))?;
-    let side: Vec<Option<&Path>> = side.iter().map(|(_, p)| *p).collect();
-    check_outputs(main.1, &side)
+    for (flag, path) in side {
+        plan.output(flag, *path);
+    }
+    plan
 }
 
 /// Writes several results together, all or nothing: every file is staged before any is put in

@@ -14,9 +14,6 @@ use super::output::{check_paths, write_together};
 use super::simulate::Format;
 use super::{parse_kind, progress_bar, UsageError};
 
-/// The largest topology, profile or plan file read (bytes).
-const MAX_INPUT: u64 = 64 << 20;
-
 /// Flags of `dualpipe plan`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -56,9 +53,10 @@ pub struct Args {
     pub quiet: bool,
 }
 
-/// Reads a file the user named ([`super::read_input_text`]), at most [`MAX_INPUT`] bytes.
+/// Reads a file the user named ([`super::read_input`]), at most
+/// [`dualpipe_io::limits::DOCUMENT`].
 fn read_text(path: &Path, flag: &str) -> Result<String, UsageError> {
-    super::read_input_text(path, flag, MAX_INPUT, "a plan input")
+    super::read_input(path, flag, dualpipe_io::limits::DOCUMENT)
 }
 
 /// Runs `dualpipe plan`.

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use dualpipe_schedule::format::{csv, json};
 use dualpipe_schedule::{build, Chunk, Op, Schedule, ScheduleError};
 
-use super::output::{check_outputs, write_output};
+use super::output::{check_paths, write_output};
 use super::UsageError;
 
 /// Output format of `dualpipe schedule`.
@@ -39,7 +39,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let (kind, virtual_stages) = args.sched.kind_and_virtual_stages()?;
     let (ranks, micro_batches) = (args.sched.ranks, args.sched.micro_batches);
-    check_outputs(args.output.as_deref(), &[])?;
+    check_paths(&[], ("--output", args.output.as_deref()), &[])?;
     let schedule = match build(kind, ranks, micro_batches, virtual_stages) {
         Ok(s) => s,
         Err(ScheduleError::InvalidConfig(e)) => {

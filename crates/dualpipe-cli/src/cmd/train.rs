@@ -49,14 +49,27 @@ fn execute(args: &TrainArgs) -> anyhow::Result<Option<(JobConfig, Finished)>> {
 /// The one check of `train`'s paths before any work (even before `--schedule-file` or
 /// `--init-from` is read): no output (`--output` or standard output, `--log`, `--save`,
 /// `--trace`, `--svg`, `--profile`) is the same file as an input (`--data`, `--init-from`,
-/// `--plan`, `--schedule-file`) or as another output.
+/// `--plan`, `--schedule-file`, and the checkpoint files a resume or `--init-from` reads:
+/// `latest` and the files of each `step-*` folder of `--checkpoint-dir`, `--resume-from` and a
+/// folder given as `--init-from`) or as another output.
 fn check_train_paths(args: &TrainArgs) -> anyhow::Result<()> {
-    let inputs = [
+    let mut inputs = vec![
         ("--data", args.data.as_deref()),
         ("--init-from", args.init_from.as_deref()),
         ("--plan", args.layout.plan.as_deref()),
         ("--schedule-file", args.schedule_file.as_deref()),
     ];
+    let folders = [
+        ("--checkpoint-dir (a checkpoint file)", &args.checkpoint_dir),
+        ("--resume-from (a checkpoint file)", &args.resume_from),
+        ("--init-from (a checkpoint file)", &args.init_from),
+    ];
+    let held: Vec<(&str, std::path::PathBuf)> = folders
+        .iter()
+        .filter_map(|(name, dir)| dir.as_deref().map(|d| (*name, d)))
+        .flat_map(|(name, dir)| checkpoint_files(dir).into_iter().map(move |f| (name, f)))
+        .collect();
+    inputs.extend(held.iter().map(|(name, f)| (*name, Some(f.as_path()))));
     let side = [
         ("--log", args.observe.log.as_deref()),
         ("--save", args.save.as_deref()),
@@ -73,6 +86,29 @@ fn check_train_paths(args: &TrainArgs) -> anyhow::Result<()> {
         ),
         _ => check_paths(&inputs, ("--output", args.output.as_deref()), &side),
     }
+}
+
+/// The files of a checkpoint folder a resume reads: its `latest`, and the files of the folder
+/// itself and of each `step-*` folder in it (one descriptor at a time; a path that is not a
+/// folder gives none).
+fn checkpoint_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let files_of = |d: &std::path::Path| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(d)
+            .map(|entries| entries.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let mut files = Vec::new();
+    for entry in files_of(dir) {
+        let step = entry
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("step-"));
+        if step && entry.is_dir() {
+            files.extend(files_of(&entry));
+        }
+        files.push(entry);
+    }
+    files
 }
 
 /// Writes the weights, the trace and the picture (when asked) and the summary, all or

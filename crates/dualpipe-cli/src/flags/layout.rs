@@ -73,13 +73,12 @@ impl LayoutArgs {
             );
         }
         if let Some(path) = &self.plan {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                TrainError::Config(format!(
-                    "--plan {}: cannot read it ({e}); give the file `dualpipe plan --format \
-                     json --output FILE` wrote",
-                    path.display()
-                ))
-            })?;
+            let text = dualpipe_io::read_text(path, dualpipe_io::limits::DOCUMENT, "--plan")
+                .map_err(|e| {
+                    TrainError::Config(format!(
+                        "{e} (give the file `dualpipe plan --format json --output FILE` wrote)"
+                    ))
+                })?;
             let source = format!("--plan {}", path.display());
             let choice = PlanChoice::from_json(&text, &source).map_err(reworded)?;
             choice

@@ -266,7 +266,7 @@ fn fifos_and_devices_never_hang_a_command() {
     let mut a = args.clone();
     a.extend_from_slice(&["--log", s(&fifo)]);
     within_20s(&a).usage_error(&["--log", "no process reads"]);
-    within_20s(&["report", s(&fifo)]).usage_error(&["no step record"]);
+    within_20s(&["report", s(&fifo)]).usage_error(&["a FIFO, not a regular file"]);
     within_20s(&["report", "/dev/zero"]).usage_error(&["device"]);
     // JSON and CSV inputs of plan and cluster simulate: refused before any read
     let profile = concat!(

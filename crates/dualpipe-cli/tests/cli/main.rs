@@ -11,6 +11,8 @@ mod cluster_serve;
 mod compare;
 mod eplb;
 mod eplb_previous;
+mod file_flags;
+mod file_flags_table;
 mod gpt;
 mod help;
 mod io_paths;

@@ -11,7 +11,7 @@ use crate::error::MetricsError;
 use crate::record::StepRecord;
 
 /// The largest run log read (1 GiB: about three million steps).
-pub const MAX_LOG_BYTES: u64 = 1 << 30;
+pub const MAX_LOG_BYTES: u64 = dualpipe_io::limits::RUN_LOG_BYTES;
 
 /// A run log read back: its records, and what was skipped on the way.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -39,7 +39,7 @@ pub fn read_log(path: &Path) -> Result<Vec<StepRecord>, MetricsError> {
 ///   dropped for a while): a step that repeats or goes back means two runs in one file (logs
 ///   concatenated, or a run restarted without `--resume` into a copy), whose sums would mean
 ///   nothing, and is an error naming both lines;
-/// - a FIFO with no writer reads as empty instead of blocking; a device is refused; at most
+/// - a FIFO, a device or a folder is refused before a byte is read (never blocking); at most
 ///   [`MAX_LOG_BYTES`] are read.
 pub fn read_log_checked(path: &Path) -> Result<LogRead, MetricsError> {
     let fail = |reason: String| MetricsError::LogRead {
@@ -112,33 +112,12 @@ pub fn read_log_checked(path: &Path) -> Result<LogRead, MetricsError> {
     Ok(read)
 }
 
-/// Opens a log file without blocking on a FIFO that has no writer (it then reads as empty),
-/// refusing a folder or a device.
-fn open_log(path: &Path) -> Result<std::fs::File, String> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    use std::os::unix::io::AsRawFd;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| dualpipe_io::os_reason(&e))?;
-    let meta = file.metadata().map_err(|e| dualpipe_io::os_reason(&e))?;
-    let kind = meta.file_type();
-    if kind.is_dir() {
-        return Err("is a directory; give the JSONL file of `train --log`".into());
-    }
-    if kind.is_char_device() || kind.is_block_device() || kind.is_socket() {
-        return Err("is a device, not a file; give the JSONL file of `train --log`".into());
-    }
-    // SAFETY: fcntl on an open descriptor with integer arguments.
-    unsafe {
-        let fd = file.as_raw_fd();
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags != -1 {
-            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
-        }
-    }
-    Ok(file)
+/// Opens a log file through the one input path ([`dualpipe_io::open_regular`]): a regular
+/// file of at most [`MAX_LOG_BYTES`]; a FIFO, a device or a folder is refused before a byte is
+/// read (a FIFO never blocks the open).
+fn open_log(path: &Path) -> Result<dualpipe_io::Regular, String> {
+    dualpipe_io::open_regular(path, dualpipe_io::limits::RUN_LOG, "the run log")
+        .map_err(|e| format!("{e} (the JSONL file of `train --log`)"))
 }
 
 /// The summary of a run, from its log.

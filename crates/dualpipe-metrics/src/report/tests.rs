@@ -190,14 +190,14 @@ fn steps_that_do_not_increase_are_two_runs() {
 }
 
 #[test]
-fn a_fifo_without_a_writer_and_a_device_do_not_block() {
+fn a_fifo_and_a_device_are_refused_without_blocking() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("fifo");
     let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let err = read_log(&fifo).unwrap_err().to_string();
-    assert!(err.contains("holds no step record"), "{err}");
+    assert!(err.contains("a FIFO, not a regular file"), "{err}");
     let err = read_log(std::path::Path::new("/dev/zero"))
         .unwrap_err()
         .to_string();

@@ -73,55 +73,23 @@ pub fn read_schedule(text: &str, origin: &str) -> Result<Schedule, ScheduleError
 /// size cap, [`crate::MAX_CHUNKS`] chunks, is larger than this as JSON: generate it instead.)
 pub const MAX_SCHEDULE_FILE_BYTES: u64 = 64 << 20;
 
-/// The refusal of a schedule file over [`MAX_SCHEDULE_FILE_BYTES`].
-fn too_large(origin: &str) -> ScheduleError {
-    ScheduleError::Parse(format!(
-        "schedule file {origin} is over {} MiB, the most a schedule file may be; generate a \
-         schedule that large from its kind (`schedule`) instead",
-        MAX_SCHEDULE_FILE_BYTES >> 20
-    ))
-}
-
 /// Reads the schedule file at `path` (`-`: standard input) and hands it to [`read_schedule`]:
-/// validated and lowered. A file that cannot be read, is a folder, is over
-/// [`MAX_SCHEDULE_FILE_BYTES`] or is not UTF-8 is a [`ScheduleError::Parse`] naming the file.
+/// validated and lowered. The file is read through [`dualpipe_io::open_regular`], the one way
+/// inputs are opened: a FIFO, a device or a folder is refused before a byte is read (a FIFO
+/// never blocks), and a file over [`MAX_SCHEDULE_FILE_BYTES`] or not UTF-8 is refused too, each
+/// as a [`ScheduleError::Parse`] naming the file.
 pub fn read_schedule_file(path: &std::path::Path) -> Result<Schedule, ScheduleError> {
-    use std::io::Read;
     let origin = path.display().to_string();
-    let cannot = |e: std::io::Error| {
-        ScheduleError::Parse(format!("cannot read schedule file {origin}: {e}"))
-    };
-    let mut bytes = Vec::new();
-    if path.as_os_str() == "-" {
-        std::io::stdin()
-            .lock()
-            .take(MAX_SCHEDULE_FILE_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(cannot)?;
+    let limit = dualpipe_io::limits::Limit::new(
+        MAX_SCHEDULE_FILE_BYTES,
+        "the cap of a schedule file; generate a schedule that large from its kind instead",
+    );
+    let text = if path.as_os_str() == "-" {
+        dualpipe_io::read_stdin_text(limit, "schedule file")
     } else {
-        let file = std::fs::File::open(path).map_err(cannot)?;
-        let meta = file.metadata().map_err(cannot)?;
-        if meta.is_dir() {
-            return Err(ScheduleError::Parse(format!(
-                "schedule file {origin} is a folder; give a .json or .csv file"
-            )));
-        }
-        if meta.is_file() && meta.len() > MAX_SCHEDULE_FILE_BYTES {
-            return Err(too_large(&origin));
-        }
-        file.take(MAX_SCHEDULE_FILE_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(cannot)?;
+        dualpipe_io::read_text(path, limit, "schedule file")
     }
-    if bytes.len() as u64 > MAX_SCHEDULE_FILE_BYTES {
-        return Err(too_large(&origin));
-    }
-    let text = String::from_utf8(bytes).map_err(|e| {
-        ScheduleError::Parse(format!(
-            "schedule file {origin} is not UTF-8 text (byte {}); give our JSON or torch's CSV",
-            e.utf8_error().valid_up_to()
-        ))
-    })?;
+    .map_err(|e| ScheduleError::Parse(e.to_string()))?;
     read_schedule(&text, &origin)
 }
 

@@ -393,15 +393,23 @@ pub fn random_id() -> String {
     format!("{:016x}", h.finish())
 }
 
-/// The size and CRC-32 of the file at `path` (`BYTES:CRC`), read in pieces.
-pub fn file_digest(path: &std::path::Path) -> std::io::Result<String> {
+/// The size and CRC-32 of the training text at `path` (`BYTES:CRC`), read in pieces through
+/// the one input path ([`dualpipe_io::open_regular`]: a FIFO or a device is refused, never
+/// blocking; at most [`dualpipe_io::limits::DATA`]).
+pub fn file_digest(path: &std::path::Path) -> Result<String, dualpipe_io::ReadError> {
     use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
+    let what = "the training text";
+    let mut file = dualpipe_io::open_regular(path, dualpipe_io::limits::DATA, what)?;
+    let failed = |e: std::io::Error| dualpipe_io::ReadError::Io {
+        what: what.into(),
+        path: path.into(),
+        reason: dualpipe_io::os_reason(&e),
+    };
     let mut hasher = crc32fast::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut bytes: u64 = 0;
     loop {
-        let n = file.read(&mut buf)?;
+        let n = file.read(&mut buf).map_err(failed)?;
         if n == 0 {
             break;
         }

@@ -36,12 +36,13 @@ fn damaged(path: &Path, problem: String) -> CheckpointError {
 /// Reads and checks a manifest (its format and version).
 fn read_manifest(dir: &Path) -> Result<Manifest, CheckpointError> {
     let path = dir.join(MANIFEST);
-    let text = std::fs::read(&path).map_err(|e| {
-        damaged(
-            dir,
-            format!("cannot read {MANIFEST} ({e}): the write was interrupted, or it is not a checkpoint"),
-        )
-    })?;
+    let text =
+        dualpipe_io::read_regular(&path, dualpipe_io::limits::MANIFEST, MANIFEST).map_err(|e| {
+            damaged(
+                dir,
+                format!("{e}: the write was interrupted, or it is not a checkpoint"),
+            )
+        })?;
     let manifest: Manifest = serde_json::from_slice(&text)
         .map_err(|e| damaged(dir, format!("{MANIFEST} is not valid: {e}")))?;
     if manifest.format != FORMAT || manifest.version != VERSION {
@@ -62,31 +63,37 @@ fn read_listed(dir: &Path, entry: &format::FileEntry) -> Result<Vec<u8>, Checkpo
         return Err(damaged(dir, format!("the manifest lists `{}`", entry.name)));
     }
     let path = dir.join(&entry.name);
-    let meta =
-        std::fs::metadata(&path).map_err(|e| damaged(dir, format!("{}: {e}", entry.name)))?;
-    if meta.len() != entry.bytes {
+    // One input path for tensor files: a FIFO or device in the folder is refused before a
+    // byte is read; the cap is the tensor cap, lowered to half the memory available.
+    let mut limit = dualpipe_io::limits::TENSORS;
+    if let Some(available) = memory::available_bytes() {
+        limit = limit.at_most(
+            u64::try_from(available / 2).unwrap_or(u64::MAX),
+            format!("half the {available} bytes of memory available"),
+        );
+    }
+    let file = dualpipe_io::open_regular(&path, limit, &entry.name).map_err(|e| match e {
+        dualpipe_io::ReadError::TooLarge { .. } => CheckpointError::Io {
+            path: path.clone(),
+            message: e.to_string(),
+        },
+        other => damaged(dir, other.to_string()),
+    })?;
+    if file.size() != entry.bytes {
         return Err(damaged(
             dir,
             format!(
                 "{} has {} bytes, the manifest says {} (truncated?)",
                 entry.name,
-                meta.len(),
+                file.size(),
                 entry.bytes
             ),
         ));
     }
-    if let Some(available) = memory::available_bytes() {
-        if u128::from(meta.len()) > available / 2 {
-            return Err(CheckpointError::Io {
-                path,
-                message: format!(
-                    "{} bytes, more than half the memory available ({available} bytes)",
-                    meta.len()
-                ),
-            });
-        }
-    }
-    let bytes = std::fs::read(&path).map_err(|e| CheckpointError::io(&path, "read", &e))?;
+    let bytes = file.read_all().map_err(|e| CheckpointError::Io {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
     let crc = format::crc32_hex(&bytes);
     if crc != entry.crc32 {
         return Err(damaged(

@@ -23,23 +23,17 @@ use super::CheckpointError;
 
 /// The lock file's name.
 pub const LOCK: &str = ".lock";
-/// The most bytes of a manifest read to decide whether a directory is ours.
-const MAX_MANIFEST_BYTES: u64 = 16 << 20;
 
 /// The manifest of the checkpoint directory `dir` when it is one this program wrote (a
 /// regular `manifest.json` of our format), else `None`.
 pub fn our_manifest(dir: &Path) -> Option<Manifest> {
     let path = dir.join(MANIFEST);
+    // A link is never taken as ours; anything else goes through the one input path.
     let meta = std::fs::symlink_metadata(&path).ok()?;
-    if !meta.file_type().is_file() || meta.len() > MAX_MANIFEST_BYTES {
+    if !meta.file_type().is_file() {
         return None;
     }
-    let mut text = Vec::new();
-    File::open(&path)
-        .ok()?
-        .take(MAX_MANIFEST_BYTES)
-        .read_to_end(&mut text)
-        .ok()?;
+    let text = dualpipe_io::read_regular(&path, dualpipe_io::limits::MANIFEST, MANIFEST).ok()?;
     let manifest: Manifest = serde_json::from_slice(&text).ok()?;
     (manifest.format == FORMAT).then_some(manifest)
 }

@@ -9,9 +9,8 @@
 //! error naming it. Reading opens nothing but a regular file, without following a link or
 //! waiting on a FIFO, and reads at most [`MAX_BYTES`].
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
+use std::io::Write;
 use std::path::Path;
 
 use super::writer::{nonce, parse_dir_name, sync_dir};
@@ -54,15 +53,12 @@ pub fn read(root: &Path) -> Pointer {
     if meta.len() > MAX_BYTES {
         return Pointer::Foreign(format!("a file of {} bytes, not a pointer", meta.len()));
     }
-    let opened = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&path);
-    let mut text = Vec::new();
-    let read = opened.and_then(|f| f.take(MAX_BYTES + 1).read_to_end(&mut text));
-    if let Err(e) = read {
-        return Pointer::Foreign(format!("cannot be read ({e})"));
-    }
+    // The one input path (the link was refused above, so no link is followed here).
+    let limit = dualpipe_io::limits::Limit::new(MAX_BYTES, "the cap of a checkpoint pointer");
+    let text = match dualpipe_io::read_regular(&path, limit, LATEST) {
+        Ok(text) => text,
+        Err(e) => return Pointer::Foreign(format!("cannot be read ({e})")),
+    };
     let name = std::str::from_utf8(&text)
         .ok()
         .map(|t| t.trim_end_matches('\n'));

@@ -163,7 +163,8 @@ fn merge(tmp: &Path, step: usize, share: &Share) -> Result<Manifest, CheckpointE
     let mut files: Vec<FileEntry> = Vec::new();
     for p in 0..share.processes {
         let path = tmp.join(part_name(p));
-        let text = std::fs::read(&path).map_err(|e| CheckpointError::io(&path, "read", &e))?;
+        let text = dualpipe_io::read_regular(&path, dualpipe_io::limits::MANIFEST, "the part")
+            .map_err(|e| CheckpointError::Writer(e.to_string()))?;
         let part: PartManifest = serde_json::from_slice(&text).map_err(|e| {
             CheckpointError::Writer(format!("{}: not a part-manifest: {e}", path.display()))
         })?;

@@ -5,7 +5,7 @@
 use super::{Failure, JobConfig, Resume};
 use crate::checkpoint::format::file_digest;
 use crate::checkpoint::{self, Checkpoint, CheckpointError, CheckpointOptions, Found, RunIdentity};
-use crate::{Field, Restored, TrainConfig, TrainError};
+use crate::{DType, Field, Restored, TrainConfig, TrainError};
 
 impl JobConfig {
     /// The checkpoint [`CheckpointSection::resume`](super::CheckpointSection::resume) asks
@@ -69,13 +69,10 @@ impl JobConfig {
     pub fn run_identity(&self) -> Result<RunIdentity, Failure> {
         let config = &self.train;
         let digest = match &config.data.path {
-            Some(path) => Some(file_digest(path).map_err(|e| {
-                Failure::usage(format!(
-                    "cannot read {} {}: {e}",
-                    self.name(Field::Data),
-                    path.display()
-                ))
-            })?),
+            Some(path) => Some(
+                file_digest(path)
+                    .map_err(|e| Failure::usage(format!("{e} ({})", self.name(Field::Data))))?,
+            ),
             None => None,
         };
         let task = match &config.data.path {
@@ -115,6 +112,17 @@ impl JobConfig {
         let config: &TrainConfig = &self.train;
         let saved = &checkpoint.state.config;
         let mut changed = Vec::new();
+        // f64 is the exact mode: its runs agree bit for bit across schedules and shapes, so a
+        // resume into or out of it would quietly end that promise (docs/precision.md). The
+        // f32 / bf16 / f16 checkpoints are the same f32 state and interchange (with a note).
+        if let Some((from, to)) = dtype_change(saved, config) {
+            if from == DType::F64 || to == DType::F64 {
+                changed.push(format!(
+                    "{} {to} (the checkpoint's: {from}; f64 is the exact mode)",
+                    self.name(Field::DType)
+                ));
+            }
+        }
         if saved.seed != config.seed {
             changed.push(format!(
                 "{} {} (the checkpoint's: {})",
@@ -259,6 +267,14 @@ impl JobConfig {
         restored: &Restored,
         say: &mut dyn FnMut(&str),
     ) {
+        // A changed precision changes what the run computes: said even when quiet.
+        if let Some((from, to)) = dtype_change(&checkpoint.state.config, &self.train) {
+            say(&format!(
+                "note: {}: the checkpoint was trained with {} {from}; this run continues in {to}",
+                self.name(Field::Resume),
+                self.name(Field::DType)
+            ));
+        }
         if self.observe.quiet {
             return;
         }
@@ -344,4 +360,9 @@ impl JobConfig {
             self.name(Field::VarianceRefresh),
         ));
     }
+}
+
+/// The checkpoint's dtype and the job's, when they differ.
+fn dtype_change(saved: &TrainConfig, config: &TrainConfig) -> Option<(DType, DType)> {
+    (saved.model.dtype != config.model.dtype).then_some((saved.model.dtype, config.model.dtype))
 }

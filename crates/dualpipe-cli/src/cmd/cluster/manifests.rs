@@ -1,11 +1,13 @@
 //! `dualpipe cluster manifests`: the Kubernetes MPIJobs of a placement
 //! (`dualpipe_cluster::k8s`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use dualpipe_io::OutputPlan;
 
 use dualpipe_cluster::k8s::{mpijob, to_yaml, ManifestOptions, NodePlacement};
 
-use crate::cmd::output::write_together;
+use crate::cmd::output::{check_plan, write_together};
 use crate::cmd::UsageError;
 
 /// Flags of `dualpipe cluster manifests`.
@@ -73,5 +75,30 @@ pub fn run_manifests(a: ManifestsArgs) -> anyhow::Result<()> {
     if a.output_dir.is_none() {
         files.push((None, all.into_bytes()));
     }
+    // Every manifest is planned against the placement (and each other) before any is written:
+    // a placement that lives in --output-dir under a manifest's name is never replaced.
+    let names: Vec<(String, &Path)> = files
+        .iter()
+        .filter_map(|(path, _)| path.as_deref())
+        .map(|path| (format!("--output-dir (its {})", file_name(path)), path))
+        .collect();
+    let mut plan = OutputPlan::new();
+    plan.input("--placement", Some(&a.placement));
+    match a.output_dir {
+        Some(_) => names.iter().for_each(|(name, path)| {
+            plan.output(name, Some(path));
+        }),
+        None => {
+            plan.output("standard output", Some(Path::new("-")));
+        }
+    }
+    check_plan(&plan)?;
     write_together(files)
+}
+
+/// The last component of `path`, for messages.
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }

@@ -17,12 +17,9 @@ use dualpipe_cluster::{
 use dualpipe_plan::Profile;
 use dualpipe_sim::topology::shown;
 
-use crate::cmd::output::{check_outputs, write_together};
+use crate::cmd::output::{check_paths, write_together};
 use crate::cmd::simulate::Format;
 use crate::cmd::{progress_bar, UsageError};
-
-/// The largest cluster, trace or profile file read (bytes).
-const MAX_INPUT: u64 = 256 << 20;
 
 /// Flags of `dualpipe cluster`.
 #[derive(clap::Args, Debug)]
@@ -148,13 +145,14 @@ fn usage(e: ClusterError) -> anyhow::Error {
     UsageError(e.to_string()).into()
 }
 
-/// Reads a file the user named ([`super::read_input_text`]), at most [`MAX_INPUT`] bytes.
+/// Reads a settings file the user named (cluster, placement, profile) through
+/// [`crate::cmd::read_input`], at most [`dualpipe_io::limits::DOCUMENT`].
 fn read_text(path: &Path, flag: &str) -> Result<String, UsageError> {
-    crate::cmd::read_input_text(path, flag, MAX_INPUT, "a cluster input")
+    crate::cmd::read_input(path, flag, dualpipe_io::limits::DOCUMENT)
 }
 
 fn trace(a: TraceArgs) -> anyhow::Result<()> {
-    check_outputs(a.output.as_deref(), &[])?;
+    check_paths(&[], ("--output", a.output.as_deref()), &[])?;
     let jobs = synth_trace(&SynthOptions {
         jobs: a.jobs,
         seed: a.seed,
@@ -186,10 +184,18 @@ pub(crate) fn check_number(flag: &str, v: f64, positive: bool) -> Result<(), Usa
 }
 
 fn simulate(a: SimulateArgs) -> anyhow::Result<()> {
-    check_outputs(
-        a.output.as_deref(),
-        &[a.svg.as_deref(), a.placement_out.as_deref()],
-    )?;
+    let outputs = [
+        ("--svg", a.svg.as_deref()),
+        ("--placement-out", a.placement_out.as_deref()),
+    ];
+    let main_output = ("--output", a.output.as_deref());
+    let given = [
+        ("--cluster", Some(a.cluster.as_path())),
+        ("--trace", Some(a.trace.as_path())),
+    ];
+    // Every path checked before a byte is read or written; the profiles the trace names are
+    // checked again with them once the trace is read.
+    check_paths(&given, main_output, &outputs)?;
     if let Some(t) = a.placement_at {
         check_number("--placement-at", t, false)?;
     }
@@ -222,8 +228,12 @@ fn simulate(a: SimulateArgs) -> anyhow::Result<()> {
     }
     let cluster = Cluster::from_json(&read_text(&a.cluster, "--cluster")?)
         .map_err(|e| UsageError(format!("--cluster {}: {e}", a.cluster.display())))?;
-    let jobs = parse_trace(&read_text(&a.trace, "--trace")?)
-        .map_err(|e| UsageError(format!("--trace {}: {e}", a.trace.display())))?;
+    let jobs = parse_trace(&crate::cmd::read_input(
+        &a.trace,
+        "--trace",
+        dualpipe_io::limits::TABLE,
+    )?)
+    .map_err(|e| UsageError(format!("--trace {}: {e}", a.trace.display())))?;
     let folder = a.trace.parent().unwrap_or(Path::new("."));
     let mut profiles = BTreeMap::new();
     for name in jobs.iter().filter_map(|j| j.profile.as_ref()) {
@@ -235,6 +245,17 @@ fn simulate(a: SimulateArgs) -> anyhow::Result<()> {
             .map_err(|e| UsageError(format!("profile {}: {e}", path.display())))?;
         profiles.insert(name.clone(), profile);
     }
+    let profile_paths: Vec<(String, PathBuf)> = profiles
+        .keys()
+        .map(|name| (format!("profile {name}"), folder.join(name)))
+        .collect();
+    let mut inputs = given.to_vec();
+    inputs.extend(
+        profile_paths
+            .iter()
+            .map(|(n, p)| (n.as_str(), Some(p.as_path()))),
+    );
+    check_paths(&inputs, main_output, &outputs)?;
     let options = SimOptions {
         curve: Curve {
             serial: a.serial,
