@@ -26,6 +26,7 @@ use serde::Serialize;
 use crate::assign::assign;
 use crate::cluster::Cluster;
 use crate::policy::spread;
+use crate::queue::Need;
 use crate::state::State;
 
 /// The elastic policy's parameters (documented in docs/cluster.md).
@@ -69,25 +70,29 @@ fn saving(state: &State<'_>, j: usize, old_rate: f64, new_rate: f64) -> f64 {
 pub fn schedule(params: &ElasticParams, state: &mut State<'_>, now: f64) {
     let devices = state.cluster.devices();
     let mut free = state.free();
-    // 1. Admit.
+    // 1. Admit: each job that fits the free devices, or the free devices and what shrinking
+    // the candidates frees, in queue order. A job that does not fit changes nothing, and what
+    // fits only falls, so the index skips straight to the next job that fits.
     let mut admitted: Vec<(usize, usize)> = Vec::new();
     let mut shrinks: Vec<(usize, usize)> = Vec::new(); // (running index, new count)
-    let queue = state.queue.clone();
-    let mut waiting = false;
-    let mut candidates: Option<Vec<(usize, usize)>> = None;
-    for &j in &queue {
+    let mut candidates = if params.shrink && !state.queue.is_empty() {
+        shrinkable(params, state, now)
+    } else {
+        Vec::new()
+    };
+    let mut surplus: usize = candidates.iter().map(|c| c.1).sum();
+    let mut from = 0;
+    while let Some((pos, j)) = state.queue.next_fitting(from, Need::Least, free + surplus) {
         let need = state.jobs[j].min_gpus.min(devices);
-        if need > free && params.shrink {
-            let candidates = candidates.get_or_insert_with(|| shrinkable(params, state, now));
-            free += shrink_for(candidates, state, need - free, &mut shrinks);
+        if need > free {
+            free += shrink_for(&mut candidates, state, need - free, &mut shrinks);
+            surplus = candidates.iter().map(|c| c.1).sum();
         }
-        if need <= free {
-            admitted.push((j, need));
-            free -= need;
-        } else {
-            waiting = true;
-        }
+        admitted.push((j, need));
+        free -= need;
+        from = pos + 1;
     }
+    let waiting = admitted.len() < state.queue.len();
     for &(i, k) in &shrinks {
         let r = &state.running[i];
         let keep = keep_devices(state, &r.devices, k);
