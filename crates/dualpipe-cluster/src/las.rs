@@ -127,8 +127,13 @@ fn admit(state: &State<'_>) -> (Vec<bool>, Vec<usize>) {
     let mut admitted = Vec::new();
     let mut from = 0;
     let mut running = running.into_iter().peekable();
+    // The first waiting job from `from` that fits `capacity`: it stays the first while the
+    // capacity still covers it (the jobs before it asked for more than a larger capacity).
+    let mut waiting = state.queue.next_asking_at_most(from, capacity);
     loop {
-        let waiting = state.queue.next_asking_at_most(from, capacity);
+        if waiting.is_some_and(|(_, j)| state.jobs[j].gpus > capacity) {
+            waiting = state.queue.next_asking_at_most(from, capacity);
+        }
         let waiting_first = match (waiting, running.peek()) {
             (Some((pos, _)), Some(r)) => pos < r.0,
             (Some(_), None) => true,
@@ -139,6 +144,7 @@ fn admit(state: &State<'_>) -> (Vec<bool>, Vec<usize>) {
             capacity -= state.jobs[j].gpus;
             admitted.push(j);
             from = pos + 1;
+            waiting = state.queue.next_asking_at_most(from, capacity);
         } else if let Some((_, need, i)) = running.next() {
             if need <= capacity {
                 capacity -= need;
