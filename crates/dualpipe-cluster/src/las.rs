@@ -154,3 +154,6 @@ fn admit(state: &State<'_>) -> (Vec<bool>, Vec<usize>) {
     }
     (kept, admitted)
 }
+
+#[cfg(test)]
+mod tests;
