@@ -26,6 +26,7 @@ use serde::Serialize;
 use crate::assign::assign;
 use crate::cluster::Cluster;
 use crate::policy::spread;
+use crate::queue::Need;
 use crate::state::State;
 
 /// The elastic policy's parameters (documented in docs/cluster.md).
@@ -68,26 +69,13 @@ fn saving(state: &State<'_>, j: usize, old_rate: f64, new_rate: f64) -> f64 {
 /// One elastic scheduling pass at `now`.
 pub fn schedule(params: &ElasticParams, state: &mut State<'_>, now: f64) {
     let devices = state.cluster.devices();
-    let mut free = state.free();
     // 1. Admit.
-    let mut admitted: Vec<(usize, usize)> = Vec::new();
-    let mut shrinks: Vec<(usize, usize)> = Vec::new(); // (running index, new count)
-    let queue = state.queue.clone();
-    let mut waiting = false;
-    let mut candidates: Option<Vec<(usize, usize)>> = None;
-    for &j in &queue {
-        let need = state.jobs[j].min_gpus.min(devices);
-        if need > free && params.shrink {
-            let candidates = candidates.get_or_insert_with(|| shrinkable(params, state, now));
-            free += shrink_for(candidates, state, need - free, &mut shrinks);
-        }
-        if need <= free {
-            admitted.push((j, need));
-            free -= need;
-        } else {
-            waiting = true;
-        }
-    }
+    let Admission {
+        mut admitted,
+        shrinks,
+        mut free,
+        waiting,
+    } = admit(params, state, now);
     for &(i, k) in &shrinks {
         let r = &state.running[i];
         let keep = keep_devices(state, &r.devices, k);
@@ -137,6 +125,53 @@ pub fn schedule(params: &ElasticParams, state: &mut State<'_>, now: f64) {
     // 4. Consolidate.
     if params.consolidate {
         consolidate(params, state, now);
+    }
+}
+
+/// What the admission step decided.
+#[derive(Debug, PartialEq)]
+struct Admission {
+    /// The admitted jobs with their `min_gpus`, in queue order.
+    admitted: Vec<(usize, usize)>,
+    /// The planned shrinks: (running index, new count).
+    shrinks: Vec<(usize, usize)>,
+    /// The devices left free after both.
+    free: usize,
+    /// Whether a job is left waiting.
+    waiting: bool,
+}
+
+/// Admits each waiting job that fits the free devices, or the free devices and what shrinking
+/// the candidates frees, in queue order (later jobs that fit pass one that does not). A job
+/// that does not fit changes nothing, and what fits only falls, so the queue's index skips
+/// straight to the next job that fits.
+fn admit(params: &ElasticParams, state: &State<'_>, now: f64) -> Admission {
+    let devices = state.cluster.devices();
+    let mut free = state.free();
+    let mut admitted = Vec::new();
+    let mut shrinks = Vec::new();
+    let mut candidates = if params.shrink && !state.queue.is_empty() {
+        shrinkable(params, state, now)
+    } else {
+        Vec::new()
+    };
+    let mut surplus: usize = candidates.iter().map(|c| c.1).sum();
+    let mut from = 0;
+    while let Some((pos, j)) = state.queue.next_fitting(from, Need::Least, free + surplus) {
+        let need = state.jobs[j].min_gpus.min(devices);
+        if need > free {
+            free += shrink_for(&mut candidates, state, need - free, &mut shrinks);
+            surplus = candidates.iter().map(|c| c.1).sum();
+        }
+        admitted.push((j, need));
+        free -= need;
+        from = pos + 1;
+    }
+    Admission {
+        waiting: admitted.len() < state.queue.len(),
+        admitted,
+        shrinks,
+        free,
     }
 }
 
@@ -463,18 +498,4 @@ fn consolidate_wide(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nodes_spanned_counts_distinct_nodes_sorted_or_not() {
-        let cluster = Cluster::uniform(4, 8).unwrap();
-        assert_eq!(nodes_spanned(&cluster, &[3]), 1);
-        assert_eq!(nodes_spanned(&cluster, &[0, 7, 8, 30]), 3);
-        assert_eq!(nodes_spanned(&cluster, &[30, 0, 8, 7, 9]), 3);
-        assert_eq!(
-            nodes_spanned(&cluster, &[8, 9, 10, 11, 12, 13, 14, 15, 16]),
-            2
-        );
-    }
-}
+mod tests;

@@ -17,6 +17,7 @@
 use serde::Serialize;
 
 use crate::policy::place_rigid;
+use crate::queue::Need;
 use crate::state::State;
 
 /// The parameters of `las`.
@@ -35,52 +36,23 @@ impl Default for LasParams {
     }
 }
 
-/// The priority queue of a job that attained `service` device-seconds.
-fn queue_of(params: &LasParams, service: f64) -> usize {
-    params.thresholds.iter().filter(|&&t| service >= t).count()
-}
-
 /// Acts on the pool at `now` (module documentation).
+///
+/// The waiting jobs are ranked in the queue itself ([`crate::queue::Queue::rank_by`]: a waiting
+/// job's attained service, so its rank, stays put), so one pass touches the running jobs and
+/// the waiting ones it admits or starts, never the whole queue: walking the ranked order, a
+/// waiting job asking for more than the capacity left is passed over without effect, and
+/// capacity only falls, so the index skips to the next one that fits.
 pub fn schedule(params: &LasParams, state: &mut State<'_>, now: f64) {
-    // Every job, queued or running, as (its queue, its arrival, its index, the devices it
-    // counts, its index among the running ones), ranked by the first three (the index makes
-    // the order total, so an unstable sort gives the one order); keys computed once. Arrivals
-    // are finite and >= 0 (the trace refuses others), where an f64's bits order as its value.
-    let entry = |j: usize, need: usize, running: Option<usize>| {
-        let arrival = state.jobs[j].arrival_s;
-        debug_assert!(arrival.is_finite() && arrival >= 0.0);
-        let queue = queue_of(params, state.progress[j].attained);
-        (queue, arrival.to_bits(), j, need, running)
-    };
-    let mut order: Vec<(usize, u64, usize, usize, Option<usize>)> = state
+    let progress = &state.progress;
+    state
         .queue
-        .iter()
-        .map(|&j| entry(j, state.jobs[j].gpus, None))
-        .chain(
-            state
-                .running
-                .iter()
-                .enumerate()
-                .map(|(i, r)| entry(r.job, r.devices.len(), Some(i))),
-        )
-        .collect();
-    order.sort_unstable();
-    let mut capacity = state.cluster.devices();
-    let mut admitted = vec![false; order.len()];
-    let mut running_admitted = vec![false; state.running.len()];
-    for (&(_, _, _, need, running), admit) in order.iter().zip(admitted.iter_mut()) {
-        if need <= capacity {
-            capacity -= need;
-            *admit = true;
-            if let Some(i) = running {
-                running_admitted[i] = true;
-            }
-        }
-    }
+        .rank_by(&params.thresholds, |j| progress[j].attained);
+    let (kept, admitted) = admit(state);
     let preempt: Vec<usize> = state
         .running
         .iter()
-        .zip(&running_admitted)
+        .zip(&kept)
         .filter(|(_, &kept)| !kept)
         .map(|(r, _)| r.job)
         .collect();
@@ -88,18 +60,11 @@ pub fn schedule(params: &LasParams, state: &mut State<'_>, now: f64) {
         state.preempt(j, now);
     }
     // Admitted jobs that were not running (an admitted running job is not preempted), then
-    // the rest in rank order.
-    let listed = || order.iter().zip(&admitted);
-    let waiting: Vec<usize> = listed()
-        .filter(|(o, &a)| a && o.4.is_none())
-        .chain(listed().filter(|(_, &a)| !a))
-        .map(|(o, _)| o.2)
-        .collect();
-    // Every waiting job is queued now (it was, or its preemption queued it) and each is
-    // listed once, so none has started before its turn.
+    // the rest in rank order: every waiting job is queued now (it was, or its preemption
+    // queued it).
     let mut free = state.free();
-    for j in waiting {
-        debug_assert!(state.queue.contains(&j) && state.running.iter().all(|r| r.job != j));
+    for &j in &admitted {
+        debug_assert!(state.queue.contains(j) && state.running.iter().all(|r| r.job != j));
         let k = state.jobs[j].gpus;
         if k > free {
             continue; // no placement of k devices exists
@@ -109,4 +74,86 @@ pub fn schedule(params: &LasParams, state: &mut State<'_>, now: f64) {
             free -= k;
         }
     }
+    // The rest: only a job that a placement exists for starts (one in a node needs a node
+    // with that many free, a wider one that many free in all), and free devices only fall,
+    // so the jobs the index passes over would not start either.
+    let mut listed = admitted;
+    listed.sort_unstable();
+    let mut from = 0;
+    loop {
+        let in_node = state
+            .free_per_node
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .min(free);
+        let next = [
+            state.queue.next_fitting(from, Need::InNode, in_node),
+            state.queue.next_fitting(from, Need::Wide, free),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let Some((pos, j)) = next else { break };
+        from = pos + 1;
+        if listed.binary_search(&j).is_ok() {
+            continue; // admitted above: listed once
+        }
+        let k = state.jobs[j].gpus;
+        let devices = place_rigid(state, k).expect("a placement exists");
+        state.start(j, devices, now);
+        free -= k;
+    }
 }
+
+/// Walks every job, waiting or running, in rank order (the queue by attained service, then
+/// arrival), admitting each whose devices fit the pool by count (a running job counts what
+/// it holds, a waiting one what it requests). Returns which running jobs (by index) are kept
+/// and the waiting jobs admitted, in rank order.
+fn admit(state: &State<'_>) -> (Vec<bool>, Vec<usize>) {
+    let mut running: Vec<(usize, usize, usize)> = state
+        .running
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let service = state.progress[r.job].attained;
+            (state.queue.position_of(r.job, service), r.devices.len(), i)
+        })
+        .collect();
+    running.sort_unstable();
+    let mut capacity = state.cluster.devices();
+    let mut kept = vec![false; state.running.len()];
+    let mut admitted = Vec::new();
+    let mut from = 0;
+    let mut running = running.into_iter().peekable();
+    // The first waiting job from `from` that fits `capacity`: it stays the first while the
+    // capacity still covers it (the jobs before it asked for more than a larger capacity).
+    let mut waiting = state.queue.next_asking_at_most(from, capacity);
+    loop {
+        if waiting.is_some_and(|(_, j)| state.jobs[j].gpus > capacity) {
+            waiting = state.queue.next_asking_at_most(from, capacity);
+        }
+        let waiting_first = match (waiting, running.peek()) {
+            (Some((pos, _)), Some(r)) => pos < r.0,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        if let (true, Some((pos, j))) = (waiting_first, waiting) {
+            capacity -= state.jobs[j].gpus;
+            admitted.push(j);
+            from = pos + 1;
+            waiting = state.queue.next_asking_at_most(from, capacity);
+        } else if let Some((_, need, i)) = running.next() {
+            if need <= capacity {
+                capacity -= need;
+                kept[i] = true;
+            }
+        }
+    }
+    (kept, admitted)
+}
+
+#[cfg(test)]
+mod tests;

@@ -32,6 +32,7 @@ pub mod las;
 pub mod metrics;
 pub mod names;
 pub mod policy;
+pub mod queue;
 pub mod serve;
 pub mod simulate;
 pub mod state;
@@ -47,7 +48,7 @@ pub use elastic::ElasticParams;
 pub use error::ClusterError;
 pub use metrics::Metrics;
 pub use policy::Policy;
-pub use simulate::{simulate, simulate_with_progress, JobOutcome, Outcome};
+pub use simulate::{simulate, simulate_with_progress, JobOutcome, Outcome, Tick};
 pub use state::{MoveCost, State};
 pub use synth::{synth_trace, SynthOptions};
 pub use throughput::{Curve, Throughput};
@@ -74,15 +75,15 @@ pub fn run(
     run_with_progress(cluster, jobs, profiles, policy, options, &mut |_| {})
 }
 
-/// [`run()`], telling `progress` how many jobs have finished each time some finish (a
-/// million jobs take tens of seconds).
+/// [`run()`], telling `progress` how far it has got each time jobs finish (a million jobs
+/// take tens of seconds).
 pub fn run_with_progress(
     cluster: &Cluster,
     jobs: &[Job],
     profiles: &BTreeMap<String, dualpipe_plan::Profile>,
     mut policy: Policy,
     options: &SimOptions,
-    progress: &mut dyn FnMut(usize),
+    progress: &mut dyn FnMut(Tick),
 ) -> Result<Outcome, ClusterError> {
     check_fits(jobs, cluster)?;
     let throughput = Throughput::new(cluster, options.curve, jobs, profiles)?;

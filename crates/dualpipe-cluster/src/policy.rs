@@ -56,7 +56,7 @@ impl Policy {
 }
 
 fn schedule_static(state: &mut State<'_>, now: f64) {
-    while let Some(&j) = state.queue.first() {
+    while let Some(j) = state.queue.first() {
         match place_rigid(state, state.jobs[j].gpus) {
             Some(devices) => state.start(j, devices, now),
             None => break,

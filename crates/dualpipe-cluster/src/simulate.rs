@@ -51,6 +51,17 @@ pub struct JobOutcome {
     pub resizes: usize,
 }
 
+/// How far a run has got, told each time jobs finish.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tick {
+    /// Jobs finished so far.
+    pub finished: usize,
+    /// Jobs in the trace.
+    pub jobs: usize,
+    /// Simulated seconds since the first arrival.
+    pub sim_s: f64,
+}
+
 /// Relative slack within which a job counts as finished (floating-point progress).
 const DONE_SLACK: f64 = 1e-9;
 
@@ -59,11 +70,11 @@ pub fn simulate(state: State<'_>, policy: &mut Policy) -> Result<Outcome, Cluste
     simulate_with_progress(state, policy, &mut |_| {})
 }
 
-/// [`simulate()`], telling `progress` how many jobs have finished each time some finish.
+/// [`simulate()`], telling `progress` how far it has got each time jobs finish.
 pub fn simulate_with_progress(
     mut state: State<'_>,
     policy: &mut Policy,
-    progress: &mut dyn FnMut(usize),
+    progress: &mut dyn FnMut(Tick),
 ) -> Result<Outcome, ClusterError> {
     let jobs = state.jobs;
     let mut order: Vec<usize> = (0..jobs.len()).collect();
@@ -82,7 +93,8 @@ pub fn simulate_with_progress(
     loop {
         // Arrivals at `now`, then the policy.
         while next_arrival < order.len() && jobs[order[next_arrival]].arrival_s <= now {
-            state.queue.push(order[next_arrival]);
+            let j = order[next_arrival];
+            state.queue.push(j, state.progress[j].attained);
             next_arrival += 1;
         }
         policy.schedule(&mut state, now);
@@ -106,8 +118,7 @@ pub fn simulate_with_progress(
             let j = state
                 .queue
                 .first()
-                .or(state.running.first().map(|r| &r.job))
-                .copied()
+                .or(state.running.first().map(|r| r.job))
                 .expect("a job is left");
             return Err(ClusterError::Trace(format!(
                 "job {} can never finish: the policy found no devices it runs on",
@@ -137,7 +148,11 @@ pub fn simulate_with_progress(
         now = next;
         if !finished.is_empty() {
             done += finished.len();
-            progress(done);
+            progress(Tick {
+                finished: done,
+                jobs: jobs.len(),
+                sim_s: now - start,
+            });
         }
         for j in finished {
             state.finish(j, now);

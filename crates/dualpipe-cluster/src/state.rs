@@ -6,6 +6,7 @@
 use serde::Serialize;
 
 use crate::cluster::Cluster;
+use crate::queue::Queue;
 use crate::throughput::Throughput;
 use crate::trace::Job;
 
@@ -90,8 +91,8 @@ pub struct State<'a> {
     pub owner: Vec<Option<usize>>,
     /// Free devices per node.
     pub free_per_node: Vec<usize>,
-    /// Jobs waiting, in arrival order.
-    pub queue: Vec<usize>,
+    /// Jobs waiting, in arrival order (`las`: by attained service first; [`Queue`]).
+    pub queue: Queue,
     /// Jobs running, in start order.
     pub running: Vec<Running>,
     /// Every job's progress.
@@ -115,7 +116,7 @@ impl<'a> State<'a> {
             cost,
             owner: vec![None; cluster.devices()],
             free_per_node: cluster.nodes.iter().map(|n| n.devices).collect(),
-            queue: Vec::new(),
+            queue: Queue::new(jobs, cluster.devices(), cluster.largest_node()),
             running: Vec::new(),
             progress: vec![Progress::default(); jobs.len()],
             segments: Vec::new(),
@@ -172,7 +173,7 @@ impl<'a> State<'a> {
     /// Starts queued job `j` on free `devices` at `now`.
     pub fn start(&mut self, j: usize, devices: Vec<usize>, now: f64) {
         self.take(j, &devices);
-        self.queue.retain(|&q| q != j);
+        self.queue.remove(j);
         let rate = self.throughput.rate(j, &self.jobs[j], &devices);
         self.progress[j].first_start.get_or_insert(now);
         let mut paused_until = now;
@@ -208,7 +209,7 @@ impl<'a> State<'a> {
             end_s: now,
         });
         self.progress[j].preempted = true;
-        self.queue.push(j);
+        self.queue.push(j, self.progress[j].attained);
     }
 
     /// Moves running job `j` onto `devices` (free, or its own) at `now`: it pays the move's

@@ -317,7 +317,7 @@ fn elastic_finishes_near_the_longest_jobs_bound() {
 }
 
 /// `run_with_progress` tells how many jobs have finished, rising to every job, and gives the
-/// outcome `run` gives.
+/// outcome `run` gives; the simulated time it tells rises to the makespan.
 #[test]
 fn progress_counts_finished_jobs_up_to_all_of_them() {
     let cluster = Cluster::uniform(4, 8).unwrap();
@@ -337,11 +337,18 @@ fn progress_counts_finished_jobs_up_to_all_of_them() {
         &BTreeMap::new(),
         policy.clone(),
         &options,
-        &mut |done| seen.push(done),
+        &mut |tick| seen.push(tick),
     )
     .unwrap();
-    assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
-    assert_eq!(seen.last(), Some(&jobs.len()));
+    assert!(seen.iter().all(|t| t.jobs == jobs.len()), "{seen:?}");
+    assert!(
+        seen.windows(2)
+            .all(|w| w[0].finished < w[1].finished && w[0].sim_s < w[1].sim_s),
+        "{seen:?}"
+    );
+    let last = seen.last().unwrap();
+    assert_eq!(last.finished, jobs.len());
+    assert_eq!(last.sim_s, with.metrics.makespan_s);
     let without = run(&cluster, &jobs, &BTreeMap::new(), policy, &options).unwrap();
     assert_eq!(with.metrics, without.metrics);
 }

@@ -5,6 +5,7 @@
 
 mod client;
 mod manifests;
+mod progress;
 mod serve;
 
 use std::collections::BTreeMap;
@@ -19,7 +20,7 @@ use dualpipe_sim::topology::shown;
 
 use crate::cmd::output::{check_paths, write_together};
 use crate::cmd::simulate::Format;
-use crate::cmd::{progress_bar, UsageError};
+use crate::cmd::UsageError;
 
 /// Flags of `dualpipe cluster`.
 #[derive(clap::Args, Debug)]
@@ -126,6 +127,10 @@ pub struct SimulateArgs {
     /// Scaling curve: the slowdown per node spanned beyond the fewest (jobs without a profile).
     #[arg(long, allow_negative_numbers = true, default_value_t = Curve::default().locality)]
     pub locality: f64,
+    /// Tell no progress on stderr (by default a bar on a terminal, otherwise a line every
+    /// few seconds).
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 /// Runs `dualpipe cluster ...`.
@@ -266,20 +271,16 @@ fn simulate(a: SimulateArgs) -> anyhow::Result<()> {
             checkpoint_bytes_per_device: a.checkpoint_bytes_per_device,
         },
     };
-    let bar = progress_bar(
-        false,
-        "simulating: {pos}/{len} jobs finished [{elapsed_precise}, about {eta} left]",
-    );
-    bar.set_length(jobs.len() as u64);
+    let mut reporter = progress::Reporter::new(a.quiet, jobs.len());
     let outcome = run_with_progress(
         &cluster,
         &jobs,
         &profiles,
         policy.clone(),
         &options,
-        &mut |done| bar.set_position(done as u64),
+        &mut |tick| reporter.tick(tick),
     );
-    bar.finish_and_clear();
+    reporter.finish();
     let outcome = outcome.map_err(|e| UsageError(format!("--trace {}: {e}", a.trace.display())))?;
     let mut files = Vec::new();
     if let Some(path) = &a.svg {
