@@ -62,8 +62,12 @@ pub fn ensure_token(dir: &Path) -> Result<String, String> {
 
 /// Reads a token file (a client's `--token-file`, or `DIR/token`). The error is one line.
 pub fn read_token(path: &Path) -> Result<String, String> {
-    let bytes = dualpipe_io::read_regular(path, 4096, "a token is 64 characters", "the API token")
-        .map_err(|e| e.to_string())?;
+    let bytes = dualpipe_io::read_regular(
+        path,
+        dualpipe_io::limits::Limit::new(4096, "a token is 64 characters"),
+        "the API token",
+    )
+    .map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&bytes);
     let token = text.trim();
     if token.len() != TOKEN_HEX || !token.bytes().all(|b| b.is_ascii_hexdigit()) {

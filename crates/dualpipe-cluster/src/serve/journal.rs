@@ -76,8 +76,10 @@ impl Journal {
         }
         let bytes = dualpipe_io::read_regular(
             &path,
-            MAX_JOURNAL_BYTES,
-            "a journal of 65,536 slots and thousands of jobs is a few MiB",
+            dualpipe_io::limits::Limit::new(
+                MAX_JOURNAL_BYTES,
+                "a journal of 65,536 slots and thousands of jobs is a few MiB",
+            ),
             "the scheduler's state",
         )
         .map_err(|e| format!("{e}; give another `state` directory"))?;
