@@ -225,4 +225,39 @@ mod tests {
         assert_eq!(temp_pid(".step-000001.old-12-3"), Some(12));
         assert_eq!(temp_pid("step-000001"), None);
     }
+
+    #[test]
+    fn a_users_folder_or_link_at_a_checkpoints_name_is_never_replaced() {
+        use crate::checkpoint::writer::{dir_name, write_dir};
+        let root = tempfile::tempdir().unwrap();
+        let files = vec![("a.safetensors".to_string(), b"abc".to_vec())];
+        let users = root.path().join(dir_name(2));
+        std::fs::create_dir(&users).unwrap();
+        std::fs::write(users.join("notes.txt"), "mine").unwrap();
+        let err = write_dir(root.path(), 2, &files, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("never replaced"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(users.join("notes.txt")).unwrap(),
+            "mine"
+        );
+        let link = root.path().join(dir_name(3));
+        std::os::unix::fs::symlink(&users, &link).unwrap();
+        assert!(write_dir(root.path(), 3, &files, 0).is_err());
+        assert!(link.is_symlink() && users.join("notes.txt").is_file());
+        // no temp directory left behind; a checkpoint of ours is still replaced
+        let names = |p: &Path| -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(p)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert!(!names(root.path()).iter().any(|n| n.contains(".tmp-")));
+        write_dir(root.path(), 4, &files, 0).unwrap();
+        write_dir(root.path(), 4, &files, 0).unwrap();
+        assert!(is_ours(&root.path().join(dir_name(4))));
+    }
 }
