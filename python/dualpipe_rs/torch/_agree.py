@@ -19,7 +19,7 @@ _KINDS = {k.__name__: k for k in (ValueError, TypeError, FloatingPointError, OSE
 
 
 def _encode(text: str) -> torch.Tensor:
-    data = text.encode("utf-8")[: _TEXT_BYTES - 4]
+    data = text.encode("utf-8", errors="surrogateescape")[: _TEXT_BYTES - 4]
     buf = torch.zeros(_TEXT_BYTES, dtype=torch.uint8)
     buf[:4] = torch.tensor(list(len(data).to_bytes(4, "little")), dtype=torch.uint8)
     if data:
@@ -30,7 +30,7 @@ def _encode(text: str) -> torch.Tensor:
 def _decode(buf: torch.Tensor) -> str:
     raw = bytes(buf.cpu().tolist())
     n = int.from_bytes(raw[:4], "little")
-    return raw[4 : 4 + n].decode("utf-8", errors="replace")
+    return raw[4 : 4 + n].decode("utf-8", errors="surrogateescape")
 
 
 def share_text(s: Any, text: Optional[str], src: int, what: str) -> str:

@@ -154,7 +154,7 @@ def save(s: Any, path: str) -> None:
             for rel, tensors in files.items():
                 os.makedirs(os.path.join(tmp, os.path.dirname(rel)), exist_ok=True)
                 save_file(tensors, os.path.join(tmp, rel))
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait for a timeout
             problem = e
         problem = agree(s, problem, "the checkpoint's files")
         if problem is not None:
@@ -163,7 +163,7 @@ def save(s: Any, path: str) -> None:
             try:
                 _write_manifest(s, tmp)
                 _partial.publish(tmp, target)
-            except OSError as e:
+            except Exception as e:  # noqa: BLE001 - as above
                 problem = e
         problem = agree(s, problem, "the checkpoint's rename")
         if problem is not None:
@@ -322,7 +322,7 @@ def load(s: Any, path: str) -> None:
     problem: Optional[BaseException] = None
     try:
         restore = _read(s, path)
-    except (ValueError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait for a timeout
         problem = e
     problem = agree(s, problem, "the checkpoint's load")
     if problem is not None:
