@@ -223,7 +223,9 @@ class DualPipeStrategy:
     def step(self, inputs: torch.Tensor, labels: torch.Tensor) -> float:
         """One training step on this replica's batch: every micro-batch through the schedule,
         DualPipe's copies summed, the data-parallel exchange, the optimizer step. Returns the
-        mean loss over all replicas' micro-batches (the same on every rank)."""
+        mean loss over all replicas' micro-batches (the same on every rank). A loss or gradient
+        that is not a finite number raises ``FloatingPointError`` on every rank before the state
+        changes (the optimizer step is not taken)."""
         loss = self._forward_backward(inputs, labels)
         self.update_weights()
         return loss
@@ -486,13 +488,18 @@ class DualPipeStrategy:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def save(self, path: str) -> None:
-        """Writes a checkpoint (see ``_checkpoint``); every rank calls it."""
+        """Writes a checkpoint to the new directory ``path`` (see ``_checkpoint``); every rank calls
+        it. Refuses, on every rank and writing nothing, a ``path`` that exists (a link included:
+        ``ValueError``) and state holding inf or NaN (``FloatingPointError`` naming the tensor)."""
         from ._checkpoint import save
 
         save(self, path)
 
     def load(self, path: str) -> None:
-        """Restores a checkpoint written by :meth:`save` on any grid shape; every rank calls it."""
+        """Restores a checkpoint written by :meth:`save` on any grid shape; every rank calls it.
+        A damaged checkpoint (a file missing or changed, an edited manifest, a value that is not
+        finite), another model or another dtype raises the same ``ValueError`` on every rank, and
+        nothing changes."""
         from ._checkpoint import load
 
         load(self, path)
