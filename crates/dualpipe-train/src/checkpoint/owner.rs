@@ -17,7 +17,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use super::format::{Manifest, RunIdentity, FORMAT, MANIFEST};
+use super::format::{Manifest, RunIdentity, FORMAT, MANIFEST, STATE};
 use super::writer::checkpoint_dirs;
 use super::CheckpointError;
 
@@ -29,19 +29,37 @@ const MAX_MANIFEST_BYTES: u64 = 16 << 20;
 /// The manifest of the checkpoint directory `dir` when it is one this program wrote (a
 /// regular `manifest.json` of our format), else `None`.
 pub fn our_manifest(dir: &Path) -> Option<Manifest> {
-    let path = dir.join(MANIFEST);
-    let meta = std::fs::symlink_metadata(&path).ok()?;
+    let manifest: Manifest = serde_json::from_slice(&small_file(&dir.join(MANIFEST))?).ok()?;
+    (manifest.format == FORMAT).then_some(manifest)
+}
+
+/// The bytes of `path` when it is a regular file (not a link) of at most
+/// [`MAX_MANIFEST_BYTES`].
+fn small_file(path: &Path) -> Option<Vec<u8>> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
     if !meta.file_type().is_file() || meta.len() > MAX_MANIFEST_BYTES {
         return None;
     }
     let mut text = Vec::new();
-    File::open(&path)
+    File::open(path)
         .ok()?
         .take(MAX_MANIFEST_BYTES)
         .read_to_end(&mut text)
         .ok()?;
-    let manifest: Manifest = serde_json::from_slice(&text).ok()?;
-    (manifest.format == FORMAT).then_some(manifest)
+    Some(text)
+}
+
+/// Whether publishing a checkpoint may replace `dir`: a directory (not a link) that this
+/// program wrote, by its manifest or, when that was lost, by its `state.json` of our format.
+/// A user's folder, file or link is never replaceable.
+pub fn replaceable(dir: &Path) -> bool {
+    let is_dir = std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_dir());
+    let our_state = || {
+        small_file(&dir.join(STATE))
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|v| v["format"] == FORMAT)
+    };
+    is_dir && (is_ours(dir) || our_state())
 }
 
 /// Whether `dir` is a checkpoint this program wrote (see [`our_manifest`]).
@@ -257,6 +275,15 @@ mod tests {
         };
         assert!(!names(root.path()).iter().any(|n| n.contains(".tmp-")));
         write_dir(root.path(), 4, &files, 0).unwrap();
+        write_dir(root.path(), 4, &files, 0).unwrap();
+        assert!(is_ours(&root.path().join(dir_name(4))));
+        // ours with its manifest lost (damage): still replaced
+        std::fs::write(
+            root.path().join(dir_name(4)).join(STATE),
+            r#"{"format":"dualpipe-checkpoint"}"#,
+        )
+        .unwrap();
+        std::fs::remove_file(root.path().join(dir_name(4)).join(MANIFEST)).unwrap();
         write_dir(root.path(), 4, &files, 0).unwrap();
         assert!(is_ours(&root.path().join(dir_name(4))));
     }

@@ -114,7 +114,7 @@ pub(crate) fn publish(
     let target = root.join(&name);
     let old = root.join(format!(".{name}.old-{}-{}", std::process::id(), nonce()));
     let replaced = std::fs::symlink_metadata(&target).is_ok();
-    if replaced && (!target.is_dir() || target.is_symlink() || !owner::is_ours(&target)) {
+    if replaced && !owner::replaceable(&target) {
         let _ = std::fs::remove_dir_all(tmp);
         return Err(CheckpointError::Io {
             path: target,
