@@ -9,7 +9,8 @@
 //! - Temp directories that runs killed mid-write left behind (`.step-NNNNNN.tmp-PID-N`) are
 //!   removed when a run starts, but only when process PID is gone ([`remove_stale_temps`]).
 //! - Only directories this program wrote (holding our manifest) are ever pruned
-//!   ([`is_ours`]).
+//!   ([`is_ours`]), and only those (or ours whose manifest was lost) are replaced by a
+//!   checkpoint of the same step ([`replaceable`]): a user's folder, file or link never.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
