@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import time
 from contextlib import contextmanager
@@ -222,7 +223,9 @@ class DualPipeStrategy:
     def step(self, inputs: torch.Tensor, labels: torch.Tensor) -> float:
         """One training step on this replica's batch: every micro-batch through the schedule,
         DualPipe's copies summed, the data-parallel exchange, the optimizer step. Returns the
-        mean loss over all replicas' micro-batches (the same on every rank)."""
+        mean loss over all replicas' micro-batches (the same on every rank). A loss or gradient
+        that is not a finite number raises ``FloatingPointError`` on every rank before the state
+        changes (the optimizer step is not taken)."""
         loss = self._forward_backward(inputs, labels)
         self.update_weights()
         return loss
@@ -243,6 +246,11 @@ class DualPipeStrategy:
         res = self.executor.run(xs, ys, headers)
         t1 = time.perf_counter()
         self._sum_copies()
+        # Checked before anything of the state changes (1-bit Adam's fold, the error feedback, the
+        # optimizer), with the losses' own all-reduce: every rank learns whether any rank holds a
+        # gradient that is not finite.
+        losses, bad_ranks = self._gather_losses(res.losses, self._non_finite())
+        self._refuse_non_finite(losses, bad_ranks)
         if self.onebit_adam and _onebit.frozen(self.optimizer, self.warmup):
             _onebit.fold_momentum(self.optimizer, [p for g in self.optimizer.param_groups for p in g["params"]])
         b0 = self.exchange.bytes_sent
@@ -258,12 +266,45 @@ class DualPipeStrategy:
                 p.grad = out[at : at + p.numel()].view_as(p).clone()
                 at += p.numel()
         x1 = time.perf_counter()
-        losses = self._gather_losses(res.losses)
         self._pending = {
             "t0": t0, "pipeline_seconds": t1 - t0, "exchange_seconds": x1 - x0, "res": res,
             "gradient_bytes_sent": self.exchange.bytes_sent - b0, "losses": losses,
         }
         return sum(losses) / len(losses)
+
+    def _local_grads(self) -> List[Tuple[str, torch.Tensor]]:
+        """This rank's gradients by the user's keys (both of DualPipe's copies)."""
+        return [(k, p.grad) for m in self.stages.values() for k, p in m.named_user_parameters() if p.grad is not None]
+
+    def _non_finite(self) -> torch.Tensor:
+        """1 where one of this rank's gradients holds inf or NaN, else 0 (on the device: no wait)."""
+        checks = [torch.isfinite(g).all() for _, g in self._local_grads()]
+        if not checks:
+            return torch.zeros((), dtype=torch.float64, device=self.device)
+        return (~torch.stack(checks).all()).to(torch.float64)
+
+    def _refuse_non_finite(self, losses: List[float], bad_ranks: List[int]) -> None:
+        """Raises ``FloatingPointError`` on every rank when a loss or a gradient of this step is not a
+        finite number: the optimizer step is not taken, so the weights, the optimizer state and the
+        error feedback stay those after the last good step."""
+        step, M = self.steps + 1, self.micro_batches
+        after = (f"training diverged; the optimizer step was not taken, so the state is the one after step "
+                 f"{self.steps} (lower the learning rate, or check the data and loss_fn)")
+        for i, loss in enumerate(losses):
+            if not math.isfinite(loss):
+                replica, mb = divmod(i, M)
+                where = f"micro-batch {mb} of replica {replica}" if self.world.replicas > 1 else f"micro-batch {mb}"
+                raise FloatingPointError(f"step {step}: the loss of {where} is {loss!r}, not a finite number: {after}")
+        if bad_ranks:
+            here = ""
+            if self.world.rank in bad_ranks:
+                first = next((k for k, g in self._local_grads() if not bool(torch.isfinite(g).all())), None)
+                here = f" (here: the gradient of {first})" if first else ""
+            ranks = ", ".join(map(str, bad_ranks))
+            raise FloatingPointError(
+                f"step {step}: a gradient on rank {ranks}{here} holds a value that is not a finite number "
+                f"(inf or NaN): {after}"
+            )
 
     def _check_loss_is_scalar(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Run the whole model and ``loss_fn`` on shapes alone (the ``meta`` device: no memory, no
@@ -319,17 +360,22 @@ class DualPipeStrategy:
                     p.grad = total[at : at + p.numel()].view_as(p).clone()
                     at += p.numel()
 
-    def _gather_losses(self, mine: Dict[int, float]) -> List[float]:
+    def _gather_losses(self, mine: Dict[int, float], non_finite: torch.Tensor) -> Tuple[List[float], List[int]]:
+        """Every replica's micro-batch losses, and the ranks whose gradients are not finite (one
+        all-reduce for both)."""
         w = self.world
         M = self.micro_batches
-        v = torch.zeros(M * w.replicas, dtype=torch.float64)
+        n = M * w.replicas
+        v = torch.zeros(n + w.size, dtype=torch.float64)
         for g, loss in mine.items():
             v[w.replica * M + g] = loss
+        v = v.to(self.device)
+        v[n + w.rank] = non_finite
         if w.size > 1:
-            t = v.to(self.device)
-            wait_for(dist.all_reduce(t, async_op=True), f"rank {w.rank}: the step's losses from every rank", self.timeout)
-            v = t.cpu()
-        return v.tolist()
+            wait_for(dist.all_reduce(v, async_op=True), f"rank {w.rank}: the step's losses from every rank", self.timeout)
+        v = v.cpu()
+        bad = [r for r in range(w.size) if v[n + r] != 0]
+        return v[:n].tolist(), bad
 
     def update_weights(self) -> None:
         """The optimizer step on this rank's stages (after :meth:`backward`)."""
@@ -442,13 +488,18 @@ class DualPipeStrategy:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def save(self, path: str) -> None:
-        """Writes a checkpoint (see ``_checkpoint``); every rank calls it."""
+        """Writes a checkpoint to the new directory ``path`` (see ``_checkpoint``); every rank calls
+        it. Refuses, on every rank and writing nothing, a ``path`` that exists (a link included:
+        ``ValueError``) and state holding inf or NaN (``FloatingPointError`` naming the tensor)."""
         from ._checkpoint import save
 
         save(self, path)
 
     def load(self, path: str) -> None:
-        """Restores a checkpoint written by :meth:`save` on any grid shape; every rank calls it."""
+        """Restores a checkpoint written by :meth:`save` on any grid shape; every rank calls it.
+        A damaged checkpoint (a file missing or changed, an edited manifest, a value that is not
+        finite), another model or another dtype raises the same ``ValueError`` on every rank, and
+        nothing changes."""
         from ._checkpoint import load
 
         load(self, path)

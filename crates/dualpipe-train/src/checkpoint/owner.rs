@@ -9,7 +9,8 @@
 //! - Temp directories that runs killed mid-write left behind (`.step-NNNNNN.tmp-PID-N`) are
 //!   removed when a run starts, but only when process PID is gone ([`remove_stale_temps`]).
 //! - Only directories this program wrote (holding our manifest) are ever pruned
-//!   ([`is_ours`]).
+//!   ([`is_ours`]), and only those (or ours whose manifest was lost) are replaced by a
+//!   checkpoint of the same step ([`replaceable`]): a user's folder, file or link never.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
@@ -17,7 +18,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use super::format::{Manifest, RunIdentity, FORMAT, MANIFEST};
+use super::format::{Manifest, RunIdentity, FORMAT, MANIFEST, STATE};
 use super::writer::checkpoint_dirs;
 use super::CheckpointError;
 
@@ -27,15 +28,31 @@ pub const LOCK: &str = ".lock";
 /// The manifest of the checkpoint directory `dir` when it is one this program wrote (a
 /// regular `manifest.json` of our format), else `None`.
 pub fn our_manifest(dir: &Path) -> Option<Manifest> {
-    let path = dir.join(MANIFEST);
-    // A link is never taken as ours; anything else goes through the one input path.
-    let meta = std::fs::symlink_metadata(&path).ok()?;
+    let manifest: Manifest = serde_json::from_slice(&small_file(&dir.join(MANIFEST))?).ok()?;
+    (manifest.format == FORMAT).then_some(manifest)
+}
+
+/// The bytes of `path` when it is a regular file (never a link), read through the one input
+/// path under the manifest's cap.
+fn small_file(path: &Path) -> Option<Vec<u8>> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
     if !meta.file_type().is_file() {
         return None;
     }
-    let text = dualpipe_io::read_regular(&path, dualpipe_io::limits::MANIFEST, MANIFEST).ok()?;
-    let manifest: Manifest = serde_json::from_slice(&text).ok()?;
-    (manifest.format == FORMAT).then_some(manifest)
+    dualpipe_io::read_regular(path, dualpipe_io::limits::MANIFEST, MANIFEST).ok()
+}
+
+/// Whether publishing a checkpoint may replace `dir`: a directory (not a link) that this
+/// program wrote, by its manifest or, when that was lost, by its `state.json` of our format.
+/// A user's folder, file or link is never replaceable.
+pub fn replaceable(dir: &Path) -> bool {
+    let is_dir = std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_dir());
+    let our_state = || {
+        small_file(&dir.join(STATE))
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|v| v["format"] == FORMAT)
+    };
+    is_dir && (is_ours(dir) || our_state())
 }
 
 /// Whether `dir` is a checkpoint this program wrote (see [`our_manifest`]).
@@ -218,5 +235,49 @@ mod tests {
         assert_eq!(temp_pid(".latest.tmp-12-3"), Some(12));
         assert_eq!(temp_pid(".step-000001.old-12-3"), Some(12));
         assert_eq!(temp_pid("step-000001"), None);
+    }
+
+    #[test]
+    fn a_users_folder_or_link_at_a_checkpoints_name_is_never_replaced() {
+        use crate::checkpoint::writer::{dir_name, write_dir};
+        let root = tempfile::tempdir().unwrap();
+        let files = vec![("a.safetensors".to_string(), b"abc".to_vec())];
+        let users = root.path().join(dir_name(2));
+        std::fs::create_dir(&users).unwrap();
+        std::fs::write(users.join("notes.txt"), "mine").unwrap();
+        let err = write_dir(root.path(), 2, &files, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("never replaced"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(users.join("notes.txt")).unwrap(),
+            "mine"
+        );
+        let link = root.path().join(dir_name(3));
+        std::os::unix::fs::symlink(&users, &link).unwrap();
+        assert!(write_dir(root.path(), 3, &files, 0).is_err());
+        assert!(link.is_symlink() && users.join("notes.txt").is_file());
+        // no temp directory left behind; a checkpoint of ours is still replaced
+        let names = |p: &Path| -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(p)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert!(!names(root.path()).iter().any(|n| n.contains(".tmp-")));
+        write_dir(root.path(), 4, &files, 0).unwrap();
+        write_dir(root.path(), 4, &files, 0).unwrap();
+        assert!(is_ours(&root.path().join(dir_name(4))));
+        // ours with its manifest lost (damage): still replaced
+        std::fs::write(
+            root.path().join(dir_name(4)).join(STATE),
+            r#"{"format":"dualpipe-checkpoint"}"#,
+        )
+        .unwrap();
+        std::fs::remove_file(root.path().join(dir_name(4)).join(MANIFEST)).unwrap();
+        write_dir(root.path(), 4, &files, 0).unwrap();
+        assert!(is_ours(&root.path().join(dir_name(4))));
     }
 }

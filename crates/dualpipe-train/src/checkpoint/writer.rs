@@ -102,7 +102,8 @@ pub(crate) fn nonce() -> u32 {
 
 /// Moves the complete temp directory `tmp` (its manifest written and synced) into place as
 /// checkpoint `step` of `root`, replacing an older one of the same step, syncs `root`, moves
-/// `latest` and prunes to `keep`.
+/// `latest` and prunes to `keep`. Something else at that name (a user's folder or file, a
+/// link) is never replaced: an error names it, and `tmp` is removed.
 pub(crate) fn publish(
     root: &Path,
     step: usize,
@@ -112,7 +113,16 @@ pub(crate) fn publish(
     let name = dir_name(step);
     let target = root.join(&name);
     let old = root.join(format!(".{name}.old-{}-{}", std::process::id(), nonce()));
-    let replaced = target.exists();
+    let replaced = std::fs::symlink_metadata(&target).is_ok();
+    if replaced && !owner::replaceable(&target) {
+        let _ = std::fs::remove_dir_all(tmp);
+        return Err(CheckpointError::Io {
+            path: target,
+            message: "exists and is not a checkpoint of ours (no manifest of ours): it is never \
+                      replaced; move it away, or write the checkpoints into another directory"
+                .into(),
+        });
+    }
     if replaced {
         std::fs::rename(&target, &old)
             .map_err(|e| CheckpointError::io(&target, "move the older checkpoint aside", &e))?;
