@@ -82,4 +82,35 @@ mod tests {
             check_name(good).unwrap();
         }
     }
+
+    #[test]
+    fn cluster_files_and_traces_refuse_them_naming_the_field_or_line() {
+        let cluster = |name: &str| {
+            format!(
+                r#"{{"links": {{"intra_node": {{"latency": 0, "bandwidth": 1e9}},
+                "inter_node": {{"latency": 0, "bandwidth": 1e9}},
+                "inter_datacenter": {{"latency": 0, "bandwidth": 1e9}}}},
+                "nodes": [{{"name": {}, "devices": 8, "memory": 8e10}}]}}"#,
+                serde_json::to_string(name).unwrap()
+            )
+        };
+        crate::Cluster::from_json(&cluster("node")).unwrap();
+        for bad in ["a\u{1b}[31m\nb", "../../x", "evil\u{202e}x"] {
+            let err = crate::Cluster::from_json(&cluster(bad))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("nodes[0].name") && !err.contains('\n'),
+                "{err}"
+            );
+        }
+        let head = "job,arrival_s,gpus,duration_s\n";
+        crate::parse_trace(&format!("{head}j0,0,1,100\n")).unwrap();
+        for bad in ["a\u{1b}[31mred", "j\u{0}0", "../j"] {
+            let err = crate::parse_trace(&format!("{head}{bad},0,1,100\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("line 2: job:"), "{err}");
+        }
+    }
 }

@@ -29,7 +29,7 @@ pub enum ReadError {
         kind: &'static str,
     },
     /// The file is larger than the most read.
-    #[error("{what} {} has {size} bytes, more than the {cap} bytes read at most ({why}); use a smaller file", path.display())]
+    #[error("{what} {} has {size} bytes, more than the {} read at most ({why}); use a smaller file", path.display(), in_units(*cap))]
     TooLarge {
         /// What the file is for.
         what: String,
@@ -62,6 +62,15 @@ pub enum ReadError {
         /// The system's reason, without repetition.
         reason: String,
     },
+}
+
+/// A byte count in words: `64 MiB (67108864 bytes)` when it is whole MiB, else `N bytes`.
+fn in_units(bytes: u64) -> String {
+    if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+        format!("{} MiB ({bytes} bytes)", bytes >> 20)
+    } else {
+        format!("{bytes} bytes")
+    }
 }
 
 /// What kind of file `meta` describes, in words (for a file that is not regular).

@@ -399,5 +399,6 @@ fn a_slow_rank_rebalances_and_bad_layout_flags_are_one_line() {
     dualpipe(gpt(&["--slow-rank", "fast"])).usage_error(&["--slow-rank 'fast'", "RANK:FACTOR"]);
     dualpipe(gpt(&["--rebalance-stages", "--rebalance-threshold", "-1"]))
         .usage_error(&["--rebalance-threshold -1"]);
-    dualpipe(gpt(&["--plan", "/nonexistent/plan.json"])).usage_error(&["--plan", "cannot read it"]);
+    dualpipe(gpt(&["--plan", "/nonexistent/plan.json"]))
+        .usage_error(&["cannot read --plan", "No such file"]);
 }

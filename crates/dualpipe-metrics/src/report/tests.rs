@@ -124,7 +124,7 @@ fn bad_logs_name_the_line() {
     assert!(read_log(dir.path())
         .unwrap_err()
         .to_string()
-        .contains("directory"));
+        .contains("a folder, not a regular file"));
     assert!(read_log(&dir.path().join("missing")).is_err());
 }
 
