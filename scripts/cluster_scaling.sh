@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# docs/cluster.md's scaling table: seconds and peak memory of `cluster simulate` (release build)
+# docs/cluster.md's scaling table: seconds (wall and CPU: on a shared machine the CPU time is
+# the steadier) and peak memory of `cluster simulate` (release build)
 # per policy on traces of growing length, on 64 x 8 devices (testdata/cluster/64x8.json):
 #   * load 2: `cluster trace --load 2 --devices 512` (about twice what the cluster carries);
 #   * overloaded: a job every 0.5 s, 1-8 devices, 600-5,600 s (about 55 times what it carries).
@@ -12,8 +13,8 @@ cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/dualpipe}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-echo "| trace | jobs | policy | seconds | peak RSS (MiB) | mean JCT (h) | makespan (h) |"
-echo "|---|---:|---|---:|---:|---:|---:|"
+echo "| trace | jobs | policy | wall (s) | CPU (s) | peak RSS (MiB) | mean JCT (h) | makespan (h) |"
+echo "|---|---:|---|---:|---:|---:|---:|---:|"
 for form in ${FORMS:-load2 over}; do
     for n in ${*:-10000 50000 100000 200000}; do
         trace=$TMP/$form-$n.csv
@@ -26,9 +27,10 @@ for form in ${FORMS:-load2 over}; do
             /usr/bin/time -v -o "$TMP/time" "$BIN" cluster simulate --cluster testdata/cluster/64x8.json \
                 --trace "$trace" --policy "$policy" --format json --quiet --output "$TMP/out.json"
             secs=$(awk -F': ' '/Elapsed \(wall clock\)/ {n=split($2,p,":"); s=0; for(i=1;i<=n;i++) s=s*60+p[i]; printf "%.1f", s}' "$TMP/time")
+            cpu=$(awk -F': ' '/(User|System) time \(seconds\)/ {s+=$2} END {printf "%.1f", s}' "$TMP/time")
             rss=$(awk -F': ' '/Maximum resident set size/ {printf "%.0f", $2/1024}' "$TMP/time")
             read -r jct makespan < <(python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); print("%.1f %.1f" % (m["mean_jct_s"]/3600, m["makespan_s"]/3600))' "$TMP/out.json")
-            echo "| $form | $n | $policy | $secs | $rss | $jct | $makespan |"
+            echo "| $form | $n | $policy | $secs | $cpu | $rss | $jct | $makespan |"
         done
     done
 done

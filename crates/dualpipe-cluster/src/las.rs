@@ -49,16 +49,7 @@ pub fn schedule(params: &LasParams, state: &mut State<'_>, now: f64) {
         .queue
         .rank_by(&params.thresholds, |j| progress[j].attained);
     let (kept, admitted) = admit(state);
-    let preempt: Vec<usize> = state
-        .running
-        .iter()
-        .zip(&kept)
-        .filter(|(_, &kept)| !kept)
-        .map(|(r, _)| r.job)
-        .collect();
-    for j in preempt {
-        state.preempt(j, now);
-    }
+    preempt_all_but(state, &kept, now);
     // Admitted jobs that were not running (an admitted running job is not preempted), then
     // the rest in rank order: every waiting job is queued now (it was, or its preemption
     // queued it).
@@ -104,6 +95,20 @@ pub fn schedule(params: &LasParams, state: &mut State<'_>, now: f64) {
         let devices = place_rigid(state, k).expect("a placement exists");
         state.start(j, devices, now);
         free -= k;
+    }
+}
+
+/// Preempts the running jobs not `kept` (by running index) at `now`.
+fn preempt_all_but(state: &mut State<'_>, kept: &[bool], now: f64) {
+    let preempt: Vec<usize> = state
+        .running
+        .iter()
+        .zip(kept)
+        .filter(|(_, &kept)| !kept)
+        .map(|(r, _)| r.job)
+        .collect();
+    for j in preempt {
+        state.preempt(j, now);
     }
 }
 

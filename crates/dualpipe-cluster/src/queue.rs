@@ -51,9 +51,14 @@ impl MinTree {
     fn set(&mut self, pos: usize, value: u32) {
         let mut i = pos + self.width;
         self.min[i] = value;
+        // Up to the first node whose minimum stays: those above it stay too.
         while i > 1 {
             i /= 2;
-            self.min[i] = self.min[2 * i].min(self.min[2 * i + 1]);
+            let min = self.min[2 * i].min(self.min[2 * i + 1]);
+            if self.min[i] == min {
+                break;
+            }
+            self.min[i] = min;
         }
     }
 
@@ -91,6 +96,18 @@ impl MinTree {
     }
 }
 
+/// The jobs' indices in arrival order: by arrival time, then row.
+pub fn arrival_order(jobs: &[Job]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by(|&a, &b| {
+        jobs[a]
+            .arrival_s
+            .total_cmp(&jobs[b].arrival_s)
+            .then(a.cmp(&b))
+    });
+    order
+}
+
 /// The waiting jobs (module documentation).
 #[derive(Clone, Debug)]
 pub struct Queue {
@@ -115,13 +132,7 @@ impl Queue {
     /// An empty queue for `jobs` on a cluster of `devices` devices whose largest node has
     /// `largest`.
     pub fn new(jobs: &[Job], devices: usize, largest: usize) -> Queue {
-        let mut by_rank: Vec<usize> = (0..jobs.len()).collect();
-        by_rank.sort_by(|&a, &b| {
-            jobs[a]
-                .arrival_s
-                .total_cmp(&jobs[b].arrival_s)
-                .then(a.cmp(&b))
-        });
+        let by_rank = arrival_order(jobs);
         let mut rank = vec![0; jobs.len()];
         for (r, &j) in by_rank.iter().enumerate() {
             rank[j] = r;

@@ -77,13 +77,7 @@ pub fn simulate_with_progress(
     progress: &mut dyn FnMut(Tick),
 ) -> Result<Outcome, ClusterError> {
     let jobs = state.jobs;
-    let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by(|&a, &b| {
-        jobs[a]
-            .arrival_s
-            .total_cmp(&jobs[b].arrival_s)
-            .then(a.cmp(&b))
-    });
+    let order = crate::queue::arrival_order(jobs);
     let mut next_arrival = 0;
     let mut now = jobs[order[0]].arrival_s;
     let start = now;

@@ -43,16 +43,7 @@ fn schedule_plain(params: &LasParams, state: &mut State<'_>, now: f64) {
             }
         }
     }
-    let preempt: Vec<usize> = state
-        .running
-        .iter()
-        .zip(&running_admitted)
-        .filter(|(_, &kept)| !kept)
-        .map(|(r, _)| r.job)
-        .collect();
-    for j in preempt {
-        state.preempt(j, now);
-    }
+    preempt_all_but(state, &running_admitted, now);
     let listed = || order.iter().zip(&admitted);
     let waiting: Vec<usize> = listed()
         .filter(|(o, &a)| a && o.4.is_none())

@@ -95,11 +95,7 @@ impl Reporter {
 
 /// `simulated 52,341 of 200,000 jobs (26%), sim time 3.1 h, 12 s`.
 fn line(tick: &Tick, elapsed: Duration) -> String {
-    let share = if tick.jobs > 0 {
-        100 * tick.finished / tick.jobs
-    } else {
-        100
-    };
+    let share = (100 * tick.finished).checked_div(tick.jobs).unwrap_or(100);
     format!(
         "simulated {} of {} jobs ({share}%), sim time {:.1} h, {} s",
         grouped(tick.finished),
@@ -114,7 +110,7 @@ fn grouped(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
