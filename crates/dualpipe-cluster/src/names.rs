@@ -106,6 +106,8 @@ mod tests {
         }
         let head = "job,arrival_s,gpus,duration_s\n";
         crate::parse_trace(&format!("{head}j0,0,1,100\n")).unwrap();
+        // A byte-order mark at the start of the file is not part of a name.
+        crate::parse_trace(&format!("\u{feff}{head}j0,0,1,100\n")).unwrap();
         for bad in ["a\u{1b}[31mred", "j\u{0}0", "../j"] {
             let err = crate::parse_trace(&format!("{head}{bad},0,1,100\n"))
                 .unwrap_err()

@@ -45,8 +45,10 @@ impl Job {
     }
 }
 
-/// Parses a trace. Errors name the line, the column and the fix.
+/// Parses a trace (a UTF-8 byte-order mark at the start is skipped). Errors name the line, the
+/// column and the fix.
 pub fn parse_trace(text: &str) -> Result<Vec<Job>, ClusterError> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut jobs = Vec::new();
     let mut names = std::collections::BTreeSet::new();
     for (i, line) in text.lines().enumerate() {

@@ -66,7 +66,7 @@ pub enum ReadError {
 
 /// A byte count in words: `64 MiB (67108864 bytes)` when it is whole MiB, else `N bytes`.
 fn in_units(bytes: u64) -> String {
-    if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+    if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
         format!("{} MiB ({bytes} bytes)", bytes >> 20)
     } else {
         format!("{bytes} bytes")

@@ -19,29 +19,12 @@ use crate::{dualpipe, s, TempDir};
 /// The longest a refused run may take (a blocked read would take for ever).
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// A tiny GPT's flags for `train` (two steps, no validation).
-const TINY: [&str; 20] = [
-    "--d-model",
-    "16",
-    "--heads",
-    "2",
-    "--seq-len",
-    "8",
-    "--ranks",
-    "2",
-    "--micro-batches",
-    "4",
-    "--micro-batch-size",
-    "2",
-    "--layers-per-stage",
-    "1",
-    "--eval-every",
-    "0",
-    "--quiet",
-    "--steps",
-    "2",
-    "--dtype",
-];
+/// A tiny GPT's flags for `train`: two steps in f64, no validation.
+fn tiny() -> Vec<&'static str> {
+    let mut args = crate::io_paths::TINY.to_vec();
+    args.extend(["2", "--dtype", "f64"]);
+    args
+}
 
 /// Runs `dualpipe ARGS` with a deadline; returns the exit code (`None`: killed at the
 /// deadline) and stderr.
@@ -104,13 +87,12 @@ impl Inputs {
             dir.join("ckpt"),
         );
         let mut train: Vec<String> = ["train"]
-            .iter()
-            .chain(&TINY)
-            .map(|a| a.to_string())
+            .into_iter()
+            .chain(tiny())
+            .map(String::from)
             .collect();
         train.extend(
             [
-                "f64",
                 "--data",
                 s(&data),
                 "--save",
@@ -214,13 +196,13 @@ impl Inputs {
                 } else {
                     0
                 };
+                let tiny = tiny();
                 args.extend(
-                    TINY[..6]
+                    tiny[..6]
                         .iter()
-                        .chain(&TINY[6 + skip..])
+                        .chain(&tiny[6 + skip..])
                         .map(|a| a.to_string()),
                 );
-                args.push("f64".into());
                 inputs.push(("--data", self.data.clone()));
                 if under_test != "--schedule-file"
                     && under_test != "--plan"
@@ -274,6 +256,23 @@ impl Inputs {
     }
 }
 
+/// Runs `check` on every case, each on its own thread; the failures' messages.
+fn in_parallel<T: Sync>(
+    cases: &[T],
+    check: impl Fn(&T) -> Result<(), String> + Sync,
+) -> Vec<String> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|case| scope.spawn(|| check(case)))
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().unwrap().err())
+            .collect()
+    })
+}
+
 fn push_flag(args: &mut Vec<String>, flag: &str, value: &Path) {
     if !flag.starts_with('<') {
         args.push(flag.to_string());
@@ -290,28 +289,16 @@ fn every_input_flag_refuses_a_fifo_without_blocking() {
         .iter()
         .filter(|(_, _, role)| matches!(role, Role::Input | Role::InputDir))
         .collect();
-    let failures: Vec<String> = std::thread::scope(|scope| {
-        let handles: Vec<_> = cases
-            .iter()
-            .map(|(command, flag, _)| {
-                let (inputs, fifo) = (&inputs, &fifo);
-                scope.spawn(move || {
-                    let (mut args, _) = inputs.command(command, flag);
-                    push_flag(&mut args, flag, fifo);
-                    let (code, err) = bounded(&args);
-                    let named = err.contains("FIFO") || err.contains("fifo");
-                    (code == Some(2) && named && err.lines().count() == 1)
-                        .then_some(())
-                        .ok_or(format!(
-                            "{command} {flag} FIFO: exit {code:?}, stderr {err:?}"
-                        ))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .filter_map(|h| h.join().unwrap().err())
-            .collect()
+    let failures = in_parallel(&cases, |(command, flag, _)| {
+        let (mut args, _) = inputs.command(command, flag);
+        push_flag(&mut args, flag, &fifo);
+        let (code, err) = bounded(&args);
+        let named = err.contains("FIFO") || err.contains("fifo");
+        (code == Some(2) && named && err.lines().count() == 1)
+            .then_some(())
+            .ok_or(format!(
+                "{command} {flag} FIFO: exit {code:?}, stderr {err:?}"
+            ))
     });
     assert!(failures.is_empty(), "{failures:#?}");
 }
@@ -324,76 +311,62 @@ fn every_output_flag_refuses_an_input_by_any_name_and_keeps_it() {
         .filter(|(_, _, role)| matches!(role, Role::Output | Role::OutputDir))
         .enumerate()
         .collect();
-    let failures: Vec<String> = std::thread::scope(|scope| {
-        let handles: Vec<_> = cases
-            .iter()
-            .map(|(i, (command, flag, role))| {
-                let inputs = &inputs;
-                scope.spawn(move || {
-                    let (mut args, given) = inputs.command(command, flag);
-                    let files: Vec<&(String, PathBuf)> =
-                        given.iter().filter(|(_, p)| p.is_file()).collect();
-                    let Some((input_flag, mut input)) = files.first().map(|(f, p)| (f, p.clone()))
-                    else {
-                        // No input file: the plan still refuses an output that is a folder.
-                        push_flag(&mut args, flag, inputs.dir.path());
-                        let (code, err) = bounded(&args);
-                        return (code == Some(2)).then_some(()).ok_or(format!(
-                            "{command} {flag} a folder: exit {code:?}, stderr {err:?}"
-                        ));
-                    };
-                    let name = format!("alias-{i}");
-                    let target = match (role, i % 4) {
-                        // A folder written into: the input placed there under the name the
-                        // command writes (manifests), or the input itself (train's folder).
-                        (Role::OutputDir, _) if *command == "cluster manifests" => {
-                            let dir = inputs.dir.join(&name);
-                            std::fs::create_dir(&dir).unwrap();
-                            let planted = dir.join("mpijob-dualpipe-a.yaml");
-                            std::fs::copy(&input, &planted).unwrap();
-                            let last = args.len() - 1;
-                            args[last] = s(&planted).to_string();
-                            input = planted;
-                            dir
-                        }
-                        (Role::OutputDir, _) => input.clone(),
-                        (_, 0) => input.clone(),
-                        (_, 1) => {
-                            let link = inputs.dir.join(&name);
-                            std::os::unix::fs::symlink(&input, &link).unwrap();
-                            link
-                        }
-                        (_, 2) => {
-                            let link = inputs.dir.join(&name);
-                            std::fs::hard_link(&input, &link).unwrap();
-                            link
-                        }
-                        _ => {
-                            let parent = input.parent().unwrap();
-                            parent
-                                .join("..")
-                                .join(parent.file_name().unwrap())
-                                .join(input.file_name().unwrap())
-                        }
-                    };
-                    let before = std::fs::read(&input).unwrap();
-                    push_flag(&mut args, flag, &target);
-                    let (code, err) = bounded(&args);
-                    let kept = std::fs::read(&input).unwrap() == before;
-                    (code == Some(2) && kept && err.lines().count() == 1)
-                        .then_some(())
-                        .ok_or(format!(
-                            "{command} {flag} onto {input_flag} ({}): exit {code:?}, input kept \
-                             {kept}, stderr {err:?}",
-                            target.display()
-                        ))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .filter_map(|h| h.join().unwrap().err())
-            .collect()
+    let failures = in_parallel(&cases, |(i, (command, flag, role))| {
+        let (mut args, given) = inputs.command(command, flag);
+        let files: Vec<&(String, PathBuf)> = given.iter().filter(|(_, p)| p.is_file()).collect();
+        let Some((input_flag, mut input)) = files.first().map(|(f, p)| (f, p.clone())) else {
+            // No input file: the plan still refuses an output that is a folder.
+            push_flag(&mut args, flag, inputs.dir.path());
+            let (code, err) = bounded(&args);
+            return (code == Some(2)).then_some(()).ok_or(format!(
+                "{command} {flag} a folder: exit {code:?}, stderr {err:?}"
+            ));
+        };
+        let name = format!("alias-{i}");
+        let target = match (role, i % 4) {
+            // A folder written into: the input placed there under the name the
+            // command writes (manifests), or the input itself (train's folder).
+            (Role::OutputDir, _) if *command == "cluster manifests" => {
+                let dir = inputs.dir.join(&name);
+                std::fs::create_dir(&dir).unwrap();
+                let planted = dir.join("mpijob-dualpipe-a.yaml");
+                std::fs::copy(&input, &planted).unwrap();
+                let last = args.len() - 1;
+                args[last] = s(&planted).to_string();
+                input = planted;
+                dir
+            }
+            (Role::OutputDir, _) => input.clone(),
+            (_, 0) => input.clone(),
+            (_, 1) => {
+                let link = inputs.dir.join(&name);
+                std::os::unix::fs::symlink(&input, &link).unwrap();
+                link
+            }
+            (_, 2) => {
+                let link = inputs.dir.join(&name);
+                std::fs::hard_link(&input, &link).unwrap();
+                link
+            }
+            _ => {
+                let parent = input.parent().unwrap();
+                parent
+                    .join("..")
+                    .join(parent.file_name().unwrap())
+                    .join(input.file_name().unwrap())
+            }
+        };
+        let before = std::fs::read(&input).unwrap();
+        push_flag(&mut args, flag, &target);
+        let (code, err) = bounded(&args);
+        let kept = std::fs::read(&input).unwrap() == before;
+        (code == Some(2) && kept && err.lines().count() == 1)
+            .then_some(())
+            .ok_or(format!(
+                "{command} {flag} onto {input_flag} ({}): exit {code:?}, input kept \
+                     {kept}, stderr {err:?}",
+                target.display()
+            ))
     });
     assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use crate::{dualpipe, s, TempDir};
 
-/// A tiny GPT run's flags (as train_gpt.rs's, without validation between steps).
-const TINY: [&str; 18] = [
+/// A tiny GPT run's flags (as train_gpt.rs's, without validation between steps), ending with
+/// `--steps` (the caller gives the count).
+pub const TINY: [&str; 18] = [
     "--d-model",
     "16",
     "--heads",
