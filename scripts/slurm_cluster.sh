@@ -161,35 +161,58 @@ stop() {
         rm -f "$f"
         echo "slurm_cluster: stopped $name (pid $pid)"
     done
-    # Job steps left behind by a killed slurmd: only processes whose slurmstepd this cluster's
-    # slurmd started (their environment names this cluster's slurm.conf).
-    for pid in $(steps_of_cluster); do kill -KILL "$pid" 2>/dev/null || true; done
+    # slurmstepd left behind (they outlive their slurmd) and the tasks of their job steps.
+    for pid in $(processes_of_cluster); do kill -KILL "$pid" 2>/dev/null || true; done
 }
 
-# Pids of the processes of this cluster's jobs (SLURM_CONF in their environment is ours).
-steps_of_cluster() {
+# Pids of this cluster's slurmstepd (the slurmd's marker inherited) and of its jobs' tasks
+# (a node's name from this cluster and our SLURM_CONF).
+processes_of_cluster() {
     local p
     for p in /proc/[0-9]*; do
-        tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$DIR/slurm.conf" && basename "$p"
+        p=${p#/proc/}
+        [ "$p" = $$ ] && continue
+        if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -q "^DUALPIPE_SLURM_NODE=$DIR:"; then
+            echo "$p"
+        elif env_has "$p" "SLURM_CONF=$DIR/slurm.conf" \
+            && tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -q "^SLURMD_NODENAME="; then
+            echo "$p"
+        fi
     done
-    return 0
 }
 
-kill_node() { # nodeK: SIGKILL its slurmd and every process of a job step on it
-    local node=$1 pid p
+# Whether process $1's environment holds the line $2.
+env_has() { tr '\0' '\n' 2>/dev/null <"/proc/$1/environ" | grep -qxF "$2"; }
+
+kill_node() { # nodeK: SIGKILL its slurmd, its slurmstepd and every task they started
+    local node=$1 pid p n=0
     [ -f "$DIR/pids/slurmd-$node" ] || die "no slurmd of $node was started from $DIR"
     pid=$(cat "$DIR/pids/slurmd-$node")
     kill -KILL "$pid" 2>/dev/null || true
     for p in /proc/[0-9]*; do
-        tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "SLURMD_NODENAME=$node" || continue
-        tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$DIR/slurm.conf" || continue
-        kill -KILL "$(basename "$p")" 2>/dev/null || true
+        p=${p#/proc/}
+        # slurmstepd inherit the slurmd's marker; tasks carry the node's name and our conf.
+        if env_has "$p" "DUALPIPE_SLURM_NODE=$DIR:$node" \
+            || { env_has "$p" "SLURMD_NODENAME=$node" && env_has "$p" "SLURM_CONF=$DIR/slurm.conf"; }; then
+            kill -KILL "$p" 2>/dev/null && n=$((n + 1))
+        fi
     done
-    # slurmstepd processes of the node (their parent was the killed slurmd).
-    for p in $(pgrep -x slurmstepd || true); do
-        grep -q "$node" "/proc/$p/cmdline" 2>/dev/null && kill -KILL "$p" 2>/dev/null || true
+    echo "slurm_cluster: killed $node (slurmd pid $pid and $n processes of its job steps)"
+}
+
+start_node() { # nodeK: a killed node's slurmd again, back in service once it registers
+    local node=$1 t=0
+    grep -q "^NodeName=$node " "$DIR/slurm.conf" 2>/dev/null || die "$node is not a node of $DIR/slurm.conf"
+    alive "slurmd-$node" && die "$node's slurmd is running (pid $(cat "$DIR/pids/slurmd-$node"))"
+    export SLURM_CONF=$DIR/slurm.conf
+    spawn "slurmd-$node" env DUALPIPE_SLURM_NODE="$DIR:$node" slurmd -D -N "$node" -f "$DIR/slurm.conf"
+    scontrol update nodename="$node" state=resume 2>/dev/null || true
+    until [ "$(sinfo -h -n "$node" -o %t | head -1)" = idle ]; do
+        sleep 0.5
+        t=$((t + 1))
+        [ $t -lt $((TIMEOUT * 2)) ] || die "$node is not idle after ${TIMEOUT}s: $(sinfo -h -n "$node")"
     done
-    echo "slurm_cluster: killed $node (slurmd pid $pid and its job steps)"
+    echo "slurm_cluster: $node idle again"
 }
 
 case ${1:-} in
@@ -198,5 +221,6 @@ stop) stop ;;
 status) export SLURM_CONF=$DIR/slurm.conf; sinfo; squeue ;;
 env) echo "$DIR/env" ;;
 kill-node) [ -n "${2:-}" ] || die "kill-node needs a node name, such as: kill-node node2"; kill_node "$2" ;;
-*) die "usage: slurm_cluster.sh start N | stop | status | env | kill-node NODE" ;;
+start-node) [ -n "${2:-}" ] || die "start-node needs a node name, such as: start-node node2"; start_node "$2" ;;
+*) die "usage: slurm_cluster.sh start N | stop | status | env | kill-node NODE | start-node NODE" ;;
 esac

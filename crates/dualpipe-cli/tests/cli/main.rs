@@ -18,6 +18,7 @@ mod output_targets;
 mod plan;
 mod plan_inputs;
 mod report;
+mod requeue;
 mod schedule;
 mod simulate;
 mod stdout_null;
