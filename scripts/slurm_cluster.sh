@@ -30,9 +30,10 @@ install_packages() {
     local missing=()
     command -v slurmctld >/dev/null 2>&1 || missing+=(slurm-wlm)
     command -v munged >/dev/null 2>&1 || missing+=(munge)
-    # srun --mpi=pmix needs Slurm's pmix plugin (in slurm-wlm-basic-plugins) and libpmix.
+    # srun --mpi=pmix needs Slurm's pmix plugin (in slurm-wlm-basic-plugins), which dlopens
+    # pmix2/lib/libpmix.so: that link is in libpmix-dev ("can not load PMIx library" without).
     [ -e /usr/lib/x86_64-linux-gnu/slurm-wlm/mpi_pmix.so ] || missing+=(slurm-wlm-basic-plugins)
-    grep -q libpmix <<<"$(ldconfig -p)" || missing+=(libpmix2)
+    [ -e /usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so ] || missing+=(libpmix-dev)
     [ ${#missing[@]} -eq 0 ] && return
     echo "slurm_cluster: installing ${missing[*]}"
     apt-get update -qq
@@ -43,6 +44,7 @@ write_conf() { # N
     local n=$1 host k
     host=$(hostname -s)
     mkdir -p "$DIR"/{log,pids,state,spool,run}
+    for k in $(seq 1 "$n"); do mkdir -p "$DIR/tmp/node$k"; done
     cat >"$DIR/slurm.conf" <<EOF
 # Written by scripts/slurm_cluster.sh: $n nodes on this machine ($host), 127.0.0.1 only.
 ClusterName=dualpipe
@@ -71,6 +73,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
 MpiDefault=none
+# Each node its own temp dir: srun --mpi=pmix makes a per-step dir there, named alike on every node.
+TmpFS=$DIR/tmp/%n
 ReturnToService=2
 JobRequeue=1
 # A job gets SIGTERM, then KillWait seconds to write its checkpoint, then SIGKILL.
@@ -168,36 +172,45 @@ stop() {
 # Pids of this cluster's slurmstepd (the slurmd's marker inherited) and of its jobs' tasks
 # (a node's name from this cluster and our SLURM_CONF).
 processes_of_cluster() {
-    local p
+    local p env
     for p in /proc/[0-9]*; do
         p=${p#/proc/}
         [ "$p" = $$ ] && continue
-        if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -q "^DUALPIPE_SLURM_NODE=$DIR:"; then
+        env=$(env_of "$p")
+        if grep -q "^DUALPIPE_SLURM_NODE=$DIR:" <<<"$env"; then
             echo "$p"
-        elif env_has "$p" "SLURM_CONF=$DIR/slurm.conf" \
-            && tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -q "^SLURMD_NODENAME="; then
+        elif grep -qxF "SLURM_CONF=$DIR/slurm.conf" <<<"$env" && grep -q "^SLURMD_NODENAME=" <<<"$env"; then
             echo "$p"
         fi
     done
 }
 
-# Whether process $1's environment holds the line $2.
-env_has() { tr '\0' '\n' 2>/dev/null <"/proc/$1/environ" | grep -qxF "$2"; }
+# Process $1's environment, one variable a line (read whole: `tr | grep -q` under pipefail
+# fails when grep stops early and tr gets SIGPIPE).
+env_of() { tr '\0' '\n' 2>/dev/null <"/proc/$1/environ"; }
 
-kill_node() { # nodeK: SIGKILL its slurmd, its slurmstepd and every task they started
-    local node=$1 pid p n=0
+# Whether process $1's environment holds the line $2.
+env_has() { grep -qxF "$2" <<<"$(env_of "$1")"; }
+
+kill_node() { # nodeK: SIGKILL its slurmd, its slurmstepd and every process they started, at once
+    local node=$1 pid p stepds=() all
     [ -f "$DIR/pids/slurmd-$node" ] || die "no slurmd of $node was started from $DIR"
     pid=$(cat "$DIR/pids/slurmd-$node")
-    kill -KILL "$pid" 2>/dev/null || true
-    for p in /proc/[0-9]*; do
-        p=${p#/proc/}
-        # slurmstepd inherit the slurmd's marker; tasks carry the node's name and our conf.
-        if env_has "$p" "DUALPIPE_SLURM_NODE=$DIR:$node" \
-            || { env_has "$p" "SLURMD_NODENAME=$node" && env_has "$p" "SLURM_CONF=$DIR/slurm.conf"; }; then
-            kill -KILL "$p" 2>/dev/null && n=$((n + 1))
-        fi
+    # The node's slurmstepd carry the marker its slurmd was started with; the tasks are their
+    # descendants (found from one `ps` of every pid and parent, so the loss is one instant).
+    for p in $(pgrep -x slurmstepd || true); do
+        env_has "$p" "DUALPIPE_SLURM_NODE=$DIR:$node" && stepds+=("$p")
     done
-    echo "slurm_cluster: killed $node (slurmd pid $pid and $n processes of its job steps)"
+    all=$(ps -e -o pid=,ppid= | awk -v roots="$pid ${stepds[*]}" '
+        BEGIN { n = split(roots, r, " "); for (i = 1; i <= n; i++) keep[r[i]] = 1 }
+        { parent[$1] = $2 }
+        END {
+            do { grew = 0; for (p in parent) if (!(p in keep) && (parent[p] in keep)) { keep[p] = 1; grew = 1 } } while (grew)
+            for (p in keep) printf "%s ", p
+        }')
+    # shellcheck disable=SC2086 # one word per pid
+    kill -KILL $all 2>/dev/null || true
+    echo "slurm_cluster: killed $node at $(date +%s.%N): slurmd pid $pid, $(($(wc -w <<<"$all") - 1)) processes of its job steps"
 }
 
 start_node() { # nodeK: a killed node's slurmd again, back in service once it registers
@@ -207,12 +220,13 @@ start_node() { # nodeK: a killed node's slurmd again, back in service once it re
     export SLURM_CONF=$DIR/slurm.conf
     spawn "slurmd-$node" env DUALPIPE_SLURM_NODE="$DIR:$node" slurmd -D -N "$node" -f "$DIR/slurm.conf"
     scontrol update nodename="$node" state=resume 2>/dev/null || true
-    until [ "$(sinfo -h -n "$node" -o %t | head -1)" = idle ]; do
+    # Back once it answers (no `*`) and is up; a job that held it may still be ending there.
+    until [[ "$(sinfo -h -n "$node" -o %t | head -1)" =~ ^(idle|mix|alloc|comp)$ ]]; do
         sleep 0.5
         t=$((t + 1))
         [ $t -lt $((TIMEOUT * 2)) ] || die "$node is not idle after ${TIMEOUT}s: $(sinfo -h -n "$node")"
     done
-    echo "slurm_cluster: $node idle again"
+    echo "slurm_cluster: $node back ($(sinfo -h -n "$node" -o %t | head -1))"
 }
 
 case ${1:-} in

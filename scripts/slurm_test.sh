@@ -56,8 +56,8 @@ cleanup() {
     if [ -n "${SLURM_CONF:-}" ]; then
         scancel --quiet --user "$(id -un)" 2>/dev/null || true
     fi
-    scripts/slurm_cluster.sh stop >/dev/null 2>&1 || true
-    rm -rf "$TMP"
+    "$ROOT/scripts/slurm_cluster.sh" stop >/dev/null 2>&1 || true
+    [ -n "${SLURM_TEST_KEEP:-}" ] && echo "slurm_test: kept $TMP" || rm -rf "$TMP"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -143,14 +143,14 @@ echo "== the cluster"
 sinfo | sed 's/^/     /'
 
 # --- launch: srun --mpi=pmi2 on 2 and 4 nodes ---
-srun_case() { # NAME PLUGIN SRUN-ARGS... -- TRAIN-ARGS...
-    local name=$1 plugin=$2 sargs=() targs=()
+srun_case() { # NAME PLUGIN SRUN-ARGS... -- TRAIN-ARGS...   ($RUN_BIN: another binary)
+    local name=$1 plugin=$2 sargs=() targs=() bin=${RUN_BIN:-$BIN}
     shift 2
     while [ "$1" != -- ]; do sargs+=("$1"); shift; done
     shift
     targs=("$@")
     "$BIN" train "${targs[@]}" >"$TMP/local.json" 2>"$TMP/local.err"
-    timeout 120 srun --mpi="$plugin" --kill-on-bad-exit=1 "${sargs[@]}" "$BIN" train --transport mpi "${targs[@]}" \
+    timeout 120 srun --mpi="$plugin" --kill-on-bad-exit=1 "${sargs[@]}" "$bin" train --transport mpi "${targs[@]}" \
         >"$TMP/srun.json" 2>"$TMP/srun.err"
     local rc=$?
     if [ $rc -ne 0 ]; then
@@ -179,14 +179,19 @@ fi
 if want pmix; then
     echo "== srun --mpi=pmix"
     "$BIN" train --ranks 4 "${GPT[@]}" >"$TMP/local.json" 2>/dev/null
+    # Debian's MPICH has no PMIx client: under --mpi=pmix each process starts as an MPI world of
+    # its own, which dualpipe refuses at once. An Open MPI build (DUALPIPE_OPENMPI_BIN, as
+    # scripts/mpi_test.sh builds it) speaks PMIx and must train.
+    if [ -n "${DUALPIPE_OPENMPI_BIN:-}" ]; then
+        RUN_BIN=$DUALPIPE_OPENMPI_BIN srun_case "srun --mpi=pmix -N 2 -n 4 (Open MPI)" pmix -N 2 -n 4 -- --ranks 4 "${GPT[@]}"
+    fi
     timeout 60 srun --mpi=pmix -N 2 -n 4 --kill-on-bad-exit=1 "$BIN" train --transport mpi --ranks 4 "${GPT[@]}" \
         >"$TMP/pmix.json" 2>"$TMP/pmix.err"
     rc=$?
     if [ $rc -eq 0 ] && same_losses "$TMP/local.json" "$TMP/pmix.json"; then
-        pass "srun --mpi=pmix -N 2 -n 4: the local run's losses, bit for bit"
-    elif grep -q "launcher says 4 processes but MPI sees 1\|started 1 process\|MPI sees 1" "$TMP/pmix.err"; then
-        # Debian's MPICH has no PMIx client: each process starts as a world of its own.
-        pass "srun --mpi=pmix with Debian's MPICH: refused in one line (exit $rc): $(grep -m1 "error" "$TMP/pmix.err")"
+        pass "srun --mpi=pmix -N 2 -n 4 (MPICH): the local run's losses, bit for bit"
+    elif [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "the launcher (Slurm) says rank [0-3] of 4 but MPI says rank 0 of 1" "$TMP/pmix.err"; then
+        pass "srun --mpi=pmix with MPICH (no PMIx client) is refused at once (exit $rc): $(grep -m1 -o "the launcher (Slurm) says rank [0-3] of 4 but MPI says rank 0 of 1" "$TMP/pmix.err")"
     else
         fail "srun --mpi=pmix exited $rc:"
         sed 's/^/     /' "$TMP/pmix.err" | head -8
@@ -216,7 +221,7 @@ FULL=""
 full_run() {
     [ -n "$FULL" ] && return
     FULL=$TMP/full.json
-    "$BIN" train "${LONG[@]}" --quiet >"$FULL" 2>"$TMP/full.err" || fail "the uninterrupted local run: $(tail -2 "$TMP/full.err")"
+    "$BIN" train "${LONG[@]}" --checkpoint-dir "$TMP/full-ckpt" --quiet >"$FULL" 2>"$TMP/full.err" || fail "the uninterrupted local run: $(tail -2 "$TMP/full.err")"
 }
 
 # submit NAME SBATCH-ARGS... : a dualpipe.sbatch job of LONG with its own checkpoint dir and log
@@ -301,7 +306,7 @@ if want preempt; then
     job=$(submit preempt -p batch)
     if await_line "$TMP/preempt/ckpt/latest" step 60; then
         sleep 0.5
-        urgent=$(sbatch --parsable -p urgent -N 4 -o "$TMP/preempt/urgent.out" --wrap "echo urgent ran on \$SLURM_JOB_NODELIST; sleep 1")
+        urgent=$(sbatch --parsable -p urgent -N 4 --exclusive -o "$TMP/preempt/urgent.out" --wrap "echo urgent ran on \$SLURM_JOB_NODELIST; sleep 1")
         release "$job"
         await_job "$urgent" 60
         await_job "$job" 180
@@ -334,19 +339,25 @@ if want lost; then
     mkdir -p "$TMP/lost/logs"
     ELASTIC=(--model gpt --schedule dualpipe --micro-batches 8 --micro-batch-size 2 --d-model 16 --heads 2
              --seq-len 8 --layers-per-stage 2 --dtype f64 --seed 5 --steps 300 --eval-every 0
-             --checkpoint-every 10 --format json --recv-timeout 10)
+             --checkpoint-every 10 --keep-checkpoints 0 --format json --recv-timeout 10)
     job=$(DUALPIPE_RANKS=2 DUALPIPE_CKPT=$TMP/lost/ckpt DUALPIPE_LOG_DIR=$TMP/lost/logs \
         sbatch --parsable -N 4 --ntasks-per-node 1 -o "$TMP/lost/job.out" \
         "$ROOT/deploy/slurm/elastic.sbatch" "${ELASTIC[@]}")
     if await_line "$TMP/lost/ckpt/latest" step 60; then
         victim=$(squeue -h -j "$job" -o %N | xargs scontrol show hostnames | sed -n 3p)
-        before=$(wc -l <"$TMP/lost/logs/attempt-1.jsonl")
+        # The ranks' pids (each says its own): the survivors are timed from the kill to their end.
+        mapfile -t pids < <(grep -o "rank [0-9]* of 4 (launcher [^)]*), pid [0-9]*" "$TMP/lost/job.out" | awk '{print $NF}')
         killed_at=$(now)
-        scripts_dir=$ROOT/scripts
-        "$scripts_dir/slurm_cluster.sh" kill-node "$victim" | sed 's/^/     /'
-        if await_line "$TMP/lost/job.out" "launch 1 exited" 30; then
-            stopped_at=$(grep -m1 -o "launch 1 exited [0-9]* at [0-9.]*" "$TMP/lost/job.out" | awk '{print $NF}')
-        fi
+        "$ROOT/scripts/slurm_cluster.sh" kill-node "$victim" | sed 's/^/     /'
+        start=$SECONDS
+        while [ $((SECONDS - start)) -lt 30 ]; do
+            running=0
+            for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && running=$((running + 1)); done
+            [ "$running" -eq 0 ] && { stopped_at=$(now); break; }
+            sleep 0.01
+        done
+        await_line "$TMP/lost/job.out" "launch 1 exited" 30 \
+            && ended_at=$(grep -m1 -o "launch 1 exited [0-9]* at [0-9.]*" "$TMP/lost/job.out" | awk '{print $NF}')
         if await_line "$TMP/lost/logs/attempt-2.jsonl" step 60; then
             resumed_at=$(now)
         fi
@@ -359,14 +370,14 @@ if want lost; then
         if [ -n "${stopped_at:-}" ] && [ -n "${resumed_at:-}" ] && [ -n "$from" ] && [ "$named" -ge 1 ]; then
             last=$(tail -1 "$TMP/lost/logs/attempt-1.jsonl" | python3 -c "import json,sys; print(json.load(sys.stdin)['step'])")
             at=$((10#${from#step-}))
-            echo "     the survivors stopped $(secs "$killed_at" "$stopped_at") s after the kill ($named named the lost rank);" \
-                "the first resumed step ended $(secs "$killed_at" "$resumed_at") s after it;" \
+            echo "     the ${#pids[@]} ranks had all ended $(secs "$killed_at" "$stopped_at") s after the kill ($named survivors named the lost rank);" \
+                "srun was ended $(secs "$killed_at" "${ended_at:-$resumed_at}") s after it; the first resumed step ended $(secs "$killed_at" "$resumed_at") s after it;" \
                 "steps lost: $((last - at)) (step $last done, resumed from $from)"
             # The new shape's uninterrupted run from the same checkpoint: 2 ranks x 1 replica.
             "$BIN" train --ranks 2 --data-parallel 1 "${ELASTIC[@]}" --quiet --resume-from "$TMP/lost/ckpt/$from" \
+                --checkpoint-dir "$TMP/lost/reference-ckpt" \
                 >"$TMP/lost/reference.json" 2>"$TMP/lost/reference.err"
-            if compare_log "$TMP/lost/logs/attempt-2.jsonl" "$TMP/lost/reference.json" 1e-10 2>&1 | tail -1 \
-                && python3 - "$TMP/lost/logs/attempt-2.jsonl" "$TMP/lost/reference.json" "$at" <<'EOF'
+            if python3 - "$TMP/lost/logs/attempt-2.jsonl" "$TMP/lost/reference.json" "$at" <<'EOF'
 import json, sys
 got = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(sys.argv[1])}
 ref = json.load(open(sys.argv[2]))
@@ -388,7 +399,6 @@ EOF
             tail -20 "$TMP/lost/job.out" | sed 's/^/     /'
         fi
         "$ROOT/scripts/slurm_cluster.sh" start-node "$victim" >/dev/null || fail "$victim did not come back"
-        : "$before"
     else
         fail "lost node: no checkpoint within 60 s"
         tail -5 "$TMP/lost/job.out" | sed 's/^/     /'
