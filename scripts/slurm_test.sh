@@ -142,30 +142,33 @@ GPT=(--model gpt --schedule dualpipe --micro-batches 8 --micro-batch-size 2 --d-
 echo "== the cluster"
 sinfo | sed 's/^/     /'
 
-# --- launch: srun --mpi=pmi2 on 2 and 4 nodes ---
-srun_case() { # NAME PLUGIN SRUN-ARGS... -- TRAIN-ARGS...   ($RUN_BIN: another binary)
-    local name=$1 plugin=$2 sargs=() targs=() bin=${RUN_BIN:-$BIN}
-    shift 2
-    while [ "$1" != -- ]; do sargs+=("$1"); shift; done
+# --- launch: srun --mpi=pmi2 on 2 and 4 nodes, mpiexec inside an allocation ---
+# launch_case NAME LAUNCHER... -- TRAIN-ARGS...: the launched run's losses against the local
+# run's, bit for bit ($RUN_BIN: another binary to launch).
+launch_case() {
+    local name=$1 launcher=() targs=() bin=${RUN_BIN:-$BIN}
+    shift
+    while [ "$1" != -- ]; do launcher+=("$1"); shift; done
     shift
     targs=("$@")
     "$BIN" train "${targs[@]}" >"$TMP/local.json" 2>"$TMP/local.err"
-    timeout 120 srun --mpi="$plugin" --kill-on-bad-exit=1 "${sargs[@]}" "$bin" train --transport mpi "${targs[@]}" \
-        >"$TMP/srun.json" 2>"$TMP/srun.err"
+    timeout 120 "${launcher[@]}" "$bin" train --transport mpi "${targs[@]}" >"$TMP/launched.json" 2>"$TMP/launched.err"
     local rc=$?
     if [ $rc -ne 0 ]; then
-        fail "$name: srun exited $rc: $(tail -3 "$TMP/srun.err")"
-    elif same_losses "$TMP/local.json" "$TMP/srun.json"; then
+        fail "$name: exited $rc: $(tail -3 "$TMP/launched.err")"
+    elif same_losses "$TMP/local.json" "$TMP/launched.json"; then
         pass "$name: the local threaded run's losses, bit for bit"
     else
         fail "$name: losses differ from the local run"
     fi
 }
+SRUN=(srun --kill-on-bad-exit=1)
 if want launch; then
     echo "== srun --mpi=pmi2"
-    srun_case "srun --mpi=pmi2 -N 2 -n 4 (2 nodes x 2 ranks)" pmi2 -N 2 -n 4 -- --ranks 4 "${GPT[@]}"
-    srun_case "srun --mpi=pmi2 -N 4 -n 4 (4 nodes x 1 rank)" pmi2 -N 4 -n 4 -- --ranks 4 "${GPT[@]}"
-    srun_case "srun --mpi=pmi2 -N 4 -n 8 (4 ranks x 2 replicas)" pmi2 -N 4 -n 8 -- --ranks 4 --data-parallel 2 "${GPT[@]}"
+    launch_case "srun --mpi=pmi2 -N 2 -n 4 (2 nodes x 2 ranks)" "${SRUN[@]}" --mpi=pmi2 -N 2 -n 4 -- --ranks 4 "${GPT[@]}"
+    launch_case "srun --mpi=pmi2 -N 4 -n 4 (4 nodes x 1 rank)" "${SRUN[@]}" --mpi=pmi2 -N 4 -n 4 -- --ranks 4 "${GPT[@]}"
+    launch_case "srun --mpi=pmi2 -N 4 -n 8 (4 ranks x 2 replicas)" "${SRUN[@]}" --mpi=pmi2 -N 4 -n 8 -- --ranks 4 \
+        --data-parallel 2 "${GPT[@]}"
     timeout 60 srun --mpi=pmi2 -N 2 -n 2 -l "$BIN" train --transport mpi --ranks 2 --model mlp --steps 1 \
         --format json >/dev/null 2>"$TMP/who.err"
     if grep -q "rank 1 of 2 (launcher" "$TMP/who.err"; then
@@ -183,7 +186,8 @@ if want pmix; then
     # its own, which dualpipe refuses at once. An Open MPI build (DUALPIPE_OPENMPI_BIN, as
     # scripts/mpi_test.sh builds it) speaks PMIx and must train.
     if [ -n "${DUALPIPE_OPENMPI_BIN:-}" ]; then
-        RUN_BIN=$DUALPIPE_OPENMPI_BIN srun_case "srun --mpi=pmix -N 2 -n 4 (Open MPI)" pmix -N 2 -n 4 -- --ranks 4 "${GPT[@]}"
+        RUN_BIN=$DUALPIPE_OPENMPI_BIN launch_case "srun --mpi=pmix -N 2 -n 4 (Open MPI)" "${SRUN[@]}" --mpi=pmix \
+            -N 2 -n 4 -- --ranks 4 "${GPT[@]}"
     fi
     timeout 60 srun --mpi=pmix -N 2 -n 4 --kill-on-bad-exit=1 "$BIN" train --transport mpi --ranks 4 "${GPT[@]}" \
         >"$TMP/pmix.json" 2>"$TMP/pmix.err"
@@ -200,16 +204,7 @@ fi
 
 if want mpirun; then
     echo "== mpirun inside an allocation"
-    "$BIN" train --ranks 4 "${GPT[@]}" >"$TMP/local.json" 2>/dev/null
-    timeout 120 salloc --quiet -N 2 -n 4 mpiexec.mpich -n 4 "$BIN" train --transport mpi --ranks 4 "${GPT[@]}" \
-        >"$TMP/mpirun.json" 2>"$TMP/mpirun.err"
-    rc=$?
-    if [ $rc -eq 0 ] && same_losses "$TMP/local.json" "$TMP/mpirun.json"; then
-        pass "salloc -N 2 -n 4 mpiexec -n 4: the local run's losses, bit for bit"
-    else
-        fail "mpiexec inside salloc exited $rc:"
-        sed 's/^/     /' "$TMP/mpirun.err" | head -8
-    fi
+    launch_case "salloc -N 2 -n 4 mpiexec -n 4" salloc --quiet -N 2 -n 4 mpiexec.mpich -n 4 -- --ranks 4 "${GPT[@]}"
 fi
 
 # --- requeue, preemption, the warning: deploy/slurm/dualpipe.sbatch ---

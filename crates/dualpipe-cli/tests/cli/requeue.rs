@@ -100,30 +100,15 @@ fn resume_if_present_conflicts_and_needs_a_directory() {
 /// run before it reaches its step boundary and publishes its checkpoint.
 #[test]
 fn a_repeated_sigterm_still_stops_at_a_step_boundary_with_a_checkpoint() {
-    use std::time::{Duration, Instant};
     let dir = TempDir::new("requeue-twice");
     let ckpt = dir.join("ckpt");
-    let args = run(&ckpt, "1000000", &["--quiet", "--resume-if-present"]);
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_dualpipe"))
-        .args(&args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let began = Instant::now();
-    while !ckpt.join("latest").exists() {
-        assert!(began.elapsed() < Duration::from_secs(120), "no checkpoint");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for _ in 0..2 {
-        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
-    }
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    let sigterm = [libc::SIGTERM, libc::SIGTERM];
+    let out = crate::checkpoint_owner::interrupted(&ckpt, &["--resume-if-present"], &sigterm);
+    assert_eq!(out.code, Some(143), "{}", out.stderr);
     assert!(
-        stderr.contains("interrupted by SIGTERM after step") && stderr.contains("last checkpoint"),
-        "{stderr}"
+        out.stderr.contains("interrupted by SIGTERM after step")
+            && out.stderr.contains("last checkpoint"),
+        "{}",
+        out.stderr
     );
 }
