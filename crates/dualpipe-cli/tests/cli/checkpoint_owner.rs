@@ -512,7 +512,7 @@ fn checkpoint_path_messages_say_what_is_wrong() {
 }
 
 /// Starts a long f64 run that checkpoints every 5 steps, waits for its first checkpoint,
-/// sends `signals` one after another, and returns the finished run.
+/// sends `signals` one after another (10 ms apart), and returns the finished run.
 pub(crate) fn interrupted(ckpt: &Path, extra: &[&str], signals: &[i32]) -> Run {
     let mut args = mlp(&[
         "--steps",
@@ -538,6 +538,8 @@ pub(crate) fn interrupted(ckpt: &Path, extra: &[&str], signals: &[i32]) -> Run {
     std::thread::sleep(Duration::from_millis(50));
     for &signal in signals {
         assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        // Apart, as Slurm's two are: two pending signals of one kind would merge into one.
+        std::thread::sleep(Duration::from_millis(10));
     }
     let out = child.wait_with_output().unwrap();
     Run {
