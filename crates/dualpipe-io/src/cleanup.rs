@@ -2,7 +2,9 @@
 //!
 //! A long-running command can ask ([`defer_signals`]) that the first such signal be only
 //! recorded ([`interrupted`]), so it stops at a point of its choosing and finishes its writes;
-//! a second signal then ends the process at once, as before.
+//! a second SIGINT or SIGHUP then ends the process at once, as before. A repeated SIGTERM does
+//! not: cluster managers send it more than once (Slurm twice within milliseconds when it
+//! preempts a job) and follow it with SIGKILL when their grace period ends.
 //!
 //! Creating a temp file and registering it happen under one lock, and so do renaming it and
 //! unregistering it, so the signal thread (which takes the same lock) never misses a temp file
@@ -23,8 +25,9 @@ static DEFER: AtomicBool = AtomicBool::new(false);
 static PENDING: AtomicI32 = AtomicI32::new(0);
 
 /// From now on, the first SIGINT, SIGTERM or SIGHUP is recorded instead of ending the
-/// process: the caller polls [`interrupted`] and stops where it can. A second one ends the
-/// process at once (temp files removed, exit code `128 + signal`).
+/// process: the caller polls [`interrupted`] and stops where it can. A second SIGINT or SIGHUP
+/// ends the process at once (temp files removed, exit code `128 + signal`); a second SIGTERM
+/// is ignored (a cluster manager's repeated request to stop, its SIGKILL to follow).
 pub fn defer_signals() {
     DEFER.store(true, Ordering::SeqCst);
     install();
@@ -58,7 +61,7 @@ fn install() {
                 for signal in signals.forever() {
                     let first =
                         PENDING.compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst);
-                    if DEFER.load(Ordering::SeqCst) && first.is_ok() {
+                    if DEFER.load(Ordering::SeqCst) && (first.is_ok() || signal == SIGTERM) {
                         continue;
                     }
                     let list = temps();

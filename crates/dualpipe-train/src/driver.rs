@@ -41,10 +41,12 @@ pub enum Round {
     ExpertLoads,
     /// The step's whole-model expert load: the rows per worker.
     WorkerRows,
+    /// Whether any process was asked to stop before the step ([`Driver::agree_stop`]).
+    Stop,
 }
 
 impl Round {
-    /// The round's number on the wire (stable: 0 for [`Round::GradNorm`] up to 7).
+    /// The round's number on the wire (stable: 0 for [`Round::GradNorm`] up to 8).
     pub fn index(self) -> usize {
         match self {
             Round::GradNorm => 0,
@@ -55,6 +57,7 @@ impl Round {
             Round::Rebalances => 5,
             Round::ExpertLoads => 6,
             Round::WorkerRows => 7,
+            Round::Stop => 8,
         }
     }
 }
@@ -105,6 +108,20 @@ pub trait Driver {
         data: Vec<WireData>,
         options: &ExecOptions,
     ) -> Result<Vec<Vec<WireData>>, TrainError>;
+
+    /// Whether every process of the run stops before step `step` (0-based): `asked` is this
+    /// process's own stop request (the signal that asked), the answer the same on every
+    /// process (the first process's signal among those asked), so all stop at one boundary
+    /// and write one checkpoint. Every process calls it before every step once any does
+    /// (the job sets a stop request on each). One process holds every rank here: `asked`.
+    fn agree_stop(
+        &mut self,
+        _step: usize,
+        asked: Option<i32>,
+        _options: &ExecOptions,
+    ) -> Result<Option<i32>, TrainError> {
+        Ok(asked)
+    }
 
     /// Whether this process reports the run (evaluates, prints the summary, writes files):
     /// a local run, or rank 0 of a world of processes.

@@ -209,7 +209,8 @@ pub fn mpi_trainer(
         stages,
         losses,
     };
-    let driver = OneRank::new(Endpoint::new(pipeline));
+    // The whole world too, for the replicas to agree on a stop (a signal) at one boundary.
+    let driver = OneRank::new(Endpoint::new(pipeline)).with_world(Endpoint::new(world.link()));
     let mut trainer = Trainer::for_replica(config.clone(), given, driver, links)?;
     if let Some(experts) = experts {
         trainer.join_expert_group(replica, experts)?;

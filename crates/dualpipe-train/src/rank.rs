@@ -27,12 +27,25 @@ use crate::trainer::Trainer;
 #[derive(Debug)]
 pub struct OneRank<L> {
     endpoint: Endpoint<L>,
+    /// Every process of the job, when `endpoint` joins only this replica's pipeline: the
+    /// stop request is agreed over it ([`Driver::agree_stop`]).
+    world: Option<Endpoint<L>>,
 }
 
 impl<L: Link> OneRank<L> {
     /// The driver of `endpoint`'s rank.
     pub fn new(endpoint: Endpoint<L>) -> Self {
-        OneRank { endpoint }
+        OneRank {
+            endpoint,
+            world: None,
+        }
+    }
+
+    /// The same driver, agreeing on a stop over `world` (every process of a job whose
+    /// replicas each run their pipeline on their own endpoint).
+    pub fn with_world(mut self, world: Endpoint<L>) -> Self {
+        self.world = Some(world);
+        self
     }
 
     /// This process's rank.
@@ -151,12 +164,41 @@ impl<L: Link> Driver for OneRank<L> {
         )?)
     }
 
+    fn agree_stop(
+        &mut self,
+        step: usize,
+        asked: Option<i32>,
+        options: &ExecOptions,
+    ) -> Result<Option<i32>, TrainError> {
+        let endpoint = self.world.as_mut().unwrap_or(&mut self.endpoint);
+        let mine = vec![WireData::from_f64s(&[f64::from(asked.unwrap_or(0))])];
+        let parts = all_gather(
+            endpoint,
+            step as u64,
+            Round::Stop.index(),
+            mine,
+            options.recv_timeout,
+        )?;
+        for part in parts.iter().flatten() {
+            let values = part
+                .to_f64s()
+                .map_err(|e| TrainError::Execution(format!("gathering the stop requests: {e}")))?;
+            if let Some(&signal) = values.first().filter(|&&v| v != 0.0) {
+                return Ok(Some(signal as i32));
+            }
+        }
+        Ok(None)
+    }
+
     fn reports(&self) -> bool {
         self.endpoint.rank() == 0
     }
 
     fn fail(&mut self, message: &str) {
         self.endpoint.fail(message, NOTICE_GRACE);
+        if let Some(world) = &mut self.world {
+            world.fail(message, NOTICE_GRACE);
+        }
     }
 
     fn finish(&mut self, steps_done: usize, options: &ExecOptions) -> Result<(), TrainError> {

@@ -104,7 +104,7 @@ pub struct TrainArgs {
     pub save: Option<PathBuf>,
     /// Start the GPT from FILE's weights (safetensors; its metadata fixes the architecture,
     /// and a flag that disagrees is an error), or from a checkpoint directory's weights.
-    #[arg(long, value_name = "FILE.safetensors", conflicts_with_all = ["resume", "resume_from"])]
+    #[arg(long, value_name = "FILE.safetensors", conflicts_with_all = ["resume", "resume_from", "resume_if_present"])]
     pub init_from: Option<PathBuf>,
     /// Training steps (the help text, with the defaults of both models, is `help`'s).
     #[arg(long, value_parser = count, allow_negative_numbers = true,
@@ -230,6 +230,11 @@ pub struct TrainArgs {
     /// reported and the previous used; none yet: start at step 1). --steps stays the total.
     #[arg(long, requires = "checkpoint_dir", conflicts_with = "resume_from")]
     pub resume: bool,
+    /// Continue from the latest complete checkpoint in --checkpoint-dir if it holds one, else
+    /// start at step 1 (and say so), the directory created if missing: one command line for a
+    /// job's first run and every requeue (docs/slurm.md).
+    #[arg(long, requires = "checkpoint_dir", conflicts_with_all = ["resume", "resume_from"])]
+    pub resume_if_present: bool,
     /// With --resume or --resume-from: continue although the seed, task, data, --shuffle or
     /// --validation-fraction differ from the checkpoint's (refused otherwise, naming each).
     #[arg(long)]

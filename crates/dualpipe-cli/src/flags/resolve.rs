@@ -61,10 +61,11 @@ impl TrainArgs {
             .as_deref()
             .map(parse_injection)
             .transpose()?;
-        let resume = match (&self.resume_from, self.resume) {
-            (Some(path), _) => Resume::From(path.clone()),
-            (None, true) => Resume::Latest,
-            (None, false) => Resume::No,
+        let resume = match (&self.resume_from, self.resume, self.resume_if_present) {
+            (Some(path), _, _) => Resume::From(path.clone()),
+            (None, true, _) => Resume::Latest,
+            (None, false, true) => Resume::IfPresent,
+            (None, false, false) => Resume::No,
         };
         let job = JobConfig {
             train,

@@ -512,8 +512,8 @@ fn checkpoint_path_messages_say_what_is_wrong() {
 }
 
 /// Starts a long f64 run that checkpoints every 5 steps, waits for its first checkpoint,
-/// sends `signal`, and returns the finished run.
-fn interrupted(ckpt: &Path, extra: &[&str], signal: i32) -> Run {
+/// sends `signals` one after another (10 ms apart), and returns the finished run.
+pub(crate) fn interrupted(ckpt: &Path, extra: &[&str], signals: &[i32]) -> Run {
     let mut args = mlp(&[
         "--steps",
         "1000000",
@@ -536,7 +536,11 @@ fn interrupted(ckpt: &Path, extra: &[&str], signal: i32) -> Run {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    for &signal in signals {
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        // Apart, as Slurm's two are: two pending signals of one kind would merge into one.
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let out = child.wait_with_output().unwrap();
     Run {
         args,
@@ -555,7 +559,7 @@ fn sigterm_and_ctrl_c_stop_at_a_step_boundary_with_a_checkpoint_that_resumes_exa
     ] {
         let dir = TempDir::new("own-signal");
         let ckpt = dir.join("ckpt");
-        let run = interrupted(&ckpt, extra, signal);
+        let run = interrupted(&ckpt, extra, &[signal]);
         assert_eq!(run.code, Some(code), "{}", run.stderr);
         assert!(run.stdout.is_empty());
         let line = run

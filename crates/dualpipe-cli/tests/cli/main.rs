@@ -21,6 +21,7 @@ mod output_targets;
 mod plan;
 mod plan_inputs;
 mod report;
+mod requeue;
 mod resume_dtype;
 mod schedule;
 mod simulate;

@@ -74,6 +74,8 @@ pub enum Field {
     Resume,
     /// A job resuming a given checkpoint.
     ResumeFrom,
+    /// A job resuming its checkpoint directory's latest checkpoint if it has one.
+    ResumeIfPresent,
     /// A resumed job's permission to change the data settings.
     AllowChangedSettings,
     /// A job's metrics address.
@@ -117,7 +119,7 @@ pub enum Naming {
 
 impl Field {
     /// Every field, in declaration order.
-    pub const ALL: [Field; 47] = [
+    pub const ALL: [Field; 48] = [
         Field::Schedule,
         Field::Ranks,
         Field::MicroBatches,
@@ -151,6 +153,7 @@ impl Field {
         Field::CheckpointEvery,
         Field::Resume,
         Field::ResumeFrom,
+        Field::ResumeIfPresent,
         Field::AllowChangedSettings,
         Field::MetricsAddr,
         Field::Log,
@@ -203,6 +206,7 @@ impl Field {
             Field::CheckpointEvery => "checkpoint.every",
             Field::Resume => "checkpoint.resume",
             Field::ResumeFrom => "checkpoint.resume",
+            Field::ResumeIfPresent => "checkpoint.resume",
             Field::AllowChangedSettings => "checkpoint.allow_changed_settings",
             Field::MetricsAddr => "observe.metrics_addr",
             Field::Log => "observe.log",
@@ -233,6 +237,7 @@ impl Field {
             Field::CheckpointEvery => "checkpoint-every",
             Field::Resume => "resume",
             Field::ResumeFrom => "resume-from",
+            Field::ResumeIfPresent => "resume-if-present",
             Field::AllowChangedSettings => "allow-changed-settings",
             Field::MetricsAddr => "metrics-addr",
             Field::Log => "log",

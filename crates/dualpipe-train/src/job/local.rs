@@ -185,7 +185,7 @@ impl JobConfig {
     }
 
     /// The line and exit code of a run a signal stopped at the boundary after `step` steps.
-    fn interrupted(&self, step: usize, signal: i32) -> Failure {
+    pub(super) fn interrupted(&self, step: usize, signal: i32) -> Failure {
         let name = match signal {
             2 => "SIGINT (Ctrl-C)".to_string(),
             15 => "SIGTERM".to_string(),

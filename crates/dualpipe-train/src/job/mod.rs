@@ -54,8 +54,13 @@ pub enum Resume {
     /// A fresh run.
     #[default]
     No,
-    /// The latest complete checkpoint in [`CheckpointSection::dir`] (none yet: a fresh run).
+    /// The latest complete checkpoint in [`CheckpointSection::dir`] (none yet: a fresh run;
+    /// a directory that does not exist is refused, as a mistyped path would be).
     Latest,
+    /// The latest complete checkpoint in [`CheckpointSection::dir`] if there is one, else a
+    /// fresh run, said so, the directory created if missing: one command line serves a job's
+    /// first run and every requeue (Slurm's `--requeue`, a preempted job).
+    IfPresent,
     /// The checkpoint at this path: a `step-NNNNNN` directory, or a checkpoint directory
     /// (its latest complete checkpoint).
     From(PathBuf),

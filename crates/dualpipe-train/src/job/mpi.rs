@@ -80,6 +80,11 @@ pub(super) fn run_rank<W: Watch>(
     // From here a peer on this machine that ends is named at once (MPICH's launcher
     // names only a PID); every process reaches its end through a barrier or `leave`.
     world.watch_peers();
+    // SIGTERM (Slurm's warning before preemption or the time limit, `scancel`), SIGINT and
+    // SIGHUP stop every process at one step boundary, agreed before each step, with a final
+    // checkpoint; a second signal ends the process at once.
+    dualpipe_io::defer_signals();
+    trainer.set_stop(crate::StopRequest::new(dualpipe_io::interrupted, false));
     let result = trainer.run(|event| {
         if let (StepEvent::Starting { step }, Some(at)) = (event, injection) {
             if at.rank == rank && at.step == step + 1 {
@@ -98,6 +103,9 @@ pub(super) fn run_rank<W: Watch>(
         Ok(summary) => summary,
         // Every rank computes the same losses, so every rank sees the divergence.
         Err(err @ TrainError::Diverged(_)) => return Err(Failure::training(err, config, naming)),
+        Err(TrainError::Interrupted { step, signal }) => {
+            interrupted(job, world, trainer, checkpoints, (step, signal), say)
+        }
         Err(err @ TrainError::Stopped(_)) => {
             leave(world, told(err, |e| Failure::error(None, &e)), say)
         }
@@ -173,6 +181,35 @@ fn mpi_checkpoints<D: Driver>(
         trainer.set_checkpoints(sink);
     }
     Ok(checkpoints)
+}
+
+/// Ends every process of a run a signal stopped at the boundary after `at.0` steps (the same
+/// on every process), signal `at.1`: the final checkpoint published (process 0 waits for every
+/// share), the peers lined up (no process ends while another still watches it), then process
+/// 0 says where the run stopped and every process exits `128 + signal`, as a process that
+/// signal ended would (Slurm requeues a preempted job whatever its code).
+fn interrupted<D: Driver>(
+    job: &JobConfig,
+    world: MpiWorld,
+    mut trainer: Trainer<D>,
+    checkpoints: Checkpointing,
+    at: (usize, i32),
+    say: &mut dyn FnMut(&str),
+) -> ! {
+    let rank = world.info().rank;
+    trainer.clear_checkpoints();
+    if let Err(failure) = job.finish_checkpoints(checkpoints, rank == 0 && !job.observe.quiet, say)
+    {
+        leave(world, failure, say);
+    }
+    drop(trainer);
+    // Disarms the peer watch, waits at a barrier, finalises MPI.
+    drop(world);
+    let failure = job.interrupted(at.0, at.1);
+    if rank == 0 {
+        say(&format!("error: {}", failure.message));
+    }
+    std::process::exit(i32::from(failure.exit_code()))
 }
 
 /// `failure(err)`, or, when `err` tells of another process's failure, that process's words

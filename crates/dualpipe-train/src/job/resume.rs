@@ -9,30 +9,30 @@ use crate::{DType, Field, Restored, TrainConfig, TrainError};
 
 impl JobConfig {
     /// The checkpoint [`CheckpointSection::resume`](super::CheckpointSection::resume) asks
-    /// for, with why each damaged newer one was skipped. `None`: a fresh run (no resume, or
-    /// [`Resume::Latest`] on a directory that holds no checkpoint yet). A path that cannot be
-    /// used is a [`TrainError::Config`].
+    /// for, with why each damaged newer one was skipped. `None`: a fresh run (no resume,
+    /// [`Resume::Latest`] on a directory that holds no checkpoint yet, [`Resume::IfPresent`]
+    /// on one that holds none or does not exist). A path that cannot be used is a
+    /// [`TrainError::Config`].
     pub fn resume_point(&self) -> Result<Option<Found>, TrainError> {
         let bad = |field: Field, e: CheckpointError| {
             TrainError::Config(format!("{}: {e}", self.name(field)))
         };
-        let dir = match &self.checkpoint.resume {
+        let field = match &self.checkpoint.resume {
             Resume::No => return Ok(None),
             Resume::From(path) => {
                 return checkpoint::open(path)
                     .map(Some)
                     .map_err(|e| bad(Field::ResumeFrom, e))
             }
-            Resume::Latest => match &self.checkpoint.dir {
-                Some(dir) => dir,
-                None => {
-                    return Err(TrainError::Config(format!(
-                        "{} needs {}",
-                        self.name(Field::Resume),
-                        self.name(Field::CheckpointDir)
-                    )))
-                }
-            },
+            Resume::Latest => Field::Resume,
+            Resume::IfPresent => Field::ResumeIfPresent,
+        };
+        let Some(dir) = &self.checkpoint.dir else {
+            return Err(TrainError::Config(format!(
+                "{} needs {}",
+                self.name(field),
+                self.name(Field::CheckpointDir)
+            )));
         };
         let dir_name = self.name(Field::CheckpointDir);
         if dir.exists() && !dir.is_dir() {
@@ -40,6 +40,9 @@ impl JobConfig {
                 "{dir_name} {} is a file, not a directory; give the {dir_name} of an earlier run",
                 dir.display()
             )));
+        }
+        if !dir.exists() && field == Field::ResumeIfPresent {
+            return Ok(None);
         }
         if !dir.is_dir() {
             return Err(TrainError::Config(format!(
@@ -50,7 +53,7 @@ impl JobConfig {
                 self.name(Field::Resume),
             )));
         }
-        checkpoint::find_latest(dir).map_err(|e| bad(Field::Resume, e))
+        checkpoint::find_latest(dir).map_err(|e| bad(field, e))
     }
 
     /// The writer's options (`None`: no checkpoints written).
@@ -201,7 +204,9 @@ impl JobConfig {
     }
 
     /// The checkpoint to resume from ([`JobConfig::resume_point`]), telling `say` of each
-    /// damaged newer one skipped, and (unless quiet) that [`Resume::Latest`] found none yet.
+    /// damaged newer one skipped, and that [`Resume::Latest`] (unless quiet) or
+    /// [`Resume::IfPresent`] (always: a requeued job's log tells which run it was) found none
+    /// yet.
     pub fn resume_checkpoint(
         &self,
         say: &mut dyn FnMut(&str),
@@ -210,11 +215,21 @@ impl JobConfig {
             .resume_point()
             .map_err(|e| Failure::setup(e, self.naming))?;
         let Some(found) = found else {
-            if self.checkpoint.resume == Resume::Latest && !self.observe.quiet {
-                say(&format!(
+            match &self.checkpoint.resume {
+                Resume::Latest if !self.observe.quiet => say(&format!(
                     "{}: no checkpoint yet; starting at step 1",
                     self.name(Field::Resume)
-                ));
+                )),
+                Resume::IfPresent => say(&format!(
+                    "{}: no checkpoint in {} yet; a fresh run, starting at step 1",
+                    self.name(Field::ResumeIfPresent),
+                    self.checkpoint
+                        .dir
+                        .as_deref()
+                        .unwrap_or(std::path::Path::new(""))
+                        .display()
+                )),
+                _ => {}
             }
             return Ok(None);
         };

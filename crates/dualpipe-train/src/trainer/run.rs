@@ -27,7 +27,14 @@ impl<D: Driver> Trainer<D> {
         let first = self.steps_done;
         while self.steps_done < self.config.steps {
             let step = self.steps_done;
-            if let Some(signal) = self.stop.as_ref().and_then(|s| s.stops(step)) {
+            let asked = match &self.stop {
+                Some(request) => {
+                    let mine = request.stops(step);
+                    self.driver.agree_stop(step, mine, &self.exec_options)?
+                }
+                None => None,
+            };
+            if let Some(signal) = asked {
                 if step > first {
                     self.save_final_checkpoint(step)?;
                 }
