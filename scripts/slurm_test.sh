@@ -280,51 +280,52 @@ if want resume; then
     fi
 fi
 
+# stop_midway NAME SBATCH-ARGS...: submits a dualpipe.sbatch job of LONG and waits until it
+# has a checkpoint (true), or fails the check (false); the job's id in $job.
+stop_midway() {
+    local name=$1
+    shift
+    full_run
+    job=$(submit "$name" "$@")
+    if await_line "$TMP/$name/ckpt/latest" step 60; then
+        sleep 0.5
+        return 0
+    fi
+    fail "$name: no checkpoint within 60 s"
+    tail -5 "$TMP/$name/job.out" | sed 's/^/     /'
+    return 1
+}
+
 if want requeue; then
     echo "== scontrol requeue"
-    full_run
-    job=$(submit requeue)
-    if await_line "$TMP/requeue/ckpt/latest" step 60; then
-        sleep 0.5
+    if stop_midway requeue; then
         scontrol requeue "$job"
         release "$job"
         await_job "$job" 180 && check_resumed requeue "scontrol requeue $job"
-    else
-        fail "scontrol requeue: no checkpoint within 60 s"
-        tail -5 "$TMP/requeue/job.out" | sed 's/^/     /'
     fi
 fi
 
 if want preempt; then
     echo "== preemption by a job of a higher priority tier"
-    full_run
-    job=$(submit preempt -p batch)
-    if await_line "$TMP/preempt/ckpt/latest" step 60; then
-        sleep 0.5
-        urgent=$(sbatch --parsable -p urgent -N 4 --exclusive -o "$TMP/preempt/urgent.out" --wrap "echo urgent ran on \$SLURM_JOB_NODELIST; sleep 1")
+    if stop_midway preempt -p batch; then
+        urgent=$(sbatch --parsable -p urgent -N 4 --exclusive -o "$TMP/preempt/urgent.out" \
+            --wrap "echo urgent ran on \$SLURM_JOB_NODELIST; sleep 1")
         release "$job"
         await_job "$urgent" 60
         await_job "$job" 180
         echo "     $(cat "$TMP/preempt/urgent.out")"
         check_resumed preempt "job $job preempted by job $urgent (partition urgent)"
-    else
-        fail "preemption: no checkpoint within 60 s"
     fi
 fi
 
 if want warning; then
     echo "== the warning before the time limit (--signal=B:TERM@N)"
-    full_run
-    job=$(submit warning)
-    if await_line "$TMP/warning/ckpt/latest" step 60; then
-        sleep 0.5
+    if stop_midway warning; then
         scancel --batch --signal=TERM "$job"
         release "$job"
         await_job "$job" 180
         grep -m1 "SIGTERM before the time limit" "$TMP/warning/job.out" | sed 's/^/     /'
         check_resumed warning "the batch script's SIGTERM (B:TERM)"
-    else
-        fail "warning: no checkpoint within 60 s"
     fi
 fi
 

@@ -4,7 +4,7 @@
 use dualpipe_runtime::transport::endpoint::ChannelLink;
 use dualpipe_runtime::Endpoint;
 use dualpipe_schedule::ScheduleKind;
-use dualpipe_train::{DType, RankTrainer, TrainConfig, TrainError, Trainer};
+use dualpipe_train::{DType, RankTrainer, StopRequest, TrainConfig, TrainError, Trainer};
 use dualpipe_train::{ModelSection, ScheduleSection};
 
 fn config(schedule: ScheduleKind) -> TrainConfig {
@@ -109,5 +109,50 @@ fn a_callback_that_stops_the_run_stops_every_rank_naming_the_reason() {
     for (rank, result) in results.into_iter().enumerate() {
         let err = result.expect_err("every rank stops").to_string();
         assert!(err.contains("asked to stop"), "rank {rank}: {err}");
+    }
+}
+
+/// Asked to stop on its second poll (before step 2): rank 2's signal source.
+fn second_poll() -> Option<i32> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static POLLS: AtomicUsize = AtomicUsize::new(0);
+    (POLLS.fetch_add(1, Ordering::SeqCst) >= 1).then_some(15)
+}
+
+fn never() -> Option<i32> {
+    None
+}
+
+/// A signal that reaches one process only (rank 2, before step 2) stops every rank at that
+/// same boundary: the ranks agree before each step, so none waits for a peer that stopped.
+#[test]
+fn a_stop_asked_of_one_rank_stops_every_rank_at_the_same_boundary() {
+    let mut config = config(ScheduleKind::DualPipe);
+    config.steps = 6;
+    config.transport.recv_timeout = 10.0;
+    let links = ChannelLink::world(config.schedule.ranks);
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = links
+            .into_iter()
+            .enumerate()
+            .map(|(rank, link)| {
+                let config = config.clone();
+                scope.spawn(move || {
+                    let mut trainer = RankTrainer::connect(config, Endpoint::new(link))?;
+                    let source = if rank == 2 { second_poll } else { never };
+                    trainer.set_stop(StopRequest::new(source, false));
+                    trainer.run(|_| Ok(())).map(|s| s.losses)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, result) in results.into_iter().enumerate() {
+        match result {
+            Err(TrainError::Interrupted { step, signal }) => {
+                assert_eq!((step, signal), (1, 15), "rank {rank}")
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
     }
 }

@@ -7,33 +7,10 @@ use crate::{dualpipe, floats, s, TempDir};
 
 /// A tiny MLP run of `steps` steps on 2 ranks, f64, checkpointing every 2 steps into `dir`.
 fn run(dir: &std::path::Path, steps: &str, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "train",
-        "--format",
-        "json",
-        "--model",
-        "mlp",
-        "--ranks",
-        "2",
-        "--micro-batches",
-        "4",
-        "--micro-batch-size",
-        "2",
-        "--hidden",
-        "8",
-        "--dtype",
-        "f64",
-        "--eval-every",
-        "0",
-        "--steps",
-        steps,
-        "--checkpoint-dir",
-        s(dir),
-        "--checkpoint-every",
-        "2",
-    ]
-    .map(String::from)
-    .to_vec();
+    let flags = "train --format json --model mlp --ranks 2 --micro-batches 4 --micro-batch-size 2 \
+                 --hidden 8 --dtype f64 --eval-every 0 --checkpoint-every 2";
+    let mut args: Vec<String> = flags.split_whitespace().map(String::from).collect();
+    args.extend(["--steps", steps, "--checkpoint-dir", s(dir)].map(String::from));
     args.extend(extra.iter().map(|a| a.to_string()));
     args
 }
