@@ -26,6 +26,7 @@ impl MemoryEstimate {
 /// The memory this machine can still give a process (Linux: `MemAvailable` of
 /// `/proc/meminfo`); `None` where it cannot be read, and only the cap applies.
 pub fn available_bytes() -> Option<u128> {
+    // The kernel's own file, not a user input (so not through `dualpipe_io::open_regular`).
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     parse_mem_available(&text)
 }

@@ -111,6 +111,7 @@ impl DirLock {
         if locked != 0 {
             let err = std::io::Error::last_os_error();
             if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                // Our own lock file, already open and bounded: not a user input.
                 let mut holder = String::new();
                 let _ = (&file).take(512).read_to_string(&mut holder);
                 let holder = holder.trim();

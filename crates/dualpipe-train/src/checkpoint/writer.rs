@@ -37,6 +37,8 @@ pub fn parse_dir_name(name: &str) -> Option<usize> {
     digits.parse().ok()
 }
 
+/// Syncs the folder `path` (one this program writes into; opened only to sync it, not a user
+/// input, so not through `dualpipe_io::open_regular`).
 pub(crate) fn sync_dir(path: &Path) -> Result<(), CheckpointError> {
     File::open(path)
         .and_then(|d| d.sync_all())
