@@ -239,6 +239,23 @@ impl Inputs {
                 ]);
             }
             "cluster manifests" => inputs.push(("--placement", self.placement.clone())),
+            // The token is read before any connection: no scheduler needs to listen.
+            "cluster list" => args.extend(["--addr", "127.0.0.1:9"].map(String::from)),
+            "cluster cancel" => {
+                args.extend(["job-0001", "--addr", "127.0.0.1:9"].map(String::from))
+            }
+            "cluster submit" => args.extend(
+                [
+                    "--addr",
+                    "127.0.0.1:9",
+                    "--ranks",
+                    "1",
+                    "--",
+                    "--model",
+                    "mlp",
+                ]
+                .map(String::from),
+            ),
             other => panic!("no command line for {other}: add one here"),
         }
         let inputs: Vec<(String, PathBuf)> = inputs
@@ -273,11 +290,14 @@ fn in_parallel<T: Sync>(
     })
 }
 
+/// Adds `flag value` to `args`, before a `--` that starts a job's own arguments.
 fn push_flag(args: &mut Vec<String>, flag: &str, value: &Path) {
+    let at = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    let mut added = vec![s(value).to_string()];
     if !flag.starts_with('<') {
-        args.push(flag.to_string());
+        added.insert(0, flag.to_string());
     }
-    args.push(s(value).to_string());
+    args.splice(at..at, added);
 }
 
 #[test]

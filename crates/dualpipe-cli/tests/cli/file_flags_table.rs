@@ -17,8 +17,8 @@ pub enum Role {
     Output,
     /// A folder written into (each file it gets planned against the inputs).
     OutputDir,
-    /// A long-running server's own state folder (`cluster serve --state`): not a one-shot
-    /// command, tested in cluster_serve.rs.
+    /// A long-running server's folder (`cluster serve --state`, `--data-root`): not a
+    /// one-shot command, tested in cluster_serve.rs and cluster_access.rs.
     ServerState,
 }
 
@@ -66,6 +66,13 @@ pub const FILE_FLAGS: &[(&str, &str, Role)] = &[
     ("cluster simulate", "--svg", Role::Output),
     ("cluster simulate", "--placement-out", Role::Output),
     ("cluster serve", "--state", Role::ServerState),
+    ("cluster serve", "--data-root", Role::ServerState),
+    ("cluster submit", "--state", Role::InputDir),
+    ("cluster submit", "--token-file", Role::Input),
+    ("cluster list", "--state", Role::InputDir),
+    ("cluster list", "--token-file", Role::Input),
+    ("cluster cancel", "--state", Role::InputDir),
+    ("cluster cancel", "--token-file", Role::Input),
     ("cluster manifests", "--placement", Role::Input),
     ("cluster manifests", "--output-dir", Role::OutputDir),
 ];

@@ -32,7 +32,10 @@ impl AccessArgs {
     /// error naming it.
     fn token(&self) -> anyhow::Result<Option<String>> {
         let (flag, path) = match (&self.state, &self.token_file) {
-            (Some(dir), _) => ("--state", token_path(dir)),
+            (Some(dir), _) => {
+                check_state_dir(dir)?;
+                ("--state", token_path(dir))
+            }
             (None, Some(file)) => ("--token-file", file.clone()),
             (None, None) => match std::env::var_os(TOKEN_ENV) {
                 Some(file) => (TOKEN_ENV, PathBuf::from(file)),
@@ -43,6 +46,30 @@ impl AccessArgs {
             .map(Some)
             .map_err(|e| UsageError(format!("{flag}: {e}")).into())
     }
+}
+
+/// Refuses a `--state` that is not a folder, by what it is (a FIFO, a file), before the token
+/// inside it is looked for.
+fn check_state_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return Ok(()); // missing: the token's read names it
+    };
+    let t = meta.file_type();
+    let kind = if t.is_dir() {
+        return Ok(());
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_file() {
+        "a file"
+    } else {
+        "not a folder"
+    };
+    Err(UsageError(format!(
+        "--state {} is {kind}: give the scheduler's state folder",
+        dir.display()
+    ))
+    .into())
 }
 
 /// Flags of `dualpipe cluster submit`.
