@@ -261,6 +261,13 @@ fn processes_are_known_by_identity_never_by_their_command_line() {
         .map(|j| j["pid"].as_u64().unwrap())
         .collect();
     assert!(!new_pids.contains(&(tail.id() as u64)), "{new_pids:?}");
+    // Only the proven process was waited for and killed.
+    let events = std::fs::read_to_string(state.join("events.log")).unwrap();
+    assert!(!events.contains("job-0001: its process"), "{events}");
+    assert!(
+        events.contains("job-0002: its process") && events.contains("killing its process group"),
+        "{events}"
+    );
     STOP_ID.store(true, Ordering::Relaxed);
     thread.join().unwrap();
     assert_eq!(

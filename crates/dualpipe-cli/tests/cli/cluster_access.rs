@@ -8,10 +8,11 @@ use std::io::BufRead;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::cluster_serve::wait;
 use crate::{dualpipe, s, TempDir};
 
 /// A `cluster serve` on 127.0.0.1:0 in `cwd`, stopped with SIGTERM when dropped.
@@ -94,31 +95,7 @@ fn submit(addr: &str, state: &Path, train: &[String]) -> crate::Run {
 }
 
 fn jobs(addr: &str, state: &Path) -> Vec<Value> {
-    let r = dualpipe([
-        "cluster",
-        "list",
-        "--addr",
-        addr,
-        "--state",
-        s(state),
-        "--format",
-        "json",
-    ]);
-    r.ok();
-    r.json()["jobs"].as_array().unwrap().clone()
-}
-
-#[track_caller]
-fn wait(addr: &str, state: &Path, what: &str, ready: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let j = jobs(addr, state);
-        if ready(&j) {
-            return j;
-        }
-        assert!(Instant::now() < deadline, "waited 60 s for {what}: {j:#?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    crate::cluster_serve::jobs(addr, state).expect("the scheduler answers")
 }
 
 #[test]

@@ -81,7 +81,7 @@ fn free_addr() -> String {
 }
 
 /// The scheduler's jobs (`list --format json`), or `None` while it does not answer.
-fn jobs(addr: &str, state: &Path) -> Option<Vec<Value>> {
+pub(crate) fn jobs(addr: &str, state: &Path) -> Option<Vec<Value>> {
     let r = dualpipe([
         "cluster",
         "list",
@@ -97,7 +97,12 @@ fn jobs(addr: &str, state: &Path) -> Option<Vec<Value>> {
 
 /// Polls until `ready` holds of the jobs (60 s at most).
 #[track_caller]
-fn wait(addr: &str, state: &Path, what: &str, ready: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+pub(crate) fn wait(
+    addr: &str,
+    state: &Path,
+    what: &str,
+    ready: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(j) = jobs(addr, state) {
@@ -161,6 +166,13 @@ fn mlp_on(schedule: &str, steps: usize, extra: &[&str]) -> Vec<String> {
     a.push(steps.to_string());
     a.extend(extra.iter().map(|s| s.to_string()));
     a
+}
+
+/// `dualpipe cluster VERB --addr ADDR --state STATE REST...`.
+fn client(addr: &str, state: &Path, verb: &str, rest: &[&str]) -> crate::Run {
+    let mut cmd = vec!["cluster", verb, "--addr", addr, "--state", s(state)];
+    cmd.extend(rest);
+    dualpipe(cmd)
 }
 
 fn submit(addr: &str, state: &Path, name: &str, ranks: &[&str], args: &[String]) -> String {
@@ -233,58 +245,28 @@ fn serve_migrates_resizes_restarts_and_recovers_without_losing_a_step() {
     let mut serve = Serve::start(&state, &addr, &out);
 
     // Bad input: one line, exit code 2, nothing queued.
-    dualpipe([
-        "cluster",
-        "submit",
-        "--addr",
+    client(
         &addr,
-        "--state",
-        s(&state),
-        "--ranks",
-        "5",
-        "--",
-        "--steps",
-        "3",
-    ])
+        &state,
+        "submit",
+        &["--ranks", "5", "--", "--steps", "3"],
+    )
     .usage_error(&["max_ranks 5", "4 slots"]);
-    dualpipe([
-        "cluster",
-        "submit",
-        "--addr",
+    client(
         &addr,
-        "--state",
-        s(&state),
-        "--ranks",
-        "1",
-        "--",
-        "--ranks",
-        "2",
-    ])
+        &state,
+        "submit",
+        &["--ranks", "1", "--", "--ranks", "2"],
+    )
     .usage_error(&["--ranks", "the scheduler sets it"]);
-    dualpipe([
-        "cluster",
+    client(
+        &addr,
+        &state,
         "submit",
-        "--addr",
-        &addr,
-        "--state",
-        s(&state),
-        "--ranks",
-        "1",
-        "--",
-        "--schedule",
-        "nope",
-    ])
+        &["--ranks", "1", "--", "--schedule", "nope"],
+    )
     .usage_error(&["nope"]);
-    dualpipe([
-        "cluster",
-        "cancel",
-        "--addr",
-        &addr,
-        "--state",
-        s(&state),
-        "job-9999",
-    ])
-    .usage_error(&["no job job-9999"]);
+    client(&addr, &state, "cancel", &["job-9999"]).usage_error(&["no job job-9999"]);
 
     // The MLP has 2 blocks: E's first process runs them on 2 ranks (1 block each), and an
     // elastic job's model is that of its first shape; its unmoved run is on 2 ranks. The
@@ -470,19 +452,12 @@ fn serve_refuses_bad_input_in_one_line() {
     let _first = Serve::start(&state, &addr, &out);
     // A rank count the schedule refuses is refused at submission, not by the job's process
     // once placed: dualpipe folds over an even number of ranks.
-    dualpipe([
-        "cluster",
-        "submit",
-        "--addr",
+    client(
         &addr,
-        "--state",
-        s(&state),
-        "--ranks",
-        "1",
-        "--",
-        "--steps",
-        "3",
-    ])
+        &state,
+        "submit",
+        &["--ranks", "1", "--", "--steps", "3"],
+    )
     .usage_error(&["on 1 ranks", "even number of ranks"]);
     // An elastic job is never resized to such a count: 12 blocks split over 2, 3 and 4 model
     // stages, but dualpipe refuses 3 ranks (it was allowed: [2, 3, 4]).

@@ -313,7 +313,7 @@ mod tests {
 
     #[test]
     fn losses_are_short_whatever_their_size() {
-        assert_eq!(short(1.2807848754478711e82), "1.281e82");
+        assert_eq!(short(1.280_784_875_447_871e82), "1.281e82");
         assert_eq!(short(0.25), "0.2500");
         assert_eq!(short(12.3456), "12.35");
         assert_eq!(short(12345.6), "12346");
