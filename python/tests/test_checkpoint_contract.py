@@ -304,7 +304,13 @@ def python_rule7_another_dtype_is_refused_or_converted_whole(request, tmp_path):
 
 def rust_rule7_another_dtype_is_refused_or_converted_whole(request, tmp_path):
     rust_ck = request.getfixturevalue("rust_ck")  # f64
-    p = dualpipe(*mlp("--dtype", "f32", "--steps", 6, "--resume-from", rust_ck / "step-000004"))
+    step = rust_ck / "step-000004"
+    # Out of f64 (the exact mode) is a changed setting: refused whole, naming both dtypes ...
+    p = dualpipe(*mlp("--dtype", "f32", "--steps", 6, "--resume-from", step))
+    assert p.returncode == 2, p.stderr
+    assert "--dtype f32" in p.stderr and "f64" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    # ... and, when asked for, converted whole: every tensor read into f32, training goes on.
+    p = dualpipe(*mlp("--dtype", "f32", "--steps", 6, "--resume-from", step, "--allow-changed-settings"))
     assert p.returncode == 0, p.stderr
     losses = json.loads(p.stdout)["losses"]
     assert len(losses) == 2 and all(abs(x) < 1e3 for x in losses), losses
