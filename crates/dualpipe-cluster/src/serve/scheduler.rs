@@ -673,7 +673,7 @@ pub(super) fn last_line(path: &Path) -> Option<String> {
     Some(
         line.trim()
             .chars()
-            .filter(|&c| !c.is_control() && !super::spec::is_format(c))
+            .filter(|&c| !c.is_control() && !crate::names::is_format_char(c))
             .take(300)
             .collect(),
     )

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::names::is_format_char;
+
 /// A job as submitted: the training command's arguments (without the ones the scheduler
 /// sets) and the rank counts it may run on.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -40,7 +42,7 @@ impl JobRequest {
         }
         if let Some(name) = &self.name {
             if name.chars().count() > MAX_NAME_CHARS
-                || name.chars().any(|c| c.is_control() || is_format(c))
+                || name.chars().any(|c| c.is_control() || is_format_char(c))
             {
                 return Err(format!(
                     "name: give at most {MAX_NAME_CHARS} printable characters (no control or \
@@ -64,34 +66,6 @@ impl JobRequest {
         }
         Ok(())
     }
-}
-
-/// Whether `c` is a Unicode format character (general category Cf): invisible characters
-/// that change how text around them is shown (bidirectional overrides, joiners, tags).
-pub fn is_format(c: char) -> bool {
-    matches!(
-        c as u32,
-        0xAD | 0x600..=0x605
-            | 0x61C
-            | 0x6DD
-            | 0x70F
-            | 0x890..=0x891
-            | 0x8E2
-            | 0x180E
-            | 0x200B..=0x200F
-            | 0x202A..=0x202E
-            | 0x2060..=0x2064
-            | 0x2066..=0x206F
-            | 0xFEFF
-            | 0xFFF9..=0xFFFB
-            | 0x110BD
-            | 0x110CD
-            | 0x13430..=0x1343F
-            | 0x1BCA0..=0x1BCA3
-            | 0x1D173..=0x1D17A
-            | 0xE0001
-            | 0xE0020..=0xE007F
-    )
 }
 
 /// Where a job is in its life.
