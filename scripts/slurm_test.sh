@@ -210,7 +210,7 @@ fi
 # --- requeue, preemption, the warning: deploy/slurm/dualpipe.sbatch ---
 # A run long enough to be stopped mid-way: 4 ranks on 2 nodes, checkpoints every 10 steps.
 LONG=(--ranks 4 --model gpt --schedule dualpipe --micro-batches 8 --micro-batch-size 2 --d-model 16
-      --heads 2 --seq-len 8 --layers-per-stage 1 --dtype f64 --seed 11 --steps 400 --eval-every 0
+      --heads 2 --seq-len 8 --layers-per-stage 1 --dtype f64 --seed 11 --steps 1500 --eval-every 0
       --checkpoint-every 10 --format json)
 FULL=""
 full_run() {
@@ -245,7 +245,7 @@ release() {
 check_resumed() { # NAME WHAT
     local name=$1 what=$2 dir=$TMP/$1
     local stopped resumed
-    stopped=$(grep -m1 -o "interrupted by SIGTERM after step [0-9]* of 400; the last checkpoint is [^ ]*" "$dir/job.out")
+    stopped=$(grep -m1 -o "interrupted by SIGTERM after step [0-9]* of 1500; the last checkpoint is [^ ]*" "$dir/job.out")
     resumed=$(grep -m1 -o "resuming from [^ ]* (step [0-9]* done)" "$dir/job.out")
     if [ -z "$stopped" ] || [ -z "$resumed" ]; then
         fail "$what: no interruption or no resume in the job's log:"
@@ -264,9 +264,9 @@ check_resumed() { # NAME WHAT
 if want resume; then
     echo "== one command line for the first run and every requeue (--resume-if-present)"
     mkdir -p "$TMP/resume"
-    SHORT=("${LONG[@]/400/20}")
+    SHORT=("${LONG[@]/1500/20}")
     for k in 1 2; do
-        [ $k -eq 2 ] && SHORT=("${LONG[@]/400/30}")
+        [ $k -eq 2 ] && SHORT=("${LONG[@]/1500/30}")
         job=$(DUALPIPE_CKPT=$TMP/resume/ckpt sbatch --parsable -N 2 -n 4 -o "$TMP/resume/job.out" \
             "$ROOT/deploy/slurm/dualpipe.sbatch" "${SHORT[@]}" --quiet)
         await_job "$job" 120
