@@ -73,10 +73,13 @@ fn in_units(bytes: u64) -> String {
     }
 }
 
-/// What kind of file `meta` describes, in words (for a file that is not regular).
-fn kind(meta: &std::fs::Metadata) -> &'static str {
+/// What kind of file `meta` describes, in words (`a folder`, `a FIFO`, `a character device`,
+/// ...), for messages about a path that is not the kind expected.
+pub fn kind(meta: &std::fs::Metadata) -> &'static str {
     let t = meta.file_type();
-    if t.is_dir() {
+    if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
         "a folder"
     } else if t.is_fifo() {
         "a FIFO"

@@ -62,7 +62,7 @@ pub use clash::{check_clashes, Named, PathClash};
 pub use cleanup::{defer_signals, interrupted};
 pub use error::WriteError;
 pub use input::{
-    open_regular, os_reason, read_regular, read_stdin_text, read_text, ReadError, Regular,
+    kind, open_regular, os_reason, read_regular, read_stdin_text, read_text, ReadError, Regular,
 };
 pub use plan::{OutputPlan, PlanError};
 pub use stdout::{check_stdout, write_stdout};

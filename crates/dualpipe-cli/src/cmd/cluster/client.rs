@@ -51,25 +51,15 @@ impl AccessArgs {
 /// Refuses a `--state` that is not a folder, by what it is (a FIFO, a file), before the token
 /// inside it is looked for.
 fn check_state_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    let Ok(meta) = std::fs::metadata(dir) else {
-        return Ok(()); // missing: the token's read names it
-    };
-    let t = meta.file_type();
-    let kind = if t.is_dir() {
-        return Ok(());
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_file() {
-        "a file"
-    } else {
-        "not a folder"
-    };
-    Err(UsageError(format!(
-        "--state {} is {kind}: give the scheduler's state folder",
-        dir.display()
-    ))
-    .into())
+    match std::fs::metadata(dir) {
+        Ok(meta) if !meta.is_dir() => Err(UsageError(format!(
+            "--state {} is {}: give the scheduler's state folder",
+            dir.display(),
+            dualpipe_io::kind(&meta)
+        ))
+        .into()),
+        _ => Ok(()), // a folder; or missing, which the token's read names
+    }
 }
 
 /// Flags of `dualpipe cluster submit`.
