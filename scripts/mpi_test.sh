@@ -551,16 +551,17 @@ for impl in $IMPLS; do
         if [ -z "$bin" ]; then
             start=$(date +%s)
             # Only the MPI bindings differ: rebuild them (and what links them) against Open MPI
-            # in the shared target directory, keep that binary, and clean them again so the
-            # next build probes MPICH, the default, afresh.
+            # in the shared target directory, keep that binary (target/mpi/dualpipe-openmpi,
+            # which scripts/slurm_test.sh runs under srun --mpi=pmix), and clean them again so
+            # the next build probes MPICH, the default, afresh.
             cargo clean -p mpi-sys -p mpi --quiet 2>/dev/null
             built=0
             MPICC=mpicc.openmpi cargo build -p dualpipe-cli --features mpi --quiet && built=1
-            [ $built -eq 1 ] && cp target/debug/dualpipe "$TMP/dualpipe-openmpi"
+            [ $built -eq 1 ] && mkdir -p target/mpi && cp target/debug/dualpipe target/mpi/dualpipe-openmpi
             cargo clean -p mpi-sys -p mpi --quiet 2>/dev/null
             [ $built -eq 1 ] || { fail "build"; continue; }
             echo "     built the Open MPI dualpipe in $(($(date +%s) - start))s"
-            bin=$TMP/dualpipe-openmpi
+            bin=target/mpi/dualpipe-openmpi
         fi
         launch=(mpiexec.openmpi --oversubscribe)
         [ "$(id -u)" -ne 0 ] || launch+=(--allow-run-as-root)

@@ -6,6 +6,7 @@
 #
 #   scripts/slurm_test.sh                  # builds the MPI binary (MPICH) when DUALPIPE_BIN is unset
 #   DUALPIPE_BIN=path DUALPIPE_PYTHON=venv/bin/python scripts/slurm_test.sh
+#   DUALPIPE_OPENMPI_BIN=target/mpi/dualpipe-openmpi scripts/slurm_test.sh   # + pmix with Open MPI
 #   SLURM_TEST_ONLY="launch requeue" scripts/slurm_test.sh   # some of: launch pmix mpirun
 #                                           # resume requeue preempt warning lost bad torch
 #
@@ -13,7 +14,8 @@
 #   launch   srun --mpi=pmi2 on 2 nodes x 2 tasks and 4 nodes x 1 task (4 ranks, dualpipe, the
 #            GPT in f64) and on 4 nodes x 2 tasks (4 ranks x 2 replicas): the per-step losses
 #            equal the local threaded run's bit for bit;
-#   pmix     srun --mpi=pmix: the same run, or the exact reason it cannot run here;
+#   pmix     srun --mpi=pmix -N 2 -n 4 with the Open MPI build (DUALPIPE_OPENMPI_BIN, kept by
+#            scripts/mpi_test.sh): bit-identical; with MPICH (no PMIx client) a clean refusal;
 #   mpirun   MPICH's mpiexec inside an allocation (salloc -N 2 -n 4): bit-identical too;
 #   resume   deploy/slurm/dualpipe.sbatch's one command line: the first run starts fresh and says
 #            so, the same job submitted again continues its checkpoint;
@@ -76,6 +78,12 @@ cp "$BIN" "$TMP/dualpipe"
 BIN=$TMP/dualpipe
 grep -q 'libmpich' <<<"$(ldd "$BIN")" || { echo "FAIL $BIN does not link MPICH (build it with MPICC=mpicc.mpich --features mpi)"; exit 1; }
 export DUALPIPE=$BIN
+if [ -n "${DUALPIPE_OPENMPI_BIN:-}" ]; then
+    [ -x "$DUALPIPE_OPENMPI_BIN" ] || { echo "FAIL DUALPIPE_OPENMPI_BIN=$DUALPIPE_OPENMPI_BIN is not an executable file (scripts/mpi_test.sh builds it as target/mpi/dualpipe-openmpi)"; exit 1; }
+    cp "$DUALPIPE_OPENMPI_BIN" "$TMP/dualpipe-openmpi"
+    DUALPIPE_OPENMPI_BIN=$TMP/dualpipe-openmpi
+    grep -q 'libmpi\.so\.40' <<<"$(ldd "$DUALPIPE_OPENMPI_BIN")" || { echo "FAIL $DUALPIPE_OPENMPI_BIN does not link Open MPI"; exit 1; }
+fi
 
 scripts/slurm_cluster.sh start "$NODES" || { echo "FAIL the cluster did not start"; exit 1; }
 # shellcheck disable=SC1090
