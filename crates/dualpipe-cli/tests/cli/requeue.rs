@@ -84,7 +84,9 @@ fn a_repeated_sigterm_still_stops_at_a_step_boundary_with_a_checkpoint() {
     assert_eq!(out.code, Some(143), "{}", out.stderr);
     assert!(
         out.stderr.contains("interrupted by SIGTERM after step")
-            && out.stderr.contains("last checkpoint"),
+            && out.stderr.contains("last checkpoint")
+            // the requeue-safe setting is the one to give again
+            && out.stderr.contains("(continue with --resume-if-present)"),
         "{}",
         out.stderr
     );

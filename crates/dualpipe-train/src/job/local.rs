@@ -197,7 +197,11 @@ impl JobConfig {
                 crate::checkpoint::pointer::Pointer::Names(name) => format!(
                     "the last checkpoint is {} (continue with {})",
                     dir.join(name).display(),
-                    self.name(Field::Resume)
+                    // A run started with the requeue-safe setting is told that one again.
+                    self.name(match self.checkpoint.resume {
+                        super::Resume::IfPresent => Field::ResumeIfPresent,
+                        _ => Field::Resume,
+                    })
                 ),
                 _ => format!("no checkpoint was published in {}", dir.display()),
             },
