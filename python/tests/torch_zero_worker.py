@@ -34,9 +34,9 @@ def train(s, data):
 
 def save(out, name, s, **extra):
     st = {k: v for k, v in s.stats().items() if k != "ops"}
-    sizes = {f"{d}:{st_}": sum(p.numel() for p in m.parameters() if p.requires_grad) for (d, st_), m in s.stages.items()}
+    sizes = {(d, st_): [p.numel() for p in m.parameters() if p.requires_grad] for (d, st_), m in s.stages.items()}
     data = {"stats": st, "params": params_of(s), "sizes": sizes, "copies": len(s.plan.placement),
-            "replicas": s.world.replicas, "zero": s.zero}
+            "replicas": s.world.replicas, "replica": s.world.replica, "zero": s.zero}
     data.update(extra)
     torch.save(data, os.path.join(out, f"{name}-rank{s.world.rank}.pt"))
 
@@ -106,7 +106,7 @@ def suite_memory(out, world):
                 s = strategy(kind, zero, stages=stages, micro=micro, model=build_model(16, 4, dtype))
                 rows = micro * ROWS * (world // stages)
                 train(s, batches(2, rows, 16, dtype))
-                save(out, f"mem-{kind}-{stages}-{str(dtype)[6:]}-{zero}", s)
+                save(out, f"mem{world}-{kind}-{stages}-{str(dtype)[6:]}-{zero}", s)
 
 
 def suite_errors(out, world):
