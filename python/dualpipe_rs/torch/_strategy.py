@@ -255,6 +255,8 @@ class DualPipeStrategy:
         copy0, param0 = self.copy_bytes_sent, self.shards.bytes_sent if self.shards is not None else 0
         for m in self.stages.values():
             m.zero_grad(set_to_none=True)
+        if self.shards is not None:  # the pieces' gradients (ZeRO-1: views of the last step's .grad)
+            self.optimizer.zero_grad(set_to_none=True)
         res = self.executor.run(xs, ys, headers)
         t1 = time.perf_counter()
         self._sum_copies()

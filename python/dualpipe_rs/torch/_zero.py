@@ -274,7 +274,8 @@ class Shards:
                 if res is not None:
                     pc.tensor.add_(res[pc.at : pc.at + pc.b - pc.a].to(pc.tensor.device))
 
-    def load_states(self, optimizer: torch.optim.Optimizer, states: List[Tuple[Any, Optional[Dict[str, torch.Tensor]]]]) -> None:
+    def load_states(self, optimizer: torch.optim.Optimizer,
+                    states: List[Tuple[Any, Optional[Dict[str, torch.Tensor]]]]) -> None:
         """The optimizer state of whole parameters (a checkpoint's), cut into this rank's pieces."""
         by_param = {id(p): st for p, st in states}
         for b in self.buckets:
@@ -308,13 +309,13 @@ class Shards:
                         pending.append((b, j, [self._flat_state(optimizer, local, name) for name, _ in names]))
                     elif hi > lo:
                         bufs = [torch.empty(hi - lo, dtype=dt, device=b.params[0].device) for _, dt in names]
-                        for k, buf in enumerate(bufs):
-                            ops.append(dist.P2POp(dist.irecv, buf, rank, tag=_SAVE_TAG + (b.stage * b.width + j) * len(names) + k))
+                        tag = _SAVE_TAG + (b.stage * b.width + j) * len(names)
+                        ops += [dist.P2POp(dist.irecv, buf, rank, tag=tag + k) for k, buf in enumerate(bufs)]
                         pending.append((b, j, bufs))
             elif b.hi > b.lo and writer != me:
+                tag = _SAVE_TAG + (b.stage * b.width + b.mine) * len(names)
                 for k, (name, _) in enumerate(names):
-                    flat = self._flat_state(optimizer, b, name)
-                    ops.append(dist.P2POp(dist.isend, flat, writer, tag=_SAVE_TAG + (b.stage * b.width + b.mine) * len(names) + k))
+                    ops.append(dist.P2POp(dist.isend, self._flat_state(optimizer, b, name), writer, tag=tag + k))
         works = dist.batch_isend_irecv(ops) if ops else []
         for w in works:
             wait_for(w, f"rank {me}: the optimizer state's pieces for the checkpoint", self.timeout)
@@ -347,7 +348,8 @@ class Shards:
     def _flat_state(optimizer: torch.optim.Optimizer, b: Bucket, name: str) -> torch.Tensor:
         return torch.cat([optimizer.state[pc.tensor][name].reshape(-1) for pc in b.pieces])
 
-    def _state_names(self, optimizer: torch.optim.Optimizer) -> Tuple[List[Tuple[str, torch.dtype]], Dict[str, torch.Tensor]]:
+    def _state_names(self, optimizer: torch.optim.Optimizer
+                     ) -> Tuple[List[Tuple[str, torch.dtype]], Dict[str, torch.Tensor]]:
         """The per-value state tensors' names and dtypes, and the scalar ones (``step``), from this
         rank's first piece (every piece of one optimizer has the same)."""
         for b in self.buckets:
@@ -355,9 +357,10 @@ class Shards:
                 st = optimizer.state.get(pc.tensor)
                 if st:
                     n = pc.b - pc.a
-                    names = sorted((k, v.dtype) for k, v in st.items() if isinstance(v, torch.Tensor) and v.dim() and v.numel() == n)
+                    per_value = {k for k, v in st.items() if isinstance(v, torch.Tensor) and v.dim() and v.numel() == n}
+                    names = sorted((k, st[k].dtype) for k in per_value)
                     scalars = {k: (v if isinstance(v, torch.Tensor) else torch.tensor(v)) for k, v in st.items()
-                               if not (isinstance(v, torch.Tensor) and v.dim() and v.numel() == n)}
+                               if k not in per_value}
                     return names, scalars
         return [], {}
 
