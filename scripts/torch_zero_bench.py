@@ -13,7 +13,8 @@ model) once; every rank writes its figures, and this script prints two markdown 
    and the largest rank's optimizer-state bytes;
 2. quality: a teacher network's regression (each step's batch is new, its loss taken before
    the update, so the loss is on unseen data), 1F1B, the mean loss of the last 20 steps of
-   ``--quality-steps`` steps, seeds 0-2, at every compression and ZeRO level.
+   ``--quality-steps`` steps, seeds 0-2, at every compression and ZeRO level (1-bit Adam after
+   ``--onebit-warmup`` uncompressed steps; ``--quality-only``: this table alone).
 
 ``--memory``: instead, per rank after 2 steps, parameter, gradient and optimizer-state bytes
 (measured by ``stats()``) of a 4-block 16-wide model, DualPipe and DualPipeV, f32 and bf16,
@@ -65,7 +66,7 @@ def memory_table(out: str, nproc: int) -> None:
         print(f"| {row['kind']} | {row['dtype']} | {D} | {row['zero']} | " + " | ".join(f"{v:,}" for v in figs) + " |")
 
 
-def worker(out: str, width: int, steps: int, quality_steps: int) -> None:
+def worker(out: str, width: int, steps: int, quality_steps: int, onebit_warmup: int) -> None:
     import torch
     from torch import nn
 
@@ -86,7 +87,7 @@ def worker(out: str, width: int, steps: int, quality_steps: int) -> None:
         return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
 
     results = {"timing": [], "quality": []}
-    for kind in ("1f1b", "dualpipe"):
+    for kind in ("1f1b", "dualpipe") if steps else ():
         for comp in (None, "int8", "1bit"):
             for zero in (0, 1, 2):
                 s = dpt.DualPipeStrategy(model(0, width), adamw, nn.MSELoss, schedule=kind, pipeline_stages=2,
@@ -113,7 +114,7 @@ def worker(out: str, width: int, steps: int, quality_steps: int) -> None:
             for zero in (0, 1, 2):
                 s = dpt.DualPipeStrategy(model(seed, teacher_w), adamw, nn.MSELoss, schedule="1f1b",
                                          pipeline_stages=2, micro_batches=micro, compression=comp, zero=zero,
-                                         compression_warmup=10 if comp == "1bit" else 0)
+                                         compression_warmup=onebit_warmup if comp == "1bit" else 0)
                 g = torch.Generator().manual_seed(1000 + seed)
                 losses = []
                 for _ in range(quality_steps):
@@ -130,6 +131,8 @@ def worker(out: str, width: int, steps: int, quality_steps: int) -> None:
 
 def table(out: str, nproc: int) -> None:
     ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(nproc)]
+    if not ranks[0]["timing"]:
+        return quality_table(ranks)
     print("| schedule | compression | zero | step (ms) | to other replicas (B/step) | to the other copy (B/step) | optimizer state, largest rank (B) | gradients (B) |")
     print("|---|---|---|---|---|---|---|---|")
     for i, row in enumerate(ranks[0]["timing"]):
@@ -140,6 +143,10 @@ def table(out: str, nproc: int) -> None:
         gb = max(r["timing"][i]["gradient_bytes"] for r in ranks)
         print(f"| {row['kind']} | {row['comp'] or 'none'} | {row['zero']} | {1e3 * t:.1f} | {rb:,.0f} | {cb:,.0f} | {ob:,} | {gb:,} |")
     print()
+    quality_table(ranks)
+
+
+def quality_table(ranks) -> None:
     q = ranks[0]["quality"]
     base = {r["seed"]: r["loss"] for r in q if r["comp"] is None and r["zero"] == 0}
     print("| compression | zero | loss, seed 0 | seed 1 | seed 2 | worst vs none, zero=0 |")
@@ -159,15 +166,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--quality-steps", type=int, default=150)
     ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--onebit-warmup", type=int, default=10, help="uncompressed steps before 1-bit Adam (quality)")
+    ap.add_argument("--quality-only", action="store_true")
     ap.add_argument("--worker", metavar="OUT")
     a = ap.parse_args()
     if a.worker:
-        memory_worker(a.worker) if a.memory else worker(a.worker, a.width, a.steps, a.quality_steps)
+        memory_worker(a.worker) if a.memory else worker(a.worker, a.width, 0 if a.quality_only else a.steps,
+                                                        a.quality_steps, a.onebit_warmup)
         return
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(a.nproc), "--standalone",
                os.path.abspath(__file__), "--worker", out, "--width", str(a.width), "--steps", str(a.steps),
-               "--quality-steps", str(a.quality_steps)] + (["--memory"] if a.memory else [])
+               "--quality-steps", str(a.quality_steps), "--onebit-warmup", str(a.onebit_warmup)]
+        cmd += (["--memory"] if a.memory else []) + (["--quality-only"] if a.quality_only else [])
         subprocess.run(cmd, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         memory_table(out, a.nproc) if a.memory else table(out, a.nproc)
 

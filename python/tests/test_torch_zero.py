@@ -8,35 +8,21 @@ tests compare what the workers saved. Skipped, with the reason, where torch is n
 
 from __future__ import annotations
 
-import glob
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
-if os.environ.get("DUALPIPE_REQUIRE_TORCH"):  # CI: torch is installed, so these tests must run
-    import torch
-else:
-    torch = pytest.importorskip(
-        "torch", reason="torch is not installed (pip install torch --index-url https://download.pytorch.org/whl/cpu)"
-    )
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+# torch as the strategy's tests import it: skipped with the reason where it is not installed,
+# required under DUALPIPE_REQUIRE_TORCH=1
+from test_torch_strategy import load, torch, torchrun  # noqa: E402
 
 
 def torchrun_zero(nproc, suite, out, timeout=300):
-    import subprocess
-    import time
-
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
-           "--monitor_interval", "0.2", str(HERE / "torch_zero_worker.py"), "--out", str(out), "--suite", suite]
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(out))
-    return p.returncode, p.stdout + p.stderr, time.monotonic() - t0
+    return torchrun(nproc, suite, out, timeout, worker="torch_zero_worker.py")
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +40,6 @@ def mem(tmp_path_factory):
         rc, log, _ = torchrun_zero(nproc, "memory", out)
         assert rc == 0, log[-6000:]
     return out
-
-
-def load(out: Path, name: str):
-    files = sorted(glob.glob(str(out / f"{name}-rank*.pt")), key=lambda f: int(f.rsplit("rank", 1)[1][:-3]))
-    assert files, name
-    return [torch.load(f) for f in files]
 
 
 @pytest.mark.parametrize("zero", [1, 2])

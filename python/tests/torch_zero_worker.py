@@ -13,7 +13,6 @@ torchrun gives, f32 and bf16), ``errors`` (a bad ``zero``).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -21,7 +20,7 @@ import torch
 from torch import nn
 
 import dualpipe_rs.torch as dpt
-from torch_strategy_worker import ROWS, adamw, batches, build_model, replica_rows
+from torch_strategy_worker import ROWS, adamw, batches, build_model, replica_rows, run_suite
 
 
 def params_of(s):
@@ -123,17 +122,5 @@ def suite_errors(out, world):
         json.dump(errors, f)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--suite", required=True, choices=["exact", "memory", "errors"])
-    args = ap.parse_args()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    torch.set_num_threads(1)
-    globals()[f"suite_{args.suite}"](args.out, world)
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_suite(globals()))
