@@ -59,6 +59,21 @@ def test_f64_is_bit_identical_to_zero_0(exact, kind, zero):
         assert b["stats"]["optimizer_state_bytes"] < a["stats"]["optimizer_state_bytes"] / share * 1.2
 
 
+@pytest.mark.parametrize("case", ["interleaved", "sgd"])
+def test_more_stages_per_rank_and_another_optimizer_are_bit_identical(exact, case):
+    """Interleaved 1F1B (two stages per rank) and SGD with momentum built by a factory (its
+    ``momentum_buffer`` sharded and, saved after 3 steps, gathered whole by name)."""
+    from safetensors.torch import load_file
+
+    for a, b in zip(load(exact, f"exact-{case}-0"), load(exact, f"exact-{case}-2")):
+        assert a["losses"] == b["losses"]
+        assert all(torch.equal(a["params"][k], b["params"][k]) for k in a["params"])
+    if case == "sgd":
+        whole, pieces = (load_file(str(exact / f"ckpt-sgd-{z}" / "optimizer" / "5.safetensors")) for z in (0, 2))
+        assert sorted(whole) == sorted(pieces) == ["5.0.bias/momentum_buffer", "5.0.weight/momentum_buffer"]
+        assert all(torch.equal(whole[k], pieces[k]) for k in whole)
+
+
 @pytest.mark.parametrize("name", ["same", "z0", "z2-dualpipev", "z2-zb1p-1replica", "z1-1f1b-4replicas"])
 def test_zero_checkpoint_resumes_anywhere(exact, name):
     """A zero=1 DualPipe 2 x 2 checkpoint resumed on the same grid, at zero=0, at zero=2 with

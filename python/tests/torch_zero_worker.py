@@ -52,6 +52,15 @@ def suite_exact(out, world):
         for zero in (0, 1, 2):
             s = strategy(kind, zero)
             save(out, f"exact-{kind}-{zero}", s, losses=train(s, data))
+    # interleaved (two stages per rank), and SGD with momentum from a factory (another state)
+    for zero in (0, 2):
+        s = strategy("interleaved", zero)
+        save(out, f"exact-interleaved-{zero}", s, losses=train(s, data))
+        s = dpt.DualPipeStrategy(build_model(), lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), nn.MSELoss,
+                                 schedule="1f1b", pipeline_stages=2, micro_batches=4, zero=zero)
+        train(s, data[:3])
+        s.save(os.path.join(out, f"ckpt-sgd-{zero}"))
+        save(out, f"exact-sgd-{zero}", s, losses=train(s, data[3:]))
     # checkpoints: zero=1 DualPipe 2 x 2 saves after 3 steps; 2 more steps straight on, and resumed
     # at another level, replica count and schedule
     ckpt = os.path.join(out, "ckpt-z1")
