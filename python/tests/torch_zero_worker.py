@@ -61,6 +61,17 @@ def suite_exact(out, world):
         train(s, data[:3])
         s.save(os.path.join(out, f"ckpt-sgd-{zero}"))
         save(out, f"exact-sgd-{zero}", s, losses=train(s, data[3:]))
+    # the custom-model example's transformer (embedding, positions, attention, norms), f64
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+    from torch_strategy_train import TinyGPT, batch
+
+    for zero in (0, 1):
+        torch.manual_seed(0)
+        gpt = TinyGPT(16, 16, 2, 4, 8).double()
+        loss_fn = lambda o, y: nn.functional.cross_entropy(o.reshape(-1, 16), y.reshape(-1))  # noqa: E731
+        s = dpt.DualPipeStrategy((gpt, "blocks"), adamw, loss_fn, schedule="dualpipe", pipeline_stages=2,
+                                 micro_batches=4, zero=zero)
+        save(out, f"exact-gpt-{zero}", s, losses=[s.step(*batch(i, 8, 8, 16, s.world.replica)) for i in range(3)])
     # checkpoints: zero=1 DualPipe 2 x 2 saves after 3 steps; 2 more steps straight on, and resumed
     # at another level, replica count and schedule
     ckpt = os.path.join(out, "ckpt-z1")
@@ -68,8 +79,9 @@ def suite_exact(out, world):
     train(s, data[:3])
     s.save(ckpt)
     save(out, "ckpt-straight", s, losses=train(s, data[3:]))
-    for name, kind, zero, stages in (("same", "dualpipe", 1, 2), ("z0", "dualpipe", 0, 2), ("z2-dualpipev", "dualpipev", 2, 2),
-                                     ("z2-zb1p-1replica", "zb1p", 2, 4), ("z1-1f1b-4replicas", "1f1b", 1, 1)):
+    for name, kind, zero, stages in (("same", "dualpipe", 1, 2), ("z0", "dualpipe", 0, 2),
+                                     ("z2-dualpipev", "dualpipev", 2, 2), ("z2-zb1p-1replica", "zb1p", 2, 4),
+                                     ("z1-1f1b-4replicas", "1f1b", 1, 1)):
         r = strategy(kind, zero, stages=stages, micro=8 // (4 // stages) if stages > 1 else 2)
         r.load(ckpt)
         save(out, f"ckpt-{name}", r, losses=train(r, data[3:]))
