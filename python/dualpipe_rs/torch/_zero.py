@@ -377,8 +377,8 @@ def memory(s: Any) -> Dict[str, int]:
     shards: Optional[Shards] = getattr(s, "shards", None)
     if shards is not None:
         pieces = [pc for b in shards.buckets for pc in b.pieces]
-        if shards.zero == 2:
-            grads += sum(nbytes(pc.tensor.grad) for pc in pieces)
+        # a piece's own gradient (ZeRO-2's; ZeRO-1's once 1-bit Adam folded it), not a view of .grad
+        grads += sum(nbytes(pc.tensor.grad) for pc in pieces if pc.tensor.grad is not None and pc.tensor.grad._base is None)
         if shards.compression is not None:
             state += sum(nbytes(pc.tensor) for pc in pieces)
     return {"parameter_bytes": sum(nbytes(p) for p in params), "gradient_bytes": grads, "optimizer_state_bytes": state}
