@@ -59,9 +59,9 @@ def test_f64_is_bit_identical_to_zero_0(exact, kind, zero):
         assert b["stats"]["optimizer_state_bytes"] < a["stats"]["optimizer_state_bytes"] / share * 1.2
 
 
-@pytest.mark.parametrize("case", ["interleaved", "sgd", "gpt"])
+@pytest.mark.parametrize("case", ["uneven", "interleaved", "sgd", "gpt"])
 def test_more_stages_per_rank_another_optimizer_and_the_example_model_are_bit_identical(exact, case):
-    """Interleaved 1F1B (two stages per rank); SGD with momentum built by a factory (its
+    """DualPipe with pieces of unequal size that cut tensors; interleaved 1F1B (two stages per rank); SGD with momentum built by a factory (its
     ``momentum_buffer`` sharded and, saved after 3 steps, gathered whole by name); the
     custom-model example's transformer (embedding, positions, attention, layer norms) at zero=1."""
     from safetensors.torch import load_file

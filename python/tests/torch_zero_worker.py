@@ -52,6 +52,10 @@ def suite_exact(out, world):
         for zero in (0, 1, 2):
             s = strategy(kind, zero)
             save(out, f"exact-{kind}-{zero}", s, losses=train(s, data))
+    # uneven pieces: stages of 3 blocks of 5 x 5 + 5 (90 values: halves of 45, shards of 23 and 22)
+    for zero in (0, 2):
+        s = strategy("dualpipe", zero, model=build_model(5, 6))
+        save(out, f"exact-uneven-{zero}", s, losses=train(s, batches(3, 2 * 4 * ROWS, 5)))
     # interleaved (two stages per rank), and SGD with momentum from a factory (another state)
     for zero in (0, 2):
         s = strategy("interleaved", zero)
@@ -116,16 +120,17 @@ def suite_exact(out, world):
 
 
 def suite_memory(out, world):
-    """Optimizer-state bytes after two steps at every level, f32 and bf16, on the grids
+    """Memory after two steps at every level, f32 and bf16, on the grids
     ``pipeline 2 x world/2`` (dualpipe, dualpipev) and, at 4 processes, ``pipeline 1 x 4``."""
     grids = [("dualpipe", 2), ("dualpipev", 2)] + ([("dualpipev", 1)] if world == 4 else [])
     for kind, stages in grids:
         for dtype in (torch.float32, torch.bfloat16):
             for zero in (0, 1, 2):
                 micro = 4 if stages == 2 else 2
-                s = strategy(kind, zero, stages=stages, micro=micro, model=build_model(16, 4, dtype))
+                # 5 wide, 6 blocks: stages of 90 or 60 values, split unevenly (and across tensors)
+                s = strategy(kind, zero, stages=stages, micro=micro, model=build_model(5, 6, dtype))
                 rows = micro * ROWS * (world // stages)
-                train(s, batches(2, rows, 16, dtype))
+                train(s, batches(2, rows, 5, dtype))
                 save(out, f"mem{world}-{kind}-{stages}-{str(dtype)[6:]}-{zero}", s)
 
 
