@@ -76,6 +76,8 @@ def main() -> None:
     ap.add_argument("--pipeline_stages", type=int, default=None)
     ap.add_argument("--gradient_compression", default="none", choices=["none", "bf16", "int8", "1bit"])
     ap.add_argument("--schedule", default="dualpipe")
+    ap.add_argument("--zero", type=int, default=0, choices=[0, 1, 2],
+                    help="1: optimizer state sharded over the replicas and DualPipe's copies; 2: gradients too")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--micro_batches", type=int, default=8)
     ap.add_argument("--rows", type=int, default=32, help="rows per replica and step")
@@ -93,13 +95,13 @@ def main() -> None:
         (model, "blocks"), torch.optim.AdamW, loss_fn,
         compression=None if args.gradient_compression == "none" else args.gradient_compression,
         pipeline_stages=args.pipeline_stages, schedule=args.schedule, micro_batches=args.micro_batches,
-        optimizer_kwargs={"lr": 3e-3, "weight_decay": 0.01},
+        optimizer_kwargs={"lr": 3e-3, "weight_decay": 0.01}, zero=args.zero,
     )
     w = s.world
     if w.rank == 0:
         print(f"{w.size} processes: {w.pipeline_ranks} pipeline ranks x {w.replicas} replicas, {s.kind}, "
               f"{s.micro_batches} micro-batches, stages of {s.partition} layers, backend {s.backend}, "
-              f"compression {s.compression}")
+              f"compression {s.compression}, zero={s.zero}")
     for step in range(args.steps):
         x, y = batch(step, args.rows, length, vocab, w.replica)
         with s.context():
@@ -115,7 +117,8 @@ def main() -> None:
     st = s.stats()
     if w.rank == 0:
         print(f"peak activations on rank 0: {st['peak_activations']} micro-batches measured, "
-              f"{st['peak_activations_simulated']} simulated; {st['peak_activation_bytes']} bytes saved for backward")
+              f"{st['peak_activations_simulated']} simulated; {st['peak_activation_bytes']} bytes saved for backward; "
+              f"optimizer state {st['optimizer_state_bytes']} bytes")
     if args.save:
         s.save(args.save)
         if w.rank == 0:

@@ -242,16 +242,22 @@ def suite_kill(out, world):
         s.step(x, y)
 
 
-def main() -> None:
+def run_suite(suites: dict) -> None:
+    """Runs the ``suite_<name>`` function of ``suites`` that ``--suite`` names, writing to ``--out``."""
+    names = sorted(k[len("suite_"):] for k in suites if k.startswith("suite_"))
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--suite", required=True, choices=["parity", "grid", "errors", "kill"])
+    ap.add_argument("--suite", required=True, choices=names)
     args = ap.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     torch.set_num_threads(1)
-    globals()[f"suite_{args.suite}"](args.out, world)
+    suites[f"suite_{args.suite}"](args.out, world)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def main() -> None:
+    run_suite(globals())
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ beside the target (``_partial``) and renamed into place once complete; an existi
 link included) is never overwritten; damage (a file missing or changed, an edited manifest, a
 value that is not finite) is refused naming what; another dtype is refused naming both. Every
 failure reaches every rank (``_agree``), so all raise the same error and none waits. Error
-feedback is restored only on the same grid and compression (its shards follow the grid);
-another shape starts it from zero.
+feedback is restored only on the same grid, compression and ZeRO level (its shards follow the
+grid); another shape starts it from zero. Under ZeRO the optimizer state is written whole, by
+parameter name, as without it: each stage's writer gathers its pieces first, and a loading rank
+cuts out its own, so any ZeRO level loads any other's checkpoint.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ def _first_non_finite(tensors: Dict[str, torch.Tensor]) -> Optional[str]:
 def _files_of(s: Any) -> Dict[str, Dict[str, torch.Tensor]]:
     """What this rank writes: relative file name -> {tensor name: host tensor}."""
     files: Dict[str, Dict[str, torch.Tensor]] = {}
+    # ZeRO: each stage's writer gathers the whole state of its parameters from the pieces' holders
+    whole = s.shards.full_states(s.optimizer, s.steps) if s.shards is not None else None
     for m in _writer_stages(s):
         by_layer: Dict[str, Dict[str, torch.Tensor]] = {}
         for prefix, key, t in m.user_state():
@@ -89,12 +93,15 @@ def _files_of(s: Any) -> Dict[str, Dict[str, torch.Tensor]]:
             state = {}
             for key in tensors:
                 p = params.get(key)
-                for name, v in (s.optimizer.state.get(p, {}) if p is not None else {}).items():
+                st = (s.optimizer.state.get(p, {}) if whole is None else whole.get(id(p), {})) if p is not None else {}
+                for name, v in st.items():
                     v = v if isinstance(v, torch.Tensor) else torch.tensor(v)
                     state[f"{key}/{name}"] = v.detach().cpu().contiguous()
             files[f"optimizer/{prefix}.safetensors"] = state
     ef = s.exchange.state()
     buckets = sorted(s.stages)
+    if s.shards is not None:  # compressed ZeRO: the weights' gather keeps feedback too
+        ef.update({f"param.{buckets.index(key)}": t for key, t in s.shards.feedback().items()})
     for k, t in ef.items():
         side, b = k.split(".")
         dd, st = buckets[int(b)]
@@ -187,7 +194,7 @@ def _write_manifest(s: Any, tmp: str) -> None:
     manifest = {
         "format": FORMAT, "step": s.steps, "schedule": s.kind, "pipeline_stages": s.world.pipeline_ranks,
         "replicas": s.world.replicas, "micro_batches": s.micro_batches, "compression": s.compression,
-        "compression_warmup": s.warmup, "optimizer": type(s.optimizer).__name__,
+        "compression_warmup": s.warmup, "zero": s.zero, "optimizer": type(s.optimizer).__name__,
         "param_groups": [_hyper(g) for g in s.optimizer.param_groups], "partition": s.partition,
         "files": dict(sorted(files.items())),
     }
@@ -303,8 +310,8 @@ def _read(s: Any, path: str) -> _Restore:
             if "step" in state and state["step"].device != torch.device("cpu"):
                 state["step"] = state["step"].cpu()
             out.states.append((p, state or None))
-    same_grid = (manifest["schedule"], manifest["pipeline_stages"], manifest["replicas"], manifest["compression"]) == (
-        s.kind, s.world.pipeline_ranks, s.world.replicas, s.compression)
+    same_grid = (manifest["schedule"], manifest["pipeline_stages"], manifest["replicas"], manifest["compression"],
+                 manifest.get("zero", 0)) == (s.kind, s.world.pipeline_ranks, s.world.replicas, s.compression, s.zero)
     if same_grid:
         for b, (d, st) in enumerate(sorted(s.stages)):
             rel = f"feedback/replica{s.world.replica}/dir{d}-stage{st}.safetensors"
@@ -330,7 +337,9 @@ def load(s: Any, path: str) -> None:
     with torch.no_grad():
         for t, saved in restore.copies:
             t.copy_(saved.to(t.device))
-    for p, state in restore.states:
+    if s.shards is not None:  # ZeRO: each rank keeps its pieces of the whole tensors read
+        s.shards.load_states(s.optimizer, restore.states)
+    for p, state in restore.states if s.shards is None else []:
         if state:
             s.optimizer.state[p] = state
         else:
@@ -340,4 +349,7 @@ def load(s: Any, path: str) -> None:
             if k in group and not isinstance(group[k], torch.Tensor):
                 group[k] = tuple(v) if isinstance(group[k], tuple) else v
     s.steps = restore.manifest["step"]
-    s.exchange.load_state(restore.feedback)
+    keys = sorted(s.stages)
+    s.exchange.load_state({k: t for k, t in restore.feedback.items() if not k.startswith("param.")})
+    if s.shards is not None:
+        s.shards.reset_pieces({keys[int(k.split(".")[1])]: t for k, t in restore.feedback.items() if k.startswith("param.")})

@@ -71,13 +71,26 @@ class GradExchange:
             )
         return msg[8 * _STAMP :]
 
-    def exchange(self, step: int, bucket: int, flat: torch.Tensor) -> torch.Tensor:
-        """The mean over replicas of ``flat`` (this replica's gradients of ``bucket``)."""
-        d = len(self.ranks)
-        if d == 1:
+    def reduce_scatter(self, step: int, bucket: int, flat: torch.Tensor) -> torch.Tensor:
+        """This replica's shard (:func:`shard_range`) of the mean over replicas of ``flat``: the
+        exchange's first phase alone (ZeRO gathers parameters instead of the averaged gradients,
+        so the owner's side keeps no error feedback)."""
+        if len(self.ranks) == 1:
             return flat
         t0 = time.perf_counter()
-        comp = self.compression if step >= self.warmup else None
+        mean, send_works = self._scatter(step, bucket, flat, self.compression if step >= self.warmup else None)
+        self._wait_sends(send_works)
+        self.seconds += time.perf_counter() - t0
+        return mean
+
+    def _wait_sends(self, works: List[Tuple[dist.Work, int]]) -> None:
+        for work, j in works:
+            wait_for(work, f"rank {self.ranks[self.me]}: gradients to rank {self.ranks[j]}", self.timeout)
+
+    def _scatter(self, step: int, bucket: int, flat: torch.Tensor, comp: Optional[str]):
+        """Phase 0: each replica's (compressed) shard ``j`` to replica ``j``; returns the mean of
+        this replica's shard (contributions summed in replica order) and the sends to wait for."""
+        d = len(self.ranks)
         n, dtype, dev = flat.numel(), flat.dtype, flat.device
         if comp is not None:
             res = self.worker_residual.get(bucket)
@@ -127,6 +140,18 @@ class GradExchange:
             part = decode(body, comp, hi - lo, dtype, self.chunk)
             total = part if total is None else total + part
         mean = total / d
+        return mean, send_works
+
+    def exchange(self, step: int, bucket: int, flat: torch.Tensor) -> torch.Tensor:
+        """The mean over replicas of ``flat`` (this replica's gradients of ``bucket``)."""
+        d = len(self.ranks)
+        if d == 1:
+            return flat
+        t0 = time.perf_counter()
+        comp = self.compression if step >= self.warmup else None
+        n, dtype, dev = flat.numel(), flat.dtype, flat.device
+        mean, send_works = self._scatter(step, bucket, flat, comp)
+        lo, hi = shard_range(n, d, self.me)
         if comp is not None:
             res = self.server_residual.get(bucket)
             if res is not None:
@@ -153,8 +178,7 @@ class GradExchange:
             a, b = shard_range(n, d, j)
             wait_for(work, f"rank {self.ranks[self.me]}: averaged gradients of bucket {bucket} from rank {self.ranks[j]}", self.timeout)
             out[a:b] = decode(self._check(bufs[j], step, bucket, 1, self.ranks[j]), comp, b - a, dtype, self.chunk)
-        for work, j in send_works + list(zip(works[: len(others)], others)):
-            wait_for(work, f"rank {self.ranks[self.me]}: gradients to rank {self.ranks[j]}", self.timeout)
+        self._wait_sends(send_works + list(zip(works[: len(others)], others)))
         self.seconds += time.perf_counter() - t0
         return out
 

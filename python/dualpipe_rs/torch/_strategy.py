@@ -21,6 +21,7 @@ from ._executor import Executor
 from ._p2p import P2P, incoming, pair_groups, wait_for
 from ._split import StageModule, copy_stage, layers_of, partition_sizes, stage_units, unit_sizes
 from ._world import World, backend_for, cuda_device, init, world_from_env
+from ._zero import Shards, check_zero, memory
 
 KINDS = ("dualpipe", "dualpipev", "1f1b", "zb1p", "gpipe", "interleaved")
 _COPY_TAG = 1 << 26
@@ -104,7 +105,10 @@ class DualPipeStrategy:
     for another before it stops, naming it), ``metrics_port`` (Prometheus on ``port + rank``),
     ``use_hooks`` (call a layer's ``overlapped_forward_backward`` for FB pairs), ``eager_sends``
     (send each result the moment it exists, so in an FB pair the forward's activations travel
-    during the backward; ``False`` sends at the op's place in the lowered program).
+    during the backward; ``False`` sends at the op's place in the lowered program), ``zero``
+    (``0``: every replica keeps the whole optimizer state; ``1``: it is sharded over the replicas
+    and DualPipe's two copies of a stage, each rank updating its piece and the weights gathered;
+    ``2``: the gradients too are kept only for the piece; see ``_zero``).
     """
 
     def __init__(self, model: Any, optimizer: Any, loss_fn: Any, compression: Optional[str] = None,
@@ -112,9 +116,11 @@ class DualPipeStrategy:
                  micro_batches: Optional[int] = None, partition: Any = None, *, blocks: Optional[str] = None,
                  optimizer_kwargs: Optional[Dict[str, Any]] = None, virtual_stages: int = 2,
                  compression_warmup: Optional[int] = None, sample: Any = None, timeout: float = 60.0,
-                 metrics_port: Optional[int] = None, use_hooks: bool = True, eager_sends: bool = True):
+                 metrics_port: Optional[int] = None, use_hooks: bool = True, eager_sends: bool = True,
+                 zero: int = 0):
         # Everything checkable alone is checked before any process waits on another.
         self.kind = _check_kind(schedule)
+        self.zero = check_zero(zero)
         self.compression = check_compression(compression)
         self.world: World = world_from_env(pipeline_stages)
         P = self.world.pipeline_ranks
@@ -180,6 +186,7 @@ class DualPipeStrategy:
                                      self.warmup, timeout=self.timeout)
         self._shapes_seen: set = set()
         self.steps = 0
+        self.copy_bytes_sent = 0
         self._stats: Dict[str, Any] = {}
         self._pending: Dict[str, Any] = {}
         self.metrics = None
@@ -203,6 +210,10 @@ class DualPipeStrategy:
                 built[s] = m
                 self.stages[(d, s)] = m
         local_params = [p for m in self.stages.values() for p in m.parameters() if p.requires_grad]
+        self.shards: Optional[Shards] = None
+        if self.zero:
+            self.shards = Shards(self.stages, self.plan.placement, self.world, self.zero, self.compression, self.timeout)
+            local_params = self.shards.params()
         optimizer, kwargs = self._optimizer_args
         self.optimizer = _make_optimizer(optimizer, local_params, kwargs)
         self.onebit_adam = self.compression == "1bit" and _onebit.is_adamw(self.optimizer)
@@ -241,8 +252,11 @@ class DualPipeStrategy:
             self._check_loss_is_scalar(xs[0], ys[0])
         self._shapes_seen.add(key)
         t0 = time.perf_counter()
+        copy0, param0 = self.copy_bytes_sent, self.shards.bytes_sent if self.shards is not None else 0
         for m in self.stages.values():
             m.zero_grad(set_to_none=True)
+        if self.shards is not None:  # the pieces' gradients (ZeRO-1: views of the last step's .grad)
+            self.optimizer.zero_grad(set_to_none=True)
         res = self.executor.run(xs, ys, headers)
         t1 = time.perf_counter()
         self._sum_copies()
@@ -251,11 +265,16 @@ class DualPipeStrategy:
         # gradient that is not finite.
         losses, bad_ranks = self._gather_losses(res.losses, self._non_finite())
         self._refuse_non_finite(losses, bad_ranks)
-        if self.onebit_adam and _onebit.frozen(self.optimizer, self.warmup):
+        fold = self.onebit_adam and _onebit.frozen(self.optimizer, self.warmup)
+        if fold and self.shards is None:
             _onebit.fold_momentum(self.optimizer, [p for g in self.optimizer.param_groups for p in g["params"]])
         b0 = self.exchange.bytes_sent
         x0 = time.perf_counter()
-        for bucket, (key_, m) in enumerate(sorted(self.stages.items())):
+        if self.shards is not None:  # ZeRO: each owner averages its piece, then folds it (1-bit Adam)
+            self.copy_bytes_sent += self.shards.reduce(self.steps, self.exchange)
+            if fold:
+                _onebit.fold_momentum(self.optimizer, self.shards.params())
+        for bucket, (key_, m) in enumerate(sorted(self.stages.items()) if self.shards is None else []):
             ps = [p for p in m.parameters() if p.requires_grad]
             if not ps:
                 continue
@@ -269,6 +288,7 @@ class DualPipeStrategy:
         self._pending = {
             "t0": t0, "pipeline_seconds": t1 - t0, "exchange_seconds": x1 - x0, "res": res,
             "gradient_bytes_sent": self.exchange.bytes_sent - b0, "losses": losses,
+            "copy_bytes0": copy0, "param_bytes0": param0,
         }
         return sum(losses) / len(losses)
 
@@ -330,8 +350,9 @@ class DualPipeStrategy:
             )
 
     def _sum_copies(self) -> None:
-        """DualPipe: each stage's two copies get the sum of both copies' gradients."""
-        if self.kind != "dualpipe":
+        """DualPipe: each stage's two copies get the sum of both copies' gradients (ZeRO sums
+        only the half each copy owns, in ``Shards.reduce``)."""
+        if self.kind != "dualpipe" or self.shards is not None:
             return
         me, P = self.world.pipeline_rank, self.world.pipeline_ranks
         partner = P - 1 - me
@@ -346,6 +367,7 @@ class DualPipeStrategy:
         flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
                           for m in mine for p in m.parameters() if p.requires_grad])
         other = exchange_copies(flat, self.world.global_rank(partner), self.world.rank, _COPY_TAG, self.timeout)
+        self.copy_bytes_sent += flat.numel() * flat.element_size()
         # other = the partner's [(0, partner), (1, me)]; sum in direction order on both ranks
         n0 = sum(p.numel() for p in mine[0].parameters() if p.requires_grad)
         n_partner = other.numel() - n0  # the partner's (1, me) is as large as my (0, me)
@@ -386,6 +408,8 @@ class DualPipeStrategy:
             _onebit.frozen_step(self.optimizer, self.warmup)
         else:
             self.optimizer.step()
+        if self.shards is not None:
+            self.shards.gather(self.steps, self.exchange)
         p = self._pending
         end = time.perf_counter()
         res = p["res"]
@@ -410,6 +434,10 @@ class DualPipeStrategy:
             "peak_activations": res.peak_activations,
             "peak_activation_bytes": res.peak_activation_bytes,
             "peak_memory_bytes": torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None,
+            "zero": self.zero,
+            "copy_bytes_sent": self.copy_bytes_sent - p["copy_bytes0"],
+            "parameter_bytes_sent": self.shards.bytes_sent - p["param_bytes0"] if self.shards is not None else 0,
+            **memory(self),
         }
         self.steps += 1
         self._pending = {}
@@ -425,7 +453,10 @@ class DualPipeStrategy:
         every replica); ``peak_activations`` (chunks alive at once, measured) beside
         ``peak_activations_simulated`` (the simulator's figure for this schedule and rank);
         ``peak_activation_bytes`` (bytes autograd saved for those chunks) and, on CUDA,
-        ``peak_memory_bytes``; ``ops`` (this rank's measured timeline)."""
+        ``peak_memory_bytes``; ``ops`` (this rank's measured timeline); ``parameter_bytes``,
+        ``gradient_bytes`` and ``optimizer_state_bytes`` (this rank's, measured on its tensors after
+        the step); ``copy_bytes_sent`` (DualPipe: gradients sent to the stage's other copy) and,
+        under ZeRO, ``parameter_bytes_sent`` (the gathered weights)."""
         out = dict(self._stats)
         if out:
             sim = self.plan.simulate()
