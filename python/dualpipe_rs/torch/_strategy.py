@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import _native
-from . import _onebit
+from . import _hf, _onebit
 from ._codec import check_compression
 from ._dp import GradExchange, exchange_copies
 from ._executor import Executor
@@ -133,7 +133,8 @@ class DualPipeStrategy:
             msg = re.sub(r"\branks=", "pipeline_stages=", str(e))
             raise ValueError(re.sub(r"\bkind=", "schedule=", msg)) from None
         self.micro_batches = micro_batches
-        self.loss_fn = _make_loss(loss_fn)
+        self._hf = _hf.adapt(model, loss_fn) if loss_fn is None or _hf.is_transformers_model(model) else None
+        self.loss_fn = self._hf.loss_fn if self._hf is not None else _make_loss(loss_fn)
         if compression_warmup is None:
             compression_warmup = 1 if self.compression == "1bit" else 0
         if isinstance(compression_warmup, bool) or not isinstance(compression_warmup, int) or compression_warmup < 0:
@@ -141,7 +142,7 @@ class DualPipeStrategy:
         self.warmup = compression_warmup
         self.timeout = float(timeout)
         self.num_stages = len(self.plan.placement[0])
-        layers = layers_of(model, blocks)
+        layers = self._hf.layers if self._hf is not None else layers_of(model, blocks)
         if isinstance(partition, str):
             if partition != "plan":
                 raise ValueError(f"unknown partition '{partition}': use None (even), 'plan' or a list of blocks per stage")
@@ -172,6 +173,8 @@ class DualPipeStrategy:
         me = w.pipeline_rank
         programs = self.plan.programs
         groups = pair_groups(programs, w.global_rank, w.replicas, w.replica, self.timeout) if w.size > 1 else {}
+        self._ties = _hf.TiedGrads(self._hf.ties, _hf.tie_holders(self._hf, self.plan.placement, self.partition), w,
+                                   self.timeout) if self._hf is not None and self._hf.ties else None
         self.p2p = P2P([w.global_rank(p) for p in range(P)], me, device, self.timeout, incoming(programs, me),
                        len(self.plan.placement[0]), micro_batches // len(self.plan.placement), groups)
         self.executor = Executor(self.plan.programs[me], self.stages, self.plan.placement, micro_batches, me,
@@ -246,6 +249,8 @@ class DualPipeStrategy:
         res = self.executor.run(xs, ys, headers)
         t1 = time.perf_counter()
         self._sum_copies()
+        if self._ties is not None:
+            self._ties.sum_grads(self.stages)
         # Checked before anything of the state changes (1-bit Adam's fold, the error feedback, the
         # optimizer), with the losses' own all-reduce: every rank learns whether any rank holds a
         # gradient that is not finite.

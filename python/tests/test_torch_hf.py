@@ -1,0 +1,137 @@
+"""`DualPipeStrategy` on Hugging Face ``transformers`` causal LMs as they are (``loss_fn=None``).
+
+torchrun runs hf_worker.py once (2 processes, gloo, f64): GPT-2 (tied embeddings), Llama, Qwen2
+(tied), Mistral (a sliding window shorter than the sequence) and DeepSeek-V3 (a dense layer, MoE
+layers, MLA) under ``dualpipe``, ``dualpipev`` and ``1f1b``. The tests compare each run's losses
+and final parameters with the same model trained in one process with its own
+``model(input_ids, labels=labels).loss``, and load each 1F1B checkpoint back into the
+``transformers`` model. Skipped where torch or transformers is not installed (CI installs both).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+if os.environ.get("DUALPIPE_REQUIRE_TORCH"):  # CI: torch and transformers are installed, so these tests must run
+    import torch
+    import transformers
+else:
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import hf_worker as worker  # noqa: E402
+
+NPROC = 2
+CASES = [(f, s) for f in worker.FAMILIES for s in worker.SCHEDULES]
+
+
+def torchrun(nproc: int, suite: str, out: Path, timeout: float = 300):
+    """Runs the worker under torchrun; returns (returncode, output, seconds)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
+           "--monitor_interval", "0.2", str(HERE / "hf_worker.py"), "--out", str(out), "--suite", suite]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(out))
+    return p.returncode, p.stdout + p.stderr, time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hf")
+    rc, log, _ = torchrun(NPROC, "families", out)
+    assert rc == 0, log[-6000:]
+    return out
+
+
+def merged(out: Path, name: str):
+    """Every rank's losses (the same on all) and the union of their parameters."""
+    files = sorted(glob.glob(str(out / f"{name}-rank*.pt")))
+    assert len(files) == NPROC, name
+    runs = [torch.load(f) for f in files]
+    params = {}
+    for r in runs:
+        params.update(r["params"])
+    return runs[0]["losses"], params, runs
+
+
+_REFERENCE = {}
+
+
+def reference(family: str):
+    """One process: the model's own loss per micro-batch, mean gradients, AdamW; per-step losses
+    and the final ``state_dict``."""
+    if family in _REFERENCE:
+        return _REFERENCE[family]
+    model = worker.build(family)
+    opt = worker.adamw(model.parameters())
+    mbs = 2 * NPROC
+    losses = []
+    for x in worker.batches(3, mbs * worker.ROWS_PER_MB):
+        opt.zero_grad()
+        total = 0.0
+        for xm in x.chunk(mbs):
+            loss = model(input_ids=xm, labels=xm).loss
+            (loss / mbs).backward()
+            total += float(loss.detach())
+        opt.step()
+        losses.append(total / mbs)
+    _REFERENCE[family] = (losses, model)
+    return _REFERENCE[family]
+
+
+@pytest.mark.parametrize("family,schedule", CASES, ids=[f"{f}-{s}" for f, s in CASES])
+def test_losses_and_weights_equal_one_process(runs, family, schedule):
+    losses, params, _ = merged(runs, f"{family}-{schedule}")
+    ref_losses, model = reference(family)
+    assert losses == pytest.approx(ref_losses, abs=1e-10, rel=0)
+    state = model.state_dict()
+    assert set(params) == {k for k, p in model.named_parameters(remove_duplicate=False)}
+    for key, p in params.items():
+        assert torch.allclose(p, state[key], rtol=0, atol=1e-10), key
+
+
+@pytest.mark.parametrize("family", worker.FAMILIES)
+def test_checkpoint_loads_into_the_transformers_model(runs, family):
+    """The 1F1B run's checkpoint, by the model's own keys, loads whole into a fresh model."""
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for f in sorted((runs / f"ckpt-{family}-1f1b" / "model").glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    model = worker.build(family)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    assert not unexpected and not missing, (missing, unexpected)
+    _, trained = reference(family)
+    for key, t in trained.state_dict().items():
+        assert torch.allclose(model.state_dict()[key], t, rtol=0, atol=1e-10), key
+    if trained.get_output_embeddings().weight is trained.get_input_embeddings().weight:
+        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # still tied
+
+
+def test_unknown_architecture_names_the_recipe():
+    """A causal LM of a family the adapter does not know: one error with the wrapper recipe."""
+    import dualpipe_rs.torch as dpt
+
+    config = transformers.GPTNeoXConfig(vocab_size=32, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                                        intermediate_size=8)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match=r"model_type 'gpt_neox'.*nn\.Sequential.*loss_fn.*docs/python\.md"):
+        dpt.DualPipeStrategy(model, worker.adamw, None, schedule="1f1b", pipeline_stages=1, micro_batches=2)
+
+
+def test_loss_fn_none_needs_a_transformers_model():
+    import dualpipe_rs.torch as dpt
+
+    with pytest.raises(TypeError, match="loss_fn=None takes a transformers causal LM's own loss"):
+        dpt.DualPipeStrategy(torch.nn.Sequential(torch.nn.Linear(2, 2)), worker.adamw, None, schedule="1f1b",
+                             pipeline_stages=1, micro_batches=2)
