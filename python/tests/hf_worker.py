@@ -85,10 +85,28 @@ def suite_families(out: str, world: int) -> None:
                 s.save(os.path.join(out, f"ckpt-{name}"))
 
 
+def suite_experts(out: str, world: int) -> None:
+    """DeepSeek-V3 on 2 pipeline ranks x 2 replicas, its routed experts sharded over the replicas."""
+    for schedule in SCHEDULES:
+        mbs = 4
+        s = dpt.DualPipeStrategy(build("deepseek_v3"), adamw, None, schedule=schedule, micro_batches=mbs,
+                                 pipeline_stages=2, expert_parallel=2)
+        rows = mbs * ROWS_PER_MB
+        losses = [s.step(x.chunk(2)[s.world.replica], x.chunk(2)[s.world.replica]) for x in batches(3, 2 * rows)]
+        torch.save({"losses": losses, "params": params_of(s), "replica": s.world.replica},
+                   os.path.join(out, f"ep-{schedule}-rank{s.world.rank}.pt"))
+    # 4 replicas in 2 expert groups: each shard's gradient also summed with the other group's
+    s = dpt.DualPipeStrategy(build("deepseek_v3"), adamw, None, schedule="1f1b", micro_batches=2,
+                             pipeline_stages=1, expert_parallel=2)
+    losses = [s.step(x.chunk(4)[s.world.replica], x.chunk(4)[s.world.replica]) for x in batches(3, 8 * ROWS_PER_MB)]
+    torch.save({"losses": losses, "params": params_of(s), "replica": s.world.replica},
+               os.path.join(out, f"ep-groups-rank{s.world.rank}.pt"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--suite", required=True, choices=["families"])
+    ap.add_argument("--suite", required=True, choices=["families", "experts"])
     args = ap.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     torch.set_num_threads(1)

@@ -135,3 +135,67 @@ def test_loss_fn_none_needs_a_transformers_model():
     with pytest.raises(TypeError, match="loss_fn=None takes a transformers causal LM's own loss"):
         dpt.DualPipeStrategy(torch.nn.Sequential(torch.nn.Linear(2, 2)), worker.adamw, None, schedule="1f1b",
                              pipeline_stages=1, micro_batches=2)
+
+
+# -- expert parallelism ------------------------------------------------------------------------
+
+EXPERT_TENSORS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+@pytest.fixture(scope="module")
+def ep_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hf-ep")
+    rc, log, _ = torchrun(4, "experts", out)
+    assert rc == 0, log[-6000:]
+    return out
+
+
+def ep_reference():
+    """One process, one replica with both replicas' micro-batches (8), the unsharded model."""
+    if "ep" in _REFERENCE:
+        return _REFERENCE["ep"]
+    model = worker.build("deepseek_v3")
+    opt = worker.adamw(model.parameters())
+    mbs = 8
+    losses = []
+    for x in worker.batches(3, mbs * worker.ROWS_PER_MB):
+        opt.zero_grad()
+        total = 0.0
+        for xm in x.chunk(mbs):
+            loss = model(input_ids=xm, labels=xm).loss
+            (loss / mbs).backward()
+            total += float(loss.detach())
+        opt.step()
+        losses.append(total / mbs)
+    _REFERENCE["ep"] = (losses, model)
+    return _REFERENCE["ep"]
+
+
+@pytest.mark.parametrize("schedule", worker.SCHEDULES + ["groups"])
+def test_expert_parallel_equals_the_unsharded_model(ep_runs, schedule):
+    """DeepSeek-V3, 2 pipeline ranks x 2 replicas, expert_parallel=2: each replica holds 4 of the 8
+    routed experts of every MoE layer; losses and weights (the shards put together) equal the
+    unsharded model trained in one process. ``groups``: 1 pipeline rank x 4 replicas in two expert
+    groups of 2 (replicas 0 and 2 hold the same shard)."""
+    files = sorted(glob.glob(str(ep_runs / f"ep-{schedule}-rank*.pt")))
+    runs = [torch.load(f) for f in files]
+    assert len(runs) == 4
+    ref_losses, model = ep_reference()
+    for r in runs:
+        assert r["losses"] == pytest.approx(ref_losses, abs=1e-10, rel=0)
+    state = model.state_dict()
+    shards = {}
+    seen = set()
+    for r in runs:
+        for key, p in r["params"].items():
+            seen.add(key)
+            if key.endswith(EXPERT_TENSORS):
+                shards.setdefault(key, {}).setdefault(r["replica"] % 2, []).append(p)
+                assert p.shape[0] == state[key].shape[0] // 2, key  # half the experts on each replica
+            else:
+                assert torch.allclose(p, state[key], rtol=0, atol=1e-10), key
+    assert seen == {k for k, _ in model.named_parameters(remove_duplicate=False)}
+    assert shards
+    for key, by_shard in shards.items():
+        for a, b in zip(by_shard[0], by_shard[1]):
+            assert torch.allclose(torch.cat([a, b]), state[key], rtol=0, atol=1e-10), key
