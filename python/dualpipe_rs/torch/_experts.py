@@ -41,16 +41,18 @@ class _Group:
         self.shard = shard
         self.experts = experts  # routed experts per layer (all shards)
         self.timeout = timeout
-        self.group: Any = None  # set once the process group exists
+        self.group: Any = None  # the forwards' process group, set once it exists
+        self.group_b: Any = None  # the backwards': an FB pair runs one of each at once
         self.counts: Dict[int, torch.Tensor] = {}  # layer -> tokens per expert, this step
 
     def __deepcopy__(self, memo: Any) -> "_Group":
         return self  # DualPipe's second copy of a stage shares the group
 
 
-def _exchange(x: torch.Tensor, recv: List[int], send: List[int], g: _Group, what: str) -> torch.Tensor:
+def _exchange(x: torch.Tensor, recv: List[int], send: List[int], g: _Group, what: str, backward: bool = False) -> torch.Tensor:
     out = x.new_empty((sum(recv),) + tuple(x.shape[1:]))
-    wait_for(dist.all_to_all_single(out, x.contiguous(), recv, send, group=g.group, async_op=True),
+    group = g.group_b if backward else g.group
+    wait_for(dist.all_to_all_single(out, x.contiguous(), recv, send, group=group, async_op=True),
              f"the expert group's {what}", g.timeout)
     return out
 
@@ -65,7 +67,7 @@ class _AllToAll(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], None, None, None]:  # noqa: D102
-        return _exchange(grad, ctx.send, ctx.recv, ctx.g, "token gradients"), None, None, None
+        return _exchange(grad, ctx.send, ctx.recv, ctx.g, "token gradients", backward=True), None, None, None
 
 
 def _all_to_all(x: torch.Tensor, recv: List[int], send: List[int], g: _Group) -> torch.Tensor:
@@ -162,14 +164,16 @@ class ExpertParallel:
 
     def join(self) -> None:
         """Creates the process groups (every process, in one order): each pipeline rank's expert
-        groups, and the replicas holding the same shard (for the gradients)."""
+        groups (two: forwards and backwards, each in program order on every member, so an FB
+        pair may run one of each at once), and the replicas holding the same shard (for the
+        gradients)."""
         w = self.world
         for p in range(w.pipeline_ranks):
             for first in range(0, w.replicas, self.size):
                 ranks = [w.global_rank(p, d) for d in range(first, first + self.size)]
-                pg = dist.new_group(ranks) if w.size > 1 else None
+                pgs = (dist.new_group(ranks), dist.new_group(ranks))
                 if p == w.pipeline_rank and first <= w.replica < first + self.size:
-                    self.group.group = pg
+                    self.group.group, self.group.group_b = pgs
             if w.replicas == self.size:
                 continue
             for j in range(self.size):

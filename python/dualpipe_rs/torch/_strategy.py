@@ -188,7 +188,8 @@ class DualPipeStrategy:
         self.p2p = P2P([w.global_rank(p) for p in range(P)], me, device, self.timeout, incoming(programs, me),
                        len(self.plan.placement[0]), micro_batches // len(self.plan.placement), groups)
         self.executor = Executor(self.plan.programs[me], self.stages, self.plan.placement, micro_batches, me,
-                                 self.p2p, self.loss_fn, use_hooks=use_hooks, eager_sends=eager_sends)
+                                 self.p2p, self.loss_fn, use_hooks=use_hooks, eager_sends=eager_sends,
+                                 overlap=self._ep is not None)
         self.exchange = GradExchange([w.global_rank(me, d) for d in range(w.replicas)], w.replica, self.compression,
                                      self.warmup, timeout=self.timeout)
         self._shapes_seen: set = set()
