@@ -86,15 +86,20 @@ def suite_families(out: str, world: int) -> None:
 
 
 def suite_experts(out: str, world: int) -> None:
-    """DeepSeek-V3 on 2 pipeline ranks x 2 replicas, its routed experts sharded over the replicas."""
+    """DeepSeek-V3 on 2 pipeline ranks x 2 replicas, its routed experts sharded over the replicas and
+    re-placed by EPLB after every step; then 1 x 4 in two expert groups, without EPLB."""
     for schedule in SCHEDULES:
         mbs = 4
         s = dpt.DualPipeStrategy(build("deepseek_v3"), adamw, None, schedule=schedule, micro_batches=mbs,
-                                 pipeline_stages=2, expert_parallel=2)
+                                 pipeline_stages=2, expert_parallel=2, eplb_interval=1)
         rows = mbs * ROWS_PER_MB
-        losses = [s.step(x.chunk(2)[s.world.replica], x.chunk(2)[s.world.replica]) for x in batches(3, 2 * rows)]
-        torch.save({"losses": losses, "params": params_of(s), "replica": s.world.replica},
-                   os.path.join(out, f"ep-{schedule}-rank{s.world.rank}.pt"))
+        losses, moves = [], []
+        for x in batches(3, 2 * rows):
+            losses.append(s.step(x.chunk(2)[s.world.replica], x.chunk(2)[s.world.replica]))
+            st = s.stats()
+            moves.append({k: v for k, v in st.items() if k.startswith("eplb_")})
+        torch.save({"losses": losses, "params": params_of(s), "replica": s.world.replica, "eplb": moves,
+                    "placement": s._ep.phy2log.clone()}, os.path.join(out, f"ep-{schedule}-rank{s.world.rank}.pt"))
     # 4 replicas in 2 expert groups: each shard's gradient also summed with the other group's
     s = dpt.DualPipeStrategy(build("deepseek_v3"), adamw, None, schedule="1f1b", micro_batches=2,
                              pipeline_stages=1, expert_parallel=2)

@@ -174,7 +174,8 @@ def ep_reference():
 @pytest.mark.parametrize("schedule", worker.SCHEDULES + ["groups"])
 def test_expert_parallel_equals_the_unsharded_model(ep_runs, schedule):
     """DeepSeek-V3, 2 pipeline ranks x 2 replicas, expert_parallel=2: each replica holds 4 of the 8
-    routed experts of every MoE layer; losses and weights (the shards put together) equal the
+    routed experts of every MoE layer, re-placed by EPLB after every step (experts and their AdamW
+    state moved); losses and weights (the shards put together by the placement) equal the
     unsharded model trained in one process. ``groups``: 1 pipeline rank x 4 replicas in two expert
     groups of 2 (replicas 0 and 2 hold the same shard)."""
     files = sorted(glob.glob(str(ep_runs / f"ep-{schedule}-rank*.pt")))
@@ -196,6 +197,36 @@ def test_expert_parallel_equals_the_unsharded_model(ep_runs, schedule):
                 assert torch.allclose(p, state[key], rtol=0, atol=1e-10), key
     assert seen == {k for k, _ in model.named_parameters(remove_duplicate=False)}
     assert shards
+    moe_layers = sorted({int(k.split(".")[2]) for k in shards})
+    placement = runs[0].get("placement")  # [MoE layers, slots]: the logical expert in each slot
     for key, by_shard in shards.items():
         for a, b in zip(by_shard[0], by_shard[1]):
-            assert torch.allclose(torch.cat([a, b]), state[key], rtol=0, atol=1e-10), key
+            by_slot = torch.cat([a, b])
+            whole = by_slot
+            if placement is not None:
+                whole = torch.empty_like(by_slot)
+                whole[placement[moe_layers.index(int(key.split(".")[2]))]] = by_slot
+            assert torch.allclose(whole, state[key], rtol=0, atol=1e-10), key
+    if placement is not None:  # EPLB after every step: experts moved, the balance no worse
+        for r in runs:
+            assert r["eplb"] == runs[0]["eplb"] and torch.equal(r["placement"], placement)
+        assert runs[0]["eplb"][-1]["eplb_moved_experts_total"] > 0
+        assert not torch.equal(placement, torch.arange(8).repeat(len(moe_layers), 1))
+        for st in runs[0]["eplb"]:
+            assert all(a <= b for a, b in zip(st["eplb_balance_after"], st["eplb_balance_before"]))
+
+
+def test_expert_settings_refused_in_one_line():
+    """Bad expert-parallel settings are refused before any process waits (one process here)."""
+    import dualpipe_rs.torch as dpt
+
+    model = worker.build("deepseek_v3")
+    with pytest.raises(ValueError, match=r"expert_parallel=2 does not divide the 1 data-parallel replica: give a divisor"):
+        dpt.DualPipeStrategy(model, worker.adamw, None, schedule="1f1b", pipeline_stages=1, micro_batches=2,
+                             expert_parallel=2)
+    with pytest.raises(ValueError, match="eplb_interval re-places sharded experts: it needs expert_parallel of 2 or more"):
+        dpt.DualPipeStrategy(model, worker.adamw, None, schedule="1f1b", pipeline_stages=1, micro_batches=2,
+                             eplb_interval=5)
+    with pytest.raises(ValueError, match="the model has no MoE layer"):
+        dpt.DualPipeStrategy(worker.build("llama"), worker.adamw, None, schedule="1f1b", pipeline_stages=1,
+                             micro_batches=2, expert_parallel=1 + 1)

@@ -79,6 +79,7 @@ class _ShardedMoE:
 
     _dualpipe_ep: _Group
     _dualpipe_layer: int
+    _dualpipe_slot: torch.Tensor  # logical expert -> physical slot (slot // local: its replica)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # noqa: D102 - see the module doc
         g = self._dualpipe_ep
@@ -89,21 +90,25 @@ class _ShardedMoE:
         x = hidden_states.reshape(-1, shape[-1])
         k = experts.shape[-1]
         flat = experts.reshape(-1)
-        order = torch.argsort(flat, stable=True)
+        slot = self._dualpipe_slot.to(flat.device)[flat]  # the physical slot of each assignment's expert
+        order = torch.argsort(slot, stable=True)
         tokens = torch.div(order, k, rounding_mode="floor")
         per_expert = torch.bincount(flat, minlength=g.experts)
         counts = g.counts.setdefault(self._dualpipe_layer, torch.zeros_like(per_expert))
         counts += per_expert
         local = g.experts // g.size
-        send_counts = per_expert.view(g.size, local).sum(1)
+        send_counts = torch.bincount(slot, minlength=g.experts).view(g.size, local).sum(1)
         ones = [1] * g.size
         recv_counts = _exchange(send_counts, ones, ones, g, "token counts")
         send, recv = send_counts.tolist(), recv_counts.tolist()
         got = _all_to_all(x[tokens], recv, send, g)
-        ids = _exchange(flat[order] % local, recv, send, g, "expert indices")
+        ids = _exchange(slot[order] % local, recv, send, g, "expert indices")
         done = self.experts(got, ids.unsqueeze(1), torch.ones(ids.shape[0], 1, dtype=got.dtype, device=got.device))
         back = _all_to_all(done, send, recv, g)
-        routed = torch.zeros_like(x).index_add_(0, tokens, back * weights.reshape(-1)[order].unsqueeze(1).to(back.dtype))
+        # added per token in the model's order (by expert), wherever the experts sit
+        by_expert = torch.argsort(flat[order], stable=True)
+        w = weights.reshape(-1)[order][by_expert].unsqueeze(1).to(back.dtype)
+        routed = torch.zeros_like(x).index_add_(0, tokens[by_expert], back[by_expert] * w)
         return routed.view(*shape) + self.shared_experts(residuals)
 
 
@@ -128,15 +133,15 @@ class ExpertParallel:
     def __init__(self, units: List[Tuple[str, nn.Module]], world: Any, size: int, timeout: float):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"expert_parallel must be a positive int (replicas per expert group), got {size!r}")
+        layers = moe_layers(units)
+        if not layers:
+            raise ValueError("expert_parallel is set, but the model has no MoE layer with routed experts to shard")
         if world.replicas % size:
             raise ValueError(
                 f"expert_parallel={size} does not divide the {world.replicas} data-parallel replica"
                 f"{'s' if world.replicas != 1 else ''}: give a divisor of the replica count (experts are sharded "
                 "over the replicas of their pipeline rank)"
             )
-        layers = moe_layers(units)
-        if not layers:
-            raise ValueError("expert_parallel is set, but the model has no MoE layer with routed experts to shard")
         n = layers[0][2].experts.gate_up_proj.shape[0]
         if n % size:
             raise ValueError(f"the MoE layers have {n} routed experts, which do not divide over expert_parallel={size}")
@@ -160,7 +165,10 @@ class ExpertParallel:
             mlp.__class__ = cls
             object.__setattr__(mlp, "_dualpipe_ep", self.group)
             object.__setattr__(mlp, "_dualpipe_layer", i)
+            object.__setattr__(mlp, "_dualpipe_slot", torch.arange(n))
         self.same_shard: Optional[Any] = None
+        self.phy2log = torch.arange(n).repeat(len(layers), 1)  # [MoE layers, slots]: the placement in service
+        self.steps = 0
 
     def join(self) -> None:
         """Creates the process groups (every process, in one order): each pipeline rank's expert

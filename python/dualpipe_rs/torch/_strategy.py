@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import _native
-from . import _experts, _hf, _onebit
+from . import _experts, _hf, _onebit, _rebalance
 from ._codec import check_compression
 from ._dp import GradExchange, exchange_copies
 from ._executor import Executor
@@ -106,7 +106,9 @@ class DualPipeStrategy:
     (send each result the moment it exists, so in an FB pair the forward's activations travel
     during the backward; ``False`` sends at the op's place in the lowered program),
     ``expert_parallel`` (``E``: each MoE layer's routed experts sharded over groups of ``E``
-    replicas, tokens sent to their experts with all-to-all; see ``_experts``).
+    replicas, tokens sent to their experts with all-to-all; see ``_experts``), ``eplb_interval``
+    (with ``expert_parallel``: every that many steps our EPLB re-places the experts, which move
+    with their optimizer state; see ``_rebalance``).
 
     A ``transformers`` causal LM (GPT-2, Llama, Qwen2, Mistral, DeepSeek-V3) goes in as it is, with
     ``loss_fn=None`` for its own loss (see ``_hf``).
@@ -118,7 +120,7 @@ class DualPipeStrategy:
                  optimizer_kwargs: Optional[Dict[str, Any]] = None, virtual_stages: int = 2,
                  compression_warmup: Optional[int] = None, sample: Any = None, timeout: float = 60.0,
                  metrics_port: Optional[int] = None, use_hooks: bool = True, eager_sends: bool = True,
-                 expert_parallel: Optional[int] = None):
+                 expert_parallel: Optional[int] = None, eplb_interval: Optional[int] = None):
         # Everything checkable alone is checked before any process waits on another.
         self.kind = _check_kind(schedule)
         self.compression = check_compression(compression)
@@ -168,6 +170,7 @@ class DualPipeStrategy:
         self._layers = layers
         self._ep = _experts.ExpertParallel(layers.units, self.world, expert_parallel, self.timeout) \
             if expert_parallel not in (None, 1) else None
+        self._eplb = _rebalance.rebalancer(self._ep, eplb_interval)
         self._optimizer_args = (optimizer, dict(optimizer_kwargs or {}))
         self._build(sizes)
         # Joining the job: from here on processes wait on each other.
@@ -430,6 +433,8 @@ class DualPipeStrategy:
             "peak_activation_bytes": res.peak_activation_bytes,
             "peak_memory_bytes": torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None,
         }
+        if self._eplb is not None:
+            self._stats.update(self._eplb.after_step(self.optimizer, self.stages))
         self.steps += 1
         self._pending = {}
         self._mark_updated()
