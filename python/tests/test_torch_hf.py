@@ -67,6 +67,16 @@ def merged(out: Path, name: str):
 _REFERENCE = {}
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The single-process oracles on one thread: on a busy 2-core machine torch's default two
+    threads made them 40 to 80 times slower (20 s against 0.5 s for the DeepSeek-V3 one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def reference(family: str):
     """One process: the model's own loss per micro-batch, mean gradients, AdamW; per-step losses
     and the final ``state_dict``."""

@@ -449,7 +449,11 @@ class DualPipeStrategy:
         every replica); ``peak_activations`` (chunks alive at once, measured) beside
         ``peak_activations_simulated`` (the simulator's figure for this schedule and rank);
         ``peak_activation_bytes`` (bytes autograd saved for those chunks) and, on CUDA,
-        ``peak_memory_bytes``; ``ops`` (this rank's measured timeline)."""
+        ``peak_memory_bytes``; ``ops`` (this rank's measured timeline). With ``eplb_interval``, from
+        the first re-plan on: ``eplb_step``, ``eplb_balance_before`` and ``eplb_balance_after``
+        (per MoE layer, the busiest replica's tokens over the mean, under the old and the new
+        placement), ``eplb_moved_experts`` (slots that changed expert; ``_total`` so far) and
+        ``eplb_tokens_per_expert``."""
         out = dict(self._stats)
         if out:
             sim = self.plan.simulate()
