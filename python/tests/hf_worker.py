@@ -12,7 +12,6 @@ trained in one process with ``model(input_ids, labels=labels).loss``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -104,20 +103,19 @@ def suite_experts(out: str, world: int) -> None:
     s = dpt.DualPipeStrategy(build("deepseek_v3"), adamw, None, schedule="1f1b", micro_batches=2,
                              pipeline_stages=1, expert_parallel=2)
     losses = [s.step(x.chunk(4)[s.world.replica], x.chunk(4)[s.world.replica]) for x in batches(3, 8 * ROWS_PER_MB)]
-    torch.save({"losses": losses, "params": params_of(s), "replica": s.world.replica},
+    try:
+        s.save(os.path.join(out, "ckpt-ep"))
+        refused = "saved"
+    except ValueError as e:
+        refused = f"ValueError: {e}"
+    torch.save({"losses": losses, "params": params_of(s), "replica": s.world.replica, "save": refused},
                os.path.join(out, f"ep-groups-rank{s.world.rank}.pt"))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--suite", required=True, choices=["families", "experts"])
-    args = ap.parse_args()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    torch.set_num_threads(1)
-    globals()[f"suite_{args.suite}"](args.out, world)
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    from torch_strategy_worker import run_suite
+
+    run_suite({"families": suite_families, "experts": suite_experts})
 
 
 if __name__ == "__main__":

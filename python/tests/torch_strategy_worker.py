@@ -242,16 +242,21 @@ def suite_kill(out, world):
         s.step(x, y)
 
 
-def main() -> None:
+def run_suite(suites) -> None:
+    """Runs ``suites[--suite](--out, world size)`` on one thread, then leaves the process group."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--suite", required=True, choices=["parity", "grid", "errors", "kill"])
+    ap.add_argument("--suite", required=True, choices=sorted(suites))
     args = ap.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     torch.set_num_threads(1)
-    globals()[f"suite_{args.suite}"](args.out, world)
+    suites[args.suite](args.out, world)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def main() -> None:
+    run_suite({"parity": suite_parity, "grid": suite_grid, "errors": suite_errors, "kill": suite_kill})
 
 
 if __name__ == "__main__":
