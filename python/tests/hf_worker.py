@@ -97,7 +97,9 @@ def suite_experts(out: str, world: int) -> None:
             losses.append(s.step(x.chunk(2)[s.world.replica], x.chunk(2)[s.world.replica]))
             st = s.stats()
             moves.append({k: v for k, v in st.items() if k.startswith("eplb_")})
+        overlapped = s.executor.overlap and len(st["fb_seconds"])  # FB pairs run with the overlap
         torch.save({"losses": losses, "params": params_of(s), "replica": s.world.replica, "eplb": moves,
+                    "overlapped_pairs": overlapped,
                     "placement": s._ep.phy2log.clone()}, os.path.join(out, f"ep-{schedule}-rank{s.world.rank}.pt"))
     # 4 replicas in 2 expert groups: each shard's gradient also summed with the other group's
     s = dpt.DualPipeStrategy(build("deepseek_v3"), adamw, None, schedule="1f1b", micro_batches=2,

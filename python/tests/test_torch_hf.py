@@ -136,6 +136,16 @@ def test_unknown_architecture_names_the_recipe():
         dpt.DualPipeStrategy(model, worker.adamw, None, schedule="1f1b", pipeline_stages=1, micro_batches=2)
 
 
+def test_blocks_cut_a_transformers_module_like_any_other():
+    """With blocks= a transformers module is cut by its children, as before the adapter."""
+    import dualpipe_rs.torch as dpt
+
+    body = worker.build("gpt2").transformer  # GPT2Model: wte, wpe, drop, h, ln_f
+    s = dpt.DualPipeStrategy(body, worker.adamw, lambda out, y: out.sum(), blocks="h", schedule="1f1b",
+                             pipeline_stages=1, micro_batches=2)
+    assert s._hf is None and [p for p, _ in s._layers.units][:4] == ["wte", "wpe", "drop", "h.0"]
+
+
 def test_loss_fn_none_needs_a_transformers_model():
     import dualpipe_rs.torch as dpt
 
@@ -202,6 +212,8 @@ def test_expert_parallel_equals_the_unsharded_model(ep_runs, schedule):
         for r in runs:  # a strategy with sharded experts refuses checkpoints, on every rank, in one line
             assert r["save"].startswith("ValueError: checkpoints of sharded experts (expert_parallel > 1) are not "
                                         "supported yet"), r["save"]
+    if schedule in ("dualpipe", "dualpipev"):  # their FB pairs ran with the all-to-all overlap
+        assert all(r["overlapped_pairs"] > 0 for r in runs)
     if placement is not None:  # EPLB after every step: experts moved, the balance no worse
         for r in runs:
             assert r["eplb"] == runs[0]["eplb"] and torch.equal(r["placement"], placement)

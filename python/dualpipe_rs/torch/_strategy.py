@@ -141,7 +141,9 @@ class DualPipeStrategy:
             msg = re.sub(r"\branks=", "pipeline_stages=", str(e))
             raise ValueError(re.sub(r"\bkind=", "schedule=", msg)) from None
         self.micro_batches = micro_batches
-        self._hf = _hf.adapt(model, loss_fn) if loss_fn is None or _hf.is_transformers_model(model) else None
+        # a transformers model as it is (with blocks= it is cut like any other module)
+        self._hf = _hf.adapt(model, loss_fn) if loss_fn is None or (blocks is None and _hf.is_transformers_model(model)) \
+            else None
         self.loss_fn = self._hf.loss_fn if self._hf is not None else _make_loss(loss_fn)
         if compression_warmup is None:
             compression_warmup = 1 if self.compression == "1bit" else 0
