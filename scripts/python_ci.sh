@@ -34,8 +34,8 @@ if ! "$VENV/bin/pip" install --quiet --progress-bar off torch --index-url "$TORC
     "$VENV/bin/pip" install --quiet --progress-bar off torch
 fi
 "$VENV/bin/python" -c "import torch; print('torch', torch.__version__, 'installed in', $SECONDS - $torch_start, 's')"
-# DualPipeStrategy's checkpoints (safetensors) and metrics (prometheus_client)
-"$VENV/bin/pip" install --quiet safetensors prometheus_client
+# DualPipeStrategy's checkpoints (safetensors), metrics (prometheus_client) and Hugging Face models (transformers)
+"$VENV/bin/pip" install --quiet safetensors prometheus_client transformers
 
 echo "== python: pytest python/tests"
 cargo build --quiet -p dualpipe-cli

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,3 +52,15 @@ def load_golden(path):
         pytest.fail(f"no golden files in {golden_dir()}")
     with open(path) as f:
         return json.load(f)
+
+
+def torchrun(script: Path, nproc: int, suite: str, out: Path, timeout: float = 300):
+    """Runs ``script --out OUT --suite SUITE`` on ``nproc`` processes under torchrun (one thread
+    each), in ``out``; returns (returncode, output, seconds)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
+           "--monitor_interval", "0.2", str(script), "--out", str(out), "--suite", suite]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(out))
+    return p.returncode, p.stdout + p.stderr, time.monotonic() - t0

@@ -1,6 +1,7 @@
 """The torch examples of docs/python.md run: python/examples/train_dualpipev.py trains (its loss
-falls), python/examples/torch_dualpipev.py sets ours beside torch's ScheduleDualPipeV, and
-python/examples/torch_strategy_train.py trains a small transformer under torchrun."""
+falls), python/examples/torch_dualpipev.py sets ours beside torch's ScheduleDualPipeV,
+python/examples/torch_strategy_train.py trains a small transformer under torchrun, and
+python/examples/torch_hf_train.py a transformers DeepSeek-V3 with expert parallelism and EPLB."""
 
 from __future__ import annotations
 
@@ -65,3 +66,24 @@ def test_strategy_example_trains_under_torchrun(tmp_path):
     losses = [float(v) for v in re.findall(r"^step +\d+  loss (\S+)", out, re.M)]
     assert len(losses) == 3 and losses[-1] < 0.8 * losses[0], losses
     assert (tmp_path / "ckpt" / "manifest.json").exists() and (tmp_path / "ckpt" / "model" / "blocks.0.safetensors").exists()
+
+
+def test_hf_deepseek_example_trains_with_expert_parallelism_and_eplb(tmp_path):
+    """python/examples/torch_hf_train.py: a tiny DeepSeek-V3 from transformers, DualPipe 2 x 2,
+    experts sharded over the replicas and re-placed by EPLB after step 2."""
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
+         str(EXAMPLES / "torch_hf_train.py"), "--model", "deepseek_v3", "--steps", "4"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    assert out.startswith("DeepseekV3ForCausalLM: dualpipe, 2 pipeline ranks x 2 replicas")
+    losses = [float(v) for v in re.findall(r"^step \d+: loss (\S+)$", out, re.M)]
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+    moves = re.findall(r"^  EPLB: balance per MoE layer ((?:\S+ )+)-> ((?:\S+ ?)+), (\d+) experts moved$", out, re.M)
+    assert len(moves) == 2, out
+    for before, after, _ in moves:
+        assert max(map(float, after.split())) <= max(map(float, before.split()))

@@ -30,6 +30,7 @@ else:
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import conftest  # noqa: E402
 import torch_strategy_worker as worker  # noqa: E402
 
 KINDS = ["dualpipe", "dualpipev", "1f1b", "zb1p", "gpipe", "interleaved"]
@@ -37,13 +38,7 @@ KINDS = ["dualpipe", "dualpipev", "1f1b", "zb1p", "gpipe", "interleaved"]
 
 def torchrun(nproc: int, suite: str, out: Path, timeout: float = 300, worker: str = "torch_strategy_worker.py"):
     """Runs the worker under torchrun; returns (returncode, output, seconds)."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
-           "--monitor_interval", "0.2", str(HERE / worker), "--out", str(out), "--suite", suite]
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(out))
-    return p.returncode, p.stdout + p.stderr, time.monotonic() - t0
+    return conftest.torchrun(HERE / worker, nproc, suite, out, timeout)
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,16 @@ input gradient only (torch's split backward keeps what the weight gradient needs
 deferred weight gradient; ``FB`` a forward and a full backward of two chunks, through the stage's
 ``overlapped_forward_backward`` hook when its layer defines one (DeepSeek's name, or its spelling
 ``overlaped_forward_backward``), otherwise the forward, its activations sent at once, then the
-backward, so the message travels while the backward computes. Sends never wait; receives are
+backward, so the message travels while the backward computes; with ``overlap`` (models with
+expert parallelism) the backward runs on a second thread during the forward, so each chunk's
+expert all-to-all waits while the other chunk computes. Sends never wait; receives are
 posted at the step's start, in each sender's order (see ``_p2p``). A first stage has no input gradient to produce: its ``I`` does
 nothing and its ``W`` runs the whole backward.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -62,7 +65,7 @@ class Executor:
 
     def __init__(self, program: List[Dict[str, Any]], stages: Dict[Tuple[int, int], Any], placement: List[List[int]],
                  micro_batches: int, rank: int, p2p: P2P, loss_fn: Callable, use_hooks: bool = True,
-                 eager_sends: bool = True):
+                 eager_sends: bool = True, overlap: bool = False):
         self.program = program
         self.stages = stages
         self.placement = placement
@@ -75,6 +78,7 @@ class Executor:
         self.loss_fn = loss_fn
         self.use_hooks = use_hooks
         self.eager_sends = eager_sends
+        self.overlap = overlap
         self.params = {k: [p for p in m.parameters() if p.requires_grad] for k, m in stages.items()}
         self.saved_bytes: Dict[Tuple, int] = {}  # bytes autograd saves per forward, by stage and input shape
 
@@ -265,8 +269,35 @@ class Executor:
         if hook is not None and _hook(module_b) is not None and _hook(module_b)[0] is hook[0]:
             self._hooked_pair(hook[1], module_f, f, module_b, b)
             return
+        if self.overlap:
+            self._overlapped_pair(f, b)
+            return
         self._forward(f)
         self._backward(b)
+
+    def _overlapped_pair(self, f: Chunk, b: Chunk) -> None:
+        """The backward of ``b`` on a second thread while this one runs the forward of ``f``:
+        each chunk's collectives (an expert all-to-all, on process groups of their own for
+        forwards and for backwards) wait while the other chunk computes."""
+        roots, grads = self._roots(b)
+        failed: List[BaseException] = []
+
+        def backward() -> None:
+            try:
+                torch.autograd.backward(roots, grads)
+            except BaseException as e:  # noqa: BLE001 - raised again on this thread
+                failed.append(e)
+
+        t = threading.Thread(target=backward, name="dualpipe-fb-backward")
+        t.start()
+        try:
+            self._forward(f)
+        finally:
+            t.join()
+        if failed:
+            raise failed[0]
+        self.live.pop(b, None)
+        self._pass_input_grad(b, self.inp.pop(b))
 
     def _hooked_pair(self, hook: Callable, module_f: Any, f: Chunk, module_b: Any, b: Chunk) -> None:
         """The user's overlapped pair: ``hook(module0, inputs0, criterion0, labels0, module1,

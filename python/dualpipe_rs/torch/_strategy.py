@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import _native
-from . import _onebit
+from . import _experts, _hf, _onebit, _rebalance
 from ._codec import check_compression
 from ._dp import GradExchange, exchange_copies
 from ._executor import Executor
@@ -108,7 +108,14 @@ class DualPipeStrategy:
     during the backward; ``False`` sends at the op's place in the lowered program), ``zero``
     (``0``: every replica keeps the whole optimizer state; ``1``: it is sharded over the replicas
     and DualPipe's two copies of a stage, each rank updating its piece and the weights gathered;
-    ``2``: the gradients too are kept only for the piece; see ``_zero``).
+    ``2``: the gradients too are kept only for the piece; see ``_zero``),
+    ``expert_parallel`` (``E``: each MoE layer's routed experts sharded over groups of ``E``
+    replicas, tokens sent to their experts with all-to-all; see ``_experts``), ``eplb_interval``
+    (with ``expert_parallel``: every that many steps our EPLB re-places the experts, which move
+    with their optimizer state; see ``_rebalance``).
+
+    A ``transformers`` causal LM (GPT-2, Llama, Qwen2, Mistral, DeepSeek-V3) goes in as it is, with
+    ``loss_fn=None`` for its own loss (see ``_hf``).
     """
 
     def __init__(self, model: Any, optimizer: Any, loss_fn: Any, compression: Optional[str] = None,
@@ -117,7 +124,8 @@ class DualPipeStrategy:
                  optimizer_kwargs: Optional[Dict[str, Any]] = None, virtual_stages: int = 2,
                  compression_warmup: Optional[int] = None, sample: Any = None, timeout: float = 60.0,
                  metrics_port: Optional[int] = None, use_hooks: bool = True, eager_sends: bool = True,
-                 zero: int = 0):
+                 zero: int = 0, expert_parallel: Optional[int] = None,
+                 eplb_interval: Optional[int] = None):
         # Everything checkable alone is checked before any process waits on another.
         self.kind = _check_kind(schedule)
         self.zero = check_zero(zero)
@@ -139,7 +147,10 @@ class DualPipeStrategy:
             msg = re.sub(r"\branks=", "pipeline_stages=", str(e))
             raise ValueError(re.sub(r"\bkind=", "schedule=", msg)) from None
         self.micro_batches = micro_batches
-        self.loss_fn = _make_loss(loss_fn)
+        # a transformers model as it is (with blocks= it is cut like any other module)
+        self._hf = _hf.adapt(model, loss_fn) if loss_fn is None or (blocks is None and _hf.is_transformers_model(model)) \
+            else None
+        self.loss_fn = self._hf.loss_fn if self._hf is not None else _make_loss(loss_fn)
         if compression_warmup is None:
             compression_warmup = 1 if self.compression == "1bit" else 0
         if isinstance(compression_warmup, bool) or not isinstance(compression_warmup, int) or compression_warmup < 0:
@@ -147,7 +158,7 @@ class DualPipeStrategy:
         self.warmup = compression_warmup
         self.timeout = float(timeout)
         self.num_stages = len(self.plan.placement[0])
-        layers = layers_of(model, blocks)
+        layers = self._hf.layers if self._hf is not None else layers_of(model, blocks)
         if isinstance(partition, str):
             if partition != "plan":
                 raise ValueError(f"unknown partition '{partition}': use None (even), 'plan' or a list of blocks per stage")
@@ -165,11 +176,21 @@ class DualPipeStrategy:
         self.device = device
         self.backend = backend_for(device)
         self._layers = layers
+        self._ep = _experts.ExpertParallel(layers.units, self.world, expert_parallel, self.timeout) \
+            if expert_parallel not in (None, 1) else None
+        if self._ep is not None and self.zero:
+            raise ValueError(
+                f"zero={self.zero} with expert_parallel={expert_parallel}: sharding the experts' optimizer state over "
+                "their expert group is not supported yet; use zero=0 with expert_parallel, or expert_parallel=None"
+            )
+        self._eplb = _rebalance.rebalancer(self._ep, eplb_interval)
         self._optimizer_args = (optimizer, dict(optimizer_kwargs or {}))
         self._build(sizes)
         # Joining the job: from here on processes wait on each other.
         init(self.world, device, self.timeout)
         w = self.world
+        if self._ep is not None:
+            self._ep.join()
         if partition == "plan" and w.size > 1:
             agreed = torch.tensor(sizes, dtype=torch.int64)
             wait_for(dist.broadcast(agreed, src=0, async_op=True), f"rank {w.rank}: rank 0's planned partition", self.timeout)
@@ -178,10 +199,13 @@ class DualPipeStrategy:
         me = w.pipeline_rank
         programs = self.plan.programs
         groups = pair_groups(programs, w.global_rank, w.replicas, w.replica, self.timeout) if w.size > 1 else {}
+        self._ties = _hf.TiedGrads(self._hf.ties, _hf.tie_holders(self._hf, self.plan.placement, self.partition), w,
+                                   self.timeout) if self._hf is not None and self._hf.ties else None
         self.p2p = P2P([w.global_rank(p) for p in range(P)], me, device, self.timeout, incoming(programs, me),
                        len(self.plan.placement[0]), micro_batches // len(self.plan.placement), groups)
         self.executor = Executor(self.plan.programs[me], self.stages, self.plan.placement, micro_batches, me,
-                                 self.p2p, self.loss_fn, use_hooks=use_hooks, eager_sends=eager_sends)
+                                 self.p2p, self.loss_fn, use_hooks=use_hooks, eager_sends=eager_sends,
+                                 overlap=self._ep is not None)
         self.exchange = GradExchange([w.global_rank(me, d) for d in range(w.replicas)], w.replica, self.compression,
                                      self.warmup, timeout=self.timeout)
         self._shapes_seen: set = set()
@@ -260,6 +284,8 @@ class DualPipeStrategy:
         res = self.executor.run(xs, ys, headers)
         t1 = time.perf_counter()
         self._sum_copies()
+        if self._ties is not None:
+            self._ties.sum_grads(self.stages)
         # Checked before anything of the state changes (1-bit Adam's fold, the error feedback, the
         # optimizer), with the losses' own all-reduce: every rank learns whether any rank holds a
         # gradient that is not finite.
@@ -274,8 +300,9 @@ class DualPipeStrategy:
             self.copy_bytes_sent += self.shards.reduce(self.steps, self.exchange)
             if fold:
                 _onebit.fold_momentum(self.optimizer, self.shards.params())
+        experts = _experts.expert_ids(self.stages) if self._ep is not None else set()
         for bucket, (key_, m) in enumerate(sorted(self.stages.items()) if self.shards is None else []):
-            ps = [p for p in m.parameters() if p.requires_grad]
+            ps = [p for p in m.parameters() if p.requires_grad and id(p) not in experts]
             if not ps:
                 continue
             flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in ps])
@@ -284,6 +311,8 @@ class DualPipeStrategy:
             for p in ps:
                 p.grad = out[at : at + p.numel()].view_as(p).clone()
                 at += p.numel()
+        if self._ep is not None:
+            self._ep.exchange_grads(self.stages)
         x1 = time.perf_counter()
         self._pending = {
             "t0": t0, "pipeline_seconds": t1 - t0, "exchange_seconds": x1 - x0, "res": res,
@@ -439,6 +468,8 @@ class DualPipeStrategy:
             "parameter_bytes_sent": self.shards.bytes_sent - p["param_bytes0"] if self.shards is not None else 0,
             **memory(self),
         }
+        if self._eplb is not None:
+            self._stats.update(self._eplb.after_step(self.optimizer, self.stages))
         self.steps += 1
         self._pending = {}
         self._mark_updated()
@@ -456,7 +487,11 @@ class DualPipeStrategy:
         ``peak_memory_bytes``; ``ops`` (this rank's measured timeline); ``parameter_bytes``,
         ``gradient_bytes`` and ``optimizer_state_bytes`` (this rank's, measured on its tensors after
         the step); ``copy_bytes_sent`` (DualPipe: gradients sent to the stage's other copy) and,
-        under ZeRO, ``parameter_bytes_sent`` (the gathered weights)."""
+        under ZeRO, ``parameter_bytes_sent`` (the gathered weights). With ``eplb_interval``, from
+        the first re-plan on: ``eplb_step``, ``eplb_balance_before`` and ``eplb_balance_after``
+        (per MoE layer, the busiest replica's tokens over the mean, under the old and the new
+        placement), ``eplb_moved_experts`` (slots that changed expert; ``_total`` so far) and
+        ``eplb_tokens_per_expert``."""
         out = dict(self._stats)
         if out:
             sim = self.plan.simulate()
@@ -524,6 +559,7 @@ class DualPipeStrategy:
         ``ValueError``) and state holding inf or NaN (``FloatingPointError`` naming the tensor)."""
         from ._checkpoint import save
 
+        self._no_expert_checkpoints()
         save(self, path)
 
     def load(self, path: str) -> None:
@@ -533,7 +569,15 @@ class DualPipeStrategy:
         nothing changes."""
         from ._checkpoint import load
 
+        self._no_expert_checkpoints()
         load(self, path)
+
+    def _no_expert_checkpoints(self) -> None:
+        if self._ep is not None:
+            raise ValueError(
+                "checkpoints of sharded experts (expert_parallel > 1) are not supported yet: each replica holds "
+                "other experts, and the writer keeps replica 0's; train without expert_parallel to checkpoint"
+            )
 
     def close(self) -> None:
         """Leaves the process group (if we joined it)."""
