@@ -18,9 +18,28 @@ pub struct Response {
     pub body: String,
 }
 
+/// Why a request failed, and whether the server may have received it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestError {
+    /// One line naming the address and the step that failed ("timed out after N s" when the
+    /// server did not answer in time).
+    pub message: String,
+    /// `false` when no byte of the request left this process (no address, no connection): the
+    /// server cannot have acted on it. `true` when it failed while sending or reading the answer.
+    pub maybe_received: bool,
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for RequestError {}
+
 /// Sends one request to `addr` (`host:port`) with `headers` (name, value) and reads the whole
-/// response; `timeout` bounds connecting, and each read and write. The error is one line
-/// naming the address ("timed out after N s" when the server did not answer in time).
+/// response; `timeout` bounds connecting, and each read and write. The error names the address
+/// and says whether the server may have received the request.
 pub fn request(
     addr: &str,
     method: &str,
@@ -28,30 +47,37 @@ pub fn request(
     headers: &[(&str, &str)],
     body: Option<&str>,
     timeout: Duration,
-) -> Result<Response, String> {
-    let fail = |what: &str, e: std::io::Error| {
-        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
+) -> Result<Response, RequestError> {
+    let fail = |what: &str, maybe_received: bool, e: std::io::Error| {
+        let message = if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
             format!(
                 "{addr}: {what}: timed out after {} s",
                 timeout.as_secs_f64()
             )
         } else {
             format!("{addr}: {what}: {e}")
+        };
+        RequestError {
+            message,
+            maybe_received,
         }
     };
     let target = addr
         .to_socket_addrs()
-        .map_err(|e| fail("not an address (give HOST:PORT)", e))?
+        .map_err(|e| fail("not an address (give HOST:PORT)", false, e))?
         .next()
-        .ok_or_else(|| format!("{addr}: the name has no address"))?;
-    let mut stream =
-        TcpStream::connect_timeout(&target, timeout).map_err(|e| fail("cannot connect", e))?;
+        .ok_or_else(|| RequestError {
+            message: format!("{addr}: the name has no address"),
+            maybe_received: false,
+        })?;
+    let mut stream = TcpStream::connect_timeout(&target, timeout)
+        .map_err(|e| fail("cannot connect", false, e))?;
     stream
         .set_read_timeout(Some(timeout))
-        .map_err(|e| fail("socket", e))?;
+        .map_err(|e| fail("socket", false, e))?;
     stream
         .set_write_timeout(Some(timeout))
-        .map_err(|e| fail("socket", e))?;
+        .map_err(|e| fail("socket", false, e))?;
     let body = body.unwrap_or("");
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
@@ -64,13 +90,16 @@ pub fn request(
     stream
         .write_all(head.as_bytes())
         .and_then(|()| stream.write_all(body.as_bytes()))
-        .map_err(|e| fail("cannot send the request", e))?;
+        .map_err(|e| fail("cannot send the request", true, e))?;
     let mut raw = Vec::new();
     stream
         .take(MAX_RESPONSE)
         .read_to_end(&mut raw)
-        .map_err(|e| fail("cannot read the response", e))?;
-    parse_response(&raw).ok_or_else(|| format!("{addr}: the answer is not an HTTP response"))
+        .map_err(|e| fail("cannot read the response", true, e))?;
+    parse_response(&raw).ok_or_else(|| RequestError {
+        message: format!("{addr}: the answer is not an HTTP response"),
+        maybe_received: true,
+    })
 }
 
 /// Splits a whole HTTP/1.x response into status and body (chunked bodies decoded).

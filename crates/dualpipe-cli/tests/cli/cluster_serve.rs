@@ -494,6 +494,20 @@ fn serve_refuses_bad_input_in_one_line() {
         "{}",
         r.stderr
     );
+    // A submission that never left (no connection) is not called "may or may not be queued".
+    let mut args = vec!["cluster", "submit", "--addr"];
+    let nobody = free_addr();
+    args.push(&nobody);
+    args.extend(["--ranks", "1", "--"]);
+    let train = mlp(5, &[]);
+    args.extend(train.iter().map(String::as_str));
+    let r = dualpipe(args);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("cannot connect") && !r.stderr.contains("may or may not"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]

@@ -144,7 +144,12 @@ fn call(
     let r = loop {
         let r =
             request(addr, method, path, &headers, body, Duration::from_secs(30)).map_err(|e| {
-                anyhow::anyhow!("--addr {e} (is `dualpipe cluster serve` running there?)")
+                let line = format!("--addr {e} (is `dualpipe cluster serve` running there?)");
+                if e.maybe_received {
+                    anyhow::Error::new(Unanswered(line))
+                } else {
+                    anyhow::anyhow!(line)
+                }
             })?;
         if r.status != 503 || !r.body.contains("recovering") || std::time::Instant::now() > patience
         {
@@ -171,6 +176,18 @@ fn call(
     }
     Ok(r)
 }
+
+/// A request that failed after it may have reached the scheduler (sent, but no answer read).
+#[derive(Debug)]
+struct Unanswered(String);
+
+impl std::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unanswered {}
 
 /// Runs `dualpipe cluster submit`: prints the new job's id.
 pub fn run_submit(a: SubmitArgs) -> anyhow::Result<()> {
@@ -204,13 +221,15 @@ pub fn run_submit(a: SubmitArgs) -> anyhow::Result<()> {
     };
     let body = serde_json::to_string(&job)?;
     let r = call(&a.addr, &a.access, "POST", "/jobs", Some(&body)).map_err(|e| {
-        if e.downcast_ref::<UsageError>().is_some() {
-            e
-        } else {
+        // Only a request that may have reached the scheduler leaves the job's fate open; no
+        // connection, or an answer, is certain.
+        if e.downcast_ref::<Unanswered>().is_some() {
             e.context(format!(
                 "the job may or may not be queued: run the same command with --request-id \
                  {request_id} to find out without queuing it twice"
             ))
+        } else {
+            e
         }
     })?;
     let v: serde_json::Value = serde_json::from_str(&r.body)?;
