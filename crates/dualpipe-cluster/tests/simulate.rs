@@ -231,7 +231,7 @@ fn a_spread_job_is_consolidated_when_a_node_frees() {
 
 #[test]
 fn las_preempts_the_job_with_more_attained_service() {
-    use dualpipe_cluster::las::LasParams;
+    use dualpipe_cluster::LasParams;
     use dualpipe_cluster::MoveCost;
     let cluster = Cluster::uniform(1, 4).unwrap();
     // a holds all 4 devices from 0 s; at 50 s it has attained 200 device-seconds, past the

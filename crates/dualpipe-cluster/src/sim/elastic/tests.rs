@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
-use crate::state::MoveCost;
+use crate::sim::state::MoveCost;
 use crate::throughput::{Curve, Throughput};
 use crate::trace::Job;
 

@@ -8,9 +8,9 @@
 use serde::Serialize;
 
 use crate::error::ClusterError;
-use crate::metrics::{metrics, Metrics};
-use crate::policy::Policy;
-use crate::state::{Segment, State};
+use crate::sim::metrics::{metrics, Metrics};
+use crate::sim::policy::Policy;
+use crate::sim::state::{Segment, State};
 
 /// What one simulation produced.
 #[derive(Clone, Debug, Serialize)]
@@ -77,7 +77,7 @@ pub fn simulate_with_progress(
     progress: &mut dyn FnMut(Tick),
 ) -> Result<Outcome, ClusterError> {
     let jobs = state.jobs;
-    let order = crate::queue::arrival_order(jobs);
+    let order = crate::sim::queue::arrival_order(jobs);
     let mut next_arrival = 0;
     let mut now = jobs[order[0]].arrival_s;
     let start = now;
@@ -175,7 +175,7 @@ pub fn simulate_with_progress(
 }
 
 /// When running job `r` will finish if nothing changes.
-fn finish_time(state: &State<'_>, r: &crate::state::Running, now: f64) -> f64 {
+fn finish_time(state: &State<'_>, r: &crate::sim::state::Running, now: f64) -> f64 {
     let left = (state.jobs[r.job].duration_s - state.progress[r.job].done).max(0.0);
     if r.rate <= 0.0 {
         return f64::INFINITY;

@@ -28,7 +28,7 @@
 
 use serde::Serialize;
 
-use crate::state::State;
+use crate::sim::state::State;
 
 /// The figures of one run.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use crate::cluster::Cluster;
-use crate::queue::Queue;
+use crate::sim::queue::Queue;
 use crate::throughput::Throughput;
 use crate::trace::Job;
 

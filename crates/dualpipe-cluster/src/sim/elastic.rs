@@ -23,11 +23,11 @@
 
 use serde::Serialize;
 
-use crate::assign::assign;
 use crate::cluster::Cluster;
-use crate::policy::spread;
-use crate::queue::Need;
-use crate::state::State;
+use crate::sim::assign::assign;
+use crate::sim::place::spread;
+use crate::sim::queue::Need;
+use crate::sim::state::State;
 
 /// The elastic policy's parameters (documented in docs/cluster.md).
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::cluster::Cluster;
-use crate::state::MoveCost;
+use crate::sim::state::MoveCost;
 use crate::throughput::{Curve, Throughput};
 use crate::trace::Job;
 
