@@ -171,6 +171,47 @@ fn static_keeps_a_node_sized_job_in_one_node() {
 }
 
 #[test]
+fn fifo_splits_a_job_over_nodes_where_static_waits_for_a_node() {
+    // 2 nodes x 2 devices. a, b on n-0 and c, d on n-1 (both policies); b and c end at 50,
+    // leaving devices 1 and 3 free, one in each node; e (2 devices) waits from 10.
+    let cluster = Cluster::uniform(2, 2).unwrap();
+    let trace = "a,0,1,1000\nb,0,1,50\nc,0,1,50\nd,0,1,1000\ne,10,2,100\n";
+    let s = simulate(&cluster, trace, Policy::Static);
+    let f = simulate(&cluster, trace, Policy::by_name("fifo").unwrap());
+    // static keeps e inside one node: it waits for a and d to end at 1000.
+    assert_eq!((s.jobs[4].start_s, s.jobs[4].finish_s), (1000.0, 1100.0));
+    // fifo takes the lowest-numbered free devices at 50, spread over both nodes: the locality
+    // factor (0.15 per extra node) makes its 100 s of work take 115 s.
+    assert_eq!(f.jobs[4].start_s, 50.0);
+    assert!((f.jobs[4].finish_s - 165.0).abs() < 1e-9, "{:?}", f.jobs[4]);
+    let held: Vec<&Vec<usize>> = f
+        .segments
+        .iter()
+        .filter(|g| g.job == 4)
+        .map(|g| &g.devices)
+        .collect();
+    assert_eq!(held, [&vec![1, 2]]);
+    // Static's metrics by hand. e waits 990 s (10 to 1000); from 50 on, 2 devices are free:
+    // 1,900 device-seconds free while a job waits, over 4 x 1100 (the makespan) and over 4 x
+    // 990 (while e waits).
+    let m = &s.metrics;
+    assert!((m.fragmentation - 1900.0 / 4400.0).abs() < 1e-12, "{m:?}");
+    assert!(
+        (m.waiting_fragmentation - 1900.0 / 3960.0).abs() < 1e-12,
+        "{m:?}"
+    );
+    // Mean queueing over all 5 jobs is 990 / 5; the middle half by arrival (b, c, d) waits 0.
+    assert!((m.mean_queue_s - 198.0).abs() < 1e-12);
+    assert_eq!(m.middle_mean_queue_s, 0.0);
+    // The bound: a and d end at 1000 at the earliest; the work (2,300 device-s) over 4
+    // devices is 575 s. Static ends at 1100, fifo at 1000: at the bound.
+    assert_eq!(m.makespan_bound_s, 1000.0);
+    assert!((m.bound_share - 1000.0 / 1100.0).abs() < 1e-12);
+    assert_eq!(f.metrics.bound_share, 1.0);
+    assert_eq!(f.metrics.waiting_fragmentation, 0.0);
+}
+
+#[test]
 fn elastic_shrinks_to_admit_and_grows_when_idle() {
     let cluster = Cluster::uniform(1, 8).unwrap();
     // a is elastic 2..16 and alone: it starts at 4 and grows to 8 (nobody waits).

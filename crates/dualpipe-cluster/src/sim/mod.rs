@@ -3,13 +3,15 @@
 //! Layers, each importing only from those above it in this list (no circle):
 //!
 //! * [`queue`] (the waiting jobs, indexed), [`state`] (who holds what, each job's progress),
-//!   [`metrics`] (what a run measured), [`assign`] (Kuhn-Munkres);
+//!   [`metrics`] (what a run measured) and [`bound`] (the best any rigid schedule reaches),
+//!   [`assign`] (Kuhn-Munkres);
 //! * [`place`]: the placement rules every policy shares;
 //! * the policies, none importing another: [`first_come`] (`static`), [`elastic`], [`las`];
 //! * [`policy`]: the policies by name, the one call the event loop makes;
 //! * [`simulate`]: the event loop, and [`run()`], which checks a trace and runs it.
 
 pub mod assign;
+pub mod bound;
 pub mod elastic;
 pub mod first_come;
 pub mod las;

@@ -1,6 +1,6 @@
 //! The policies by name, and the one call the simulator makes at each event.
 //!
-//! `static`: see [`crate::sim::first_come`]. `elastic`: see [`crate::sim::elastic`]. `las`: see
+//! `static` and `fifo`: see [`crate::sim::first_come`]. `elastic`: see [`crate::sim::elastic`]. `las`: see
 //! [`crate::sim::las`]. Each policy's module builds on [`crate::sim::place`] and
 //! [`crate::sim::state`] only; this module is the one that knows them all.
 
@@ -14,8 +14,10 @@ use crate::sim::state::State;
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Policy {
-    /// First come first served, rigid, never moved.
+    /// First come first served, rigid, never moved; a job that fits in a node in one node.
     Static,
+    /// First come first served, rigid, never moved, on the lowest-numbered free devices.
+    Fifo,
     /// EPLB: Kuhn-Munkres placement, elastic sizes, migration under an overhead budget.
     Elastic(ElasticParams),
     /// Least attained service first (as Tiresias): rigid, preemptive.
@@ -23,10 +25,12 @@ pub enum Policy {
 }
 
 impl Policy {
-    /// The policy named `name` (`static`, `elastic` or `las`, with default parameters).
+    /// The policy named `name` (`static`, `fifo`, `elastic` or `las`, with default
+    /// parameters).
     pub fn by_name(name: &str) -> Option<Policy> {
         match name {
             "static" => Some(Policy::Static),
+            "fifo" => Some(Policy::Fifo),
             "elastic" => Some(Policy::Elastic(ElasticParams::default())),
             "las" => Some(Policy::Las(LasParams::default())),
             _ => None,
@@ -37,6 +41,7 @@ impl Policy {
     pub fn name(&self) -> &'static str {
         match self {
             Policy::Static => "static",
+            Policy::Fifo => "fifo",
             Policy::Elastic(_) => "elastic",
             Policy::Las(_) => "las",
         }
@@ -46,6 +51,7 @@ impl Policy {
     pub fn schedule(&mut self, state: &mut State<'_>, now: f64) {
         match self {
             Policy::Static => crate::sim::first_come::schedule_static(state, now),
+            Policy::Fifo => crate::sim::first_come::schedule_fifo(state, now),
             Policy::Elastic(params) => crate::sim::elastic::schedule(params, state, now),
             Policy::Las(params) => crate::sim::las::schedule(params, state, now),
         }

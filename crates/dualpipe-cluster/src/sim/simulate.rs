@@ -8,7 +8,7 @@
 use serde::Serialize;
 
 use crate::error::ClusterError;
-use crate::sim::metrics::{metrics, Metrics};
+use crate::sim::metrics::{metrics, Metrics, Waiting};
 use crate::sim::policy::Policy;
 use crate::sim::state::{Segment, State};
 
@@ -81,8 +81,7 @@ pub fn simulate_with_progress(
     let mut next_arrival = 0;
     let mut now = jobs[order[0]].arrival_s;
     let start = now;
-    let mut waiting_free = 0.0; // device-seconds free while a job waits
-    let mut queue_len_time = 0.0;
+    let mut waiting = Waiting::default();
     let mut done = 0;
     loop {
         // Arrivals at `now`, then the policy.
@@ -122,8 +121,9 @@ pub fn simulate_with_progress(
         // Advance to it.
         let dt = next - now;
         if !state.queue.is_empty() {
-            waiting_free += dt * state.free() as f64;
-            queue_len_time += dt * state.queue.len() as f64;
+            waiting.free_device_s += dt * state.free() as f64;
+            waiting.queue_len_s += dt * state.queue.len() as f64;
+            waiting.some_waiting_s += dt;
         }
         let mut finished = Vec::new();
         for i in 0..state.running.len() {
@@ -153,7 +153,7 @@ pub fn simulate_with_progress(
         }
     }
     let makespan = now - start;
-    let m = metrics(&state, makespan, waiting_free, queue_len_time);
+    let m = metrics(&state, makespan, waiting);
     let outcomes = jobs
         .iter()
         .zip(&state.progress)
