@@ -195,19 +195,7 @@ impl<'a> State<'a> {
     /// Stops running job `j` at `now` (checkpoint and stop) and queues it again; its restart
     /// pays the move cost.
     pub fn preempt(&mut self, j: usize, now: f64) {
-        let i = self
-            .running
-            .iter()
-            .position(|r| r.job == j)
-            .expect("a running job");
-        let r = self.running.remove(i);
-        self.release(&r.devices);
-        self.segments.push(Segment {
-            job: j,
-            devices: r.devices,
-            start_s: r.since,
-            end_s: now,
-        });
+        self.stop(j, now);
         self.progress[j].preempted = true;
         self.queue.push(j, self.progress[j].attained);
     }
@@ -244,8 +232,8 @@ impl<'a> State<'a> {
         self.progress[j].overhead_s += cost;
     }
 
-    /// Ends running job `j` at `now`.
-    pub(crate) fn finish(&mut self, j: usize, now: f64) {
+    /// Takes running job `j` off its devices at `now`, closing its hold.
+    fn stop(&mut self, j: usize, now: f64) {
         let i = self
             .running
             .iter()
@@ -259,6 +247,11 @@ impl<'a> State<'a> {
             start_s: r.since,
             end_s: now,
         });
+    }
+
+    /// Ends running job `j` at `now`.
+    pub(crate) fn finish(&mut self, j: usize, now: f64) {
+        self.stop(j, now);
         self.progress[j].finish = Some(now);
         self.progress[j].done = self.jobs[j].duration_s;
     }
