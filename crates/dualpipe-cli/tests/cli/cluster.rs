@@ -11,7 +11,7 @@ fn data(name: &str) -> String {
 }
 
 #[test]
-fn a_seeded_trace_simulates_under_both_policies() {
+fn a_seeded_trace_simulates_under_static_fifo_and_elastic() {
     let dir = TempDir::new("cluster");
     let trace = dir.join("trace.csv");
     let t = dualpipe([
