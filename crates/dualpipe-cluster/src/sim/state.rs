@@ -99,6 +99,9 @@ pub struct State<'a> {
     pub progress: Vec<Progress>,
     /// Every hold so far (closed ones; open ones are closed when they end).
     pub segments: Vec<Segment>,
+    /// A job's measured move pause, in seconds, which replaces the modelled cost (the real
+    /// mode's view; empty in the simulator).
+    pub measured_move_s: Vec<Option<f64>>,
 }
 
 impl<'a> State<'a> {
@@ -120,6 +123,7 @@ impl<'a> State<'a> {
             running: Vec::new(),
             progress: vec![Progress::default(); jobs.len()],
             segments: Vec::new(),
+            measured_move_s: Vec::new(),
         }
     }
 
@@ -137,8 +141,11 @@ impl<'a> State<'a> {
     }
 
     /// Seconds a move of job `j` onto `k` devices costs: checkpoint bytes over the inter-node
-    /// link plus the restart.
+    /// link plus the restart (or its measured pause, [`State::measured_move_s`]).
     pub fn move_cost(&self, j: usize, k: usize) -> f64 {
+        if let Some(&Some(measured)) = self.measured_move_s.get(j) {
+            return measured;
+        }
         let held = self
             .running
             .iter()
