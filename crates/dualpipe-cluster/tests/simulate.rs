@@ -212,6 +212,101 @@ fn fifo_splits_a_job_over_nodes_where_static_waits_for_a_node() {
 }
 
 #[test]
+fn a_users_history_predicts_the_remaining_work_a_move_must_pay_for() {
+    // 1 node x 2 devices. u's two jobs of 710 s finish at 710; then b (u's, elastic 1-2, 1000
+    // s) and c (rigid, 700 s) start on a device each. When c ends at 1410, b has run 700 s:
+    // its 5% budget (35 s) covers a move (31.6 s). Predicted from u's history, b has 710 -
+    // 700 = 10 s left: growing saves 10 x (1 - 1.02 / 2) = 4.9 s, less than the move costs,
+    // so b stays on 1 device and ends at 1710. Without the user column the estimate is the
+    // work done (700 s): the move pays and b ends sooner.
+    let cluster = Cluster::uniform(1, 2).unwrap();
+    let rows = [
+        ("h1,0,1,710,,,", "u"),
+        ("h2,0,1,710,,,", "u"),
+        ("b,710,1,1000,1,2,", "u"),
+        ("c,710,1,700,,,", ""),
+    ];
+    let with: String = rows.iter().map(|(r, u)| format!("{r},{u}\n")).collect();
+    let without: String = rows.iter().map(|(r, _)| format!("{r}\n")).collect();
+    let elastic = || Policy::by_name("elastic").unwrap();
+    let w = simulate(&cluster, &with, elastic());
+    assert_eq!((w.jobs[2].start_s, w.jobs[2].finish_s), (710.0, 1710.0));
+    assert_eq!(w.jobs[2].resizes, 0);
+    let wo = simulate(&cluster, &without, elastic());
+    assert_eq!(wo.jobs[2].resizes, 1);
+    assert!(wo.jobs[2].finish_s < 1700.0, "{:?}", wo.jobs[2]);
+}
+
+#[test]
+fn no_policy_reads_a_jobs_true_run_time() {
+    // The same trace with every duration scaled (x 10): until the first job finishes (an
+    // event that reveals it), every policy makes the same decisions, so every hold that
+    // starts before the earliest finish of either run is the same.
+    let base = synth_trace(&SynthOptions {
+        jobs: 300,
+        seed: 11,
+        devices: 64,
+        load: 1.5,
+        ..Default::default()
+    })
+    .unwrap();
+    // Arrivals every 5 s and run times of at least 2,000 s: many decisions, moves within the
+    // budget among them, come before the first job ends.
+    let base: Vec<_> = base
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut j)| {
+            j.arrival_s = i as f64 * 5.0;
+            j.duration_s += 2000.0;
+            j
+        })
+        .collect();
+    let mut scaled = base.clone();
+    for j in &mut scaled {
+        j.duration_s *= 10.0;
+    }
+    let cluster = Cluster::uniform(8, 8).unwrap();
+    for name in ["static", "fifo", "elastic", "las"] {
+        let run_on = |jobs: &[dualpipe_cluster::Job]| {
+            let policy = Policy::by_name(name).unwrap();
+            run(
+                &cluster,
+                jobs,
+                &BTreeMap::new(),
+                policy,
+                &SimOptions::default(),
+            )
+            .unwrap()
+        };
+        let (a, b) = (run_on(&base), run_on(&scaled));
+        let first_finish = a
+            .jobs
+            .iter()
+            .chain(&b.jobs)
+            .map(|j| j.finish_s)
+            .fold(f64::INFINITY, f64::min);
+        let early = |o: &Outcome| {
+            let mut s: Vec<(u64, usize, Vec<usize>)> = o
+                .segments
+                .iter()
+                .filter(|g| g.start_s < first_finish)
+                .map(|g| (g.start_s.to_bits(), g.job, g.devices.clone()))
+                .collect();
+            s.sort();
+            s
+        };
+        let starts = |o: &Outcome| o.jobs.iter().filter(|j| j.start_s < first_finish).count();
+        assert!(
+            starts(&a) >= 5,
+            "{name}: the window holds decisions: {} before {first_finish}",
+            starts(&a)
+        );
+        assert_eq!(starts(&a), starts(&b), "{name}");
+        assert_eq!(early(&a), early(&b), "{name}");
+    }
+}
+
+#[test]
 fn elastic_shrinks_to_admit_and_grows_when_idle() {
     let cluster = Cluster::uniform(1, 8).unwrap();
     // a is elastic 2..16 and alone: it starts at 4 and grows to 8 (nobody waits).

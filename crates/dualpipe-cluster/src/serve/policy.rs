@@ -149,6 +149,7 @@ pub fn plan(jobs: &[JobRecord], slots: usize, p: &PolicyParams, now: f64) -> Vec
             min_gpus: j.allowed[0],
             max_gpus: *j.allowed.last().expect("not empty"),
             profile: None,
+            user: None,
         })
         .collect();
     let curve = Curve {

@@ -3,6 +3,8 @@
 //! [`State::reshape`]; every action is recorded as device segments for the invariants and the
 //! picture.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::cluster::Cluster;
@@ -102,6 +104,9 @@ pub struct State<'a> {
     /// A job's measured move pause, in seconds, which replaces the modelled cost (the real
     /// mode's view; empty in the simulator).
     pub measured_move_s: Vec<Option<f64>>,
+    /// Per user, the work (seconds at the requested count) of their last two finished jobs,
+    /// the latest last: what the scheduler has seen, from which it predicts run times.
+    pub history: BTreeMap<String, Vec<f64>>,
 }
 
 impl<'a> State<'a> {
@@ -124,6 +129,7 @@ impl<'a> State<'a> {
             progress: vec![Progress::default(); jobs.len()],
             segments: Vec::new(),
             measured_move_s: Vec::new(),
+            history: BTreeMap::new(),
         }
     }
 
@@ -155,6 +161,26 @@ impl<'a> State<'a> {
         self.cost.restart_s
             + link.latency
             + held.max(k) as f64 * self.cost.checkpoint_bytes_per_device / link.bandwidth
+    }
+
+    /// The policies' estimate of job `j`'s remaining work (seconds at its requested count),
+    /// from what a scheduler can know, never from its `duration_s`: the mean of its user's
+    /// last two finished jobs (EASY++'s predictor) minus the work it has done, while that is
+    /// positive; otherwise (no user, no history, or the job has outlived the prediction) the
+    /// work it has done (the least-attained-service prior: a job that has run long tends to
+    /// run long).
+    pub fn remaining_estimate(&self, j: usize) -> f64 {
+        let done = self.progress[j].done;
+        let predicted = self.jobs[j]
+            .user
+            .as_ref()
+            .and_then(|u| self.history.get(u))
+            .filter(|h| !h.is_empty())
+            .map(|h| h.iter().sum::<f64>() / h.len() as f64);
+        match predicted {
+            Some(p) if p > done => p - done,
+            _ => done,
+        }
     }
 
     /// Seconds job `j` has been running since it first started.
@@ -261,5 +287,12 @@ impl<'a> State<'a> {
         self.stop(j, now);
         self.progress[j].finish = Some(now);
         self.progress[j].done = self.jobs[j].duration_s;
+        if let Some(user) = &self.jobs[j].user {
+            let seen = self.history.entry(user.clone()).or_default();
+            seen.push(self.jobs[j].duration_s);
+            if seen.len() > 2 {
+                seen.remove(0);
+            }
+        }
     }
 }

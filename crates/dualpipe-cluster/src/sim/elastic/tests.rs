@@ -72,6 +72,7 @@ proptest! {
                 min_gpus: a.min(b),
                 max_gpus: a.max(b),
                 profile: None,
+                user: None,
             })
             .collect();
         let throughput = Throughput::new(&cluster, Curve::default(), &jobs, &BTreeMap::new()).unwrap();

@@ -106,6 +106,7 @@ proptest! {
                 min_gpus: gpus,
                 max_gpus: gpus,
                 profile: None,
+                user: None,
             })
             .collect();
         let mut thresholds: Vec<f64> = thresholds.into_iter().map(f64::from).collect();
