@@ -8,7 +8,8 @@
 //! * [`Policy`]: `static` (first come first served, rigid, never moved) and `elastic` (Kuhn-Munkres
 //!   placement on a job x node reward, grow and shrink by marginal gain, migration when it pays,
 //!   at most 5% of a job's run time spent moving).
-//! * [`simulate()`]: the trace-driven discrete-event simulator and its [`Metrics`].
+//! * [`simulate()`]: the trace-driven discrete-event simulator and its [`Metrics`]; the
+//!   simulator's files are the folder [`sim`].
 //! * [`serve`]: the real mode, a scheduler of real training processes on local slots.
 //!
 //! ```
@@ -23,70 +24,26 @@
 
 #![warn(missing_docs)]
 
-pub mod assign;
 pub mod cluster;
-pub mod elastic;
 pub mod error;
 pub mod k8s;
-pub mod las;
-pub mod metrics;
 pub mod names;
-pub mod policy;
-pub mod queue;
 pub mod serve;
-pub mod simulate;
-pub mod state;
+pub mod sim;
 pub mod svg;
 pub mod synth;
 pub mod throughput;
 pub mod trace;
 
-use std::collections::BTreeMap;
-
 pub use cluster::Cluster;
-pub use elastic::ElasticParams;
 pub use error::ClusterError;
-pub use metrics::Metrics;
-pub use policy::Policy;
-pub use simulate::{simulate, simulate_with_progress, JobOutcome, Outcome, Tick};
-pub use state::{MoveCost, State};
+pub use sim::elastic::ElasticParams;
+pub use sim::las::LasParams;
+pub use sim::metrics::Metrics;
+pub use sim::policy::Policy;
+pub use sim::simulate::{simulate, simulate_with_progress, JobOutcome, Outcome, Tick};
+pub use sim::state::{MoveCost, State};
+pub use sim::{run, run_with_progress, SimOptions};
 pub use synth::{synth_trace, SynthOptions};
 pub use throughput::{Curve, Throughput};
 pub use trace::{check_fits, offered_load, parse_trace, write_trace, Job};
-
-/// The model's parameters of one simulation.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SimOptions {
-    /// The scaling curve of jobs without a profile.
-    pub curve: Curve,
-    /// What a move costs.
-    pub cost: MoveCost,
-}
-
-/// Checks `jobs` against `cluster` and simulates them under `policy`; `profiles` maps the
-/// trace's profile names to cost profiles.
-pub fn run(
-    cluster: &Cluster,
-    jobs: &[Job],
-    profiles: &BTreeMap<String, dualpipe_plan::Profile>,
-    policy: Policy,
-    options: &SimOptions,
-) -> Result<Outcome, ClusterError> {
-    run_with_progress(cluster, jobs, profiles, policy, options, &mut |_| {})
-}
-
-/// [`run()`], telling `progress` how far it has got each time jobs finish (a million jobs
-/// take tens of seconds).
-pub fn run_with_progress(
-    cluster: &Cluster,
-    jobs: &[Job],
-    profiles: &BTreeMap<String, dualpipe_plan::Profile>,
-    mut policy: Policy,
-    options: &SimOptions,
-    progress: &mut dyn FnMut(Tick),
-) -> Result<Outcome, ClusterError> {
-    check_fits(jobs, cluster)?;
-    let throughput = Throughput::new(cluster, options.curve, jobs, profiles)?;
-    let state = State::new(cluster, jobs, throughput, options.cost);
-    simulate_with_progress(state, &mut policy, progress)
-}

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use crate::simulate::Outcome;
+use crate::sim::simulate::Outcome;
 
 /// Width of the drawing area, in pixels.
 const WIDTH: f64 = 1200.0;
@@ -159,9 +159,9 @@ fn escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Metrics;
-    use crate::simulate::JobOutcome;
-    use crate::state::Segment;
+    use crate::sim::metrics::Metrics;
+    use crate::sim::simulate::JobOutcome;
+    use crate::sim::state::Segment;
 
     fn outcome(segments: Vec<Segment>, jobs: usize) -> Outcome {
         let job = |j: usize| JobOutcome {
@@ -191,6 +191,10 @@ mod tests {
                 migration_overhead: 0.0,
                 max_job_overhead: 0.0,
                 makespan_s: 1000.0,
+                makespan_bound_s: 1000.0,
+                bound_share: 1.0,
+                waiting_fragmentation: 0.0,
+                middle_mean_queue_s: 0.0,
             },
             segments,
             jobs: (0..jobs).map(job).collect(),

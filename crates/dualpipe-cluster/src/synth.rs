@@ -188,6 +188,7 @@ pub fn synth_trace(options: &SynthOptions) -> Result<Vec<Job>, ClusterError> {
             min_gpus,
             max_gpus,
             profile: None,
+            user: None,
         });
     }
     Ok(jobs)

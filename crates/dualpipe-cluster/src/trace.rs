@@ -1,10 +1,11 @@
 //! Jobs and the trace CSV they come in.
 //!
-//! One job per row: `job,arrival_s,gpus,duration_s[,min_gpus,max_gpus,profile]`. `duration_s`
+//! One job per row: `job,arrival_s,gpus,duration_s[,min_gpus,max_gpus[,profile[,user]]]`. `duration_s`
 //! is the job's run time on `gpus` devices of speed 1 placed as compactly as possible; an
 //! elastic job gives `min_gpus` and `max_gpus` (both, or neither: a rigid job); `profile`
 //! names a cost profile (JSON of `dualpipe plan`) whose simulated throughput replaces the
-//! scaling curve. A first row starting with `job,` is a header; empty lines and lines starting
+//! scaling curve; `user` names who submitted it (the policies predict a job's run time from the
+//! same user's finished jobs, never from its own `duration_s`). A first row starting with `job,` is a header; empty lines and lines starting
 //! with `#` are skipped.
 
 use dualpipe_sim::topology::shown;
@@ -36,6 +37,8 @@ pub struct Job {
     pub max_gpus: usize,
     /// Its cost profile's name, if any.
     pub profile: Option<String>,
+    /// Who submitted it, if the trace says.
+    pub user: Option<String>,
 }
 
 impl Job {
@@ -76,7 +79,8 @@ pub fn parse_trace(text: &str) -> Result<Vec<Job>, ClusterError> {
     }
     if jobs.is_empty() {
         return Err(ClusterError::Trace(
-            "no jobs; give rows job,arrival_s,gpus,duration_s[,min_gpus,max_gpus,profile]".into(),
+            "no jobs; give rows job,arrival_s,gpus,duration_s[,min_gpus,max_gpus,profile[,user]]"
+                .into(),
         ));
     }
     Ok(jobs)
@@ -85,9 +89,9 @@ pub fn parse_trace(text: &str) -> Result<Vec<Job>, ClusterError> {
 fn parse_row(line: &str, line_no: usize) -> Result<Job, ClusterError> {
     let bad = |what: String| ClusterError::Trace(format!("line {line_no}: {what}"));
     let cols: Vec<&str> = line.split(',').map(str::trim).collect();
-    if !(cols.len() == 4 || cols.len() == 6 || cols.len() == 7) {
+    if !(cols.len() == 4 || (6..=8).contains(&cols.len())) {
         return Err(bad(format!(
-            "{} columns; give job,arrival_s,gpus,duration_s[,min_gpus,max_gpus[,profile]]",
+            "{} columns; give job,arrival_s,gpus,duration_s[,min_gpus,max_gpus[,profile[,user]]]",
             cols.len()
         )));
     }
@@ -151,6 +155,10 @@ fn parse_row(line: &str, line_no: usize) -> Result<Job, ClusterError> {
         }
     }
     let profile = cols.get(6).filter(|p| !p.is_empty()).map(|p| p.to_string());
+    let user = cols.get(7).filter(|u| !u.is_empty()).map(|u| u.to_string());
+    if let Some(Err(why)) = user.as_deref().map(crate::names::check_name) {
+        return Err(bad(format!("user: {why}")));
+    }
     Ok(Job {
         name: name.to_string(),
         arrival_s,
@@ -159,6 +167,7 @@ fn parse_row(line: &str, line_no: usize) -> Result<Job, ClusterError> {
         min_gpus,
         max_gpus,
         profile,
+        user,
     })
 }
 
@@ -206,7 +215,9 @@ pub(crate) fn arrival_window(jobs: &[Job]) -> (f64, f64) {
 
 /// Writes jobs as trace CSV (with a header); `parse_trace` reads it back unchanged.
 pub fn write_trace(jobs: &[Job]) -> String {
-    let mut out = String::from("job,arrival_s,gpus,duration_s,min_gpus,max_gpus,profile\n");
+    let users = jobs.iter().any(|j| j.user.is_some());
+    let mut out = String::from("job,arrival_s,gpus,duration_s,min_gpus,max_gpus,profile");
+    out.push_str(if users { ",user\n" } else { "\n" });
     for j in jobs {
         let (min, max) = if j.elastic() {
             (j.min_gpus.to_string(), j.max_gpus.to_string())
@@ -223,6 +234,10 @@ pub fn write_trace(jobs: &[Job]) -> String {
             max,
             j.profile.as_deref().unwrap_or("")
         ));
+        if users {
+            out.pop();
+            out.push_str(&format!(",{}\n", j.user.as_deref().unwrap_or("")));
+        }
     }
     out
 }
@@ -246,6 +261,39 @@ mod tests {
         assert_eq!((jobs[1].min_gpus, jobs[1].max_gpus), (4, 16));
         assert_eq!(jobs[2].profile.as_deref(), Some("gpt.json"));
         assert_eq!(parse_trace(&write_trace(&jobs)).unwrap(), jobs);
+    }
+
+    #[test]
+    fn the_user_column_is_optional_and_written_only_when_given() {
+        let jobs = parse_trace(
+            "job,arrival_s,gpus,duration_s,min_gpus,max_gpus,profile,user\n\
+             a,0,1,60,,,,alice\n\
+             b,1,1,60,,,\n\
+             c,2,1,60,,,,\n",
+        )
+        .unwrap();
+        let users: Vec<Option<&str>> = jobs.iter().map(|j| j.user.as_deref()).collect();
+        assert_eq!(users, [Some("alice"), None, None]);
+        let text = write_trace(&jobs);
+        assert!(text.starts_with("job,arrival_s,gpus,duration_s,min_gpus,max_gpus,profile,user\n"));
+        assert!(text.contains("\na,0,1,60,,,,alice\n"), "{text}");
+        assert_eq!(parse_trace(&text).unwrap(), jobs);
+        // Without users, the seven columns as before.
+        let rigid = parse_trace("a,0,1,60\n").unwrap();
+        assert_eq!(
+            write_trace(&rigid),
+            "job,arrival_s,gpus,duration_s,min_gpus,max_gpus,profile\na,0,1,60,,,\n"
+        );
+        let err = parse_trace("a,0,1,60,,,,../x\n").unwrap_err().to_string();
+        assert!(
+            err.contains("line 1: user: ") && err.contains("../x"),
+            "{err}"
+        );
+        let err = parse_trace("a,0,1,60,,,,u,9\n").unwrap_err().to_string();
+        assert!(
+            err.contains("9 columns") && err.contains("[,user]"),
+            "{err}"
+        );
     }
 
     #[test]

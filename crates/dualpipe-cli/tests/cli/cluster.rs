@@ -11,7 +11,7 @@ fn data(name: &str) -> String {
 }
 
 #[test]
-fn a_seeded_trace_simulates_under_both_policies() {
+fn a_seeded_trace_simulates_under_static_fifo_and_elastic() {
     let dir = TempDir::new("cluster");
     let trace = dir.join("trace.csv");
     let t = dualpipe([
@@ -47,7 +47,7 @@ fn a_seeded_trace_simulates_under_both_policies() {
     again.ok();
     assert_eq!(again.stdout, text);
     let cluster = data("small.json");
-    for policy in ["static", "elastic"] {
+    for policy in ["static", "fifo", "elastic"] {
         let svg = dir.join(&format!("{policy}.svg"));
         let run = || {
             dualpipe([
@@ -79,9 +79,16 @@ fn a_seeded_trace_simulates_under_both_policies() {
             "migrations",
             "migration_overhead",
             "makespan_s",
+            "makespan_bound_s",
+            "bound_share",
+            "waiting_fragmentation",
+            "middle_mean_queue_s",
         ] {
             assert!(m.get(key).is_some(), "{key} missing: {m}");
         }
+        // Above 1 where jobs ran grown past their request or on faster devices (speed 2 here).
+        let share = m["bound_share"].as_f64().unwrap();
+        assert!(share > 0.0 && share.is_finite(), "bound_share = {share}");
         for key in ["utilization", "window_utilization", "useful_utilization"] {
             let u = m[key].as_f64().unwrap();
             assert!(u > 0.0 && u <= 1.0, "{key} = {u}");

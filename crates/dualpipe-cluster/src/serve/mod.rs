@@ -3,7 +3,8 @@
 //! resumes crashed ones, and journals everything (docs/cluster.md, "Real mode").
 //!
 //! * [`spec`]: what is submitted and what is recorded of each job.
-//! * [`policy`]: the decisions of one tick (admission, migration, shrink, grow), pure.
+//! * [`policy`]: the decisions of one tick: the simulator's elastic policy on a view of the
+//!   real pool, pure.
 //! * [`process`]: the [`Launcher`] that knows the training command; spawning, signals and
 //!   process identities.
 //! * [`journal`]: the state file and the directory lock.

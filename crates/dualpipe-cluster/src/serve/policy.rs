@@ -1,33 +1,35 @@
-//! The real mode's policy: one pure decision per scheduler tick from the jobs' records and
-//! their scrapes ([`plan`]).
+//! The real mode's policy: the simulator's elastic policy ([`crate::sim::elastic`]), run on a
+//! view of the real pool once per scheduler tick ([`plan`]). One policy, two clocks: `simulate`
+//! drives it with simulated time and modelled jobs, `serve` with the wall clock and the jobs'
+//! records.
 //!
-//! Slots are numbered `0..slots` and grouped into nodes of `node_size` consecutive slots.
-//! Each tick, in this order:
+//! Each tick the records fill the simulator's inputs:
 //!
-//! 1. **Admission**, first come first served with backfill. A queued job starts on the most
-//!    ranks it allows that fit when it is the last in the queue, otherwise on its fewest
-//!    (room for the others). A job that fits in one node is placed in one node (best fit:
-//!    the node with the fewest free slots that hold it).
-//! 2. **Defragmentation (migration).** When the head of the queue fits in the free slots but
-//!    in no single node, the smallest running job whose move to another node's free slots
-//!    empties enough of its own node is migrated there (same rank count); the head waits.
-//!    With no such move, the head is spread over nodes.
-//! 3. **Shrinking (resize).** When the head does not fit at all, elastic running jobs are
-//!    shrunk to smaller allowed rank counts (the job with the most ranks above its minimum
-//!    first) when that frees enough; the head waits.
-//! 4. **Growing (resize).** With nobody queued, free slots go to running elastic jobs, the
-//!    one with the fewest ranks first (the largest marginal gain under the scaling curve
-//!    `S(k) = k / (1 + sigma (k - 1))`), one allowed step at a time, when the time the
-//!    remaining steps save exceeds the expected pause.
+//! * the pool: `slots` slots in nodes of `node_size` consecutive slots (a cluster of speed-1
+//!   devices with the default links);
+//! * each queued, running or stopping job is a job of the trace in submission order, asking for
+//!   its fewest allowed ranks (`gpus = min_gpus`), elastic up to its most (`max_gpus`);
+//! * a running job holds its slots since its first start, with its measured move pauses as its
+//!   overhead, and as its work done (which the policy takes as its remaining work's estimate)
+//!   its steps times its scraped seconds per step times its rate; a job in a pause (a move or
+//!   a recovery under way), stopping, or without a process is held where it is (the policy
+//!   moves only jobs that run);
+//! * a move costs the job's mean measured pause, or `move_cost_s` before its first.
 //!
-//! A job is moved only while it runs (not in a pause), and only if its pauses, with this
-//! move's expected one, stay within `overhead_budget` of its expected run time (elapsed
-//! plus remaining at the scraped rate). While any move is in flight (from the stop request to
-//! the moved job's first step) nothing else is decided.
+//! The policy's decisions become actions, with two rules of the real mode: a job's rank count is
+//! rounded down to the largest count its training command accepts (`allowed`), and an action
+//! whose slots another job still holds (the policy freed them by a shrink or a move in the same
+//! pass) waits for a later tick. While any move is in flight (from the stop request to the moved
+//! job's first step) nothing is decided.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::spec::{JobRecord, PauseKind, Phase, StopReason};
+use crate::cluster::{default_links, Cluster, ClusterFile, NodeGroup};
+use crate::sim::elastic::ElasticParams;
+use crate::sim::state::{MoveCost, State};
+use crate::throughput::{Curve, Throughput};
+use crate::trace::Job;
 
 /// The policy's parameters.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,7 +46,7 @@ pub struct PolicyParams {
     pub grow: bool,
     /// Shrink running elastic jobs to admit queued ones.
     pub shrink: bool,
-    /// Migrate running jobs to empty a node for a queued one.
+    /// Migrate running jobs (the elastic policy's consolidation).
     pub migrate: bool,
 }
 
@@ -82,261 +84,155 @@ pub enum Action {
     },
 }
 
-/// The scaling curve's speed-up on `k` ranks.
-fn speedup(serial: f64, k: usize) -> f64 {
-    k as f64 / (1.0 + serial * (k as f64 - 1.0))
-}
-
-/// The free slots of node `n`.
-fn node_free(free: &BTreeSet<usize>, n: usize, size: usize) -> Vec<usize> {
-    free.iter().copied().filter(|s| s / size == n).collect()
-}
-
-/// `k` slots inside one node, best fit (the node with the fewest free slots that hold `k`).
-fn in_one_node(free: &BTreeSet<usize>, k: usize, nodes: usize, size: usize) -> Option<Vec<usize>> {
-    (0..nodes)
-        .map(|n| node_free(free, n, size))
-        .filter(|f| f.len() >= k)
-        .min_by_key(|f| f.len())
-        .map(|f| f[..k].to_vec())
-}
-
-/// `k` free slots over the fewest nodes (the nodes with the most free slots first).
-fn spread(free: &BTreeSet<usize>, k: usize, nodes: usize, size: usize) -> Option<Vec<usize>> {
-    if free.len() < k {
-        return None;
-    }
-    let mut by_node: Vec<Vec<usize>> = (0..nodes).map(|n| node_free(free, n, size)).collect();
-    by_node.sort_by_key(|f| std::cmp::Reverse(f.len()));
-    let mut slots: Vec<usize> = by_node.into_iter().flatten().take(k).collect();
-    slots.sort_unstable();
-    Some(slots)
-}
-
-/// Whether `job` may be moved now at an expected pause of `expected` seconds.
-fn movable(job: &JobRecord, p: &PolicyParams, now: f64) -> bool {
-    if job.phase != Phase::Running || job.pause.is_some() || job.pid.is_none() {
-        return false;
-    }
-    let Some(remaining) = job.remaining_s() else {
-        return false;
+/// The pool of `slots` slots in nodes of `size` (the last node may be smaller).
+fn pool(slots: usize, size: usize) -> Option<Cluster> {
+    let full = slots / size;
+    let mut nodes = Vec::new();
+    let group = |name: &str, count: usize, devices: usize| NodeGroup {
+        name: name.into(),
+        count,
+        devices,
+        speed: 1.0,
+        memory: 80e9,
+        metrics: BTreeMap::new(),
     };
-    let expected = job.expected_pause(p.move_cost_s);
-    let elapsed = job.started_at.map_or(0.0, |t| (now - t).max(0.0));
-    job.move_pause_s + expected <= p.overhead_budget * (elapsed + remaining)
+    if full > 0 {
+        nodes.push(group("node", full, size));
+    }
+    if !slots.is_multiple_of(size) {
+        nodes.push(group("last", 1, slots % size));
+    }
+    Cluster::new(ClusterFile {
+        links: default_links(),
+        nodes,
+    })
+    .ok()
+}
+
+/// Whether `job` runs and may be moved now.
+fn movable(job: &JobRecord) -> bool {
+    job.phase == Phase::Running && job.pause.is_none() && job.pid.is_some()
 }
 
 /// The decisions of one tick over `slots` slots (module documentation).
 pub fn plan(jobs: &[JobRecord], slots: usize, p: &PolicyParams, now: f64) -> Vec<Action> {
-    let size = p.node_size.clamp(1, slots.max(1));
-    let nodes = slots.div_ceil(size);
     let in_flight = |j: &JobRecord| {
         (j.phase == Phase::Stopping && j.stop_reason == Some(StopReason::Move))
             || j.pause.is_some_and(|p| p.kind == PauseKind::Move)
     };
-    if jobs.iter().any(in_flight) {
+    if slots == 0 || jobs.iter().any(in_flight) {
         return Vec::new();
     }
-    let mut free: BTreeSet<usize> = (0..slots).collect();
-    for j in jobs
+    let mut live: Vec<&JobRecord> = jobs
         .iter()
-        .filter(|j| matches!(j.phase, Phase::Running | Phase::Stopping))
-    {
-        for s in j.held() {
-            free.remove(&s);
+        .filter(|j| matches!(j.phase, Phase::Queued | Phase::Running | Phase::Stopping))
+        .filter(|j| !j.allowed.is_empty())
+        .collect();
+    live.sort_by_key(|j| j.seq);
+    // Slots held twice or past the pool: a view the policy cannot take; decide nothing.
+    let mut held = BTreeSet::new();
+    for j in live.iter().filter(|j| j.phase != Phase::Queued) {
+        if j.slots.is_empty() || !j.slots.iter().all(|&s| s < slots && held.insert(s)) {
+            return Vec::new();
         }
     }
-    let mut queued: Vec<&JobRecord> = jobs.iter().filter(|j| j.phase == Phase::Queued).collect();
-    queued.sort_by_key(|j| j.seq);
-    let mut actions = Vec::new();
-    let mut waiting = 0;
-    for (i, job) in queued.iter().enumerate() {
-        let last = i + 1 == queued.len();
-        let fitting: Vec<usize> = job
-            .allowed
-            .iter()
-            .copied()
-            .filter(|&k| k <= free.len())
-            .collect();
-        let Some(&k) = (if last {
-            fitting.last()
-        } else {
-            fitting.first()
-        }) else {
-            waiting += 1;
-            if i == 0 && p.shrink {
-                let shrinks = shrink_for(job, jobs, &free, p, now);
-                if !shrinks.is_empty() {
-                    actions.extend(shrinks);
-                    return actions;
-                }
-            }
-            continue;
-        };
-        let place = match in_one_node(&free, k, nodes, size) {
-            Some(s) => s,
-            None => {
-                if i == 0 && p.migrate {
-                    if let Some(m) = defragment(k, jobs, &free, nodes, size, p, now) {
-                        actions.push(m);
-                        return actions;
-                    }
-                }
-                spread(&free, k, nodes, size).expect("k fits the free slots")
-            }
-        };
-        for s in &place {
-            free.remove(s);
-        }
-        actions.push(Action::Start {
-            id: job.id.clone(),
-            slots: place,
-        });
-    }
-    if waiting == 0 && p.grow {
-        actions.extend(grow(jobs, &mut free, nodes, size, p, now));
-    }
-    actions
-}
-
-/// Shrinks that free enough slots for `head` (empty when they cannot).
-fn shrink_for(
-    head: &JobRecord,
-    jobs: &[JobRecord],
-    free: &BTreeSet<usize>,
-    p: &PolicyParams,
-    now: f64,
-) -> Vec<Action> {
-    let need = head.allowed.first().copied().unwrap_or(usize::MAX);
-    let mut candidates: Vec<(&JobRecord, usize)> = jobs
+    let Some(cluster) = pool(slots, p.node_size.clamp(1, slots)) else {
+        return Vec::new();
+    };
+    let trace: Vec<Job> = live
         .iter()
-        .filter(|j| movable(j, p, now))
-        .filter_map(|j| {
-            let k = j.slots.len();
-            let smaller = j.allowed.iter().copied().filter(|&a| a < k).max()?;
-            Some((j, smaller))
+        .map(|j| Job {
+            name: j.id.clone(),
+            arrival_s: j.seq as f64,
+            gpus: j.allowed[0],
+            duration_s: 1.0, // never read by the policy
+            min_gpus: j.allowed[0],
+            max_gpus: *j.allowed.last().expect("not empty"),
+            profile: None,
+            user: None,
         })
         .collect();
-    candidates.sort_by_key(|(j, _)| (std::cmp::Reverse(j.slots.len() - j.min_ranks), j.seq));
-    let mut freed = free.len();
-    let mut actions = Vec::new();
-    for (j, smaller) in candidates {
-        if freed >= need {
-            break;
-        }
-        freed += j.slots.len() - smaller;
-        actions.push(Action::Move {
-            id: j.id.clone(),
-            slots: j.slots[..smaller].to_vec(),
-        });
-    }
-    if freed >= need {
-        actions
-    } else {
-        Vec::new()
-    }
-}
-
-/// A migration that empties enough of one node for a job of `k` ranks, if one pays.
-fn defragment(
-    k: usize,
-    jobs: &[JobRecord],
-    free: &BTreeSet<usize>,
-    nodes: usize,
-    size: usize,
-    p: &PolicyParams,
-    now: f64,
-) -> Option<Action> {
-    let mut best: Option<(usize, u64, Action)> = None;
-    for n in 0..nodes {
-        let here = node_free(free, n, size).len();
-        let node_slots = (n * size..((n + 1) * size)).count();
-        if node_slots < k {
+    let curve = Curve {
+        serial: p.serial,
+        ..Curve::default()
+    };
+    let Ok(throughput) = Throughput::new(&cluster, curve, &trace, &BTreeMap::new()) else {
+        return Vec::new();
+    };
+    let cost = MoveCost {
+        restart_s: p.move_cost_s,
+        checkpoint_bytes_per_device: 0.0,
+    };
+    let mut state = State::new(&cluster, &trace, throughput, cost);
+    state.measured_move_s = live
+        .iter()
+        .map(|j| (!j.move_pauses.is_empty()).then(|| j.expected_pause(p.move_cost_s)))
+        .collect();
+    for (i, j) in live.iter().enumerate() {
+        if j.phase == Phase::Queued {
+            state.queue.push(i, 0.0);
             continue;
         }
-        for j in jobs.iter().filter(|j| movable(j, p, now)) {
-            let m = j.slots.len();
-            if !j.slots.iter().all(|s| s / size == n) || here + m < k {
-                continue;
-            }
-            let mut others = free.clone();
-            for s in node_free(free, n, size) {
-                others.remove(&s);
-            }
-            let Some(to) = in_one_node(&others, m, nodes, size) else {
-                continue;
-            };
-            if best
-                .as_ref()
-                .is_none_or(|(bm, bseq, _)| (m, j.seq) < (*bm, *bseq))
-            {
-                best = Some((
-                    m,
-                    j.seq,
-                    Action::Move {
-                        id: j.id.clone(),
-                        slots: to,
-                    },
-                ));
-            }
+        state.start(i, j.slots.clone(), j.started_at.unwrap_or(now).min(now));
+        let r = state.running.last_mut().expect("just started");
+        if !movable(j) {
+            r.paused_until = f64::INFINITY;
         }
+        let rate = r.rate;
+        state.progress[i].overhead_s = j.move_pause_s;
+        state.progress[i].done = j.step as f64 * j.step_seconds.unwrap_or(0.0) * rate;
     }
-    best.map(|(_, _, a)| a)
-}
-
-/// Grows running elastic jobs into `free` (nobody is queued).
-fn grow(
-    jobs: &[JobRecord],
-    free: &mut BTreeSet<usize>,
-    nodes: usize,
-    size: usize,
-    p: &PolicyParams,
-    now: f64,
-) -> Vec<Action> {
-    let mut running: Vec<&JobRecord> = jobs.iter().filter(|j| movable(j, p, now)).collect();
-    running.sort_by_key(|j| (j.slots.len(), j.seq));
+    let params = ElasticParams {
+        overhead_budget: p.overhead_budget,
+        grow: p.grow,
+        shrink: p.shrink,
+        consolidate: p.migrate,
+    };
+    crate::sim::elastic::schedule(&params, &mut state, now);
+    let mut claimed = held.clone();
     let mut actions = Vec::new();
-    for j in running {
-        let k = j.slots.len();
-        let Some(bigger) = j
+    for (i, j) in live.iter().enumerate() {
+        let Some(r) = state.running.iter().find(|r| r.job == i) else {
+            continue;
+        };
+        let mut own: Vec<usize> = if j.phase == Phase::Queued {
+            Vec::new()
+        } else {
+            j.slots.clone()
+        };
+        own.sort_unstable();
+        let Some(k) = j
             .allowed
             .iter()
             .copied()
-            .find(|&a| a > k && a - k <= free.len())
+            .filter(|&a| a <= r.devices.len())
+            .max()
         else {
             continue;
         };
-        let remaining = j.remaining_s().unwrap_or(0.0);
-        let saved = remaining * (1.0 - speedup(p.serial, k) / speedup(p.serial, bigger));
-        if saved <= j.expected_pause(p.move_cost_s) {
+        // The job's own slots first, then the others the policy gave it.
+        let mut to: Vec<usize> = r
+            .devices
+            .iter()
+            .copied()
+            .filter(|s| own.contains(s))
+            .collect();
+        to.extend(r.devices.iter().copied().filter(|s| !own.contains(s)));
+        to.truncate(k);
+        to.sort_unstable();
+        if to == own {
             continue;
         }
-        let node = j.slots[0] / size;
-        let own_node = j.slots.iter().all(|s| s / size == node);
-        let extra = node_free(free, node, size);
-        let target = if own_node && extra.len() >= bigger - k {
-            let mut t = j.slots.clone();
-            t.extend_from_slice(&extra[..bigger - k]);
-            t
-        } else if let Some(t) = {
-            let mut with_own = free.clone();
-            with_own.extend(j.slots.iter().copied());
-            in_one_node(&with_own, bigger, nodes, size)
-        } {
-            t
-        } else {
-            let mut t = j.slots.clone();
-            t.extend(spread(free, bigger - k, nodes, size).unwrap_or_default());
-            t
-        };
-        for s in &target {
-            free.remove(s);
+        // Slots another job holds, or another action took, wait for a later tick.
+        if to.iter().any(|s| !own.contains(s) && claimed.contains(s)) {
+            continue;
         }
-        let mut target = target;
-        target.sort_unstable();
-        actions.push(Action::Move {
-            id: j.id.clone(),
-            slots: target,
+        claimed.extend(to.iter().copied());
+        let id = j.id.clone();
+        actions.push(if j.phase == Phase::Queued {
+            Action::Start { id, slots: to }
+        } else {
+            Action::Move { id, slots: to }
         });
     }
     actions
@@ -382,22 +278,60 @@ mod tests {
     }
 
     #[test]
-    fn a_lone_job_starts_on_its_most_ranks_and_others_on_their_fewest() {
+    fn queued_jobs_start_on_their_fewest_and_share_the_rest_by_marginal_gain() {
+        // Both admitted on 1 rank, then the 2 free slots go one by one to the job that gains
+        // most (the curve is concave: one each).
         let jobs = vec![job(1, 1, 2, &[1, 2]), job(2, 1, 2, &[1, 2])];
-        let a = plan(&jobs, 4, &params(4), 10.0);
         assert_eq!(
-            a,
+            plan(&jobs, 4, &params(4), 10.0),
             vec![
                 Action::Start {
                     id: "job-1".into(),
-                    slots: vec![0]
+                    slots: vec![0, 1]
                 },
                 Action::Start {
                     id: "job-2".into(),
-                    slots: vec![1, 2]
+                    slots: vec![2, 3]
                 },
             ]
         );
+        // A count the training command refuses is rounded down to one it accepts: 3 -> 2.
+        let jobs = vec![job(1, 1, 4, &[1, 2, 4]), running(job(2, 1, 1, &[1]), &[3])];
+        assert_eq!(
+            plan(&jobs, 4, &params(4), 10.0),
+            vec![Action::Start {
+                id: "job-1".into(),
+                slots: vec![0, 1]
+            }]
+        );
+    }
+
+    #[test]
+    fn a_pool_whose_last_node_is_smaller_and_a_view_it_cannot_take() {
+        // 3 slots in nodes of 2: nodes [0, 1] and [2]; the 2-rank job takes node 0 whole, the
+        // 1-rank one the last node.
+        let jobs = vec![job(1, 1, 1, &[1]), job(2, 2, 2, &[2])];
+        assert_eq!(
+            plan(&jobs, 3, &params(2), 10.0),
+            vec![
+                Action::Start {
+                    id: "job-1".into(),
+                    slots: vec![2]
+                },
+                Action::Start {
+                    id: "job-2".into(),
+                    slots: vec![0, 1]
+                },
+            ]
+        );
+        // A slot held twice, or past the pool: nothing is decided (never a panic).
+        let twice = vec![
+            running(job(1, 1, 1, &[1]), &[0]),
+            running(job(2, 1, 1, &[1]), &[0]),
+        ];
+        assert_eq!(plan(&twice, 4, &params(2), 10.0), vec![]);
+        let past = vec![running(job(1, 1, 1, &[1]), &[7]), job(2, 1, 1, &[1])];
+        assert_eq!(plan(&past, 4, &params(2), 10.0), vec![]);
     }
 
     #[test]
@@ -413,43 +347,52 @@ mod tests {
     }
 
     #[test]
-    fn a_job_split_by_fragmentation_migrates_another_to_free_a_node() {
-        // Slots 1 and 2 busy (one per node); a 2-rank job fits the free slots 0 and 3 but no node.
+    fn a_job_split_by_fragmentation_is_spread_and_consolidated_when_a_node_frees() {
+        // Slots 1 and 2 busy (one per node); a 2-rank job fits the free slots 0 and 3 but no
+        // node: it starts spread over both.
         let jobs = vec![
             running(job(1, 1, 1, &[1]), &[1]),
             running(job(2, 1, 1, &[1]), &[2]),
             job(3, 2, 2, &[2]),
         ];
-        let a = plan(&jobs, 4, &params(2), 10.0);
         assert_eq!(
-            a,
-            vec![Action::Move {
-                id: "job-1".into(),
-                slots: vec![3]
-            }]
-        );
-        // Without migration it is spread over the two nodes.
-        let p = PolicyParams {
-            migrate: false,
-            ..params(2)
-        };
-        assert_eq!(
-            plan(&jobs, 4, &p, 10.0),
+            plan(&jobs, 4, &params(2), 10.0),
             vec![Action::Start {
                 id: "job-3".into(),
                 slots: vec![0, 3]
             }]
         );
+        // Once job-1 is done, node 0 has room: the spread job moves into it, when its budget
+        // (5% of 100 s run) covers the 2 s pause.
+        let jobs = vec![
+            running(job(2, 1, 1, &[1]), &[2]),
+            running(job(3, 2, 2, &[2]), &[0, 3]),
+        ];
+        assert_eq!(
+            plan(&jobs, 4, &params(2), 100.0),
+            vec![Action::Move {
+                id: "job-3".into(),
+                slots: vec![0, 1]
+            }]
+        );
+        let p = PolicyParams {
+            migrate: false,
+            ..params(2)
+        };
+        assert_eq!(plan(&jobs, 4, &p, 100.0), vec![]);
     }
 
     #[test]
     fn an_elastic_job_shrinks_to_admit_the_head_and_grows_when_nobody_waits() {
+        // At 100 s of run time a 2 s move is within the 5% budget.
         let jobs = vec![
             running(job(1, 1, 4, &[1, 2, 4]), &[0, 1, 2, 3]),
             job(2, 2, 2, &[2]),
         ];
+        // The shrink frees slots 2 and 3; the head starts on them at a later tick, once
+        // job-1 no longer holds them.
         assert_eq!(
-            plan(&jobs, 4, &params(4), 10.0),
+            plan(&jobs, 4, &params(4), 100.0),
             vec![Action::Move {
                 id: "job-1".into(),
                 slots: vec![0, 1]
@@ -457,29 +400,31 @@ mod tests {
         );
         let jobs = vec![running(job(1, 1, 4, &[1, 2, 4]), &[0, 1])];
         assert_eq!(
-            plan(&jobs, 4, &params(4), 10.0),
+            plan(&jobs, 4, &params(4), 100.0),
             vec![Action::Move {
                 id: "job-1".into(),
                 slots: vec![0, 1, 2, 3]
             }]
         );
+        // Too early in its run (10 s: 0.5 s of budget), neither move is made.
+        assert_eq!(plan(&jobs, 4, &params(4), 10.0), vec![]);
     }
 
     #[test]
     fn moves_respect_the_overhead_budget_and_wait_for_each_other() {
-        // 900 s left at 5%: 45 s of pauses allowed; 44 already spent, the next costs 2.
+        // 1000 s run at 5%: 50 s of pauses allowed; the next costs its measured 2 s.
         let mut j = running(job(1, 1, 4, &[1, 2, 4]), &[0, 1]);
-        j.move_pause_s = 44.0;
+        j.move_pause_s = 49.0;
         j.move_pauses = vec![2.0];
-        assert_eq!(plan(&[j.clone()], 4, &params(4), 0.0), vec![]);
+        assert_eq!(plan(&[j.clone()], 4, &params(4), 1000.0), vec![]);
         j.move_pause_s = 40.0;
-        assert_eq!(plan(&[j.clone()], 4, &params(4), 0.0).len(), 1);
+        assert_eq!(plan(&[j.clone()], 4, &params(4), 1000.0).len(), 1);
         let mut stopping = running(job(2, 1, 1, &[1]), &[3]);
         stopping.phase = Phase::Stopping;
         stopping.stop_reason = Some(StopReason::Move);
         j.slots = vec![0];
         assert_eq!(
-            plan(&[j, stopping, job(3, 1, 1, &[1])], 4, &params(4), 0.0),
+            plan(&[j, stopping, job(3, 1, 1, &[1])], 4, &params(4), 1000.0),
             vec![]
         );
     }

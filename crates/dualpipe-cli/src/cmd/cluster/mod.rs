@@ -84,8 +84,9 @@ pub struct SimulateArgs {
     /// a `dualpipe plan` cost profile file, named relative to the trace's folder.
     #[arg(long)]
     pub trace: PathBuf,
-    /// Policy: static (first come first served, rigid, never moved), elastic (EPLB) or las
-    /// (least attained service first, as Tiresias).
+    /// Policy: static (first come first served, rigid, never moved, a job that fits in a node
+    /// in one node), fifo (first come first served on the lowest-numbered free devices, no
+    /// backfill), elastic (EPLB) or las (least attained service first, as Tiresias).
     #[arg(long)]
     pub policy: String,
     /// Output format.
@@ -206,7 +207,7 @@ fn simulate(a: SimulateArgs) -> anyhow::Result<()> {
     }
     let mut policy = Policy::by_name(&a.policy).ok_or_else(|| {
         UsageError(format!(
-            "--policy {}: unknown policy; give static, elastic or las",
+            "--policy {}: unknown policy; give static, fifo, elastic or las",
             a.policy
         ))
     })?;
@@ -332,8 +333,13 @@ fn table(policy: &str, outcome: &Outcome) -> String {
         ("mean JCT", h(m.mean_jct_s)),
         ("p95 JCT", h(m.p95_jct_s)),
         ("mean queueing", h(m.mean_queue_s)),
+        ("  middle half", h(m.middle_mean_queue_s)),
         ("mean queue length", format!("{:.1}", m.mean_queue_length)),
         ("fragmentation", format!("{:.1}%", 100.0 * m.fragmentation)),
+        (
+            "  while jobs wait",
+            format!("{:.1}%", 100.0 * m.waiting_fragmentation),
+        ),
         ("migrations", m.migrations.to_string()),
         ("resizes", m.resizes.to_string()),
         (
@@ -345,6 +351,14 @@ fn table(policy: &str, outcome: &Outcome) -> String {
             ),
         ),
         ("makespan", h(m.makespan_s)),
+        (
+            "  rigid bound",
+            format!(
+                "{} ({:.1}% of the makespan)",
+                h(m.makespan_bound_s),
+                100.0 * m.bound_share
+            ),
+        ),
     ];
     let mut out = String::new();
     for (k, v) in rows {

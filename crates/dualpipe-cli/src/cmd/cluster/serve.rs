@@ -67,7 +67,7 @@ pub struct ServeArgs {
     /// Never shrink running jobs to admit queued ones.
     #[arg(long)]
     pub no_shrink: bool,
-    /// Never migrate a running job to empty a node.
+    /// Never migrate a running job (a job spread over nodes is not consolidated into one).
     #[arg(long)]
     pub no_migrate: bool,
 }

@@ -3,10 +3,12 @@
 //! [`State::reshape`]; every action is recorded as device segments for the invariants and the
 //! picture.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::cluster::Cluster;
-use crate::queue::Queue;
+use crate::sim::queue::Queue;
 use crate::throughput::Throughput;
 use crate::trace::Job;
 
@@ -99,6 +101,12 @@ pub struct State<'a> {
     pub progress: Vec<Progress>,
     /// Every hold so far (closed ones; open ones are closed when they end).
     pub segments: Vec<Segment>,
+    /// A job's measured move pause, in seconds, which replaces the modelled cost (the real
+    /// mode's view; empty in the simulator).
+    pub measured_move_s: Vec<Option<f64>>,
+    /// Per user, the work (seconds at the requested count) of their last two finished jobs,
+    /// the latest last: what the scheduler has seen, from which it predicts run times.
+    pub history: BTreeMap<String, Vec<f64>>,
 }
 
 impl<'a> State<'a> {
@@ -120,6 +128,8 @@ impl<'a> State<'a> {
             running: Vec::new(),
             progress: vec![Progress::default(); jobs.len()],
             segments: Vec::new(),
+            measured_move_s: Vec::new(),
+            history: BTreeMap::new(),
         }
     }
 
@@ -137,8 +147,11 @@ impl<'a> State<'a> {
     }
 
     /// Seconds a move of job `j` onto `k` devices costs: checkpoint bytes over the inter-node
-    /// link plus the restart.
+    /// link plus the restart (or its measured pause, [`State::measured_move_s`]).
     pub fn move_cost(&self, j: usize, k: usize) -> f64 {
+        if let Some(&Some(measured)) = self.measured_move_s.get(j) {
+            return measured;
+        }
         let held = self
             .running
             .iter()
@@ -148,6 +161,26 @@ impl<'a> State<'a> {
         self.cost.restart_s
             + link.latency
             + held.max(k) as f64 * self.cost.checkpoint_bytes_per_device / link.bandwidth
+    }
+
+    /// The policies' estimate of job `j`'s remaining work (seconds at its requested count),
+    /// from what a scheduler can know, never from its `duration_s`: the mean of its user's
+    /// last two finished jobs (EASY++'s predictor) minus the work it has done, while that is
+    /// positive; otherwise (no user, no history, or the job has outlived the prediction) the
+    /// work it has done (the least-attained-service prior: a job that has run long tends to
+    /// run long).
+    pub fn remaining_estimate(&self, j: usize) -> f64 {
+        let done = self.progress[j].done;
+        let predicted = self.jobs[j]
+            .user
+            .as_ref()
+            .and_then(|u| self.history.get(u))
+            .filter(|h| !h.is_empty())
+            .map(|h| h.iter().sum::<f64>() / h.len() as f64);
+        match predicted {
+            Some(p) if p > done => p - done,
+            _ => done,
+        }
     }
 
     /// Seconds job `j` has been running since it first started.
@@ -195,19 +228,7 @@ impl<'a> State<'a> {
     /// Stops running job `j` at `now` (checkpoint and stop) and queues it again; its restart
     /// pays the move cost.
     pub fn preempt(&mut self, j: usize, now: f64) {
-        let i = self
-            .running
-            .iter()
-            .position(|r| r.job == j)
-            .expect("a running job");
-        let r = self.running.remove(i);
-        self.release(&r.devices);
-        self.segments.push(Segment {
-            job: j,
-            devices: r.devices,
-            start_s: r.since,
-            end_s: now,
-        });
+        self.stop(j, now);
         self.progress[j].preempted = true;
         self.queue.push(j, self.progress[j].attained);
     }
@@ -244,8 +265,8 @@ impl<'a> State<'a> {
         self.progress[j].overhead_s += cost;
     }
 
-    /// Ends running job `j` at `now`.
-    pub(crate) fn finish(&mut self, j: usize, now: f64) {
+    /// Takes running job `j` off its devices at `now`, closing its hold.
+    fn stop(&mut self, j: usize, now: f64) {
         let i = self
             .running
             .iter()
@@ -259,7 +280,19 @@ impl<'a> State<'a> {
             start_s: r.since,
             end_s: now,
         });
+    }
+
+    /// Ends running job `j` at `now`.
+    pub(crate) fn finish(&mut self, j: usize, now: f64) {
+        self.stop(j, now);
         self.progress[j].finish = Some(now);
         self.progress[j].done = self.jobs[j].duration_s;
+        if let Some(user) = &self.jobs[j].user {
+            let seen = self.history.entry(user.clone()).or_default();
+            seen.push(self.jobs[j].duration_s);
+            if seen.len() > 2 {
+                seen.remove(0);
+            }
+        }
     }
 }

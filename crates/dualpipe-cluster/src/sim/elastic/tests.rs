@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
-use crate::state::MoveCost;
+use crate::sim::state::MoveCost;
 use crate::throughput::{Curve, Throughput};
 use crate::trace::Job;
 
@@ -72,6 +72,7 @@ proptest! {
                 min_gpus: a.min(b),
                 max_gpus: a.max(b),
                 profile: None,
+                user: None,
             })
             .collect();
         let throughput = Throughput::new(&cluster, Curve::default(), &jobs, &BTreeMap::new()).unwrap();

@@ -25,10 +25,18 @@
 //! * `migrations`, `resizes`: moves to other devices with the same count, and to another count.
 //! * `migration_overhead`: seconds jobs were paused by moves over the jobs' summed run time
 //!   (first start to finish); `max_job_overhead` is the largest such share of one job.
+//! * `makespan_bound_s`: the rigid clairvoyant bound ([`crate::sim::bound`]); `bound_share` is
+//!   it over `makespan_s`, the share of the most any rigid schedule reaches (above 1 only when
+//!   jobs ran grown past their request or on devices faster than speed 1).
+//! * `waiting_fragmentation`: device-seconds that were free while at least one job waited,
+//!   over `devices x` the seconds at least one job waited (0 when nobody waited): the share of
+//!   the pool stranded while it was needed, which a long idle stretch does not dilute.
+//! * `middle_mean_queue_s`: `mean_queue_s` over the jobs of the middle half by arrival (the
+//!   `n/4`-th to the `3n/4`-th): Gavel's way of leaving out a stream's warm-up and drain.
 
 use serde::Serialize;
 
-use crate::state::State;
+use crate::sim::state::State;
 
 /// The figures of one run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -66,15 +74,30 @@ pub struct Metrics {
     pub max_job_overhead: f64,
     /// First arrival to last completion, seconds.
     pub makespan_s: f64,
+    /// The rigid clairvoyant bound on the makespan, seconds ([`crate::sim::bound`]).
+    pub makespan_bound_s: f64,
+    /// `makespan_bound_s` over `makespan_s` (0 for an empty run).
+    pub bound_share: f64,
+    /// Free device-seconds while a job waits, over devices x the seconds some job waits, in
+    /// [0, 1] (0 when nobody waits).
+    pub waiting_fragmentation: f64,
+    /// Mean queueing delay of the middle half of the jobs by arrival, seconds.
+    pub middle_mean_queue_s: f64,
+}
+
+/// What the event loop measured of the queue over a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Waiting {
+    /// Device-seconds free while at least one job waited.
+    pub free_device_s: f64,
+    /// The queue's length integrated over time (job-seconds).
+    pub queue_len_s: f64,
+    /// Seconds during which at least one job waited.
+    pub some_waiting_s: f64,
 }
 
 /// The metrics of a finished run held in `state`.
-pub(crate) fn metrics(
-    state: &State<'_>,
-    makespan_s: f64,
-    waiting_free: f64,
-    queue_len_time: f64,
-) -> Metrics {
+pub(crate) fn metrics(state: &State<'_>, makespan_s: f64, waiting: Waiting) -> Metrics {
     let devices = state.cluster.devices();
     let total = devices as f64 * makespan_s;
     let busy: f64 = state
@@ -89,7 +112,7 @@ pub(crate) fn metrics(
         .map(|s| s.devices.len() as f64 * (s.end_s.min(last) - s.start_s.max(first)).max(0.0))
         .sum();
     let mut jct = Vec::with_capacity(state.jobs.len());
-    let mut queue = 0.0;
+    let mut queued = Vec::with_capacity(state.jobs.len());
     let (mut paused, mut run) = (0.0, 0.0);
     let mut max_job_overhead = 0.0f64;
     let (mut migrations, mut resizes) = (0, 0);
@@ -99,7 +122,7 @@ pub(crate) fn metrics(
             p.finish.expect("every job finished"),
         );
         jct.push(finish - job.arrival_s);
-        queue += start - job.arrival_s;
+        queued.push(start - job.arrival_s);
         paused += p.overhead_s;
         run += finish - start;
         if finish > start {
@@ -112,6 +135,10 @@ pub(crate) fn metrics(
     let mean_jct_s = jct.iter().sum::<f64>() / n;
     jct.sort_by(f64::total_cmp);
     let rank = ((0.95 * n).ceil() as usize).clamp(1, jct.len());
+    let order = crate::sim::queue::arrival_order(state.jobs);
+    let middle = &order[order.len() / 4..order.len() - order.len() / 4];
+    let middle_queue = middle.iter().map(|&j| queued[j]).sum::<f64>() / middle.len() as f64;
+    let bound = crate::sim::bound::makespan_bound(state.jobs, devices);
     let share = |a: f64, b: f64| {
         if b > 0.0 {
             (a / b).clamp(0.0, 1.0)
@@ -136,17 +163,28 @@ pub(crate) fn metrics(
         },
         mean_jct_s,
         p95_jct_s: jct[rank - 1],
-        mean_queue_s: queue / n,
+        mean_queue_s: queued.iter().sum::<f64>() / n,
         mean_queue_length: if makespan_s > 0.0 {
-            queue_len_time / makespan_s
+            waiting.queue_len_s / makespan_s
         } else {
             0.0
         },
-        fragmentation: share(waiting_free, total),
+        fragmentation: share(waiting.free_device_s, total),
         migrations,
         resizes,
         migration_overhead: share(paused, run),
         max_job_overhead: max_job_overhead.min(1.0),
         makespan_s,
+        makespan_bound_s: bound,
+        bound_share: if makespan_s > 0.0 {
+            bound / makespan_s
+        } else {
+            0.0
+        },
+        waiting_fragmentation: share(
+            waiting.free_device_s,
+            devices as f64 * waiting.some_waiting_s,
+        ),
+        middle_mean_queue_s: middle_queue,
     }
 }

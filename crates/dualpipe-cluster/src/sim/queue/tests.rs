@@ -26,6 +26,7 @@ fn job(row: usize, arrival_s: f64, gpus: usize, min_gpus: usize) -> Job {
         min_gpus,
         max_gpus: gpus,
         profile: None,
+        user: None,
     }
 }
 

@@ -16,9 +16,9 @@
 
 use serde::Serialize;
 
-use crate::policy::place_rigid;
-use crate::queue::Need;
-use crate::state::State;
+use crate::sim::place::place_rigid;
+use crate::sim::queue::Need;
+use crate::sim::state::State;
 
 /// The parameters of `las`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -38,7 +38,7 @@ impl Default for LasParams {
 
 /// Acts on the pool at `now` (module documentation).
 ///
-/// The waiting jobs are ranked in the queue itself ([`crate::queue::Queue::rank_by`]: a waiting
+/// The waiting jobs are ranked in the queue itself ([`crate::sim::queue::Queue::rank_by`]: a waiting
 /// job's attained service, so its rank, stays put), so one pass touches the running jobs and
 /// the waiting ones it admits or starts, never the whole queue: walking the ranked order, a
 /// waiting job asking for more than the capacity left is passed over without effect, and

@@ -16,18 +16,20 @@
 //!    budget allows.
 //!
 //! A move pays when the time it saves exceeds its cost. The scheduler does not know a job's
-//! remaining work; it takes the work done so far as its estimate (jobs that have run long tend
-//! to run long, the least-attained-service prior): saved = done x (1 / old rate - 1 / new rate).
+//! remaining work (no policy reads `duration_s`); it estimates it from what it has seen
+//! ([`State::remaining_estimate`]: the mean of the same user's last two finished jobs less the
+//! work done, or else the work done so far, the least-attained-service prior):
+//! saved = estimate x (1 / old rate - 1 / new rate).
 //! The budget: a job's pauses for moves, this one included, stay at most `overhead_budget` of
 //! its run time so far, so at most that share of its whole run time.
 
 use serde::Serialize;
 
-use crate::assign::assign;
 use crate::cluster::Cluster;
-use crate::policy::spread;
-use crate::queue::Need;
-use crate::state::State;
+use crate::sim::assign::assign;
+use crate::sim::place::spread;
+use crate::sim::queue::Need;
+use crate::sim::state::State;
 
 /// The elastic policy's parameters (documented in docs/cluster.md).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -58,12 +60,13 @@ fn within_budget(params: &ElasticParams, state: &State<'_>, j: usize, cost: f64,
     state.progress[j].overhead_s + cost <= params.overhead_budget * state.run_time(j, now)
 }
 
-/// Seconds a move from `old_rate` to `new_rate` saves on the estimated remaining work.
+/// Seconds a move from `old_rate` to `new_rate` saves on the estimated remaining work
+/// ([`State::remaining_estimate`]).
 fn saving(state: &State<'_>, j: usize, old_rate: f64, new_rate: f64) -> f64 {
     if old_rate <= 0.0 || new_rate <= 0.0 {
         return 0.0;
     }
-    state.progress[j].done * (1.0 / old_rate - 1.0 / new_rate)
+    state.remaining_estimate(j) * (1.0 / old_rate - 1.0 / new_rate)
 }
 
 /// One elastic scheduling pass at `now`.

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::cluster::Cluster;
-use crate::state::MoveCost;
+use crate::sim::state::MoveCost;
 use crate::throughput::{Curve, Throughput};
 use crate::trace::Job;
 
@@ -106,6 +106,7 @@ proptest! {
                 min_gpus: gpus,
                 max_gpus: gpus,
                 profile: None,
+                user: None,
             })
             .collect();
         let mut thresholds: Vec<f64> = thresholds.into_iter().map(f64::from).collect();

@@ -8,9 +8,9 @@
 use serde::Serialize;
 
 use crate::error::ClusterError;
-use crate::metrics::{metrics, Metrics};
-use crate::policy::Policy;
-use crate::state::{Segment, State};
+use crate::sim::metrics::{metrics, Metrics, Waiting};
+use crate::sim::policy::Policy;
+use crate::sim::state::{Segment, State};
 
 /// What one simulation produced.
 #[derive(Clone, Debug, Serialize)]
@@ -77,12 +77,11 @@ pub fn simulate_with_progress(
     progress: &mut dyn FnMut(Tick),
 ) -> Result<Outcome, ClusterError> {
     let jobs = state.jobs;
-    let order = crate::queue::arrival_order(jobs);
+    let order = crate::sim::queue::arrival_order(jobs);
     let mut next_arrival = 0;
     let mut now = jobs[order[0]].arrival_s;
     let start = now;
-    let mut waiting_free = 0.0; // device-seconds free while a job waits
-    let mut queue_len_time = 0.0;
+    let mut waiting = Waiting::default();
     let mut done = 0;
     loop {
         // Arrivals at `now`, then the policy.
@@ -122,8 +121,9 @@ pub fn simulate_with_progress(
         // Advance to it.
         let dt = next - now;
         if !state.queue.is_empty() {
-            waiting_free += dt * state.free() as f64;
-            queue_len_time += dt * state.queue.len() as f64;
+            waiting.free_device_s += dt * state.free() as f64;
+            waiting.queue_len_s += dt * state.queue.len() as f64;
+            waiting.some_waiting_s += dt;
         }
         let mut finished = Vec::new();
         for i in 0..state.running.len() {
@@ -153,7 +153,7 @@ pub fn simulate_with_progress(
         }
     }
     let makespan = now - start;
-    let m = metrics(&state, makespan, waiting_free, queue_len_time);
+    let m = metrics(&state, makespan, waiting);
     let outcomes = jobs
         .iter()
         .zip(&state.progress)
@@ -175,7 +175,7 @@ pub fn simulate_with_progress(
 }
 
 /// When running job `r` will finish if nothing changes.
-fn finish_time(state: &State<'_>, r: &crate::state::Running, now: f64) -> f64 {
+fn finish_time(state: &State<'_>, r: &crate::sim::state::Running, now: f64) -> f64 {
     let left = (state.jobs[r.job].duration_s - state.progress[r.job].done).max(0.0);
     if r.rate <= 0.0 {
         return f64::INFINITY;
