@@ -23,15 +23,11 @@ impl<D: Driver> Parallelism<D> for GradientNoise {
         view: &mut StepView<'_, D>,
         state: &mut StepState,
     ) -> Result<(), TrainError> {
+        let (seed, step) = (self.seed, state.step as u64);
         for (stage, _optimizer) in view.copies_mut() {
-            let key = stage.model_stage() as u64;
+            let key = (stage.model_stage() as u64) << 32;
             for (k, param) in stage.params_mut().into_iter().enumerate() {
-                let mut rng = stream(
-                    self.seed,
-                    Purpose::Inputs,
-                    state.step as u64,
-                    key << 32 | k as u64,
-                );
+                let mut rng = stream(seed, Purpose::Inputs, step, key | k as u64);
                 let noise = uniform(&mut rng, param.grad.elem_count(), self.bound);
                 let add = Tensor::from_vec(noise, param.grad.shape(), param.grad.device())
                     .and_then(|n| n.to_dtype(param.grad.dtype()))
@@ -51,15 +47,11 @@ pub fn train_with_noise(config: TrainConfig, bound: f64) -> Result<Vec<f64>, Tra
 }
 
 fn main() -> Result<(), TrainError> {
-    let config = TrainConfig {
-        steps: 5,
-        ..TrainConfig::MLP
-    };
+    let mut config = TrainConfig::MLP;
+    config.steps = 5;
     for bound in [0.0, 0.05] {
-        println!(
-            "noise {bound}: losses {:?}",
-            train_with_noise(config.clone(), bound)?
-        );
+        let losses = train_with_noise(config.clone(), bound)?;
+        println!("noise {bound}: losses {losses:?}");
     }
     Ok(())
 }

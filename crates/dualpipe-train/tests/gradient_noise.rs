@@ -50,6 +50,8 @@ fn dualpipe_copies_of_a_stage_get_the_same_noise() {
         .parallelism(noise)
         .build()
         .unwrap();
-    trainer.run(|_| Ok(())).unwrap();
+    let noisy = trainer.run(|_| Ok(())).unwrap();
+    let plain = Trainer::new(config()).unwrap().run(|_| Ok(())).unwrap();
+    assert_ne!(noisy.final_loss, plain.final_loss, "the noise acted");
     assert!(trainer.copies_identical().unwrap());
 }
