@@ -1,7 +1,7 @@
 //! Gradient noise, a feature added from outside the crate as a [`Parallelism`] of the step:
 //! after the backward, every gradient gets noise drawn uniformly from `[-bound, bound)`, seeded
 //! by (step, model stage, parameter) so that DualPipe's two copies of a stage stay equal.
-//! `cargo run --release -p dualpipe-train --example gradient_noise`.
+//! `cargo run -p dualpipe-train --example gradient_noise`.
 
 use candle_core::Tensor;
 use dualpipe_nn::rng::{stream, uniform, Purpose};

@@ -6,26 +6,20 @@
 mod example;
 
 use dualpipe_schedule::ScheduleKind;
-use dualpipe_train::{DType, ModelSection, ScheduleSection, TrainConfig, Trainer};
+use dualpipe_train::{DType, TrainConfig, Trainer};
 
+/// A small f64 MLP under DualPipe on 2 ranks, 3 steps.
 fn config() -> TrainConfig {
-    TrainConfig {
-        model: ModelSection {
-            hidden: 8,
-            layers_per_stage: 1,
-            dtype: DType::F64,
-            ..TrainConfig::MLP.model
-        },
-        schedule: ScheduleSection {
-            kind: ScheduleKind::DualPipe,
-            ranks: 2,
-            micro_batches: 4,
-            micro_batch_size: 4,
-            ..TrainConfig::MLP.schedule
-        },
-        steps: 3,
-        ..TrainConfig::MLP
-    }
+    let mut config = TrainConfig::MLP;
+    (config.model.hidden, config.model.layers_per_stage) = (8, 1);
+    config.model.dtype = DType::F64;
+    (config.schedule.kind, config.schedule.ranks) = (ScheduleKind::DualPipe, 2);
+    (
+        config.schedule.micro_batches,
+        config.schedule.micro_batch_size,
+    ) = (4, 4);
+    config.steps = 3;
+    config
 }
 
 #[test]
