@@ -1,5 +1,5 @@
 //! [`TrainerBuilder`]: the one way a [`Trainer`] is built. It assembles the trainer's stages
-//! and optimizers ([`Trainer::assemble`]), then adds the parallelisms the configuration asks
+//! and optimizers (`Trainer::assemble`), then adds the parallelisms the configuration asks
 //! for, in the order they act (data parallelism when this trainer is one replica, the MoE
 //! experts, stage re-partitioning), then the caller's own ([`TrainerBuilder::parallelism`]).
 //! [`Trainer::new`] and the other constructors are shorthands for it.

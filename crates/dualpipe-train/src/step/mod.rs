@@ -279,7 +279,7 @@ impl<D: Driver> Trainer<D> {
     /// (unless a parallelism does), lets every parallelism act after the backward (e.g. the
     /// data-parallel exchange), clips, applies the optimizer to every copy, and lets every
     /// parallelism act after the optimizer (e.g. the experts' balance). The step names no
-    /// feature: each is a [`Parallelism`](phase) held in order.
+    /// feature: each is a [`Parallelism`] held in order.
     ///
     /// After an error the stages may hold partial state of the failed step; every later call
     /// fails too (build a new trainer). A failure of this process is told to the other ranks.

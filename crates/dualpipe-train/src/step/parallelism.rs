@@ -1,5 +1,6 @@
 //! [`Parallelism`]: what a feature of the training step does at the step's fixed points, so
-//! that [`Trainer::step`] and [`Trainer::run`] name no feature.
+//! that [`Trainer::step`](crate::Trainer::step) and [`Trainer::run`](crate::Trainer::run) name no
+//! feature.
 //!
 //! A trainer holds its parallelisms in order (the crate's own: data parallelism, then the MoE
 //! experts, then stage re-partitioning; then a user's, added with

@@ -31,7 +31,7 @@ pub struct StepReport {
     /// Whether the step's optimizer step was skipped: its f16 gradients overflowed.
     pub skipped: bool,
     /// The validation after this step, when one was due (the GPT every
-    /// [`TrainConfig::eval_every`] steps and after the last; on the reporting process).
+    /// `eval_every` steps and after the last; on the reporting process).
     pub evaluation: Option<Evaluation>,
     /// Where each rank's pipeline time went: CPU, waiting for a message, waiting for a core.
     pub rank_times: RankTimes,
