@@ -3,7 +3,8 @@
 mod cmd;
 #[cfg(test)]
 mod file_flag_table;
-mod flags;
+mod parse;
+mod train_args;
 mod wording;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -28,7 +29,7 @@ enum Command {
     Eplb(cmd::eplb::Args),
     /// Train a model (the GPT by default) with a pipeline schedule: local ranks, or one
     /// process per rank under MPI (the main job).
-    Train(Box<flags::TrainArgs>),
+    Train(Box<train_args::TrainArgs>),
     /// Mean next-token cross-entropy of GPT weights over a file (loss, bits per byte).
     Eval(cmd::eval::Args),
     /// Continue a prompt with GPT weights (greedy, or sampled with a temperature).

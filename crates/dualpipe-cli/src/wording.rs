@@ -131,7 +131,7 @@ mod tests {
 
     #[test]
     fn the_training_flags_reword_its_fields() {
-        let train = flags_of::<crate::flags::TrainArgs>();
+        let train = flags_of::<crate::train_args::TrainArgs>();
         assert_eq!(
             in_flags(
                 "`ranks` 4 x `data_parallel` 2; drop `checkpoint.dir`, `rebalance` or `moe.overlap`",

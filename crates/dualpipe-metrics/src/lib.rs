@@ -11,7 +11,7 @@
 //!   the metrics and the log;
 //! - [`report`] — [`read_log`] and [`RunReport`]: the summary text and the SVG of a run;
 //! - [`watch`] — [`RunWatch`]: the server, the log and a progress bar behind the trainer's
-//!   [`Watch`](dualpipe_train::watch::Watch) trait (what `dualpipe train` watches a run with).
+//!   [`Watch`](dualpipe_train::job::watch::Watch) trait (what `dualpipe train` watches a run with).
 //!
 //! The metrics (names by Prometheus's rules: one prefix, base units, `_total` counters,
 //! ratios 0-1): `dualpipe_pipeline_bubble_ratio` (measured, last step: waits for a message

@@ -4,7 +4,7 @@
 use std::io::{IsTerminal, Write};
 
 use dualpipe_train::checkpoint::OnSaved;
-use dualpipe_train::watch::{Watch, WatchError, WatchPlan};
+use dualpipe_train::job::watch::{Watch, WatchError, WatchPlan};
 use dualpipe_train::StepEvent;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 

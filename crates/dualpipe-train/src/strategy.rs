@@ -43,10 +43,10 @@ use dualpipe_runtime::RankStages;
 use dualpipe_schedule::ScheduleKind;
 
 use crate::checkpoint::{CheckpointOptions, CheckpointWriter};
-use crate::custom::CustomWorkload;
 use crate::error::{Divergence, TrainError};
-use crate::plan_file::PlanChoice;
-use crate::watch::Watch;
+use crate::job::plan_file::PlanChoice;
+use crate::job::watch::Watch;
+use crate::model::custom::CustomWorkload;
 use crate::{
     Checkpoint, Compression, DType, LocalReplicas, LocalRun, Restored, StepEvent, StepReport,
     TrainConfig, Trainer, Workload,

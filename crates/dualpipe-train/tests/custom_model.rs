@@ -167,7 +167,7 @@ struct Counting {
     stop_at: Option<usize>,
 }
 
-impl dualpipe_train::watch::Watch for Counting {
+impl dualpipe_train::job::watch::Watch for Counting {
     fn on_event(&mut self, event: dualpipe_train::StepEvent<'_>) -> Result<(), String> {
         let line = match event {
             dualpipe_train::StepEvent::Starting { step } => format!("start {step}"),

@@ -769,9 +769,9 @@ fn a_sharded_checkpoint_resumes_bit_identically_and_on_another_shape() {
 }
 
 /// `ranks x 2` workers, each a thread with its own one-rank trainer as an MPI process would be
-/// (`dualpipe_train::process_grid::mpi_trainer`): each replica's pipeline on in-memory links, each held
+/// (`dualpipe_train::job::process_grid::mpi_trainer`): each replica's pipeline on in-memory links, each held
 /// stage's gradients over our exchange with its holder in the other replica, and the expert
-/// links of each pipeline rank over both replicas (as `dualpipe_train::experts::mpi` builds
+/// links of each pipeline rank over both replicas (as `dualpipe_train::parallel::experts::mpi` builds
 /// them, here in process). Per worker, per step: the micro-batch losses, the gradient norm,
 /// and the expert load's rows per worker.
 #[allow(clippy::type_complexity)]
@@ -779,7 +779,7 @@ fn one_rank_per_thread(config: &TrainConfig) -> Vec<Vec<(Vec<f64>, Option<f64>, 
     use dualpipe_dp::ChannelTransport;
     use dualpipe_runtime::transport::endpoint::ChannelLink;
     use dualpipe_runtime::Endpoint;
-    use dualpipe_train::experts::group::links_for;
+    use dualpipe_train::parallel::experts::group::links_for;
     use dualpipe_train::{GroupLink, OneRank, ReplicaLinks};
 
     let (ranks, replicas) = (config.schedule.ranks, config.parallelism.data_parallel);

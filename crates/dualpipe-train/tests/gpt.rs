@@ -182,7 +182,7 @@ fn validation_runs_when_due_and_the_run_learns() {
     assert_eq!(summary.eval_loss, Some(last.loss));
     assert_eq!(summary.best_loss, Some(best));
     assert!(summary.tokens_per_second.unwrap() > 0.0);
-    assert_eq!(summary.samples.len(), dualpipe_train::workload::SAMPLES);
+    assert_eq!(summary.samples.len(), dualpipe_train::model::SAMPLES);
     // The addition task is scored by held-out accuracy instead.
     let addition = TrainConfig {
         data: DataSection {

@@ -5,7 +5,7 @@
 use dualpipe_nn::stage::to_f64_vec;
 use dualpipe_nn::OptimizerKind;
 use dualpipe_schedule::ScheduleKind;
-use dualpipe_train::loss_scale::{LossScale, INITIAL_SCALE};
+use dualpipe_train::step::loss_scale::{LossScale, INITIAL_SCALE};
 use dualpipe_train::{
     DType, ModelKind, ModelSection, OptimizerSection, ScheduleSection, TrainConfig, Trainer,
 };

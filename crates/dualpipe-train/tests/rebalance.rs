@@ -2,7 +2,7 @@
 //! so every f64 loss and the final weights are bit-identical to the run without moves.
 
 use dualpipe_schedule::ScheduleKind;
-use dualpipe_train::rebalance::{RebalanceSettings, SlowRank};
+use dualpipe_train::parallel::stages::rebalance::{RebalanceSettings, SlowRank};
 use dualpipe_train::{DType, OptimizerKind, TrainConfig, Trainer};
 use dualpipe_train::{
     DataSection, ModelSection, OptimizerSection, ParallelismSection, ScheduleSection,

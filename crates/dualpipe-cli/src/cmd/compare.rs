@@ -46,7 +46,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // flag, rather than once per kind.
     dualpipe_schedule::check_size(ScheduleKind::OneFOneB, args.ranks, args.micro_batches, 1)
         .map_err(|e| match e {
-            ScheduleError::InvalidConfig(e) => UsageError(crate::flags::schedule_flags(&e)),
+            ScheduleError::InvalidConfig(e) => UsageError(crate::parse::schedule_flags(&e)),
             other => UsageError(other.to_string()),
         })?;
     let basis = if args.per_rank_costs {

@@ -59,7 +59,7 @@ pub fn plain(e: NnError) -> String {
 /// Loads a whole model from a weights file.
 pub fn load_model(path: &Path, dtype: DType) -> Result<GptStage, UsageError> {
     let bytes = dualpipe_train::read_weights_file(path)
-        .map_err(|e| UsageError(format!("{} (--weights)", crate::flags::message(e))))?;
+        .map_err(|e| UsageError(format!("{} (--weights)", crate::parse::message(e))))?;
     let weights = GptWeights::from_safetensors(&bytes, dtype.candle())
         .map_err(|e| UsageError(format!("{} (--weights): {e}", path.display())))?;
     let mut model = GptStage::whole(&weights)

@@ -89,11 +89,11 @@ pub fn kind_and_virtual_stages(
     ))
 }
 
-pub use crate::flags::{count, seed};
+pub use crate::parse::{count, seed};
 
 /// Parses a `--schedule` value, naming the valid kinds when it is unknown.
 pub fn parse_kind(name: &str) -> Result<ScheduleKind, UsageError> {
-    crate::flags::parse_kind(name).map_err(UsageError)
+    crate::parse::parse_kind(name).map_err(UsageError)
 }
 
 /// A user error: bad flags or input. Exits with code 2 (as clap does for usage errors).
@@ -122,7 +122,7 @@ impl std::error::Error for UsageError {}
 impl From<dualpipe_train::TrainError> for UsageError {
     /// A library refusal in its own words (a configuration error without its prefix).
     fn from(err: dualpipe_train::TrainError) -> Self {
-        UsageError(crate::flags::message(err))
+        UsageError(crate::parse::message(err))
     }
 }
 

@@ -43,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let schedule = match build(kind, ranks, micro_batches, virtual_stages) {
         Ok(s) => s,
         Err(ScheduleError::InvalidConfig(e)) => {
-            return Err(UsageError(crate::flags::schedule_flags(&e)).into())
+            return Err(UsageError(crate::parse::schedule_flags(&e)).into())
         }
         Err(e) => return Err(anyhow::Error::new(e).context(format!("{kind} schedule is invalid"))),
     };

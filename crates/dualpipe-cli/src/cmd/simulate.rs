@@ -120,16 +120,16 @@ pub const FB_DEFAULT_NOTE: &str =
     "note: --fb not given, so an overlapped F&B pair costs F + B (no overlap gain); pass --fb to model the overlap";
 
 /// Reads, validates and lowers the schedule in `path` (`-`: stdin) with
-/// [`crate::flags::read_schedule_file`]; its refusals are usage errors.
+/// [`crate::parse::read_schedule_file`]; its refusals are usage errors.
 pub fn read_schedule_file(path: &Path) -> Result<Schedule, UsageError> {
-    crate::flags::read_schedule_file(path).map_err(UsageError)
+    crate::parse::read_schedule_file(path).map_err(UsageError)
 }
 
 /// Maps a library error to a usage error (bad configuration) or a plain error.
 pub fn run_error(err: RunError) -> anyhow::Error {
     match err {
         RunError::Schedule(ScheduleError::InvalidConfig(e)) => {
-            UsageError(crate::flags::schedule_flags(&e)).into()
+            UsageError(crate::parse::schedule_flags(&e)).into()
         }
         RunError::Sim(SimError::Cost(msg)) => UsageError(msg).into(),
         RunError::Sim(SimError::Overflow(msg)) => UsageError(format!(

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use dualpipe_metrics::RunWatch;
 use dualpipe_train::job::{Failure, Finished, Job, JobConfig, Transport};
 
-use crate::flags::{Format, TrainArgs};
+use crate::train_args::{Format, TrainArgs};
 
 use super::output::{check_paths, write_together};
 use super::{Interrupted, UsageError};

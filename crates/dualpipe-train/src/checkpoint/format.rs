@@ -287,7 +287,7 @@ pub struct CheckpointState {
     pub rng: String,
     /// The f16 loss scale after the step (absent but under f16 mixed precision).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss_scale: Option<crate::loss_scale::LossScale>,
+    pub loss_scale: Option<crate::step::loss_scale::LossScale>,
 }
 
 impl CheckpointState {

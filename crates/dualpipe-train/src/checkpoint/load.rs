@@ -11,7 +11,7 @@ use super::format::{
 use super::pointer::{self, Pointer};
 use super::writer::{checkpoint_dirs, parse_dir_name};
 use super::CheckpointError;
-use crate::memory;
+use crate::config::memory;
 
 /// A verified checkpoint, read into host memory.
 #[derive(Clone, Debug)]

@@ -39,8 +39,10 @@ pub mod format;
 pub mod load;
 pub mod owner;
 pub mod pointer;
+mod resume;
 pub mod session;
 pub mod shared;
+pub(crate) mod trainer;
 pub mod weights;
 pub mod writer;
 
@@ -48,6 +50,7 @@ pub use format::{CheckpointState, HostTensor, Manifest, RunIdentity, ScheduleSha
 pub use load::{find_latest, list, open, step_dir, Checkpoint, Found, Listed};
 pub use session::Checkpointing;
 pub use shared::Share;
+pub use trainer::Restored;
 pub use weights::gpt_weights;
 pub use writer::{
     CheckpointPart, CheckpointSink, CheckpointWriter, OnSaved, SaveRecord, WriteScope,

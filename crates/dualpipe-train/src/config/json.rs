@@ -17,8 +17,8 @@ use super::{
     DType, DataSection, ModelKind, ModelSection, OptimizerSection, ParallelismSection,
     ScheduleSection, Task, TrainConfig, TransportSection,
 };
-use crate::experts::MoeSettings;
-use crate::rebalance::{RebalanceSettings, SlowRank};
+use crate::config::moe::MoeSettings;
+use crate::config::rebalance::{RebalanceSettings, SlowRank};
 
 fn is_constant(decay: &LrDecay) -> bool {
     *decay == LrDecay::Constant

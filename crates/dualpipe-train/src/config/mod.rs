@@ -14,9 +14,14 @@ use dualpipe_nn::{LrDecay, LrSchedule, ModelConfig, Optimizer, OptimizerKind};
 use dualpipe_schedule::ScheduleKind;
 use serde::{Deserialize, Serialize};
 
+pub(crate) mod check;
 mod choice;
 mod field;
 mod json;
+pub mod memory;
+pub mod moe;
+pub mod rebalance;
+pub mod recompute;
 mod sections;
 mod serde_repr;
 

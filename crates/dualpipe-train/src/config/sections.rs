@@ -10,8 +10,8 @@ use dualpipe_nn::{LrDecay, OptimizerKind};
 use dualpipe_schedule::ScheduleKind;
 
 use super::choice::{DType, ModelKind, Task};
-use crate::experts::MoeSettings;
-use crate::rebalance::{RebalanceSettings, SlowRank};
+use crate::config::moe::MoeSettings;
+use crate::config::rebalance::{RebalanceSettings, SlowRank};
 
 /// The model: which one, its shape, its element type and where its weights start.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,11 +36,11 @@ pub struct ModelSection {
     /// The GPT's mixture-of-experts feed-forward (`None`: dense).
     pub moe: Option<MoeSettings>,
     /// Blocks of each model stage, input to output (`[3, 2, 2, 1]`; `None`: every stage
-    /// holds `layers_per_stage`). The GPT only; see [`crate::partition`].
+    /// holds `layers_per_stage`). The GPT only; see [`crate::parallel::stages::partition`].
     pub partition: Option<Vec<usize>>,
     /// What each model stage's forwards keep for the backward (JSON `recompute`, e.g.
     /// `"full"` or `"none,selective,full,none"`): `None`, none everywhere; one value, every
-    /// stage; otherwise one per model stage. The GPT only; see [`crate::recompute`].
+    /// stage; otherwise one per model stage. The GPT only; see [`crate::config::recompute`].
     pub recompute: Option<Vec<dualpipe_nn::Recompute>>,
     /// Under mixed precision, run the GPT's attention projections in the half format too, as
     /// PyTorch's autocast does (JSON `half_projections`; default false: they stay f32, which

@@ -44,7 +44,7 @@ pub(super) mod recompute_repr {
     use dualpipe_nn::Recompute;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    use crate::recompute::{format_recompute, parse_recompute};
+    use crate::config::recompute::{format_recompute, parse_recompute};
 
     pub fn is_none(r: &Option<Vec<Recompute>>) -> bool {
         r.iter().flatten().all(|&r| r == Recompute::None)

@@ -94,7 +94,7 @@ impl Failure {
                     &format!(
                         "raise {} (now {} s)",
                         name(Field::RecvTimeout),
-                        crate::check::compact(config.transport.recv_timeout)
+                        crate::config::check::compact(config.transport.recv_timeout)
                     ),
                 );
                 failure

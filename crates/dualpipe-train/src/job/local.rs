@@ -9,9 +9,9 @@ use dualpipe_schedule::Schedule;
 
 use super::{rank_addr, Failure, JobConfig, OutputsSection};
 use crate::checkpoint::{Checkpointing, OnSaved, RunIdentity, WriteScope};
-use crate::partition::format_partition;
-use crate::rebalance::Repartition;
-use crate::watch::{Watch, WatchError, WatchPlan};
+use crate::job::watch::{Watch, WatchError, WatchPlan};
+use crate::parallel::stages::partition::format_partition;
+use crate::parallel::stages::rebalance::Repartition;
 use crate::{Driver, Field, LocalRun, RunSummary, TrainError, Trainer};
 
 /// What a finished job leaves to write: the summary and, when asked, the weights.

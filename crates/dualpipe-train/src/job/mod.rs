@@ -22,15 +22,19 @@ use std::path::PathBuf;
 use dualpipe_schedule::Schedule;
 
 use crate::checkpoint::DEFAULT_KEEP;
-use crate::watch::{Watch, WatchError, WatchPlan};
+use crate::job::watch::{Watch, WatchError, WatchPlan};
 use crate::{Field, Naming, TrainConfig};
 
 mod failure;
 mod local;
+pub mod local_run;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod observe;
-mod resume;
+pub mod plan_file;
+#[cfg(feature = "mpi")]
+pub mod process_grid;
+pub mod watch;
 
 pub use failure::{divergence, schedule_settings, Failure};
 pub use local::Finished;

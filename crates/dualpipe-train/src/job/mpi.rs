@@ -15,10 +15,10 @@ use dualpipe_schedule::Schedule;
 
 use super::{Failure, Finished, How, JobConfig};
 use crate::checkpoint::{Checkpointing, WriteScope};
-use crate::process_grid::{
+use crate::job::process_grid::{
     check_checkpoints, check_grid, checkpoint_share, mpi_trainer, restore_agreed,
 };
-use crate::watch::{Watch, WatchError, WatchPlan};
+use crate::job::watch::{Watch, WatchError, WatchPlan};
 use crate::{Driver, StepEvent, TrainError, Trainer};
 
 /// How long a failing process waits before it exits, so that the others read the failure

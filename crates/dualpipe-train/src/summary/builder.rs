@@ -6,10 +6,10 @@ use dualpipe_nn::LrDecay;
 use dualpipe_schedule::Schedule;
 use dualpipe_sim::{metrics, simulate, CostModel, Metrics, OpTally, Timeline};
 
+use super::report::StepReport;
 use super::RunSummary;
 use crate::config::{ModelKind, TrainConfig};
-use crate::trainer::StepReport;
-use crate::workload::{Evaluation, Sample};
+use crate::model::{Evaluation, Sample};
 
 /// Builds a [`RunSummary`] one step at a time, keeping a few numbers per step and the last
 /// timeline only.
@@ -31,7 +31,7 @@ pub struct SummaryBuilder {
     ops: OpTally,
     evaluations: Vec<Evaluation>,
     last_step: Option<(Timeline, Metrics)>,
-    expert_loads: Vec<crate::experts::ExpertLoad>,
+    expert_loads: Vec<crate::summary::experts::ExpertLoad>,
     first_step: Option<usize>,
     feedback_norms: Vec<f64>,
     by_format: Vec<super::FormatBytes>,
@@ -154,7 +154,7 @@ impl SummaryBuilder {
             layers_per_stage: config.model.layers_per_stage,
             partition: config.model.partition.clone(),
             recompute: config.recomputes().then(|| {
-                crate::recompute::format_recompute(
+                crate::config::recompute::format_recompute(
                     config.model.recompute.as_deref().unwrap_or_default(),
                 )
             }),
@@ -232,7 +232,7 @@ impl SummaryBuilder {
                 .model
                 .moe
                 .filter(|m| m.expert_parallel && !m.link().is_none())
-                .map(|_| crate::experts::ExpertWaits::measured()),
+                .map(|_| crate::summary::experts::ExpertWaits::measured()),
         }
     }
 }

@@ -9,12 +9,15 @@ use dualpipe_sim::svg::{self, SvgOptions};
 use dualpipe_sim::{trace, Metrics, OpTimes, Timeline};
 use serde::Serialize;
 
-use crate::workload::{Evaluation, Sample};
+use crate::model::{Evaluation, Sample};
 
 pub mod builder;
+pub mod experts;
+pub mod report;
 mod table;
 
 pub use builder::{median, SummaryBuilder};
+pub use report::{StepEvent, StepExchange, StepReport};
 
 /// The gradient bytes of the steps of one wire format ([`RunSummary::grad_bytes_by_format`]).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -194,7 +197,7 @@ pub struct RunSummary {
     /// With MoE: every step's router load (tokens per block and expert, the worst block's
     /// max/mean); absent from the JSON for a dense model.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub expert_load_imbalance: Vec<crate::experts::ExpertLoad>,
+    pub expert_load_imbalance: Vec<crate::summary::experts::ExpertLoad>,
     /// With expert parallelism: EPLB's re-placements over the run (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eplb_rebalances: Option<usize>,
@@ -213,7 +216,7 @@ pub struct RunSummary {
     /// With an emulated expert link: the measured waits around the all-to-alls (absent
     /// otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub expert_waits: Option<crate::experts::ExpertWaits>,
+    pub expert_waits: Option<crate::summary::experts::ExpertWaits>,
 }
 
 impl RunSummary {
@@ -251,9 +254,9 @@ mod tests {
     use crate::config::ScheduleSection;
     use std::time::Duration;
 
+    use super::report::StepReport;
     use super::*;
     use crate::config::TrainConfig;
-    use crate::trainer::StepReport;
 
     #[test]
     fn the_bubble_counts_message_waits_and_core_waits_are_reported_apart() {
@@ -369,7 +372,7 @@ mod tests {
                 skipped: false,
                 evaluation: None,
                 expert_load: Some(
-                    crate::experts::ExpertLoad::new(step, vec![(0, counts.to_vec())])
+                    crate::summary::experts::ExpertLoad::new(step, vec![(0, counts.to_vec())])
                         .with_worker_rows(vec![(0, rows.to_vec())]),
                 ),
             });

@@ -9,6 +9,20 @@ fn ms(seconds: Option<f64>) -> String {
 impl RunSummary {
     /// The human summary: a few loss lines (unless `quiet`), then the figures.
     pub fn table(&self, quiet: bool) -> String {
+        let mut out = self.heading();
+        if !quiet {
+            self.loss_lines(&mut out);
+        }
+        out.push('\n');
+        for (name, value) in self.rows() {
+            out.push_str(&format!("  {name:<24}{value}\n"));
+        }
+        self.notes(&mut out);
+        out
+    }
+
+    /// The first line: the model, its data, the schedule and the optimizer.
+    fn heading(&self) -> String {
         let s = self;
         let blocks = match &s.partition {
             Some(p) => {
@@ -38,7 +52,7 @@ impl RunSummary {
             Some(words) => format!("{} ({words})", s.lr),
             None => s.lr.to_string(),
         };
-        let mut out = match (s.d_model, s.heads, s.seq_len, &s.data) {
+        match (s.d_model, s.heads, s.seq_len, &s.data) {
             (Some(d), Some(heads), Some(seq), Some(data)) => format!(
                 "dualpipe train: gpt (d_model {d}, {heads} heads, {blocks}, seq {seq}) on \
                  {data}; {} on {} ranks ({} model stages), {} micro-batches x {} sequences, {} \
@@ -68,8 +82,13 @@ impl RunSummary {
                 dtype,
                 s.seed
             ),
-        };
-        if !quiet && !s.losses.is_empty() {
+        }
+    }
+
+    /// A few loss lines, and the validations.
+    fn loss_lines(&self, out: &mut String) {
+        let s = self;
+        if !s.losses.is_empty() {
             out.push_str("\n  step  loss\n");
             let n = s.losses.len();
             let every = n.div_ceil(10).max(1);
@@ -79,7 +98,7 @@ impl RunSummary {
                 }
             }
         }
-        if !quiet && !s.evaluations.is_empty() {
+        if !s.evaluations.is_empty() {
             let score = match (s.best_loss, s.accuracy) {
                 (Some(_), _) => "gap to best",
                 (None, Some(_)) => "accuracy",
@@ -104,6 +123,11 @@ impl RunSummary {
                 out.push('\n');
             }
         }
+    }
+
+    /// The figures, one row each: the name and the value.
+    fn rows(&self) -> Vec<(&'static str, String)> {
+        let s = self;
         let pct = |x: f64| format!("{:.1}%", 100.0 * x);
         let op = &s.op_seconds;
         let throughput = match s.tokens_per_second {
@@ -172,6 +196,27 @@ impl RunSummary {
                 format!("{} steps in {:.2} s", s.steps, s.total_seconds),
             ),
         ]);
+        self.parallelism_rows(&mut rows);
+        if let Some(e) = s.evaluations.last() {
+            let accuracy = match (e.best_loss, e.accuracy) {
+                (Some(best), _) => format!(", best possible {best:.6} (gap {:.4})", e.loss - best),
+                (None, Some(a)) => format!(", accuracy {:.1}%", 100.0 * a),
+                (None, None) => String::new(),
+            };
+            let loss = if e.held_out {
+                format!("loss {:.6} ({:.4} bits/byte)", e.loss, e.bits_per_byte)
+            } else {
+                "loss none (nothing held out: validation fraction 0)".to_string()
+            };
+            rows.insert(1, ("validation", format!("{loss}{accuracy}")));
+        }
+        rows
+    }
+
+    /// The rows of the parallelisms: data parallelism, the experts' load, EPLB.
+    fn parallelism_rows(&self, rows: &mut Vec<(&'static str, String)>) {
+        let s = self;
+        let pct = |x: f64| format!("{:.1}%", 100.0 * x);
         if s.data_parallel > 1 {
             let saved = if s.grad_bytes_uncompressed > 0 {
                 format!(
@@ -235,23 +280,12 @@ impl RunSummary {
                 ),
             ));
         }
-        if let Some(e) = s.evaluations.last() {
-            let accuracy = match (e.best_loss, e.accuracy) {
-                (Some(best), _) => format!(", best possible {best:.6} (gap {:.4})", e.loss - best),
-                (None, Some(a)) => format!(", accuracy {:.1}%", 100.0 * a),
-                (None, None) => String::new(),
-            };
-            let loss = if e.held_out {
-                format!("loss {:.6} ({:.4} bits/byte)", e.loss, e.bits_per_byte)
-            } else {
-                "loss none (nothing held out: validation fraction 0)".to_string()
-            };
-            rows.insert(1, ("validation", format!("{loss}{accuracy}")));
-        }
-        out.push('\n');
-        for (name, value) in rows {
-            out.push_str(&format!("  {name:<24}{value}\n"));
-        }
+    }
+
+    /// The note on shared cores, and the samples.
+    fn notes(&self, out: &mut String) {
+        let s = self;
+        let pct = |x: f64| format!("{:.1}%", 100.0 * x);
         if s.rank_threads > s.cores {
             out.push_str(&format!(
                 "\n  note: {} busy rank threads share {} cores, so ranks also wait for a core;\n  \
@@ -275,6 +309,5 @@ impl RunSummary {
                 ));
             }
         }
-        out
     }
 }

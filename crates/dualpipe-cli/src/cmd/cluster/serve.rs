@@ -6,7 +6,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::flags::TrainArgs;
+use crate::train_args::TrainArgs;
 use dualpipe_cluster::serve::{
     serve, JobPaths, JobRecord, Launch, Launcher, PolicyParams, ServeOptions,
 };
@@ -127,7 +127,7 @@ fn parse(flags: &[String]) -> Result<TrainArgs, String> {
 /// chunks taken from `budget`) when it is within the check's bounds.
 fn resolve(flags: &[String], budget: &mut usize) -> Result<dualpipe_train::TrainConfig, String> {
     let parsed = parse(flags)?;
-    let (config, given) = parsed.config().map_err(crate::flags::message)?;
+    let (config, given) = parsed.config().map_err(crate::parse::message)?;
     // The schedule's own rules (dualpipe folds over an even number of ranks, for example)
     // are checked when it is built: build it, so that a rank count it refuses is refused
     // here, not by the job's process once it is placed.
@@ -143,7 +143,7 @@ fn resolve(flags: &[String], budget: &mut usize) -> Result<dualpipe_train::Train
             ));
         }
         *budget -= chunks;
-        config.build_schedule().map_err(crate::flags::message)?;
+        config.build_schedule().map_err(crate::parse::message)?;
     }
     Ok(config)
 }
@@ -275,7 +275,7 @@ impl TrainLauncher {
         let rest = without_layers(args);
         let stages = parse(&with(&rest, ranks, Some(1)))?
             .config()
-            .map_err(crate::flags::message)?
+            .map_err(crate::parse::message)?
             .0
             .model_stages();
         if stages == 0 || blocks % stages != 0 {
