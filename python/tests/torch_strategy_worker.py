@@ -94,7 +94,7 @@ def suite_parity(out, world):
         text = urllib.request.urlopen(f"http://127.0.0.1:{port + s.world.rank}/metrics", timeout=10).read().decode()
         with open(os.path.join(out, f"metrics-rank{s.world.rank}.txt"), "w") as f:
             f.write(text)
-        s.metrics.server[0].shutdown()
+        s.metrics.close()
     # DeepSeek's overlapped forward-backward hook on the stage's single layer
     s = dpt.DualPipeStrategy(hooked_model(world), adamw, nn.MSELoss, schedule="dualpipe", micro_batches=2 * world)
     losses, grads = train(s, batches(2, 2 * world * ROWS))

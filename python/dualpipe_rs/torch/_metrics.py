@@ -96,6 +96,11 @@ class Metrics:
         self.bytes = pc.Counter("dualpipe_bytes_sent", "Bytes this rank sent", labels + ["kind"], registry=r)
         self.server = serve(port, r)
 
+    def close(self) -> None:
+        """Stops serving and frees the port."""
+        self.server.shutdown()
+        self.server.server_close()
+
     def observe(self, stats: Dict[str, Any], simulated_bubble: float) -> None:
         """Records one step's :meth:`DualPipeStrategy.stats`."""
         r = self.rank

@@ -580,6 +580,9 @@ class DualPipeStrategy:
             )
 
     def close(self) -> None:
-        """Leaves the process group (if we joined it)."""
+        """Stops the metrics endpoint (if any) and leaves the process group (if we joined it)."""
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         if dist.is_initialized():
             dist.destroy_process_group()
