@@ -98,7 +98,7 @@ pub(crate) fn backward_start<T>(
             "backward_input of {chunk}: the last stage starts from the loss and takes no gradient"
         ))),
         (None, false) => Err(NnError::Stage(format!(
-            "backward_input of {chunk}: a stage before the last needs the output gradient"
+            "backward_input of {chunk}: only the last stage starts from the loss; this one needs the output gradient"
         ))),
     }
 }
@@ -268,3 +268,80 @@ macro_rules! impl_pipeline_stage {
     };
 }
 pub(crate) use impl_pipeline_stage;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POSITION: StagePosition = StagePosition {
+        dir: 1,
+        model_stage: 2,
+        micro_batches: 8,
+        micro_batches_per_dir: 4,
+    };
+
+    fn message<T>(r: Result<T, NnError>) -> String {
+        match r {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_chunk_of_another_copy_is_refused() {
+        check_chunk(POSITION, Chunk::new(1, 2, 3), "forward").unwrap();
+        let text = message(check_chunk(POSITION, Chunk::new(0, 2, 3), "forward"));
+        assert!(text.contains("stage 2 for direction 1"), "{text}");
+    }
+
+    #[test]
+    fn the_micro_batch_of_a_chunk_is_its_global_index() {
+        let batch: Vec<usize> = (0..8).collect();
+        assert_eq!(
+            *micro_batch(POSITION, Some(&batch), Chunk::new(1, 2, 3)).unwrap(),
+            7
+        );
+        let text = message(micro_batch(
+            POSITION,
+            Some(&batch[..5]),
+            Chunk::new(1, 2, 3),
+        ));
+        assert!(
+            text.contains("micro-batch 7") && text.contains("of 5"),
+            "{text}"
+        );
+        let text = message(micro_batch::<usize>(POSITION, None, Chunk::new(1, 2, 0)));
+        assert!(text.contains("set_batch"), "{text}");
+    }
+
+    #[test]
+    fn only_the_first_stage_loads_and_only_its_own_micro_batch() {
+        let c = Chunk::new(1, 2, 3);
+        let load = || ForwardInput::<u8>::MicroBatch { global_mb: 7 };
+        assert!(matches!(
+            forward_start(POSITION, true, c, load()),
+            Ok(ForwardStart::MicroBatch)
+        ));
+        assert!(matches!(
+            forward_start(POSITION, false, c, ForwardInput::Activation(5u8)),
+            Ok(ForwardStart::Activation(5))
+        ));
+        let wrong = ForwardInput::<u8>::MicroBatch { global_mb: 3 };
+        let text = message(forward_start(POSITION, true, c, wrong));
+        assert!(
+            text.contains("asked for micro-batch 3, expected 7"),
+            "{text}"
+        );
+        assert!(forward_start(POSITION, false, c, load()).is_err());
+        assert!(forward_start(POSITION, true, c, ForwardInput::Activation(5u8)).is_err());
+    }
+
+    #[test]
+    fn only_the_last_stage_starts_its_backward_from_the_loss() {
+        let c = Chunk::new(1, 2, 3);
+        assert_eq!(backward_start::<u8>(true, c, None).unwrap(), None);
+        assert_eq!(backward_start(false, c, Some(4u8)).unwrap(), Some(4));
+        assert!(backward_start(true, c, Some(4u8)).is_err());
+        assert!(backward_start::<u8>(false, c, None).is_err());
+    }
+}

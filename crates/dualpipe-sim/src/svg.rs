@@ -120,6 +120,18 @@ fn cell(out: &mut String, x: f64, y: f64, w: f64, fill: &str, label: usize, dark
     out.push('\n');
 }
 
+/// The shortest compute op of `timeline` that takes any time (infinite when none does): the
+/// pictures scale time so that it stays readable.
+pub(crate) fn shortest_op(timeline: &Timeline) -> f64 {
+    timeline
+        .compute
+        .iter()
+        .flatten()
+        .map(|i| i.end - i.start)
+        .filter(|d| *d > 0.0)
+        .fold(f64::INFINITY, f64::min)
+}
+
 /// Where a timeline's picture puts things: the time scale and the heights of its parts.
 struct Frame {
     /// Pixels per unit of time.
@@ -140,13 +152,7 @@ impl Frame {
     /// 22 pixels wide, within 640 to 3,200 pixels for the whole makespan.
     fn of(timeline: &Timeline, options: &SvgOptions) -> Frame {
         let makespan = timeline.makespan();
-        let min_duration = timeline
-            .compute
-            .iter()
-            .flatten()
-            .map(|i| i.end - i.start)
-            .filter(|d| *d > 0.0)
-            .fold(f64::INFINITY, f64::min);
+        let min_duration = shortest_op(timeline);
         let mut scale = if min_duration.is_finite() {
             22.0 / min_duration
         } else {
