@@ -12,9 +12,9 @@ use crate::gpt::TokenBatch;
 /// One step's data for every micro-batch, in the form its model reads.
 #[derive(Clone)]
 pub enum StepBatch {
-    /// Teacher-student regression rows ([`MlpStage`]).
+    /// Teacher-student regression rows ([`MlpStage`](crate::MlpStage)).
     Mlp(Batch),
-    /// Token sequences ([`GptStage`]).
+    /// Token sequences ([`GptStage`](crate::gpt::GptStage)).
     Gpt(TokenBatch),
     /// A user's micro-batches: a `Vec<T>` of any type `T` the user's stages read (indexed by
     /// the replica's micro-batch, `dir · micro_batches_per_dir + mb`); read it with
