@@ -1,8 +1,10 @@
 //! Layers and reference models with split backward (F / I / W) on candle-core.
 //!
-//! - [`layers`]: `Linear`, exact-erf `Gelu`, MSE and the residual `MlpBlock`, each with
-//!   `forward`, `backward_input` (input gradient only) and `backward_weight` (the deferred
-//!   weight-gradient GEMMs);
+//! - [`layers`]: `Linear`, exact-erf `Gelu`, MSE, the residual `MlpBlock` and the
+//!   mixture-of-experts `MoeLayer`, each with `forward`, `backward_input` (input gradient only)
+//!   and `backward_weight` (the deferred weight-gradient GEMMs);
+//! - [`parallel`]: the expert-parallel exchange, the FB pair's compute token and threads, and
+//!   their wait tallies (no model, no layer);
 //! - [`gpt`]: the GPT-style byte-level language model (embeddings, RMSNorm, causal
 //!   attention, MLP blocks, cross-entropy) as pipeline stages, its safetensors weights, byte
 //!   data, the synthetic addition task, eval and generation;
@@ -36,13 +38,18 @@ pub mod gpt;
 pub mod layers;
 pub mod model_stage;
 pub mod optim;
+pub mod parallel;
+mod plumbing;
 pub mod precision;
 pub mod rng;
 pub mod stage;
+mod step_batch;
 
-pub use dualpipe_sim::Recompute;
+/// The recomputation setting (defined in `dualpipe-schedule`, below the simulator and the models).
+pub use dualpipe_schedule::Recompute;
 pub use error::NnError;
+pub use model_stage::StagePosition;
 pub use model_stage::{ExpertStage, ModelStage, PipelineStage, StepBatch};
 pub use optim::{LrDecay, LrSchedule, Optimizer, OptimizerKind, ParamState};
 pub use precision::Half;
-pub use stage::{MlpStage, ModelConfig, StagePosition};
+pub use stage::{MlpStage, ModelConfig};

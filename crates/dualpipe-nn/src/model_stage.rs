@@ -2,7 +2,7 @@
 //!
 //! - [`PipelineStage`]: one pipeline stage of any model (forward, input-gradient backward,
 //!   deferred weight-gradient backward, parameters by name, state for checkpoints). The MLP
-//!   ([`MlpStage`]), the GPT ([`GptStage`], with MoE) and a user's own stages
+//!   ([`MlpStage`](crate::MlpStage)), the GPT ([`GptStage`](crate::gpt::GptStage), with MoE) and a user's own stages
 //!   ([`crate::custom`]) implement it;
 //! - [`ExpertStage`]: the optional extension of a stage with MoE blocks (router counts, the
 //!   expert layers for expert parallelism and re-placement), reached through
@@ -10,85 +10,38 @@
 //! - [`ModelStage`]: the trainer's box around one stage copy: it implements the runtime's
 //!   [`dualpipe_runtime::Stage`], so the trainer, data parallelism, compression, checkpoints,
 //!   metrics and every schedule are written once, for any model;
-//! - [`StepBatch`]: one step's data, in the form its model reads.
+//! - [`StepBatch`]: one step's data, in the form its model reads;
+//! - [`StagePosition`]: where a stage copy sits.
+//!
+//! It knows no model: each model implements [`PipelineStage`] in its own module (the plumbing
+//! they share is in `plumbing.rs`), and the FB pair's threads are in [`crate::parallel`].
 
 use std::any::Any;
 use std::fmt;
-use std::sync::Arc;
-use std::time::Instant;
 
 use candle_core::Tensor;
 use dualpipe_runtime::{ForwardInput, ForwardOutput, Stage, StageError};
 use dualpipe_schedule::Chunk;
 
-use crate::data::Batch;
 use crate::error::NnError;
-use crate::gpt::moe::overlap::{compute_with, ComputeToken};
-use crate::gpt::moe::waits::{self, PairChunk};
-use crate::gpt::moe::MoeLayer;
-use crate::gpt::{GptStage, TokenBatch};
-use crate::layers::Param;
-use crate::stage::{MlpStage, StagePosition};
+use crate::layers::{MoeLayer, Param};
+use crate::parallel::overlap::run_pair;
+use crate::plumbing;
+/// One step's data (defined beside the models' batch types; re-exported here, its old path).
+pub use crate::step_batch::StepBatch;
 
-/// One step's data for every micro-batch, in the form its model reads.
-#[derive(Clone)]
-pub enum StepBatch {
-    /// Teacher-student regression rows ([`MlpStage`]).
-    Mlp(Batch),
-    /// Token sequences ([`GptStage`]).
-    Gpt(TokenBatch),
-    /// A user's micro-batches: a `Vec<T>` of any type `T` the user's stages read (indexed by
-    /// the replica's micro-batch, `dir · micro_batches_per_dir + mb`); read it with
-    /// [`StepBatch::micro_batches`].
-    Custom(Arc<dyn Any + Send + Sync>),
-}
-
-impl StepBatch {
-    /// A user's micro-batches as a [`StepBatch::Custom`].
-    pub fn custom<T: Send + Sync + 'static>(micro_batches: Vec<T>) -> Self {
-        StepBatch::Custom(Arc::new(micro_batches))
-    }
-
-    /// The micro-batches of a [`StepBatch::Custom`] holding a `Vec<T>`; an error names what
-    /// was expected otherwise.
-    pub fn micro_batches<T: 'static>(&self) -> Result<&[T], NnError> {
-        match self {
-            StepBatch::Custom(any) => {
-                any.downcast_ref::<Vec<T>>()
-                    .map(Vec::as_slice)
-                    .ok_or_else(|| {
-                        NnError::Stage(format!(
-                            "the step's batch does not hold micro-batches of type {}",
-                            std::any::type_name::<T>()
-                        ))
-                    })
-            }
-            other => Err(NnError::Stage(format!(
-                "a stage that reads micro-batches of type {} was given the {} batch",
-                std::any::type_name::<T>(),
-                other.kind()
-            ))),
-        }
-    }
-
-    /// The batch's kind in words: `MLP`, `GPT` or `custom`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            StepBatch::Mlp(_) => "MLP",
-            StepBatch::Gpt(_) => "GPT",
-            StepBatch::Custom(_) => "custom",
-        }
-    }
-}
-
-impl fmt::Debug for StepBatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StepBatch::Mlp(b) => f.debug_tuple("Mlp").field(b).finish(),
-            StepBatch::Gpt(b) => f.debug_tuple("Gpt").field(b).finish(),
-            StepBatch::Custom(_) => f.write_str("Custom(..)"),
-        }
-    }
+/// Where a stage copy sits and how the step's loss is split over micro-batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StagePosition {
+    /// The direction whose pipeline this copy serves (0 for single-direction schedules).
+    pub dir: usize,
+    /// Model stage index (= `chunk.stage` of every chunk this copy computes).
+    pub model_stage: usize,
+    /// Micro-batches in the whole step, over all directions; each micro-batch's loss is
+    /// scaled by `1 / micro_batches` so the step's loss is their mean.
+    pub micro_batches: usize,
+    /// Micro-batches per direction (`global_mb = dir * micro_batches_per_dir + mb`).
+    pub micro_batches_per_dir: usize,
 }
 
 /// One copy of one pipeline stage of a model: what the trainer, the data-parallel exchange,
@@ -320,7 +273,7 @@ impl ModelStage {
     }
 
     /// Per parameter (in the order of [`ModelStage::params`]): whether it is a routed expert
-    /// of an expert-parallel MoE block (see [`GptStage::sharded_params`]); the data-parallel
+    /// of an expert-parallel MoE block (see [`GptStage::sharded_params`](crate::gpt::GptStage::sharded_params)); the data-parallel
     /// exchange carries the others.
     pub fn sharded_params(&self) -> Vec<bool> {
         self.0.sharded_params()
@@ -372,28 +325,6 @@ impl ModelStage {
         self.experts()
             .is_some_and(ExpertStage::overlaps_expert_traffic)
     }
-
-    /// The GPT stage, if this is one.
-    pub fn as_gpt(&self) -> Option<&GptStage> {
-        self.downcast_ref::<GptStage>()
-    }
-
-    /// The GPT stage mutably, if this is one.
-    pub fn as_gpt_mut(&mut self) -> Option<&mut GptStage> {
-        self.downcast_mut::<GptStage>()
-    }
-}
-
-impl From<MlpStage> for ModelStage {
-    fn from(stage: MlpStage) -> Self {
-        ModelStage::new(stage)
-    }
-}
-
-impl From<GptStage> for ModelStage {
-    fn from(stage: GptStage) -> Self {
-        ModelStage::new(stage)
-    }
 }
 
 impl Stage for ModelStage {
@@ -440,39 +371,23 @@ impl Stage for ModelStage {
             let out = Stage::forward(self, f, input)?;
             return Ok((out, backward(other)?));
         }
-        let token = Arc::new(ComputeToken::default());
-        let begun = Instant::now();
-        std::thread::scope(|scope| {
-            let forward = scope.spawn(|| {
-                waits::add_thread_start(begun.elapsed());
-                let out = compute_with(&token, PairChunk::Forward, || {
-                    Stage::forward(self, f, input)
-                });
-                (out, begun.elapsed())
-            });
-            let grad = compute_with(&token, PairChunk::Backward, || backward(other));
-            let backward_end = begun.elapsed();
-            let (out, forward_end) = forward.join().map_err(|_| {
-                StageError(format!(
-                    "the forward of {f} in an overlapped FB pair panicked"
-                ))
-            })?;
-            waits::add_pair_span(forward_end.max(backward_end));
-            Ok((out?, grad?))
-        })
+        let panicked = || {
+            StageError(format!(
+                "the forward of {f} in an overlapped FB pair panicked"
+            ))
+        };
+        run_pair(
+            || Stage::forward(self, f, input),
+            || backward(other),
+            panicked,
+        )
     }
 
     fn gradients(&self) -> Vec<Tensor> {
-        self.params().into_iter().map(|p| p.grad.clone()).collect()
+        plumbing::gradients(self.params())
     }
 
     fn add_gradients(&mut self, other: &[Tensor]) -> Result<(), StageError> {
-        let mut params = self.params_mut();
-        crate::stage::check_grads(&params.iter().map(|p| &**p).collect::<Vec<_>>(), other)?;
-        for (p, g) in params.iter_mut().zip(other) {
-            p.grad = crate::layers::kernels::add(&p.grad, g, "adding a copy's gradients")
-                .map_err(StageError::from)?;
-        }
-        Ok(())
+        Ok(plumbing::add_gradients(self.params_mut(), other)?)
     }
 }

@@ -9,6 +9,10 @@ use dualpipe_schedule::Chunk;
 use crate::data::Batch;
 use crate::error::{NnError, TensorContext};
 use crate::layers::{mse_grad, mse_loss, MlpBlock, Param};
+use crate::model_stage::ModelStage;
+/// Where a stage copy sits: defined with the stage API, re-exported here (its old path).
+pub use crate::model_stage::StagePosition;
+use crate::plumbing::{self, ForwardStart};
 use crate::rng::{self, Purpose};
 
 /// The shape of the whole model and the seed its parameters are drawn from. The parameters of
@@ -39,20 +43,6 @@ impl ModelConfig {
     pub fn parameter_count(&self) -> usize {
         self.stages * self.parameters_per_stage()
     }
-}
-
-/// Where a stage copy sits and how the step's loss is split over micro-batches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StagePosition {
-    /// The direction whose pipeline this copy serves (0 for single-direction schedules).
-    pub dir: usize,
-    /// Model stage index (= `chunk.stage` of every chunk this copy computes).
-    pub model_stage: usize,
-    /// Micro-batches in the whole step, over all directions; each micro-batch's loss is
-    /// scaled by `1 / micro_batches` so the step's loss is their mean.
-    pub micro_batches: usize,
-    /// Micro-batches per direction (`global_mb = dir * micro_batches_per_dir + mb`).
-    pub micro_batches_per_dir: usize,
 }
 
 /// One copy of a model stage: `layers_per_stage` residual [`MlpBlock`]s.
@@ -185,7 +175,7 @@ impl MlpStage {
     /// Replaces every accumulated gradient (same order and shapes as [`MlpStage::params`]).
     pub fn set_gradients(&mut self, grads: &[Tensor]) -> Result<(), NnError> {
         let mut params = self.params_mut();
-        check_grads(&params.iter().map(|p| &**p).collect::<Vec<_>>(), grads)?;
+        plumbing::check_grads(&params.iter().map(|p| &**p).collect::<Vec<_>>(), grads)?;
         for (p, g) in params.iter_mut().zip(grads) {
             p.grad = g.clone();
         }
@@ -198,27 +188,12 @@ impl MlpStage {
         self.loss_inputs.len() + self.blocks.iter().map(MlpBlock::pending).sum::<usize>()
     }
 
-    fn check_chunk(&self, chunk: Chunk, what: &str) -> Result<(), NnError> {
-        if chunk.stage != self.position.model_stage || chunk.dir != self.position.dir {
-            return Err(NnError::Stage(format!(
-                "{what} of {chunk} sent to the copy of stage {} for direction {}",
-                self.position.model_stage, self.position.dir
-            )));
-        }
-        Ok(())
-    }
-
     fn micro_batch(&self, chunk: Chunk) -> Result<&crate::data::MicroBatch, NnError> {
-        let global_mb = chunk.dir * self.position.micro_batches_per_dir + chunk.mb;
-        self.batch
-            .as_ref()
-            .ok_or_else(|| NnError::Stage("no batch: call set_batch before the step".into()))?
-            .get(global_mb)
-            .ok_or_else(|| {
-                NnError::Stage(format!(
-                    "micro-batch {global_mb} of {chunk} is not in the batch"
-                ))
-            })
+        plumbing::micro_batch(
+            self.position,
+            self.batch.as_deref().map(Vec::as_slice),
+            chunk,
+        )
     }
 
     fn forward_impl(
@@ -226,28 +201,10 @@ impl MlpStage {
         chunk: Chunk,
         input: ForwardInput<Tensor>,
     ) -> Result<ForwardOutput<Tensor>, NnError> {
-        self.check_chunk(chunk, "forward")?;
-        let mut x = match (input, self.is_first()) {
-            (ForwardInput::MicroBatch { global_mb }, true) => {
-                let expected = chunk.dir * self.position.micro_batches_per_dir + chunk.mb;
-                if global_mb != expected {
-                    return Err(NnError::Stage(format!(
-                        "forward of {chunk} asked for micro-batch {global_mb}, expected {expected}"
-                    )));
-                }
-                self.micro_batch(chunk)?.inputs.clone()
-            }
-            (ForwardInput::Activation(x), false) => x,
-            (ForwardInput::MicroBatch { .. }, false) => {
-                return Err(NnError::Stage(format!(
-                    "forward of {chunk}: only the first stage loads a micro-batch"
-                )))
-            }
-            (ForwardInput::Activation(_), true) => {
-                return Err(NnError::Stage(format!(
-                    "forward of {chunk}: the first stage loads its input, it takes no activation"
-                )))
-            }
+        plumbing::check_chunk(self.position, chunk, "forward")?;
+        let mut x = match plumbing::forward_start(self.position, self.is_first(), chunk, input)? {
+            ForwardStart::MicroBatch => self.micro_batch(chunk)?.inputs.clone(),
+            ForwardStart::Activation(x) => x,
         };
         for block in &mut self.blocks {
             x = block.forward(chunk, &x)?;
@@ -267,24 +224,14 @@ impl MlpStage {
         chunk: Chunk,
         grad_output: Option<Tensor>,
     ) -> Result<Option<Tensor>, NnError> {
-        self.check_chunk(chunk, "backward_input")?;
-        let mut g = match (grad_output, self.is_last()) {
-            (None, true) => {
+        plumbing::check_chunk(self.position, chunk, "backward_input")?;
+        let mut g = match plumbing::backward_start(self.is_last(), chunk, grad_output)? {
+            Some(g) => g,
+            None => {
                 let (y, t) = self.loss_inputs.remove(&chunk).ok_or_else(|| {
                     NnError::Stage(format!("backward_input of {chunk} before its forward"))
                 })?;
                 mse_grad(&y, &t, self.loss_scale / self.position.micro_batches as f64)?
-            }
-            (Some(g), false) => g,
-            (Some(_), true) => {
-                return Err(NnError::Stage(format!(
-                    "backward_input of {chunk}: the last stage starts from the loss and takes no gradient"
-                )))
-            }
-            (None, false) => {
-                return Err(NnError::Stage(format!(
-                    "backward_input of {chunk}: a stage before the last needs the output gradient"
-                )))
             }
         };
         for block in self.blocks.iter_mut().rev() {
@@ -294,173 +241,14 @@ impl MlpStage {
     }
 
     fn backward_weight_impl(&mut self, chunk: Chunk) -> Result<(), NnError> {
-        self.check_chunk(chunk, "backward_weight")?;
+        plumbing::check_chunk(self.position, chunk, "backward_weight")?;
         self.blocks
             .iter_mut()
             .try_for_each(|block| block.backward_weight(chunk))
     }
 }
 
-pub(crate) fn check_grads(params: &[&Param], grads: &[Tensor]) -> Result<(), NnError> {
-    if params.len() != grads.len() {
-        return Err(NnError::Stage(format!(
-            "got {} gradients for a stage with {} parameters",
-            grads.len(),
-            params.len()
-        )));
-    }
-    for (i, (p, g)) in params.iter().zip(grads).enumerate() {
-        if p.value.dims() != g.dims() || p.value.dtype() != g.dtype() {
-            return Err(NnError::Stage(format!(
-                "gradient {i} is {:?} {:?}, the parameter is {:?} {:?}",
-                g.dtype(),
-                g.dims(),
-                p.value.dtype(),
-                p.value.dims()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Implements the runtime's [`Stage`] for a stage type of this crate that has
-/// `forward_impl`, `backward_input_impl`, `backward_weight_impl` (the F, I and W of its layers)
-/// and `params` / `params_mut`: one implementation for the MLP and the GPT stages.
-macro_rules! impl_param_stage {
-    ($stage:ty) => {
-        impl dualpipe_runtime::Stage for $stage {
-            type Tensor = candle_core::Tensor;
-
-            fn forward(
-                &mut self,
-                chunk: dualpipe_schedule::Chunk,
-                input: dualpipe_runtime::ForwardInput<candle_core::Tensor>,
-            ) -> Result<
-                dualpipe_runtime::ForwardOutput<candle_core::Tensor>,
-                dualpipe_runtime::StageError,
-            > {
-                Ok(self.forward_impl(chunk, input)?)
-            }
-
-            fn backward_input(
-                &mut self,
-                chunk: dualpipe_schedule::Chunk,
-                grad_output: Option<candle_core::Tensor>,
-            ) -> Result<Option<candle_core::Tensor>, dualpipe_runtime::StageError> {
-                Ok(self.backward_input_impl(chunk, grad_output)?)
-            }
-
-            fn backward_weight(
-                &mut self,
-                chunk: dualpipe_schedule::Chunk,
-            ) -> Result<(), dualpipe_runtime::StageError> {
-                Ok(self.backward_weight_impl(chunk)?)
-            }
-
-            fn gradients(&self) -> Vec<candle_core::Tensor> {
-                self.params().into_iter().map(|p| p.grad.clone()).collect()
-            }
-
-            fn add_gradients(
-                &mut self,
-                other: &[candle_core::Tensor],
-            ) -> Result<(), dualpipe_runtime::StageError> {
-                let mut params = self.params_mut();
-                $crate::stage::check_grads(
-                    &params.iter().map(|p| &**p).collect::<Vec<_>>(),
-                    other,
-                )?;
-                for (p, g) in params.iter_mut().zip(other) {
-                    p.grad = $crate::layers::kernels::add(&p.grad, g, "adding a copy's gradients")
-                        .map_err(dualpipe_runtime::StageError::from)?;
-                }
-                Ok(())
-            }
-        }
-    };
-}
-pub(crate) use impl_param_stage;
-
-/// Implements [`PipelineStage`](crate::model_stage::PipelineStage) for a stage type of this
-/// crate by delegation, one implementation for the MLP and the GPT stages: its `position`
-/// field, its batch of the [`StepBatch`](crate::model_stage::StepBatch) variant `$batch`
-/// (`$what` names the stage in the error for another one), the F, I and W of
-/// [`impl_param_stage!`], and its own `params`, `params_mut`, `param_names`, `pending` and
-/// `zero_grad`; the methods in the braces are the trait's others the type overrides.
-macro_rules! impl_pipeline_stage {
-    ($stage:ty, $batch:ident, $what:literal, { $($extra:tt)* }) => {
-        impl $crate::model_stage::PipelineStage for $stage {
-            fn position(&self) -> $crate::stage::StagePosition {
-                self.position
-            }
-
-            fn set_batch(
-                &mut self,
-                batch: &$crate::model_stage::StepBatch,
-            ) -> Result<(), $crate::error::NnError> {
-                match batch {
-                    $crate::model_stage::StepBatch::$batch(b) => {
-                        <$stage>::set_batch(self, b.clone());
-                        Ok(())
-                    }
-                    other => Err($crate::error::NnError::Stage(format!(
-                        concat!($what, " stage was given the {} batch"),
-                        other.kind()
-                    ))),
-                }
-            }
-
-            fn forward(
-                &mut self,
-                chunk: dualpipe_schedule::Chunk,
-                input: dualpipe_runtime::ForwardInput<candle_core::Tensor>,
-            ) -> Result<dualpipe_runtime::ForwardOutput<candle_core::Tensor>, $crate::error::NnError>
-            {
-                self.forward_impl(chunk, input)
-            }
-
-            fn backward_input(
-                &mut self,
-                chunk: dualpipe_schedule::Chunk,
-                grad_output: Option<candle_core::Tensor>,
-            ) -> Result<Option<candle_core::Tensor>, $crate::error::NnError> {
-                self.backward_input_impl(chunk, grad_output)
-            }
-
-            fn backward_weight(
-                &mut self,
-                chunk: dualpipe_schedule::Chunk,
-            ) -> Result<(), $crate::error::NnError> {
-                self.backward_weight_impl(chunk)
-            }
-
-            fn params(&self) -> Vec<&$crate::layers::Param> {
-                <$stage>::params(self)
-            }
-
-            fn params_mut(&mut self) -> Vec<&mut $crate::layers::Param> {
-                <$stage>::params_mut(self)
-            }
-
-            fn param_names(&self) -> Vec<String> {
-                <$stage>::param_names(self)
-            }
-
-            fn pending(&self) -> usize {
-                <$stage>::pending(self)
-            }
-
-            fn zero_grad(&mut self) -> Result<(), $crate::error::NnError> {
-                <$stage>::zero_grad(self)
-            }
-
-            $($extra)*
-        }
-    };
-}
-pub(crate) use impl_pipeline_stage;
-
-impl_param_stage!(MlpStage);
+crate::plumbing::impl_param_stage!(MlpStage);
 
 /// Converts a tensor to a flat f64 vector (for comparisons and reports).
 pub fn to_f64_vec(t: &Tensor) -> Result<Vec<f64>, NnError> {
@@ -470,9 +258,15 @@ pub fn to_f64_vec(t: &Tensor) -> Result<Vec<f64>, NnError> {
         .ctx("to_f64_vec")
 }
 
-impl_pipeline_stage!(MlpStage, Mlp, "an MLP", {
+crate::plumbing::impl_pipeline_stage!(MlpStage, Mlp, "an MLP", {
     fn set_loss_scale(&mut self, scale: f64) -> Result<(), NnError> {
         self.loss_scale = scale;
         Ok(())
     }
 });
+
+impl From<MlpStage> for ModelStage {
+    fn from(stage: MlpStage) -> Self {
+        ModelStage::new(stage)
+    }
+}

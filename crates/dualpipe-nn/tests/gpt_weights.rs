@@ -136,14 +136,14 @@ fn bad_files_and_mismatched_flags_are_errors() {
     assert!(err.to_string().contains("norm_f.weight"), "{err}");
 
     let c = config();
-    c.check_flag("d-model", None).unwrap();
-    c.check_flag("d-model", Some(8)).unwrap();
-    let err = c.check_flag("d-model", Some(64)).unwrap_err();
+    c.check_field("d_model", None).unwrap();
+    c.check_field("d_model", Some(8)).unwrap();
+    let err = c.check_field("d_model", Some(64)).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "--d-model is 64 but the weights file has d_model = 8; drop the flag or make it 8"
+        "`d_model` is 64 but the weights file has d_model = 8; leave it unset or make it 8"
     );
-    assert!(c.check_flag("heads", Some(4)).is_err());
+    assert!(c.check_field("heads", Some(4)).is_err());
     assert!(GptConfig { heads: 3, ..c }.validate().is_err());
     assert!(GptConfig {
         d_model: usize::MAX / 2,

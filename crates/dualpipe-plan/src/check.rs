@@ -23,7 +23,7 @@ impl Plan {
     /// rank, each on its own device named `datacenter/node/device`, holding only layers of
     /// the plan.
     pub fn check(&self, at: &str) -> Result<ScheduleKind, PlanError> {
-        let bad = |field: &str, why: String| PlanError::Previous(format!("{at}.{field}: {why}"));
+        let bad = |field: &str, why: String| fault(at, field, why);
         let kind = ScheduleKind::from_name(&self.schedule).ok_or_else(|| {
             let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
             bad(
@@ -35,6 +35,15 @@ impl Plan {
                 ),
             )
         })?;
+        self.check_sizes(at, kind)?;
+        let layers = self.check_stages(at, kind)?;
+        self.check_placement(at, layers)?;
+        Ok(kind)
+    }
+
+    /// The ranks, micro-batches, stages per rank (those `kind` runs with) and partition.
+    fn check_sizes(&self, at: &str, kind: ScheduleKind) -> Result<(), PlanError> {
+        let bad = |field: &str, why: String| fault(at, field, why);
         if !(1..=MAX_SIDE).contains(&self.ranks) {
             return Err(bad(
                 "ranks",
@@ -85,6 +94,13 @@ impl Plan {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The stages: one per stage of `kind`'s schedule, numbered from 0, covering the layers
+    /// in order from 0, each with a layer; returns the layers they cover.
+    fn check_stages(&self, at: &str, kind: ScheduleKind) -> Result<usize, PlanError> {
+        let bad = |field: &str, why: String| fault(at, field, why);
         let stages = StagePlacement::for_kind(kind, self.ranks, self.virtual_stages).stages();
         if self.stages.len() != stages {
             return Err(bad(
@@ -123,7 +139,13 @@ impl Plan {
             }
             next = s.end_layer;
         }
-        let layers = next;
+        Ok(next)
+    }
+
+    /// The placement: one entry per rank, each on its own device named
+    /// `datacenter/node/device`, holding only layers below `layers`.
+    fn check_placement(&self, at: &str, layers: usize) -> Result<(), PlanError> {
+        let bad = |field: &str, why: String| fault(at, field, why);
         if self.placement.len() != self.ranks {
             return Err(bad(
                 "placement",
@@ -175,8 +197,13 @@ impl Plan {
                 ));
             }
         }
-        Ok(kind)
+        Ok(())
     }
+}
+
+/// The fault `why` of the field `field` of the plan at `at`.
+fn fault(at: &str, field: &str, why: String) -> PlanError {
+    PlanError::Previous(format!("{at}.{field}: {why}"))
 }
 
 /// At most 40 characters of a value shown in a message.

@@ -52,13 +52,7 @@ fn glyph(op: &Op, ranks: usize) -> (char, usize, OpKind) {
 pub fn render_ascii(timeline: &Timeline, width: usize, color: bool) -> String {
     let ranks = timeline.ranks();
     let makespan = timeline.makespan();
-    let min_duration = timeline
-        .compute
-        .iter()
-        .flatten()
-        .map(|i| i.end - i.start)
-        .filter(|d| *d > 0.0)
-        .fold(f64::INFINITY, f64::min);
+    let min_duration = crate::svg::shortest_op(timeline);
     let width = width.max(10);
     // One column per shortest op if that fits, else squeeze into `width`.
     let columns = if min_duration.is_finite() && makespan > 0.0 {

@@ -368,206 +368,263 @@ impl<'a> Simulator<'a> {
     }
 
     fn advance_with(&mut self, rank: usize, needs: &mut Vec<Need>) -> Result<(), SimError> {
-        let program = &self.schedule.programs[rank];
-        while self.ranks[rank].pc < program.len() {
-            let op = program[self.ranks[rank].pc];
-            match op {
+        let ops = self.schedule.programs[rank].len();
+        while self.ranks[rank].pc < ops {
+            let op = self.schedule.programs[rank][self.ranks[rank].pc];
+            let went_on = match op {
                 Op::SendF { chunk, peer } | Op::SendB { chunk, peer } => {
-                    let i = self.check_local(rank, chunk)?;
                     let forward = matches!(op, Op::SendF { .. });
-                    let (done, dst, kind) = if forward {
-                        let dst = self.check_peer(rank, self.next_chunk(chunk), peer, "next")?;
-                        (self.fwd_done[i], dst, MessageKind::Forward)
-                    } else {
-                        let dst =
-                            self.check_peer(rank, Self::prev_chunk(chunk), peer, "previous")?;
-                        (self.bwd_done[i], dst, MessageKind::Backward)
-                    };
-                    if done.is_nan() {
-                        let what = if forward { "forward" } else { "backward" };
-                        return Err(self.err(
-                            rank,
-                            format!(
-                                "the {what} of {chunk} has not run on this rank before its send"
-                            ),
-                        ));
-                    }
-                    let j = self.index.of(dst);
-                    let slot = if forward { Slot::Fwd(j) } else { Slot::Bwd(j) };
-                    if !self.arrival(slot).is_nan() {
-                        return Err(
-                            self.err(rank, format!("the message for {dst} was already sent"))
-                        );
-                    }
-                    // With a network, the sender is busy for the transfer and the message
-                    // arrives a latency later; without, the single message time does both.
-                    let (busy, travel) = match &self.cost.network {
-                        Some(net) => {
-                            let boundary = if forward { chunk.stage } else { dst.stage };
-                            net.message(rank, peer, boundary, self.cost.comm.message_bytes)
-                        }
-                        None => (self.message_time, self.message_time),
-                    };
-                    let state = &mut self.ranks[rank];
-                    let start = state.time.max(state.comm_free);
-                    let end = start + travel;
-                    state.comm_free = start + busy;
-                    if self.cost.comm.blocking {
-                        self.timeline.comm_wait[rank] += end - state.time;
-                        state.time = end;
-                    }
-                    match slot {
-                        Slot::Fwd(j) => self.fwd_arrival[j] = end,
-                        Slot::Bwd(j) => self.bwd_arrival[j] = end,
-                    }
-                    self.timeline.messages.push(MessageInterval {
-                        src: rank,
-                        dst: peer,
-                        kind,
-                        src_chunk: chunk,
-                        dst_chunk: dst,
-                        start,
-                        end,
-                    });
-                    let k = self.slot_index(slot);
-                    if let Some(waiting) = self.waiters[k].take() {
-                        self.queue.push_back(waiting);
-                    }
+                    self.send(rank, chunk, peer, forward)?;
+                    true
                 }
                 Op::RecvF { chunk, peer } | Op::RecvB { chunk, peer } => {
-                    let i = self.check_local(rank, chunk)?;
-                    let slot = if matches!(op, Op::RecvF { .. }) {
-                        self.check_peer(rank, Self::prev_chunk(chunk), peer, "previous")?;
-                        self.fwd_posted[i] = true;
-                        Slot::Fwd(i)
-                    } else {
-                        self.check_peer(rank, self.next_chunk(chunk), peer, "next")?;
-                        self.bwd_posted[i] = true;
-                        Slot::Bwd(i)
-                    };
-                    self.ranks[rank].pending.push((slot, chunk));
+                    self.post_recv(rank, chunk, peer, matches!(op, Op::RecvF { .. }))?;
+                    true
                 }
-                Op::Wait => {
-                    let mut ready = self.ranks[rank].time;
-                    for k in 0..self.ranks[rank].pending.len() {
-                        let slot = self.ranks[rank].pending[k].0;
-                        let arrival = self.arrival(slot);
-                        if arrival.is_nan() {
-                            self.park(rank, slot);
-                            return Ok(());
-                        }
-                        ready = ready.max(arrival);
-                    }
-                    let state = &mut self.ranks[rank];
-                    self.timeline.comm_wait[rank] += ready - state.time;
-                    state.time = ready;
-                    state.pending.clear();
-                }
+                Op::Wait => self.wait(rank),
                 Op::F(_) | Op::B(_) | Op::I(_) | Op::W(_) | Op::FB { .. } => {
-                    needs.clear();
-                    let mut indices = [usize::MAX; 2];
-                    match op {
-                        Op::F(c) => {
-                            indices[0] = self.check_local(rank, c)?;
-                            self.forward_needs(rank, c, needs);
-                        }
-                        Op::B(c) | Op::I(c) => {
-                            indices[1] = self.check_local(rank, c)?;
-                            self.backward_needs(rank, c, needs);
-                        }
-                        Op::W(c) => {
-                            let i = self.check_local(rank, c)?;
-                            if !self.input_only[i] || self.w_done[i] {
-                                return Err(self.err(
-                                    rank,
-                                    format!("W needs exactly one earlier I of {c} on this rank"),
-                                ));
-                            }
-                            indices[1] = i;
-                        }
-                        Op::FB { f, b } => {
-                            indices[0] = self.check_local(rank, f)?;
-                            indices[1] = self.check_local(rank, b)?;
-                            self.forward_needs(rank, f, needs);
-                            self.backward_needs(rank, b, needs);
-                        }
-                        _ => unreachable!("compute ops only"),
-                    }
-                    let mut ready = self.ranks[rank].time;
-                    for need in needs.iter() {
-                        match *need {
-                            Need::Local(t, what, c) => {
-                                if t.is_nan() {
-                                    return Err(self.err(
-                                        rank,
-                                        format!("needs the {what} of {c} on this rank, which has not run before it"),
-                                    ));
-                                }
-                                ready = ready.max(t);
-                            }
-                            Need::Message(slot, kind, c) => {
-                                let posted = match slot {
-                                    Slot::Fwd(i) => self.fwd_posted[i],
-                                    Slot::Bwd(i) => self.bwd_posted[i],
-                                };
-                                if !posted {
-                                    let recv = match kind {
-                                        MessageKind::Forward => "RECV_F",
-                                        MessageKind::Backward => "RECV_B",
-                                    };
-                                    return Err(self.err(
-                                        rank,
-                                        format!("its input for {c} comes from another rank, but no {recv} for it was posted before it; lower the schedule (dualpipe_schedule::lower) before simulating"),
-                                    ));
-                                }
-                                let arrival = self.arrival(slot);
-                                if arrival.is_nan() {
-                                    self.park(rank, slot);
-                                    return Ok(());
-                                }
-                                ready = ready.max(arrival);
-                            }
-                        }
-                    }
-                    let duration = if self.cost.rank_speed.is_empty() {
-                        self.cost.duration(&op)
-                    } else {
-                        self.cost.duration(&op) / self.cost.speed(rank)
-                    };
-                    let state = &mut self.ranks[rank];
-                    self.timeline.comm_wait[rank] += ready - state.time;
-                    let end = ready + duration;
-                    state.time = end;
-                    let [fi, bi] = indices;
-                    if fi != usize::MAX {
-                        if !self.fwd_done[fi].is_nan() {
-                            return Err(self.err(rank, "this chunk's forward already ran".into()));
-                        }
-                        self.fwd_done[fi] = end;
-                    }
-                    if bi != usize::MAX {
-                        match op {
-                            Op::W(_) => self.w_done[bi] = true,
-                            _ => {
-                                if !self.bwd_done[bi].is_nan() {
-                                    return Err(
-                                        self.err(rank, "this chunk's backward already ran".into())
-                                    );
-                                }
-                                self.bwd_done[bi] = end;
-                                self.input_only[bi] = matches!(op, Op::I(_));
-                            }
-                        }
-                    }
-                    self.timeline.compute[rank].push(ComputeInterval {
-                        op,
-                        start: ready,
-                        end,
-                    });
+                    self.compute(rank, op, needs)?
                 }
+            };
+            if !went_on {
+                return Ok(());
             }
             self.ranks[rank].pc += 1;
         }
         Ok(())
+    }
+
+    /// `rank` sends the forward (or backward) message of `chunk` to `peer`, waking a rank
+    /// parked on it.
+    fn send(
+        &mut self,
+        rank: usize,
+        chunk: Chunk,
+        peer: usize,
+        forward: bool,
+    ) -> Result<(), SimError> {
+        let i = self.check_local(rank, chunk)?;
+        let (done, dst, kind) = if forward {
+            let dst = self.check_peer(rank, self.next_chunk(chunk), peer, "next")?;
+            (self.fwd_done[i], dst, MessageKind::Forward)
+        } else {
+            let dst = self.check_peer(rank, Self::prev_chunk(chunk), peer, "previous")?;
+            (self.bwd_done[i], dst, MessageKind::Backward)
+        };
+        if done.is_nan() {
+            let what = if forward { "forward" } else { "backward" };
+            return Err(self.err(
+                rank,
+                format!("the {what} of {chunk} has not run on this rank before its send"),
+            ));
+        }
+        let j = self.index.of(dst);
+        let slot = if forward { Slot::Fwd(j) } else { Slot::Bwd(j) };
+        if !self.arrival(slot).is_nan() {
+            return Err(self.err(rank, format!("the message for {dst} was already sent")));
+        }
+        // With a network, the sender is busy for the transfer and the message arrives a
+        // latency later; without, the single message time does both.
+        let (busy, travel) = match &self.cost.network {
+            Some(net) => {
+                let boundary = if forward { chunk.stage } else { dst.stage };
+                net.message(rank, peer, boundary, self.cost.comm.message_bytes)
+            }
+            None => (self.message_time, self.message_time),
+        };
+        let state = &mut self.ranks[rank];
+        let start = state.time.max(state.comm_free);
+        let end = start + travel;
+        state.comm_free = start + busy;
+        if self.cost.comm.blocking {
+            self.timeline.comm_wait[rank] += end - state.time;
+            state.time = end;
+        }
+        match slot {
+            Slot::Fwd(j) => self.fwd_arrival[j] = end,
+            Slot::Bwd(j) => self.bwd_arrival[j] = end,
+        }
+        self.timeline.messages.push(MessageInterval {
+            src: rank,
+            dst: peer,
+            kind,
+            src_chunk: chunk,
+            dst_chunk: dst,
+            start,
+            end,
+        });
+        let k = self.slot_index(slot);
+        if let Some(waiting) = self.waiters[k].take() {
+            self.queue.push_back(waiting);
+        }
+        Ok(())
+    }
+
+    /// `rank` posts the receive of `chunk`'s forward (or backward) message from `peer`.
+    fn post_recv(
+        &mut self,
+        rank: usize,
+        chunk: Chunk,
+        peer: usize,
+        forward: bool,
+    ) -> Result<(), SimError> {
+        let i = self.check_local(rank, chunk)?;
+        let slot = if forward {
+            self.check_peer(rank, Self::prev_chunk(chunk), peer, "previous")?;
+            self.fwd_posted[i] = true;
+            Slot::Fwd(i)
+        } else {
+            self.check_peer(rank, self.next_chunk(chunk), peer, "next")?;
+            self.bwd_posted[i] = true;
+            Slot::Bwd(i)
+        };
+        self.ranks[rank].pending.push((slot, chunk));
+        Ok(())
+    }
+
+    /// `rank` waits for every receive it posted; false when it is parked on one not sent yet.
+    fn wait(&mut self, rank: usize) -> bool {
+        let mut ready = self.ranks[rank].time;
+        for k in 0..self.ranks[rank].pending.len() {
+            let slot = self.ranks[rank].pending[k].0;
+            let arrival = self.arrival(slot);
+            if arrival.is_nan() {
+                self.park(rank, slot);
+                return false;
+            }
+            ready = ready.max(arrival);
+        }
+        let state = &mut self.ranks[rank];
+        self.timeline.comm_wait[rank] += ready - state.time;
+        state.time = ready;
+        state.pending.clear();
+        true
+    }
+
+    /// `rank` runs the compute op `op` once what it needs is there; false when it is parked
+    /// on a message not sent yet.
+    fn compute(&mut self, rank: usize, op: Op, needs: &mut Vec<Need>) -> Result<bool, SimError> {
+        needs.clear();
+        let indices = self.compute_needs(rank, op, needs)?;
+        let Some(ready) = self.ready_at(rank, needs)? else {
+            return Ok(false);
+        };
+        let duration = if self.cost.rank_speed.is_empty() {
+            self.cost.duration(&op)
+        } else {
+            self.cost.duration(&op) / self.cost.speed(rank)
+        };
+        let state = &mut self.ranks[rank];
+        self.timeline.comm_wait[rank] += ready - state.time;
+        let end = ready + duration;
+        state.time = end;
+        let [fi, bi] = indices;
+        if fi != usize::MAX {
+            if !self.fwd_done[fi].is_nan() {
+                return Err(self.err(rank, "this chunk's forward already ran".into()));
+            }
+            self.fwd_done[fi] = end;
+        }
+        if bi != usize::MAX {
+            match op {
+                Op::W(_) => self.w_done[bi] = true,
+                _ => {
+                    if !self.bwd_done[bi].is_nan() {
+                        return Err(self.err(rank, "this chunk's backward already ran".into()));
+                    }
+                    self.bwd_done[bi] = end;
+                    self.input_only[bi] = matches!(op, Op::I(_));
+                }
+            }
+        }
+        self.timeline.compute[rank].push(ComputeInterval {
+            op,
+            start: ready,
+            end,
+        });
+        Ok(true)
+    }
+
+    /// What the compute op `op` on `rank` needs, into `needs`; returns the chunk indices of
+    /// its forward and its backward (`usize::MAX` for none).
+    fn compute_needs(
+        &self,
+        rank: usize,
+        op: Op,
+        needs: &mut Vec<Need>,
+    ) -> Result<[usize; 2], SimError> {
+        let mut indices = [usize::MAX; 2];
+        match op {
+            Op::F(c) => {
+                indices[0] = self.check_local(rank, c)?;
+                self.forward_needs(rank, c, needs);
+            }
+            Op::B(c) | Op::I(c) => {
+                indices[1] = self.check_local(rank, c)?;
+                self.backward_needs(rank, c, needs);
+            }
+            Op::W(c) => {
+                let i = self.check_local(rank, c)?;
+                if !self.input_only[i] || self.w_done[i] {
+                    return Err(self.err(
+                        rank,
+                        format!("W needs exactly one earlier I of {c} on this rank"),
+                    ));
+                }
+                indices[1] = i;
+            }
+            Op::FB { f, b } => {
+                indices[0] = self.check_local(rank, f)?;
+                indices[1] = self.check_local(rank, b)?;
+                self.forward_needs(rank, f, needs);
+                self.backward_needs(rank, b, needs);
+            }
+            _ => unreachable!("compute ops only"),
+        }
+        Ok(indices)
+    }
+
+    /// When everything in `needs` is there for `rank`; `None` when it is parked on a message
+    /// not sent yet.
+    fn ready_at(&mut self, rank: usize, needs: &[Need]) -> Result<Option<f64>, SimError> {
+        let mut ready = self.ranks[rank].time;
+        for need in needs {
+            match *need {
+                Need::Local(t, what, c) => {
+                    if t.is_nan() {
+                        return Err(self.err(
+                            rank,
+                            format!(
+                                "needs the {what} of {c} on this rank, which has not run before it"
+                            ),
+                        ));
+                    }
+                    ready = ready.max(t);
+                }
+                Need::Message(slot, kind, c) => {
+                    let posted = match slot {
+                        Slot::Fwd(i) => self.fwd_posted[i],
+                        Slot::Bwd(i) => self.bwd_posted[i],
+                    };
+                    if !posted {
+                        let recv = match kind {
+                            MessageKind::Forward => "RECV_F",
+                            MessageKind::Backward => "RECV_B",
+                        };
+                        return Err(self.err(
+                            rank,
+                            format!("its input for {c} comes from another rank, but no {recv} for it was posted before it; lower the schedule (dualpipe_schedule::lower) before simulating"),
+                        ));
+                    }
+                    let arrival = self.arrival(slot);
+                    if arrival.is_nan() {
+                        self.park(rank, slot);
+                        return Ok(None);
+                    }
+                    ready = ready.max(arrival);
+                }
+            }
+        }
+        Ok(Some(ready))
     }
 }

@@ -120,34 +120,69 @@ fn cell(out: &mut String, x: f64, y: f64, w: f64, fill: &str, label: usize, dark
     out.push('\n');
 }
 
-/// Renders `timeline` as a standalone SVG document.
-pub fn render_svg(timeline: &Timeline, options: &SvgOptions) -> String {
-    let ranks = timeline.ranks();
-    let makespan = timeline.makespan();
-    let min_duration = timeline
+/// The shortest compute op of `timeline` that takes any time (infinite when none does): the
+/// pictures scale time so that it stays readable.
+pub(crate) fn shortest_op(timeline: &Timeline) -> f64 {
+    timeline
         .compute
         .iter()
         .flatten()
         .map(|i| i.end - i.start)
         .filter(|d| *d > 0.0)
-        .fold(f64::INFINITY, f64::min);
-    let mut scale = if min_duration.is_finite() {
-        22.0 / min_duration
-    } else {
-        20.0
-    };
-    if makespan > 0.0 {
-        scale = scale.min(3200.0 / makespan).max(640.0 / makespan);
-    }
-    let plot_w = makespan * scale;
-    let width = (LEFT + plot_w + RIGHT).max(760.0);
-    let top = if options.title.is_some() { 34.0 } else { 10.0 };
-    let rows_h = ranks as f64 * ROW;
-    let axis_y = top + rows_h + 4.0;
-    let legend_y = axis_y + 34.0;
-    let caption_y = legend_y + 34.0;
-    let height = caption_y + 18.0 * options.caption.len() as f64 + 8.0;
+        .fold(f64::INFINITY, f64::min)
+}
 
+/// Where a timeline's picture puts things: the time scale and the heights of its parts.
+struct Frame {
+    /// Pixels per unit of time.
+    scale: f64,
+    /// The plot's width (the makespan's).
+    plot_w: f64,
+    width: f64,
+    height: f64,
+    /// The first row's top.
+    top: f64,
+    axis_y: f64,
+    legend_y: f64,
+    caption_y: f64,
+}
+
+impl Frame {
+    /// The frame of `timeline` under `options`: a time scale that makes the shortest op about
+    /// 22 pixels wide, within 640 to 3,200 pixels for the whole makespan.
+    fn of(timeline: &Timeline, options: &SvgOptions) -> Frame {
+        let makespan = timeline.makespan();
+        let min_duration = shortest_op(timeline);
+        let mut scale = if min_duration.is_finite() {
+            22.0 / min_duration
+        } else {
+            20.0
+        };
+        if makespan > 0.0 {
+            scale = scale.min(3200.0 / makespan).max(640.0 / makespan);
+        }
+        let plot_w = makespan * scale;
+        let top = if options.title.is_some() { 34.0 } else { 10.0 };
+        let axis_y = top + timeline.ranks() as f64 * ROW + 4.0;
+        let legend_y = axis_y + 34.0;
+        let caption_y = legend_y + 34.0;
+        Frame {
+            scale,
+            plot_w,
+            width: (LEFT + plot_w + RIGHT).max(760.0),
+            height: caption_y + 18.0 * options.caption.len() as f64 + 8.0,
+            top,
+            axis_y,
+            legend_y,
+            caption_y,
+        }
+    }
+}
+
+/// Renders `timeline` as a standalone SVG document.
+pub fn render_svg(timeline: &Timeline, options: &SvgOptions) -> String {
+    let frame = Frame::of(timeline, options);
+    let (width, height) = (frame.width, frame.height);
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -164,7 +199,25 @@ pub fn render_svg(timeline: &Timeline, options: &SvgOptions) -> String {
             escape(title)
         );
     }
-    // Rows: labels and empty (idle) background.
+    write_rows(&mut out, timeline.ranks(), &frame);
+    write_cells(&mut out, timeline, &frame);
+    write_axis(&mut out, timeline.makespan(), &frame);
+    write_legend(&mut out, frame.legend_y);
+    for (k, line) in options.caption.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            r##"<text x="{LEFT}" y="{:.2}" font-size="13" fill="#222222">{}</text>"##,
+            frame.caption_y + 18.0 * k as f64,
+            escape(line)
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The rows: each rank's label and its empty (idle) background.
+fn write_rows(out: &mut String, ranks: usize, frame: &Frame) {
+    let (top, plot_w) = (frame.top, frame.plot_w);
     for r in 0..ranks {
         let y = top + r as f64 * ROW;
         let _ = writeln!(
@@ -176,7 +229,11 @@ pub fn render_svg(timeline: &Timeline, options: &SvgOptions) -> String {
             ROW - 4.0
         );
     }
-    // Cells.
+}
+
+/// The cells: one per compute op (an FB as its forward third and backward two thirds, framed).
+fn write_cells(out: &mut String, timeline: &Timeline, frame: &Frame) {
+    let (top, scale, ranks) = (frame.top, frame.scale, timeline.ranks());
     for (r, intervals) in timeline.compute.iter().enumerate() {
         let y = top + r as f64 * ROW + 2.0;
         for iv in intervals {
@@ -187,16 +244,8 @@ pub fn render_svg(timeline: &Timeline, options: &SvgOptions) -> String {
                     let wf = w / 3.0;
                     let lf = lane(f, ranks);
                     let lb = lane(b, ranks);
-                    cell(&mut out, x, y, wf, color(OpKind::F, lf), f.mb, lf == 1);
-                    cell(
-                        &mut out,
-                        x + wf,
-                        y,
-                        w - wf,
-                        color(OpKind::B, lb),
-                        b.mb,
-                        lb == 1,
-                    );
+                    cell(out, x, y, wf, color(OpKind::F, lf), f.mb, lf == 1);
+                    cell(out, x + wf, y, w - wf, color(OpKind::B, lb), b.mb, lb == 1);
                     let _ = writeln!(
                         out,
                         r##"<rect x="{:.2}" y="{:.2}" width="{:.2}" height="{:.2}" fill="none" stroke="#000000" stroke-width="2"/>"##,
@@ -209,13 +258,17 @@ pub fn render_svg(timeline: &Timeline, options: &SvgOptions) -> String {
                 op => {
                     if let Some(c) = op.chunk() {
                         let l = lane(c, ranks);
-                        cell(&mut out, x, y, w, color(op.kind(), l), c.mb, l == 1);
+                        cell(out, x, y, w, color(op.kind(), l), c.mb, l == 1);
                     }
                 }
             }
         }
     }
-    // Time axis.
+}
+
+/// The time axis, its ticks and its label.
+fn write_axis(out: &mut String, makespan: f64, frame: &Frame) {
+    let (scale, plot_w, axis_y) = (frame.scale, frame.plot_w, frame.axis_y);
     let step = tick_step(makespan, (plot_w / 90.0).max(2.0));
     let _ = writeln!(
         out,
@@ -240,7 +293,10 @@ pub fn render_svg(timeline: &Timeline, options: &SvgOptions) -> String {
         LEFT - 8.0,
         axis_y + 16.0
     );
-    // Legend.
+}
+
+/// The legend: the op kinds' colours, then the darker shade's meaning.
+fn write_legend(out: &mut String, legend_y: f64) {
     let mut x = LEFT;
     let ly = legend_y;
     let items: [(&[&str], &str); 5] = [
@@ -290,16 +346,6 @@ pub fn render_svg(timeline: &Timeline, options: &SvgOptions) -> String {
         x + 24.0,
         ly + 9.0
     );
-    for (k, line) in options.caption.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            r##"<text x="{LEFT}" y="{:.2}" font-size="13" fill="#222222">{}</text>"##,
-            caption_y + 18.0 * k as f64,
-            escape(line)
-        );
-    }
-    out.push_str("</svg>\n");
-    out
 }
 
 #[cfg(test)]

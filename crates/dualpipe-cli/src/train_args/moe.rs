@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use dualpipe_nn::gpt::GptConfig;
+use dualpipe_nn::gpt::{GptConfig, WeightsError};
 
 use super::count;
 use dualpipe_train::{MoeSettings, TrainError};
@@ -128,10 +128,7 @@ impl MoeArgs {
     /// With --init-from: the file's experts, unless a flag given disagrees (an error naming
     /// both); the balancing flags apply as given.
     pub fn adopt(&self, file: &GptConfig, path: &Path) -> Result<Option<MoeSettings>, TrainError> {
-        let check = |flag: &str, given: Option<usize>| {
-            file.check_flag(flag, given)
-                .map_err(|e| TrainError::Config(format!("--init-from {}: {e}", path.display())))
-        };
+        let check = |flag: &str, given: Option<usize>| check_file_flag(file, path, flag, given);
         check("experts", self.experts)?;
         let Some(m) = file.moe else {
             return self.settings();
@@ -149,4 +146,28 @@ impl MoeArgs {
             ..self.with_experts(m.experts)
         }))
     }
+}
+
+/// Checks `--{flag}` (given or not) against the architecture of the `--init-from` file at
+/// `path`: an error in the flag's words when they disagree.
+pub(super) fn check_file_flag(
+    file: &GptConfig,
+    path: &Path,
+    flag: &str,
+    given: Option<usize>,
+) -> Result<(), TrainError> {
+    let problem = match file.check_field(&flag.replace('-', "_"), given) {
+        Ok(()) => return Ok(()),
+        Err(WeightsError::Dense { given, .. }) => format!(
+            "--{flag} is {given} but the weights file is a dense model (it has no experts); drop the flag"
+        ),
+        Err(WeightsError::Mismatch { field, file, given }) => format!(
+            "--{flag} is {given} but the weights file has {field} = {file}; drop the flag or make it {file}"
+        ),
+        Err(e) => e.to_string(),
+    };
+    Err(TrainError::Config(format!(
+        "--init-from {}: {problem}",
+        path.display()
+    )))
 }

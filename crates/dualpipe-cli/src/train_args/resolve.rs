@@ -294,10 +294,8 @@ fn adopt_architecture(
     };
     let file = *weights.config();
     let stages = config.model_stages();
-    let check = |flag: &str, given: Option<usize>| {
-        file.check_flag(flag, given)
-            .map_err(|e| TrainError::Config(format!("--init-from {}: {e}", path.display())))
-    };
+    let check =
+        |flag: &str, given: Option<usize>| super::moe::check_file_flag(&file, path, flag, given);
     check("d-model", args.d_model)?;
     check("heads", args.heads)?;
     check("seq-len", args.seq_len)?;

@@ -141,8 +141,11 @@ impl Domain {
     fn improve_within(&mut self, limits: &SearchLimits, work_budget: u64) -> bool {
         let eps = 1e-12 * self.load.iter().sum::<f64>().max(1e-300);
         let n = self.experts();
-        let mut work: u64 = 0;
-        let mut exhausted = false;
+        let mut work = Work {
+            spent: 0,
+            budget: work_budget,
+            exhausted: false,
+        };
         let free = limits.free_moves;
         let mut moves = if free { 0 } else { self.moves() as i64 };
         let mut st = State::new(self);
@@ -153,10 +156,10 @@ impl Domain {
         let mut hot_experts: Vec<usize> = Vec::new();
         let mut touched: Vec<u32> = Vec::new();
         for _ in 0..limits.max_steps {
-            if exhausted {
+            if work.exhausted {
                 break;
             }
-            work += (self.slot.len() + self.gpus + n) as u64;
+            work.spent += (self.slot.len() + self.gpus + n) as u64;
             let mut top_buf = [0usize; 3];
             let mut ranked_top = 0;
             for &(_, g) in st.ranked.iter().take(3) {
@@ -164,8 +167,7 @@ impl Domain {
                 ranked_top += 1;
             }
             let top = &top_buf[..ranked_top];
-            let hot = top[0];
-            let cur_max = st.loads[hot];
+            let cur_max = st.loads[top[0]];
             if cur_max <= limits.target + eps {
                 return true;
             }
@@ -178,195 +180,277 @@ impl Domain {
                 budget: i64::try_from(limits.max_moves).unwrap_or(i64::MAX) - moves,
                 found: None,
             };
-            let hot_slots = hot * self.slots..(hot + 1) * self.slots;
-            for s in hot_slots.clone() {
-                st.on_hot[self.slot[s]] += 1;
-            }
-            // Exchanges between the hottest GPU and any other.
-            let hot_visit = st.next_visit();
-            for sa in hot_slots.clone() {
-                let x = self.slot[sa];
-                if !State::first_in(&mut st.seen_hot, hot_visit, x) {
-                    continue;
-                }
-                let rx = st.rep[x];
-                let lh = st.loads[hot];
-                for &h in &self.holders[x] {
-                    st.on_x[h as usize] = self.on(h as usize, x);
-                }
-                for b in (0..self.gpus).filter(|&b| b != hot) {
-                    work += 1;
-                    if st.on_x[b] >= st.cap[x] {
-                        continue;
-                    }
-                    // Every exchange with b leaves the hottest load at `rest` or above.
-                    let rest = top
-                        .iter()
-                        .find(|&&g| g != hot && g != b)
-                        .map_or(0.0, |&g| st.loads[g]);
-                    if best.beats_all_above(rest) {
-                        continue;
-                    }
-                    work += self.slots as u64;
-                    if work > work_budget {
-                        exhausted = true;
-                        break;
-                    }
-                    // Charged as read, but skipped when no exchange with b can win: one of the
-                    // two GPUs ends at their mean or above (less `eps` for rounding), the
-                    // hottest at `lh - rx` or above.
-                    let mean = 0.5 * (lh + st.loads[b]) - eps;
-                    if best.beats_all_above(rest.max(mean).max(lh - rx)) {
-                        continue;
-                    }
-                    let (lh, lb) = (st.loads[hot], st.loads[b]);
-                    let visit = st.next_visit();
-                    for sb in b * self.slots..(b + 1) * self.slots {
-                        let y = self.slot[sb];
-                        if y == x
-                            || st.on_hot[y] >= st.cap[y]
-                            || !State::first_in(&mut st.seen, visit, y)
-                        {
-                            continue;
-                        }
-                        let ry = st.rep[y];
-                        let la = lh - rx + ry;
-                        let lb2 = lb - ry + rx;
-                        let new_max = la.max(lb2).max(rest);
-                        let ssq_gain = lh * lh + lb * lb - la * la - lb2 * lb2;
-                        let dm = self.cost(hot, y, free) + self.cost(b, x, free)
-                            - self.cost(hot, x, free)
-                            - self.cost(b, y, free);
-                        best.offer(new_max, ssq_gain, dm, Step::Swap(sa, sb));
-                    }
-                }
-                for &h in &self.holders[x] {
-                    st.on_x[h as usize] = 0;
-                }
-                if exhausted {
-                    break;
-                }
-            }
-            for s in hot_slots.clone() {
-                st.on_hot[self.slot[s]] = 0;
-            }
-            // Re-assign a surplus replica: one on the hottest GPU to a heavy expert, or one
-            // anywhere to an expert on the hottest GPU.
+            self.offer_exchanges(&mut st, top, free, &mut best, &mut work);
             if heavy_stale {
-                heavy.clear();
-                heavy.extend(0..n);
-                let by_rep =
-                    |a: &usize, b: &usize| st.rep[*b].total_cmp(&st.rep[*a]).then(a.cmp(b));
-                if heavy.len() > HEAVY {
-                    heavy.select_nth_unstable_by(HEAVY - 1, by_rep);
-                    heavy.truncate(HEAVY);
-                }
-                heavy.sort_by(by_rep);
+                rank_heavy(&st, n, &mut heavy);
                 heavy_stale = false;
             }
-            let visit = st.next_visit();
-            hot_experts.clear();
-            hot_experts.extend(
-                hot_slots
-                    .map(|s| self.slot[s])
-                    .filter(|&e| State::first_in(&mut st.seen, visit, e)),
-            );
-            let mut cur_ssq: Option<f64> = None;
-            let mut visit = 0;
-            'reassign: for s in 0..self.slot.len() {
-                if exhausted {
-                    break;
-                }
-                let g = s / self.slots;
-                if s % self.slots == 0 {
-                    visit = st.next_visit();
-                }
-                let x = self.slot[s];
-                if self.count[x] < 2 || !State::first_in(&mut st.seen, visit, x) {
-                    continue;
-                }
-                let targets: &[usize] = if g == hot { &heavy } else { &hot_experts };
-                for &y in targets {
-                    if y == x {
-                        continue;
-                    }
-                    // Charged in full even when the bound below skips the reading, so that
-                    // the budget runs out where it would without the bound.
-                    work += (1 + self.holders[x].len() + self.holders[y].len()) as u64;
-                    if work > work_budget {
-                        exhausted = true;
-                        break 'reassign;
-                    }
-                    let dm = self.cost(g, y, free) - self.cost(g, x, free);
-                    if dm > best.budget {
-                        continue;
-                    }
-                    // A lower bound on the new hottest load, in constant time: most candidates
-                    // cannot beat the best step found so far.
-                    let floor = self.reassign_floor(s, g, y, top, &st);
-                    if floor > cur_max
-                        || best.primary() && floor >= cur_max - eps
-                        || best.beats_all_above(floor)
-                    {
-                        continue;
-                    }
-                    let Some(new_max) = self.reassign_max(s, g, y, top, &mut st) else {
-                        continue;
-                    };
-                    let ssq_gain = if new_max < cur_max - eps {
-                        0.0 // not read: the step lowers the hottest load
-                    } else if new_max > cur_max || best.primary() {
-                        continue;
-                    } else {
-                        work += self.gpus as u64;
-                        let cur =
-                            *cur_ssq.get_or_insert_with(|| st.loads.iter().map(|l| l * l).sum());
-                        cur - self.reassign_ssq(s, y, &mut st)
-                    };
-                    best.offer(new_max, ssq_gain, dm, Step::Reassign(s, y));
-                }
-            }
+            let targets = Targets {
+                heavy: &heavy,
+                hot_experts: &mut hot_experts,
+            };
+            self.offer_reassignments(&mut st, top, free, targets, &mut best, &mut work);
             let Some((_, _, step)) = best.found else {
                 return false;
             };
-            match step {
-                Step::Swap(sa, sb) => {
-                    let (ga, gb) = (sa / self.slots, sb / self.slots);
-                    let (x, y) = (self.slot[sa], self.slot[sb]);
-                    moves += self.cost(ga, y, free) + self.cost(gb, x, free)
-                        - self.cost(ga, x, free)
-                        - self.cost(gb, y, free);
-                    self.take(sa);
-                    self.take(sb);
-                    self.put(sa, y);
-                    self.put(sb, x);
-                    for g in [ga, gb] {
-                        let load = self.gpu_load(g, &st.rep);
-                        st.set_load(g, load);
-                    }
-                }
-                Step::Reassign(s, y) => {
-                    let g = s / self.slots;
-                    let x = self.slot[s];
-                    // Every GPU holding x or y changes load (their shares change).
-                    touched.clear();
-                    touched.extend(self.holders[x].iter().chain(&self.holders[y]).copied());
-                    moves += self.cost(g, y, free) - self.cost(g, x, free);
-                    self.take(s);
-                    self.put(s, y);
-                    for e in [x, y] {
-                        st.recount(self, e);
-                    }
-                    heavy_stale = true;
-                    for &h in &touched {
-                        let load = self.gpu_load(h as usize, &st.rep);
-                        st.set_load(h as usize, load);
-                    }
-                }
-            }
+            moves += self.apply(step, &mut st, free, &mut touched);
+            heavy_stale |= matches!(step, Step::Reassign(..));
         }
         self.max_load() <= limits.target + eps
     }
+
+    /// Offers `best` every exchange of a replica on the hottest GPU (`top[0]`; `top` the
+    /// three hottest) with one on another GPU, charging `work` what each reads.
+    fn offer_exchanges(
+        &self,
+        st: &mut State,
+        top: &[usize],
+        free: bool,
+        best: &mut Best,
+        work: &mut Work,
+    ) {
+        let (hot, eps) = (top[0], best.eps);
+        let hot_slots = hot * self.slots..(hot + 1) * self.slots;
+        for s in hot_slots.clone() {
+            st.on_hot[self.slot[s]] += 1;
+        }
+        let hot_visit = st.next_visit();
+        for sa in hot_slots.clone() {
+            let x = self.slot[sa];
+            if !State::first_in(&mut st.seen_hot, hot_visit, x) {
+                continue;
+            }
+            let rx = st.rep[x];
+            let lh = st.loads[hot];
+            for &h in &self.holders[x] {
+                st.on_x[h as usize] = self.on(h as usize, x);
+            }
+            for b in (0..self.gpus).filter(|&b| b != hot) {
+                work.spent += 1;
+                if st.on_x[b] >= st.cap[x] {
+                    continue;
+                }
+                // Every exchange with b leaves the hottest load at `rest` or above.
+                let rest = top
+                    .iter()
+                    .find(|&&g| g != hot && g != b)
+                    .map_or(0.0, |&g| st.loads[g]);
+                if best.beats_all_above(rest) {
+                    continue;
+                }
+                if !work.charge(self.slots as u64) {
+                    break;
+                }
+                // Charged as read, but skipped when no exchange with b can win: one of the
+                // two GPUs ends at their mean or above (less `eps` for rounding), the
+                // hottest at `lh - rx` or above.
+                let mean = 0.5 * (lh + st.loads[b]) - eps;
+                if best.beats_all_above(rest.max(mean).max(lh - rx)) {
+                    continue;
+                }
+                self.offer_exchanges_with(st, (sa, b), rest, free, best);
+            }
+            for &h in &self.holders[x] {
+                st.on_x[h as usize] = 0;
+            }
+            if work.exhausted {
+                break;
+            }
+        }
+        for s in hot_slots {
+            st.on_hot[self.slot[s]] = 0;
+        }
+    }
+
+    /// Offers `best` the exchanges of slot `sa` (on the hottest GPU) with each expert on GPU
+    /// `b`, the hottest load outside the two being `rest`.
+    fn offer_exchanges_with(
+        &self,
+        st: &mut State,
+        (sa, b): (usize, usize),
+        rest: f64,
+        free: bool,
+        best: &mut Best,
+    ) {
+        let hot = sa / self.slots;
+        let x = self.slot[sa];
+        let rx = st.rep[x];
+        let (lh, lb) = (st.loads[hot], st.loads[b]);
+        let visit = st.next_visit();
+        for sb in b * self.slots..(b + 1) * self.slots {
+            let y = self.slot[sb];
+            if y == x || st.on_hot[y] >= st.cap[y] || !State::first_in(&mut st.seen, visit, y) {
+                continue;
+            }
+            let ry = st.rep[y];
+            let la = lh - rx + ry;
+            let lb2 = lb - ry + rx;
+            let new_max = la.max(lb2).max(rest);
+            let ssq_gain = lh * lh + lb * lb - la * la - lb2 * lb2;
+            let dm = self.cost(hot, y, free) + self.cost(b, x, free)
+                - self.cost(hot, x, free)
+                - self.cost(b, y, free);
+            best.offer(new_max, ssq_gain, dm, Step::Swap(sa, sb));
+        }
+    }
+
+    /// Offers `best` every re-assignment of a surplus replica: one on the hottest GPU
+    /// (`top[0]`) to a heavy expert, or one anywhere to an expert on the hottest GPU.
+    fn offer_reassignments(
+        &self,
+        st: &mut State,
+        top: &[usize],
+        free: bool,
+        targets: Targets<'_>,
+        best: &mut Best,
+        work: &mut Work,
+    ) {
+        let (hot, eps, cur_max) = (top[0], best.eps, best.cur_max);
+        let visit = st.next_visit();
+        targets.hot_experts.clear();
+        targets.hot_experts.extend(
+            (hot * self.slots..(hot + 1) * self.slots)
+                .map(|s| self.slot[s])
+                .filter(|&e| State::first_in(&mut st.seen, visit, e)),
+        );
+        let mut cur_ssq: Option<f64> = None;
+        let mut visit = 0;
+        'reassign: for s in 0..self.slot.len() {
+            if work.exhausted {
+                break;
+            }
+            let g = s / self.slots;
+            if s % self.slots == 0 {
+                visit = st.next_visit();
+            }
+            let x = self.slot[s];
+            if self.count[x] < 2 || !State::first_in(&mut st.seen, visit, x) {
+                continue;
+            }
+            let candidates: &[usize] = if g == hot {
+                targets.heavy
+            } else {
+                &targets.hot_experts[..]
+            };
+            for &y in candidates {
+                if y == x {
+                    continue;
+                }
+                // Charged in full even when the bound below skips the reading, so that
+                // the budget runs out where it would without the bound.
+                if !work.charge((1 + self.holders[x].len() + self.holders[y].len()) as u64) {
+                    break 'reassign;
+                }
+                let dm = self.cost(g, y, free) - self.cost(g, x, free);
+                if dm > best.budget {
+                    continue;
+                }
+                // A lower bound on the new hottest load, in constant time: most candidates
+                // cannot beat the best step found so far.
+                let floor = self.reassign_floor(s, g, y, top, st);
+                if floor > cur_max
+                    || best.primary() && floor >= cur_max - eps
+                    || best.beats_all_above(floor)
+                {
+                    continue;
+                }
+                let Some(new_max) = self.reassign_max(s, g, y, top, st) else {
+                    continue;
+                };
+                let ssq_gain = if new_max < cur_max - eps {
+                    0.0 // not read: the step lowers the hottest load
+                } else if new_max > cur_max || best.primary() {
+                    continue;
+                } else {
+                    work.spent += self.gpus as u64;
+                    let cur = *cur_ssq.get_or_insert_with(|| st.loads.iter().map(|l| l * l).sum());
+                    cur - self.reassign_ssq(s, y, st)
+                };
+                best.offer(new_max, ssq_gain, dm, Step::Reassign(s, y));
+            }
+        }
+    }
+
+    /// Takes `step`, updating the loads in `st` (`touched`: scratch for the GPUs a
+    /// re-assignment changes); returns the moved replicas it adds.
+    fn apply(&mut self, step: Step, st: &mut State, free: bool, touched: &mut Vec<u32>) -> i64 {
+        match step {
+            Step::Swap(sa, sb) => {
+                let (ga, gb) = (sa / self.slots, sb / self.slots);
+                let (x, y) = (self.slot[sa], self.slot[sb]);
+                let moves = self.cost(ga, y, free) + self.cost(gb, x, free)
+                    - self.cost(ga, x, free)
+                    - self.cost(gb, y, free);
+                self.take(sa);
+                self.take(sb);
+                self.put(sa, y);
+                self.put(sb, x);
+                for g in [ga, gb] {
+                    let load = self.gpu_load(g, &st.rep);
+                    st.set_load(g, load);
+                }
+                moves
+            }
+            Step::Reassign(s, y) => {
+                let g = s / self.slots;
+                let x = self.slot[s];
+                // Every GPU holding x or y changes load (their shares change).
+                touched.clear();
+                touched.extend(self.holders[x].iter().chain(&self.holders[y]).copied());
+                let moves = self.cost(g, y, free) - self.cost(g, x, free);
+                self.take(s);
+                self.put(s, y);
+                for e in [x, y] {
+                    st.recount(self, e);
+                }
+                for &h in touched.iter() {
+                    let load = self.gpu_load(h as usize, &st.rep);
+                    st.set_load(h as usize, load);
+                }
+                moves
+            }
+        }
+    }
+}
+
+/// The work one domain's search has spent, against its budget.
+struct Work {
+    spent: u64,
+    budget: u64,
+    /// Set once `spent` passed `budget`: the search stops after the best step found so far.
+    exhausted: bool,
+}
+
+impl Work {
+    /// Charges `units`; false (and exhausted) once the budget is passed.
+    fn charge(&mut self, units: u64) -> bool {
+        self.spent += units;
+        if self.spent > self.budget {
+            self.exhausted = true;
+        }
+        !self.exhausted
+    }
+}
+
+/// The experts a re-assignment may give a slot to.
+struct Targets<'a> {
+    /// The heaviest experts by load per replica (for a slot on the hottest GPU).
+    heavy: &'a [usize],
+    /// The experts on the hottest GPU (for a slot anywhere else); filled per round.
+    hot_experts: &'a mut Vec<usize>,
+}
+
+/// The [`HEAVY`] experts of the `n` with the highest load per replica, heaviest first (ties
+/// by index), into `heavy`.
+fn rank_heavy(st: &State, n: usize, heavy: &mut Vec<usize>) {
+    heavy.clear();
+    heavy.extend(0..n);
+    let by_rep = |a: &usize, b: &usize| st.rep[*b].total_cmp(&st.rep[*a]).then(a.cmp(b));
+    if heavy.len() > HEAVY {
+        heavy.select_nth_unstable_by(HEAVY - 1, by_rep);
+        heavy.truncate(HEAVY);
+    }
+    heavy.sort_by(by_rep);
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@ use super::{Layer, Loss};
 use crate::data::MicroBatch;
 use crate::error::NnError;
 use crate::layers::Param;
-use crate::model_stage::{PipelineStage, StepBatch};
-use crate::stage::StagePosition;
+use crate::model_stage::{PipelineStage, StagePosition, StepBatch};
+use crate::plumbing::{self, ForwardStart};
 
 /// Consecutive layers of a model as one pipeline stage: the first stage of a direction reads
 /// each micro-batch's inputs, the last applies the [`Loss`] to its output and the
@@ -93,32 +93,12 @@ impl LayerStage {
     }
 
     fn micro_batch(&self, chunk: Chunk) -> Result<&MicroBatch, NnError> {
-        let index = chunk.dir * self.position.micro_batches_per_dir + chunk.mb;
         let all = match &self.batch {
-            None => {
-                return Err(NnError::Stage(
-                    "no batch: call set_batch before the step".into(),
-                ))
-            }
-            Some(StepBatch::Mlp(b)) => b.as_slice(),
-            Some(b) => b.micro_batches::<MicroBatch>()?,
+            None => None,
+            Some(StepBatch::Mlp(b)) => Some(b.as_slice()),
+            Some(b) => Some(b.micro_batches::<MicroBatch>()?),
         };
-        all.get(index).ok_or_else(|| {
-            NnError::Stage(format!(
-                "micro-batch {index} of {chunk} is not in the batch of {}",
-                all.len()
-            ))
-        })
-    }
-
-    fn check_chunk(&self, chunk: Chunk, what: &str) -> Result<(), NnError> {
-        if chunk.stage != self.position.model_stage || chunk.dir != self.position.dir {
-            return Err(NnError::Stage(format!(
-                "{what} of {chunk} sent to the copy of stage {} for direction {}",
-                self.position.model_stage, self.position.dir
-            )));
-        }
-        Ok(())
+        plumbing::micro_batch(self.position, all, chunk)
     }
 }
 
@@ -142,15 +122,10 @@ impl PipelineStage for LayerStage {
         chunk: Chunk,
         input: ForwardInput<Tensor>,
     ) -> Result<ForwardOutput<Tensor>, NnError> {
-        self.check_chunk(chunk, "forward")?;
-        let mut x = match (input, self.is_first()) {
-            (ForwardInput::MicroBatch { .. }, true) => self.micro_batch(chunk)?.inputs.clone(),
-            (ForwardInput::Activation(x), false) => x,
-            _ => {
-                return Err(NnError::Stage(format!(
-                    "forward of {chunk}: the first stage (only) loads its micro-batch"
-                )))
-            }
+        plumbing::check_chunk(self.position, chunk, "forward")?;
+        let mut x = match plumbing::forward_start(self.position, self.is_first(), chunk, input)? {
+            ForwardStart::MicroBatch => self.micro_batch(chunk)?.inputs.clone(),
+            ForwardStart::Activation(x) => x,
         };
         for layer in &mut self.layers {
             x = layer.forward(chunk, &x)?;
@@ -170,21 +145,16 @@ impl PipelineStage for LayerStage {
         chunk: Chunk,
         grad_output: Option<Tensor>,
     ) -> Result<Option<Tensor>, NnError> {
-        self.check_chunk(chunk, "backward_input")?;
-        let mut g = match (grad_output, self.is_last()) {
-            (None, true) => {
+        plumbing::check_chunk(self.position, chunk, "backward_input")?;
+        let mut g = match plumbing::backward_start(self.is_last(), chunk, grad_output)? {
+            Some(g) => g,
+            None => {
                 self.loss_inputs
                     .remove(&chunk)
                     .ok_or_else(|| {
                         NnError::Stage(format!("backward_input of {chunk} before its forward"))
                     })?
                     .0
-            }
-            (Some(g), false) => g,
-            _ => {
-                return Err(NnError::Stage(format!(
-                    "backward_input of {chunk}: the last stage (only) starts from the loss"
-                )))
             }
         };
         for layer in self.layers.iter_mut().rev() {
@@ -194,7 +164,7 @@ impl PipelineStage for LayerStage {
     }
 
     fn backward_weight(&mut self, chunk: Chunk) -> Result<(), NnError> {
-        self.check_chunk(chunk, "backward_weight")?;
+        plumbing::check_chunk(self.position, chunk, "backward_weight")?;
         self.layers
             .iter_mut()
             .try_for_each(|layer| layer.backward_weight(chunk))

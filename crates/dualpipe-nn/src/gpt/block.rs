@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use candle_core::Tensor;
 use dualpipe_schedule::Chunk;
-use dualpipe_sim::Recompute;
+use dualpipe_schedule::Recompute;
 
 use super::weights::moe_bias_name;
 use super::{GptWeights, MoeLayer};

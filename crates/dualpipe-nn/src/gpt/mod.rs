@@ -14,13 +14,14 @@ mod block;
 pub mod data;
 pub mod eval;
 pub mod markov;
-pub mod moe;
 pub mod pipeline;
 mod stage;
 mod weights;
 
+/// The mixture-of-experts layer, a layer like the others (in [`crate::layers::moe`]).
+pub use crate::layers::moe;
+pub use crate::layers::moe::{MoeConfig, MoeLayer};
 pub use block::{Block, FeedForward};
-pub use moe::{MoeConfig, MoeLayer};
 pub use stage::{GptStage, TokenBatch, TokenMicroBatch};
 pub use weights::{expert_prefix, tensor_names, GptWeights, WeightsError};
 

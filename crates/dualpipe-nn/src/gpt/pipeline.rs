@@ -9,7 +9,7 @@ use dualpipe_schedule::{Chunk, Schedule};
 
 use super::{GptStage, GptWeights, TokenBatch};
 use crate::error::NnError;
-use crate::stage::StagePosition;
+use crate::model_stage::StagePosition;
 
 /// Every rank's stage copies for `schedule`, each built from `weights` (the model's blocks
 /// split evenly over the schedule's stages per pipeline).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use candle_core::Tensor;
 use dualpipe_runtime::{ForwardInput, ForwardOutput};
 use dualpipe_schedule::Chunk;
-use dualpipe_sim::Recompute;
+use dualpipe_schedule::Recompute;
 
 use super::weights::{block_buffer_names, block_tensor_names, expert_prefix, moe_bias_name};
 use super::{stage_layers, Block, GptConfig, GptWeights, MoeLayer};
@@ -15,8 +15,9 @@ use crate::error::NnError;
 use crate::layers::{
     cross_entropy, restore, store, tensor_bytes, Embedding, Linear, Param, RmsNorm,
 };
+use crate::model_stage::{ModelStage, StagePosition};
+use crate::plumbing::{self, ForwardStart};
 use crate::precision::Half;
-use crate::stage::StagePosition;
 
 /// One micro-batch of token sequences: `rows` sequences of `seq` input ids and, shifted by
 /// one byte, their `seq` target ids (row-major).
@@ -433,7 +434,7 @@ impl GptStage {
     }
 
     /// Whether an FB pair with this stage in it overlaps its two chunks: some MoE block is
-    /// expert-parallel with the overlap on ([`super::moe::ExpertParallel::overlap`]).
+    /// expert-parallel with the overlap on ([`crate::layers::moe::ExpertParallel::overlap`]).
     pub fn overlaps_expert_traffic(&self) -> bool {
         self.moe_layers()
             .iter()
@@ -480,27 +481,12 @@ impl GptStage {
         head.apply(&norm.apply(&h)?)
     }
 
-    fn check_chunk(&self, chunk: Chunk, what: &str) -> Result<(), NnError> {
-        if chunk.stage != self.position.model_stage || chunk.dir != self.position.dir {
-            return Err(NnError::Stage(format!(
-                "{what} of {chunk} sent to the copy of stage {} for direction {}",
-                self.position.model_stage, self.position.dir
-            )));
-        }
-        Ok(())
-    }
-
     fn micro_batch(&self, chunk: Chunk) -> Result<&TokenMicroBatch, NnError> {
-        let global_mb = chunk.dir * self.position.micro_batches_per_dir + chunk.mb;
-        self.batch
-            .as_ref()
-            .ok_or_else(|| NnError::Stage("no batch: call set_batch before the step".into()))?
-            .get(global_mb)
-            .ok_or_else(|| {
-                NnError::Stage(format!(
-                    "micro-batch {global_mb} of {chunk} is not in the batch"
-                ))
-            })
+        plumbing::micro_batch(
+            self.position,
+            self.batch.as_deref().map(Vec::as_slice),
+            chunk,
+        )
     }
 
     fn forward_impl(
@@ -508,17 +494,11 @@ impl GptStage {
         chunk: Chunk,
         input: ForwardInput<Tensor>,
     ) -> Result<ForwardOutput<Tensor>, NnError> {
-        self.check_chunk(chunk, "forward")?;
+        plumbing::check_chunk(self.position, chunk, "forward")?;
         // Every stage reads the sequence length from the batch (blocks need it to split rows).
         let seq = self.micro_batch(chunk)?.seq;
-        let mut h = match (input, self.is_first()) {
-            (ForwardInput::MicroBatch { global_mb }, true) => {
-                let expected = chunk.dir * self.position.micro_batches_per_dir + chunk.mb;
-                if global_mb != expected {
-                    return Err(NnError::Stage(format!(
-                        "forward of {chunk} asked for micro-batch {global_mb}, expected {expected}"
-                    )));
-                }
+        let mut h = match plumbing::forward_start(self.position, self.is_first(), chunk, input)? {
+            ForwardStart::MicroBatch => {
                 let ids = self.micro_batch(chunk)?.inputs.clone();
                 let emb = self
                     .embedding
@@ -526,17 +506,7 @@ impl GptStage {
                     .ok_or_else(|| NnError::Stage("the first stage has no embeddings".into()))?;
                 emb.forward(chunk, ids, seq)?
             }
-            (ForwardInput::Activation(x), false) => restore(&x)?,
-            (ForwardInput::MicroBatch { .. }, false) => {
-                return Err(NnError::Stage(format!(
-                    "forward of {chunk}: only the first stage loads a micro-batch"
-                )))
-            }
-            (ForwardInput::Activation(_), true) => {
-                return Err(NnError::Stage(format!(
-                    "forward of {chunk}: the first stage loads its tokens, it takes no activation"
-                )))
-            }
+            ForwardStart::Activation(x) => restore(&x)?,
         };
         for block in &mut self.blocks {
             h = block.forward(chunk, &h, seq)?;
@@ -560,25 +530,17 @@ impl GptStage {
         chunk: Chunk,
         grad_output: Option<Tensor>,
     ) -> Result<Option<Tensor>, NnError> {
-        self.check_chunk(chunk, "backward_input")?;
+        plumbing::check_chunk(self.position, chunk, "backward_input")?;
         let before = || NnError::Stage(format!("backward_input of {chunk} before its forward"));
-        let mut g = match (grad_output, &mut self.head) {
+        let start = plumbing::backward_start(self.is_last(), chunk, grad_output)?;
+        let mut g = match (start, &mut self.head) {
+            (Some(g), _) => restore(&g)?,
             (None, Some((norm, head))) => {
                 let dl = self.loss_grads.remove(&chunk).ok_or_else(before)?;
                 let dhn = head.backward_input(chunk, &dl)?;
                 norm.backward_input(chunk, &dhn, None)?
             }
-            (Some(g), None) => restore(&g)?,
-            (Some(_), Some(_)) => {
-                return Err(NnError::Stage(format!(
-                    "backward_input of {chunk}: the last stage starts from the loss and takes no gradient"
-                )))
-            }
-            (None, None) => {
-                return Err(NnError::Stage(format!(
-                    "backward_input of {chunk}: a stage before the last needs the output gradient"
-                )))
-            }
+            (None, None) => return Err(NnError::Stage("the last stage has no head".into())),
         };
         self.seqs.remove(&chunk).ok_or_else(before)?;
         for block in self.blocks.iter_mut().rev() {
@@ -594,7 +556,7 @@ impl GptStage {
     }
 
     fn backward_weight_impl(&mut self, chunk: Chunk) -> Result<(), NnError> {
-        self.check_chunk(chunk, "backward_weight")?;
+        plumbing::check_chunk(self.position, chunk, "backward_weight")?;
         if let Some((norm, head)) = &mut self.head {
             head.backward_weight(chunk)?;
             norm.backward_weight(chunk)?;
@@ -609,9 +571,9 @@ impl GptStage {
     }
 }
 
-crate::stage::impl_param_stage!(GptStage);
+crate::plumbing::impl_param_stage!(GptStage);
 
-crate::stage::impl_pipeline_stage!(GptStage, Gpt, "a GPT", {
+crate::plumbing::impl_pipeline_stage!(GptStage, Gpt, "a GPT", {
     fn sharded_params(&self) -> Vec<bool> {
         GptStage::sharded_params(self)
     }
@@ -663,5 +625,23 @@ impl crate::model_stage::ExpertStage for GptStage {
 
     fn overlaps_expert_traffic(&self) -> bool {
         GptStage::overlaps_expert_traffic(self)
+    }
+}
+
+impl From<GptStage> for ModelStage {
+    fn from(stage: GptStage) -> Self {
+        ModelStage::new(stage)
+    }
+}
+
+impl ModelStage {
+    /// The GPT stage, if this is one.
+    pub fn as_gpt(&self) -> Option<&GptStage> {
+        self.downcast_ref::<GptStage>()
+    }
+
+    /// The GPT stage mutably, if this is one.
+    pub fn as_gpt_mut(&mut self) -> Option<&mut GptStage> {
+        self.downcast_mut::<GptStage>()
     }
 }

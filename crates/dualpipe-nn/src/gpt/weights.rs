@@ -31,24 +31,23 @@ pub enum WeightsError {
         /// What is wrong with it.
         problem: String,
     },
-    /// A mixture-of-experts flag given for a dense weights file.
-    #[error("--{flag} is {given} but the weights file is a dense model (it has no experts); drop the flag")]
+    /// A mixture-of-experts setting given for a dense weights file.
+    #[error("`{field}` is {given} but the weights file is a dense model (it has no experts); leave it unset")]
     Dense {
-        /// The flag's name.
-        flag: String,
-        /// The flag's value.
+        /// The setting's field (`experts`, `top_k`, `expert_hidden`, `shared_experts`,
+        /// `moe_every`).
+        field: String,
+        /// The value given.
         given: usize,
     },
-    /// A flag disagrees with the architecture stored in the file.
-    #[error("--{flag} is {given} but the weights file has {key} = {file}; drop the flag or make it {file}")]
+    /// A setting disagrees with the architecture stored in the file.
+    #[error("`{field}` is {given} but the weights file has {field} = {file}; leave it unset or make it {file}")]
     Mismatch {
-        /// The flag's name.
-        flag: String,
-        /// The metadata key.
-        key: String,
+        /// The setting's field, as the file's metadata names it (`d_model`, `top_k`, ...).
+        field: String,
         /// The value in the file.
         file: usize,
-        /// The flag's value.
+        /// The value given.
         given: usize,
     },
 }
@@ -471,37 +470,40 @@ impl GptConfig {
         }
     }
 
-    /// Checks a flag's value against this (file's) architecture: `Ok` when the flag was not
-    /// given or agrees, [`WeightsError::Mismatch`] naming both values otherwise.
-    pub fn check_flag(&self, flag: &str, given: Option<usize>) -> Result<(), WeightsError> {
-        let (key, file) = match flag {
-            "d-model" => ("d_model", self.d_model),
-            "heads" => ("heads", self.heads),
-            "layers" => ("layers", self.layers),
-            "seq-len" => ("seq_len", self.seq_len),
-            "experts" => ("experts", self.moe.map_or(0, |m| m.experts)),
-            "top-k" => ("top_k", self.moe.map_or(0, |m| m.top_k)),
-            "expert-hidden" => ("expert_hidden", self.moe.map_or(0, |m| m.expert_hidden)),
-            "shared-experts" => ("shared_experts", self.moe.map_or(0, |m| m.shared_experts)),
-            "moe-every" => ("moe_every", self.moe.map_or(0, |m| m.every)),
+    /// Checks a value given for the architecture field `field` against this (file's)
+    /// architecture: `Ok` when none was given or it agrees; [`WeightsError::Mismatch`] naming
+    /// both values, or [`WeightsError::Dense`] for an MoE field of a dense file, otherwise.
+    /// The fields are the metadata's: `d_model`, `heads`, `layers`, `seq_len`, `experts`,
+    /// `top_k`, `expert_hidden`, `shared_experts`, `moe_every`.
+    pub fn check_field(&self, field: &str, given: Option<usize>) -> Result<(), WeightsError> {
+        let moe = |get: fn(&super::MoeConfig) -> usize| self.moe.as_ref().map_or(0, get);
+        let file = match field {
+            "d_model" => self.d_model,
+            "heads" => self.heads,
+            "layers" => self.layers,
+            "seq_len" => self.seq_len,
+            "experts" => moe(|m| m.experts),
+            "top_k" => moe(|m| m.top_k),
+            "expert_hidden" => moe(|m| m.expert_hidden),
+            "shared_experts" => moe(|m| m.shared_experts),
+            "moe_every" => moe(|m| m.every),
             other => {
                 return Err(WeightsError::Metadata {
                     key: other.into(),
-                    problem: "not an architecture flag".into(),
+                    problem: "not an architecture field".into(),
                 })
             }
         };
-        let moe_flag = !matches!(flag, "d-model" | "heads" | "layers" | "seq-len");
+        let moe_field = !matches!(field, "d_model" | "heads" | "layers" | "seq_len");
         match given {
-            Some(g) if moe_flag && self.moe.is_none() => Err(WeightsError::Dense {
-                flag: flag.into(),
-                given: g,
+            Some(given) if moe_field && self.moe.is_none() => Err(WeightsError::Dense {
+                field: field.into(),
+                given,
             }),
-            Some(g) if g != file => Err(WeightsError::Mismatch {
-                flag: flag.into(),
-                key: key.into(),
+            Some(given) if given != file => Err(WeightsError::Mismatch {
+                field: field.into(),
                 file,
-                given: g,
+                given,
             }),
             _ => Ok(()),
         }
@@ -612,16 +614,21 @@ mod load_tests {
     }
 
     #[test]
-    fn moe_flags_on_a_dense_file_say_to_drop_them() {
+    fn moe_fields_on_a_dense_file_say_to_leave_them_unset() {
         for given in [0, 4] {
-            let err = config().check_flag("experts", Some(given)).unwrap_err();
+            let err = config().check_field("experts", Some(given)).unwrap_err();
+            assert!(
+                matches!(err, WeightsError::Dense { ref field, given: g } if field == "experts" && g == given),
+                "{err}"
+            );
             let text = err.to_string();
             assert!(
-                text.contains("dense") && text.contains("drop the flag"),
+                text.contains("dense") && text.contains("leave it unset"),
                 "{text}"
             );
-            assert!(!text.contains("make it"), "{text}");
+            assert!(!text.contains("make it") && !text.contains("--"), "{text}");
         }
-        assert!(config().check_flag("d-model", Some(8)).is_ok());
+        assert!(config().check_field("d_model", Some(8)).is_ok());
+        assert!(config().check_field("d-model", Some(8)).is_err());
     }
 }

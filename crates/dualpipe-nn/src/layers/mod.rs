@@ -13,6 +13,7 @@ pub(crate) mod kernels;
 mod linear;
 mod loss;
 mod mlp;
+pub mod moe;
 mod rms_norm;
 
 pub use attention::CausalSelfAttention;
@@ -24,6 +25,7 @@ pub use kernels::{bench_amx_peak, bench_gemm, bench_gemm_bf16};
 pub use linear::Linear;
 pub use loss::{cross_entropy, mse_grad, mse_loss};
 pub use mlp::Mlp;
+pub use moe::{MoeConfig, MoeLayer};
 pub use rms_norm::{RmsNorm, RMS_NORM_EPS};
 
 use candle_core::Tensor;

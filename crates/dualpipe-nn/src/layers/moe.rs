@@ -4,11 +4,12 @@
 //! dropless (every token reaches its `k` experts). The backward is split as every layer's:
 //! I through the experts, the gates and the softmax; W for router and expert weights.
 
-pub mod overlap;
-pub mod parallel;
 pub mod router;
 mod serve;
-pub mod waits;
+
+/// The expert-parallel exchange, the FB pair's compute token and the wait tallies live beside
+/// the layers, in [`crate::parallel`]; re-exported here under their old names.
+pub use crate::parallel::{experts as parallel, overlap, waits};
 
 use std::collections::HashMap;
 
@@ -21,7 +22,7 @@ use crate::precision::Half;
 pub use router::Routing;
 pub use serve::ExpertParallel;
 
-/// The MoE part of the architecture (stored in [`super::GptConfig::moe`]).
+/// The MoE part of the architecture (stored in [`crate::gpt::GptConfig::moe`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MoeConfig {
     /// Routed experts per MoE block.

@@ -2,7 +2,7 @@
 //! serve each logical expert, with a version), the [`ExpertLink`] the group's all-to-alls go
 //! over (and [`ChannelExpertLink`], its in-process form, with an optional [`LinkModel`]
 //! emulating a slower link), and the dispatch / combine arithmetic of
-//! [`MoeLayer`](super::MoeLayer) when it serves only its placed experts.
+//! [`MoeLayer`](crate::layers::MoeLayer) when it serves only its placed experts.
 //!
 //! A worker's tokens reach the workers serving their experts by one all-to-all (dispatch) and
 //! the experts' outputs come back by a second (combine); the backward does the same with the

@@ -110,6 +110,35 @@ pub fn while_waiting<R>(wait: impl FnOnce() -> R) -> R {
     out
 }
 
+/// Runs an overlapped FB pair: `forward` (one chunk's forward) on a thread of its own and
+/// `backward` (another chunk's backward) on this one, sharing one compute token, so while one
+/// waits on an expert all-to-all the other computes. Each chunk's ops keep their order, so the
+/// results are those of the sequential pair. A panic in `forward` becomes `panicked()`.
+pub fn run_pair<F, B, E>(
+    forward: impl FnOnce() -> Result<F, E> + Send,
+    backward: impl FnOnce() -> Result<B, E>,
+    panicked: impl FnOnce() -> E,
+) -> Result<(F, B), E>
+where
+    F: Send,
+    E: Send,
+{
+    let token = Arc::new(ComputeToken::default());
+    let begun = Instant::now();
+    std::thread::scope(|scope| {
+        let forward = scope.spawn(|| {
+            waits::add_thread_start(begun.elapsed());
+            let out = compute_with(&token, PairChunk::Forward, forward);
+            (out, begun.elapsed())
+        });
+        let grad = compute_with(&token, PairChunk::Backward, backward);
+        let backward_end = begun.elapsed();
+        let (out, forward_end) = forward.join().map_err(|_| panicked())?;
+        waits::add_pair_span(forward_end.max(backward_end));
+        Ok((out?, grad?))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
