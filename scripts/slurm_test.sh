@@ -14,9 +14,9 @@
 #   launch   srun --mpi=pmi2 on 2 nodes x 2 tasks and 4 nodes x 1 task (4 ranks, dualpipe, the
 #            GPT in f64) and on 4 nodes x 2 tasks (4 ranks x 2 replicas): the per-step losses
 #            equal the local threaded run's bit for bit;
-#   pmix     srun --mpi=pmix -N 2 -n 4 with the Open MPI build (DUALPIPE_OPENMPI_BIN, kept by
+#   pmix     srun --mpi=pmix -N 2 -n 4 and -N 4 -n 4 with the Open MPI build (DUALPIPE_OPENMPI_BIN, kept by
 #            scripts/mpi_test.sh): bit-identical; with MPICH (no PMIx client) a clean refusal;
-#   mpirun   MPICH's mpiexec inside an allocation (salloc -N 2 -n 4): bit-identical too;
+#   mpirun   MPICH's mpiexec inside an allocation (salloc -N 2 -n 4 and -N 4 -n 4): bit-identical too;
 #   resume   deploy/slurm/dualpipe.sbatch's one command line: the first run starts fresh and says
 #            so, the same job submitted again continues its checkpoint;
 #   requeue  scontrol requeue of a running job: the ranks checkpoint on SIGTERM, exit, and the
@@ -196,6 +196,8 @@ if want pmix; then
     if [ -n "${DUALPIPE_OPENMPI_BIN:-}" ]; then
         RUN_BIN=$DUALPIPE_OPENMPI_BIN launch_case "srun --mpi=pmix -N 2 -n 4 (Open MPI)" "${SRUN[@]}" --mpi=pmix \
             -N 2 -n 4 -- --ranks 4 "${GPT[@]}"
+        RUN_BIN=$DUALPIPE_OPENMPI_BIN launch_case "srun --mpi=pmix -N 4 -n 4 (Open MPI)" "${SRUN[@]}" --mpi=pmix \
+            -N 4 -n 4 -- --ranks 4 "${GPT[@]}"
     fi
     timeout 60 srun --mpi=pmix -N 2 -n 4 --kill-on-bad-exit=1 "$BIN" train --transport mpi --ranks 4 "${GPT[@]}" \
         >"$TMP/pmix.json" 2>"$TMP/pmix.err"
@@ -213,6 +215,7 @@ fi
 if want mpirun; then
     echo "== mpirun inside an allocation"
     launch_case "salloc -N 2 -n 4 mpiexec -n 4" salloc --quiet -N 2 -n 4 mpiexec.mpich -n 4 -- --ranks 4 "${GPT[@]}"
+    launch_case "salloc -N 4 -n 4 mpiexec -n 4" salloc --quiet -N 4 -n 4 mpiexec.mpich -n 4 -- --ranks 4 "${GPT[@]}"
 fi
 
 # --- requeue, preemption, the warning: deploy/slurm/dualpipe.sbatch ---
