@@ -77,21 +77,9 @@ fn mlp(steps: &str) -> Vec<String> {
 }
 
 fn submit(addr: &str, state: &Path, train: &[String]) -> crate::Run {
-    let mut cmd: Vec<String> = [
-        "cluster",
-        "submit",
-        "--addr",
-        addr,
-        "--state",
-        s(state),
-        "--ranks",
-        "1",
-        "--",
-    ]
-    .map(String::from)
-    .to_vec();
-    cmd.extend(train.iter().cloned());
-    dualpipe(cmd)
+    let mut rest = vec!["--ranks", "1", "--"];
+    rest.extend(train.iter().map(String::as_str));
+    crate::cluster_serve::client(addr, state, "submit", &rest)
 }
 
 fn jobs(addr: &str, state: &Path) -> Vec<Value> {

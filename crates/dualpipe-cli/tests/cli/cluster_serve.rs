@@ -169,7 +169,7 @@ fn mlp_on(schedule: &str, steps: usize, extra: &[&str]) -> Vec<String> {
 }
 
 /// `dualpipe cluster VERB --addr ADDR --state STATE REST...`.
-fn client(addr: &str, state: &Path, verb: &str, rest: &[&str]) -> crate::Run {
+pub(crate) fn client(addr: &str, state: &Path, verb: &str, rest: &[&str]) -> crate::Run {
     let mut cmd = vec!["cluster", verb, "--addr", addr, "--state", s(state)];
     cmd.extend(rest);
     dualpipe(cmd)
