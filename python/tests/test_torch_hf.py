@@ -234,6 +234,9 @@ def test_expert_settings_refused_in_one_line():
     with pytest.raises(ValueError, match="eplb_interval re-places sharded experts: it needs expert_parallel of 2 or more"):
         dpt.DualPipeStrategy(model, worker.adamw, None, schedule="1f1b", pipeline_stages=1, micro_batches=2,
                              eplb_interval=5)
+    with pytest.raises(ValueError, match=r"zero=1 with expert_parallel=2: sharding the experts' optimizer state"):
+        dpt.DualPipeStrategy(model, worker.adamw, None, schedule="1f1b", pipeline_stages=1, micro_batches=2,
+                             expert_parallel=2, zero=1)
     with pytest.raises(ValueError, match="the model has no MoE layer"):
         dpt.DualPipeStrategy(worker.build("llama"), worker.adamw, None, schedule="1f1b", pipeline_stages=1,
                              micro_batches=2, expert_parallel=1 + 1)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import socketserver
 import threading
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 MAX_CONNECTIONS = 16
@@ -61,7 +61,7 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def serve(port: int, registry: Any, host: str = None) -> Any:
+def serve(port: int, registry: Any, host: Optional[str] = None) -> Any:
     """Serves ``registry`` on ``host:port`` (``DUALPIPE_METRICS_HOST``, default 127.0.0.1) from a
     daemon thread; returns the server (``server_address`` holds the port taken)."""
     import prometheus_client as pc

@@ -129,6 +129,11 @@ class DualPipeStrategy:
         # Everything checkable alone is checked before any process waits on another.
         self.kind = _check_kind(schedule)
         self.zero = check_zero(zero)
+        if self.zero and expert_parallel not in (None, 1):
+            raise ValueError(
+                f"zero={self.zero} with expert_parallel={expert_parallel}: sharding the experts' optimizer state over "
+                "their expert group is not supported yet; use zero=0 with expert_parallel, or expert_parallel=None"
+            )
         self.compression = check_compression(compression)
         self.world: World = world_from_env(pipeline_stages)
         P = self.world.pipeline_ranks
@@ -178,11 +183,6 @@ class DualPipeStrategy:
         self._layers = layers
         self._ep = _experts.ExpertParallel(layers.units, self.world, expert_parallel, self.timeout) \
             if expert_parallel not in (None, 1) else None
-        if self._ep is not None and self.zero:
-            raise ValueError(
-                f"zero={self.zero} with expert_parallel={expert_parallel}: sharding the experts' optimizer state over "
-                "their expert group is not supported yet; use zero=0 with expert_parallel, or expert_parallel=None"
-            )
         self._eplb = _rebalance.rebalancer(self._ep, eplb_interval)
         self._optimizer_args = (optimizer, dict(optimizer_kwargs or {}))
         self._build(sizes)
